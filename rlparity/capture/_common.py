@@ -1,0 +1,258 @@
+"""Pieces every capture backend shares: prompt normalisation, request seeds, the trace builder,
+the effective-configuration read-back and the one-engine-at-a-time lock."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import xarray as xr
+
+from rlparity._provenance import jsonable
+from rlparity.capture.settings import EngineSettings, SamplingSettings
+from rlparity.trace import from_rollouts
+
+Prompt = str | Sequence[int] | Mapping[str, Any]
+
+
+@dataclass
+class Request:
+    """One prompt with its sampling settings, normalised."""
+
+    index: int
+    text: str
+    token_ids: list[int] | None
+    sampling: SamplingSettings
+    seed: int | None
+
+
+def normalize_prompts(prompts: Sequence[Prompt] | Prompt) -> list[tuple[str, list[int] | None]]:
+    """Accept text, token ids or ``{"prompt": ...}`` / ``{"prompt_token_ids": [...]}`` dicts."""
+    if isinstance(prompts, (str, Mapping)):
+        prompts = [prompts]
+    out: list[tuple[str, list[int] | None]] = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            out.append((p, None))
+        elif isinstance(p, Mapping):
+            if "prompt_token_ids" in p:
+                out.append((str(p.get("prompt", "")), [int(t) for t in p["prompt_token_ids"]]))
+            elif "prompt" in p:
+                out.append((str(p["prompt"]), None))
+            else:
+                raise ValueError(f"prompt {i} is a dict without 'prompt' or 'prompt_token_ids': {dict(p)!r}")
+        else:
+            try:
+                ids = [int(t) for t in p]
+            except (TypeError, ValueError) as err:
+                raise ValueError(
+                    f"prompt {i} is {type(p).__name__}; pass text, a list of token ids or a dict "
+                    "with 'prompt_token_ids'"
+                ) from err
+            if not ids:
+                raise ValueError(f"prompt {i} is an empty token list")
+            out.append(("", ids))
+    if not out:
+        raise ValueError("no prompts given")
+    return out
+
+
+def make_requests(prompts: Sequence[Prompt] | Prompt,
+                  sampling: SamplingSettings | Sequence[SamplingSettings]) -> list[Request]:
+    """Pair prompts with sampling settings; request ``i`` gets seed ``sampling.seed + i``.
+
+    ``sampling`` is one setting for all prompts, or one per prompt (temperature is per request,
+    so a temperature sweep runs in one engine).
+    """
+    items = normalize_prompts(prompts)
+    if isinstance(sampling, SamplingSettings):
+        per = [sampling] * len(items)
+    else:
+        per = list(sampling)
+        if len(per) != len(items):
+            raise ValueError(f"{len(items)} prompts but {len(per)} sampling settings: pass one, or one per prompt")
+    return [
+        Request(i, text, ids, s, None if s.seed is None else s.seed + i)
+        for i, ((text, ids), s) in enumerate(zip(items, per))
+    ]
+
+
+@dataclass
+class Completion:
+    """One sampled completion as any backend returns it."""
+
+    request: Request
+    sample_index: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    text: str = ""
+    policy_versions: list[int] | None = None
+
+
+def build_trace(completions: Sequence[Completion], *, attrs: Mapping[str, Any]) -> xr.Dataset:
+    """Turn completions into a rollout trace (sorted by request, then sample)."""
+    completions = sorted(completions, key=lambda c: (c.request.index, c.sample_index))
+    pv = None
+    if any(c.policy_versions is not None for c in completions):
+        pv = [c.policy_versions if c.policy_versions is not None else [0] * len(c.token_ids)
+              for c in completions]
+    return from_rollouts(
+        prompt_token_ids=[c.prompt_token_ids for c in completions],
+        token_ids=[c.token_ids for c in completions],
+        rollout_logprobs=[c.logprobs for c in completions],
+        finish_reasons=[c.finish_reason or "unknown" for c in completions],
+        policy_versions=pv,
+        prompt_index=[c.request.index for c in completions],
+        sample_index=[c.sample_index for c in completions],
+        temperature=[c.request.sampling.temperature for c in completions],
+        top_k=[c.request.sampling.top_k for c in completions],
+        top_p=[c.request.sampling.top_p for c in completions],
+        request_seed=[-1 if c.request.seed is None else c.request.seed for c in completions],
+        prompt_texts=[c.request.text for c in completions],
+        response_texts=[c.text for c in completions],
+        attrs=jsonable(dict(attrs)),
+    )
+
+
+def sampling_attrs(requests: Sequence[Request]) -> list[dict[str, Any]]:
+    """Distinct sampling settings of a capture, for the trace attrs."""
+    seen: list[dict[str, Any]] = []
+    for r in requests:
+        d = r.sampling.model_dump()
+        if d not in seen:
+            seen.append(d)
+    return seen
+
+
+def effective_config(vllm_config: Any) -> dict[str, Any]:
+    """The settings an engine actually runs with, read from its ``VllmConfig``."""
+    mc = vllm_config.model_config
+    cc = vllm_config.cache_config
+    sc = vllm_config.scheduler_config
+    comp = vllm_config.compilation_config
+    att = getattr(vllm_config, "attention_config", None)
+
+    def get(obj, name, default=None):
+        return getattr(obj, name, default) if obj is not None else default
+
+    try:
+        import vllm.envs as envs
+
+        batch_invariant = bool(envs.VLLM_BATCH_INVARIANT)
+    except Exception:  # older vLLM without the switch
+        batch_invariant = False
+    try:
+        diff_sampling = mc.get_diff_sampling_param()
+    except Exception:
+        diff_sampling = None
+    head = get(mc, "head_dtype")
+    backend = get(att, "backend")
+    return jsonable({
+        "model": get(mc, "model"),
+        "logprobs_mode": get(mc, "logprobs_mode"),
+        "enable_prefix_caching": get(cc, "enable_prefix_caching"),
+        "async_scheduling": get(sc, "async_scheduling"),
+        "dtype": str(get(mc, "dtype")).replace("torch.", ""),
+        "head_dtype": str(head).replace("torch.", "") if head is not None else None,
+        "attention_backend": getattr(backend, "name", backend) or "auto",
+        "enforce_eager": get(mc, "enforce_eager"),
+        "compilation_mode": str(getattr(get(comp, "mode"), "name", get(comp, "mode"))),
+        "cudagraph_mode": str(getattr(get(comp, "cudagraph_mode"), "name", get(comp, "cudagraph_mode"))),
+        "batch_invariant": batch_invariant,
+        "max_num_seqs": get(sc, "max_num_seqs"),
+        "max_num_batched_tokens": get(sc, "max_num_batched_tokens"),
+        "enable_chunked_prefill": get(sc, "enable_chunked_prefill"),
+        "disable_cascade_attn": get(mc, "disable_cascade_attn"),
+        "generation_config": get(mc, "generation_config"),
+        "generation_config_sampling_defaults": diff_sampling,
+        "seed": get(mc, "seed"),
+        "max_model_len": get(mc, "max_model_len"),
+        "device": str(get(get(vllm_config, "device_config"), "device_type", None)
+                      or get(get(vllm_config, "device_config"), "device", None)),
+    })
+
+
+def model_info(model: str | os.PathLike) -> dict[str, Any]:
+    """Name and (for a local checkpoint) a fingerprint of the model's weights."""
+    import hashlib
+
+    p = Path(model)
+    info: dict[str, Any] = {"model": str(model), "model_is_local": p.exists()}
+    if p.exists():
+        h = hashlib.sha256()
+        for f in sorted(p.glob("*.safetensors"))[:8]:
+            st = f.stat()
+            h.update(f"{f.name}:{st.st_size}".encode())
+            with open(f, "rb") as fh:
+                h.update(fh.read(1 << 20))
+        info["model_fingerprint"] = h.hexdigest()[:16]
+    return info
+
+
+_LOCK_PATH = Path(os.environ.get("RLPARITY_ENGINE_LOCK", "/tmp/rlparity-engine.lock"))
+
+
+@contextlib.contextmanager
+def engine_lock(enabled: bool | None = None) -> Iterator[None]:
+    """Hold a machine-wide lock while an engine runs, so only one vLLM engine runs at a time.
+
+    Small CPU machines cannot run two engines; set ``RLPARITY_ENGINE_LOCK=off`` to disable.
+    """
+    if enabled is None:
+        enabled = os.environ.get("RLPARITY_ENGINE_LOCK", "") not in ("off", "0", "false")
+    if not enabled:
+        yield
+        return
+    _LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
+    with open(_LOCK_PATH, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def cpu_defaults(settings: EngineSettings) -> dict[str, Any]:
+    """Defaults that make vLLM's CPU build usable on a small machine (KV cache, memory share)."""
+    try:
+        from vllm.platforms import current_platform
+
+        is_cpu = current_platform.is_cpu()
+    except Exception:
+        is_cpu = False
+    if not is_cpu:
+        return {}
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    return {} if settings.gpu_memory_utilization is not None else {"gpu_memory_utilization": 0.3}
+
+
+@dataclass
+class CaptureInfo:
+    """What a backend knows about the engine it ran (for the trace attrs)."""
+
+    backend: str
+    requested: dict[str, Any]
+    effective: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def capture_attrs(info: CaptureInfo, model: str | os.PathLike, requests: Sequence[Request],
+                  arm: str) -> dict[str, Any]:
+    return {
+        "arm": arm,
+        "capture_backend": info.backend,
+        "engine_requested": info.requested,
+        "engine_effective": info.effective,
+        "sampling": sampling_attrs(requests),
+        "seeds": {"engine": info.effective.get("seed"),
+                  "requests": [r.seed for r in requests][:4096]},
+        **model_info(model),
+        **info.extra,
+    }

@@ -1,0 +1,157 @@
+"""Capture with vLLM's offline engine (``vllm.LLM``)."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import xarray as xr
+
+from rlparity.capture._common import (
+    CaptureInfo,
+    Completion,
+    Prompt,
+    build_trace,
+    capture_attrs,
+    cpu_defaults,
+    effective_config,
+    engine_lock,
+    make_requests,
+)
+from rlparity.capture.settings import EngineSettings, SamplingSettings
+
+
+class Engine:
+    """A real ``vllm.LLM`` built from :class:`EngineSettings`; a context manager.
+
+    >>> with Engine(model_path, EngineSettings(logprobs_mode="processed_logprobs")) as eng:
+    ...     trace = eng.capture(prompts, SamplingSettings(temperature=0.7, top_k=20))
+
+    Start one engine per setting and reuse it for many captures. The engine holds a
+    machine-wide lock (see :func:`rlparity.capture._common.engine_lock`) while it lives.
+    """
+
+    backend = "vllm-offline"
+
+    def __init__(self, model: str | os.PathLike, settings: EngineSettings | None = None,
+                 *, llm: Any = None):
+        self.model = str(model)
+        self.settings = settings or EngineSettings()
+        self._llm = llm
+        self._owns = llm is None
+        self._lock: contextlib.ExitStack | None = None
+        self._saved_env: dict[str, str | None] = {}
+        self.startup_s: float | None = None
+
+    # lifecycle -------------------------------------------------------------------------
+    def start(self) -> Engine:
+        if self._llm is not None:
+            return self
+        self._lock = contextlib.ExitStack()
+        self._lock.enter_context(engine_lock())
+        try:
+            for k, v in self.settings.env().items():
+                self._saved_env[k] = os.environ.get(k)
+                os.environ[k] = v
+            from vllm import LLM
+
+            kwargs = {**cpu_defaults(self.settings), **self.settings.to_engine_kwargs()}
+            t0 = time.perf_counter()
+            self._llm = LLM(model=self.model, **kwargs)
+            self.startup_s = time.perf_counter() - t0
+        except BaseException:
+            self._restore_env()
+            self._lock.close()
+            self._lock = None
+            raise
+        return self
+
+    def _restore_env(self) -> None:
+        for k, v in self._saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        self._saved_env = {}
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory (only an engine this object started)."""
+        if self._llm is not None and self._owns:
+            with contextlib.suppress(Exception):
+                self._llm.llm_engine.engine_core.shutdown()
+            self._llm = None
+            gc.collect()
+        self._restore_env()
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def __enter__(self) -> Engine:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def llm(self):
+        if self._llm is None:
+            self.start()
+        return self._llm
+
+    # introspection ---------------------------------------------------------------------
+    def effective_config(self) -> dict[str, Any]:
+        """Settings the running engine really uses (read back, not what was asked)."""
+        return effective_config(self.llm.llm_engine.vllm_config)
+
+    def tokenizer(self):
+        return self.llm.get_tokenizer()
+
+    # capture ---------------------------------------------------------------------------
+    def capture(self, prompts: Sequence[Prompt] | Prompt,
+                sampling: SamplingSettings | Sequence[SamplingSettings] | None = None,
+                *, arm: str = "default", progress: bool = True,
+                policy_version: int = 0) -> xr.Dataset:
+        """Sample every prompt and return a rollout trace (no trainer side yet)."""
+        requests = make_requests(prompts, sampling or SamplingSettings())
+        llm = self.llm
+        inputs = [
+            {"prompt_token_ids": r.token_ids} if r.token_ids is not None else r.text
+            for r in requests
+        ]
+        params = [r.sampling.to_vllm(r.seed) for r in requests]
+        t0 = time.perf_counter()
+        outputs = llm.generate(inputs, params, use_tqdm=progress)
+        elapsed = time.perf_counter() - t0
+        completions = []
+        for req, out in zip(requests, outputs):
+            for j, c in enumerate(out.outputs):
+                completions.append(completion_from_vllm(req, j, out.prompt_token_ids, c,
+                                                        policy_version))
+        info = CaptureInfo(self.backend, self.settings.model_dump(), self.effective_config(),
+                           {"generate_s": round(elapsed, 3), "startup_s": self.startup_s})
+        return build_trace(completions, attrs=capture_attrs(info, self.model, requests, arm))
+
+
+def completion_from_vllm(req, sample_index: int, prompt_token_ids, c, policy_version: int = 0
+                         ) -> Completion:
+    """A :class:`Completion` from a vLLM ``CompletionOutput`` (offline and AsyncLLM alike)."""
+    token_ids = list(c.token_ids)
+    if c.logprobs is None:
+        raise RuntimeError("the engine returned no logprobs: requests must set logprobs=0")
+    logprobs = [float(step[t].logprob) for step, t in zip(c.logprobs, token_ids)]
+    return Completion(req, sample_index, list(prompt_token_ids), token_ids, logprobs,
+                      str(c.finish_reason), c.text or "",
+                      [policy_version] * len(token_ids))
+
+
+def capture(model: str | os.PathLike, prompts: Sequence[Prompt] | Prompt,
+            sampling: SamplingSettings | Sequence[SamplingSettings] | None = None,
+            engine: EngineSettings | None = None, *, arm: str = "default",
+            progress: bool = True) -> xr.Dataset:
+    """Start an engine, capture, shut it down: the one-call form of :class:`Engine`."""
+    with Engine(model, engine) as eng:
+        return eng.capture(prompts, sampling, arm=arm, progress=progress)

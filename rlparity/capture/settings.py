@@ -1,0 +1,132 @@
+"""Typed settings for a capture: how to sample, and how the engine is configured.
+
+``None`` in :class:`EngineSettings` means "leave vLLM's default": nothing is passed, and the
+effective value is read back from the engine after start-up. That is what lets rlparity audit
+what a user's engine really did, not what was asked.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+LogprobsMode = Literal["raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"]
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+class SamplingSettings(BaseModel):
+    """Per-request sampling parameters (vLLM ``SamplingParams``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float = Field(1.0, ge=0.0)
+    top_k: int = Field(0, ge=-1, description="0 or -1 = off")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(32, ge=1)
+    seed: int | None = Field(0, description="base seed; request i uses seed + i (None = unseeded)")
+    n: int = Field(1, ge=1)
+    ignore_eos: bool = True
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, v: int) -> int:
+        return 0 if v == -1 else v
+
+    def to_vllm(self, request_seed: int | None):
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            temperature=self.temperature,
+            top_k=self.top_k if self.top_k > 0 else 0,
+            top_p=self.top_p,
+            max_tokens=self.max_tokens,
+            seed=request_seed,
+            n=self.n,
+            ignore_eos=self.ignore_eos,
+            logprobs=0,
+        )
+
+    def to_openai(self, request_seed: int | None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+            "n": self.n,
+            "logprobs": 0,
+            "ignore_eos": self.ignore_eos,
+        }
+        if self.top_k > 0:
+            body["top_k"] = self.top_k
+        if request_seed is not None:
+            body["seed"] = request_seed
+        return body
+
+
+class EngineSettings(BaseModel):
+    """Engine settings that change what the rollout logprobs mean or which path computes them.
+
+    Every field left ``None`` keeps the engine's own default (recorded as effective later).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    logprobs_mode: LogprobsMode | None = None
+    enable_prefix_caching: bool | None = None
+    async_scheduling: bool | None = None
+    head_dtype: Literal["float32", "bfloat16", "float16", "model"] | None = Field(
+        None, description="LM head precision (vLLM hf_overrides={'head_dtype': ...})")
+    dtype: DType | None = Field(None, description="model (body) dtype")
+    attention_backend: str | None = None
+    enforce_eager: bool | None = Field(None, description="True = eager, False = compiled")
+    batch_invariant: bool | None = Field(None, description="VLLM_BATCH_INVARIANT=1")
+    max_num_seqs: int | None = Field(None, ge=1)
+    enable_chunked_prefill: bool | None = None
+    disable_cascade_attn: bool | None = None
+    generation_config: str | None = Field(
+        None, description="'auto' (take sampling defaults from the model) or 'vllm' (ignore them)")
+    seed: int | None = 0
+    max_model_len: int | None = 1024
+    gpu_memory_utilization: float | None = None
+    extra: dict[str, Any] = Field(default_factory=dict, description="other vLLM EngineArgs, passed as is")
+
+    def to_engine_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``vllm.LLM`` / ``AsyncEngineArgs`` (only what was set)."""
+        kw: dict[str, Any] = {}
+        for name in ("logprobs_mode", "enable_prefix_caching", "async_scheduling", "dtype",
+                     "attention_backend", "enforce_eager", "max_num_seqs", "enable_chunked_prefill",
+                     "disable_cascade_attn", "generation_config", "seed", "max_model_len",
+                     "gpu_memory_utilization"):
+            value = getattr(self, name)
+            if value is not None:
+                kw[name] = value
+        if self.head_dtype is not None:
+            kw["hf_overrides"] = {"head_dtype": self.head_dtype}
+        kw.update(self.extra)
+        return kw
+
+    def to_cli_args(self) -> list[str]:
+        """The same settings as ``vllm serve`` / ``api_server`` command-line flags."""
+        args: list[str] = []
+        import json
+
+        for key, value in self.to_engine_kwargs().items():
+            flag = "--" + key.replace("_", "-")
+            if isinstance(value, bool):
+                args.append(flag if value else "--no-" + key.replace("_", "-"))
+            elif isinstance(value, dict):
+                args += [flag, json.dumps(value)]
+            else:
+                args += [flag, str(value)]
+        return args
+
+    def env(self) -> dict[str, str]:
+        """Environment variables the settings need in the engine process."""
+        out: dict[str, str] = {}
+        if self.batch_invariant is not None:
+            out["VLLM_BATCH_INVARIANT"] = "1" if self.batch_invariant else "0"
+        return out
+
+    def replace(self, **changes: Any) -> EngineSettings:
+        """A copy with some fields changed (validated)."""
+        return type(self)(**{**self.model_dump(), **changes})

@@ -1,0 +1,237 @@
+"""Small models built locally: a character tokenizer plus a standard Llama, briefly trained.
+
+Nothing is downloaded. :func:`make_model` writes a checkpoint with ``save_pretrained`` that
+loads through exactly the path a hub model takes (``AutoModelForCausalLM.from_pretrained``,
+``vllm.LLM(model=path)``).
+
+The training task is a stream of arithmetic problems, ``"<a><op><b>=<c>;"``, with operands and
+operators drawn from skewed distributions. After training, the answer digits are peaked (the
+model has learned most of the arithmetic) while the operands of the next problem keep real,
+non-uniform uncertainty: temperature, top-k and top-p all visibly change those distributions,
+which is what the diagnostics need to show.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+# digits and operators are used by the task; letters and a few symbols stay in the vocabulary
+# so that top-k / top-p cut real (small-probability) tails, as in a natural-language model.
+CHARS = list("0123456789+-*=;") + list(" abcdefghijklmnopqrstuvwxyz?!.,")
+OPS = ["+", "-", "*"]
+OP_WEIGHTS = [0.6, 0.3, 0.1]
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """Architecture and training budget of one built-in size."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    train_steps: int
+    batch_size: int
+    seq_len: int
+    lr: float = 3e-3
+
+
+SIZES: dict[str, ModelSize] = {
+    # CI: about a minute on 2 CPU cores; head_dim 32 (vLLM's CPU attention supports 32..512)
+    "tiny": ModelSize(128, 2, 4, 256, train_steps=600, batch_size=32, seq_len=64),
+    # for the GPU host: same task, more capacity and training; head_dim 64
+    "small": ModelSize(512, 8, 8, 1408, train_steps=1500, batch_size=64, seq_len=128, lr=1e-3),
+}
+
+MODEL_MARKER = "rlparity_model.json"
+
+
+def _sample_operand(rng: random.Random) -> int:
+    # skewed (about 1/(n+3)) over 0..99: small numbers are common, large ones rare
+    weights = [1.0 / (n + 3) for n in range(100)]
+    return rng.choices(range(100), weights=weights)[0]
+
+
+def make_problem(rng: random.Random) -> str:
+    """One problem of the synthetic task, e.g. ``"12+7=19;"``."""
+    op = rng.choices(OPS, weights=OP_WEIGHTS)[0]
+    a = _sample_operand(rng)
+    b = _sample_operand(rng) if op != "*" else rng.randrange(10)
+    c = {"+": a + b, "-": a - b, "*": a * b}[op]
+    return f"{a}{op}{b}={c};"
+
+
+def make_prompts(n: int, seed: int = 0) -> list[str]:
+    """Prompts for the task: one solved problem, then the left side of a new one."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        nxt = make_problem(rng)
+        out.append(make_problem(rng) + nxt[: nxt.index("=") + 1])
+    return out
+
+
+_PROBLEM = re.compile(r"(-?\d+)([+\-*])(\d+)=(-?\d+);")
+
+
+def score_answers(text: str) -> float:
+    """Share of complete problems in ``text`` whose answer is correct (a checkable reward)."""
+    found = _PROBLEM.findall(text)
+    if not found:
+        return 0.0
+    ok = 0
+    for a, op, b, c in found:
+        a_, b_, c_ = int(a), int(b), int(c)
+        ok += {"+": a_ + b_, "-": a_ - b_, "*": a_ * b_}[op] == c_
+    return ok / len(found)
+
+
+def build_tokenizer(vocab_pad_to: int | None = None):
+    """A character-level ``PreTrainedTokenizerFast``; optionally padded with filler tokens."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARS)}
+    if vocab_pad_to is not None:
+        if vocab_pad_to < len(vocab):
+            raise ValueError(
+                f"vocab_pad_to={vocab_pad_to} is smaller than the base vocabulary ({len(vocab)}); "
+                "pass a larger size or None"
+            )
+        for i in range(len(vocab), vocab_pad_to):
+            vocab[f"<extra_{i}>"] = i
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    from tokenizers.processors import TemplateProcessing
+
+    tok.post_processor = TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", vocab["<bos>"])]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        model_max_length=2048,
+        clean_up_tokenization_spaces=False,
+    )
+    return fast
+
+
+def _training_batch(rng: random.Random, tokenizer, batch_size: int, seq_len: int):
+    import torch
+
+    rows = []
+    for _ in range(batch_size):
+        text = ""
+        while len(text) < seq_len:
+            text += make_problem(rng)
+        ids = tokenizer(text[: seq_len - 1])["input_ids"]  # <bos> prepended
+        rows.append(ids[:seq_len])
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("RLPARITY_CACHE", Path.home() / ".cache" / "rlparity"))
+
+
+def default_model_path(size: str = "tiny") -> Path:
+    """Where :func:`make_model` caches a built-in size (``$RLPARITY_CACHE/models/<size>``)."""
+    return _cache_root() / "models" / size
+
+
+def make_model(
+    size: str = "tiny",
+    out: str | os.PathLike | None = None,
+    *,
+    seed: int = 0,
+    vocab_pad_to: int | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    force: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Build, briefly train and save a small Llama checkpoint; return its path.
+
+    Deterministic for a given ``size``, ``seed`` and ``vocab_pad_to`` on one device. An existing
+    checkpoint at ``out`` built with the same recipe is reused unless ``force``.
+    ``dtype`` is the ``torch_dtype`` written into the config (what ``dtype="auto"`` loads).
+    """
+    if size not in SIZES:
+        raise ValueError(f"unknown model size {size!r}; choose one of {sorted(SIZES)}")
+    spec = SIZES[size]
+    out = Path(out) if out is not None else default_model_path(size)
+    recipe = {"size": size, "seed": seed, "vocab_pad_to": vocab_pad_to, "dtype": dtype,
+              "spec": asdict(spec), "recipe_version": 1}
+    marker = out / MODEL_MARKER
+    if not force and marker.exists():
+        try:
+            if json.loads(marker.read_text())["recipe"] == recipe:
+                return out
+        except (ValueError, KeyError):
+            pass
+
+    import torch
+    from tqdm.auto import tqdm
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    tokenizer = build_tokenizer(vocab_pad_to)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_heads,
+        max_position_embeddings=2048,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=spec.lr, total_steps=spec.train_steps,
+                                                pct_start=0.1)
+    model.train()
+    losses = []
+    bar = tqdm(range(spec.train_steps), desc=f"training {size} model", disable=not progress)
+    for _ in bar:
+        batch = _training_batch(rng, tokenizer, spec.batch_size, spec.seq_len).to(device)
+        loss = model(input_ids=batch, labels=batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    model.eval()
+
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        import shutil
+
+        shutil.rmtree(tmp)
+    model.to(getattr(torch, dtype)).save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    # generation_config.json stays neutral so vLLM's --generation-config auto adds nothing
+    info = {"recipe": recipe, "final_loss": sum(losses[-20:]) / min(20, len(losses)),
+            "vocab_size": len(tokenizer)}
+    (tmp / MODEL_MARKER).write_text(json.dumps(info, indent=2))
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out

@@ -1,0 +1,212 @@
+"""Trainer-side rescoring with transformers: recompute the rollout's tokens as a trainer would.
+
+For every response token the trainer computes, from the same prompt + response ids:
+
+* ``trainer_logprob``: log-softmax over the full vocabulary at temperature 1 (what vLLM calls
+  ``raw_logprobs``; pi_old in the objective);
+* ``trainer_processed_logprob``: the distribution vLLM's sampler draws from: logits / temperature,
+  then top-k, then top-p, renormalised (what ``processed_logprobs`` returns). Ties at the top-k
+  boundary are **kept**, exactly as vLLM does: every token whose logit equals the k-th largest
+  survives, so more than k tokens can remain. Top-p masks, in ascending order, the tokens whose
+  cumulative probability is ``<= 1 - top_p`` and always keeps the most likely one. A sampled token
+  outside the trainer's kept set gets ``-inf``: counted by the metrics, never averaged away.
+  Greedy requests (temperature < 1e-5) get the full-vocabulary log-softmax, as in vLLM.
+* entropies of both distributions, the largest logit and the sampled token's rank.
+
+The LM head runs in ``head_dtype`` (``float32`` as trainers do, or ``bfloat16``) and is applied in
+chunks of ``chunk_tokens`` rows, so peak memory is ``chunk_tokens x vocab`` whatever the sequence
+length.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from rlparity.trace import sequences, token_checksum, validate
+from rlparity.trace.schema import TOKEN_DIMS, _annotate
+
+SAMPLING_EPS = 1e-5  # vLLM's threshold for greedy
+
+
+def processed_logits(logits, temperature, top_k, top_p):
+    """vLLM's sampler transform on float32 logits ``(N, V)``: temperature, top-k, top-p.
+
+    ``temperature``, ``top_k`` (0 = off) and ``top_p`` (1 = off) are per-row tensors. Returns
+    the masked, temperature-scaled logits (masked entries ``-inf``).
+    """
+    import torch
+
+    greedy = temperature < SAMPLING_EPS
+    temp = torch.where(greedy, torch.ones_like(temperature), temperature)
+    out = logits / temp.unsqueeze(1)
+    vocab = out.shape[1]
+    k = top_k.clone()
+    k[(k <= 0) | (k >= vocab) | greedy] = vocab
+    if bool((k < vocab).any()):
+        kth = out.sort(dim=1, descending=True).values.gather(1, (k - 1).unsqueeze(1))
+        out = out.masked_fill(out < kth, float("-inf"))  # ties at the boundary survive
+    p = torch.where(greedy, torch.ones_like(top_p), top_p)
+    if bool((p < 1.0).any()):
+        srt, idx = out.sort(dim=1, descending=False)
+        cum = srt.softmax(dim=1).cumsum(dim=1)
+        mask = cum <= (1 - p).unsqueeze(1)
+        mask[:, -1] = False
+        srt = srt.masked_fill(mask, float("-inf"))
+        out = torch.empty_like(out).scatter_(1, idx, srt)
+    return out
+
+
+def _entropy(logp):
+    import torch
+
+    p = logp.exp()
+    return -(torch.where(p > 0, p * logp, torch.zeros_like(p))).sum(dim=1)
+
+
+def head_stats(hidden, weight, bias, token_ids, temperature, top_k, top_p, head_dtype,
+               chunk_tokens: int = 512) -> dict[str, np.ndarray]:
+    """Project ``hidden`` (N, H) through the LM head in chunks and compute per-token statistics."""
+    import torch
+
+    hd = getattr(torch, head_dtype) if isinstance(head_dtype, str) else head_dtype
+    w = weight.to(hd)
+    b = bias.to(hd) if bias is not None else None
+    out: dict[str, list[np.ndarray]] = {k: [] for k in (
+        "trainer_logprob", "trainer_processed_logprob", "trainer_entropy",
+        "trainer_processed_entropy", "trainer_max_logit", "trainer_token_rank")}
+    for s in range(0, hidden.shape[0], chunk_tokens):
+        sl = slice(s, s + chunk_tokens)
+        logits = torch.nn.functional.linear(hidden[sl].to(hd), w, b).float()
+        tok = token_ids[sl].unsqueeze(1)
+        logp = logits.log_softmax(dim=1)
+        proc = processed_logits(logits, temperature[sl], top_k[sl], top_p[sl])
+        plogp = proc.log_softmax(dim=1)
+        tok_logit = logits.gather(1, tok)
+        out["trainer_logprob"].append(logp.gather(1, tok).squeeze(1).double().numpy())
+        out["trainer_processed_logprob"].append(plogp.gather(1, tok).squeeze(1).double().numpy())
+        out["trainer_entropy"].append(_entropy(logp).double().numpy())
+        out["trainer_processed_entropy"].append(_entropy(plogp).double().numpy())
+        out["trainer_max_logit"].append(logits.max(dim=1).values.double().numpy())
+        out["trainer_token_rank"].append((logits > tok_logit).sum(dim=1).numpy().astype(np.int64))
+    return {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in out.items()}
+
+
+@dataclass
+class Scorer:
+    """A transformers model loaded once, to rescore many traces (the trainer side).
+
+    ``dtype`` is the body's precision, ``head_dtype`` the LM head's. ``model`` is a local path or
+    a hub id, loaded with ``from_pretrained`` exactly as a user's trainer would.
+    """
+
+    model: str | os.PathLike
+    dtype: str = "float32"
+    head_dtype: str = "float32"
+    device: str = "cpu"
+    batch_size: int = 16
+    chunk_tokens: int = 512
+    trust_remote_code: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        for name in ("dtype", "head_dtype"):
+            if getattr(self, name) not in ("float32", "bfloat16", "float16"):
+                raise ValueError(f"{name}={getattr(self, name)!r}; use float32, bfloat16 or float16")
+        self.module = AutoModelForCausalLM.from_pretrained(
+            str(self.model), dtype=getattr(torch, self.dtype),
+            trust_remote_code=self.trust_remote_code).to(self.device).eval()
+        self.decoder = self.module.get_decoder()
+        head = self.module.get_output_embeddings()
+        self.head_weight = head.weight
+        self.head_bias = getattr(head, "bias", None)
+
+    def _batches(self, seqs: list[tuple[list[int], list[int]]]) -> Iterator[list[int]]:
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
+        for s in range(0, len(order), self.batch_size):
+            yield order[s: s + self.batch_size]
+
+    def score(self, trace: xr.Dataset) -> xr.Dataset:
+        """Return a copy of ``trace`` with the trainer variables added."""
+        import torch
+        from tqdm.auto import tqdm
+
+        validate(trace)
+        seqs = sequences(trace)
+        n, width = trace.sizes["sequence"], trace.sizes["position"]
+        result = {k: np.full((n, width), np.nan) for k in (
+            "trainer_logprob", "trainer_processed_logprob", "trainer_entropy",
+            "trainer_processed_entropy", "trainer_max_logit")}
+        result["trainer_token_rank"] = np.full((n, width), -1, dtype=np.int64)
+        temp = trace["temperature"].values
+        topk = trace["top_k"].values
+        topp = trace["top_p"].values
+        t0 = time.perf_counter()
+        batches = list(self._batches(seqs))
+        with torch.inference_mode():
+            for batch in tqdm(batches, desc="trainer rescoring", disable=not self.progress):
+                full = [seqs[i][0] + seqs[i][1] for i in batch]
+                L = max(len(f) for f in full)
+                ids = torch.zeros((len(batch), L), dtype=torch.long)
+                att = torch.zeros((len(batch), L), dtype=torch.long)
+                for r, f in enumerate(full):
+                    ids[r, : len(f)] = torch.tensor(f)
+                    att[r, : len(f)] = 1
+                hidden = self.decoder(input_ids=ids.to(self.device),
+                                      attention_mask=att.to(self.device)).last_hidden_state
+                rows, toks, tt, tk, tp, where = [], [], [], [], [], []
+                for r, i in enumerate(batch):
+                    plen, rlen = len(seqs[i][0]), len(seqs[i][1])
+                    if rlen == 0:
+                        continue
+                    rows.append(hidden[r, plen - 1: plen - 1 + rlen])
+                    toks.append(torch.tensor(seqs[i][1]))
+                    tt.append(torch.full((rlen,), float(temp[i])))
+                    tk.append(torch.full((rlen,), int(topk[i]), dtype=torch.long))
+                    tp.append(torch.full((rlen,), float(topp[i])))
+                    where.append((i, rlen))
+                if not rows:
+                    continue
+                stats = head_stats(torch.cat(rows), self.head_weight, self.head_bias,
+                                   torch.cat(toks).to(self.device), torch.cat(tt).to(self.device),
+                                   torch.cat(tk).to(self.device), torch.cat(tp).to(self.device),
+                                   self.head_dtype, self.chunk_tokens)
+                off = 0
+                for i, rlen in where:
+                    for k, v in stats.items():
+                        result[k][i, :rlen] = v[off: off + rlen]
+                    off += rlen
+        out = trace.copy()
+        for k, v in result.items():
+            out[k] = (TOKEN_DIMS, v)
+        out.attrs.update(self.attrs(trace, time.perf_counter() - t0))
+        return validate(_annotate(out))
+
+    def attrs(self, trace: xr.Dataset, elapsed: float) -> dict[str, Any]:
+        from rlparity._provenance import jsonable
+
+        return jsonable({
+            "trainer": {"model": str(self.model), "dtype": self.dtype, "head_dtype": self.head_dtype,
+                        "device": self.device, "library": "transformers",
+                        "topk_ties": "kept (vLLM rule: logits equal to the k-th largest survive)",
+                        "score_s": round(elapsed, 3)},
+            "scored_token_checksum": token_checksum(trace),
+        })
+
+
+def score(trace: xr.Dataset, model: str | os.PathLike | None = None, *, dtype: str = "float32",
+          head_dtype: str = "float32", device: str = "cpu", **kwargs: Any) -> xr.Dataset:
+    """Rescore ``trace`` with the trainer (``model`` defaults to the trace's own model)."""
+    model = model or trace.attrs.get("model")
+    if not model:
+        raise ValueError("the trace names no model: pass model=PATH_OR_HUB_ID")
+    return Scorer(model, dtype=dtype, head_dtype=head_dtype, device=device, **kwargs).score(trace)

@@ -1,0 +1,112 @@
+"""Seeded synthetic traces for fast unit tests of metrics, validation and plots.
+
+These stand beside the real-engine tests, never instead of them: they exercise the numerics of
+rlparity on traces whose answer is known by construction (e.g. a raw-vs-processed offset of a
+chosen temperature), without starting vLLM.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+
+from rlparity.trace import from_rollouts, token_checksum
+from rlparity.trace.schema import TOKEN_DIMS, _annotate
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    m = x.max(axis=-1, keepdims=True)
+    z = x - m
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def synthetic_trace(
+    n_sequences: int = 16,
+    max_len: int = 24,
+    vocab: int = 32,
+    *,
+    temperature: float = 0.7,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    logprobs_mode: str = "processed_logprobs",
+    noise: float = 0.0,
+    head_noise: float = 0.0,
+    seed: int = 0,
+    scored: bool = True,
+    arm: str = "synthetic",
+) -> xr.Dataset:
+    """A trace whose rollout and trainer sides come from one known logit model.
+
+    Tokens are sampled from the processed distribution (temperature, top-k, top-p) as vLLM
+    would; the rollout logprob is the raw or processed logprob according to ``logprobs_mode``,
+    plus Gaussian ``noise`` (nats) on the rollout side only; ``head_noise`` perturbs the rollout
+    logits before the softmax (a stand-in for a low-precision LM head). With ``scored`` the
+    trainer variables are filled exactly (no noise).
+    """
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(max(1, max_len // 2), max_len + 1, size=n_sequences)
+    prompts, toks, mus, pis, ppis, ents, pents, maxl, ranks = [], [], [], [], [], [], [], [], []
+    for L in lengths:
+        logits = rng.normal(0, 2.5, size=(L, vocab))
+        scaled = logits / temperature
+        if top_k and top_k < vocab:
+            kth = np.sort(scaled, axis=1)[:, -top_k][:, None]
+            scaled = np.where(scaled < kth, -np.inf, scaled)
+        if top_p < 1.0:
+            order = np.argsort(scaled, axis=1)
+            srt = np.take_along_axis(scaled, order, axis=1)
+            cum = np.cumsum(np.exp(_log_softmax(srt)), axis=1)
+            mask = cum <= 1 - top_p
+            mask[:, -1] = False
+            srt = np.where(mask, -np.inf, srt)
+            scaled = np.empty_like(srt)
+            np.put_along_axis(scaled, order, srt, axis=1)
+        plog = _log_softmax(scaled)
+        rlog = _log_softmax(logits)
+        t = np.array([rng.choice(vocab, p=np.exp(row)) for row in plog])
+        idx = np.arange(L)
+        roll_logits = logits + rng.normal(0, head_noise, size=logits.shape) if head_noise else logits
+        roll_scaled = np.where(np.isfinite(scaled), roll_logits / temperature, -np.inf)
+        roll = (_log_softmax(roll_scaled) if logprobs_mode == "processed_logprobs"
+                else _log_softmax(roll_logits))[idx, t]
+        roll = np.minimum(roll + rng.normal(0, noise, size=L), 0.0) if noise else roll
+        prompts.append(rng.integers(4, vocab, size=rng.integers(3, 8)).tolist())
+        toks.append(t.tolist())
+        mus.append(roll.tolist())
+        pis.append(rlog[idx, t])
+        ppis.append(plog[idx, t])
+        p = np.exp(rlog)
+        ents.append(-(p * rlog).sum(axis=1))
+        pp = np.exp(plog)
+        pents.append(-np.where(pp > 0, pp * plog, 0.0).sum(axis=1))
+        maxl.append(logits.max(axis=1))
+        ranks.append((logits > logits[idx, t][:, None]).sum(axis=1))
+    ds = from_rollouts(
+        prompt_token_ids=prompts, token_ids=toks, rollout_logprobs=mus,
+        finish_reasons=["length"] * n_sequences, temperature=temperature, top_k=top_k,
+        top_p=top_p, request_seed=np.arange(n_sequences) + seed,
+        attrs={"arm": arm, "capture_backend": "synthetic", "model": "synthetic",
+               "engine_requested": {"logprobs_mode": logprobs_mode},
+               "engine_effective": {"logprobs_mode": logprobs_mode, "head_dtype": "float32",
+                                    "dtype": "float32"},
+               "synthetic": {"seed": seed, "noise": noise, "head_noise": head_noise}},
+    )
+    if not scored:
+        return ds
+    width = ds.sizes["position"]
+
+    def pad(rows, fill=np.nan, dtype=float):
+        out = np.full((n_sequences, width), fill, dtype=dtype)
+        for i, r in enumerate(rows):
+            out[i, : len(r)] = r
+        return out
+
+    ds["trainer_logprob"] = (TOKEN_DIMS, pad(pis))
+    ds["trainer_processed_logprob"] = (TOKEN_DIMS, pad(ppis))
+    ds["trainer_entropy"] = (TOKEN_DIMS, pad(ents))
+    ds["trainer_processed_entropy"] = (TOKEN_DIMS, pad(pents))
+    ds["trainer_max_logit"] = (TOKEN_DIMS, pad(maxl))
+    ds["trainer_token_rank"] = (TOKEN_DIMS, pad(ranks, -1, np.int64))
+    ds.attrs["trainer"] = {"model": "synthetic", "dtype": "float32", "head_dtype": "float32"}
+    ds.attrs["scored_token_checksum"] = token_checksum(ds)
+    return _annotate(ds)
