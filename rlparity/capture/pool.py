@@ -1,0 +1,56 @@
+"""At most one live engine per process, reused while the settings stay the same.
+
+Small machines (and the engine lock) allow one vLLM engine at a time. :class:`EnginePool` keeps
+the current engine alive across captures with the same model and settings and shuts it down
+before starting one with other settings. Tests, ablations and notebooks share this so that each
+setting starts once.
+"""
+
+from __future__ import annotations
+
+import os
+
+from rlparity.capture.offline import Engine
+from rlparity.capture.settings import EngineSettings
+
+
+class EnginePool:
+    def __init__(self) -> None:
+        self._key: tuple[str, str] | None = None
+        self._engine: Engine | None = None
+        self.starts = 0
+
+    def get(self, model: str | os.PathLike, settings: EngineSettings | None = None) -> Engine:
+        """The live engine for ``(model, settings)``, starting it (and stopping another) if needed."""
+        settings = settings or EngineSettings()
+        key = (str(model), settings.model_dump_json())
+        if self._key != key:
+            self.close()
+            eng = Engine(model, settings)
+            eng.start()
+            self._engine, self._key = eng, key
+            self.starts += 1
+        assert self._engine is not None
+        return self._engine
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+        self._engine, self._key = None, None
+
+    def __enter__(self) -> EnginePool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_SHARED: EnginePool | None = None
+
+
+def shared_pool() -> EnginePool:
+    """The process-wide pool (close it before another process needs an engine)."""
+    global _SHARED
+    if _SHARED is None:
+        _SHARED = EnginePool()
+    return _SHARED

@@ -1,0 +1,90 @@
+"""Shared fixtures: the tiny model (built once, cached) and real-engine captures.
+
+Engines are expensive (30-60 s to start on 2 cores) and only one may run at a time, so tests
+never start engines themselves: they ask ``capture_trace(settings, sampling, prompts)``, which
+reuses one engine per setting through the process-wide :class:`EnginePool` and caches traces.
+Tests that run notebooks (another process) must call ``release_engines()`` first.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("RLPARITY_CACHE", os.path.join(os.path.dirname(__file__), "..", ".cache"))
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if has_gpu():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    from rlparity.models import make_model
+
+    return str(make_model("tiny", progress=False))
+
+
+@pytest.fixture(scope="session")
+def prompts():
+    from rlparity.models import make_prompts
+
+    return make_prompts(16, seed=0)
+
+
+@pytest.fixture(scope="session")
+def pool():
+    from rlparity.capture.pool import shared_pool
+
+    p = shared_pool()
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="session")
+def release_engines(pool):
+    """Call to shut the live engine down before another process needs one."""
+    return pool.close
+
+
+@pytest.fixture(scope="session")
+def scorer_fp32(tiny_model):
+    from rlparity.score import Scorer
+
+    return Scorer(tiny_model, dtype="float32", head_dtype="float32", progress=False)
+
+
+@pytest.fixture(scope="session")
+def capture_trace(tiny_model, pool, prompts):
+    """capture_trace(engine_settings, sampling, prompts=None) -> rollout trace (cached)."""
+    cache: dict = {}
+
+    def _capture(settings=None, sampling=None, prompt_list=None, arm="test"):
+        from rlparity.capture import EngineSettings, SamplingSettings
+
+        settings = settings or EngineSettings()
+        sampling = sampling or SamplingSettings(temperature=0.7, top_k=20, max_tokens=24)
+        plist = prompt_list if prompt_list is not None else prompts
+        key = (settings.model_dump_json(), repr(sampling), repr(plist), arm)
+        if key not in cache:
+            cache[key] = pool.get(tiny_model, settings).capture(plist, sampling, arm=arm,
+                                                               progress=False)
+        return cache[key]
+
+    return _capture
