@@ -80,3 +80,10 @@ def test_chunked_scoring_equals_unchunked(processed, tiny_model):
     small = Scorer(tiny_model, chunk_tokens=7, batch_size=3, progress=False).score(rollout)
     np.testing.assert_allclose(small["trainer_processed_logprob"].values,
                                processed["trainer_processed_logprob"].values, atol=1e-5)
+
+
+def test_semantic_finding_on_real_captures(processed, raw):
+    from rlparity.diagnose.semantic import logprob_semantics
+
+    assert logprob_semantics(raw).name == "raw_logprobs_used_as_processed"
+    assert logprob_semantics(processed).name == "logprobs_processed"

@@ -45,3 +45,14 @@ def test_core_estimators():
     assert core.ess(np.ones(10)) == 1.0
     assert core.ess(np.array([1.0, 0, 0, 0])) == 0.25
     assert core.clip_fraction(np.array([[0.3, 0.0]]), np.ones((1, 2), bool)) == 0.5
+
+
+def test_semantic_finding_on_synthetic_traces():
+    from rlparity.diagnose.semantic import logprob_semantics
+
+    raw = logprob_semantics(synthetic_trace(logprobs_mode="raw_logprobs"))
+    assert raw.name == "raw_logprobs_used_as_processed" and raw.severity.value == "error"
+    assert "processed_logprobs" in raw.fix
+    ok = logprob_semantics(synthetic_trace(logprobs_mode="processed_logprobs"))
+    assert ok.name == "logprobs_processed" and ok.severity.value == "info"
+    assert logprob_semantics(synthetic_trace(temperature=1.0)).name == "logprob_semantics_untestable"
