@@ -88,3 +88,28 @@ def capture_trace(tiny_model, pool, prompts):
         return cache[key]
 
     return _capture
+
+
+ARTIFACTS = os.path.join(os.path.dirname(__file__), "..", "artifacts", "notebooks")
+
+
+@pytest.fixture(scope="session")
+def executed_notebook(release_engines, tmp_path_factory):
+    """executed_notebook("01_semantic") -> out_dir of that notebook run once with ci=True.
+
+    The executed notebook is kept in ``artifacts/notebooks/`` (CI artifacts); its ``out_dir``
+    (results.json, zarr stores) is a temporary folder. Runs each notebook once per session.
+    """
+    from rlparity._nbrun import NOTEBOOKS, run_notebook
+
+    done: dict = {}
+
+    def _run(name: str):
+        if name not in done:
+            release_engines()  # the kernel is another process and needs the engine lock
+            out_dir = tmp_path_factory.mktemp(name)
+            run_notebook(NOTEBOOKS / f"{name}.ipynb", os.path.join(ARTIFACTS, f"{name}.ipynb"), out_dir)
+            done[name] = out_dir
+        return done[name]
+
+    return _run
