@@ -50,6 +50,9 @@ SIZES: dict[str, ModelSize] = {
 }
 
 MODEL_MARKER = "rlparity_model.json"
+# a chat template that, like many real ones, writes the BOS token itself: rendering it to text and
+# letting the engine add special tokens again doubles the BOS (a prompt-parity finding)
+CHAT_TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
 
 def _sample_operand(rng: random.Random) -> int:
@@ -123,6 +126,7 @@ def build_tokenizer(vocab_pad_to: int | None = None):
         model_max_length=2048,
         clean_up_tokenization_spaces=False,
     )
+    fast.chat_template = CHAT_TEMPLATE
     return fast
 
 
@@ -146,6 +150,14 @@ def _cache_root() -> Path:
 def default_model_path(size: str = "tiny") -> Path:
     """Where :func:`make_model` caches a built-in size (``$RLPARITY_CACHE/models/<size>``)."""
     return _cache_root() / "models" / size
+
+
+def _ensure_chat_template(path: Path) -> None:
+    """Add the chat template to a checkpoint built before it existed (weights untouched)."""
+    cfg = path / "tokenizer_config.json"
+    if (path / "chat_template.jinja").exists() or (cfg.exists() and "chat_template" in json.loads(cfg.read_text())):
+        return
+    (path / "chat_template.jinja").write_text(CHAT_TEMPLATE)
 
 
 def make_model(
@@ -175,6 +187,7 @@ def make_model(
     if not force and marker.exists():
         try:
             if json.loads(marker.read_text())["recipe"] == recipe:
+                _ensure_chat_template(out)
                 return out
         except (ValueError, KeyError):
             pass

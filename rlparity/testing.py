@@ -45,7 +45,7 @@ def synthetic_trace(
     """
     rng = np.random.default_rng(seed)
     lengths = rng.integers(max(1, max_len // 2), max_len + 1, size=n_sequences)
-    prompts, toks, mus, pis, ppis, ents, pents, maxl, ranks = [], [], [], [], [], [], [], [], []
+    prompts, toks, mus, pis, ppis, ents, pents, maxl, ranks, kept = ([] for _ in range(10))
     for L in lengths:
         logits = rng.normal(0, 2.5, size=(L, vocab))
         scaled = logits / temperature
@@ -62,6 +62,10 @@ def synthetic_trace(
             scaled = np.empty_like(srt)
             np.put_along_axis(scaled, order, srt, axis=1)
         plog = _log_softmax(scaled)
+        full = logits / temperature
+        fm = full.max(axis=1, keepdims=True)
+        with np.errstate(divide="ignore"):
+            kept.append(np.log(np.exp(scaled - fm).sum(axis=1)) - np.log(np.exp(full - fm).sum(axis=1)))
         rlog = _log_softmax(logits)
         t = np.array([rng.choice(vocab, p=np.exp(row)) for row in plog])
         idx = np.arange(L)
@@ -78,7 +82,7 @@ def synthetic_trace(
         p = np.exp(rlog)
         ents.append(-(p * rlog).sum(axis=1))
         pp = np.exp(plog)
-        pents.append(-np.where(pp > 0, pp * plog, 0.0).sum(axis=1))
+        pents.append(-(pp * np.where(pp > 0, plog, 0.0)).sum(axis=1))
         maxl.append(logits.max(axis=1))
         ranks.append((logits > logits[idx, t][:, None]).sum(axis=1))
     ds = from_rollouts(
@@ -107,6 +111,7 @@ def synthetic_trace(
     ds["trainer_processed_entropy"] = (TOKEN_DIMS, pad(pents))
     ds["trainer_max_logit"] = (TOKEN_DIMS, pad(maxl))
     ds["trainer_token_rank"] = (TOKEN_DIMS, pad(ranks, -1, np.int64))
+    ds["trainer_log_kept_mass"] = (TOKEN_DIMS, np.minimum(pad(kept), 0.0))
     ds.attrs["trainer"] = {"model": "synthetic", "dtype": "float32", "head_dtype": "float32"}
     ds.attrs["scored_token_checksum"] = token_checksum(ds)
     return _annotate(ds)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,23 +30,36 @@ class Request:
     token_ids: list[int] | None
     sampling: SamplingSettings
     seed: int | None
+    messages: list[dict[str, Any]] | None = None
 
 
-def normalize_prompts(prompts: Sequence[Prompt] | Prompt) -> list[tuple[str, list[int] | None]]:
-    """Accept text, token ids or ``{"prompt": ...}`` / ``{"prompt_token_ids": [...]}`` dicts."""
+Normalized = tuple[str, "list[int] | None", "list[dict[str, Any]] | None"]
+
+
+def normalize_prompts(prompts: Sequence[Prompt] | Prompt) -> list[Normalized]:
+    """Accept text, token ids, ``{"prompt": ...}`` / ``{"prompt_token_ids": [...]}`` dicts, or
+    chat ``{"messages": [{"role": ..., "content": ...}, ...]}`` (rendered with the model's chat
+    template by :func:`render_chat`). Returns ``(text, token_ids, messages)`` per prompt."""
     if isinstance(prompts, (str, Mapping)):
         prompts = [prompts]
-    out: list[tuple[str, list[int] | None]] = []
+    out: list[Normalized] = []
     for i, p in enumerate(prompts):
         if isinstance(p, str):
-            out.append((p, None))
+            out.append((p, None, None))
         elif isinstance(p, Mapping):
-            if "prompt_token_ids" in p:
-                out.append((str(p.get("prompt", "")), [int(t) for t in p["prompt_token_ids"]]))
+            if "messages" in p:
+                msgs = p["messages"]
+                if not isinstance(msgs, Sequence) or not all(isinstance(m, Mapping) and "content" in m for m in msgs):
+                    raise ValueError(f"prompt {i}: 'messages' must be a list of {{'role', 'content'}} dicts")
+                ids = [int(t) for t in p["prompt_token_ids"]] if "prompt_token_ids" in p else None
+                out.append((str(p.get("prompt", "")), ids, [dict(m) for m in msgs]))
+            elif "prompt_token_ids" in p:
+                out.append((str(p.get("prompt", "")), [int(t) for t in p["prompt_token_ids"]], None))
             elif "prompt" in p:
-                out.append((str(p["prompt"]), None))
+                out.append((str(p["prompt"]), None, None))
             else:
-                raise ValueError(f"prompt {i} is a dict without 'prompt' or 'prompt_token_ids': {dict(p)!r}")
+                raise ValueError(f"prompt {i} is a dict without 'prompt', 'prompt_token_ids' or "
+                                 f"'messages': {dict(p)!r}")
         else:
             try:
                 ids = [int(t) for t in p]
@@ -56,7 +70,7 @@ def normalize_prompts(prompts: Sequence[Prompt] | Prompt) -> list[tuple[str, lis
                 ) from err
             if not ids:
                 raise ValueError(f"prompt {i} is an empty token list")
-            out.append(("", ids))
+            out.append(("", ids, None))
     if not out:
         raise ValueError("no prompts given")
     return out
@@ -77,9 +91,31 @@ def make_requests(prompts: Sequence[Prompt] | Prompt,
         if len(per) != len(items):
             raise ValueError(f"{len(items)} prompts but {len(per)} sampling settings: pass one, or one per prompt")
     return [
-        Request(i, text, ids, s, None if s.seed is None else s.seed + i)
-        for i, ((text, ids), s) in enumerate(zip(items, per))
+        Request(i, text, ids, s, None if s.seed is None else s.seed + i, msgs)
+        for i, ((text, ids, msgs), s) in enumerate(zip(items, per))
     ]
+
+
+def chat_token_ids(tokenizer, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Token ids of ``messages`` under the tokenizer's chat template, generation prompt added
+    (what ``LLM.chat`` and a trainer's ``apply_chat_template(tokenize=True)`` produce)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("chat prompts need a tokenizer with a chat template; this model has none: "
+                         "pass text or token ids, or set tokenizer.chat_template")
+    out = tokenizer.apply_chat_template(list(messages), tokenize=True, add_generation_prompt=True)
+    ids = out["input_ids"] if isinstance(out, Mapping) else out
+    return [int(t) for t in ids]
+
+
+def render_chat(requests: Sequence[Request], tokenizer) -> list[Request]:
+    """Give chat requests their token ids (chat template, no second BOS) and rendered text."""
+    for r in requests:
+        if r.messages is not None and r.token_ids is None:
+            r.token_ids = chat_token_ids(tokenizer, r.messages)
+            if not r.text:
+                r.text = tokenizer.apply_chat_template(list(r.messages), tokenize=False,
+                                                       add_generation_prompt=True)
+    return requests
 
 
 @dataclass
@@ -116,6 +152,8 @@ def build_trace(completions: Sequence[Completion], *, attrs: Mapping[str, Any]) 
         top_p=[c.request.sampling.top_p for c in completions],
         request_seed=[-1 if c.request.seed is None else c.request.seed for c in completions],
         prompt_texts=[c.request.text for c in completions],
+        prompt_messages=[json.dumps(c.request.messages) if c.request.messages is not None else ""
+                         for c in completions],
         response_texts=[c.text for c in completions],
         attrs=jsonable(dict(attrs)),
     )

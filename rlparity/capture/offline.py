@@ -21,6 +21,7 @@ from rlparity.capture._common import (
     effective_config,
     engine_lock,
     make_requests,
+    render_chat,
 )
 from rlparity.capture.settings import EngineSettings, SamplingSettings
 
@@ -116,8 +117,9 @@ class Engine:
                 *, arm: str = "default", progress: bool = True,
                 policy_version: int = 0) -> xr.Dataset:
         """Sample every prompt and return a rollout trace (no trainer side yet)."""
-        requests = make_requests(prompts, sampling or SamplingSettings())
         llm = self.llm
+        requests = render_chat(make_requests(prompts, sampling or SamplingSettings()),
+                               self.tokenizer())
         inputs = [
             {"prompt_token_ids": r.token_ids} if r.token_ids is not None else r.text
             for r in requests

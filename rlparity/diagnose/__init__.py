@@ -10,8 +10,6 @@
 from __future__ import annotations
 
 import importlib
-import os
-from collections.abc import Mapping
 from typing import Any
 
 import xarray as xr
@@ -31,21 +29,6 @@ def _modules():
                 raise
 
 
-def _as_arms(data: Any) -> dict[str, xr.Dataset]:
-    from rlparity.trace import open_arms
-
-    if isinstance(data, xr.Dataset):
-        return {data.attrs.get("arm", "default"): data}
-    if isinstance(data, (str, os.PathLike)):
-        return open_arms(data)
-    if isinstance(data, xr.DataTree):
-        return {k: v.to_dataset() for k, v in data.children.items()}
-    if isinstance(data, Mapping):
-        return dict(data)
-    raise TypeError(f"diagnose() takes a trace Dataset, a {{arm: trace}} mapping, a DataTree or a "
-                    f"store path, not {type(data).__name__}")
-
-
 def diagnose(data: Any, *, reference: str | None = None, title: str = "rlparity findings",
              **options: Any) -> Report:
     """Run every check on ``data`` (one trace, ``{arm: trace}``, a DataTree or a zarr path).
@@ -55,7 +38,10 @@ def diagnose(data: Any, *, reference: str | None = None, title: str = "rlparity 
     """
     import inspect
 
-    arms = _as_arms(data)
+    from rlparity.trace import as_arms
+
+    arms = {name: ds if ds.attrs.get("arm") == name else ds.assign_attrs(arm=name)
+            for name, ds in as_arms(data).items()}
     report = Report(title=title, context={"arms": list(arms), "reference": reference})
     for mod in _modules():
         fn = getattr(mod, "trace_findings", None)

@@ -116,4 +116,59 @@ def format_summary(s: xr.Dataset, top: int = 5) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["core", "format_summary", "log_ratio", "summary", "trainer_variable"]
+def by_temperature(trace: xr.Dataset, trainer: TrainerSide = "processed") -> xr.Dataset:
+    """Token stats of d grouped by each request's temperature (dim ``temperature``).
+
+    The raw-mode signature: with ``raw_logprobs`` the mean of d moves with temperature (the
+    engine reports ``log softmax(z)`` while the sampler drew from ``log softmax(z / T)``);
+    with ``processed_logprobs`` it stays at zero for every temperature.
+    """
+    d = log_ratio(trace, trainer).values
+    mask = trace["response_mask"].values.astype(bool)
+    temps = trace["temperature"].values
+    log_pi = trace[trainer_variable(trainer)].values
+    kept = trace["trainer_log_kept_mass"].values if "trainer_log_kept_mass" in trace else None
+    values = np.unique(temps)
+    cols: dict[str, list[float]] = {k: [] for k in (
+        "log_ratio_mean", "abs_log_ratio_rms", "mean_ratio", "n_tokens", "n_zero_prob", "log_kept_mass_mean")}
+    for t in values:
+        m = mask & (temps == t)[:, None]
+        st = core.abs_stats(d, m)
+        cols["log_ratio_mean"].append(st["mean"])
+        cols["abs_log_ratio_rms"].append(st["rms"])
+        cols["mean_ratio"].append(core.mean_ratio(d, m))
+        cols["n_tokens"].append(int(m.sum()))
+        cols["n_zero_prob"].append(int(core.zero_prob_count(log_pi, m)))
+        cols["log_kept_mass_mean"].append(float(core.masked_mean(kept, m)) if kept is not None else np.nan)
+    units = {"log_ratio_mean": "nats", "abs_log_ratio_rms": "nats", "log_kept_mass_mean": "nats"}
+    ds = xr.Dataset({k: ("temperature", np.asarray(v), {"units": units[k]} if k in units else {})
+                     for k, v in cols.items()}, coords={"temperature": values})
+    ds.attrs = make_attrs(pair="backend (pi_old, mu)", direction=f"{trainer_variable(trainer)} - rollout_logprob",
+                          trainer_side=trainer, arm=trace.attrs.get("arm", "default"), units="nats")
+    return ds
+
+
+def zero_prob_tokens(trace: xr.Dataset, trainer: TrainerSide = "processed") -> xr.Dataset:
+    """Every token the trainer gives probability 0, one row each (dim ``token``): where it is,
+    what was sampled, the rollout's logprob and the trainer's rank of it. Never averaged away."""
+    log_pi = trace[trainer_variable(trainer)].values
+    mask = trace["response_mask"].values.astype(bool)
+    seq, pos = np.nonzero(mask & np.isneginf(log_pi))
+    rank = trace["trainer_token_rank"].values[seq, pos] if "trainer_token_rank" in trace else np.full(seq.size, -1)
+    ds = xr.Dataset({
+        "sequence_index": ("token", seq.astype(np.int64)),
+        "position_index": ("token", pos.astype(np.int64)),
+        "token_id": ("token", trace["token_id"].values[seq, pos]),
+        "rollout_logprob": ("token", trace["rollout_logprob"].values[seq, pos], {"units": "nats"}),
+        "trainer_logprob": ("token", trace["trainer_logprob"].values[seq, pos], {"units": "nats"}),
+        "trainer_token_rank": ("token", rank),
+        "top_k": ("token", trace["top_k"].values[seq]),
+        "top_p": ("token", trace["top_p"].values[seq]),
+    }, coords={"token": np.arange(seq.size)})
+    ds.attrs = make_attrs(trainer_side=trainer, arm=trace.attrs.get("arm", "default"),
+                          long_name="tokens the trainer gives probability 0")
+    return ds
+
+
+__all__ = ["by_temperature", "core", "format_summary", "log_ratio", "summary", "trainer_variable",
+           "zero_prob_tokens"]

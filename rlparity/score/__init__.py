@@ -80,7 +80,8 @@ def head_stats(hidden, weight, bias, token_ids, temperature, top_k, top_p, head_
     b = bias.to(hd) if bias is not None else None
     out: dict[str, list[np.ndarray]] = {k: [] for k in (
         "trainer_logprob", "trainer_processed_logprob", "trainer_entropy",
-        "trainer_processed_entropy", "trainer_max_logit", "trainer_token_rank")}
+        "trainer_processed_entropy", "trainer_max_logit", "trainer_token_rank",
+        "trainer_log_kept_mass")}
     for s in range(0, hidden.shape[0], chunk_tokens):
         sl = slice(s, s + chunk_tokens)
         logits = torch.nn.functional.linear(hidden[sl].to(hd), w, b).float()
@@ -88,6 +89,9 @@ def head_stats(hidden, weight, bias, token_ids, temperature, top_k, top_p, head_
         logp = logits.log_softmax(dim=1)
         proc = processed_logits(logits, temperature[sl], top_k[sl], top_p[sl])
         plogp = proc.log_softmax(dim=1)
+        greedy = temperature[sl] < SAMPLING_EPS
+        temp = torch.where(greedy, torch.ones_like(temperature[sl]), temperature[sl])
+        kept = proc.logsumexp(dim=1) - (logits / temp.unsqueeze(1)).logsumexp(dim=1)
         tok_logit = logits.gather(1, tok)
         out["trainer_logprob"].append(logp.gather(1, tok).squeeze(1).double().numpy())
         out["trainer_processed_logprob"].append(plogp.gather(1, tok).squeeze(1).double().numpy())
@@ -95,6 +99,7 @@ def head_stats(hidden, weight, bias, token_ids, temperature, top_k, top_p, head_
         out["trainer_processed_entropy"].append(_entropy(plogp).double().numpy())
         out["trainer_max_logit"].append(logits.max(dim=1).values.double().numpy())
         out["trainer_token_rank"].append((logits > tok_logit).sum(dim=1).numpy().astype(np.int64))
+        out["trainer_log_kept_mass"].append(kept.clamp(max=0.0).double().numpy())
     return {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in out.items()}
 
 
@@ -114,6 +119,8 @@ class Scorer:
     chunk_tokens: int = 512
     trust_remote_code: bool = False
     progress: bool = True
+    tokenize_prompts: bool = True
+    add_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         import torch
@@ -129,6 +136,17 @@ class Scorer:
         head = self.module.get_output_embeddings()
         self.head_weight = head.weight
         self.head_bias = getattr(head, "bias", None)
+        self._tokenizer = None
+
+    @property
+    def tokenizer(self):
+        """The trainer's tokenizer (loaded on first use, from the same model)."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(str(self.model),
+                                                            trust_remote_code=self.trust_remote_code)
+        return self._tokenizer
 
     def _batches(self, seqs: list[tuple[list[int], list[int]]]) -> Iterator[list[int]]:
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
@@ -145,7 +163,7 @@ class Scorer:
         n, width = trace.sizes["sequence"], trace.sizes["position"]
         result = {k: np.full((n, width), np.nan) for k in (
             "trainer_logprob", "trainer_processed_logprob", "trainer_entropy",
-            "trainer_processed_entropy", "trainer_max_logit")}
+            "trainer_processed_entropy", "trainer_max_logit", "trainer_log_kept_mass")}
         result["trainer_token_rank"] = np.full((n, width), -1, dtype=np.int64)
         temp = trace["temperature"].values
         topk = trace["top_k"].values
@@ -188,6 +206,8 @@ class Scorer:
         out = trace.copy()
         for k, v in result.items():
             out[k] = (TOKEN_DIMS, v)
+        if self.tokenize_prompts:
+            out = tokenize_prompts(out, self.tokenizer, add_special_tokens=self.add_special_tokens)
         out.attrs.update(self.attrs(trace, time.perf_counter() - t0))
         return validate(_annotate(out))
 
@@ -198,9 +218,46 @@ class Scorer:
             "trainer": {"model": str(self.model), "dtype": self.dtype, "head_dtype": self.head_dtype,
                         "device": self.device, "library": "transformers",
                         "topk_ties": "kept (vLLM rule: logits equal to the k-th largest survive)",
+                        "prompt_tokenization": ({"add_special_tokens": self.add_special_tokens,
+                                                 "chat_template": "apply_chat_template(tokenize=True, add_generation_prompt=True)"}
+                                                if self.tokenize_prompts else None),
                         "score_s": round(elapsed, 3)},
             "scored_token_checksum": token_checksum(trace),
         })
+
+
+def trainer_prompt_ids(tokenizer, text: str, messages_json: str = "", *,
+                       add_special_tokens: bool = True) -> list[int] | None:
+    """How the trainer tokenizes one prompt: chat messages through the chat template, text with
+    ``add_special_tokens``; ``None`` when there is nothing to tokenize (ids-only prompt)."""
+    import json
+
+    from rlparity.capture._common import chat_token_ids
+
+    if messages_json:
+        return chat_token_ids(tokenizer, json.loads(messages_json))
+    if text:
+        return [int(t) for t in tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]]
+    return None
+
+
+def tokenize_prompts(trace: xr.Dataset, tokenizer, *, add_special_tokens: bool = True) -> xr.Dataset:
+    """Add ``trainer_prompt_token_id`` / ``trainer_prompt_length``: the trainer's own tokenization
+    of each prompt's text (or chat messages), to compare with the ids the engine was sent."""
+    texts = trace["prompt_text"].values if "prompt_text" in trace else [""] * trace.sizes["sequence"]
+    msgs = trace["prompt_messages"].values if "prompt_messages" in trace else [""] * len(texts)
+    rows = [trainer_prompt_ids(tokenizer, str(t), str(m), add_special_tokens=add_special_tokens)
+            for t, m in zip(texts, msgs)]
+    width = max([len(r) for r in rows if r is not None], default=0)
+    ids = np.full((len(rows), width), -1, dtype=np.int64)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, : len(r)] = r
+    out = trace.copy()
+    out["trainer_prompt_token_id"] = (("sequence", "trainer_prompt_position"), ids)
+    out["trainer_prompt_length"] = (("sequence",), np.array([-1 if r is None else len(r) for r in rows],
+                                                            dtype=np.int64))
+    return _annotate(out)
 
 
 def score(trace: xr.Dataset, model: str | os.PathLike | None = None, *, dtype: str = "float32",

@@ -1,6 +1,6 @@
 """The trace data model (schema, construction, validation) and its zarr storage."""
 
-from rlparity.trace.io import add_arm, load, open_arms, open_experiment, save
+from rlparity.trace.io import add_arm, as_arms, load, open_arms, open_experiment, save
 from rlparity.trace.schema import (
     ALL_VARS,
     SCHEMA_VERSION,
@@ -14,7 +14,7 @@ from rlparity.trace.schema import (
 )
 
 __all__ = [
-    "ALL_VARS", "SCHEMA_VERSION", "TraceValidationError", "add_arm", "concat_sequences",
+    "ALL_VARS", "SCHEMA_VERSION", "TraceValidationError", "add_arm", "as_arms", "concat_sequences",
     "from_rollouts", "has_trainer", "load", "open_arms", "open_experiment", "save", "sequences",
     "token_checksum", "validate",
 ]

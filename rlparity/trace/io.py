@@ -98,3 +98,18 @@ def load(path: str | os.PathLike, arm: str | None = None) -> xr.Dataset:
     if arm not in arms:
         raise KeyError(f"{path} has no arm {arm!r}; it holds {list(arms)}")
     return arms[arm]
+
+
+def as_arms(data) -> dict[str, xr.Dataset]:
+    """``{arm: trace}`` from one trace, a mapping, a DataTree or a store path (what every
+    multi-arm function accepts)."""
+    if isinstance(data, xr.Dataset):
+        return {data.attrs.get("arm", "default"): data}
+    if isinstance(data, (str, os.PathLike)):
+        return open_arms(data)
+    if isinstance(data, xr.DataTree):
+        return {k: v.to_dataset() for k, v in data.children.items()}
+    if isinstance(data, Mapping):
+        return dict(data)
+    raise TypeError(f"expected a trace Dataset, a {{arm: trace}} mapping, a DataTree or a store path, "
+                    f"not {type(data).__name__}")

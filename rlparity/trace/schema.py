@@ -54,6 +54,7 @@ ROLLOUT_VARS: dict[str, tuple[tuple[str, ...], str, str | None, str]] = {
 }
 OPTIONAL_ROLLOUT_VARS: dict[str, tuple[tuple[str, ...], str, str | None, str]] = {
     "prompt_text": (SEQ_DIMS, "U", None, "prompt text as given (empty when ids were given)"),
+    "prompt_messages": (SEQ_DIMS, "U", None, "chat messages as JSON when the prompt was a chat (empty otherwise)"),
     "response_text": (SEQ_DIMS, "U", None, "detokenised response text from the engine"),
     "reward": (SEQ_DIMS, "f", None, "sequence-level reward (NaN = not scored)"),
 }
@@ -64,6 +65,9 @@ TRAINER_VARS: dict[str, tuple[tuple[str, ...], str, str | None, str]] = {
     "trainer_processed_entropy": (TOKEN_DIMS, "f", NATS, "entropy of the trainer's processed distribution"),
     "trainer_max_logit": (TOKEN_DIMS, "f", None, "largest logit at the position (logit magnitude)"),
     "trainer_token_rank": (TOKEN_DIMS, "i", None, "rank of the sampled token in the trainer's logits (0 = argmax, -1 = padding)"),
+    "trainer_log_kept_mass": (TOKEN_DIMS, "f", NATS, "log of the temperature-scaled probability mass top-k/top-p keep (0 = nothing cut); processed = tempered - this"),
+    "trainer_prompt_token_id": (("sequence", "trainer_prompt_position"), "i", None, "the trainer's own tokenization of the prompt text / chat messages (-1 = padding)"),
+    "trainer_prompt_length": (SEQ_DIMS, "i", "tokens", "length of the trainer's tokenization (-1 = nothing to tokenize: the prompt was ids only)"),
 }
 ALL_VARS = {**ROLLOUT_VARS, **OPTIONAL_ROLLOUT_VARS, **TRAINER_VARS}
 
@@ -105,6 +109,7 @@ def from_rollouts(
     top_p: Sequence[float] | float = 1.0,
     request_seed: Sequence[int] | int = -1,
     prompt_texts: Sequence[str] | None = None,
+    prompt_messages: Sequence[str] | None = None,
     response_texts: Sequence[str] | None = None,
     rewards: Sequence[float] | None = None,
     attrs: Mapping[str, Any] | None = None,
@@ -154,6 +159,7 @@ def from_rollouts(
         "top_p": (SEQ_DIMS, per_seq(top_p, np.float64)),
         "request_seed": (SEQ_DIMS, per_seq(request_seed, np.int64)),
         "prompt_text": (SEQ_DIMS, np.array(list(prompt_texts) if prompt_texts is not None else [""] * n, dtype=str)),
+        "prompt_messages": (SEQ_DIMS, np.array(list(prompt_messages) if prompt_messages is not None else [""] * n, dtype=str)),
         "response_text": (SEQ_DIMS, np.array(list(response_texts) if response_texts is not None else [""] * n, dtype=str)),
         "reward": (SEQ_DIMS, per_seq(np.nan if rewards is None else rewards, np.float64)),
     }
