@@ -1,6 +1,8 @@
 """Real vLLM (CPU build) + real transformers on the tiny model: capture -> score -> save -> load,
 and the processed-vs-raw behaviour the foundation must show."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -33,11 +35,99 @@ def test_processed_logprobs_match_trainer(processed):
     assert s["n_tokens"].item() == 16 * 24
 
 
+SWEEP_T = (0.5, 1.0, 1.5)
+
+
+def _sweep(capture_trace, scorer, settings, prompts, arm):
+    from rlparity.experiments.semantic import sweep_sampling
+
+    index, sampling = sweep_sampling(8, SWEEP_T, top_k=20, max_tokens=16)
+    return scorer.score(capture_trace(settings, sampling, [prompts[i] for i in index], arm=arm))
+
+
+# --- tests on the processed engine (kept together so it starts once) ---------------------
+def test_processed_report_has_no_semantic_problem(processed, capture_trace, scorer_fp32, prompts):
+    from rlparity.diagnose import diagnose
+    from rlparity.metrics import by_temperature
+
+    report = diagnose(processed)
+    assert not report.problems(), str(report)
+    assert {"logprobs_processed", "prompt_tokens_match"} <= report.names("info")
+    sw = _sweep(capture_trace, scorer_fp32, PROCESSED, prompts, "sweep-processed")
+    bt = by_temperature(sw)
+    assert bt["temperature"].values.tolist() == list(SWEEP_T)
+    assert np.abs(bt["log_ratio_mean"].values).max() < 0.01, bt["log_ratio_mean"].values
+    assert not diagnose(sw).problems()
+
+
+def test_prompt_tokenized_without_special_tokens_is_flagged(capture_trace, scorer_fp32, tiny_model):
+    from transformers import AutoTokenizer
+
+    from rlparity.diagnose import semantic as S
+    from rlparity.experiments.semantic import prompts_with_ids
+    from rlparity.models import make_prompts
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    texts = make_prompts(6, seed=3)
+    # the pipeline tokenized with add_special_tokens=False; the trainer tokenizes with it
+    no_bos = scorer_fp32.score(capture_trace(PROCESSED, SAMPLING, prompts_with_ids(tok, texts, add_special_tokens=False),
+                                             arm="no-bos"))
+    f = S.prompt_token_parity(no_bos)
+    assert f.name == "prompt_token_mismatch" and f.evidence["n_mismatched"] == 6, str(f)
+    assert f.evidence["length_difference_engine_minus_trainer"] == -1 and "BOS" in f.summary
+    # chat prompts go through the chat template once: one BOS, and the trainer agrees
+    chat = scorer_fp32.score(capture_trace(PROCESSED, SAMPLING, [{"messages": [{"role": "user", "content": t}]}
+                                                                 for t in texts], arm="chat"))
+    assert S.prompt_token_parity(chat).name == "prompt_tokens_match"
+    ids = chat["prompt_token_id"].values[0]
+    assert (ids == tok.bos_token_id).sum() == 1
+    assert json.loads(str(chat["prompt_messages"].values[0]))[0]["content"] == texts[0]
+
+
+def test_token_id_prompts_and_per_request_sampling(capture_trace, tiny_model):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    ids = tok("3+4=")["input_ids"]
+    sweep = [SamplingSettings(temperature=t, max_tokens=8, seed=0) for t in (0.5, 1.0)]
+    tr = capture_trace(PROCESSED, sweep, [ids, ids], arm="ids")
+    assert tr["prompt_token_id"].values[0, : len(ids)].tolist() == ids
+    assert tr["temperature"].values.tolist() == [0.5, 1.0]
+    assert (tr["response_length"].values == 8).all()
+
+
+
+# --- tests on the raw engine ------------------------------------------------------------
 def test_raw_logprobs_are_off_and_match_the_raw_trainer_side(raw):
     s = summary(raw, trainer="processed")
     assert abs(s["mean_ratio"].item() - 1) > 0.03, s["mean_ratio"].item()
     # the raw rollout agrees with the trainer's full-vocabulary temperature-1 logprob instead
     assert summary(raw, trainer="raw")["abs_log_ratio_rms"].item() < 0.02
+
+
+def test_raw_report_names_the_mismatch_and_its_temperature_signature(raw, capture_trace, scorer_fp32, prompts):
+    from rlparity.diagnose import diagnose
+    from rlparity.metrics import by_temperature
+
+    report = diagnose(raw)
+    assert report.has_errors and "raw_logprobs_used_as_processed" in report.names("error"), str(report)
+    (f,) = [x for x in report if x.name == "raw_logprobs_used_as_processed"]
+    assert "--logprobs-mode processed_logprobs" in f.fix
+    sw = _sweep(capture_trace, scorer_fp32, RAW, prompts, "sweep-raw")
+    means = by_temperature(sw)["log_ratio_mean"].values
+    assert means.max() - means.min() > 0.05, means  # the offset moves with temperature
+    g = diagnose(sw).by_layer("semantic")[0]
+    assert g.name == "raw_logprobs_used_as_processed" and g.evidence["mean_d_range_over_temperatures"] > 0.05
+
+
+def test_trainer_with_other_top_k_gives_probability_zero_tokens(processed, scorer_fp32):
+    from rlparity.diagnose import semantic as S
+
+    rollout = processed.drop_vars([v for v in processed.data_vars if v.startswith("trainer_")])
+    other = scorer_fp32.score(rollout.assign(top_k=rollout["top_k"] * 0 + 2))  # trainer uses top-k 2
+    f = S.zero_probability_tokens(other)
+    assert f is not None and f.evidence["n_zero_prob_tokens"] > 0
+    assert all(r >= 2 for r in f.evidence["trainer_rank_of_token"])
 
 
 def test_effective_config_is_read_back(processed, raw):
@@ -59,18 +149,6 @@ def test_capture_score_save_load_round_trip(processed, raw, tmp_path):
                                processed["trainer_processed_logprob"].values)
     assert got.attrs["engine_effective"] == processed.attrs["engine_effective"]
     assert summary(got)["mean_ratio"].item() == pytest.approx(summary(processed)["mean_ratio"].item())
-
-
-def test_token_id_prompts_and_per_request_sampling(capture_trace, tiny_model):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tiny_model)
-    ids = tok("3+4=")["input_ids"]
-    sweep = [SamplingSettings(temperature=t, max_tokens=8, seed=0) for t in (0.5, 1.0)]
-    tr = capture_trace(PROCESSED, sweep, [ids, ids], arm="ids")
-    assert tr["prompt_token_id"].values[0, : len(ids)].tolist() == ids
-    assert tr["temperature"].values.tolist() == [0.5, 1.0]
-    assert (tr["response_length"].values == 8).all()
 
 
 def test_chunked_scoring_equals_unchunked(processed, tiny_model):

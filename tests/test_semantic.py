@@ -1,0 +1,115 @@
+"""Semantic checks on synthetic traces whose answer is known by construction (no engine).
+The same checks on real vLLM captures are in test_engine.py."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from rlparity.diagnose import Severity, diagnose
+from rlparity.diagnose import semantic as S
+from rlparity.metrics import by_temperature, zero_prob_tokens
+from rlparity.testing import synthetic_trace
+from rlparity.trace import concat_sequences, save
+
+
+def sweep(mode, temps=(0.5, 1.0, 1.5), **kw):
+    return concat_sequences([synthetic_trace(temperature=t, top_k=8, logprobs_mode=mode, seed=i, **kw)
+                             for i, t in enumerate(temps)])
+
+
+def test_raw_mode_offset_moves_with_temperature_processed_stays_flat():
+    raw = by_temperature(sweep("raw_logprobs"))
+    proc = by_temperature(sweep("processed_logprobs"))
+    assert raw["temperature"].values.tolist() == [0.5, 1.0, 1.5]
+    spread = float(raw["log_ratio_mean"].max() - raw["log_ratio_mean"].min())
+    assert spread > 0.1, raw["log_ratio_mean"].values
+    assert np.abs(proc["log_ratio_mean"].values).max() < 1e-9
+    f = S.logprob_semantics(sweep("raw_logprobs"))
+    assert f.name == "raw_logprobs_used_as_processed" and f.severity == Severity.ERROR
+    assert f.evidence["mean_d_range_over_temperatures"] == pytest.approx(spread)
+    assert "processed_logprobs" in f.fix
+
+
+def test_report_names_raw_and_clears_processed():
+    bad = diagnose(synthetic_trace(top_k=8, logprobs_mode="raw_logprobs"))
+    good = diagnose(synthetic_trace(top_k=8))
+    assert bad.has_errors and "raw_logprobs_used_as_processed" in bad.names()
+    assert not good.problems() and "logprobs_processed" in good.names(Severity.INFO)
+    text, html = str(bad), bad._repr_html_()
+    assert "fix:" in text and "semantic/raw_logprobs_used_as_processed" in text
+    assert "<table>" in html and "raw_logprobs_used_as_processed" in html
+    assert json.loads(bad.to_json())["findings"][0]["layer"] == "semantic"
+
+
+def test_identity_sampling_is_untestable_not_clean():
+    f = S.logprob_semantics(synthetic_trace(temperature=1.0, logprobs_mode="raw_logprobs"))
+    assert f.name == "logprob_semantics_untestable"
+
+
+def test_zero_probability_tokens_are_counted_and_located():
+    tr = synthetic_trace(top_k=8)
+    lp = tr["trainer_processed_logprob"].values.copy()
+    lp[3, 2] = lp[5, 0] = -np.inf
+    tr["trainer_processed_logprob"] = (("sequence", "position"), lp)
+    z = zero_prob_tokens(tr)
+    assert z.sizes["token"] == 2 and sorted(z["sequence_index"].values.tolist()) == [3, 5]
+    f = S.zero_probability_tokens(tr)
+    assert f.severity == Severity.ERROR and f.evidence["n_zero_prob_tokens"] == 2
+    assert f.evidence["positions"] == [0, 2]
+    assert S.zero_probability_tokens(synthetic_trace(top_k=8)) is None
+
+
+def test_renormalization_offset_and_unrenormalized_rollout():
+    tr = synthetic_trace(top_k=4)
+    f = S.renormalization(tr)
+    assert f.name == "topk_topp_renormalization"
+    assert f.evidence["mean_log_kept_mass"] < -0.01
+    # a rollout that applied temperature but skipped the renormalization
+    bad = tr.copy()
+    bad["rollout_logprob"] = tr["trainer_processed_logprob"] + tr["trainer_log_kept_mass"]
+    g = S.renormalization(bad)
+    assert g.name == "rollout_not_renormalized" and g.severity == Severity.ERROR
+    assert S.renormalization(synthetic_trace()) is None  # no top-k/top-p: nothing to renormalize
+
+
+def _with_trainer_prompts(tr, rows):
+    width = max(len(r) for r in rows)
+    ids = np.full((len(rows), width), -1)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = r
+    tr = tr.copy()
+    tr["trainer_prompt_token_id"] = (("sequence", "trainer_prompt_position"), ids)
+    tr["trainer_prompt_length"] = (("sequence",), np.array([len(r) for r in rows]))
+    return tr
+
+
+def test_prompt_token_parity():
+    tr = synthetic_trace(n_sequences=4)
+    same = [p[p >= 0].tolist() for p in tr["prompt_token_id"].values]
+    assert S.prompt_token_parity(_with_trainer_prompts(tr, same)).name == "prompt_tokens_match"
+    extra_bos = [[1] + r for r in same[:2]] + same[2:]
+    f = S.prompt_token_parity(_with_trainer_prompts(tr, extra_bos))
+    assert f.name == "prompt_token_mismatch" and f.evidence["n_mismatched"] == 2
+    assert f.evidence["sequences"] == [0, 1] and "BOS" in f.summary
+    assert S.prompt_token_parity(tr) is None
+
+
+def test_cli_diagnose_exit_codes(tmp_path):
+    save({"raw": synthetic_trace(top_k=8, logprobs_mode="raw_logprobs"),
+          "processed": synthetic_trace(top_k=8)}, tmp_path / "x.zarr")
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "rlparity.cli", "diagnose", *map(str, args)],
+                              capture_output=True, text=True)
+
+    r = run(tmp_path / "x.zarr")
+    assert r.returncode == 1 and "raw_logprobs_used_as_processed (arm raw)" in r.stdout
+    assert "--logprobs-mode processed_logprobs" in r.stdout
+    assert run(tmp_path / "x.zarr", "--arm", "processed").returncode == 0
+    js = run(tmp_path / "x.zarr", "--json")
+    assert json.loads(js.stdout)["verdict"].startswith("broken")
+    missing = run(tmp_path / "nope.zarr")
+    assert missing.returncode == 2 and "rlparity capture" in missing.stderr
