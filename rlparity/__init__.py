@@ -38,4 +38,11 @@ def summary(*args, **kwargs):
     return _summary(*args, **kwargs)
 
 
-__all__ = ["EngineSettings", "SamplingSettings", "__version__", "capture", "score", "summary"]
+def diagnose(*args, **kwargs):
+    """Findings with verdicts for a trace or a store; see :func:`rlparity.diagnose.diagnose`."""
+    from rlparity.diagnose import diagnose as _diagnose
+
+    return _diagnose(*args, **kwargs)
+
+
+__all__ = ["EngineSettings", "SamplingSettings", "__version__", "capture", "diagnose", "score", "summary"]
