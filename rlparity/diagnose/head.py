@@ -1,0 +1,149 @@
+"""LM-head precision (inference-path layer): do both sides project to logits in the same precision?
+
+A bfloat16 LM head rounds every logit to 8 significant bits, so the error of a logit grows with its
+magnitude; when the rollout engine and the trainer use different head precisions the two sides'
+token probabilities disagree on every token (MiniMax-M1 traced its train/inference probability
+mismatch to exactly this). The check reads both precisions from the trace attrs, the rollout's as
+the running engine reported it (``engine_effective["head_dtype"]``), the trainer's as the scorer
+recorded it (``trainer["head_dtype"]``), and gives the measured gap as evidence.
+
+* :func:`head_precision`: one arm; a warning when the two sides differ, information otherwise.
+* :func:`head_matrix_finding`: over the arms of a head-dtype matrix
+  (:func:`rlparity.experiments.head.head_matrix`), whether the matched fp32 cell is the closest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import xarray as xr
+
+from rlparity.diagnose.findings import Finding, Layer, Severity
+from rlparity.experiments.head import cell_dtypes, head_table, matched_advantage, parse_arm
+from rlparity.metrics import core, log_ratio, summary
+from rlparity.trace import has_trainer
+
+PAIR = "backend (pi_old, mu), d = log pi_old - log mu"
+FIX_ROLLOUT_FP32 = ("run the rollout LM head in float32: LLM(..., hf_overrides={'head_dtype': 'float32'}) "
+                    "or vllm serve ... --hf-overrides '{\"head_dtype\": \"float32\"}'")
+FIX_TRAINER_FP32 = ("compute the trainer's logits in float32: cast the final hidden states and the lm_head "
+                    "weight to float32 before the projection (rlparity: Scorer(..., head_dtype='float32'))")
+_BITS = {"float32": 24, "float16": 11, "bfloat16": 8}  # significand bits
+
+
+def _gap_evidence(trace: xr.Dataset, trainer: str = "processed") -> dict:
+    s = summary(trace, trainer)
+    ev = {"rms_d": float(s["abs_log_ratio_rms"]), "max_abs_d": float(s["abs_log_ratio_max"]),
+          "mean_ratio": float(s["mean_ratio"]), "prob_pearson": float(s["prob_pearson"]),
+          "clip_fraction_eps_0.2": float(s["clip_fraction"]), "n_tokens": int(s["n_tokens"]), "pair": PAIR}
+    if "trainer_max_logit" in trace:
+        d = log_ratio(trace, trainer).values
+        mask = core.finite_mask(d, trace["response_mask"].values.astype(bool))
+        x = trace["trainer_max_logit"].values
+        mask &= np.isfinite(x)
+        if mask.sum() >= 8:
+            lo, hi = np.quantile(x[mask], [0.25, 0.75])
+            ev["rms_d_lowest_quarter_max_logit"] = core.abs_stats(d, mask & (x <= lo))["rms"]
+            ev["rms_d_highest_quarter_max_logit"] = core.abs_stats(d, mask & (x >= hi))["rms"]
+    return ev
+
+
+def head_precision(trace: xr.Dataset, *, tol: float = 0.02, trainer: str = "processed") -> Finding | None:
+    """Compare the rollout's effective LM-head dtype with the trainer's; ``None`` for an unscored
+    trace. ``tol`` (RMS of d, nats) decides whether a matched low-precision head still warns."""
+    if not has_trainer(trace):
+        return None
+    dt = cell_dtypes(trace)
+    arm = trace.attrs.get("arm")
+    r, t = dt["rollout_head"], dt["trainer_head"]
+    ev = {"rollout_head_dtype": r, "trainer_head_dtype": t, "rollout_body_dtype": dt["rollout_body"],
+          "trainer_body_dtype": dt["trainer_body"], **_gap_evidence(trace, trainer)}
+    if r is None or t is None:
+        missing = "rollout (engine_effective.head_dtype)" if r is None else "trainer (trainer.head_dtype)"
+        return Finding(Layer.INFERENCE_PATH, "head_precision_unrecorded", Severity.INFO,
+                       f"the {missing} LM-head dtype is not recorded: the head precision cannot be compared",
+                       ev, "capture with rlparity (it reads the engine's head dtype back) and record the "
+                       "trainer's head dtype", arm)
+    if r != t:
+        low = r if _BITS.get(r, 0) < _BITS.get(t, 0) else t
+        fix = FIX_ROLLOUT_FP32 if low == r else FIX_TRAINER_FP32
+        if "float32" not in (r, t):
+            fix = FIX_ROLLOUT_FP32 + "; and " + FIX_TRAINER_FP32
+        return Finding(Layer.INFERENCE_PATH, "head_precision_mismatch", Severity.WARNING,
+                       f"the rollout engine projects to logits in {r}, the trainer in {t}: the two sides "
+                       f"round every logit differently (RMS d = {ev['rms_d']:.3g} nats, Pearson of "
+                       f"token probabilities {ev['prob_pearson']:.4f})", ev, fix, arm)
+    if r == "float32":
+        return Finding(Layer.INFERENCE_PATH, "head_precision_matched", Severity.INFO,
+                       "both sides project to logits in float32", ev, "", arm)
+    sev = Severity.WARNING if np.isfinite(ev["rms_d"]) and ev["rms_d"] > tol else Severity.INFO
+    return Finding(Layer.INFERENCE_PATH, "head_precision_low", sev,
+                   f"both sides project to logits in {r}: matched, but each rounds its logits to "
+                   f"{_BITS.get(r, '?')} significant bits in its own kernel (RMS d = {ev['rms_d']:.3g} nats)",
+                   ev, FIX_ROLLOUT_FP32 + "; and " + FIX_TRAINER_FP32, arm)
+
+
+def trace_findings(trace: xr.Dataset, *, tol: float = 0.02) -> list[Finding]:
+    """The head checks of one arm (called by :func:`rlparity.diagnose.diagnose`)."""
+    f = head_precision(trace, tol=tol)
+    return [f] if f is not None else []
+
+
+def _matrix_arms(arms: Mapping[str, xr.Dataset]) -> dict[str, xr.Dataset]:
+    """The arms that belong to a head-dtype matrix (named by ``arm_name`` or stamped by
+    ``head_matrix``), one per cell."""
+    out, seen = {}, set()
+    for name, ds in arms.items():
+        if "head_experiment" not in ds.attrs:
+            try:
+                parse_arm(name)
+            except ValueError:
+                continue
+        if not has_trainer(ds):
+            continue
+        dt = cell_dtypes(ds)
+        key = (dt["rollout_head"], dt["trainer_head"])
+        if None in key or key in seen:
+            continue
+        seen.add(key)
+        out[name] = ds
+    return out
+
+
+def head_matrix_finding(arms: Mapping[str, xr.Dataset], *, variable: str = "abs_log_ratio_rms") -> Finding | None:
+    """Over a head-dtype matrix: is the matched float32/float32 cell the closest, and by how much?
+
+    ``None`` unless the arms hold a float32/float32 cell and at least one mismatched cell.
+    A warning when a mismatched cell is as close as the matched one: then something other than the
+    head (e.g. the body precision) dominates the gap.
+    """
+    cells = _matrix_arms(arms)
+    if len(cells) < 2:
+        return None
+    table = head_table(cells)
+    try:
+        adv = matched_advantage(table, variable=variable)
+    except ValueError:
+        return None
+    ev = {"matched_cell": adv["matched_cell"], f"matched_{variable}": adv["matched_value"],
+          **{f"{k}_{variable}": v["value"] for k, v in adv["mismatched"].items()},
+          "smallest_ratio_mismatched_over_matched": adv["min_ratio"], "pair": PAIR}
+    if adv["matched_is_lowest"]:
+        return Finding(Layer.INFERENCE_PATH, "head_fp32_matched_closest", Severity.INFO,
+                       f"the matched float32 head has the smallest {variable}: every mismatched cell is at "
+                       f"least {adv['min_ratio']:.2f}x larger", ev, "", None)
+    return Finding(Layer.INFERENCE_PATH, "head_fp32_not_closest", Severity.WARNING,
+                   f"a mismatched head cell is as close as the matched float32 one ({variable}): the head "
+                   "precision is not what limits parity here; look at the body precision and kernels",
+                   ev, "pin the body dtype on both sides and compare the body's hidden states", None)
+
+
+def arms_findings(arms: Mapping[str, xr.Dataset], reference: str | None = None) -> list[Finding]:
+    """Checks over arms of one store (called by :func:`rlparity.diagnose.diagnose`)."""
+    f = head_matrix_finding(arms)
+    return [f] if f is not None else []
+
+
+__all__ = ["FIX_ROLLOUT_FP32", "FIX_TRAINER_FP32", "arms_findings", "head_matrix_finding", "head_precision",
+           "trace_findings"]
