@@ -13,5 +13,9 @@ quickstart: setup
 test:
 	$(PY) -m pytest -q tests
 
+# execute every notebook on the small built-in model and build the book offline (book/_build/html)
+book: setup
+	$(PY) -m rlparity._book
+
 clean:
 	rm -rf runs artifacts .cache book/_build

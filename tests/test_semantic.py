@@ -113,3 +113,21 @@ def test_cli_diagnose_exit_codes(tmp_path):
     assert json.loads(js.stdout)["verdict"].startswith("broken")
     missing = run(tmp_path / "nope.zarr")
     assert missing.returncode == 2 and "rlparity capture" in missing.stderr
+
+
+@pytest.mark.engine
+def test_semantic_notebook_results(executed_notebook):
+    """Notebook 01 (ci=True) on the tiny model: its own numbers, checked again from its output."""
+    from rlparity.trace import open_arms
+
+    out = executed_notebook("01_semantic")
+    r = json.loads((out / "results.json").read_text())
+    by_arm = {}
+    for f in r["findings"]:
+        by_arm.setdefault(f["arm"], set()).add((f["name"], f["severity"]))
+    assert ("raw_logprobs_used_as_processed", "error") in by_arm["raw_logprobs"]
+    assert not [n for n, sev in by_arm["processed_logprobs"] if sev != "info"]
+    assert r["raw_offset_range"] > 0.05 and r["processed_max_abs_offset"] < 0.02
+    assert r["prompt_parity"]["prompt-ids-without-bos"] == "prompt_token_mismatch"
+    arms = open_arms(out / "semantic.zarr")
+    assert {"raw_logprobs", "processed_logprobs", "chat-messages"} <= set(arms)

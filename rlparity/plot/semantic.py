@@ -47,7 +47,7 @@ def offset_vs_temperature(data, trainer: str = "processed") -> go.Figure:
 
 
 def ratio_by_position(data, trainer: str = "processed") -> go.Figure:
-    """Mean d and mean |d| per response position, one line per arm."""
+    """Mean d and mean ``|d|`` per response position, one line per arm."""
     fig = go.Figure()
     for arm, ds in as_arms(data).items():
         d = log_ratio(ds, trainer).values

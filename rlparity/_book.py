@@ -1,0 +1,121 @@
+"""Build the Jupyter Book offline: execute (or copy) the notebooks, generate the CLI reference,
+serve plotly.js locally, run ``jupyter-book build -W --keep-going``.
+
+``python -m rlparity._book [--ci] [--executed DIR]`` is what ``make book`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from rlparity._nbrun import NOTEBOOKS, notebook_paths, run_notebook
+
+BOOK = NOTEBOOKS.parent / "book"
+
+
+def cli_reference() -> str:
+    """Markdown of ``rlparity --help`` and every command's help (generated, never hand-kept)."""
+    import typer
+
+    from rlparity.cli import app
+
+    def plain_help(command, ctx) -> str:
+        # typer renders help with rich and prints it; capture it without colours at a fixed width
+        import contextlib
+        import io
+
+        buf = io.StringIO()
+        env = {k: os.environ.get(k) for k in ("COLUMNS", "NO_COLOR", "TERM")}
+        os.environ.update(COLUMNS="100", NO_COLOR="1", TERM="dumb")
+        try:
+            with contextlib.redirect_stdout(buf):
+                text = command.get_help(ctx)
+        finally:
+            for k, v in env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        return "\n".join(line.rstrip() for line in ((text or "") + buf.getvalue()).strip("\n").splitlines())
+
+    cmd = typer.main.get_command(app)
+    ctx = cmd.make_context("rlparity", [], resilient_parsing=True)
+    parts = ["# Command line\n", "Generated from the commands' own help.\n", "```text", plain_help(cmd, ctx), "```\n"]
+    for name in sorted(cmd.list_commands(ctx)):  # type: ignore[attr-defined]
+        sub = cmd.get_command(ctx, name)  # type: ignore[attr-defined]
+        sctx = sub.make_context(name, [], parent=ctx, resilient_parsing=True)
+        parts += [f"## `rlparity {name}`\n", "```text", plain_help(sub, sctx), "```\n"]
+    return "\n".join(parts)
+
+
+def prepare(executed: str | os.PathLike | None = None, *, ci: bool = False, book: Path = BOOK) -> None:
+    """Put executed notebooks under ``book/notebooks``, plotly.js under ``_static``, the CLI page."""
+    import plotly
+
+    target = book / "notebooks"
+    target.mkdir(parents=True, exist_ok=True)
+    for nb in notebook_paths():
+        dst = target / nb.name
+        if executed is not None:
+            src = Path(executed) / nb.name
+            if not src.exists():
+                raise FileNotFoundError(f"{src} is missing: execute {nb.name} first (or build without --executed)")
+            shutil.copyfile(src, dst)
+        else:
+            out_dir = Path(tempfile.mkdtemp(prefix=f"rlparity-{nb.stem}-"))
+            run_notebook(nb, dst, out_dir, {"ci": ci})
+    static = book / "_static"
+    static.mkdir(exist_ok=True)
+    shutil.copyfile(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", static / "plotly.min.js")
+    (book / "reference").mkdir(exist_ok=True)
+    (book / "reference" / "cli.md").write_text(cli_reference())
+
+
+def build(book: Path = BOOK) -> Path:
+    """``jupyter-book build -W --keep-going``; raises if sphinx reports any warning."""
+    exe = Path(sys.executable).with_name("jupyter-book")
+    cmd = [str(exe) if exe.exists() else "jupyter-book", "build", "-W", "--keep-going", str(book)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"book build failed ({' '.join(cmd)}):\n{res.stdout[-6000:]}\n{res.stderr[-3000:]}")
+    return book / "_build" / "html"
+
+
+_SCRIPT_SRC = re.compile(r"<script[^>]*\bsrc=[\"']([^\"']+)[\"']", re.I)
+
+
+def external_scripts(html_dir: str | os.PathLike) -> dict[str, list[str]]:
+    """Script sources that point outside the built site (http:, https: or //), per page."""
+    out = {}
+    for page in Path(html_dir).rglob("*.html"):
+        bad = [s for s in _SCRIPT_SRC.findall(page.read_text(errors="replace"))
+               if s.startswith(("http:", "https:", "//"))]
+        if bad:
+            out[str(page.relative_to(html_dir))] = bad
+    return out
+
+
+def plotly_figures(page: str | os.PathLike) -> int:
+    """Number of interactive plotly figures (``Plotly.newPlot`` calls) in one built page."""
+    return Path(page).read_text(errors="replace").count("Plotly.newPlot(")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m rlparity._book", description=__doc__)
+    ap.add_argument("--ci", action="store_true", help="execute the notebooks with ci=True (small sizes)")
+    ap.add_argument("--executed", help="folder of already executed notebooks to publish instead")
+    args = ap.parse_args(argv)
+    prepare(args.executed, ci=args.ci)
+    html = build()
+    print(f"book built: {html / 'index.html'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""papermill CI: every notebook runs with ci=True into artifacts/notebooks/, no cell fails, and
+what it wrote to out_dir (results.json, a zarr store of scored arms) is valid. Each notebook's own
+numbers are checked further in its layer's test module."""
+
+import json
+
+import nbformat
+import pytest
+
+from rlparity._nbrun import notebook_paths
+from rlparity.trace import open_arms, validate
+
+NAMES = [p.stem for p in notebook_paths()]
+pytestmark = pytest.mark.engine
+
+
+def test_there_are_notebooks_with_a_parameters_cell():
+    assert NAMES, "no notebooks found"
+    for p in notebook_paths():
+        nb = nbformat.read(p, as_version=4)
+        tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+        assert len(tagged) == 1, f"{p.name}: exactly one cell must be tagged 'parameters'"
+        src = tagged[0].source
+        for name in ("ci", "out_dir", "model"):
+            assert f"{name} =" in src, f"{p.name}: parameters cell lacks {name}"
+        assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), \
+            f"{p.name} is committed with outputs: clear them"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_runs_and_writes_its_dataset(name, executed_notebook):
+    from conftest import ARTIFACTS
+
+    out_dir = executed_notebook(name)
+    nb = nbformat.read(f"{ARTIFACTS}/{name}.ipynb", as_version=4)
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert not errors
+    results = json.loads((out_dir / "results.json").read_text())
+    assert results.get("findings"), "the notebook wrote no findings"
+    stores = list(out_dir.glob("*.zarr"))
+    assert stores, "the notebook wrote no zarr store"
+    for store in stores:
+        arms = open_arms(store)
+        assert arms
+        for arm, ds in arms.items():
+            validate(ds, require_trainer=True, where=f"{store.name}/{arm}")
