@@ -344,7 +344,12 @@ def matched_advantage(table: xr.Dataset, *, variable: str = "abs_log_ratio_rms",
                       reference: str = "float32") -> dict[str, Any]:
     """How much lower ``variable`` is in the matched ``reference``/``reference`` cell than in each
     mismatched cell (rollout head != trainer head): ratios, differences, and whether it is lower
-    than every one of them."""
+    than every one of them.
+
+    ``excess_in_quadrature`` = sqrt(x^2 - matched^2) is, for an RMS, the part of a mismatched cell's
+    error that the matched cell does not have, if the head error and the rest (the body) add as
+    independent noise: the head's own share when a shared body error dominates both cells.
+    """
     if reference not in table["rollout_head"].values or reference not in table["trainer_head"].values:
         raise ValueError(f"the table has no {reference}/{reference} cell")
     v = table[variable]
@@ -356,8 +361,10 @@ def matched_advantage(table: xr.Dataset, *, variable: str = "abs_log_ratio_rms",
         for t in table["trainer_head"].values:
             if r != t and np.isfinite(float(v.sel(rollout_head=r, trainer_head=t))):
                 x = float(v.sel(rollout_head=r, trainer_head=t))
-                others[f"rollout-{r}_trainer-{t}"] = {"value": x, "ratio": x / best if best > 0 else float("inf"),
-                                                      "difference": x - best}
+                others[f"rollout-{r}_trainer-{t}"] = {
+                    "value": x, "ratio": x / best if best > 0 else float("inf"), "difference": x - best,
+                    # the extra error on top of the matched cell's, if the two add independently
+                    "excess_in_quadrature": float(np.sqrt(max(x ** 2 - best ** 2, 0.0)))}
     if not others:
         raise ValueError("the table has no mismatched cell to compare with")
     return {"variable": variable, "matched_cell": f"rollout-{reference}_trainer-{reference}",
