@@ -50,7 +50,8 @@ def processed_logits(logits, temperature, top_k, top_p):
     k = top_k.clone()
     k[(k <= 0) | (k >= vocab) | greedy] = vocab
     if bool((k < vocab).any()):
-        kth = out.sort(dim=1, descending=True).values.gather(1, (k - 1).unsqueeze(1))
+        # the k-th largest per row; topk up to the largest k is much cheaper than a full sort
+        kth = out.topk(int(k.max()), dim=1).values.gather(1, (k - 1).unsqueeze(1))
         out = out.masked_fill(out < kth, float("-inf"))  # ties at the boundary survive
     p = torch.where(greedy, torch.ones_like(top_p), top_p)
     if bool((p < 1.0).any()):
