@@ -17,20 +17,6 @@ except _metadata.PackageNotFoundError:  # pragma: no cover
     __version__ = "0.0.0"
 
 
-def capture(*args, **kwargs):
-    """Capture rollouts with a fresh vLLM engine; see :func:`rlparity.capture.capture`."""
-    from rlparity.capture import capture as _capture
-
-    return _capture(*args, **kwargs)
-
-
-def score(*args, **kwargs):
-    """Rescore a trace with the trainer; see :func:`rlparity.score.score`."""
-    from rlparity.score import score as _score
-
-    return _score(*args, **kwargs)
-
-
 def summary(*args, **kwargs):
     """Parity summary of a scored trace; see :func:`rlparity.metrics.summary`."""
     from rlparity.metrics import summary as _summary
@@ -38,11 +24,20 @@ def summary(*args, **kwargs):
     return _summary(*args, **kwargs)
 
 
-def diagnose(*args, **kwargs):
-    """Findings with verdicts for a trace or a store; see :func:`rlparity.diagnose.diagnose`."""
-    from rlparity.diagnose import diagnose as _diagnose
-
-    return _diagnose(*args, **kwargs)
+_SUBPACKAGES = ("capture", "score", "trace", "metrics", "diagnose", "plot", "experiments")
 
 
-__all__ = ["EngineSettings", "SamplingSettings", "__version__", "capture", "diagnose", "score", "summary"]
+def __getattr__(name):
+    """Import the flow's subpackages on first use: ``rlparity.diagnose.diagnose(...)``.
+
+    The subpackages are modules, never shadowed by functions of the same name, so
+    ``rlparity.capture.EngineSettings`` works whatever was imported before.
+    """
+    if name in _SUBPACKAGES:
+        import importlib
+
+        return importlib.import_module(f"rlparity.{name}")
+    raise AttributeError(f"module 'rlparity' has no attribute {name!r}")
+
+
+__all__ = ["EngineSettings", "SamplingSettings", "__version__", "summary", *_SUBPACKAGES]
