@@ -1,0 +1,91 @@
+"""Named engine profiles: :class:`EngineSettings` stored as YAML.
+
+A profile file holds ``settings:`` (fields of :class:`EngineSettings`) and optionally
+``description:``; a bare mapping of settings is accepted too. Built-in profiles live in
+``rlparity/profiles/*.yaml``: ``vllm-v1-defaults`` (nothing set) and ``pipelinerl-parity``
+(processed logprobs, prefix caching off, async scheduling off, fp32 LM head,
+``generation_config: vllm``). Users pass a built-in name or the path of their own YAML.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlparity.capture.settings import EngineSettings
+
+PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
+DEFAULT_REFERENCE = "pipelinerl-parity"
+_TOP_KEYS = {"settings", "description"}
+
+
+def profile_names() -> list[str]:
+    """Names of the built-in profiles."""
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+
+
+def _path(name_or_path: str | os.PathLike) -> Path:
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        if not p.exists():
+            raise FileNotFoundError(f"profile file {p} does not exist")
+        return p
+    builtin = PROFILE_DIR / f"{name_or_path}.yaml"
+    if not builtin.exists():
+        raise ValueError(f"unknown profile {str(name_or_path)!r}; built-in profiles: "
+                         f"{', '.join(profile_names())} (or pass the path of a YAML file)")
+    return builtin
+
+
+def settings_from_mapping(data: dict[str, Any], *, where: str = "profile") -> EngineSettings:
+    """:class:`EngineSettings` from a mapping; an unknown key is an error naming the valid ones."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a mapping of engine settings, got {type(data).__name__}")
+    valid = list(EngineSettings.model_fields)
+    unknown = [k for k in data if k not in valid]
+    if unknown:
+        raise ValueError(f"{where}: unknown setting(s) {', '.join(map(repr, unknown))}; valid settings: "
+                         f"{', '.join(valid)}")
+    return EngineSettings(**data)
+
+
+def read_profile(name_or_path: str | os.PathLike) -> dict[str, Any]:
+    """``{"name", "description", "settings": EngineSettings, "path"}`` of a profile."""
+    path = _path(name_or_path)
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a profile is a YAML mapping, got {type(data).__name__}")
+    if "settings" in data:
+        extra = [k for k in data if k not in _TOP_KEYS]
+        if extra:
+            raise ValueError(f"{path}: unknown top-level key(s) {', '.join(map(repr, extra))}; "
+                             f"valid: {', '.join(sorted(_TOP_KEYS))}")
+        settings = data["settings"] or {}
+        desc = str(data.get("description", ""))
+    else:
+        settings, desc = data, ""
+    return {"name": path.stem, "description": desc, "path": str(path),
+            "settings": settings_from_mapping(settings, where=str(path))}
+
+
+def load_profile(name_or_path: str | os.PathLike | EngineSettings) -> EngineSettings:
+    """The :class:`EngineSettings` of a built-in profile name or a YAML file."""
+    if isinstance(name_or_path, EngineSettings):
+        return name_or_path
+    return read_profile(name_or_path)["settings"]
+
+
+def save_profile(settings: EngineSettings, path: str | os.PathLike, description: str = "") -> Path:
+    """Write ``settings`` (only the fields that differ from EngineSettings()) as a profile YAML."""
+    base = EngineSettings().model_dump()
+    diff = {k: v for k, v in settings.model_dump().items() if v != base[k]}
+    path = Path(path)
+    path.write_text(yaml.safe_dump({"description": description, "settings": diff}, sort_keys=False))
+    return path
+
+
+__all__ = ["DEFAULT_REFERENCE", "PROFILE_DIR", "load_profile", "profile_names", "read_profile",
+           "save_profile", "settings_from_mapping"]
