@@ -94,13 +94,13 @@ def head_stats(hidden, weight, bias, token_ids, temperature, top_k, top_p, head_
         temp = torch.where(greedy, torch.ones_like(temperature[sl]), temperature[sl])
         kept = proc.logsumexp(dim=1) - (logits / temp.unsqueeze(1)).logsumexp(dim=1)
         tok_logit = logits.gather(1, tok)
-        out["trainer_logprob"].append(logp.gather(1, tok).squeeze(1).double().numpy())
-        out["trainer_processed_logprob"].append(plogp.gather(1, tok).squeeze(1).double().numpy())
-        out["trainer_entropy"].append(_entropy(logp).double().numpy())
-        out["trainer_processed_entropy"].append(_entropy(plogp).double().numpy())
-        out["trainer_max_logit"].append(logits.max(dim=1).values.double().numpy())
-        out["trainer_token_rank"].append((logits > tok_logit).sum(dim=1).numpy().astype(np.int64))
-        out["trainer_log_kept_mass"].append(kept.clamp(max=0.0).double().numpy())
+        out["trainer_logprob"].append(logp.gather(1, tok).squeeze(1).double().cpu().numpy())
+        out["trainer_processed_logprob"].append(plogp.gather(1, tok).squeeze(1).double().cpu().numpy())
+        out["trainer_entropy"].append(_entropy(logp).double().cpu().numpy())
+        out["trainer_processed_entropy"].append(_entropy(plogp).double().cpu().numpy())
+        out["trainer_max_logit"].append(logits.max(dim=1).values.double().cpu().numpy())
+        out["trainer_token_rank"].append((logits > tok_logit).sum(dim=1).cpu().numpy().astype(np.int64))
+        out["trainer_log_kept_mass"].append(kept.clamp(max=0.0).double().cpu().numpy())
     return {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in out.items()}
 
 
