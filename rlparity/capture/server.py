@@ -1,0 +1,498 @@
+"""Capture through an OpenAI-compatible vLLM server, as PipelineRL runs it.
+
+:class:`Server` starts a real ``python -m vllm.entrypoints.openai.api_server`` on loopback with
+``--return-tokens-as-token-ids`` and the flags of an :class:`EngineSettings`; :class:`ServerClient`
+talks to any running ``vllm serve`` (a URL). Both return traces with the same schema as
+:meth:`rlparity.capture.Engine.capture`.
+
+Every request is one ``POST /v1/completions`` with ``logprobs: 0`` (the sampled token's logprob
+only: ``logprobs.token_logprobs``, never a top alternative) and ``return_token_ids: true`` (the
+prompt ids the server tokenised and the sampled ids, cross-checked against the ``token_id:N``
+strings that ``--return-tokens-as-token-ids`` makes of ``logprobs.tokens``). Sampling parameters
+left "off" in :class:`SamplingSettings` (top-k, min-p, repetition penalty) are sent explicitly
+with their neutral values, so a server running ``--generation-config auto`` samples what the
+offline engine samples: the same ``SamplingParams`` as :meth:`SamplingSettings.to_vllm`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+import xarray as xr
+
+from rlparity.capture._common import (
+    CaptureInfo,
+    Completion,
+    Prompt,
+    Request,
+    build_trace,
+    capture_attrs,
+    cpu_defaults,
+    engine_lock,
+    make_requests,
+    render_chat,
+)
+from rlparity.capture.settings import EngineSettings, SamplingSettings
+
+TOKEN_ID_PREFIX = "token_id:"
+# vLLM's OpenAI layer clamps -inf logprobs to this JSON-safe value
+OPENAI_NEG_INF = -9999.0
+# sent explicitly so that --generation-config auto cannot change what a request samples
+NEUTRAL_SAMPLING = {"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
+                    "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
+class ServerError(RuntimeError):
+    """The server rejected a request or answered something rlparity cannot use."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _error_message(body: bytes) -> str:
+    text = body.decode("utf-8", "replace")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text.strip()[:2000]
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        if "message" in data:
+            return str(data["message"])
+        if "detail" in data:
+            return str(data["detail"])
+    return text.strip()[:2000]
+
+
+def _http(method: str, url: str, body: Any = None, timeout: float = 600.0) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"} if data else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+    except urllib.error.HTTPError as err:
+        msg = _error_message(err.read())
+        raise ServerError(f"vLLM server {method} {url} failed with HTTP {err.code}: {msg}",
+                          err.code) from None
+    except (urllib.error.URLError, ConnectionError, TimeoutError, socket.timeout) as err:
+        reason = getattr(err, "reason", err)
+        raise ServerError(f"cannot reach the vLLM server at {url}: {reason}") from None
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", "replace")
+
+
+# ---------------------------------------------------------------------------------- client
+class ServerClient:
+    """Capture from an already running OpenAI-compatible vLLM server.
+
+    >>> client = ServerClient("http://127.0.0.1:8000")
+    >>> trace = client.capture(prompts, SamplingSettings(temperature=0.7, top_k=20))
+
+    ``model`` is the served model name (default: the first one ``GET /v1/models`` lists);
+    ``tokenizer`` (a path or hub id, default ``model``) is loaded only for chat prompts, which
+    are rendered with the chat template here and sent as token ids. ``requested`` and
+    ``effective`` are recorded in the trace attrs (a :class:`Server` fills them from its command
+    line; for a foreign server only what ``/v1/models`` says is known).
+    """
+
+    backend = "vllm-server"
+
+    def __init__(self, base_url: str, model: str | None = None, *, tokenizer: Any = None,
+                 max_workers: int = 8, timeout: float = 600.0,
+                 requested: dict[str, Any] | None = None,
+                 effective: dict[str, Any] | None = None,
+                 return_tokens_as_token_ids: bool | None = None):
+        self.base_url = base_url.rstrip("/")
+        if self.base_url.endswith("/v1"):
+            self.base_url = self.base_url[:-3]
+        self._model = model
+        self._tokenizer_src = tokenizer
+        self._tokenizer: Any = None
+        self.max_workers = max(1, int(max_workers))
+        self.timeout = timeout
+        self.requested = requested
+        self._effective = effective
+        self.return_tokens_as_token_ids = return_tokens_as_token_ids
+        self._models: list[dict[str, Any]] | None = None
+
+    # server facts -------------------------------------------------------------------
+    def health(self, timeout: float = 5.0) -> bool:
+        try:
+            _http("GET", f"{self.base_url}/health", timeout=timeout)
+            return True
+        except ServerError:
+            return False
+
+    def models(self) -> list[dict[str, Any]]:
+        if self._models is None:
+            data = _http("GET", f"{self.base_url}/v1/models", timeout=self.timeout)
+            self._models = list((data or {}).get("data", [])) if isinstance(data, dict) else []
+        return self._models
+
+    @property
+    def model(self) -> str:
+        if self._model is None:
+            served = self.models()
+            if not served:
+                raise ServerError(f"the server at {self.base_url} lists no model in /v1/models; "
+                                  "pass model=...")
+            self._model = str(served[0]["id"])
+        return self._model
+
+    def effective_config(self) -> dict[str, Any]:
+        """What is known of the server's configuration: the :class:`Server`'s resolved command
+        line, or for a foreign server what ``/v1/models`` reports."""
+        if self._effective is not None:
+            return dict(self._effective)
+        eff: dict[str, Any] = {"model": self.model,
+                               "effective_source": "GET /v1/models of a running server "
+                                                   "(other engine settings are not exposed)"}
+        for m in self.models():
+            if m.get("id") == self.model:
+                eff["max_model_len"] = m.get("max_model_len")
+                if m.get("root"):
+                    eff["model_root"] = m.get("root")
+        return eff
+
+    def tokenizer(self):
+        if self._tokenizer is None:
+            src = self._tokenizer_src
+            if src is not None and not isinstance(src, (str, os.PathLike)):
+                self._tokenizer = src
+            else:
+                from transformers import AutoTokenizer
+
+                self._tokenizer = AutoTokenizer.from_pretrained(str(src or self._model_path()))
+        return self._tokenizer
+
+    def _model_path(self) -> str:
+        for m in self.models():
+            if m.get("id") == self.model and m.get("root"):
+                return str(m["root"])
+        return self.model
+
+    # requests -----------------------------------------------------------------------
+    def request_body(self, req: Request) -> dict[str, Any]:
+        """The ``/v1/completions`` body for one request."""
+        body = {**NEUTRAL_SAMPLING, **req.sampling.to_openai(req.seed)}
+        body.update({
+            "model": self.model,
+            "prompt": req.token_ids if req.token_ids is not None else req.text,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "stream": False,
+        })
+        return body
+
+    def _post(self, req: Request) -> dict[str, Any]:
+        try:
+            out = _http("POST", f"{self.base_url}/v1/completions", self.request_body(req),
+                        timeout=self.timeout)
+        except ServerError as err:
+            raise ServerError(f"request {req.index}: {err}", err.status) from None
+        if not isinstance(out, dict) or "choices" not in out:
+            raise ServerError(f"request {req.index}: the server answered no completion: {out!r:.500}")
+        return out
+
+    def _completions(self, req: Request, out: dict[str, Any], policy_version: int,
+                     prompt_ids_fallback) -> list[Completion]:
+        choices = sorted(out["choices"], key=lambda c: int(c.get("index", 0)))
+        if len(choices) != req.sampling.n:
+            raise ServerError(f"request {req.index}: asked for n={req.sampling.n} samples, the server "
+                              f"returned {len(choices)}")
+        result = []
+        for j, ch in enumerate(choices):
+            lp = ch.get("logprobs")
+            if not lp or lp.get("tokens") is None or lp.get("token_logprobs") is None:
+                raise ServerError(f"request {req.index}: the server returned no logprobs "
+                                  "(the request sets logprobs=0; is this a vLLM server?)")
+            tokens, logprobs = lp["tokens"], lp["token_logprobs"]
+            bad = [t for t in tokens if not (isinstance(t, str) and t.startswith(TOKEN_ID_PREFIX))]
+            if bad:
+                raise ServerError(
+                    f"request {req.index}: logprobs.tokens are text ({bad[0]!r}), not "
+                    f"'{TOKEN_ID_PREFIX}N': start the server with --return-tokens-as-token-ids, "
+                    "otherwise tokens that do not decode to valid text cannot be identified")
+            ids = [int(t[len(TOKEN_ID_PREFIX):]) for t in tokens]
+            if len(logprobs) != len(ids) or any(v is None for v in logprobs):
+                raise ServerError(f"request {req.index}: {len(ids)} tokens but logprobs "
+                                  f"{logprobs!r:.200}")
+            returned = ch.get("token_ids")
+            if returned is not None and [int(t) for t in returned] != ids:
+                raise ServerError(f"request {req.index}: token_ids {returned[:8]}... differ from the "
+                                  f"ids in logprobs.tokens {ids[:8]}...")
+            prompt_ids = ch.get("prompt_token_ids")
+            if prompt_ids is None:
+                prompt_ids = req.token_ids if req.token_ids is not None else prompt_ids_fallback(req)
+            vals = [-math.inf if float(v) <= OPENAI_NEG_INF else float(v) for v in logprobs]
+            result.append(Completion(req, j, [int(t) for t in prompt_ids], ids, vals,
+                                     str(ch.get("finish_reason") or "unknown"), ch.get("text") or "",
+                                     [policy_version] * len(ids)))
+        return result
+
+    def _tokenize_text(self, req: Request) -> list[int]:
+        # only for servers that do not return prompt_token_ids: the server's own tokenisation
+        out = _http("POST", f"{self.base_url}/tokenize", {"model": self.model, "prompt": req.text},
+                    timeout=self.timeout)
+        return [int(t) for t in out["tokens"]]
+
+    def capture(self, prompts: Sequence[Prompt] | Prompt,
+                sampling: SamplingSettings | Sequence[SamplingSettings] | None = None,
+                *, arm: str = "default", progress: bool = True,
+                policy_version: int = 0) -> xr.Dataset:
+        """Sample every prompt through the server and return a rollout trace (no trainer side)."""
+        requests = make_requests(prompts, sampling or SamplingSettings())
+        if any(r.messages is not None and r.token_ids is None for r in requests):
+            render_chat(requests, self.tokenizer())
+        model = self.model
+        t0 = time.perf_counter()
+        results: list[dict[str, Any] | None] = [None] * len(requests)
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(requests), desc=f"server {self.base_url}", unit="req")
+        try:
+            with ThreadPoolExecutor(max_workers=min(self.max_workers, len(requests))) as pool:
+                futures = {pool.submit(self._post, r): k for k, r in enumerate(requests)}
+                try:
+                    for fut in as_completed(futures):
+                        results[futures[fut]] = fut.result()
+                        if bar is not None:
+                            bar.update(1)
+                except BaseException:
+                    for f in futures:
+                        f.cancel()
+                    raise
+        finally:
+            if bar is not None:
+                bar.close()
+        elapsed = time.perf_counter() - t0
+        completions: list[Completion] = []
+        for req, out in zip(requests, results):
+            assert out is not None
+            completions += self._completions(req, out, policy_version, self._tokenize_text)
+        info = CaptureInfo(self.backend, dict(self.requested or {}), self.effective_config(), {
+            "server_url": self.base_url,
+            "served_model": model,
+            "return_tokens_as_token_ids": True,  # checked on every token above
+            "server_started_with_return_tokens_as_token_ids": self.return_tokens_as_token_ids,
+            "request_extras": {**NEUTRAL_SAMPLING, "logprobs": 0, "return_token_ids": True},
+            "generate_s": round(elapsed, 3),
+        })
+        model_ref = self._model_path()
+        return build_trace(completions, attrs=capture_attrs(info, model_ref, requests, arm))
+
+
+# ---------------------------------------------------------------------------------- server
+class Server:
+    """A real vLLM OpenAI-compatible server subprocess on loopback; a context manager.
+
+    >>> with Server(model_path, EngineSettings(logprobs_mode="processed_logprobs")) as srv:
+    ...     trace = srv.capture(prompts, SamplingSettings(temperature=0.7, top_k=20))
+
+    The server holds the machine-wide engine lock while it lives (close any engine of this
+    process first, or it waits forever). Its output goes to ``log_path``.
+    """
+
+    backend = "vllm-server"
+
+    def __init__(self, model: str | os.PathLike, settings: EngineSettings | None = None, *,
+                 port: int | None = None, host: str = "127.0.0.1", startup_timeout: float = 600.0,
+                 extra_args: Sequence[str] = (), log_dir: str | os.PathLike | None = None):
+        self.model = str(model)
+        self.settings = settings or EngineSettings()
+        self.host = host
+        self._port = port
+        self.startup_timeout = float(startup_timeout)
+        self.extra_args = list(extra_args)
+        self._log_dir = log_dir
+        self.log_path: Path | None = None
+        self._proc: subprocess.Popen | None = None
+        self._lock: contextlib.ExitStack | None = None
+        self._client: ServerClient | None = None
+        self._effective: dict[str, Any] | None = None
+        self._cpu = cpu_defaults(self.settings)
+        self.startup_s: float | None = None
+
+    # command line -------------------------------------------------------------------
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            self._port = free_port(self.host)
+        return self._port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command_line(self) -> list[str]:
+        """The server's argv (what :func:`rlparity.capture.audit.audit` parses)."""
+        args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+                "--host", self.host, "--port", str(self.port), "--return-tokens-as-token-ids"]
+        if "gpu_memory_utilization" in self._cpu:
+            args += ["--gpu-memory-utilization", str(self._cpu["gpu_memory_utilization"])]
+        return args + self.settings.to_cli_args() + self.extra_args
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+        env.update(self.settings.env())
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def effective_config(self) -> dict[str, Any]:
+        """The configuration vLLM resolves from the command line (no second engine started)."""
+        if self._effective is None:
+            from rlparity.capture.audit import parse_command_line, resolve_kwargs
+
+            saved = {k: os.environ.get(k) for k in self.settings.env()}
+            os.environ.update(self.settings.env())
+            try:
+                eff = resolve_kwargs(parse_command_line(self.command_line()))
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+            eff["effective_source"] = "resolved from the server command line by vLLM"
+            self._effective = eff
+        return dict(self._effective)
+
+    # lifecycle ----------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self, n: int = 60) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "(no server log)"
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+    def start(self) -> Server:
+        if self._proc is not None:
+            return self
+        self._lock = contextlib.ExitStack()
+        self._lock.enter_context(engine_lock())
+        try:
+            log_dir = Path(self._log_dir) if self._log_dir else Path(tempfile.mkdtemp(prefix="rlparity-server-"))
+            log_dir.mkdir(parents=True, exist_ok=True)
+            self.log_path = log_dir / "server.log"
+            cmd = self.command_line()
+            t0 = time.perf_counter()
+            with open(self.log_path, "wb") as log:
+                log.write((" ".join(cmd) + "\n").encode())
+                log.flush()
+                self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL, env=self.env(),
+                                              start_new_session=True)
+            self._wait_healthy(t0)
+            self.startup_s = time.perf_counter() - t0
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _wait_healthy(self, t0: float) -> None:
+        client = ServerClient(self.url, self.model)
+        while True:
+            rc = self._proc.poll() if self._proc is not None else -1
+            if rc is not None:
+                raise ServerError(f"the vLLM server exited with code {rc} before it was healthy; "
+                                  f"last lines of {self.log_path}:\n{self.log_tail()}")
+            if client.health(timeout=2.0):
+                return
+            if time.perf_counter() - t0 > self.startup_timeout:
+                raise ServerError(f"the vLLM server was not healthy after {self.startup_timeout:.0f} s "
+                                  f"(GET {self.url}/health); last lines of {self.log_path}:\n"
+                                  f"{self.log_tail()}")
+            time.sleep(0.5)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL) and release the engine lock."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=timeout)
+        if proc is not None:
+            # the engine core is a child in the same session: make sure it is gone too
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        self._client = None
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def __enter__(self) -> Server:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        with contextlib.suppress(Exception):
+            self.close(timeout=5.0)
+
+    # capture ------------------------------------------------------------------------
+    @property
+    def client(self) -> ServerClient:
+        if not self.running:
+            raise ServerError("the server is not running: use `with Server(...)` or call start()")
+        if self._client is None:
+            self._client = ServerClient(self.url, self.model, tokenizer=self.model,
+                                        requested=self.settings.model_dump(),
+                                        effective=self.effective_config(),
+                                        return_tokens_as_token_ids=True)
+        return self._client
+
+    def capture(self, prompts: Sequence[Prompt] | Prompt,
+                sampling: SamplingSettings | Sequence[SamplingSettings] | None = None,
+                *, arm: str = "default", progress: bool = True,
+                policy_version: int = 0) -> xr.Dataset:
+        """:meth:`ServerClient.capture` on this server; the trace records the start-up time."""
+        ds = self.client.capture(prompts, sampling, arm=arm, progress=progress,
+                                 policy_version=policy_version)
+        ds.attrs["startup_s"] = None if self.startup_s is None else round(self.startup_s, 3)
+        ds.attrs["server_command_line"] = self.command_line()
+        return ds
+
+
+__all__ = ["Server", "ServerClient", "ServerError", "free_port"]
