@@ -130,6 +130,7 @@ class Completion:
     finish_reason: str
     text: str = ""
     policy_versions: list[int] | None = None
+    cached_prompt_tokens: int | None = None
 
 
 def build_trace(completions: Sequence[Completion], *, attrs: Mapping[str, Any]) -> xr.Dataset:
@@ -155,6 +156,8 @@ def build_trace(completions: Sequence[Completion], *, attrs: Mapping[str, Any]) 
         prompt_messages=[json.dumps(c.request.messages) if c.request.messages is not None else ""
                          for c in completions],
         response_texts=[c.text for c in completions],
+        cached_prompt_tokens=[-1 if c.cached_prompt_tokens is None else c.cached_prompt_tokens
+                              for c in completions],
         attrs=jsonable(dict(attrs)),
     )
 
@@ -212,6 +215,7 @@ def effective_config(vllm_config: Any) -> dict[str, Any]:
         "generation_config_sampling_defaults": diff_sampling,
         "seed": get(mc, "seed"),
         "max_model_len": get(mc, "max_model_len"),
+        "block_size": get(cc, "block_size"),
         "device": str(get(get(vllm_config, "device_config"), "device_type", None)
                       or get(get(vllm_config, "device_config"), "device", None)),
     })

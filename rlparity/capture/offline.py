@@ -131,8 +131,9 @@ class Engine:
         completions = []
         for req, out in zip(requests, outputs):
             for j, c in enumerate(out.outputs):
-                completions.append(completion_from_vllm(req, j, out.prompt_token_ids, c,
-                                                        policy_version))
+                comp = completion_from_vllm(req, j, out.prompt_token_ids, c, policy_version)
+                comp.cached_prompt_tokens = getattr(out, "num_cached_tokens", None)
+                completions.append(comp)
         info = CaptureInfo(self.backend, self.settings.model_dump(), self.effective_config(),
                            {"generate_s": round(elapsed, 3), "startup_s": self.startup_s})
         return build_trace(completions, attrs=capture_attrs(info, self.model, requests, arm))

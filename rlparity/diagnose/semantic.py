@@ -107,9 +107,9 @@ def renormalization(trace: xr.Dataset, *, tol: float = 0.02) -> Finding | None:
                        evidence, "return the sampler's distribution: " + FIX_PROCESSED
                        + "; in your own sampler, renormalise over the kept set", arm)
     return Finding(Layer.SEMANTIC, "topk_topp_renormalization", Severity.INFO,
-                   f"top-k/top-p keep on average exp({evidence['mean_log_kept_mass']:.4f}) of the "
+                   f"top-k/top-p keep on average exp({evidence['mean_log_kept_mass']:.3g}) of the "
                    "tempered mass; a trainer that skips the renormalization would be off by "
-                   f"{-evidence['mean_log_kept_mass']:.4f} nats per token", evidence, "", arm)
+                   f"{-evidence['mean_log_kept_mass']:.3g} nats per token", evidence, "", arm)
 
 
 def zero_probability_tokens(trace: xr.Dataset) -> Finding | None:

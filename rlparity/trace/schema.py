@@ -57,6 +57,7 @@ OPTIONAL_ROLLOUT_VARS: dict[str, tuple[tuple[str, ...], str, str | None, str]] =
     "prompt_messages": (SEQ_DIMS, "U", None, "chat messages as JSON when the prompt was a chat (empty otherwise)"),
     "response_text": (SEQ_DIMS, "U", None, "detokenised response text from the engine"),
     "reward": (SEQ_DIMS, "f", None, "sequence-level reward (NaN = not scored)"),
+    "cached_prompt_tokens": (SEQ_DIMS, "i", "tokens", "prompt tokens the engine served from its prefix cache (-1 = not reported)"),
 }
 TRAINER_VARS: dict[str, tuple[tuple[str, ...], str, str | None, str]] = {
     "trainer_logprob": (TOKEN_DIMS, "f", NATS, "trainer log-probability of the sampled token, full vocabulary, temperature 1 (pi_old, raw)"),
@@ -112,6 +113,7 @@ def from_rollouts(
     prompt_messages: Sequence[str] | None = None,
     response_texts: Sequence[str] | None = None,
     rewards: Sequence[float] | None = None,
+    cached_prompt_tokens: Sequence[int] | None = None,
     attrs: Mapping[str, Any] | None = None,
 ) -> xr.Dataset:
     """Build a rollout trace from plain per-sequence lists (the ``from_dict`` of rlparity).
@@ -162,6 +164,7 @@ def from_rollouts(
         "prompt_messages": (SEQ_DIMS, np.array(list(prompt_messages) if prompt_messages is not None else [""] * n, dtype=str)),
         "response_text": (SEQ_DIMS, np.array(list(response_texts) if response_texts is not None else [""] * n, dtype=str)),
         "reward": (SEQ_DIMS, per_seq(np.nan if rewards is None else rewards, np.float64)),
+        "cached_prompt_tokens": (SEQ_DIMS, per_seq(-1 if cached_prompt_tokens is None else cached_prompt_tokens, np.int64)),
     }
     coords = {
         "sequence": np.arange(n),

@@ -1,0 +1,181 @@
+"""Inference-path checks: does the rollout engine compute the same prompts down the same path?
+
+Per arm (:func:`trace_findings`): the engine's effective settings, as the running engine
+reported them into the trace, audited against the ``pipelinerl-parity`` profile for the path
+settings (prefix caching, async scheduling, the model's generation config). ``logprobs_mode``
+and the LM head have their own checks (:mod:`~rlparity.diagnose.semantic`,
+:mod:`~rlparity.diagnose.head`).
+
+Over the arms of an ablation (:func:`arms_findings`, store from
+:func:`rlparity.experiments.ablation.ablation`): one finding per setting saying what it moves:
+the gap to the trainer (backend pair, d = log pi_old - log mu), the logprobs against the
+reference arm (d_ref = log mu_arm - log mu_ref), the sampled tokens, greedy determinism by batch
+composition; and each setting the platform could not run, with the reason.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+
+import xarray as xr
+
+from rlparity.diagnose.findings import Finding, Layer, Severity
+
+PATH_SETTINGS = ("enable_prefix_caching", "async_scheduling", "generation_config")
+PROFILE = "pipelinerl-parity"
+PAIR_TRAINER = "backend (pi_old, mu), d = log pi_old - log mu"
+PAIR_REFERENCE = "arm vs reference arm, d_ref = log mu_arm - log mu_reference"
+
+
+def setting_fix(field: str, value) -> str:
+    """How to set ``field=value`` in the user's terms: ``LLM(...)`` kwargs and ``vllm serve`` flags."""
+    from rlparity.capture.settings import EngineSettings
+
+    s = EngineSettings(**{field: value}, seed=None, max_model_len=None)
+    kwargs = ", ".join(f"{k}={v!r}" for k, v in s.to_engine_kwargs().items())
+    env = s.env()
+    flags = " ".join(shlex.quote(a) for a in s.to_cli_args())
+    if env:
+        envs = " ".join(f"{k}={v}" for k, v in env.items())
+        return f"set {envs} in the engine's environment"
+    return f"LLM(..., {kwargs}) or vllm serve ... {flags}"
+
+
+def path_settings(trace: xr.Dataset, profile: str = PROFILE) -> list[Finding]:
+    """The path settings of one arm that differ from ``profile`` (empty when the trace records
+    no effective configuration, e.g. imported from another framework)."""
+    from rlparity.capture.audit import compare
+
+    eff = trace.attrs.get("engine_effective")
+    if not eff:
+        return []
+    res = compare(eff, profile, source=f"arm {trace.attrs.get('arm')!r}")
+    out = []
+    for d in res.differences:
+        if d.setting not in PATH_SETTINGS:
+            continue
+        sev = Severity.WARNING
+        extra = {}
+        if d.setting == "generation_config":
+            defaults = eff.get("generation_config_sampling_defaults") or {}
+            extra["generation_config_sampling_defaults"] = defaults
+            if not defaults:
+                sev = Severity.INFO
+        out.append(Finding(
+            Layer.INFERENCE_PATH, f"{d.setting}_differs", sev,
+            f"{d.setting} is {d.effective!r} in the engine (profile {profile}: {d.expected!r}): {d.why}",
+            {"setting": d.setting, "effective": d.effective, "expected": d.expected, "profile": profile,
+             "source": "engine_effective, read back from the running engine", **extra},
+            setting_fix(d.setting, d.expected), trace.attrs.get("arm")))
+    return out
+
+
+def trace_findings(trace: xr.Dataset, *, profile: str = PROFILE) -> list[Finding]:
+    """The inference-path checks of one arm (called by :func:`rlparity.diagnose.diagnose`)."""
+    return path_settings(trace, profile)
+
+
+def ablation_findings(arms: Mapping[str, xr.Dataset], *, tol_reference: float = 0.0,
+                      tol_trainer: float = 1e-3) -> list[Finding]:
+    """One finding per setting of an ablation store (see the module docstring).
+
+    ``tol_reference`` (nats): a max |d_ref| above it means the setting changes the numerics
+    (default 0: any bitwise difference);
+    ``tol_trainer`` (nats): a change of the mean |d| against the trainer above it means the
+    setting moves the parity metric itself.
+    """
+    from rlparity.experiments.ablation import REFERENCE, ablation_table, moved_settings
+
+    table = ablation_table(arms)
+    moved = moved_settings(table, tol_reference=tol_reference, tol_trainer=tol_trainer)
+    ref = table.sel(setting=REFERENCE)
+    ref_gap = float(ref["trainer_abs_log_ratio_mean"])
+    out: list[Finding] = []
+    for s in table["setting"].values.tolist():
+        row = table.sel(setting=s)
+        status = str(row["status"].item())
+        field, value, refv = (str(row[k].item()) for k in ("field", "value", "reference_value"))
+        if status != "ran":
+            out.append(Finding(
+                Layer.INFERENCE_PATH, "setting_not_applicable", Severity.INFO,
+                f"{s}: not run on this platform: {row['reason'].item()}",
+                {"setting": s, "field": field, "value": value, "reason": str(row["reason"].item())},
+                "run the ablation on a platform that supports it (e.g. the GPU) to measure this setting", s))
+            continue
+        ev = {k: float(row[k]) for k in ("trainer_abs_log_ratio_mean", "trainer_mean_ratio",
+                                          "reference_abs_log_ratio_mean", "reference_abs_log_ratio_max",
+                                          "reference_mean_ratio", "reference_identical_sequences",
+                                          "batch_distinct_outputs", "batch_logprob_spread",
+                                          "cached_prompt_token_share")}
+        ev.update({"setting": s, "field": field, "value": value, "reference_value": refv,
+                   "reference_trainer_abs_log_ratio_mean": ref_gap, "pair_trainer": PAIR_TRAINER,
+                   "pair_reference": PAIR_REFERENCE})
+        if s == REFERENCE:
+            if ev["batch_distinct_outputs"] > 1:
+                out.append(Finding(
+                    Layer.INFERENCE_PATH, "batch_composition_nondeterminism", Severity.WARNING,
+                    f"the reference engine gives {int(ev['batch_distinct_outputs'])} different greedy outputs for "
+                    "one prompt depending on the batch it runs in", ev,
+                    "enable batch-invariant kernels (VLLM_BATCH_INVARIANT=1) where the platform supports them, "
+                    "or accept it and rescore every rollout with the trainer", s))
+            continue
+        what = moved.get(s, [])
+        fix = f"keep {field}={refv} as in the reference profile: " + setting_fix(field, _typed(refv))
+        if "trainer gap" in what:
+            delta = ev["trainer_abs_log_ratio_mean"] - ref_gap
+            sev = Severity.WARNING if delta > 0 else Severity.INFO
+            out.append(Finding(
+                Layer.INFERENCE_PATH, "setting_moves_trainer_gap", sev,
+                f"{s} ({field}={value}) moves mean |d| against the trainer from {ref_gap:.3g} to "
+                f"{ev['trainer_abs_log_ratio_mean']:.3g} nats ({'+' if delta > 0 else ''}{delta:.2g})",
+                ev, fix if delta > 0 else "", s))
+        elif what and what != ["batch determinism"]:
+            out.append(Finding(
+                Layer.INFERENCE_PATH, "setting_changes_numerics", Severity.INFO,
+                f"{s} ({field}={value}) changes the rollout logprobs against the reference arm (max |d_ref| "
+                f"{ev['reference_abs_log_ratio_max']:.2g} nats, {ev['reference_identical_sequences']:.0%} "
+                "of sequences identical) but not the gap to the trainer", ev, "", s))
+        if "batch determinism" in what:
+            out.append(Finding(
+                Layer.INFERENCE_PATH, "batch_composition_nondeterminism", Severity.WARNING,
+                f"with {field}={value} one prompt's greedy output depends on its batch: "
+                f"{int(ev['batch_distinct_outputs'])} distinct outputs, logprob spread "
+                f"{ev['batch_logprob_spread']:.2g} nats", ev, fix, s))
+        if not what:
+            out.append(Finding(
+                Layer.INFERENCE_PATH, "setting_no_effect", Severity.INFO,
+                f"{s} ({field}={value}) leaves every rollout logprob bitwise equal to the reference "
+                f"arm's on this platform{_cache_note(ev)}", ev, "", s))
+    return out
+
+
+def _cache_note(ev: Mapping) -> str:
+    share = ev.get("cached_prompt_token_share")
+    if share is None or share != share or share <= 0:
+        return ""
+    return f" (with {share:.0%} of prompt tokens served from the prefix cache)"
+
+
+def _typed(text: str):
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def arms_findings(arms: Mapping[str, xr.Dataset], reference: str | None = None, *,
+                  tol_reference: float = 0.0, tol_trainer: float = 1e-3) -> list[Finding]:
+    """Ablation checks over the arms of one store (called by :func:`rlparity.diagnose.diagnose`)."""
+    from rlparity.experiments.ablation import is_ablation
+
+    if not is_ablation(arms):
+        return []
+    return ablation_findings(arms, tol_reference=tol_reference, tol_trainer=tol_trainer)
+
+
+__all__ = ["PATH_SETTINGS", "ablation_findings", "arms_findings", "path_settings", "setting_fix",
+           "trace_findings"]

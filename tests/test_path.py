@@ -1,0 +1,159 @@
+"""Inference-path layer: the ablation's comparison logic on traces built by hand, the findings it
+produces, the audit CLI (vLLM resolves a real command line, no engine starts) and the numbers
+notebook 02 measured with real engines (prefix-cache hits, eager numerics, not-applicable knobs)."""
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from rlparity.cli import app
+from rlparity.diagnose.path import ablation_findings, path_settings, setting_fix
+from rlparity.experiments import ablation as abl
+from rlparity.trace import from_rollouts
+
+
+def _trace(logprobs, tokens=None, arm="a", effective=None, trainer=None, cached=None):
+    n = len(logprobs)
+    tokens = tokens or [[5 + j for j in range(len(lp))] for lp in logprobs]
+    attrs = {"arm": arm, "engine_effective": effective or {}}
+    tr = from_rollouts(prompt_token_ids=[[1, 2, 3]] * n, token_ids=tokens, rollout_logprobs=logprobs,
+                       cached_prompt_tokens=cached, attrs=attrs)
+    if trainer is not None:
+        for v in ("trainer_logprob", "trainer_processed_logprob"):
+            tr[v] = (("sequence", "position"), np.asarray(trainer, dtype=float))
+    return tr
+
+
+def test_reference_diff_stops_at_first_divergence():
+    ref = _trace([[-1.0, -2.0, -3.0], [-0.5, -0.5, -0.5]])
+    arm = _trace([[-1.0, -2.1, -3.0], [-0.5, -0.5, -9.0]], tokens=[[5, 6, 7], [5, 99, 7]])
+    d = abl.reference_diff(arm, ref)
+    # sequence 0: identical tokens, one logprob off by 0.1; sequence 1 diverges at position 1,
+    # so only its position 0 is compared (the -9.0 after the divergence never counts)
+    assert d["abs_log_ratio_max"] == pytest.approx(0.1)
+    assert d["identical_sequences"] == pytest.approx(0.5)
+    assert d["first_divergence_mean"] == pytest.approx(1.0)
+    assert d["compared_token_share"] == pytest.approx(4 / 6)
+    assert d["bitwise_equal_share"] == pytest.approx(3 / 4)
+    with pytest.raises(ValueError, match="share no"):
+        abl.reference_diff(arm.assign(prompt_index=arm["prompt_index"] + 10), ref)
+
+
+def _store(arm_logprobs, plan_extra=(), cached=None):
+    base = [[-1.0, -2.0, -3.0], [-0.5, -0.7, -0.9]]
+    trainer = [[-1.0, -2.0, -3.0], [-0.5, -0.7, -0.9]]
+    plan = [{"arm": "reference", "knob": "reference", "field": "", "value": "", "reference_value": "",
+             "status": "ran", "reason": "profile"},
+            {"arm": "knob", "knob": "knob", "field": "enforce_eager", "value": True, "reference_value": False,
+             "status": "ran", "reason": ""}, *plan_extra]
+    arms = {"reference": _trace(base, arm="reference", trainer=trainer, cached=[0, 0]),
+            "knob": _trace(arm_logprobs, arm="knob", trainer=trainer, cached=cached)}
+    for name, tr in arms.items():
+        tr.attrs["ablation"] = {"plan": plan, "knob": name}
+    return arms
+
+
+def test_table_and_findings_separate_numerics_from_the_trainer_gap():
+    na = {"arm": "cascade_attention", "knob": "cascade_attention", "field": "disable_cascade_attn",
+          "value": False, "reference_value": True, "status": "not_applicable", "reason": "removed in this vLLM"}
+    # a tiny change against the reference (numerics) vs a large one (moves the trainer gap)
+    small = _store([[-1.0, -2.0, -3.0 + 1e-7], [-0.5, -0.7, -0.9]], [na])
+    big = _store([[-1.0, -2.5, -3.0], [-0.5, -0.7, -0.9]], [na])
+    t = abl.ablation_table(small)
+    assert list(t["setting"].values) == ["reference", "knob", "cascade_attention"]
+    assert np.isnan(float(t["trainer_abs_log_ratio_mean"].sel(setting="cascade_attention")))
+    assert abl.moved_settings(t) == {"knob": ["reference logprobs"]}
+    assert abl.moved_settings(abl.ablation_table(big)) == {"knob": ["reference logprobs", "trainer gap"]}
+    names = {f.arm: f.name for f in ablation_findings(small)}
+    assert names == {"knob": "setting_changes_numerics", "cascade_attention": "setting_not_applicable"}
+    gap = [f for f in ablation_findings(big) if f.arm == "knob"]
+    assert [f.name for f in gap] == ["setting_moves_trainer_gap"] and gap[0].severity.value == "warning"
+    assert "enforce_eager=False" in gap[0].fix and gap[0].evidence["pair_trainer"].startswith("backend")
+    same = _store([[-1.0, -2.0, -3.0], [-0.5, -0.7, -0.9]], cached=[2, 3])
+    f = [f for f in ablation_findings(same) if f.arm == "knob"]
+    assert [x.name for x in f] == ["setting_no_effect"] and "83% of prompt tokens" in f[0].summary
+
+
+def test_ablation_table_refuses_a_store_without_a_plan():
+    with pytest.raises(ValueError, match="not made by"):
+        abl.ablation_table({"reference": _trace([[-1.0]])})
+    with pytest.raises(ValueError, match="unknown knob 'warp'"):
+        abl.ablation("unused-model", ["p"], knobs=["warp"])
+
+
+def test_path_settings_name_the_setting_and_the_fix():
+    eff = {"logprobs_mode": "processed_logprobs", "enable_prefix_caching": True, "async_scheduling": False,
+           "generation_config": "auto", "generation_config_sampling_defaults": {"temperature": 0.6}}
+    found = {f.name: f for f in path_settings(_trace([[-1.0]], effective=eff))}
+    assert set(found) == {"enable_prefix_caching_differs", "generation_config_differs"}
+    assert "--no-enable-prefix-caching" in found["enable_prefix_caching_differs"].fix
+    assert found["generation_config_differs"].severity.value == "warning"
+    assert found["generation_config_differs"].evidence["generation_config_sampling_defaults"] == {"temperature": 0.6}
+    assert path_settings(_trace([[-1.0]])) == []  # nothing recorded: nothing claimed
+    assert "--generation-config vllm" in setting_fix("generation_config", "vllm")
+
+
+def test_shared_prefix_prompts_share_more_than_one_kv_block():
+    from transformers import AutoTokenizer
+
+    from rlparity.models import make_model
+
+    tok = AutoTokenizer.from_pretrained(str(make_model("tiny", progress=False)))
+    ids = [tok(p)["input_ids"] for p in abl.shared_prefix_prompts(4)]
+    common = next(i for i, col in enumerate(zip(*ids)) if len(set(col)) > 1)
+    assert common > 128, common  # vLLM's CPU KV block is 128 tokens
+    assert len({tuple(i) for i in ids}) == 4
+
+
+runner = CliRunner()
+
+
+def test_audit_cli_on_a_vllm_command_line():
+    from rlparity.models import make_model
+
+    model = make_model("tiny", progress=False)
+    res = runner.invoke(app, ["audit", f"vllm serve {model} --dtype float32", "--json"])
+    assert res.exit_code == 1, res.output
+    out = json.loads(res.output[res.output.index("{"):])
+    names = {d["setting"] for d in out["differences"]}
+    assert {"logprobs_mode", "enable_prefix_caching", "generation_config"} <= names
+    fixed = (f"vllm serve {model} --dtype float32 --logprobs-mode processed_logprobs --no-enable-prefix-caching "
+             "--generation-config vllm --max-model-len 1024 --no-async-scheduling "
+             "--hf-overrides '{\"head_dtype\": \"float32\"}'")
+    res = runner.invoke(app, ["audit", fixed])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["audit", "vllm serve m --no-such-flag"])
+    assert res.exit_code == 2 and "no-such-flag" in res.output
+    res = runner.invoke(app, ["profiles"])
+    assert res.exit_code == 0 and "pipelinerl-parity" in res.output and "vllm-v1-defaults" in res.output
+
+
+@pytest.fixture(scope="module")
+def nb02(executed_notebook):
+    out = executed_notebook("02_inference_path")
+    return json.loads((out / "results.json").read_text()), out
+
+
+@pytest.mark.engine
+def test_notebook_02_measures_the_path_on_real_engines(nb02):
+    res, out = nb02
+    s = res["settings"]
+    assert s["reference"]["trainer_abs_log_ratio_mean"] < res["thresholds"]["max_reference_gap"]
+    # prefix caching really hit the cache (shared prefix + warm-up) and, on CPU fp32, changed nothing
+    assert s["prefix_caching"]["cached_prompt_token_share"] > 0.5
+    assert s["reference"]["cached_prompt_token_share"] == 0.0
+    assert s["prefix_caching"]["reference_bitwise_equal_share"] == 1.0
+    # eager vs compiled: other kernels, same tokens, logprobs not bitwise equal
+    assert s["eager"]["reference_bitwise_equal_share"] < 1.0
+    assert s["eager"]["reference_identical_sequences"] == 1.0
+    assert "reference logprobs" in res["moved"]["eager"]
+    # knobs the CPU platform does not honour keep a row and a reason
+    for k in ("async_scheduling", "cascade_attention"):
+        assert s[k]["status"] == "not_applicable" and "resolves" in s[k]["reason"]
+    assert res["engine_starts"] == 3  # reference, prefix_caching, eager: N/A knobs start nothing
+    assert {d["setting"] for d in res["audit_command_line"]["differences"]} >= {"logprobs_mode"}
+    names = {(f["arm"], f["name"]) for f in res["findings"]}
+    assert ("prefix_caching", "enable_prefix_caching_differs") in names
+    assert ("async_scheduling", "setting_not_applicable") in names
