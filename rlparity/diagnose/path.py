@@ -44,7 +44,12 @@ def setting_fix(field: str, value) -> str:
 
 def path_settings(trace: xr.Dataset, profile: str = PROFILE) -> list[Finding]:
     """The path settings of one arm that differ from ``profile`` (empty when the trace records
-    no effective configuration, e.g. imported from another framework)."""
+    no effective configuration, e.g. imported from another framework).
+
+    Each is information: the setting is a known risk for parity, and whether it moves this
+    model's logprobs is what :func:`rlparity.experiments.ablation.ablation` measures. The
+    exception is a ``generation_config`` whose model file really sets sampling defaults
+    (a warning: requests that omit them sample from another distribution)."""
     from rlparity.capture.audit import compare
 
     eff = trace.attrs.get("engine_effective")
@@ -55,16 +60,20 @@ def path_settings(trace: xr.Dataset, profile: str = PROFILE) -> list[Finding]:
     for d in res.differences:
         if d.setting not in PATH_SETTINGS:
             continue
-        sev = Severity.WARNING
+        # a setting that differs is a risk, not a measured effect: information, unless the
+        # model's generation config really changes the sampling defaults
+        sev = Severity.INFO
         extra = {}
+        note = " (a risk, not a measurement: the ablation measures what it moves)"
         if d.setting == "generation_config":
             defaults = eff.get("generation_config_sampling_defaults") or {}
             extra["generation_config_sampling_defaults"] = defaults
-            if not defaults:
-                sev = Severity.INFO
+            if defaults:
+                sev = Severity.WARNING
+                note = f" (this model's generation_config.json sets {defaults})"
         out.append(Finding(
             Layer.INFERENCE_PATH, f"{d.setting}_differs", sev,
-            f"{d.setting} is {d.effective!r} in the engine (profile {profile}: {d.expected!r}): {d.why}",
+            f"{d.setting} is {d.effective!r} in the engine (profile {profile}: {d.expected!r}): {d.why}{note}",
             {"setting": d.setting, "effective": d.effective, "expected": d.expected, "profile": profile,
              "source": "engine_effective, read back from the running engine", **extra},
             setting_fix(d.setting, d.expected), trace.attrs.get("arm")))
