@@ -162,3 +162,29 @@ def test_notebook_02_measures_the_path_on_real_engines(nb02):
     names = {(f["arm"], f["name"]) for f in res["findings"]}
     assert ("prefix_caching", "enable_prefix_caching_differs") in names
     assert ("async_scheduling", "setting_not_applicable") in names
+
+
+def _with_batch(tr, logprobs):
+    lp = np.asarray(logprobs, dtype=float)
+    tr = tr.assign(batch_token_id=(("batch_size", "batch_position"), np.tile(np.arange(lp.shape[1]), (2, 1))),
+                   batch_logprob=(("batch_size", "batch_position"), lp))
+    return tr.assign_coords(batch_size=[1, 4], batch_position=np.arange(lp.shape[1]))
+
+
+def test_batch_determinism_is_judged_against_the_reference_arm():
+    arms = _store([[-1.0, -2.0, -3.0], [-0.5, -0.7, -0.9]])
+    plan = arms["reference"].attrs["ablation"]
+    # the reference is not batch-invariant (spread 0.04 nats, as measured on the H200); the knob is
+    arms["reference"] = _with_batch(arms["reference"], [[-0.1, -0.2], [-0.1, -0.24]]).assign_attrs(ablation=plan)
+    arms["knob"] = _with_batch(arms["knob"], [[-0.1, -0.2], [-0.1, -0.2]]).assign_attrs(ablation=plan)
+    t = abl.ablation_table(arms)
+    assert float(t["batch_logprob_spread"].sel(setting="reference")) == pytest.approx(0.04)
+    assert abl.moved_settings(t) == {"knob": ["batch determinism"]}
+    found = {(f.arm, f.name): f for f in ablation_findings(arms)}
+    assert found[("reference", "batch_composition_nondeterminism")].severity.value == "warning"
+    better = found[("knob", "batch_determinism_better")]
+    assert better.severity.value == "info" and "enforce_eager=True" in better.fix
+    # the same knob making it worse is the warning, with the reference value as the fix
+    arms["knob"] = _with_batch(arms["knob"], [[-0.1, -0.2], [-0.1, -0.3]]).assign_attrs(ablation=plan)
+    worse = {(f.arm, f.name): f for f in ablation_findings(arms)}[("knob", "batch_determinism_worse")]
+    assert worse.severity.value == "warning" and "enforce_eager=False" in worse.fix

@@ -7,7 +7,8 @@ and the LM head have their own checks (:mod:`~rlparity.diagnose.semantic`,
 :mod:`~rlparity.diagnose.head`).
 
 Over the arms of an ablation (:func:`arms_findings`, store from
-:func:`rlparity.experiments.ablation.ablation`): one finding per setting saying what it moves:
+:func:`rlparity.experiments.ablation.ablation`): one finding per setting saying what it moves
+(batch determinism compared with the reference arm's own):
 the gap to the trainer (backend pair, d = log pi_old - log mu), the logprobs against the
 reference arm (d_ref = log mu_arm - log mu_ref), the sampled tokens, greedy determinism by batch
 composition; and each setting the platform could not run, with the reason.
@@ -121,11 +122,12 @@ def ablation_findings(arms: Mapping[str, xr.Dataset], *, tol_reference: float = 
                    "reference_trainer_abs_log_ratio_mean": ref_gap, "pair_trainer": PAIR_TRAINER,
                    "pair_reference": PAIR_REFERENCE})
         if s == REFERENCE:
-            if ev["batch_distinct_outputs"] > 1:
+            if ev["batch_distinct_outputs"] > 1 or ev["batch_logprob_spread"] > tol_reference:
                 out.append(Finding(
                     Layer.INFERENCE_PATH, "batch_composition_nondeterminism", Severity.WARNING,
-                    f"the reference engine gives {int(ev['batch_distinct_outputs'])} different greedy outputs for "
-                    "one prompt depending on the batch it runs in", ev,
+                    f"the reference engine is not batch-invariant: one prompt at temperature 0 gives "
+                    f"{int(ev['batch_distinct_outputs'])} distinct greedy output(s) and a logprob spread of "
+                    f"{ev['batch_logprob_spread']:.2g} nats depending on the batch it runs in", ev,
                     "enable batch-invariant kernels (VLLM_BATCH_INVARIANT=1) where the platform supports them, "
                     "or accept it and rescore every rollout with the trainer", s))
             continue
@@ -146,11 +148,18 @@ def ablation_findings(arms: Mapping[str, xr.Dataset], *, tol_reference: float = 
                 f"{ev['reference_abs_log_ratio_max']:.2g} nats, {ev['reference_identical_sequences']:.0%} "
                 "of sequences identical) but not the gap to the trainer", ev, "", s))
         if "batch determinism" in what:
+            ref_row = table.sel(setting=REFERENCE)
+            r_out, r_spread = float(ref_row["batch_distinct_outputs"]), float(ref_row["batch_logprob_spread"])
+            worse = (ev["batch_distinct_outputs"], ev["batch_logprob_spread"]) > (r_out, r_spread)
             out.append(Finding(
-                Layer.INFERENCE_PATH, "batch_composition_nondeterminism", Severity.WARNING,
-                f"with {field}={value} one prompt's greedy output depends on its batch: "
-                f"{int(ev['batch_distinct_outputs'])} distinct outputs, logprob spread "
-                f"{ev['batch_logprob_spread']:.2g} nats", ev, fix, s))
+                Layer.INFERENCE_PATH, "batch_determinism_worse" if worse else "batch_determinism_better",
+                Severity.WARNING if worse else Severity.INFO,
+                f"with {field}={value} one prompt's greedy output depends on its batch "
+                f"{'more' if worse else 'less'} than in the reference: {int(ev['batch_distinct_outputs'])} "
+                f"distinct output(s) (reference {int(r_out)}), logprob spread {ev['batch_logprob_spread']:.2g} "
+                f"nats (reference {r_spread:.2g})", {**ev, "reference_batch_distinct_outputs": r_out,
+                                                     "reference_batch_logprob_spread": r_spread},
+                fix if worse else f"to make batch composition matter less: {setting_fix(field, _typed(value))}", s))
         if not what:
             out.append(Finding(
                 Layer.INFERENCE_PATH, "setting_no_effect", Severity.INFO,
