@@ -48,6 +48,34 @@ def prompts():
     return make_prompts(16, seed=0)
 
 
+def fp32_parity_settings():
+    """pipelinerl-parity with an fp32 body: the setting backends are compared under."""
+    from rlparity.capture import EngineSettings
+
+    return EngineSettings(logprobs_mode="processed_logprobs", enable_prefix_caching=False,
+                          head_dtype="float32", dtype="float32", generation_config="vllm")
+
+
+def fp32_parity_sampling():
+    from rlparity.capture import SamplingSettings
+
+    return SamplingSettings(temperature=0.7, top_k=20, max_tokens=16, seed=0)
+
+
+@pytest.fixture(scope="session")
+def prompts8():
+    from rlparity.models import make_prompts
+
+    return make_prompts(8, seed=0)
+
+
+@pytest.fixture(scope="session")
+def offline_fp32_trace(tiny_model, pool, prompts8):
+    """The offline engine's capture that other backends (AsyncLLM, vllm serve) must reproduce."""
+    return pool.get(tiny_model, fp32_parity_settings()).capture(prompts8, fp32_parity_sampling(),
+                                                                arm="offline", progress=False)
+
+
 @pytest.fixture(scope="session")
 def pool():
     from rlparity.capture.pool import shared_pool

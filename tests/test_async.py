@@ -5,26 +5,20 @@ resume in the middle of a capture stamps the tokens after it with the new policy
 import numpy as np
 import pytest
 
-from rlparity.capture import EngineSettings, SamplingSettings
+from conftest import fp32_parity_sampling, fp32_parity_settings
+
+from rlparity.capture import SamplingSettings
 from rlparity.capture.async_engine import AsyncEngine
 
 pytestmark = pytest.mark.engine
 
-SETTINGS = EngineSettings(logprobs_mode="processed_logprobs", enable_prefix_caching=False,
-                          head_dtype="float32", dtype="float32", generation_config="vllm")
-SAMPLING = SamplingSettings(temperature=0.7, top_k=20, max_tokens=16, seed=0)
+SETTINGS = fp32_parity_settings()
+SAMPLING = fp32_parity_sampling()
 
 
 @pytest.fixture(scope="module")
-def prompts8():
-    from rlparity.models import make_prompts
-
-    return make_prompts(8, seed=0)
-
-
-@pytest.fixture(scope="module")
-def offline_trace(tiny_model, pool, prompts8):
-    return pool.get(tiny_model, SETTINGS).capture(prompts8, SAMPLING, arm="offline", progress=False)
+def offline_trace(offline_fp32_trace):
+    return offline_fp32_trace
 
 
 @pytest.fixture(scope="module")

@@ -261,6 +261,85 @@ def engine_lock(enabled: bool | None = None) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def engine_session(settings: EngineSettings) -> Iterator[None]:
+    """The engine lock plus the settings' environment variables (e.g. ``VLLM_BATCH_INVARIANT``)
+    for as long as an in-process engine lives; the environment is restored on exit."""
+    with engine_lock(), settings_env(settings):
+        yield
+
+
+@contextlib.contextmanager
+def settings_env(settings: EngineSettings) -> Iterator[None]:
+    """Set the environment variables ``settings`` need (vLLM reads some only from there);
+    restore the previous values on exit."""
+    env = settings.env()
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class EngineLifecycle:
+    """What every in-process backend shares: ``start()`` once (lazily through :attr:`llm`),
+    ``close()`` idempotent, usable as a context manager. Subclasses implement ``_start_llm``
+    (returns the vLLM object) and ``_stop_llm``."""
+
+    model: str
+    settings: EngineSettings
+    _llm: Any = None
+    _session: contextlib.ExitStack | None = None
+    startup_s: float | None = None
+
+    def _start_llm(self) -> Any:
+        raise NotImplementedError
+
+    def _stop_llm(self) -> None:
+        raise NotImplementedError
+
+    def start(self):
+        if self._llm is not None:
+            return self
+        import time
+
+        self._session = contextlib.ExitStack()
+        self._session.enter_context(engine_session(self.settings))
+        try:
+            t0 = time.perf_counter()
+            self._llm = self._start_llm()
+            self.startup_s = time.perf_counter() - t0
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory; release the lock and the environment."""
+        self._stop_llm()
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def llm(self):
+        """The running vLLM object (the engine starts on first use)."""
+        if self._llm is None:
+            self.start()
+        return self._llm
+
+
 def cpu_defaults(settings: EngineSettings) -> dict[str, Any]:
     """Defaults that make vLLM's CPU build usable on a small machine (KV cache, memory share)."""
     try:

@@ -32,7 +32,7 @@ from rlparity.capture._common import (
     capture_attrs,
     cpu_defaults,
     effective_config,
-    engine_lock,
+    EngineLifecycle,
     make_requests,
     render_chat,
 )
@@ -42,7 +42,7 @@ from rlparity.capture.settings import EngineSettings, SamplingSettings
 PAUSE_MODES = ("keep", "wait", "abort")
 
 
-class AsyncEngine:
+class AsyncEngine(EngineLifecycle):
     """A real ``vllm.v1.engine.async_llm.AsyncLLM`` built from :class:`EngineSettings`.
 
     >>> with AsyncEngine(model_path, EngineSettings(logprobs_mode="processed_logprobs")) as eng:
@@ -57,35 +57,15 @@ class AsyncEngine:
         self.model = str(model)
         self.settings = settings or EngineSettings()
         self.policy_version = 0
-        self.startup_s: float | None = None
-        self._llm: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._lock: contextlib.ExitStack | None = None
-        self._saved_env: dict[str, str | None] = {}
         self._first_token = threading.Event()
 
-    # lifecycle -------------------------------------------------------------------------
-    def start(self) -> AsyncEngine:
-        if self._llm is not None:
-            return self
-        self._lock = contextlib.ExitStack()
-        self._lock.enter_context(engine_lock())
-        try:
-            for k, v in self.settings.env().items():
-                self._saved_env[k] = os.environ.get(k)
-                os.environ[k] = v
-            self._loop = asyncio.new_event_loop()
-            self._thread = threading.Thread(target=self._loop.run_forever, name="rlparity-asyncllm",
-                                            daemon=True)
-            self._thread.start()
-            t0 = time.perf_counter()
-            self._llm = self._run(self._build())
-            self.startup_s = time.perf_counter() - t0
-        except BaseException:
-            self.close()
-            raise
-        return self
+    def _start_llm(self):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rlparity-asyncllm", daemon=True)
+        self._thread.start()
+        return self._run(self._build())
 
     async def _build(self):
         from vllm import AsyncEngineArgs
@@ -105,8 +85,7 @@ class AsyncEngine:
             raise RuntimeError("the AsyncEngine is not running: call start() or use it as a context manager")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def close(self) -> None:
-        """Shut the engine and its loop down, free the memory, release the engine lock."""
+    def _stop_llm(self) -> None:
         if self._llm is not None:
             handler = getattr(self._llm, "output_handler", None)
             if handler is not None and self._loop is not None:
@@ -123,28 +102,6 @@ class AsyncEngine:
                 self._thread.join(timeout=30)
             self._loop.close()
             self._loop, self._thread = None, None
-        for k, v in self._saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        self._saved_env = {}
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None
-
-    def __enter__(self) -> AsyncEngine:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    @property
-    def llm(self):
-        """The running ``AsyncLLM`` (started on first use)."""
-        if self._llm is None:
-            self.start()
-        return self._llm
 
     # introspection ---------------------------------------------------------------------
     def effective_config(self) -> dict[str, Any]:

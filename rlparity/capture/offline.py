@@ -19,14 +19,14 @@ from rlparity.capture._common import (
     capture_attrs,
     cpu_defaults,
     effective_config,
-    engine_lock,
+    EngineLifecycle,
     make_requests,
     render_chat,
 )
 from rlparity.capture.settings import EngineSettings, SamplingSettings
 
 
-class Engine:
+class Engine(EngineLifecycle):
     """A real ``vllm.LLM`` built from :class:`EngineSettings`; a context manager.
 
     >>> with Engine(model_path, EngineSettings(logprobs_mode="processed_logprobs")) as eng:
@@ -44,64 +44,18 @@ class Engine:
         self.settings = settings or EngineSettings()
         self._llm = llm
         self._owns = llm is None
-        self._lock: contextlib.ExitStack | None = None
-        self._saved_env: dict[str, str | None] = {}
-        self.startup_s: float | None = None
 
-    # lifecycle -------------------------------------------------------------------------
-    def start(self) -> Engine:
-        if self._llm is not None:
-            return self
-        self._lock = contextlib.ExitStack()
-        self._lock.enter_context(engine_lock())
-        try:
-            for k, v in self.settings.env().items():
-                self._saved_env[k] = os.environ.get(k)
-                os.environ[k] = v
-            from vllm import LLM
+    def _start_llm(self):
+        from vllm import LLM
 
-            kwargs = {**cpu_defaults(self.settings), **self.settings.to_engine_kwargs()}
-            t0 = time.perf_counter()
-            self._llm = LLM(model=self.model, **kwargs)
-            self.startup_s = time.perf_counter() - t0
-        except BaseException:
-            self._restore_env()
-            self._lock.close()
-            self._lock = None
-            raise
-        return self
+        return LLM(model=self.model, **{**cpu_defaults(self.settings), **self.settings.to_engine_kwargs()})
 
-    def _restore_env(self) -> None:
-        for k, v in self._saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        self._saved_env = {}
-
-    def close(self) -> None:
-        """Shut the engine down and free its memory (only an engine this object started)."""
+    def _stop_llm(self) -> None:
         if self._llm is not None and self._owns:
             with contextlib.suppress(Exception):
                 self._llm.llm_engine.engine_core.shutdown()
             self._llm = None
             gc.collect()
-        self._restore_env()
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None
-
-    def __enter__(self) -> Engine:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    @property
-    def llm(self):
-        if self._llm is None:
-            self.start()
-        return self._llm
 
     # introspection ---------------------------------------------------------------------
     def effective_config(self) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from rlparity.capture._common import (
     engine_lock,
     make_requests,
     render_chat,
+    settings_env,
 )
 from rlparity.capture.settings import EngineSettings, SamplingSettings
 
@@ -376,16 +377,8 @@ class Server:
         if self._effective is None:
             from rlparity.capture.audit import parse_command_line, resolve_kwargs
 
-            saved = {k: os.environ.get(k) for k in self.settings.env()}
-            os.environ.update(self.settings.env())
-            try:
+            with settings_env(self.settings):
                 eff = resolve_kwargs(parse_command_line(self.command_line()))
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
             eff["effective_source"] = "resolved from the server command line by vLLM"
             self._effective = eff
         return dict(self._effective)

@@ -90,9 +90,9 @@ def ablation_findings(arms: Mapping[str, xr.Dataset], *, tol_reference: float = 
                       tol_trainer: float = 1e-3) -> list[Finding]:
     """One finding per setting of an ablation store (see the module docstring).
 
-    ``tol_reference`` (nats): a max |d_ref| above it means the setting changes the numerics
+    ``tol_reference`` (nats): a max ``|d_ref|`` above it means the setting changes the numerics
     (default 0: any bitwise difference);
-    ``tol_trainer`` (nats): a change of the mean |d| against the trainer above it means the
+    ``tol_trainer`` (nats): a change of the mean ``|d|`` against the trainer above it means the
     setting moves the parity metric itself.
     """
     from rlparity.experiments.ablation import REFERENCE, ablation_table, moved_settings

@@ -401,8 +401,8 @@ def moved_settings(table: xr.Dataset, *, tol_reference: float = 0.0, tol_trainer
     determinism moves when the distinct greedy outputs or the logprob spread differ from the
     reference arm's.
 
-    ``tol_reference`` (nats): max |d_ref| and batch logprob spread above it count as moved
-    (default 0: any bitwise difference); ``tol_trainer`` (nats): the change of mean |d| against
+    ``tol_reference`` (nats): max ``|d_ref|`` and batch logprob spread above it count as moved
+    (default 0: any bitwise difference); ``tol_trainer`` (nats): the change of mean ``|d|`` against
     the trainer above which the setting moves the gap itself."""
     out: dict[str, list[str]] = {}
     ref_gap = float(table["trainer_abs_log_ratio_mean"].sel(setting=REFERENCE))

@@ -21,8 +21,8 @@ def _table(data) -> xr.Dataset:
 
 
 def ablation_bars(data) -> go.Figure:
-    """One row per setting, three panels: mean |d| against the trainer (the reference arm's value
-    dashed), max |d_ref| against the reference arm, and the share of sequences identical to the
+    """One row per setting, three panels: mean ``|d|`` against the trainer (the reference arm's
+    value dashed), max ``|d_ref|`` against the reference arm, and the share of sequences identical to the
     reference. Settings the platform could not run are listed with their reason (hover)."""
     t = _table(data)
     names = t["setting"].values.tolist()
@@ -50,7 +50,7 @@ def ablation_bars(data) -> go.Figure:
 
 
 def reference_gap_by_position(data, settings=None) -> go.Figure:
-    """|d_ref| = |log mu_arm - log mu_reference| by response position, one line per ran setting,
+    """``|d_ref| = |log mu_arm - log mu_reference|`` by response position, one line per ran setting,
     on the tokens both arms sampled identically (mean over sequences; zero is drawn at 1e-9 on
     the log axis so bitwise-equal arms stay visible)."""
     arms = as_arms(data)
