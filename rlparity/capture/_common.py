@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import json
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -306,8 +307,6 @@ class EngineLifecycle:
     def start(self):
         if self._llm is not None:
             return self
-        import time
-
         self._session = contextlib.ExitStack()
         self._session.enter_context(engine_session(self.settings))
         try:

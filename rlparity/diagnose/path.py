@@ -95,9 +95,10 @@ def ablation_findings(arms: Mapping[str, xr.Dataset], *, tol_reference: float = 
     ``tol_trainer`` (nats): a change of the mean ``|d|`` against the trainer above it means the
     setting moves the parity metric itself.
     """
-    from rlparity.experiments.ablation import REFERENCE, ablation_table, moved_settings
+    from rlparity.experiments.ablation import REFERENCE, ablation_plan, ablation_table, moved_settings
 
     table = ablation_table(arms)
+    plan = {e["arm"]: e for e in ablation_plan(arms)}
     moved = moved_settings(table, tol_reference=tol_reference, tol_trainer=tol_trainer)
     ref = table.sel(setting=REFERENCE)
     ref_gap = float(ref["trainer_abs_log_ratio_mean"])
@@ -132,7 +133,7 @@ def ablation_findings(arms: Mapping[str, xr.Dataset], *, tol_reference: float = 
                     "or accept it and rescore every rollout with the trainer", s))
             continue
         what = moved.get(s, [])
-        fix = f"keep {field}={refv} as in the reference profile: " + setting_fix(field, _typed(refv))
+        fix = f"keep {field}={refv} as in the reference profile: " + setting_fix(field, plan[s]["reference_value"])
         if "trainer gap" in what:
             delta = ev["trainer_abs_log_ratio_mean"] - ref_gap
             sev = Severity.WARNING if delta > 0 else Severity.INFO
@@ -148,8 +149,7 @@ def ablation_findings(arms: Mapping[str, xr.Dataset], *, tol_reference: float = 
                 f"{ev['reference_abs_log_ratio_max']:.2g} nats, {ev['reference_identical_sequences']:.0%} "
                 "of sequences identical) but not the gap to the trainer", ev, "", s))
         if "batch determinism" in what:
-            ref_row = table.sel(setting=REFERENCE)
-            r_out, r_spread = float(ref_row["batch_distinct_outputs"]), float(ref_row["batch_logprob_spread"])
+            r_out, r_spread = float(ref["batch_distinct_outputs"]), float(ref["batch_logprob_spread"])
             worse = (ev["batch_distinct_outputs"], ev["batch_logprob_spread"]) > (r_out, r_spread)
             out.append(Finding(
                 Layer.INFERENCE_PATH, "batch_determinism_worse" if worse else "batch_determinism_better",
@@ -159,7 +159,7 @@ def ablation_findings(arms: Mapping[str, xr.Dataset], *, tol_reference: float = 
                 f"distinct output(s) (reference {int(r_out)}), logprob spread {ev['batch_logprob_spread']:.2g} "
                 f"nats (reference {r_spread:.2g})", {**ev, "reference_batch_distinct_outputs": r_out,
                                                      "reference_batch_logprob_spread": r_spread},
-                fix if worse else f"to make batch composition matter less: {setting_fix(field, _typed(value))}", s))
+                fix if worse else f"to make batch composition matter less: {setting_fix(field, plan[s]['value'])}", s))
         if not what:
             out.append(Finding(
                 Layer.INFERENCE_PATH, "setting_no_effect", Severity.INFO,
@@ -173,16 +173,6 @@ def _cache_note(ev: Mapping) -> str:
     if share is None or share != share or share <= 0:
         return ""
     return f" (with {share:.0%} of prompt tokens served from the prefix cache)"
-
-
-def _typed(text: str):
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    try:
-        return int(text)
-    except ValueError:
-        return text
 
 
 def arms_findings(arms: Mapping[str, xr.Dataset], reference: str | None = None, *,

