@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from rlparity.trace import from_rollouts, token_checksum
-from rlparity.trace.schema import TOKEN_DIMS, _annotate
+from rlparity.trace import from_rollouts, pad_rows, token_checksum, with_trainer
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -100,18 +99,13 @@ def synthetic_trace(
     width = ds.sizes["position"]
 
     def pad(rows, fill=np.nan, dtype=float):
-        out = np.full((n_sequences, width), fill, dtype=dtype)
-        for i, r in enumerate(rows):
-            out[i, : len(r)] = r
-        return out
+        return pad_rows(rows, fill, dtype, width=width)
 
-    ds["trainer_logprob"] = (TOKEN_DIMS, pad(pis))
-    ds["trainer_processed_logprob"] = (TOKEN_DIMS, pad(ppis))
-    ds["trainer_entropy"] = (TOKEN_DIMS, pad(ents))
-    ds["trainer_processed_entropy"] = (TOKEN_DIMS, pad(pents))
-    ds["trainer_max_logit"] = (TOKEN_DIMS, pad(maxl))
-    ds["trainer_token_rank"] = (TOKEN_DIMS, pad(ranks, -1, np.int64))
-    ds["trainer_log_kept_mass"] = (TOKEN_DIMS, np.minimum(pad(kept), 0.0))
-    ds.attrs["trainer"] = {"model": "synthetic", "dtype": "float32", "head_dtype": "float32"}
+    ds = with_trainer(ds, {
+        "trainer_logprob": pad(pis), "trainer_processed_logprob": pad(ppis),
+        "trainer_entropy": pad(ents), "trainer_processed_entropy": pad(pents),
+        "trainer_max_logit": pad(maxl), "trainer_token_rank": pad(ranks, -1, np.int64),
+        "trainer_log_kept_mass": np.minimum(pad(kept), 0.0),
+    }, {"trainer": {"model": "synthetic", "dtype": "float32", "head_dtype": "float32"}})
     ds.attrs["scored_token_checksum"] = token_checksum(ds)
-    return _annotate(ds)
+    return ds

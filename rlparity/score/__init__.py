@@ -30,7 +30,7 @@ import numpy as np
 import xarray as xr
 
 from rlparity.trace import sequences, token_checksum, validate
-from rlparity.trace.schema import TOKEN_DIMS, _annotate
+from rlparity.trace.schema import TOKEN_DIMS, annotate
 
 SAMPLING_EPS = 1e-5  # vLLM's threshold for greedy
 
@@ -210,7 +210,7 @@ class Scorer:
         if self.tokenize_prompts:
             out = tokenize_prompts(out, self.tokenizer, add_special_tokens=self.add_special_tokens)
         out.attrs.update(self.attrs(trace, time.perf_counter() - t0))
-        return validate(_annotate(out))
+        return validate(annotate(out))
 
     def attrs(self, trace: xr.Dataset, elapsed: float) -> dict[str, Any]:
         from rlparity._provenance import jsonable
@@ -258,7 +258,7 @@ def tokenize_prompts(trace: xr.Dataset, tokenizer, *, add_special_tokens: bool =
     out["trainer_prompt_token_id"] = (("sequence", "trainer_prompt_position"), ids)
     out["trainer_prompt_length"] = (("sequence",), np.array([-1 if r is None else len(r) for r in rows],
                                                             dtype=np.int64))
-    return _annotate(out)
+    return annotate(out)
 
 
 def score(trace: xr.Dataset, model: str | os.PathLike | None = None, *, dtype: str = "float32",

@@ -5,16 +5,19 @@ from rlparity.trace.schema import (
     ALL_VARS,
     SCHEMA_VERSION,
     TraceValidationError,
+    annotate,
     concat_sequences,
     from_rollouts,
     has_trainer,
+    pad_rows,
     sequences,
     token_checksum,
     validate,
+    with_trainer,
 )
 
 __all__ = [
-    "ALL_VARS", "SCHEMA_VERSION", "TraceValidationError", "add_arm", "as_arms", "concat_sequences",
-    "from_rollouts", "has_trainer", "load", "open_arms", "open_experiment", "save", "sequences",
-    "token_checksum", "validate",
+    "ALL_VARS", "SCHEMA_VERSION", "TraceValidationError", "add_arm", "annotate", "as_arms", "concat_sequences",
+    "from_rollouts", "has_trainer", "load", "open_arms", "open_experiment", "pad_rows", "save", "sequences",
+    "token_checksum", "validate", "with_trainer",
 ]

@@ -77,8 +77,15 @@ class TraceValidationError(ValueError):
     """A trace does not follow the schema; the message says what is wrong and how to fix it."""
 
 
-def _pad(rows: Sequence[Sequence[Any]], fill: Any, dtype: Any) -> np.ndarray:
-    width = max((len(r) for r in rows), default=0)
+def pad_rows(rows: Sequence[Sequence[Any]], fill: Any, dtype: Any, width: int | None = None) -> np.ndarray:
+    """Ragged per-sequence rows -> a ``(len(rows), width)`` array padded with ``fill``.
+
+    ``width`` defaults to the longest row; a row longer than ``width`` is an error.
+    """
+    longest = max((len(r) for r in rows), default=0)
+    width = longest if width is None else int(width)
+    if longest > width:
+        raise ValueError(f"a row has {longest} entries, more than width={width}")
     out = np.full((len(rows), width), fill, dtype=dtype)
     for i, r in enumerate(rows):
         if len(r):
@@ -86,7 +93,8 @@ def _pad(rows: Sequence[Sequence[Any]], fill: Any, dtype: Any) -> np.ndarray:
     return out
 
 
-def _annotate(ds: xr.Dataset) -> xr.Dataset:
+def annotate(ds: xr.Dataset) -> xr.Dataset:
+    """Stamp ``long_name`` and ``units`` from the schema table on every known variable (in place)."""
     for name, var in ds.data_vars.items():
         if name in ALL_VARS:
             _, _, units, long_name = ALL_VARS[name]
@@ -139,18 +147,18 @@ def from_rollouts(
         return np.full(n, arr, dtype=dtype) if arr.ndim == 0 else arr
 
     lengths = np.array([len(t) for t in token_ids], dtype=np.int64)
-    tok = _pad(token_ids, -1, np.int64)
+    tok = pad_rows(token_ids, -1, np.int64)
     mask = tok >= 0
     if policy_versions is None:
         pv = np.where(mask, 0, -1).astype(np.int64)
     else:
-        pv = _pad(policy_versions, -1, np.int64)
+        pv = pad_rows(policy_versions, -1, np.int64)
     data = {
         "token_id": (TOKEN_DIMS, tok),
         "response_mask": (TOKEN_DIMS, mask),
-        "rollout_logprob": (TOKEN_DIMS, _pad(rollout_logprobs, np.nan, np.float64)),
+        "rollout_logprob": (TOKEN_DIMS, pad_rows(rollout_logprobs, np.nan, np.float64)),
         "policy_version": (TOKEN_DIMS, pv),
-        "prompt_token_id": (PROMPT_DIMS, _pad(prompt_token_ids, -1, np.int64)),
+        "prompt_token_id": (PROMPT_DIMS, pad_rows(prompt_token_ids, -1, np.int64)),
         "prompt_length": (SEQ_DIMS, np.array([len(p) for p in prompt_token_ids], dtype=np.int64)),
         "response_length": (SEQ_DIMS, lengths),
         "finish_reason": (SEQ_DIMS, np.array(list(finish_reasons) if finish_reasons is not None else ["unknown"] * n, dtype=str)),
@@ -172,7 +180,21 @@ def from_rollouts(
         "prompt_position": np.arange(data["prompt_token_id"][1].shape[1]),
     }
     ds = xr.Dataset(data, coords=coords, attrs=make_attrs(schema_version=SCHEMA_VERSION, **(attrs or {})))
-    return _annotate(ds)
+    return annotate(ds)
+
+
+def with_trainer(trace: xr.Dataset, arrays: Mapping[str, Any], attrs: Mapping[str, Any] | None = None
+                 ) -> xr.Dataset:
+    """A copy of ``trace`` with trainer-side variables added: ``arrays`` maps a schema variable
+    name to an array shaped like its dims (token variables ``(sequence, position)``)."""
+    out = trace.copy()
+    for name, value in arrays.items():
+        if name not in ALL_VARS:
+            raise TraceValidationError(f"{name!r} is not a trace variable; known: {sorted(TRAINER_VARS)}")
+        out[name] = (ALL_VARS[name][0], np.asarray(value))
+    if attrs:
+        out.attrs.update(attrs)
+    return annotate(out)
 
 
 def has_trainer(ds: xr.Dataset) -> bool:
@@ -281,4 +303,4 @@ def concat_sequences(traces: Sequence[xr.Dataset]) -> xr.Dataset:
         # the trainer side stays tied to the rollout only if every part was
         ok = all(t.attrs.get("scored_token_checksum") == token_checksum(t) for t in traces)
         out.attrs["scored_token_checksum"] = token_checksum(out) if ok else "parts-mismatched"
-    return _annotate(out)
+    return annotate(out)
