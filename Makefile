@@ -15,7 +15,7 @@ test:
 
 # execute every notebook on the small built-in model and build the book offline (book/_build/html)
 book: setup
-	$(PY) -m rlparity._book
+	$(PY) -m rlparity.cli.book
 
 clean:
 	rm -rf runs artifacts .cache book/_build

@@ -9,7 +9,7 @@ Heavy libraries (vllm, torch, transformers) are imported only by the functions t
 
 from importlib import metadata as _metadata
 
-from rlparity.capture.settings import EngineSettings, SamplingSettings
+from rlparity.config.settings import EngineSettings, SamplingSettings
 
 try:
     __version__ = _metadata.version("rlparity")
@@ -24,7 +24,7 @@ def summary(*args, **kwargs):
     return _summary(*args, **kwargs)
 
 
-_SUBPACKAGES = ("capture", "score", "trace", "metrics", "diagnose", "plot", "experiments")
+_SUBPACKAGES = ("config", "capture", "score", "trace", "metrics", "diagnose", "plot", "experiments")
 
 
 def __getattr__(name):

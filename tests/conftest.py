@@ -34,6 +34,33 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+class CliResult:
+    """What one ``rlparity`` invocation did: exit code, stdout, stderr (``output`` = both)."""
+
+    def __init__(self, code: int, out: str, err: str):
+        self.exit_code, self.stdout, self.stderr = code, out, err
+        self.output = out + err
+
+
+def run_cli(*args) -> CliResult:
+    """Run ``rlparity ARGS`` in-process through the real entry point (exit-code contract included)."""
+    import contextlib
+    import io
+
+    from rlparity.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in args])
+    return CliResult(code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture(scope="session")
+def cli():
+    """``cli("summary", store)`` -> :class:`CliResult` (see :func:`run_cli`)."""
+    return run_cli
+
+
 @pytest.fixture(scope="session")
 def tiny_model():
     from rlparity.models import make_model
@@ -128,7 +155,7 @@ def executed_notebook(release_engines, tmp_path_factory):
     The executed notebook is kept in ``artifacts/notebooks/`` (CI artifacts); its ``out_dir``
     (results.json, zarr stores) is a temporary folder. Runs each notebook once per session.
     """
-    from rlparity._nbrun import NOTEBOOKS, run_notebook
+    from rlparity.cli.notebooks import NOTEBOOKS, run_notebook
 
     done: dict = {}
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rlparity._nbrun import notebook_paths
+from rlparity.cli.notebooks import notebook_paths
 
 pytestmark = pytest.mark.engine
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.engine
 def html(executed_notebook):
     from conftest import ARTIFACTS
 
-    from rlparity._book import build, prepare
+    from rlparity.cli.book import build, prepare
 
     for p in notebook_paths():
         executed_notebook(p.stem)
@@ -24,7 +24,7 @@ def html(executed_notebook):
 
 
 def test_book_builds_with_interactive_figures_and_no_external_scripts(html):
-    from rlparity._book import external_scripts, plotly_figures
+    from rlparity.cli.book import external_scripts, plotly_figures
 
     assert (html / "index.html").exists() and (html / "reference" / "cli.html").exists()
     assert (html / "_static" / "plotly.min.js").stat().st_size > 1_000_000

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from rlparity.check import Thresholds, check, load_thresholds
+from rlparity.diagnose.check import Thresholds, check, load_thresholds
 from rlparity.trace import save
 from test_engine import PROCESSED, RAW, SAMPLING
 

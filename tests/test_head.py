@@ -15,7 +15,9 @@ import pytest
 from rlparity.diagnose import diagnose
 from rlparity.diagnose import head as dhead
 from rlparity.diagnose.findings import Layer, Severity
-from rlparity.experiments import head as H
+from rlparity.config.settings import normalize_dtype
+from rlparity.experiments.head import head_matrix
+from rlparity.metrics import head as H
 from rlparity.metrics import log_ratio, summary
 from rlparity.testing import synthetic_trace
 
@@ -38,11 +40,11 @@ def synthetic_matrix(noise=None, seed=0):
 
 # -- names and input checks ----------------------------------------------------------------
 def test_dtype_names_and_arm_names():
-    assert H.normalize_dtype("bf16") == "bfloat16" and H.normalize_dtype("torch.float32") == "float32"
+    assert normalize_dtype("bf16") == "bfloat16" and normalize_dtype("torch.float32") == "float32"
     assert H.arm_name("fp32", "bf16") == "rollout-float32_trainer-bfloat16"
     assert H.parse_arm("rollout-float32_trainer-bfloat16") == ("float32", "bfloat16")
     with pytest.raises(ValueError, match="unknown head dtype 'float64'"):
-        H.normalize_dtype("float64")
+        normalize_dtype("float64", what="head dtype")
     with pytest.raises(ValueError, match="not named"):
         H.parse_arm("processed_logprobs")
 
@@ -56,12 +58,12 @@ def test_dtype_names_and_arm_names():
 def test_head_matrix_rejects_bad_input_before_starting_anything(kw, match):
     # the model path does not exist: the check must fail on the dtype before any load or engine start
     with pytest.raises(ValueError, match=match):
-        H.head_matrix("/nonexistent/model", ["1+1="], **kw)
+        head_matrix("/nonexistent/model", ["1+1="], **kw)
 
 
 def test_head_matrix_rejects_empty_prompts():
     with pytest.raises(ValueError, match="at least one prompt"):
-        H.head_matrix("/nonexistent/model", [])
+        head_matrix("/nonexistent/model", [])
 
 
 def test_cell_dtypes_prefers_the_engines_effective_value():
@@ -125,19 +127,24 @@ def test_matched_advantage_needs_a_fp32_cell_and_a_mismatched_one():
 
 
 # -- breakdowns ----------------------------------------------------------------------------
-def test_binned_rms_against_a_loop():
-    rng = np.random.default_rng(1)
-    x, d = rng.normal(5, 2, (30, 12)), rng.normal(0, 0.1, (30, 12))
-    mask = rng.random((30, 12)) > 0.2
-    d[0, 0] = -np.inf  # a probability-0 token never enters an average
-    edges = np.array([0.0, 3.0, 5.0, 7.0, 20.0])
-    b = H.binned_rms(x, d, mask, edges)
+def test_gap_by_logit_bins_against_a_loop():
+    ds = _cell("bfloat16", "float32", 0.05)
+    lp = ds["trainer_processed_logprob"].values.copy()
+    first = np.argwhere(ds["response_mask"].values)[0]
+    lp[tuple(first)] = -np.inf  # a probability-0 token never enters an average
+    ds["trainer_processed_logprob"] = (("sequence", "position"), lp)
+    x, mask = ds["trainer_max_logit"].values, ds["response_mask"].values
+    d = log_ratio(ds).values
+    edges = np.quantile(x[mask], [0, 0.3, 0.5, 0.8, 1.0])
+    g = H.gap_by_logit({"rollout-bfloat16_trainer-float32": ds}, edges=edges)
+    cell = g.sel(rollout_head="bfloat16", trainer_head="float32")
     for k in range(4):
-        hi = (x <= edges[k + 1]) if k == 3 else (x < edges[k + 1])
+        hi = (x <= edges[k + 1]) if k == 3 else (x < edges[k + 1])  # the largest logit lands in the last bin
         sel = mask & np.isfinite(d) & (x >= edges[k]) & hi
-        assert b["n_tokens"][k] == sel.sum()
-        assert b["rms"][k] == pytest.approx(np.sqrt(np.mean(d[sel] ** 2)))
-        assert b["mean"][k] == pytest.approx(np.mean(d[sel]))
+        assert int(cell["n_tokens"][k]) == sel.sum() > 0
+        assert float(cell["abs_log_ratio_rms"][k]) == pytest.approx(np.sqrt(np.mean(d[sel] ** 2)))
+        assert float(cell["log_ratio_mean"][k]) == pytest.approx(np.mean(d[sel]))
+    assert int(cell["n_tokens"].sum()) == int(mask.sum()) - 1
 
 
 def test_gap_by_logit_and_position_count_every_real_token():
@@ -222,15 +229,15 @@ def test_plots_return_figures_with_one_trace_per_cell():
     from rlparity.plot import head as phead
 
     arms = synthetic_matrix()
-    heat = phead.matrix_heatmap(arms)
+    heat = phead.plot_matrix_heatmap(H.head_table(arms))
     assert len(heat.data) == len(phead.HEATMAP_VARIABLES)
     assert np.allclose(np.asarray(heat.data[0].z, dtype=float), H.head_table(arms)["abs_log_ratio_rms"].values)
-    scatter = phead.probability_scatter(arms, max_points=50)
+    scatter = phead.plot_probability_scatter(arms, max_points=50)
     assert sum(len(t.x) == 50 for t in scatter.data) == 4
-    assert len(phead.error_vs_logit(arms).data) == 4
-    assert len(phead.error_by_position(H.gap_by_position(arms)).data) == 4
+    assert len(phead.plot_gap_by_logit(H.gap_by_logit(arms)).data) == 4
+    assert len(phead.plot_gap_by_position(H.gap_by_position(arms)).data) == 4
     with pytest.raises(ValueError, match="not a head_table variable"):
-        phead.matrix_heatmap(arms, "nope")
+        phead.plot_matrix_heatmap(H.head_table(arms), "nope")
 
 
 # -- the real experiment (notebook 03, ci=True) ---------------------------------------------------
@@ -240,6 +247,7 @@ def nb03(executed_notebook):
     return out, json.loads((out / "results.json").read_text())
 
 
+@pytest.mark.engine
 def test_notebook_03_measures_the_matrix_with_real_engines(nb03):
     from rlparity import trace
 
@@ -270,6 +278,7 @@ def test_notebook_03_measures_the_matrix_with_real_engines(nb03):
     assert adv["min_ratio"] > res["thresholds"]["min_rms_ratio"]
 
 
+@pytest.mark.engine
 def test_notebook_03_reports_the_head_mismatch_finding(nb03):
     _, res = nb03
     names = {f["arm"]: f["name"] for f in res["findings"] if f["name"].startswith("head_precision")}

@@ -28,7 +28,9 @@ def test_zero_probability_tokens_are_counted_not_averaged():
     s = summary(ds)
     assert s["n_zero_prob"].item() == 2
     assert np.isfinite(s["abs_log_ratio_mean"].item())
-    assert s["zero_prob_by_sequence"].values[[0, 3]].tolist() == [1, 1]
+    per_sequence = summary(ds, dim="position")["n_zero_prob"]
+    assert per_sequence.dims == ("sequence",) and per_sequence.values[[0, 3]].tolist() == [1, 1]
+    assert int(per_sequence.sum()) == 2 and s["n_used"].item() == s["n_tokens"].item() - 2
 
 
 def test_log_ratio_names_pair_and_direction():
@@ -56,3 +58,29 @@ def test_semantic_finding_on_synthetic_traces():
     ok = logprob_semantics(synthetic_trace(logprobs_mode="processed_logprobs"))
     assert ok.name == "logprobs_processed" and ok.severity.value == "info"
     assert logprob_semantics(synthetic_trace(temperature=1.0)).name == "logprob_semantics_untestable"
+
+
+def test_dim_reductions_agree_with_a_plain_numpy_pass():
+    """summary(dim=...) reduces the named dims (ArviZ's sample_dims): per position, per sequence and
+    over all tokens, each equal to the same statistic computed with plain numpy on the real tokens."""
+    ds = synthetic_trace(logprobs_mode="raw_logprobs", n_sequences=12, top_k=7)
+    d = (ds["trainer_processed_logprob"] - ds["rollout_logprob"]).values
+    m = ds["response_mask"].values
+    per_pos = summary(ds, dim="sequence")
+    per_seq = summary(ds, dim="position")
+    assert per_pos["abs_log_ratio_rms"].dims == ("position",)
+    for j in range(d.shape[1]):
+        x = d[m[:, j], j]
+        assert np.isclose(per_pos["abs_log_ratio_rms"].values[j], np.sqrt((x ** 2).mean()))
+        assert np.isclose(per_pos["mean_ratio"].values[j], np.exp(x).mean())
+    for i in range(d.shape[0]):
+        x = d[i, m[i]]
+        assert np.isclose(per_seq["log_ratio_mean"].values[i], x.mean())
+        assert np.isclose(per_seq["log_ratio_q50"].values[i], np.median(x))
+    s = summary(ds)
+    assert np.isclose(s["prob_pearson"].item(), np.corrcoef(np.exp(ds["trainer_processed_logprob"].values[m]),
+                                                             np.exp(ds["rollout_logprob"].values[m]))[0, 1])
+    assert s["n_tokens"].item() == int(m.sum()) == int(per_seq["n_tokens"].sum())
+    # the accessor is the same computation
+    assert float(ds.parity.summary()["abs_log_ratio_rms"]) == s["abs_log_ratio_rms"].item()
+    assert "parity summary" in str(ds.parity)

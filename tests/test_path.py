@@ -6,11 +6,11 @@ import json
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
-from rlparity.cli import app
-from rlparity.diagnose.path import ablation_findings, path_settings, setting_fix
+from rlparity.diagnose import diagnose
+from rlparity.diagnose.path import ablation_findings, moved_settings, path_settings, setting_fix
 from rlparity.experiments import ablation as abl
+from rlparity.metrics import ablation as mab
 from rlparity.trace import from_rollouts
 
 
@@ -29,7 +29,7 @@ def _trace(logprobs, tokens=None, arm="a", effective=None, trainer=None, cached=
 def test_reference_diff_stops_at_first_divergence():
     ref = _trace([[-1.0, -2.0, -3.0], [-0.5, -0.5, -0.5]])
     arm = _trace([[-1.0, -2.1, -3.0], [-0.5, -0.5, -9.0]], tokens=[[5, 6, 7], [5, 99, 7]])
-    d = abl.reference_diff(arm, ref)
+    d = mab.reference_diff(arm, ref)
     # sequence 0: identical tokens, one logprob off by 0.1; sequence 1 diverges at position 1,
     # so only its position 0 is compared (the -9.0 after the divergence never counts)
     assert d["abs_log_ratio_max"] == pytest.approx(0.1)
@@ -38,7 +38,7 @@ def test_reference_diff_stops_at_first_divergence():
     assert d["compared_token_share"] == pytest.approx(4 / 6)
     assert d["bitwise_equal_share"] == pytest.approx(3 / 4)
     with pytest.raises(ValueError, match="share no"):
-        abl.reference_diff(arm.assign(prompt_index=arm["prompt_index"] + 10), ref)
+        mab.reference_diff(arm.assign(prompt_index=arm["prompt_index"] + 10), ref)
 
 
 def _store(arm_logprobs, plan_extra=(), cached=None):
@@ -61,11 +61,11 @@ def test_table_and_findings_separate_numerics_from_the_trainer_gap():
     # a tiny change against the reference (numerics) vs a large one (moves the trainer gap)
     small = _store([[-1.0, -2.0, -3.0 + 1e-7], [-0.5, -0.7, -0.9]], [na])
     big = _store([[-1.0, -2.5, -3.0], [-0.5, -0.7, -0.9]], [na])
-    t = abl.ablation_table(small)
+    t = mab.ablation_table(small)
     assert list(t["setting"].values) == ["reference", "knob", "cascade_attention"]
     assert np.isnan(float(t["trainer_abs_log_ratio_mean"].sel(setting="cascade_attention")))
-    assert abl.moved_settings(t) == {"knob": ["reference logprobs"]}
-    assert abl.moved_settings(abl.ablation_table(big)) == {"knob": ["reference logprobs", "trainer gap"]}
+    assert moved_settings(t) == {"knob": ["reference logprobs"]}
+    assert moved_settings(mab.ablation_table(big)) == {"knob": ["reference logprobs", "trainer gap"]}
     names = {f.arm: f.name for f in ablation_findings(small)}
     assert names == {"knob": "setting_changes_numerics", "cascade_attention": "setting_not_applicable"}
     gap = [f for f in ablation_findings(big) if f.arm == "knob"]
@@ -76,9 +76,29 @@ def test_table_and_findings_separate_numerics_from_the_trainer_gap():
     assert [x.name for x in f] == ["setting_no_effect"] and "83% of prompt tokens" in f[0].summary
 
 
+def test_options_reach_the_path_checks_and_change_verdicts():
+    """diagnose(..., tol_reference=..., reference=...) reaches the ablation checks: a tolerance above
+    the 1e-7 difference turns 'changes numerics' into 'no effect'; another reference arm changes
+    what is compared; an unknown option or arm is an error, never silently dropped."""
+    small = _store([[-1.0, -2.0, -3.0 + 1e-7], [-0.5, -0.7, -0.9]])
+
+    def names(report):
+        return {f.arm: f.name for f in report if f.arm == "knob" and f.name.startswith("setting_")}
+
+    assert names(diagnose(small)) == {"knob": "setting_changes_numerics"}
+    assert names(diagnose(small, tol_reference=1e-6)) == {"knob": "setting_no_effect"}
+    with_ref = {f.arm: f.name for f in diagnose(small, reference="knob") if f.layer.value == "inference_path"
+                and f.name.startswith("setting_")}
+    assert with_ref == {"reference": "setting_changes_numerics"}  # now the reference arm is the one compared
+    with pytest.raises(ValueError, match="unknown diagnose option.*tol_refrence"):
+        diagnose(small, tol_refrence=1e-6)
+    with pytest.raises(ValueError, match="not an arm"):
+        diagnose(small, reference="nope")
+
+
 def test_ablation_table_refuses_a_store_without_a_plan():
     with pytest.raises(ValueError, match="not made by"):
-        abl.ablation_table({"reference": _trace([[-1.0]])})
+        mab.ablation_table({"reference": _trace([[-1.0]])})
     with pytest.raises(ValueError, match="unknown knob 'warp'"):
         abl.ablation("unused-model", ["p"], knobs=["warp"])
 
@@ -107,26 +127,23 @@ def test_shared_prefix_prompts_share_more_than_one_kv_block():
     assert len({tuple(i) for i in ids}) == 4
 
 
-runner = CliRunner()
-
-
-def test_audit_cli_on_a_vllm_command_line():
+def test_audit_cli_on_a_vllm_command_line(cli):
     from rlparity.models import make_model
 
     model = make_model("tiny", progress=False)
-    res = runner.invoke(app, ["audit", f"vllm serve {model} --dtype float32", "--json"])
+    res = cli("audit", f"vllm serve {model} --dtype float32", "--json")
     assert res.exit_code == 1, res.output
-    out = json.loads(res.output[res.output.index("{"):])
+    out = json.loads(res.stdout[res.stdout.index("{"):])  # vLLM, imported earlier in-process, may log here
     names = {d["setting"] for d in out["differences"]}
     assert {"logprobs_mode", "enable_prefix_caching", "generation_config"} <= names
     fixed = (f"vllm serve {model} --dtype float32 --logprobs-mode processed_logprobs --no-enable-prefix-caching "
              "--generation-config vllm --max-model-len 1024 --no-async-scheduling "
              "--hf-overrides '{\"head_dtype\": \"float32\"}'")
-    res = runner.invoke(app, ["audit", fixed])
+    res = cli("audit", fixed)
     assert res.exit_code == 0, res.output
-    res = runner.invoke(app, ["audit", "vllm serve m --no-such-flag"])
+    res = cli("audit", "vllm serve m --no-such-flag")
     assert res.exit_code == 2 and "no-such-flag" in res.output
-    res = runner.invoke(app, ["profiles"])
+    res = cli("profiles")
     assert res.exit_code == 0 and "pipelinerl-parity" in res.output and "vllm-v1-defaults" in res.output
 
 
@@ -177,9 +194,9 @@ def test_batch_determinism_is_judged_against_the_reference_arm():
     # the reference is not batch-invariant (spread 0.04 nats, as measured on the H200); the knob is
     arms["reference"] = _with_batch(arms["reference"], [[-0.1, -0.2], [-0.1, -0.24]]).assign_attrs(ablation=plan)
     arms["knob"] = _with_batch(arms["knob"], [[-0.1, -0.2], [-0.1, -0.2]]).assign_attrs(ablation=plan)
-    t = abl.ablation_table(arms)
+    t = mab.ablation_table(arms)
     assert float(t["batch_logprob_spread"].sel(setting="reference")) == pytest.approx(0.04)
-    assert abl.moved_settings(t) == {"knob": ["batch determinism"]}
+    assert moved_settings(t) == {"knob": ["batch determinism"]}
     found = {(f.arm, f.name): f for f in ablation_findings(arms)}
     assert found[("reference", "batch_composition_nondeterminism")].severity.value == "warning"
     better = found[("knob", "batch_determinism_better")]

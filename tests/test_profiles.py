@@ -6,7 +6,7 @@ import pytest
 
 from rlparity.capture import EngineSettings
 from rlparity.capture.audit import WHY, audit, compare
-from rlparity.capture.profiles import load_profile, profile_names, read_profile, save_profile
+from rlparity.config.profiles import load_profile, profile_names, read_profile, save_profile
 
 
 def test_builtin_profiles():

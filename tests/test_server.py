@@ -102,7 +102,7 @@ def test_server_trace_matches_trainer(server_trace, scorer_fp32):
 def test_token_id_and_chat_prompts(server, tiny_model):
     from transformers import AutoTokenizer
 
-    from rlparity.capture._common import chat_token_ids
+    from rlparity.trace.prompts import chat_token_ids
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     ids = tok("12+7=19;4+4=")["input_ids"]

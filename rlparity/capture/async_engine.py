@@ -24,20 +24,12 @@ from typing import Any
 
 import xarray as xr
 
-from rlparity.capture._common import (
-    CaptureInfo,
-    Prompt,
-    Request,
-    build_trace,
-    capture_attrs,
-    cpu_defaults,
-    effective_config,
-    EngineLifecycle,
-    make_requests,
-    render_chat,
-)
+from rlparity.capture.build import CaptureInfo, build_trace, capture_attrs
+from rlparity.capture.engine_config import cpu_engine_kwargs, effective_config
+from rlparity.capture.lifecycle import EngineLifecycle
 from rlparity.capture.offline import completion_from_vllm
-from rlparity.capture.settings import EngineSettings, SamplingSettings
+from rlparity.capture.requests import Prompt, Request, make_requests, render_chat
+from rlparity.config.settings import EngineSettings, SamplingSettings
 
 PAUSE_MODES = ("keep", "wait", "abort")
 
@@ -71,7 +63,7 @@ class AsyncEngine(EngineLifecycle):
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        kwargs = {**cpu_defaults(self.settings), **self.settings.to_engine_kwargs()}
+        kwargs = {**cpu_engine_kwargs(self.settings), **self.settings.to_engine_kwargs()}
         return AsyncLLM.from_engine_args(AsyncEngineArgs(model=self.model, **kwargs))
 
     @staticmethod

@@ -13,140 +13,15 @@ The server path parses the command line with vLLM's own server parser: there
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlparity.capture.profiles import DEFAULT_REFERENCE, load_profile
-from rlparity.capture.settings import EngineSettings
-
-WHY: dict[str, str] = {
-    "logprobs_mode": "raw_logprobs are the log-softmax before temperature/top-k/top-p, not the distribution "
-                     "the sampler drew from, so pi_old/mu is off by a temperature-dependent amount on every token.",
-    "enable_prefix_caching": "a cached prefix is reused from another request's computation, so the same token's "
-                             "logprob depends on which requests ran before (a different kernel path and batch).",
-    "async_scheduling": "async scheduling overlaps scheduling with the previous step's execution, which changes "
-                        "batch composition and, with inflight weight updates, which weights produced a token.",
-    "head_dtype": "the LM head precision rounds every logit; a head in another precision than the trainer's "
-                  "makes the two sides disagree on every token, growing with the logit magnitude.",
-    "dtype": "the body precision changes every hidden state; the trainer must run the same dtype to recompute mu.",
-    "attention_backend": "another attention kernel reduces in another order, so logprobs differ in the last bits "
-                         "and greedy paths can diverge.",
-    "enforce_eager": "compiled (torch.compile / CUDA graphs) and eager paths fuse and order operations "
-                     "differently, moving logprobs by about 1e-4 and more.",
-    "batch_invariant": "without batch-invariant kernels a request's logprobs depend on the other requests in "
-                       "its batch, so the same prompt gives different outputs at temperature 0.",
-    "max_num_seqs": "the batch size cap changes batch composition and so the reduction order of batched kernels.",
-    "enable_chunked_prefill": "chunked prefill splits long prompts across steps and mixes them with decodes, "
-                              "changing the kernels and batch a prompt token is computed in.",
-    "disable_cascade_attn": "cascade attention computes a shared prefix once for many requests with another "
-                            "kernel, so logprobs depend on which requests share the prefix.",
-    "generation_config": "'auto' takes sampling defaults (temperature, top_k, top_p, repetition penalty) from the "
-                         "model's generation_config.json, so requests that omit them sample from another "
-                         "distribution than the trainer assumes.",
-    "seed": "another engine seed gives other samples for unseeded requests, so arms are not comparable "
-            "token by token.",
-    "max_model_len": "a shorter context truncates or rejects long prompts.",
-}
-
-# profile field -> key in the effective configuration (same names here)
-AUDITED = tuple(k for k in WHY)
-
-
-@dataclass
-class Difference:
-    setting: str
-    expected: Any
-    effective: Any
-    why: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"setting": self.setting, "expected": self.expected, "effective": self.effective,
-                "why": self.why}
-
-
-@dataclass
-class AuditResult:
-    """What differs between an engine's effective settings and a profile."""
-
-    source: str
-    profile: str
-    effective: dict[str, Any]
-    differences: list[Difference] = field(default_factory=list)
-    matched: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.differences
-
-    def names(self) -> list[str]:
-        return [d.setting for d in self.differences]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "profile": self.profile, "ok": self.ok,
-                "differences": [d.to_dict() for d in self.differences], "matched": self.matched,
-                "notes": self.notes, "effective": self.effective}
-
-    def __str__(self) -> str:
-        head = f"audit of {self.source} against profile {self.profile!r}: "
-        if self.ok:
-            head += f"no difference ({len(self.matched)} settings checked)"
-        else:
-            head += f"{len(self.differences)} difference(s)"
-        lines = [head]
-        for d in self.differences:
-            lines.append(f"  - {d.setting}: effective {d.effective!r}, profile wants {d.expected!r}\n"
-                         f"      why it matters: {d.why}")
-        for n in self.notes:
-            lines.append(f"  note: {n}")
-        return "\n".join(lines)
-
-
-def _norm(setting: str, value: Any, eff: Mapping[str, Any]) -> Any:
-    if setting == "head_dtype" and value in ("model", None):
-        return str(eff.get("dtype", value)).replace("torch.", "")
-    if isinstance(value, str):
-        return value.replace("torch.", "")
-    return value
-
-
-def compare(effective: Mapping[str, Any], profile: str | os.PathLike | EngineSettings = DEFAULT_REFERENCE,
-            *, source: str = "engine") -> AuditResult:
-    """Differences between an effective configuration (as :func:`effective_config` returns it)
-    and every setting the profile fixes (fields it leaves ``None`` are not checked)."""
-    settings = load_profile(profile)
-    pname = profile if isinstance(profile, str) else ("<settings>" if isinstance(profile, EngineSettings)
-                                                      else str(profile))
-    want = settings.model_dump()
-    res = AuditResult(source, str(pname), dict(effective))
-    for key in AUDITED:
-        expected = want.get(key)
-        if expected is None:
-            continue
-        if key not in effective:
-            res.notes.append(f"{key}: not recorded in the effective configuration, cannot be checked")
-            continue
-        e, w = _norm(key, effective[key], effective), _norm(key, expected, effective)
-        if key == "attention_backend" and str(e).lower() == str(w).lower():
-            e = w
-        if e != w:
-            res.differences.append(Difference(key, w, e, WHY[key]))
-        else:
-            res.matched.append(key)
-    if effective.get("generation_config") == "auto":
-        defaults = effective.get("generation_config_sampling_defaults")
-        res.notes.append("generation_config is 'auto': requests that omit temperature/top_k/top_p take the "
-                         f"model's generation_config.json defaults ({defaults or 'none in this model'})")
-    if effective.get("device") == "cpu" and effective.get("async_scheduling") is False and \
-            want.get("async_scheduling") is not False:
-        res.notes.append("async_scheduling reads False: vLLM's CPU platform does not run it")
-    return res
-
+from rlparity.capture.engine_config import cpu_engine_kwargs, effective_config
+from rlparity.config.audit import WHY, AuditResult, Difference, audit_json, compare
+from rlparity.config.settings import EngineSettings
 
 # ------------------------------------------------------------------------------ sources
 _SERVER_HEADS = (("vllm", "serve"), ("python", "-m", "vllm.entrypoints.openai.api_server"),
@@ -190,8 +65,6 @@ def resolve_kwargs(kwargs: Mapping[str, Any] | Any) -> dict[str, Any]:
     resolved by vLLM without starting an engine."""
     from vllm.engine.arg_utils import EngineArgs
 
-    from rlparity.capture._common import cpu_defaults, effective_config
-
     if isinstance(kwargs, Mapping) and "__engine_args__" in kwargs:
         args = kwargs["__engine_args__"]
     elif isinstance(kwargs, Mapping):
@@ -202,7 +75,7 @@ def resolve_kwargs(kwargs: Mapping[str, Any] | Any) -> dict[str, Any]:
         bad = [k for k in kw if k not in valid]
         if bad:
             raise ValueError(f"unknown vLLM engine argument(s) {bad}; see vllm.engine.arg_utils.EngineArgs")
-        kw = {**cpu_defaults(EngineSettings()), **kw}
+        kw = {**cpu_engine_kwargs(EngineSettings()), **kw}
         args = EngineArgs(**kw)
     else:
         args = kwargs
@@ -212,8 +85,6 @@ def resolve_kwargs(kwargs: Mapping[str, Any] | Any) -> dict[str, Any]:
 def effective_of(source: Any) -> tuple[dict[str, Any], str]:
     """``(effective configuration, description)`` of any audit source."""
     import xarray as xr
-
-    from rlparity.capture._common import effective_config
 
     if isinstance(source, xr.Dataset):
         eff = source.attrs.get("engine_effective")
@@ -255,16 +126,11 @@ def effective_of(source: Any) -> tuple[dict[str, Any], str]:
                     "command line, a kwargs mapping/YAML or a Server")
 
 
-def audit(source: Any, profile: str | os.PathLike | EngineSettings = DEFAULT_REFERENCE) -> AuditResult:
-    """Audit ``source``'s effective settings against ``profile`` (default ``pipelinerl-parity``)."""
+def audit(source: Any, profile: str | os.PathLike | EngineSettings | None = None) -> AuditResult:
+    """Audit ``source``'s effective settings against ``profile`` (default: the reference profile of
+    :func:`rlparity.config.defaults`, ``pipelinerl-parity``)."""
     eff, desc = effective_of(source)
     return compare(eff, profile, source=desc)
-
-
-def audit_json(result: AuditResult) -> str:
-    from rlparity._provenance import jsonable
-
-    return json.dumps(jsonable(result.to_dict()), indent=2)
 
 
 __all__ = ["WHY", "AuditResult", "Difference", "audit", "audit_json", "compare", "effective_of",

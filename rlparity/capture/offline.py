@@ -11,19 +11,11 @@ from typing import Any
 
 import xarray as xr
 
-from rlparity.capture._common import (
-    CaptureInfo,
-    Completion,
-    Prompt,
-    build_trace,
-    capture_attrs,
-    cpu_defaults,
-    effective_config,
-    EngineLifecycle,
-    make_requests,
-    render_chat,
-)
-from rlparity.capture.settings import EngineSettings, SamplingSettings
+from rlparity.capture.build import CaptureInfo, Completion, build_trace, capture_attrs
+from rlparity.capture.engine_config import cpu_engine_kwargs, effective_config
+from rlparity.capture.lifecycle import EngineLifecycle
+from rlparity.capture.requests import Prompt, make_requests, render_chat
+from rlparity.config.settings import EngineSettings, SamplingSettings
 
 
 class Engine(EngineLifecycle):
@@ -33,7 +25,7 @@ class Engine(EngineLifecycle):
     ...     trace = eng.capture(prompts, SamplingSettings(temperature=0.7, top_k=20))
 
     Start one engine per setting and reuse it for many captures. The engine holds a
-    machine-wide lock (see :func:`rlparity.capture._common.engine_lock`) while it lives.
+    machine-wide lock (see :func:`rlparity.capture.lock.engine_lock`) while it lives.
     """
 
     backend = "vllm-offline"
@@ -48,7 +40,7 @@ class Engine(EngineLifecycle):
     def _start_llm(self):
         from vllm import LLM
 
-        return LLM(model=self.model, **{**cpu_defaults(self.settings), **self.settings.to_engine_kwargs()})
+        return LLM(model=self.model, **{**cpu_engine_kwargs(self.settings), **self.settings.to_engine_kwargs()})
 
     def _stop_llm(self) -> None:
         if self._llm is not None and self._owns:

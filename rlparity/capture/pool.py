@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from rlparity.capture.offline import Engine
-from rlparity.capture.settings import EngineSettings
+from rlparity.config.settings import EngineSettings
 
 
 class EnginePool:

@@ -35,20 +35,13 @@ from typing import Any
 
 import xarray as xr
 
-from rlparity.capture._common import (
-    CaptureInfo,
-    Completion,
-    Prompt,
-    Request,
-    build_trace,
-    capture_attrs,
-    cpu_defaults,
-    engine_lock,
-    make_requests,
-    render_chat,
-    settings_env,
-)
-from rlparity.capture.settings import EngineSettings, SamplingSettings
+from rlparity.capture.build import CaptureInfo, Completion, build_trace, capture_attrs
+from rlparity.capture.engine_config import cpu_engine_kwargs
+from rlparity.capture.lifecycle import engine_env
+from rlparity.capture.lock import engine_lock
+from rlparity.capture.requests import Prompt, Request, make_requests, render_chat
+from rlparity.config.env import scoped_env
+from rlparity.config.settings import EngineSettings, SamplingSettings
 
 TOKEN_ID_PREFIX = "token_id:"
 # vLLM's OpenAI layer clamps -inf logprobs to this JSON-safe value
@@ -343,7 +336,7 @@ class Server:
         self._lock: contextlib.ExitStack | None = None
         self._client: ServerClient | None = None
         self._effective: dict[str, Any] | None = None
-        self._cpu = cpu_defaults(self.settings)
+        self._cpu = cpu_engine_kwargs(self.settings)
         self.startup_s: float | None = None
 
     # command line -------------------------------------------------------------------
@@ -366,18 +359,15 @@ class Server:
         return args + self.settings.to_cli_args() + self.extra_args
 
     def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-        env.update(self.settings.env())
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        return env
+        return {**os.environ, "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1"),
+                **engine_env(self.settings)}
 
     def effective_config(self) -> dict[str, Any]:
         """The configuration vLLM resolves from the command line (no second engine started)."""
         if self._effective is None:
             from rlparity.capture.audit import parse_command_line, resolve_kwargs
 
-            with settings_env(self.settings):
+            with scoped_env(engine_env(self.settings)):
                 eff = resolve_kwargs(parse_command_line(self.command_line()))
             eff["effective_source"] = "resolved from the server command line by vLLM"
             self._effective = eff

@@ -9,7 +9,6 @@ terminal (``str``), renders in a notebook (``_repr_html_``) and serialises to JS
 from __future__ import annotations
 
 import html
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from enum import Enum
@@ -120,9 +119,10 @@ class Report:
                 "findings": [f.to_dict() for f in self.findings]}
 
     def to_json(self, **kw: Any) -> str:
-        from rlparity._provenance import jsonable
+        """Strict JSON (NaN and infinities as ``null``)."""
+        from rlparity.config.provenance import to_json
 
-        return json.dumps(jsonable(self.to_dict()), **{"indent": 2, **kw})
+        return to_json(self.to_dict(), **kw)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Report:

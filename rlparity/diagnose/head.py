@@ -9,7 +9,7 @@ recorded it (``trainer["head_dtype"]``), and gives the measured gap as evidence.
 
 * :func:`head_precision`: one arm; a warning when the two sides differ, information otherwise.
 * :func:`head_matrix_finding`: over the arms of a head-dtype matrix
-  (:func:`rlparity.experiments.head.head_matrix`), whether the matched fp32 cell is the closest.
+  (:func:`rlparity.experiments.head.head_matrix`, tables in :mod:`rlparity.metrics.head`), whether the matched fp32 cell is the closest.
 """
 
 from __future__ import annotations
@@ -20,11 +20,13 @@ import numpy as np
 import xarray as xr
 
 from rlparity.diagnose.findings import Finding, Layer, Severity
-from rlparity.experiments.head import cell_dtypes, head_table, matched_advantage, parse_arm
-from rlparity.metrics import core, log_ratio, summary
+from rlparity.config.defaults import defaults
+from rlparity.diagnose.options import DiagnoseOptions
+from rlparity.metrics import BACKEND_PAIR_D, core, log_ratio, summary
+from rlparity.metrics.head import cell_dtypes, head_table, matched_advantage, parse_arm
 from rlparity.trace import has_trainer
 
-PAIR = "backend (pi_old, mu), d = log pi_old - log mu"
+PAIR = BACKEND_PAIR_D
 FIX_ROLLOUT_FP32 = ("run the rollout LM head in float32: LLM(..., hf_overrides={'head_dtype': 'float32'}) "
                     "or vllm serve ... --hf-overrides '{\"head_dtype\": \"float32\"}'")
 FIX_TRAINER_FP32 = ("compute the trainer's logits in float32: cast the final hidden states and the lm_head "
@@ -32,11 +34,11 @@ FIX_TRAINER_FP32 = ("compute the trainer's logits in float32: cast the final hid
 _BITS = {"float32": 24, "float16": 11, "bfloat16": 8}  # significand bits
 
 
-def _gap_evidence(trace: xr.Dataset, trainer: str = "processed") -> dict:
-    s = summary(trace, trainer)
+def _gap_evidence(trace: xr.Dataset, trainer: str | None = None, eps: float | None = None) -> dict:
+    s = summary(trace, trainer, eps)
     ev = {"rms_d": float(s["abs_log_ratio_rms"]), "max_abs_d": float(s["abs_log_ratio_max"]),
           "mean_ratio": float(s["mean_ratio"]), "prob_pearson": float(s["prob_pearson"]),
-          "clip_fraction_eps_0.2": float(s["clip_fraction"]), "n_tokens": int(s["n_tokens"]), "pair": PAIR}
+          f"clip_fraction_eps_{s.attrs['eps']:g}": float(s["clip_fraction"]), "n_tokens": int(s["n_tokens"]), "pair": PAIR}
     if "trainer_max_logit" in trace:
         d = log_ratio(trace, trainer).values
         mask = core.finite_mask(d, trace["response_mask"].values.astype(bool))
@@ -49,16 +51,18 @@ def _gap_evidence(trace: xr.Dataset, trainer: str = "processed") -> dict:
     return ev
 
 
-def head_precision(trace: xr.Dataset, *, tol: float = 0.02, trainer: str = "processed") -> Finding | None:
+def head_precision(trace: xr.Dataset, *, tol: float | None = None, trainer: str | None = None,
+                   eps: float | None = None) -> Finding | None:
     """Compare the rollout's effective LM-head dtype with the trainer's; ``None`` for an unscored
     trace. ``tol`` (RMS of d, nats) decides whether a matched low-precision head still warns."""
     if not has_trainer(trace):
         return None
+    tol = defaults().tol if tol is None else tol
     dt = cell_dtypes(trace)
     arm = trace.attrs.get("arm")
     r, t = dt["rollout_head"], dt["trainer_head"]
     ev = {"rollout_head_dtype": r, "trainer_head_dtype": t, "rollout_body_dtype": dt["rollout_body"],
-          "trainer_body_dtype": dt["trainer_body"], **_gap_evidence(trace, trainer)}
+          "trainer_body_dtype": dt["trainer_body"], **_gap_evidence(trace, trainer, eps)}
     if r is None or t is None:
         missing = "rollout (engine_effective.head_dtype)" if r is None else "trainer (trainer.head_dtype)"
         return Finding(Layer.INFERENCE_PATH, "head_precision_unrecorded", Severity.INFO,
@@ -84,9 +88,10 @@ def head_precision(trace: xr.Dataset, *, tol: float = 0.02, trainer: str = "proc
                    ev, FIX_ROLLOUT_FP32 + "; and " + FIX_TRAINER_FP32, arm)
 
 
-def trace_findings(trace: xr.Dataset, *, tol: float = 0.02) -> list[Finding]:
+def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None) -> list[Finding]:
     """The head checks of one arm (called by :func:`rlparity.diagnose.diagnose`)."""
-    f = head_precision(trace, tol=tol)
+    opts = options or DiagnoseOptions()
+    f = head_precision(trace, tol=opts.tol, trainer=opts.trainer, eps=opts.eps)
     return [f] if f is not None else []
 
 
@@ -111,7 +116,8 @@ def _matrix_arms(arms: Mapping[str, xr.Dataset]) -> dict[str, xr.Dataset]:
     return out
 
 
-def head_matrix_finding(arms: Mapping[str, xr.Dataset], *, variable: str = "abs_log_ratio_rms") -> Finding | None:
+def head_matrix_finding(arms: Mapping[str, xr.Dataset], *, variable: str = "abs_log_ratio_rms",
+                        trainer: str | None = None, eps: float | None = None) -> Finding | None:
     """Over a head-dtype matrix: is the matched float32/float32 cell the closest, and by how much?
 
     ``None`` unless the arms hold a float32/float32 cell and at least one mismatched cell.
@@ -121,7 +127,7 @@ def head_matrix_finding(arms: Mapping[str, xr.Dataset], *, variable: str = "abs_
     cells = _matrix_arms(arms)
     if len(cells) < 2:
         return None
-    table = head_table(cells)
+    table = head_table(cells, trainer=trainer, eps=eps)
     try:
         adv = matched_advantage(table, variable=variable)
     except ValueError:
@@ -139,9 +145,10 @@ def head_matrix_finding(arms: Mapping[str, xr.Dataset], *, variable: str = "abs_
                    ev, "pin the body dtype on both sides and compare the body's hidden states", None)
 
 
-def arms_findings(arms: Mapping[str, xr.Dataset], reference: str | None = None) -> list[Finding]:
+def arms_findings(arms: Mapping[str, xr.Dataset], options: DiagnoseOptions | None = None) -> list[Finding]:
     """Checks over arms of one store (called by :func:`rlparity.diagnose.diagnose`)."""
-    f = head_matrix_finding(arms)
+    opts = options or DiagnoseOptions()
+    f = head_matrix_finding(arms, trainer=opts.trainer, eps=opts.eps)
     return [f] if f is not None else []
 
 

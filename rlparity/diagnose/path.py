@@ -19,20 +19,24 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 
+import numpy as np
 import xarray as xr
 
+from rlparity.config.audit import compare
+from rlparity.config.settings import EngineSettings
 from rlparity.diagnose.findings import Finding, Layer, Severity
+from rlparity.diagnose.options import DiagnoseOptions
+from rlparity.metrics import BACKEND_PAIR_D
+from rlparity.metrics.ablation import REFERENCE, ablation_plan, ablation_table, is_ablation
+from rlparity.metrics.summary import REFERENCE_PAIR_D
 
 PATH_SETTINGS = ("enable_prefix_caching", "async_scheduling", "generation_config")
-PROFILE = "pipelinerl-parity"
-PAIR_TRAINER = "backend (pi_old, mu), d = log pi_old - log mu"
-PAIR_REFERENCE = "arm vs reference arm, d_ref = log mu_arm - log mu_reference"
+PAIR_TRAINER = BACKEND_PAIR_D
+PAIR_REFERENCE = REFERENCE_PAIR_D
 
 
 def setting_fix(field: str, value) -> str:
     """How to set ``field=value`` in the user's terms: ``LLM(...)`` kwargs and ``vllm serve`` flags."""
-    from rlparity.capture.settings import EngineSettings
-
     s = EngineSettings(**{field: value}, seed=None, max_model_len=None)
     kwargs = ", ".join(f"{k}={v!r}" for k, v in s.to_engine_kwargs().items())
     env = s.env()
@@ -43,7 +47,7 @@ def setting_fix(field: str, value) -> str:
     return f"LLM(..., {kwargs}) or vllm serve ... {flags}"
 
 
-def path_settings(trace: xr.Dataset, profile: str = PROFILE) -> list[Finding]:
+def path_settings(trace: xr.Dataset, profile: str | None = None) -> list[Finding]:
     """The path settings of one arm that differ from ``profile`` (empty when the trace records
     no effective configuration, e.g. imported from another framework).
 
@@ -51,8 +55,6 @@ def path_settings(trace: xr.Dataset, profile: str = PROFILE) -> list[Finding]:
     model's logprobs is what :func:`rlparity.experiments.ablation.ablation` measures. The
     exception is a ``generation_config`` whose model file really sets sampling defaults
     (a warning: requests that omit them sample from another distribution)."""
-    from rlparity.capture.audit import compare
-
     eff = trace.attrs.get("engine_effective")
     if not eff:
         return []
@@ -67,40 +69,79 @@ def path_settings(trace: xr.Dataset, profile: str = PROFILE) -> list[Finding]:
         extra = {}
         note = " (a risk, not a measurement: the ablation measures what it moves)"
         if d.setting == "generation_config":
-            defaults = eff.get("generation_config_sampling_defaults") or {}
-            extra["generation_config_sampling_defaults"] = defaults
-            if defaults:
+            model_defaults = eff.get("generation_config_sampling_defaults") or {}
+            extra["generation_config_sampling_defaults"] = model_defaults
+            if model_defaults:
                 sev = Severity.WARNING
-                note = f" (this model's generation_config.json sets {defaults})"
+                note = f" (this model's generation_config.json sets {model_defaults})"
         out.append(Finding(
             Layer.INFERENCE_PATH, f"{d.setting}_differs", sev,
-            f"{d.setting} is {d.effective!r} in the engine (profile {profile}: {d.expected!r}): {d.why}{note}",
-            {"setting": d.setting, "effective": d.effective, "expected": d.expected, "profile": profile,
+            f"{d.setting} is {d.effective!r} in the engine (profile {res.profile}: {d.expected!r}): {d.why}{note}",
+            {"setting": d.setting, "effective": d.effective, "expected": d.expected, "profile": res.profile,
              "source": "engine_effective, read back from the running engine", **extra},
             setting_fix(d.setting, d.expected), trace.attrs.get("arm")))
     return out
 
 
-def trace_findings(trace: xr.Dataset, *, profile: str = PROFILE) -> list[Finding]:
+def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None) -> list[Finding]:
     """The inference-path checks of one arm (called by :func:`rlparity.diagnose.diagnose`)."""
-    return path_settings(trace, profile)
+    opts = options or DiagnoseOptions()
+    return path_settings(trace, opts.profile)
 
 
-def ablation_findings(arms: Mapping[str, xr.Dataset], *, tol_reference: float = 0.0,
-                      tol_trainer: float = 1e-3) -> list[Finding]:
+def moved_settings(table: xr.Dataset, *, tol_reference: float | None = None, tol_trainer: float | None = None
+                   ) -> dict[str, list[str]]:
+    """Which metrics each ran setting moves: ``{"setting": ["reference logprobs", "tokens",
+    "trainer gap", "batch determinism"]}`` (settings that move nothing map to ``[]``); batch
+    determinism moves when the distinct greedy outputs or the logprob spread differ from the
+    reference arm's.
+
+    ``tol_reference`` (nats): max ``|d_ref|`` and batch logprob spread above it count as moved
+    (default 0: any bitwise difference); ``tol_trainer`` (nats): the change of mean ``|d|`` against
+    the trainer above which the setting moves the gap itself."""
+    opts = DiagnoseOptions.make(**({} if tol_reference is None else {"tol_reference": tol_reference}),
+                                **({} if tol_trainer is None else {"tol_trainer": tol_trainer}))
+    tol_reference, tol_trainer = opts.tol_reference, opts.tol_trainer
+    reference = table.attrs.get("reference", REFERENCE)
+    out: dict[str, list[str]] = {}
+    ref = table.sel(setting=reference)
+    ref_gap = float(ref["trainer_abs_log_ratio_mean"])
+    for s in table["setting"].values.tolist():
+        if s == reference or str(table["status"].sel(setting=s).item()) != "ran":
+            continue
+        row = table.sel(setting=s)
+        moved = []
+        if float(row["reference_abs_log_ratio_max"]) > tol_reference:
+            moved.append("reference logprobs")
+        if float(row["reference_identical_sequences"]) < 1.0:
+            moved.append("tokens")
+        if abs(float(row["trainer_abs_log_ratio_mean"]) - ref_gap) > tol_trainer:
+            moved.append("trainer gap")
+        # batch determinism against the reference's own: a GPU reference is rarely batch-invariant
+        d_out = float(row["batch_distinct_outputs"]) - float(ref["batch_distinct_outputs"])
+        d_spread = float(row["batch_logprob_spread"]) - float(ref["batch_logprob_spread"])
+        if (np.isfinite(d_out) and d_out != 0) or (np.isfinite(d_spread) and abs(d_spread) > tol_reference):
+            moved.append("batch determinism")
+        out[s] = moved
+    return out
+
+
+def ablation_findings(arms: Mapping[str, xr.Dataset], options: DiagnoseOptions | None = None) -> list[Finding]:
     """One finding per setting of an ablation store (see the module docstring).
 
-    ``tol_reference`` (nats): a max ``|d_ref|`` above it means the setting changes the numerics
-    (default 0: any bitwise difference);
-    ``tol_trainer`` (nats): a change of the mean ``|d|`` against the trainer above it means the
-    setting moves the parity metric itself.
+    Options used: ``reference`` (the arm the others are compared with; default the store's
+    ``reference`` arm), ``tol_reference`` (nats: a max ``|d_ref|`` above it means the setting
+    changes the numerics; default 0, any bitwise difference), ``tol_trainer`` (nats: a change of
+    the mean ``|d|`` against the trainer above it means the setting moves the parity metric
+    itself), ``trainer``.
     """
-    from rlparity.experiments.ablation import REFERENCE, ablation_plan, ablation_table, moved_settings
-
-    table = ablation_table(arms)
+    opts = options or DiagnoseOptions()
+    reference = opts.reference or REFERENCE
+    tol_reference = opts.tol_reference
+    table = ablation_table(arms, trainer=opts.trainer, reference=reference)
     plan = {e["arm"]: e for e in ablation_plan(arms)}
-    moved = moved_settings(table, tol_reference=tol_reference, tol_trainer=tol_trainer)
-    ref = table.sel(setting=REFERENCE)
+    moved = moved_settings(table, tol_reference=opts.tol_reference, tol_trainer=opts.tol_trainer)
+    ref = table.sel(setting=reference)
     ref_gap = float(ref["trainer_abs_log_ratio_mean"])
     out: list[Finding] = []
     for s in table["setting"].values.tolist():
@@ -122,7 +163,7 @@ def ablation_findings(arms: Mapping[str, xr.Dataset], *, tol_reference: float = 
         ev.update({"setting": s, "field": field, "value": value, "reference_value": refv,
                    "reference_trainer_abs_log_ratio_mean": ref_gap, "pair_trainer": PAIR_TRAINER,
                    "pair_reference": PAIR_REFERENCE})
-        if s == REFERENCE:
+        if s == reference:
             if ev["batch_distinct_outputs"] > 1 or ev["batch_logprob_spread"] > tol_reference:
                 out.append(Finding(
                     Layer.INFERENCE_PATH, "batch_composition_nondeterminism", Severity.WARNING,
@@ -133,7 +174,8 @@ def ablation_findings(arms: Mapping[str, xr.Dataset], *, tol_reference: float = 
                     "or accept it and rescore every rollout with the trainer", s))
             continue
         what = moved.get(s, [])
-        fix = f"keep {field}={refv} as in the reference profile: " + setting_fix(field, plan[s]["reference_value"])
+        fix = (f"keep {field}={refv} as in the reference profile: " + setting_fix(field, plan[s]["reference_value"])
+               if field else f"use the settings of the reference arm {reference!r}")
         if "trainer gap" in what:
             delta = ev["trainer_abs_log_ratio_mean"] - ref_gap
             sev = Severity.WARNING if delta > 0 else Severity.INFO
@@ -175,15 +217,12 @@ def _cache_note(ev: Mapping) -> str:
     return f" (with {share:.0%} of prompt tokens served from the prefix cache)"
 
 
-def arms_findings(arms: Mapping[str, xr.Dataset], reference: str | None = None, *,
-                  tol_reference: float = 0.0, tol_trainer: float = 1e-3) -> list[Finding]:
+def arms_findings(arms: Mapping[str, xr.Dataset], options: DiagnoseOptions | None = None) -> list[Finding]:
     """Ablation checks over the arms of one store (called by :func:`rlparity.diagnose.diagnose`)."""
-    from rlparity.experiments.ablation import is_ablation
-
     if not is_ablation(arms):
         return []
-    return ablation_findings(arms, tol_reference=tol_reference, tol_trainer=tol_trainer)
+    return ablation_findings(arms, options)
 
 
-__all__ = ["PATH_SETTINGS", "ablation_findings", "arms_findings", "path_settings", "setting_fix",
+__all__ = ["PATH_SETTINGS", "ablation_findings", "arms_findings", "moved_settings", "path_settings", "setting_fix",
            "trace_findings"]

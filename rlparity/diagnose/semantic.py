@@ -17,12 +17,14 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from rlparity.config.defaults import defaults
 from rlparity.diagnose.findings import Finding, Layer, Severity
-from rlparity.metrics import by_temperature, core, log_ratio, zero_prob_tokens
+from rlparity.diagnose.options import DiagnoseOptions
+from rlparity.metrics import BACKEND_PAIR_D, by_temperature, core, log_ratio, zero_prob_tokens
 
 FIX_PROCESSED = ("start vLLM with --logprobs-mode processed_logprobs "
                  "(LLM(..., logprobs_mode='processed_logprobs'))")
-PAIR = "backend (pi_old, mu), d = log pi_old - log mu"
+PAIR = BACKEND_PAIR_D
 
 
 def _identity_sampling(trace: xr.Dataset) -> bool:
@@ -32,10 +34,10 @@ def _identity_sampling(trace: xr.Dataset) -> bool:
 
 
 def _finite_rms(d: np.ndarray, mask: np.ndarray) -> float:
-    return core.abs_stats(d, core.finite_mask(d, mask))["rms"]
+    return float(core.masked_rms(d, mask))
 
 
-def logprob_semantics(trace: xr.Dataset, *, tol: float = 0.02) -> Finding:
+def logprob_semantics(trace: xr.Dataset, *, tol: float | None = None) -> Finding:
     """Whether rollout logprobs are raw or processed.
 
     ``tol`` is the RMS of d (nats, over tokens the trainer gives non-zero probability) under which
@@ -43,6 +45,7 @@ def logprob_semantics(trace: xr.Dataset, *, tol: float = 0.02) -> Finding:
     drew from); when sampling is the identity (temperature 1, no top-k/top-p) both readings agree
     and no mismatch can be seen.
     """
+    tol = defaults().tol if tol is None else tol
     mask = trace["response_mask"].values.astype(bool)
     rms = {side: _finite_rms(log_ratio(trace, side).values, mask) for side in ("processed", "raw")}
     evidence: dict = {"rms_d_vs_trainer_processed": rms["processed"], "rms_d_vs_trainer_raw": rms["raw"],
@@ -75,7 +78,7 @@ def logprob_semantics(trace: xr.Dataset, *, tol: float = 0.02) -> Finding:
                    "inference path (precision, LM head, kernels)", evidence, "", arm)
 
 
-def renormalization(trace: xr.Dataset, *, tol: float = 0.02) -> Finding | None:
+def renormalization(trace: xr.Dataset, *, tol: float | None = None) -> Finding | None:
     """The top-k/top-p renormalization offset, and a finding if the rollout skipped it.
 
     ``log kept mass`` (<= 0) is the log of the temperature-scaled probability that top-k/top-p keep.
@@ -83,6 +86,7 @@ def renormalization(trace: xr.Dataset, *, tol: float = 0.02) -> Finding | None:
     ``-log kept mass`` per token. ``None`` when no request uses top-k/top-p or the trace was
     scored without ``trainer_log_kept_mass``.
     """
+    tol = defaults().tol if tol is None else tol
     if "trainer_log_kept_mass" not in trace:
         return None
     cut = (trace["top_k"].values > 0) | (trace["top_p"].values < 1.0)
@@ -188,11 +192,17 @@ def prompt_token_parity(trace: xr.Dataset) -> Finding | None:
                    arm)
 
 
-def trace_findings(trace: xr.Dataset, *, tol: float = 0.02) -> list[Finding]:
+def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None) -> list[Finding]:
     """Every semantic check on one scored trace (what :func:`rlparity.diagnose.diagnose` runs)."""
-    found = [logprob_semantics(trace, tol=tol), renormalization(trace, tol=tol),
+    opts = options or DiagnoseOptions()
+    found = [logprob_semantics(trace, tol=opts.tol), renormalization(trace, tol=opts.tol),
              zero_probability_tokens(trace), prompt_token_parity(trace)]
     return [f for f in found if f is not None]
+
+
+def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]:
+    """The semantic layer has no check across arms."""
+    return []
 
 
 __all__ = ["logprob_semantics", "prompt_token_parity", "renormalization", "trace_findings",

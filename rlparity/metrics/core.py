@@ -1,8 +1,10 @@
 """Mismatch metrics on plain numpy arrays (see ../shared/docs/metrics.md for the definitions).
 
-Conventions: ``d = log pi - log mu`` per token (nats), ``mask`` marks real tokens. Tokens where
+Conventions: ``d = log pi - log mu`` per token (nats), ``mask`` marks real tokens, and every
+reduction takes ``axis`` (an int, a tuple, or ``None`` for all), as numpy does. Tokens where
 ``log pi = -inf`` (the trainer gives probability 0) are excluded from every average and counted
-by :func:`zero_prob_count` instead; no function silently averages them away.
+by :func:`zero_prob_count` instead; no function silently averages them away. A reduction over
+no usable token is NaN (counts are 0).
 """
 
 from __future__ import annotations
@@ -13,95 +15,144 @@ QUANTILES = (0.01, 0.05, 0.5, 0.95, 0.99)
 
 
 def finite_mask(d: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    """Real tokens (``mask``) where ``d`` is finite."""
     m = np.isfinite(d)
-    return m if mask is None else (m & mask.astype(bool))
+    return m if mask is None else (m & np.asarray(mask, dtype=bool))
+
+
+def count(mask: np.ndarray, axis=None) -> np.ndarray:
+    """Number of true entries along ``axis`` (int64)."""
+    return np.sum(np.asarray(mask, dtype=bool), axis=axis, dtype=np.int64)
 
 
 def zero_prob_count(log_pi: np.ndarray, mask: np.ndarray, axis=None) -> np.ndarray:
     """Number of real tokens where the trainer gives probability 0 (``log pi = -inf``)."""
-    return np.sum(np.isneginf(log_pi) & mask.astype(bool), axis=axis)
+    return count(np.isneginf(log_pi) & np.asarray(mask, dtype=bool), axis=axis)
 
 
-def _masked(d, mask):
-    m = finite_mask(d, mask)
-    return np.where(m, d, 0.0), m
+def _ratio(num: np.ndarray, n: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(n > 0, num / np.maximum(n, 1), np.nan)
+    return out if np.ndim(out) else float(out)
+
+
+def masked_sum(x: np.ndarray, mask: np.ndarray, axis=None) -> np.ndarray:
+    """Sum of ``x`` over real tokens where it is finite (0 where there are none)."""
+    m = finite_mask(x, mask)
+    return np.sum(np.where(m, x, 0.0), axis=axis)
 
 
 def masked_mean(x: np.ndarray, mask: np.ndarray, axis=None) -> np.ndarray:
-    v, m = _masked(x, mask)
-    n = m.sum(axis=axis)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(n > 0, v.sum(axis=axis) / np.maximum(n, 1), np.nan)
+    """Mean of ``x`` over real tokens where it is finite."""
+    m = finite_mask(x, mask)
+    return _ratio(np.sum(np.where(m, x, 0.0), axis=axis), count(m, axis))
+
+
+def masked_rms(x: np.ndarray, mask: np.ndarray, axis=None) -> np.ndarray:
+    """Root mean square of ``x`` over real tokens where it is finite."""
+    m = finite_mask(x, mask)
+    return np.sqrt(_ratio(np.sum(np.where(m, x, 0.0) ** 2, axis=axis), count(m, axis)))
+
+
+def masked_max_abs(x: np.ndarray, mask: np.ndarray, axis=None) -> np.ndarray:
+    """Largest ``|x|`` over real tokens where it is finite (NaN where there are none)."""
+    m = finite_mask(x, mask)
+    top = np.max(np.where(m, np.abs(x), -np.inf), axis=axis)
+    return np.where(count(m, axis) > 0, top, np.nan) if np.ndim(top) else (float(top) if m.any() else np.nan)
+
+
+def masked_std(x: np.ndarray, mask: np.ndarray, axis=None) -> np.ndarray:
+    """Population standard deviation of ``x`` over real tokens where it is finite."""
+    m = finite_mask(x, mask)
+    mean = masked_mean(x, m, axis=axis)
+    dev = np.where(m, x - (np.expand_dims(mean, axis) if axis is not None and np.ndim(mean) else mean), 0.0)
+    return np.sqrt(_ratio(np.sum(dev ** 2, axis=axis), count(m, axis)))
+
+
+def masked_quantile(x: np.ndarray, mask: np.ndarray, q, axis=None) -> np.ndarray:
+    """Quantiles ``q`` of ``x`` over real finite tokens; the quantile axis comes first."""
+    m = finite_mask(x, mask)
+    with np.errstate(invalid="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices are NaN, by design
+            return np.nanquantile(np.where(m, x, np.nan), q, axis=axis)
 
 
 def abs_stats(d: np.ndarray, mask: np.ndarray) -> dict[str, float]:
-    """Mean, RMS, max and quantiles of |d| (and the signed mean) over finite real tokens."""
+    """Mean, RMS, max and quantiles of |d| (and the signed mean) over finite real tokens (scalars)."""
     m = finite_mask(d, mask)
-    x = d[m]
-    if x.size == 0:
-        nan = float("nan")
-        return {"mean": nan, "mean_abs": nan, "rms": nan, "max_abs": nan,
-                **{f"q{int(q * 100):02d}": nan for q in QUANTILES}, "n_tokens": 0}
-    a = np.abs(x)
-    out = {"mean": float(x.mean()), "mean_abs": float(a.mean()), "rms": float(np.sqrt((x ** 2).mean())),
-           "max_abs": float(a.max()), "n_tokens": int(x.size)}
-    for q, v in zip(QUANTILES, np.quantile(x, QUANTILES)):
+    qs = masked_quantile(d, m, QUANTILES)
+    out = {"mean": float(masked_mean(d, m)), "mean_abs": float(masked_mean(np.abs(d), m)),
+           "rms": float(masked_rms(d, m)), "max_abs": float(masked_max_abs(d, m)), "n_tokens": int(count(m))}
+    for q, v in zip(QUANTILES, np.atleast_1d(qs)):
         out[f"q{int(q * 100):02d}"] = float(v)
     return out
 
 
-def mean_ratio(d: np.ndarray, mask: np.ndarray) -> float:
+def mean_ratio(d: np.ndarray, mask: np.ndarray, axis=None) -> np.ndarray:
     """Mean of ``rho = exp(d)`` over finite real tokens."""
     m = finite_mask(d, mask)
-    return float(np.exp(d[m]).mean()) if m.any() else float("nan")
+    return masked_mean(np.exp(np.where(m, d, 0.0)), m, axis=axis)
 
 
-def kl_estimators(d: np.ndarray, mask: np.ndarray) -> dict[str, float]:
+def kl_estimators(d: np.ndarray, mask: np.ndarray, axis=None) -> dict[str, np.ndarray]:
     """Schulman's k1, k2, k3 with samples from mu and r = pi/mu (k1, k3 estimate KL(mu || pi))."""
     m = finite_mask(d, mask)
-    x = d[m]
-    if x.size == 0:
-        return {"k1": float("nan"), "k2": float("nan"), "k3": float("nan")}
-    return {"k1": float((-x).mean()), "k2": float((x ** 2 / 2).mean()),
-            "k3": float((np.expm1(x) - x).mean())}
+    x = np.where(m, d, 0.0)
+    return {"k1": masked_mean(-x, m, axis=axis), "k2": masked_mean(x ** 2 / 2, m, axis=axis),
+            "k3": masked_mean(np.expm1(x) - x, m, axis=axis)}
 
 
-def clip_fraction(d: np.ndarray, mask: np.ndarray, eps: float = 0.2) -> float:
+def clip_fraction(d: np.ndarray, mask: np.ndarray, eps: float = 0.2, axis=None) -> np.ndarray:
     """Share of real finite tokens with rho outside [1 - eps, 1 + eps]."""
     m = finite_mask(d, mask)
-    if not m.any():
-        return float("nan")
-    r = np.exp(d[m])
-    return float(((r < 1 - eps) | (r > 1 + eps)).mean())
+    r = np.exp(np.where(m, d, 0.0))
+    return _ratio(count(m & ((r < 1 - eps) | (r > 1 + eps)), axis), count(m, axis))
 
 
-def ess(weights: np.ndarray) -> float:
-    """Normalised effective sample size (sum w)^2 / (n sum w^2) of raw (untruncated) weights."""
+def ess(weights: np.ndarray, mask: np.ndarray | None = None, axis=None) -> np.ndarray:
+    """Normalised effective sample size (sum w)^2 / (n sum w^2) of raw (untruncated) weights,
+    over the finite (and ``mask``-ed) entries along ``axis``."""
     w = np.asarray(weights, dtype=float)
-    w = w[np.isfinite(w)]
-    if w.size == 0 or not np.any(w):
-        return float("nan")
-    return float(w.sum() ** 2 / (w.size * (w ** 2).sum()))
+    m = finite_mask(w, mask)
+    s1 = np.sum(np.where(m, w, 0.0), axis=axis)
+    s2 = np.sum(np.where(m, w, 0.0) ** 2, axis=axis)
+    n = count(m, axis)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where((n > 0) & (s2 > 0), s1 ** 2 / (np.maximum(n, 1) * np.where(s2 > 0, s2, 1.0)), np.nan)
+    return out if np.ndim(out) else float(out)
 
 
-def prob_stats(log_pi: np.ndarray, log_mu: np.ndarray, mask: np.ndarray) -> dict[str, float]:
-    """|pi - mu| (mean, max, std) and the Pearson correlation of pi and mu over real tokens."""
-    m = mask.astype(bool) & np.isfinite(log_mu) & ~np.isnan(log_pi)
-    pi, mu = np.exp(log_pi[m]), np.exp(log_mu[m])
-    if pi.size < 2:
-        return {"prob_diff_mean": float("nan"), "prob_diff_max": float("nan"),
-                "prob_diff_std": float("nan"), "prob_pearson": float("nan")}
+def pearson(x: np.ndarray, y: np.ndarray, mask: np.ndarray, axis=None) -> np.ndarray:
+    """Pearson correlation of ``x`` and ``y`` over entries where both are finite and ``mask``
+    holds (NaN with fewer than 2 entries or no spread)."""
+    m = finite_mask(x, mask) & np.isfinite(y)
+    mx, my = masked_mean(x, m, axis=axis), masked_mean(y, m, axis=axis)
+    if axis is not None and np.ndim(mx):
+        mx, my = np.expand_dims(mx, axis), np.expand_dims(my, axis)
+    dx, dy = np.where(m, x - mx, 0.0), np.where(m, y - my, 0.0)
+    sxy, sxx, syy = (np.sum(a, axis=axis) for a in (dx * dy, dx * dx, dy * dy))
+    n = count(m, axis)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where((n > 1) & (sxx > 0) & (syy > 0), sxy / np.sqrt(sxx * syy), np.nan)
+    return out if np.ndim(out) else float(out)
+
+
+def prob_stats(log_pi: np.ndarray, log_mu: np.ndarray, mask: np.ndarray, axis=None) -> dict[str, np.ndarray]:
+    """|pi - mu| (mean, max, std) and the Pearson correlation of pi and mu over real tokens
+    (a token with pi = 0 counts here with pi = 0: probabilities, unlike log-ratios, stay finite)."""
+    m = np.asarray(mask, dtype=bool) & np.isfinite(log_mu) & ~np.isnan(log_pi)
+    pi, mu = np.exp(np.where(m, log_pi, -np.inf)), np.exp(np.where(m, log_mu, -np.inf))
     diff = np.abs(pi - mu)
-    corr = float(np.corrcoef(pi, mu)[0, 1]) if pi.std() > 0 and mu.std() > 0 else float("nan")
-    return {"prob_diff_mean": float(diff.mean()), "prob_diff_max": float(diff.max()),
-            "prob_diff_std": float(diff.std()), "prob_pearson": corr}
+    return {"prob_diff_mean": masked_mean(diff, m, axis=axis), "prob_diff_max": masked_max_abs(diff, m, axis=axis),
+            "prob_diff_std": masked_std(diff, m, axis=axis), "prob_pearson": pearson(pi, mu, m, axis=axis)}
 
 
 def sequence_log_ratio(d: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
-    """Per sequence: sum of d (log product ratio), mean of d (log geometric ratio, GSPO)."""
-    v, m = _masked(d, mask)
-    n = m.sum(axis=-1)
-    total = v.sum(axis=-1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.where(n > 0, total / np.maximum(n, 1), np.nan)
-    return {"log_product_ratio": total, "log_geometric_ratio": mean, "n_tokens": n}
+    """Per sequence (last axis = positions): sum of d (log product ratio), mean of d (log
+    geometric ratio, GSPO) and the number of tokens used."""
+    m = finite_mask(d, mask)
+    return {"log_product_ratio": masked_sum(d, m, axis=-1), "log_geometric_ratio": masked_mean(d, m, axis=-1),
+            "n_tokens": count(m, axis=-1)}

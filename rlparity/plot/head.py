@@ -1,6 +1,7 @@
-"""Figures of the LM-head precision experiment. Each takes the arms of a head-dtype matrix
-(``{arm: trace}``, a DataTree or a store path) or a table computed by
-:mod:`rlparity.experiments.head`, and returns a plotly Figure (never shows it)."""
+"""Figures of the LM-head precision matrix. Each takes one kind of input, named in its
+signature: a table computed by :mod:`rlparity.metrics.head` (``head_table``, ``gap_by_logit``,
+``gap_by_position``) or the arms of a head-dtype matrix; each returns a plotly Figure (never shows
+it)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,7 @@ import plotly.graph_objects as go
 import xarray as xr
 from plotly.subplots import make_subplots
 
-from rlparity.experiments.head import (
-    _cells,
-    _order,
-    gap_by_logit,
-    gap_by_position,
-    head_table,
-    probability_pairs,
-)
-from rlparity.trace import as_arms
+from rlparity.metrics.head import dtype_order, head_cells, head_table, probability_pairs
 
 _D = "d = log pi_old - log mu (nats)"
 _SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -34,14 +27,9 @@ def _label(cell: tuple[str, str]) -> str:
     return f"rollout {_SHORT.get(cell[0], cell[0])} / trainer {_SHORT.get(cell[1], cell[1])}"
 
 
-def _table(data) -> xr.Dataset:
-    return data if isinstance(data, xr.Dataset) and "rollout_head" in data.dims else head_table(data)
-
-
-def matrix_heatmap(data, variables: Sequence[str] | str = HEATMAP_VARIABLES) -> go.Figure:
+def plot_matrix_heatmap(table: xr.Dataset, variables: Sequence[str] | str = HEATMAP_VARIABLES) -> go.Figure:
     """The rollout x trainer head-dtype matrix as heatmaps, one panel per variable, each cell
-    annotated with its value (``data``: arms or a :func:`head_table`)."""
-    table = _table(data)
+    annotated with its value (``table``: :func:`rlparity.metrics.head.head_table`)."""
     variables = (variables,) if isinstance(variables, str) else tuple(variables)
     for v in variables:
         if v not in table:
@@ -63,21 +51,16 @@ def matrix_heatmap(data, variables: Sequence[str] | str = HEATMAP_VARIABLES) -> 
     return fig
 
 
-def probability_scatter(data, *, max_points: int = 1500, trainer: str = "processed", seed: int = 0) -> go.Figure:
+def plot_probability_scatter(arms, *, max_points: int = 1500, trainer: str | None = None,
+                             seed: int = 0) -> go.Figure:
     """Token probabilities, rollout mu against trainer pi_old, one panel per cell (the
-    correlation MiniMax-M1 reports); ``max_points`` tokens per cell (seeded subsample)."""
-    cells = _cells(as_arms(data))
-    rows, cols = _order(k[0] for k in cells), _order(k[1] for k in cells)
-    titles = []
-    for r in rows:
-        for t in cols:
-            if (r, t) in cells:
-                p = probability_pairs(cells[(r, t)][1], trainer=trainer)
-                m = np.isfinite(p["pi"]) & np.isfinite(p["mu"])
-                corr = np.corrcoef(p["pi"][m], p["mu"][m])[0, 1] if m.sum() > 1 else np.nan
-                titles.append(f"{_label((r, t))}: Pearson {corr:.5f}")
-            else:
-                titles.append(f"{_label((r, t))}: not run")
+    correlation MiniMax-M1 reports, from :func:`~rlparity.metrics.head.head_table`); ``arms``: the
+    arms of a head matrix; ``max_points`` tokens per cell (seeded subsample)."""
+    cells = head_cells(arms)
+    table = head_table({name: ds for name, ds in cells.values()}, trainer=trainer)
+    rows, cols = dtype_order(k[0] for k in cells), dtype_order(k[1] for k in cells)
+    titles = [f"{_label((r, t))}: Pearson {float(table['prob_pearson'].sel(rollout_head=r, trainer_head=t)):.5f}"
+              if (r, t) in cells else f"{_label((r, t))}: not run" for r in rows for t in cols]
     fig = make_subplots(rows=len(rows), cols=len(cols), subplot_titles=titles, shared_xaxes=True,
                         shared_yaxes=True, horizontal_spacing=0.06, vertical_spacing=0.1)
     for i, r in enumerate(rows, start=1):
@@ -103,11 +86,10 @@ def probability_scatter(data, *, max_points: int = 1500, trainer: str = "process
     return fig
 
 
-def error_vs_logit(data, *, n_bins: int = 8, trainer: str = "processed") -> go.Figure:
-    """RMS of d per bin of the trainer's largest logit, one line per cell (``data``: arms or a
-    :func:`gap_by_logit` Dataset). A low-precision head's error grows with logit magnitude."""
-    g = data if isinstance(data, xr.Dataset) and "logit_bin" in data.dims else gap_by_logit(data, n_bins=n_bins,
-                                                                                          trainer=trainer)
+def plot_gap_by_logit(g: xr.Dataset) -> go.Figure:
+    """RMS of d per bin of the trainer's largest logit, one line per cell (``g``:
+    :func:`rlparity.metrics.head.gap_by_logit`). A low-precision head's error grows with logit
+    magnitude."""
     fig = go.Figure()
     x = g["logit_center"].values
     for r in g["rollout_head"].values:
@@ -126,11 +108,9 @@ def error_vs_logit(data, *, n_bins: int = 8, trainer: str = "processed") -> go.F
     return fig
 
 
-def error_by_position(data, *, trainer: str = "processed") -> go.Figure:
-    """RMS of d per response position, one line per cell (``data``: arms or a
-    :func:`gap_by_position` Dataset)."""
-    g = data if isinstance(data, xr.Dataset) and "position" in data.dims and "rollout_head" in data.dims \
-        else gap_by_position(data, trainer=trainer)
+def plot_gap_by_position(g: xr.Dataset) -> go.Figure:
+    """RMS of d per response position, one line per cell (``g``:
+    :func:`rlparity.metrics.head.gap_by_position`)."""
     fig = go.Figure()
     for r in g["rollout_head"].values:
         for t in g["trainer_head"].values:
@@ -144,4 +124,5 @@ def error_by_position(data, *, trainer: str = "processed") -> go.Figure:
     return fig
 
 
-__all__ = ["HEATMAP_VARIABLES", "error_by_position", "error_vs_logit", "matrix_heatmap", "probability_scatter"]
+__all__ = ["HEATMAP_VARIABLES", "plot_gap_by_logit", "plot_gap_by_position", "plot_matrix_heatmap",
+           "plot_probability_scatter"]

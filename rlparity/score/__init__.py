@@ -30,6 +30,7 @@ import numpy as np
 import xarray as xr
 
 from rlparity.trace import sequences, token_checksum, validate
+from rlparity.trace.prompts import chat_token_ids
 from rlparity.trace.schema import TOKEN_DIMS, annotate
 
 SAMPLING_EPS = 1e-5  # vLLM's threshold for greedy
@@ -213,7 +214,7 @@ class Scorer:
         return validate(annotate(out))
 
     def attrs(self, trace: xr.Dataset, elapsed: float) -> dict[str, Any]:
-        from rlparity._provenance import jsonable
+        from rlparity.config.provenance import jsonable
 
         return jsonable({
             "trainer": {"model": str(self.model), "dtype": self.dtype, "head_dtype": self.head_dtype,
@@ -232,8 +233,6 @@ def trainer_prompt_ids(tokenizer, text: str, messages_json: str = "", *,
     """How the trainer tokenizes one prompt: chat messages through the chat template, text with
     ``add_special_tokens``; ``None`` when there is nothing to tokenize (ids-only prompt)."""
     import json
-
-    from rlparity.capture._common import chat_token_ids
 
     if messages_json:
         return chat_token_ids(tokenizer, json.loads(messages_json))

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from rlparity._provenance import make_attrs
+from rlparity.config.provenance import make_attrs
 
 SCHEMA_VERSION = 1
 TOKEN_DIMS = ("sequence", "position")

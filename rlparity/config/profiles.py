@@ -2,7 +2,7 @@
 
 A profile file holds ``settings:`` (fields of :class:`EngineSettings`) and optionally
 ``description:``; a bare mapping of settings is accepted too. Built-in profiles live in
-``rlparity/profiles/*.yaml``: ``vllm-v1-defaults`` (nothing set) and ``pipelinerl-parity``
+``rlparity/data/profiles/*.yaml``: ``vllm-v1-defaults`` (nothing set) and ``pipelinerl-parity``
 (processed logprobs, prefix caching off, async scheduling off, fp32 LM head,
 ``generation_config: vllm``). Users pass a built-in name or the path of their own YAML.
 """
@@ -15,10 +15,9 @@ from typing import Any
 
 import yaml
 
-from rlparity.capture.settings import EngineSettings
+from rlparity.config.settings import EngineSettings
 
-PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
-DEFAULT_REFERENCE = "pipelinerl-parity"
+PROFILE_DIR = Path(__file__).resolve().parent.parent / "data" / "profiles"
 _TOP_KEYS = {"settings", "description"}
 
 
@@ -71,10 +70,15 @@ def read_profile(name_or_path: str | os.PathLike) -> dict[str, Any]:
             "settings": settings_from_mapping(settings, where=str(path))}
 
 
-def load_profile(name_or_path: str | os.PathLike | EngineSettings) -> EngineSettings:
-    """The :class:`EngineSettings` of a built-in profile name or a YAML file."""
+def load_profile(name_or_path: str | os.PathLike | EngineSettings | None = None) -> EngineSettings:
+    """The :class:`EngineSettings` of a built-in profile name or a YAML file (default: the
+    reference profile of :func:`rlparity.config.defaults`)."""
     if isinstance(name_or_path, EngineSettings):
         return name_or_path
+    if name_or_path is None:
+        from rlparity.config.defaults import defaults
+
+        name_or_path = defaults().profile
     return read_profile(name_or_path)["settings"]
 
 
@@ -87,5 +91,5 @@ def save_profile(settings: EngineSettings, path: str | os.PathLike, description:
     return path
 
 
-__all__ = ["DEFAULT_REFERENCE", "PROFILE_DIR", "load_profile", "profile_names", "read_profile",
+__all__ = ["PROFILE_DIR", "load_profile", "profile_names", "read_profile",
            "save_profile", "settings_from_mapping"]

@@ -13,6 +13,24 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 LogprobsMode = Literal["raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+_DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+
+
+def normalize_dtype(name: Any, *, what: str = "dtype") -> str:
+    """``"float32"``, ``"bfloat16"`` or ``"float16"`` from a name, an alias (``bf16``, ``fp32``...)
+    or a torch dtype; anything else is an error naming the choices."""
+    key = str(name).strip().lower().removeprefix("torch.")
+    key = _DTYPE_ALIASES.get(key, key)
+    if key not in FLOAT_DTYPES:
+        raise ValueError(f"unknown {what} {name!r}; use one of {', '.join(FLOAT_DTYPES)} "
+                         f"(aliases: {', '.join(sorted(_DTYPE_ALIASES))})")
+    return key
+
+
+def dtype_name(value: Any) -> str | None:
+    """A dtype as its plain name (``torch.bfloat16`` -> ``bfloat16``); ``None`` stays ``None``."""
+    return None if value is None else str(value).removeprefix("torch.")
 
 
 class SamplingSettings(BaseModel):

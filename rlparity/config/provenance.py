@@ -42,26 +42,51 @@ def make_attrs(**extra: Any) -> dict[str, Any]:
     return attrs
 
 
-def jsonable(value: Any) -> Any:
-    """Turn settings, dtypes, enums and paths into JSON-friendly values for zarr attrs."""
+def jsonable(value: Any, *, strict: bool = False) -> Any:
+    """Turn settings, dtypes, enums and paths into JSON-friendly values for zarr attrs; with
+    ``strict`` also NaN and infinities into ``None`` (strict JSON has no NaN)."""
     import enum
+    import math
     import pathlib
 
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if isinstance(value, float) or (hasattr(value, "dtype") and getattr(value, "ndim", 1) == 0
+                                    and getattr(value.dtype, "kind", "") == "f"):
+        v = float(value)
+        return None if strict and not math.isfinite(v) else v
+    if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v, strict=strict) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
-        return [jsonable(v) for v in value]
+        return [jsonable(v, strict=strict) for v in value]
     if isinstance(value, enum.Enum):
-        return jsonable(value.value)
+        return jsonable(value.value, strict=strict)
     if isinstance(value, pathlib.Path):
         return str(value)
     if hasattr(value, "model_dump"):
-        return jsonable(value.model_dump())
+        return jsonable(value.model_dump(), strict=strict)
+    if hasattr(value, "tolist") and callable(value.tolist) and getattr(value, "ndim", 0) > 0:
+        return jsonable(value.tolist(), strict=strict)
     if hasattr(value, "item") and callable(value.item):
         try:
-            return value.item()
+            return jsonable(value.item(), strict=strict)
         except (TypeError, ValueError):
             pass
     return str(value)
+
+
+def to_json(value: Any, **kwargs: Any) -> str:
+    """Strict JSON (``null`` for NaN/inf, never a bare ``NaN``) of settings, reports, tables."""
+    import json
+
+    return json.dumps(jsonable(value, strict=True), allow_nan=False, **{"indent": 2, **kwargs})
+
+
+def write_json(path, value: Any) -> Any:
+    """Write ``value`` as strict JSON (see :func:`to_json`) to ``path``; return the path."""
+    from pathlib import Path
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(to_json(value))
+    return path

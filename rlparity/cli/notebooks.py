@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parent.parent.parent / "notebooks"
 
 
 def notebook_paths(folder: str | os.PathLike = NOTEBOOKS) -> list[Path]:

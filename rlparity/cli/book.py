@@ -1,7 +1,7 @@
 """Build the Jupyter Book offline: execute (or copy) the notebooks, generate the CLI reference,
 serve plotly.js locally, run ``jupyter-book build -W --keep-going``.
 
-``python -m rlparity._book [--ci] [--executed DIR]`` is what ``make book`` runs.
+``python -m rlparity.cli.book [--ci] [--executed DIR]`` is what ``make book`` runs.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rlparity._nbrun import NOTEBOOKS, notebook_paths, run_notebook
+from rlparity.cli.notebooks import NOTEBOOKS, notebook_paths, run_notebook
+from rlparity.config.env import scoped_env
 
 BOOK = NOTEBOOKS.parent / "book"
 
@@ -32,17 +33,8 @@ def cli_reference() -> str:
         import io
 
         buf = io.StringIO()
-        env = {k: os.environ.get(k) for k in ("COLUMNS", "NO_COLOR", "TERM")}
-        os.environ.update(COLUMNS="100", NO_COLOR="1", TERM="dumb")
-        try:
-            with contextlib.redirect_stdout(buf):
-                text = command.get_help(ctx)
-        finally:
-            for k, v in env.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        with scoped_env({"COLUMNS": "100", "NO_COLOR": "1", "TERM": "dumb"}), contextlib.redirect_stdout(buf):
+            text = command.get_help(ctx)
         return "\n".join(line.rstrip() for line in ((text or "") + buf.getvalue()).strip("\n").splitlines())
 
     cmd = typer.main.get_command(app)
@@ -108,7 +100,7 @@ def plotly_figures(page: str | os.PathLike) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m rlparity._book", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m rlparity.cli.book", description=__doc__)
     ap.add_argument("--ci", action="store_true", help="execute the notebooks with ci=True (small sizes)")
     ap.add_argument("--executed", help="folder of already executed notebooks to publish instead")
     args = ap.parse_args(argv)

@@ -1,0 +1,105 @@
+"""From engine outputs to a rollout trace: completions, the trace builder and its provenance attrs."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import xarray as xr
+
+from rlparity.config.provenance import jsonable
+from rlparity.capture.requests import Request, sampling_attrs
+from rlparity.trace import from_rollouts
+
+
+@dataclass
+class Completion:
+    """One sampled completion as any backend returns it."""
+
+    request: Request
+    sample_index: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    text: str = ""
+    policy_versions: list[int] | None = None
+    cached_prompt_tokens: int | None = None
+
+
+def build_trace(completions: Sequence[Completion], *, attrs: Mapping[str, Any]) -> xr.Dataset:
+    """Turn completions into a rollout trace (sorted by request, then sample)."""
+    completions = sorted(completions, key=lambda c: (c.request.index, c.sample_index))
+    pv = None
+    if any(c.policy_versions is not None for c in completions):
+        pv = [c.policy_versions if c.policy_versions is not None else [0] * len(c.token_ids)
+              for c in completions]
+    return from_rollouts(
+        prompt_token_ids=[c.prompt_token_ids for c in completions],
+        token_ids=[c.token_ids for c in completions],
+        rollout_logprobs=[c.logprobs for c in completions],
+        finish_reasons=[c.finish_reason or "unknown" for c in completions],
+        policy_versions=pv,
+        prompt_index=[c.request.index for c in completions],
+        sample_index=[c.sample_index for c in completions],
+        temperature=[c.request.sampling.temperature for c in completions],
+        top_k=[c.request.sampling.top_k for c in completions],
+        top_p=[c.request.sampling.top_p for c in completions],
+        request_seed=[-1 if c.request.seed is None else c.request.seed for c in completions],
+        prompt_texts=[c.request.text for c in completions],
+        prompt_messages=[json.dumps(c.request.messages) if c.request.messages is not None else ""
+                         for c in completions],
+        response_texts=[c.text for c in completions],
+        cached_prompt_tokens=[-1 if c.cached_prompt_tokens is None else c.cached_prompt_tokens
+                              for c in completions],
+        attrs=jsonable(dict(attrs)),
+    )
+
+
+def model_info(model: str | os.PathLike) -> dict[str, Any]:
+    """Name and (for a local checkpoint) a fingerprint of the model's weights."""
+    import hashlib
+
+    p = Path(model)
+    info: dict[str, Any] = {"model": str(model), "model_is_local": p.exists()}
+    if p.exists():
+        h = hashlib.sha256()
+        for f in sorted(p.glob("*.safetensors"))[:8]:
+            st = f.stat()
+            h.update(f"{f.name}:{st.st_size}".encode())
+            with open(f, "rb") as fh:
+                h.update(fh.read(1 << 20))
+        info["model_fingerprint"] = h.hexdigest()[:16]
+    return info
+
+
+@dataclass
+class CaptureInfo:
+    """What a backend knows about the engine it ran (for the trace attrs)."""
+
+    backend: str
+    requested: dict[str, Any]
+    effective: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def capture_attrs(info: CaptureInfo, model: str | os.PathLike, requests: Sequence[Request],
+                  arm: str) -> dict[str, Any]:
+    return {
+        "arm": arm,
+        "capture_backend": info.backend,
+        "engine_requested": info.requested,
+        "engine_effective": info.effective,
+        "sampling": sampling_attrs(requests),
+        "seeds": {"engine": info.effective.get("seed"),
+                  "requests": [r.seed for r in requests][:4096]},
+        **model_info(model),
+        **info.extra,
+    }
+
+
+__all__ = ["CaptureInfo", "Completion", "build_trace", "capture_attrs", "model_info"]

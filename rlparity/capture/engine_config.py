@@ -1,0 +1,87 @@
+"""What an engine really runs with: the configuration read back from vLLM, and CPU defaults."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rlparity.config.provenance import jsonable
+from rlparity.config.settings import EngineSettings, dtype_name
+
+
+def effective_config(vllm_config: Any) -> dict[str, Any]:
+    """The settings an engine actually runs with, read from its ``VllmConfig``."""
+    mc = vllm_config.model_config
+    cc = vllm_config.cache_config
+    sc = vllm_config.scheduler_config
+    comp = vllm_config.compilation_config
+    att = getattr(vllm_config, "attention_config", None)
+
+    def get(obj, name, default=None):
+        return getattr(obj, name, default) if obj is not None else default
+
+    try:
+        import vllm.envs as envs
+
+        batch_invariant = bool(envs.VLLM_BATCH_INVARIANT)
+    except Exception:  # older vLLM without the switch
+        batch_invariant = False
+    try:
+        diff_sampling = mc.get_diff_sampling_param()
+    except Exception:
+        diff_sampling = None
+    head = get(mc, "head_dtype")
+    backend = get(att, "backend")
+    return jsonable({
+        "model": get(mc, "model"),
+        "logprobs_mode": get(mc, "logprobs_mode"),
+        "enable_prefix_caching": get(cc, "enable_prefix_caching"),
+        "async_scheduling": get(sc, "async_scheduling"),
+        "dtype": dtype_name(get(mc, "dtype")),
+        "head_dtype": dtype_name(head),
+        "attention_backend": getattr(backend, "name", backend) or "auto",
+        "enforce_eager": get(mc, "enforce_eager"),
+        "compilation_mode": str(getattr(get(comp, "mode"), "name", get(comp, "mode"))),
+        "cudagraph_mode": str(getattr(get(comp, "cudagraph_mode"), "name", get(comp, "cudagraph_mode"))),
+        "batch_invariant": batch_invariant,
+        "max_num_seqs": get(sc, "max_num_seqs"),
+        "max_num_batched_tokens": get(sc, "max_num_batched_tokens"),
+        "enable_chunked_prefill": get(sc, "enable_chunked_prefill"),
+        "disable_cascade_attn": get(mc, "disable_cascade_attn"),
+        "generation_config": get(mc, "generation_config"),
+        "generation_config_sampling_defaults": diff_sampling,
+        "seed": get(mc, "seed"),
+        "max_model_len": get(mc, "max_model_len"),
+        "block_size": get(cc, "block_size"),
+        "device": str(get(get(vllm_config, "device_config"), "device_type", None)
+                      or get(get(vllm_config, "device_config"), "device", None)),
+    })
+
+
+def cpu_engine_kwargs(settings: EngineSettings) -> dict[str, Any]:
+    """Engine kwargs that make vLLM's CPU build usable on a small machine (a query: nothing is
+    changed). Empty on other platforms. The KV-cache size comes from the environment: see
+    :func:`cpu_engine_env`."""
+    if not _is_cpu():
+        return {}
+    return {} if settings.gpu_memory_utilization is not None else {"gpu_memory_utilization": 0.3}
+
+
+def cpu_engine_env() -> dict[str, str]:
+    """Environment variables vLLM's CPU build needs on a small machine (1 GiB of KV cache), unless
+    the user set them; applied for the engine's lifetime by :func:`rlparity.capture.lifecycle.engine_session`."""
+    if not _is_cpu() or "VLLM_CPU_KVCACHE_SPACE" in os.environ:
+        return {}
+    return {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def _is_cpu() -> bool:
+    try:
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_cpu())
+    except Exception:
+        return False
+
+
+__all__ = ["cpu_engine_env", "cpu_engine_kwargs", "effective_config"]

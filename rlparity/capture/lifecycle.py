@@ -1,0 +1,82 @@
+"""What every in-process engine backend shares: the lock, the settings' environment, start/close."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from rlparity.capture.engine_config import cpu_engine_env
+from rlparity.capture.lock import engine_lock
+from rlparity.config.env import scoped_env
+from rlparity.config.settings import EngineSettings
+
+
+def engine_env(settings: EngineSettings) -> dict[str, str]:
+    """Environment variables an in-process engine with ``settings`` needs (vLLM reads some, e.g.
+    ``VLLM_BATCH_INVARIANT`` or the CPU KV-cache size, only from there)."""
+    return {**cpu_engine_env(), **settings.env()}
+
+
+@contextlib.contextmanager
+def engine_session(settings: EngineSettings) -> Iterator[None]:
+    """The engine lock plus :func:`engine_env` for as long as an in-process engine lives; the
+    environment is restored on exit."""
+    with engine_lock(), scoped_env(engine_env(settings)):
+        yield
+
+
+class EngineLifecycle:
+    """What every in-process backend shares: ``start()`` once (lazily through :attr:`llm`),
+    ``close()`` idempotent, usable as a context manager. Subclasses implement ``_start_llm``
+    (returns the vLLM object) and ``_stop_llm``."""
+
+    model: str
+    settings: EngineSettings
+    _llm: Any = None
+    _session: contextlib.ExitStack | None = None
+    startup_s: float | None = None
+
+    def _start_llm(self) -> Any:
+        raise NotImplementedError
+
+    def _stop_llm(self) -> None:
+        raise NotImplementedError
+
+    def start(self):
+        if self._llm is not None:
+            return self
+        self._session = contextlib.ExitStack()
+        self._session.enter_context(engine_session(self.settings))
+        try:
+            t0 = time.perf_counter()
+            self._llm = self._start_llm()
+            self.startup_s = time.perf_counter() - t0
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory; release the lock and the environment."""
+        self._stop_llm()
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def llm(self):
+        """The running vLLM object (the engine starts on first use)."""
+        if self._llm is None:
+            self.start()
+        return self._llm
+
+
+__all__ = ["EngineLifecycle", "engine_env", "engine_session"]

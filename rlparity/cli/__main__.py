@@ -1,0 +1,3 @@
+from rlparity.cli.main import run
+
+run()

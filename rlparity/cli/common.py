@@ -1,0 +1,118 @@
+"""Helpers the commands share: engine settings from flags, prompt files, arm selection, output."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from rlparity.cli.main import BadInput
+
+
+class TrainerSide(str, Enum):
+    """Which trainer reading the rollout must match (a closed choice on the command line)."""
+
+    processed = "processed"
+    raw = "raw"
+
+
+def engine_settings(engine_json: str | None, profile: str | None):
+    """:class:`~rlparity.config.EngineSettings` from ``--profile`` and ``--engine JSON`` (the JSON
+    overrides the profile); a bad value is a :class:`BadInput` naming the field."""
+    from pydantic import ValidationError
+
+    from rlparity.config import EngineSettings, load_profile
+
+    base: dict[str, Any] = {}
+    if profile:
+        base = load_profile(profile).model_dump()
+    if engine_json:
+        try:
+            extra = json.loads(engine_json)
+        except json.JSONDecodeError as err:
+            raise BadInput(f"--engine is not JSON ({err.msg} at character {err.pos}): pass an object such as "
+                           "'{\"logprobs_mode\": \"processed_logprobs\"}'") from None
+        if not isinstance(extra, dict):
+            raise BadInput(f"--engine must be a JSON object of engine settings, got {type(extra).__name__} "
+                           f"{engine_json!r}: e.g. '{{\"logprobs_mode\": \"processed_logprobs\"}}'")
+        base.update(extra)
+    try:
+        return EngineSettings(**base)
+    except ValidationError as err:
+        raise BadInput("engine settings: " + validation_message(err)) from None
+
+
+def sampling_settings(**values: Any):
+    """:class:`~rlparity.config.SamplingSettings` from flags; a bad value names the field and range."""
+    from pydantic import ValidationError
+
+    from rlparity.config import SamplingSettings
+
+    try:
+        return SamplingSettings(**values)
+    except ValidationError as err:
+        raise BadInput("sampling: " + validation_message(err)) from None
+
+
+def validation_message(err) -> str:
+    """One line from a pydantic ``ValidationError``: ``field: problem (got value)`` per error."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e.get("loc", ())) or "(value)"
+        parts.append(f"--{loc.replace('_', '-')}: {e['msg']} (got {e.get('input')!r})")
+    return "; ".join(parts)
+
+
+def read_prompts(path: Path | None, num: int, seed: int) -> list:
+    """Prompts from a text file (one per line) or JSONL (``prompt`` / ``prompt_token_ids`` /
+    ``messages``); the built-in arithmetic prompts without a file."""
+    from rlparity.models import make_prompts
+
+    if path is None:
+        return make_prompts(num, seed=seed)
+    if not path.exists():
+        raise BadInput(f"--prompts {path}: no such file")
+    text = path.read_text()
+    if path.suffix == ".jsonl":
+        out = []
+        for i, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise BadInput(f"{path}:{i}: not JSON ({err.msg}); each line must be an object with "
+                                   "'prompt', 'prompt_token_ids' or 'messages'") from None
+        return out
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def select_arms(arms: Mapping[str, Any], wanted: Sequence[str] | None, store: Path) -> dict[str, Any]:
+    """The arms named in ``--arm`` (all without it); an unknown name is a :class:`BadInput`."""
+    if not wanted:
+        return dict(arms)
+    unknown = sorted(set(wanted) - set(arms))
+    if unknown:
+        raise BadInput(f"no arm(s) {unknown} in {store}; it holds {sorted(arms)}")
+    return {k: v for k, v in arms.items() if k in wanted}
+
+
+def model_path(model: str) -> str:
+    """``tiny`` / ``small`` build (or reuse) the built-in model; anything else is a path or hub id."""
+    from rlparity.models import SIZES, make_model
+
+    return str(make_model(model, progress=False)) if model in SIZES else model
+
+
+def echo_json(value: Any) -> None:
+    """Print strict JSON (NaN and infinities as ``null``)."""
+    from rlparity.config.provenance import to_json
+
+    typer.echo(to_json(value))
+
+
+__all__ = ["TrainerSide", "echo_json", "engine_settings", "model_path", "read_prompts", "sampling_settings",
+           "select_arms", "validation_message"]

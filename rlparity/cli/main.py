@@ -1,0 +1,97 @@
+"""The ``rlparity`` command line: one typer app and the exit-code contract every command follows.
+
+Exit codes (the same for every command, written in ``rlparity --help`` and README):
+
+* 0: pass / ok (parity holds, settings match, the command did its job)
+* 1: parity broken or settings differ (a readable report says what and how to fix it)
+* 2: bad input (one line naming what is wrong and how to fix it; no traceback)
+* 3: internal error (a bug in rlparity or a library: the traceback with ``--debug``)
+
+JSON output (``--json``) is strict: NaN and infinities are ``null``.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import click
+import typer
+
+EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_CODES_HELP = ("Exit codes: 0 pass/ok; 1 parity broken or settings differ; 2 bad input (one line says what "
+                   "and how to fix it); 3 internal error (traceback with --debug).")
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Capture vLLM rollouts, rescore them with the trainer, and diagnose parity. "
+                       + EXIT_CODES_HELP)
+_STATE = {"debug": False}
+
+
+class BadInput(ValueError):
+    """Raised by a command for input it refuses; printed as one line, exit code 2."""
+
+
+@app.callback()
+def _root(debug: bool = typer.Option(False, "--debug", help="show the traceback of an internal error (exit 3)"),
+          version: bool = typer.Option(False, "--version", help="print the version and exit",
+                                       is_eager=True)) -> None:
+    _STATE["debug"] = debug
+    if version:
+        from rlparity import __version__
+
+        typer.echo(f"rlparity {__version__}")
+        raise typer.Exit(0)
+
+
+def _bad_input_types() -> tuple[type[BaseException], ...]:
+    import yaml
+
+    return (ValueError, OSError, yaml.YAMLError)
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip() or type(err).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return " ".join(lines) if len(lines) <= 6 else " ".join(lines[:6]) + " ..."
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI under the exit-code contract (the ``rlparity`` console script)."""
+    import os
+
+    from rlparity.cli import commands  # noqa: F401  (registers every command on ``app``)
+
+    # stdout carries the command's result (text or --json); engine logs go to stderr
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        code = app(args=args, prog_name="rlparity", standalone_mode=False)
+        return int(code or 0) if isinstance(code, int) else 0
+    except click.exceptions.Exit as e:  # raised by commands in non-standalone mode too
+        return int(e.exit_code)
+    except click.ClickException as e:  # usage errors: unknown option, missing argument
+        e.show()
+        return EXIT_BAD_INPUT
+    except click.exceptions.Abort:
+        typer.echo("aborted", err=True)
+        return 130
+    except _bad_input_types() as e:
+        if _STATE["debug"]:
+            traceback.print_exc()
+        typer.echo(f"rlparity: error: {_one_line(e)}", err=True)
+        return EXIT_BAD_INPUT
+    except Exception as e:  # noqa: BLE001 - the contract: anything else is ours
+        if _STATE["debug"]:
+            traceback.print_exc()
+        typer.echo(f"rlparity: internal error: {type(e).__name__}: {_one_line(e)} "
+                   "(a bug: re-run with --debug for the traceback and report it)", err=True)
+        return EXIT_INTERNAL
+
+
+def run() -> None:  # console-script entry point
+    sys.exit(main())
+
+
+__all__ = ["EXIT_BAD_INPUT", "EXIT_FAIL", "EXIT_INTERNAL", "EXIT_OK", "BadInput", "app", "main", "run"]

@@ -1,0 +1,139 @@
+"""Every default of rlparity in one validated object, with a context manager (ArviZ's ``rcParams``).
+
+>>> from rlparity.config import defaults, defaults_context
+>>> defaults().eps
+0.2
+>>> with defaults_context(eps=0.28, tol_trainer=5e-3):
+...     defaults().eps
+0.28
+
+``diagnose()``'s options, ``rlparity check``'s thresholds, the CLI's option defaults and the
+notebooks all read from here, so a number is written once. Each threshold says what it was
+calibrated on. ``RLPARITY_DEFAULTS=path.yaml`` (a mapping of fields) overrides the built-in
+values at import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+TrainerSide = Literal["processed", "raw"]
+
+
+class CheckThresholds(BaseModel):
+    """What ``rlparity check`` enforces (the shipped ``rlparity/data/check.yaml`` mirrors these)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    trainer: TrainerSide = "processed"
+    max_abs_log_ratio_mean: float | None = Field(0.02, ge=0)
+    max_abs_log_ratio_rms: float | None = Field(0.05, ge=0)
+    mean_ratio: tuple[float, float] | None = (0.98, 1.02)
+    max_clip_fraction: float | None = Field(0.05, ge=0, le=1)
+    clip_eps: float = Field(0.2, gt=0)
+    max_zero_prob_share: float | None = Field(0.0, ge=0, le=1)
+    forbid_findings: list[str] = Field(default_factory=lambda: [
+        "raw_logprobs_used_as_processed", "rollout_not_renormalized", "logprobs_match_neither",
+        "prompt_token_mismatch", "zero_probability_tokens"])
+    fail_on: Literal["error", "warning", "none"] = "error"
+
+    @field_validator("mean_ratio")
+    @classmethod
+    def _band(cls, v):
+        if v is not None and not v[0] <= 1.0 <= v[1]:
+            raise ValueError(f"mean_ratio band {list(v)} must contain 1.0, e.g. [0.98, 1.02]")
+        return v
+
+
+class Defaults(BaseModel):
+    """The defaults object. Fields are grouped by what reads them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    # engines
+    profile: str = Field("pipelinerl-parity", description="reference engine profile (name or YAML path)")
+    # sampling used by the built-in experiments, the quick start and `rlparity check --model`
+    temperature: float = Field(0.7, ge=0)
+    top_k: int = Field(20, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(24, ge=1)
+    seed: int = 0
+    # metrics
+    trainer: TrainerSide = Field("processed", description="trainer reading the rollout must match")
+    eps: float = Field(0.2, gt=0, description="PPO clip range: tokens with ratio outside [1-eps, 1+eps]")
+    # diagnoses
+    tol: float = Field(0.02, gt=0, description="RMS of d (nats) under which two sides count as matched; "
+                                                "calibrated on CPU float32 captures of the tiny model")
+    tol_reference: float = Field(0.0, ge=0, description="max |d_ref| (nats) above which a setting changes the "
+                                                         "numerics against the reference arm (0: any bit)")
+    tol_trainer: float = Field(1e-3, ge=0, description="change of mean |d| vs the trainer (nats) above which a "
+                                                        "setting moves the parity gap itself")
+    check: CheckThresholds = Field(default_factory=CheckThresholds)
+
+    def replace(self, **changes: Any) -> Defaults:
+        """A validated copy with some fields changed; an unknown field is an error."""
+        unknown = sorted(set(changes) - set(type(self).model_fields))
+        if unknown:
+            raise ValueError(f"unknown default(s) {unknown}; valid: {sorted(type(self).model_fields)}")
+        data = self.model_dump()
+        if isinstance(changes.get("check"), dict):
+            changes = {**changes, "check": {**data["check"], **changes["check"]}}
+        return type(self)(**{**data, **changes})
+
+
+def _from_env() -> Defaults:
+    path = os.environ.get("RLPARITY_DEFAULTS")
+    if not path:
+        return Defaults()
+    import yaml
+
+    try:
+        with open(path) as fh:
+            data = yaml.safe_load(fh) or {}
+        return Defaults().replace(**data)
+    except (OSError, ValueError, ValidationError, yaml.YAMLError) as err:
+        raise ValueError(f"RLPARITY_DEFAULTS={path}: {err}".splitlines()[0]) from None
+
+
+_CURRENT: contextvars.ContextVar[Defaults] = contextvars.ContextVar("rlparity_defaults", default=_from_env())
+
+
+def defaults() -> Defaults:
+    """The defaults in effect (inside :func:`defaults_context`, the changed ones)."""
+    return _CURRENT.get()
+
+
+def set_defaults(**changes: Any) -> Defaults:
+    """Change the defaults for the rest of the session (prefer :func:`defaults_context`)."""
+    new = defaults().replace(**changes)
+    _CURRENT.set(new)
+    return new
+
+
+def default_sampling(**changes: Any):
+    """The default :class:`~rlparity.config.SamplingSettings` (temperature, top-k, top-p,
+    max_tokens, seed from :func:`defaults`), with ``changes`` applied."""
+    from rlparity.config.settings import SamplingSettings
+
+    d = defaults()
+    return SamplingSettings(**{"temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p,
+                               "max_tokens": d.max_tokens, "seed": d.seed, **changes})
+
+
+@contextlib.contextmanager
+def defaults_context(**changes: Any) -> Iterator[Defaults]:
+    """Temporarily change defaults: ``with defaults_context(eps=0.28): ...``."""
+    token = _CURRENT.set(defaults().replace(**changes))
+    try:
+        yield _CURRENT.get()
+    finally:
+        _CURRENT.reset(token)
+
+
+__all__ = ["CheckThresholds", "Defaults", "TrainerSide", "default_sampling", "defaults", "defaults_context", "set_defaults"]

@@ -1,0 +1,124 @@
+"""The parity gate behind ``rlparity check``: metric limits, forbidden findings and the worst
+allowed severity, from :class:`~rlparity.config.CheckThresholds` (defaults in
+:func:`rlparity.config.defaults`; ``rlparity/data/check.yaml`` is the same as a file to copy)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from rlparity.config.defaults import CheckThresholds, defaults
+from rlparity.diagnose import diagnose
+from rlparity.diagnose.findings import Report, Severity
+from rlparity.metrics import summary
+from rlparity.trace import as_arms
+
+
+Thresholds = CheckThresholds
+
+
+def default_thresholds_path() -> Path:
+    return Path(str(resources.files("rlparity") / "data" / "check.yaml"))
+
+
+def load_thresholds(path: str | os.PathLike | None = None) -> Thresholds:
+    """Thresholds from YAML; without a path, the defaults in effect (:func:`rlparity.config.defaults`,
+    which the shipped ``check.yaml`` mirrors). Errors name the bad key."""
+    import yaml
+
+    if path is None:
+        return defaults().check
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"no thresholds file at {p}; start from {default_thresholds_path()}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"{p} is not valid YAML: {str(err).splitlines()[0]} (fix the syntax; start from "
+                         f"{default_thresholds_path()})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{p}: expected a mapping of threshold names to values")
+    try:
+        return Thresholds(**data)
+    except ValidationError as err:
+        lines = [f"{'.'.join(map(str, e['loc'])) or '(file)'}: {e['msg']}" for e in err.errors()]
+        raise ValueError(f"{p} has invalid thresholds: {'; '.join(lines)} "
+                         f"(valid keys: {', '.join(sorted(Thresholds.model_fields))})") from None
+
+
+@dataclass
+class Check:
+    arm: str
+    name: str
+    value: Any
+    limit: str
+    passed: bool
+
+
+@dataclass
+class CheckResult:
+    checks: list[Check] = field(default_factory=list)
+    report: Report = field(default_factory=Report)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    def __str__(self) -> str:
+        head = "rlparity check: PASS (parity holds)" if self.passed else "rlparity check: FAIL (parity broken)"
+        rows = [f"  {'ok ' if c.passed else 'BAD'}  [{c.arm}] {c.name:<26} {_fmt(c.value):>12}   limit {c.limit}"
+                for c in self.checks]
+        failed = [c for c in self.checks if not c.passed]
+        tail = ["", "failed: " + ", ".join(f"{c.arm}/{c.name}" for c in failed)] if failed else []
+        return "\n".join([head, *rows, *tail, "", str(self.report)])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"passed": self.passed, "checks": [c.__dict__ for c in self.checks],
+                "report": self.report.to_dict()}
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def check(data: Any, thresholds: Thresholds | None = None) -> CheckResult:
+    """Check every arm of ``data`` (a scored trace, ``{arm: trace}``, a store path) against
+    ``thresholds``: metric limits, forbidden findings and the worst allowed severity."""
+    th = thresholds or load_thresholds()
+    arms = as_arms(data)
+    report = diagnose(arms, title="parity findings", trainer=th.trainer, eps=th.clip_eps)
+    res = CheckResult(report=report)
+    for arm, ds in arms.items():
+        s = summary(ds, trainer=th.trainer, eps=th.clip_eps)
+        val = {k: s[k].item() for k in ("abs_log_ratio_mean", "abs_log_ratio_rms", "mean_ratio",
+                                        "clip_fraction", "n_zero_prob", "n_tokens")}
+        limits = [("abs_log_ratio_mean", th.max_abs_log_ratio_mean), ("abs_log_ratio_rms", th.max_abs_log_ratio_rms),
+                  ("clip_fraction", th.max_clip_fraction)]
+        for name, lim in limits:
+            if lim is not None:
+                v = val[name]
+                res.checks.append(Check(arm, name, v, f"<= {lim}", bool(v <= lim)))  # NaN/inf fail
+        if th.mean_ratio is not None:
+            lo, hi = th.mean_ratio
+            v = val["mean_ratio"]
+            res.checks.append(Check(arm, "mean_ratio", v, f"in [{lo}, {hi}]", bool(lo <= v <= hi)))
+        if th.max_zero_prob_share is not None:
+            share = val["n_zero_prob"] / max(val["n_tokens"], 1)
+            res.checks.append(Check(arm, "zero_prob_share", share, f"<= {th.max_zero_prob_share}",
+                                    bool(share <= th.max_zero_prob_share)))
+        names = {f.name for f in report if f.arm == arm}
+        bad = sorted(names & set(th.forbid_findings))
+        res.checks.append(Check(arm, "forbidden_findings", ", ".join(bad) or "none", "none", not bad))
+        if th.fail_on != "none":
+            worst = [f.name for f in report.problems(Severity(th.fail_on)) if f.arm == arm]
+            res.checks.append(Check(arm, f"findings>={th.fail_on}", ", ".join(sorted(set(worst))) or "none",
+                                    "none", not worst))
+    return res
+
+
+__all__ = ["Check", "CheckResult", "Thresholds", "check", "default_thresholds_path", "load_thresholds"]

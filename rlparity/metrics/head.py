@@ -1,0 +1,266 @@
+"""Tables of the LM-head precision matrix (arms from :func:`rlparity.experiments.head.head_matrix`).
+
+Each arm is one cell: the rollout engine's LM-head dtype x the trainer's. The dtypes are read from
+the trace attrs (the rollout's ``engine_effective``, read back from the running engine, and the
+trainer's ``head_dtype``), falling back to the arm name ``rollout-<dtype>_trainer-<dtype>``.
+
+* :func:`head_table`: the per-cell parity table (dims ``rollout_head``, ``trainer_head``);
+* :func:`gap_by_logit` / :func:`gap_by_position`: the gap by the trainer's largest logit and by
+  response position;
+* :func:`matched_advantage`: by how much the matched fp32/fp32 cell beats the others;
+* :func:`probability_pairs`: per-token probabilities for scatter plots.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from rlparity.config.defaults import TrainerSide, defaults
+from rlparity.config.settings import normalize_dtype
+from rlparity.metrics import core
+from rlparity.metrics.summary import SUMMARY_VARIABLES, log_ratio, pair_attrs, reduce, summary, trainer_variable
+from rlparity.trace import as_arms
+
+DEFAULT_HEADS = ("bfloat16", "float32")
+CELL_DIMS = ("rollout_head", "trainer_head")
+_ARM = re.compile(r"^rollout-(?P<rollout>[a-z0-9]+)_trainer-(?P<trainer>[a-z0-9]+)$")
+# per-cell variables of head_table (summary variables)
+TABLE_VARIABLES = ("abs_log_ratio_rms", "abs_log_ratio_max", "abs_log_ratio_mean", "log_ratio_mean", "mean_ratio",
+                   "prob_pearson", "prob_diff_mean", "clip_fraction", "kl_k3", "n_tokens", "n_zero_prob")
+
+
+def arm_name(rollout_head: str, trainer_head: str) -> str:
+    """``rollout-float32_trainer-bfloat16``: the arm of one cell."""
+    return (f"rollout-{normalize_dtype(rollout_head, what='head dtype')}"
+            f"_trainer-{normalize_dtype(trainer_head, what='head dtype')}")
+
+
+def parse_arm(name: str) -> tuple[str, str]:
+    """``(rollout_head, trainer_head)`` from an arm name made by :func:`arm_name`."""
+    m = _ARM.match(name)
+    if not m:
+        raise ValueError(f"arm {name!r} is not named rollout-<dtype>_trainer-<dtype>")
+    return normalize_dtype(m["rollout"], what="head dtype"), normalize_dtype(m["trainer"], what="head dtype")
+
+
+def cell_dtypes(trace: xr.Dataset) -> dict[str, str | None]:
+    """Head and body dtypes of both sides, from the trace attrs (None where not recorded).
+
+    The rollout side is what the engine reported it ran (``engine_effective``), falling back to
+    what was requested; the trainer side is what the scorer recorded.
+    """
+    eff = trace.attrs.get("engine_effective") or {}
+    req = trace.attrs.get("engine_requested") or {}
+    trainer = trace.attrs.get("trainer") or {}
+
+    def norm(v):
+        if v in (None, "", "model"):
+            return None
+        try:
+            return normalize_dtype(v)
+        except ValueError:
+            return str(v)
+
+    rollout_head = eff.get("head_dtype") or req.get("head_dtype")
+    if rollout_head == "model":  # vLLM's "same as the body"
+        rollout_head = eff.get("dtype") or req.get("dtype")
+    return {"rollout_head": norm(rollout_head), "trainer_head": norm(trainer.get("head_dtype")),
+            "rollout_body": norm(eff.get("dtype") or req.get("dtype")),
+            "trainer_body": norm(trainer.get("dtype"))}
+
+
+def head_cells(data) -> dict[tuple[str, str], tuple[str, xr.Dataset]]:
+    """``{(rollout_head, trainer_head): (arm, trace)}`` of a head matrix (``data``: arms, a
+    DataTree or a store path); two arms of the same cell are an error."""
+    cells: dict[tuple[str, str], tuple[str, xr.Dataset]] = {}
+    for name, ds in as_arms(data).items():
+        dt = cell_dtypes(ds)
+        if dt["rollout_head"] is None or dt["trainer_head"] is None:
+            try:
+                r, t = parse_arm(name)
+            except ValueError:
+                raise ValueError(f"arm {name!r}: the trace records no rollout/trainer head dtype "
+                                 "(engine_effective.head_dtype, trainer.head_dtype)") from None
+            dt = {"rollout_head": dt["rollout_head"] or r, "trainer_head": dt["trainer_head"] or t}
+        key = (dt["rollout_head"], dt["trainer_head"])
+        if key in cells:
+            raise ValueError(f"arms {cells[key][0]!r} and {name!r} are the same cell {key}")
+        cells[key] = (name, ds)
+    if not cells:
+        raise ValueError("no arms given")
+    return cells
+
+
+def dtype_order(values) -> list[str]:
+    """Dtypes from least to most precise (bfloat16, float16, float32), others after."""
+    rank = {d: i for i, d in enumerate(("bfloat16", "float16", "float32"))}
+    return sorted(set(values), key=lambda v: (rank.get(v, 99), v))
+
+
+def _grid(cells, per_cell) -> xr.Dataset:
+    """Combine one Dataset per cell into a Dataset with dims (rollout_head, trainer_head, ...):
+    missing cells are NaN."""
+    parts = [per_cell(ds).expand_dims(rollout_head=[r], trainer_head=[t]) for (r, t), (_, ds) in cells.items()]
+    out = xr.merge(parts, join="outer", compat="no_conflicts", combine_attrs="drop_conflicts")
+    return out.reindex(rollout_head=dtype_order(k[0] for k in cells), trainer_head=dtype_order(k[1] for k in cells))
+
+
+def head_table(data, *, trainer: TrainerSide | None = None, eps: float | None = None) -> xr.Dataset:
+    """Per-cell parity table, dims ``(rollout_head, trainer_head)``: RMS / max / mean |d|, mean
+    ratio, Pearson of token probabilities, clip fraction at ``eps``, k3 and token counts.
+
+    ``data``: ``{arm: trace}``, a DataTree or a store path (arms from
+    :func:`rlparity.experiments.head.head_matrix`). Cells missing from ``data`` are NaN; ``arm``
+    holds each cell's arm name.
+    """
+    cells = head_cells(data)
+    table = _grid(cells, lambda ds: summary(ds, trainer, eps)[list(TABLE_VARIABLES)].astype(float))
+    names = {key: name for key, (name, _) in cells.items()}
+    table["arm"] = (CELL_DIMS, np.array([[names.get((r, t), "") for t in table["trainer_head"].values]
+                                         for r in table["rollout_head"].values], dtype=str))
+    table["matched"] = table["rollout_head"] == table["trainer_head"]
+    for k in TABLE_VARIABLES:
+        long_name, units = SUMMARY_VARIABLES[k]
+        table[k].attrs = {"long_name": long_name, **({"units": units} if units == "nats" else {})}
+    table.attrs = pair_attrs(trainer, eps=defaults().eps if eps is None else float(eps),
+                             long_name="LM-head precision matrix: rollout head dtype x trainer head dtype")
+    return table
+
+
+def logit_edges(data, n_bins: int = 8) -> np.ndarray:
+    """Quantile bin edges of the trainer's largest logit over all arms' real tokens."""
+    xs = []
+    for ds in as_arms(data).values():
+        m = ds["response_mask"].values.astype(bool)
+        x = ds["trainer_max_logit"].values[m]
+        xs.append(x[np.isfinite(x)])
+    x = np.concatenate(xs) if xs else np.zeros(0)
+    if x.size == 0:
+        raise ValueError("no real tokens with a trainer_max_logit: score the traces first")
+    edges = np.unique(np.quantile(x, np.linspace(0, 1, n_bins + 1)))
+    if edges.size < 2:
+        edges = np.array([x.min() - 0.5, x.max() + 0.5])
+    return edges
+
+
+def _binned(ds: xr.Dataset, trainer: TrainerSide | None, edges: np.ndarray) -> xr.Dataset:
+    """RMS and mean of d and token counts per bin of ``trainer_max_logit`` (one cell). Bin ``b``
+    holds ``edges[b] <= x < edges[b + 1]``; the last bin includes its right edge."""
+    d = log_ratio(ds, trainer)
+    x = ds["trainer_max_logit"]
+    ok = np.isfinite(d) & np.isfinite(x)
+    frame = xr.Dataset({"d": d.where(ok), "x": x.where(ok)}).stack(token=("sequence", "position"))
+    frame = frame.where(np.isfinite(frame["x"]), drop=True)
+    bins = edges.copy()
+    bins[-1] = np.nextafter(bins[-1], np.inf)  # [low, high) bins, the largest value in the last one
+    nb = edges.size - 1
+    groups = frame["d"].groupby_bins(frame["x"], bins, right=False, labels=np.arange(nb))
+    out = xr.Dataset({"abs_log_ratio_rms": np.sqrt((frame["d"] ** 2).groupby_bins(
+                          frame["x"], bins, right=False, labels=np.arange(nb)).mean()),
+                      "log_ratio_mean": groups.mean(), "n_tokens": groups.count()})
+    out = out.rename({"x_bins": "logit_bin"}).reindex(logit_bin=np.arange(nb))
+    out["n_tokens"] = out["n_tokens"].fillna(0).astype(np.int64)
+    return out.drop_vars([c for c in out.coords if c != "logit_bin"])
+
+
+def gap_by_logit(data, *, trainer: TrainerSide | None = None, n_bins: int = 8,
+                 edges: Sequence[float] | None = None) -> xr.Dataset:
+    """RMS and mean of d per bin of the trainer's largest logit (``trainer_max_logit``), dims
+    ``(rollout_head, trainer_head, logit_bin)``; bins are shared quantile bins over all arms
+    unless ``edges`` are given. A low-precision head rounds logits to a relative step, so its
+    error grows with the logit magnitude."""
+    arms = as_arms(data)
+    cells = head_cells(arms)
+    e = np.asarray(edges, dtype=float) if edges is not None else logit_edges(arms, n_bins)
+    if e.ndim != 1 or e.size < 2 or np.any(np.diff(e) <= 0):
+        raise ValueError("edges must be an increasing 1-d sequence of at least 2 values")
+    out = _grid(cells, lambda ds: _binned(ds, trainer, e))
+    out["n_tokens"] = out["n_tokens"].fillna(0).astype(np.int64)
+    out["abs_log_ratio_rms"].attrs = {"units": "nats", "long_name": "RMS of d in the bin"}
+    out["log_ratio_mean"].attrs = {"units": "nats", "long_name": "mean of d in the bin"}
+    out["n_tokens"].attrs = {"long_name": "tokens in the bin"}
+    out = out.assign_coords(
+        logit_low=("logit_bin", e[:-1], {"long_name": "bin lower edge of max logit"}),
+        logit_high=("logit_bin", e[1:], {"long_name": "bin upper edge of max logit"}),
+        logit_center=("logit_bin", (e[:-1] + e[1:]) / 2, {"long_name": "bin centre of max logit"}))
+    out.attrs = pair_attrs(trainer, binned_by="trainer_max_logit")
+    return out
+
+
+def gap_by_position(data, *, trainer: TrainerSide | None = None) -> xr.Dataset:
+    """RMS and mean of d and token counts per response position, dims
+    ``(rollout_head, trainer_head, position)``."""
+    def per_cell(ds):
+        d, mask = log_ratio(ds, trainer), ds["response_mask"]
+        finite = xr.apply_ufunc(core.finite_mask, d, mask)
+        return xr.Dataset({"abs_log_ratio_rms": reduce(core.masked_rms, d, mask, dim="sequence"),
+                           "log_ratio_mean": reduce(core.masked_mean, d, mask, dim="sequence"),
+                           "n_tokens": reduce(core.count, finite, dim="sequence")})
+
+    out = _grid(head_cells(data), per_cell)
+    out["n_tokens"] = out["n_tokens"].fillna(0).astype(np.int64)
+    out["abs_log_ratio_rms"].attrs = {"units": "nats", "long_name": "RMS of d at the position"}
+    out["log_ratio_mean"].attrs = {"units": "nats", "long_name": "mean of d at the position"}
+    out["n_tokens"].attrs = {"long_name": "tokens at the position"}
+    out.attrs = pair_attrs(trainer)
+    return out
+
+
+def matched_advantage(table: xr.Dataset, *, variable: str = "abs_log_ratio_rms",
+                      reference: str = "float32") -> dict[str, Any]:
+    """How much lower ``variable`` is in the matched ``reference``/``reference`` cell than in each
+    mismatched cell (rollout head != trainer head): ratios, differences, and whether it is lower
+    than every one of them.
+
+    ``excess_in_quadrature`` = sqrt(x^2 - matched^2) is, for an RMS, the part of a mismatched cell's
+    error that the matched cell does not have, if the head error and the rest (the body) add as
+    independent noise: the head's own share when a shared body error dominates both cells.
+    """
+    if reference not in table["rollout_head"].values or reference not in table["trainer_head"].values:
+        raise ValueError(f"the table has no {reference}/{reference} cell")
+    v = table[variable]
+    best = float(v.sel(rollout_head=reference, trainer_head=reference))
+    if not np.isfinite(best):
+        raise ValueError(f"the table has no {reference}/{reference} cell (its {variable} is NaN)")
+    others = {}
+    for r in table["rollout_head"].values:
+        for t in table["trainer_head"].values:
+            if r != t and np.isfinite(float(v.sel(rollout_head=r, trainer_head=t))):
+                x = float(v.sel(rollout_head=r, trainer_head=t))
+                others[f"rollout-{r}_trainer-{t}"] = {
+                    "value": x, "ratio": x / best if best > 0 else float("inf"), "difference": x - best,
+                    # the extra error on top of the matched cell's, if the two add independently
+                    "excess_in_quadrature": float(np.sqrt(max(x ** 2 - best ** 2, 0.0)))}
+    if not others:
+        raise ValueError("the table has no mismatched cell to compare with")
+    return {"variable": variable, "matched_cell": f"rollout-{reference}_trainer-{reference}",
+            "matched_value": best, "mismatched": others,
+            "matched_is_lowest": all(best < o["value"] for o in others.values()),
+            "min_ratio": min(o["ratio"] for o in others.values()),
+            "min_difference": min(o["difference"] for o in others.values())}
+
+
+def probability_pairs(trace: xr.Dataset, *, trainer: TrainerSide | None = None, max_points: int | None = None,
+                      seed: int = 0) -> dict[str, np.ndarray]:
+    """Per real token: rollout probability mu, trainer probability pi_old, |d| and max logit
+    (optionally a seeded subsample of ``max_points`` tokens), for scatter plots."""
+    m = trace["response_mask"].values.astype(bool)
+    log_mu = trace["rollout_logprob"].values[m]
+    log_pi = trace[trainer_variable(trainer)].values[m]
+    d = (log_pi - log_mu)
+    maxl = trace["trainer_max_logit"].values[m] if "trainer_max_logit" in trace else np.full(d.shape, np.nan)
+    idx = np.arange(d.size)
+    if max_points is not None and d.size > max_points:
+        idx = np.sort(np.random.default_rng(seed).choice(d.size, max_points, replace=False))
+    return {"mu": np.exp(log_mu[idx]), "pi": np.exp(log_pi[idx]), "abs_log_ratio": np.abs(d[idx]),
+            "max_logit": maxl[idx]}
+
+
+__all__ = ["CELL_DIMS", "DEFAULT_HEADS", "TABLE_VARIABLES", "arm_name", "cell_dtypes", "dtype_order", "gap_by_logit",
+           "gap_by_position", "head_cells", "head_table", "logit_edges", "matched_advantage", "parse_arm",
+           "probability_pairs"]

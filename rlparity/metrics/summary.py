@@ -1,0 +1,214 @@
+"""The parity summary: a thin xarray layer over :mod:`rlparity.metrics.core`.
+
+Every reduction takes ``dim``, the dims it reduces (ArviZ's ``sample_dims``): ``None`` reduces
+``sequence`` and ``position`` (scalars), ``dim="position"`` gives one value per sequence,
+``dim="sequence"`` one value per position. Every variable names its pair and direction in the
+dataset attrs: the backend pair is ``(pi_old, mu)`` = (trainer, rollout engine) and
+``d = log pi_old - log mu`` (nats).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from rlparity.config.provenance import make_attrs
+from rlparity.config.defaults import TrainerSide, defaults
+from rlparity.metrics import core
+from rlparity.trace import TraceValidationError, has_trainer
+
+TRAINER_VARIABLE = {"processed": "trainer_processed_logprob", "raw": "trainer_logprob"}
+BACKEND_PAIR = "backend (pi_old, mu)"
+BACKEND_PAIR_D = "backend (pi_old, mu), d = log pi_old - log mu"
+REFERENCE_PAIR_D = "arm vs reference arm, d_ref = log mu_arm - log mu_reference"
+TOKEN_DIMS = ("sequence", "position")
+
+# name -> (long name, units); the order is the order of the text summary
+SUMMARY_VARIABLES: dict[str, tuple[str, str | None]] = {
+    "n_tokens": ("real response tokens", "tokens"),
+    "n_used": ("tokens the statistics of d use (finite d)", "tokens"),
+    "n_zero_prob": ("tokens excluded because the trainer gives them probability 0 (d = -inf), counted here",
+                    "tokens"),
+    "log_ratio_mean": ("mean of d over tokens", "nats"),
+    "abs_log_ratio_mean": ("mean of |d|", "nats"),
+    "abs_log_ratio_rms": ("RMS of d", "nats"),
+    "abs_log_ratio_max": ("max of |d|", "nats"),
+    "log_ratio_q01": ("1% quantile of d", "nats"),
+    "log_ratio_q05": ("5% quantile of d", "nats"),
+    "log_ratio_q50": ("50% quantile of d", "nats"),
+    "log_ratio_q95": ("95% quantile of d", "nats"),
+    "log_ratio_q99": ("99% quantile of d", "nats"),
+    "mean_ratio": ("mean of exp(d) = pi_old/mu", None),
+    "kl_k1": ("Schulman k1, samples from mu, r = pi_old/mu (estimates KL(mu||pi_old))", "nats"),
+    "kl_k2": ("Schulman k2, samples from mu, r = pi_old/mu", "nats"),
+    "kl_k3": ("Schulman k3, samples from mu, r = pi_old/mu (estimates KL(mu||pi_old))", "nats"),
+    "clip_fraction": ("share of tokens with pi_old/mu outside [1-eps, 1+eps]", None),
+    "ess_token": ("normalised ESS of token weights pi_old/mu (raw, untruncated)", None),
+    "prob_diff_mean": ("mean |pi_old - mu|", None),
+    "prob_diff_max": ("max |pi_old - mu|", None),
+    "prob_diff_std": ("std |pi_old - mu|", None),
+    "prob_pearson": ("Pearson corr(pi_old, mu) of sampled-token probabilities", None),
+}
+_TEXT_ORDER = ["n_tokens", "n_zero_prob", "log_ratio_mean", "abs_log_ratio_mean", "abs_log_ratio_rms",
+               "abs_log_ratio_max", "log_ratio_q01", "log_ratio_q50", "log_ratio_q99", "mean_ratio", "kl_k1",
+               "kl_k3", "clip_fraction", "ess_token", "prob_pearson"]
+
+
+def trainer_variable(trainer: TrainerSide | None = None) -> str:
+    """The trace variable of a trainer reading: ``processed`` or ``raw`` (default: the defaults')."""
+    trainer = trainer or defaults().trainer
+    if trainer not in TRAINER_VARIABLE:
+        raise ValueError(f"trainer={trainer!r}; use 'processed' or 'raw'")
+    return TRAINER_VARIABLE[trainer]
+
+
+def pair_attrs(trainer: TrainerSide | None = None, **extra: Any) -> dict[str, Any]:
+    """Provenance attrs of a backend-pair result: pair, direction, trainer side, units."""
+    var = trainer_variable(trainer)
+    return make_attrs(pair=BACKEND_PAIR, direction=f"{var} - rollout_logprob",
+                      trainer_side=trainer or defaults().trainer, units="nats", **extra)
+
+
+def reduce_dims(dim: str | Sequence[str] | None) -> tuple[str, ...]:
+    """``dim`` as a tuple of token dims (``None`` = both)."""
+    dims = TOKEN_DIMS if dim is None else ((dim,) if isinstance(dim, str) else tuple(dim))
+    bad = [d for d in dims if d not in TOKEN_DIMS]
+    if bad or not dims:
+        raise ValueError(f"dim={dim!r}: reduce over 'sequence', 'position' or both (None)")
+    return dims
+
+
+def reduce(func: Callable[..., Any], *arrays: xr.DataArray, dim: str | Sequence[str] | None = None,
+           **kwargs: Any) -> xr.DataArray:
+    """Apply a numpy core reduction ``func(*arrays, axis=...)`` over ``dim`` (the xarray layer)."""
+    dims = reduce_dims(dim)
+    axis = tuple(range(-len(dims), 0))
+    return xr.apply_ufunc(func, *arrays, input_core_dims=[list(dims)] * len(arrays),
+                          kwargs={"axis": axis, **kwargs})
+
+
+def _require_trainer(trace: xr.Dataset, var: str) -> None:
+    if not has_trainer(trace):
+        raise TraceValidationError("the trace has no trainer side: run `rlparity score TRACE --model MODEL` first")
+    if var not in trace:
+        other = next(k for k, v in TRAINER_VARIABLE.items() if v != var)
+        raise TraceValidationError(f"the trace has no {var}: use trainer={other!r} (the reading it has) "
+                                   "or rescore it with `rlparity score`")
+
+
+def log_ratio(trace: xr.Dataset, trainer: TrainerSide | None = None) -> xr.DataArray:
+    """Per-token ``d = log pi_old - log mu`` (nats), NaN on padding, -inf where pi_old = 0."""
+    var = trainer_variable(trainer)
+    _require_trainer(trace, var)
+    d = (trace[var] - trace["rollout_logprob"]).where(trace["response_mask"])
+    d.name = "log_ratio"
+    d.attrs = {"units": "nats", "pair": BACKEND_PAIR, "direction": f"{var} - rollout_logprob",
+               "long_name": "log pi_old - log mu"}
+    return d
+
+
+def summary(trace: xr.Dataset, trainer: TrainerSide | None = None, eps: float | None = None, *,
+            dim: str | Sequence[str] | None = None) -> xr.Dataset:
+    """Parity summary of one trace, reduced over ``dim`` (default: every token, scalars).
+
+    Token stats of d (mean, |d| mean / RMS / max, quantiles), mean ratio, Schulman's KL
+    estimators, clip fraction at ``eps``, token ESS, probability differences and their Pearson
+    correlation; ``n_tokens`` real tokens, ``n_used`` of them with a finite d, ``n_zero_prob``
+    excluded because the trainer gives them probability 0 (counted, never averaged away).
+    """
+    eps = defaults().eps if eps is None else float(eps)
+    d = log_ratio(trace, trainer)
+    mask = trace["response_mask"]
+    log_pi = trace[trainer_variable(trainer)]
+    log_mu = trace["rollout_logprob"]
+    finite = xr.apply_ufunc(core.finite_mask, d, mask)
+
+    def red(func, *arrays, **kw):
+        return reduce(func, *arrays, dim=dim, **kw)
+
+    out: dict[Hashable, xr.DataArray] = {
+        "n_tokens": red(core.count, mask),
+        "n_used": red(core.count, finite),
+        "n_zero_prob": red(core.zero_prob_count, log_pi, mask),
+        "log_ratio_mean": red(core.masked_mean, d, mask),
+        "abs_log_ratio_mean": red(core.masked_mean, abs(d), mask),
+        "abs_log_ratio_rms": red(core.masked_rms, d, mask),
+        "abs_log_ratio_max": red(core.masked_max_abs, d, mask),
+    }
+    for q in core.QUANTILES:
+        out[f"log_ratio_q{int(q * 100):02d}"] = red(core.masked_quantile, d, mask, q=q)
+    out["mean_ratio"] = red(core.mean_ratio, d, mask)
+    for k in ("k1", "k2", "k3"):
+        out[f"kl_{k}"] = red(lambda x, m, axis, k=k: core.kl_estimators(x, m, axis=axis)[k], d, mask)
+    out["clip_fraction"] = red(core.clip_fraction, d, mask, eps=eps)
+    out["ess_token"] = red(lambda x, m, axis: core.ess(np.exp(np.where(m, x, 0.0)), m, axis=axis), d, finite)
+    for k in ("prob_diff_mean", "prob_diff_max", "prob_diff_std", "prob_pearson"):
+        out[k] = red(lambda a, b, m, axis, k=k: core.prob_stats(a, b, m, axis=axis)[k], log_pi, log_mu, mask)
+    ds = xr.Dataset(out)
+    for name, (long_name, units) in SUMMARY_VARIABLES.items():
+        ds[name].attrs = {"long_name": long_name.replace("eps]", f"eps] (eps={eps:g})") if name == "clip_fraction"
+                          else long_name, **({"units": units} if units else {})}
+    ds.attrs = pair_attrs(trainer, arm=trace.attrs.get("arm", "default"), eps=eps,
+                          reduced_dims=list(reduce_dims(dim)))
+    return ds
+
+
+def scalars(s: xr.Dataset) -> dict[str, float | int]:
+    """The 0-d variables of a summary as plain Python numbers (NaN stays NaN)."""
+    return {str(k): v.item() for k, v in s.data_vars.items() if v.ndim == 0}
+
+
+def table_records(table: xr.Dataset, index: str | None = None) -> dict[str, dict[str, Any]] | list[dict[str, Any]]:
+    """A 1-d table (e.g. :func:`~rlparity.metrics.ablation.ablation_table`) as plain rows: a dict of
+    rows keyed by ``index`` (default: the table's only dim), NaN as ``None``; a table of other
+    shape as a list of flat records."""
+    import math
+
+    def clean(v):
+        v = v.item() if hasattr(v, "item") else v
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+
+    frame = table.to_dataframe()
+    if index is None and len(table.dims) == 1:
+        index = next(iter(table.dims))
+    if index is not None and frame.index.name == index:
+        return {str(k): {c: clean(v) for c, v in row.items()} for k, row in frame.iterrows()}
+    return [{c: clean(v) for c, v in row.items()} for row in frame.reset_index().to_dict(orient="records")]
+
+
+def format_summary(trace: xr.Dataset, trainer: TrainerSide | None = None, eps: float | None = None, *,
+                   top: int = 5) -> str:
+    """A readable text block (what ``rlparity summary`` prints): the scalars, then where the
+    probability-0 tokens are and the worst sequences and positions."""
+    s = summary(trace, trainer, eps)
+    per_seq = summary(trace, trainer, eps, dim="position")
+    per_pos = summary(trace, trainer, eps, dim="sequence")
+    lines = [f"parity summary  arm={s.attrs.get('arm')}  pair={s.attrs['pair']}  "
+             f"d = {s.attrs['direction']} (nats)"]
+    for k in _TEXT_ORDER:
+        v = s[k].item()
+        lines.append(f"  {k:<22} {v:>12.6g}   {s[k].attrs.get('long_name', '')}")
+    zs = per_seq["n_zero_prob"].values
+    if zs.sum():
+        idx = np.flatnonzero(zs)[:top]
+        lines.append(f"  probability-0 tokens by sequence: {dict(zip(idx.tolist(), zs[idx].tolist()))}")
+        zp = per_pos["n_zero_prob"].values
+        idp = np.flatnonzero(zp)[:top]
+        lines.append(f"  probability-0 tokens by position: {dict(zip(idp.tolist(), zp[idp].tolist()))}")
+    by_seq = per_seq["log_ratio_mean"].values
+    if np.isfinite(by_seq).any():
+        worst = np.argsort(-np.nan_to_num(np.abs(by_seq)))[:top]
+        lines.append("  worst sequences (mean d): " + ", ".join(f"{i}:{by_seq[i]:+.4f}" for i in worst))
+    by_pos = per_pos["log_ratio_mean"].values
+    if by_pos.size:
+        k = min(8, by_pos.size)
+        lines.append("  mean d by position[:%d]: " % k + " ".join(f"{v:+.4f}" for v in by_pos[:k]))
+    return "\n".join(lines)
+
+
+__all__ = ["BACKEND_PAIR", "BACKEND_PAIR_D", "REFERENCE_PAIR_D", "SUMMARY_VARIABLES", "TRAINER_VARIABLE",
+           "format_summary", "log_ratio", "pair_attrs", "reduce", "reduce_dims", "scalars", "summary",
+           "table_records", "trainer_variable"]

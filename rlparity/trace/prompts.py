@@ -1,0 +1,25 @@
+"""How a prompt becomes token ids: the chat template rule both sides must follow.
+
+The trace stores a prompt as the ids the engine saw (``prompt_token_id``) and, when known, as the
+text (``prompt_text``) or chat messages (``prompt_messages``, JSON). The engine (capture) and the
+trainer (score) must turn chat messages into ids the same way; this module is that one rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def chat_token_ids(tokenizer, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Token ids of ``messages`` under the tokenizer's chat template, generation prompt added
+    (what ``LLM.chat`` and a trainer's ``apply_chat_template(tokenize=True)`` produce)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("chat prompts need a tokenizer with a chat template; this model has none: "
+                         "pass text or token ids, or set tokenizer.chat_template")
+    out = tokenizer.apply_chat_template(list(messages), tokenize=True, add_generation_prompt=True)
+    ids = out["input_ids"] if isinstance(out, Mapping) else out
+    return [int(t) for t in ids]
+
+
+__all__ = ["chat_token_ids"]

@@ -1,0 +1,98 @@
+"""The package's shape is held by tools, not by memory.
+
+* import-linter contracts (pyproject.toml): layers cli > experiments > diagnose | plot > metrics >
+  capture | score | ... > trace > config; metrics/diagnose/plot import no engine, trainer or runner;
+  nothing imports the CLI. Imports inside functions count too.
+* No ``_private`` name (module or attribute) is imported across subpackages.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "rlparity"
+
+
+def _lint_imports() -> Path | None:
+    exe = Path(sys.executable).with_name("lint-imports")
+    return exe if exe.exists() else (Path(p) if (p := shutil.which("lint-imports")) else None)
+
+
+def test_import_linter_contracts_are_kept():
+    exe = _lint_imports()
+    if exe is None:
+        pytest.fail("lint-imports is not installed: pip install -e '.[test]' (import-linter)")
+    res = subprocess.run([str(exe), "--no-cache"], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    assert "0 broken" in res.stdout and "kept" in res.stdout
+
+
+def _subpackage(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def private_cross_imports() -> list[str]:
+    """``module: imported name`` for every private name imported from another subpackage."""
+    bad = []
+    for module, path in _modules().items():
+        tree = ast.parse(path.read_text())
+        here = _subpackage(module)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("rlparity"):
+                there = _subpackage(node.module)
+                private_module = any(p.startswith("_") and not p.startswith("__") for p in node.module.split("."))
+                for alias in node.names:
+                    private_name = alias.name.startswith("_") and not alias.name.startswith("__")
+                    if (private_module or private_name) and there != here:
+                        bad.append(f"{module}: from {node.module} import {alias.name}")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("rlparity") and _subpackage(alias.name) != here and any(
+                            p.startswith("_") and not p.startswith("__") for p in alias.name.split(".")):
+                        bad.append(f"{module}: import {alias.name}")
+    return bad
+
+
+def test_no_private_name_is_imported_across_subpackages():
+    assert private_cross_imports() == []
+
+
+def test_the_checker_sees_a_private_cross_import(tmp_path, monkeypatch):
+    """The private-name check can fail: a planted cross-subpackage private import is reported."""
+    planted = PACKAGE / "plot" / "_planted_for_test.py"
+    planted.write_text("from rlparity.metrics.summary import _require_trainer\n")
+    try:
+        assert any("_require_trainer" in b for b in private_cross_imports())
+    finally:
+        planted.unlink()
+
+
+def test_the_contracts_catch_an_upward_import():
+    """import-linter really fails on a lower layer importing a higher one (inside a function too)."""
+    exe = _lint_imports()
+    planted = PACKAGE / "trace" / "_planted_for_test.py"
+    planted.write_text("def f():\n    from rlparity.diagnose import diagnose\n    return diagnose\n")
+    try:
+        res = subprocess.run([str(exe), "--no-cache"], cwd=ROOT, capture_output=True, text=True)
+    finally:
+        planted.unlink()
+    assert res.returncode != 0 and "BROKEN" in res.stdout.upper()
