@@ -20,6 +20,7 @@ import xarray as xr
 
 from rlparity.config.provenance import make_attrs
 from rlparity.config.defaults import TrainerSide, defaults
+from rlparity.metrics import core
 from rlparity.metrics.summary import BACKEND_PAIR_D, REFERENCE_PAIR_D, summary
 from rlparity.trace import as_arms, has_trainer
 
@@ -118,15 +119,21 @@ TABLE_VARIABLES = {
 }
 
 
+def reference_arm(arms: Mapping[str, xr.Dataset], reference: str | None = None) -> str:
+    """The name of the arm others are compared with (default ``reference``); an error if absent."""
+    reference = reference or REFERENCE
+    if reference not in arms:
+        raise ValueError(f"no {reference!r} arm in the store (arms: {', '.join(arms)})")
+    return reference
+
+
 def ablation_table(data, *, trainer: TrainerSide | None = None, reference: str | None = None) -> xr.Dataset:
     """Per setting (dim ``setting``, the reference first): status, field, value, and how the arm
     moves the logprobs vs the trainer and vs the ``reference`` arm (default: the store's
     ``reference`` arm); not-applicable knobs keep their row with NaN metrics and the reason."""
     arms = as_arms(data)
     plan = ablation_plan(arms)
-    reference = reference or REFERENCE
-    if reference not in arms:
-        raise ValueError(f"no {reference!r} arm in the store (arms: {', '.join(arms)})")
+    reference = reference_arm(arms, reference)
     ref = arms[reference]
     rows = []
     for entry in plan:
@@ -171,12 +178,8 @@ def reference_gap_by_position(data, *, reference: str | None = None) -> xr.Datas
     """Mean ``|d_ref|`` (nats) per response position for every arm against the ``reference`` arm
     (default: the store's ``reference`` arm), on the tokens both sampled identically; dims
     ``(setting, position)``; NaN where no token was compared."""
-    from rlparity.metrics import core
-
     arms = as_arms(data)
-    reference = reference or REFERENCE
-    if reference not in arms:
-        raise ValueError(f"no {reference!r} arm in the store (arms: {', '.join(arms)})")
+    reference = reference_arm(arms, reference)
     rows = {}
     for name, tr in arms.items():
         if name == reference:
@@ -225,4 +228,4 @@ def batch_table(data) -> xr.Dataset:
 
 
 __all__ = ["REFERENCE", "TABLE_VARIABLES", "ablation_plan", "ablation_table", "align_with_reference", "batch_summary",
-           "batch_table", "is_ablation", "reference_diff", "reference_gap_by_position", "reference_log_ratio"]
+           "batch_table", "is_ablation", "reference_arm", "reference_diff", "reference_gap_by_position", "reference_log_ratio"]
