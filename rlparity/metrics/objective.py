@@ -339,7 +339,8 @@ def rejected_fraction(keep: np.ndarray, d: np.ndarray, mask: np.ndarray | None =
                       level: Level = "token", axis=None, position_axis: int = -1) -> Measured:
     """Share rejected. ``level="token"``: usable tokens not kept (over ``axis``). ``"sequence"``:
     sequences (with a usable token) that lose at least one usable token; counts are sequences.
-    Excluded tokens are reported in ``n_excluded``, not as rejected."""
+    Excluded tokens are reported in ``n_excluded``, not as rejected; the other tokens of a
+    sequence that a sequence rule drops because its ratio is undefined do count as rejected."""
     u = usable(d, mask)
     dropped = u & ~np.asarray(keep, bool)
     if level == "token":
