@@ -70,6 +70,9 @@ def test_zero_lr_leaves_pi_theta_equal_to_pi_old(sampled, tiny_model):
         assert np.nanmax(np.abs(new - old)) < 1e-5
     assert res.metrics["grad_norm"] > 0  # the loss had a gradient; only the step was empty
     assert res.metrics["pi_old_max_abs_diff_vs_trace"] < 1e-5
+    # a loaded model is trained in place and handed back for the next step
+    again = train_step(res.model, res.trace, loss="ppo", lr=0.0)
+    assert again.model is res.model and again.metrics["pi_old_max_abs_diff_vs_trace"] < 1e-5
 
 
 @pytest.mark.parametrize("loss", ["gspo", "ppo", "grpo"])

@@ -12,7 +12,8 @@ import numpy as np
 import xarray as xr
 
 from rlparity._provenance import make_attrs
-from rlparity.metrics import core
+from rlparity.metrics import core, objective
+from rlparity.metrics.dashboard import DASHBOARDS, as_dashboard
 from rlparity.trace import validate
 
 TrainerSide = Literal["processed", "raw"]
@@ -170,5 +171,5 @@ def zero_prob_tokens(trace: xr.Dataset, trainer: TrainerSide = "processed") -> x
     return ds
 
 
-__all__ = ["by_temperature", "core", "format_summary", "log_ratio", "summary", "trainer_variable",
-           "zero_prob_tokens"]
+__all__ = ["DASHBOARDS", "as_dashboard", "by_temperature", "core", "format_summary", "log_ratio", "objective",
+           "summary", "trainer_variable", "zero_prob_tokens"]

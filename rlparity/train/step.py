@@ -28,11 +28,13 @@ PI_THETA = {"processed": "trainer_updated_processed_logprob", "raw": "trainer_up
 @dataclass
 class StepResult:
     """What :func:`train_step` returns: the trace with pi_theta, rewards and advantages added;
-    the step's numbers; the flattened policy gradient when asked (float64, before clipping)."""
+    the step's numbers; the flattened policy gradient when asked (float64, before clipping); the
+    stepped model (the one given, or the one loaded from a path) for the next step."""
 
     trace: xr.Dataset
     metrics: dict[str, Any] = field(default_factory=dict)
     gradient: np.ndarray | None = None
+    model: Any = None
 
 
 def _rewards(trace: xr.Dataset, rewards) -> np.ndarray:
@@ -73,8 +75,9 @@ def train_step(model: Any, trace: xr.Dataset, *, rewards: Sequence[float] | Call
     ``model`` is a path / hub id (loaded in ``dtype``) or a loaded transformers causal LM (trained
     in place). The loss (``"gspo"``, ``"ppo"`` or ``"grpo"``, see :mod:`rlparity.train.losses`) is
     computed on the captured tokens with the ``trainer`` reading (``"processed"``: temperature,
-    top-k, top-p as the sampler drew; ``"raw"``: full vocabulary), pi_old = that reading at the
-    current weights, detached; the LM head runs in ``head_dtype`` (float32, as trainers do) and the
+    top-k, top-p as the sampler drew; ``"raw"``: full vocabulary); the ratio's denominator is that
+    reading at the weights the step starts from, detached (the trace's pi_old on a first step;
+    the returned trace keeps the trace's pi_old, the rollout-time reading); the LM head runs in ``head_dtype`` (float32, as trainers do) and the
     model in eval mode (no dropout). ``rewards``: one per sequence, a function of the trace (e.g.
     :func:`rlparity.train.arithmetic_reward`), or None for the trace's ``reward``; advantages are
     group-normalised over ``group_by`` (the n samples of a prompt). ``eps_low`` / ``eps_high``
@@ -216,7 +219,7 @@ def train_step(model: Any, trace: xr.Dataset, *, rewards: Sequence[float] | Call
         if usable.any() else float("nan"),
         "seconds": round(time.perf_counter() - t0, 3),
     }
-    return StepResult(out, metrics, gradient)
+    return StepResult(out, metrics, gradient, module)
 
 
 def _batch_logprobs(scorer, seqs, batch, temp, topk, topp, trainer, device):
