@@ -279,3 +279,8 @@ def test_correction_demo_on_one_step(tiny_model):
     # the paper's geometric band rejects the whole raw batch: no update at all
     strict = correction_demo(raw, par, tiny_model, rewards=rewards, findings_raw=[], findings_parity=[])
     assert strict["masked_fraction"]["tokens"] == 1.0 and math.isnan(strict["cosine_raw_corrected_vs_parity"])
+
+
+def test_token_band_follows_the_cap():
+    assert ob.ObjectiveDefaults(is_cap=4.0).token_band == (0.25, 4.0)
+    assert ob.ObjectiveDefaults(is_cap=4.0, token_band=(0.2, 3.0)).token_band == (0.2, 3.0)

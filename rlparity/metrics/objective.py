@@ -42,7 +42,7 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import xarray as xr
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rlparity._provenance import make_attrs
 
@@ -70,7 +70,7 @@ class ObjectiveDefaults(BaseModel):
     ppo_eps: float = Field(0.2, gt=0, description="PPO token clip range [1 - eps, 1 + eps]")
     gspo_eps_low: float = Field(3e-4, gt=0, description="GSPO sequence clip, lower (GSPO paper)")
     gspo_eps_high: float = Field(4e-4, gt=0, description="GSPO sequence clip, upper (GSPO paper)")
-    token_band: tuple[float, float] = Field((0.5, 2.0), description="token rejection band [1/C, C] (IcePop-style)")
+    token_band: tuple[float, float] = Field(None, description="token rejection band, default [1/C, C] (IcePop-style)")
     geometric_band: tuple[float, float] = Field((0.999, 1.001), description="geometric sequence rejection band")
     product_band: tuple[float, float] = Field((0.5, 2.0), description="product sequence rejection band")
     kl_thresholds: dict[str, float | tuple[float, float]] = Field(
@@ -100,6 +100,14 @@ class ObjectiveDefaults(BaseModel):
     backend_ratio_tol: float = Field(0.02, gt=0, description="|mean pi_old/mu - 1| above which the backend "
                                                              "ratio is not centred (rlparity check's band)")
     backend_ratio_z: float = Field(4.0, gt=0, description="and at least this many standard errors from 1")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _token_band_from_cap(cls, data):
+        if isinstance(data, dict) and data.get("token_band") is None:
+            cap = float(data.get("is_cap", 2.0))
+            data = {**data, "token_band": (1.0 / cap, cap)}
+        return data
 
     @field_validator("token_band", "geometric_band", "product_band")
     @classmethod
