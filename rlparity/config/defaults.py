@@ -21,9 +21,10 @@ import os
 from collections.abc import Iterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 TrainerSide = Literal["processed", "raw"]
+Level = Literal["token", "sequence"]
 
 
 class CheckThresholds(BaseModel):
@@ -51,6 +52,72 @@ class CheckThresholds(BaseModel):
         return v
 
 
+class ObjectiveDefaults(BaseModel):
+    """Every default of the objective layer (GSPO clip ranges, truncation cap, rejection bands and the
+    thresholds of the objective findings); the PPO clip range is :attr:`Defaults.eps`.
+
+    The bands and KL thresholds are conventions from the literature and the peers' docs, not
+    calibrated on rlparity captures; each says where it comes from.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    is_cap: float = Field(2.0, gt=1, description="C: token TIS w = min(rho, C) and sequence IS truncation "
+                                                 "(verl's rollout_is_threshold default)")
+    gspo_eps_low: float = Field(3e-4, gt=0, description="GSPO sequence clip, lower (GSPO paper)")
+    gspo_eps_high: float = Field(4e-4, gt=0, description="GSPO sequence clip, upper (GSPO paper)")
+    token_band: tuple[float, float] = Field(None, description="token rejection band, default [1/C, C] (IcePop-style)")
+    geometric_band: tuple[float, float] = Field((0.999, 1.001), description="geometric sequence rejection band")
+    product_band: tuple[float, float] = Field((0.5, 2.0), description="product sequence rejection band")
+    kl_thresholds: dict[str, float | tuple[float, float]] = Field(
+        default_factory=lambda: {
+            # k1 = -d: a band (low, high) on k1 itself, nats; +-log 2 is the ratio band [0.5, 2]
+            "token_k1": (-0.6931471805599453, 0.6931471805599453),
+            "seq_sum_k1": (-0.6931471805599453, 0.6931471805599453),
+            "seq_mean_k1": (-0.0009995003330835, 0.0010005003335835),  # the geometric band [0.999, 1.001]
+            # k2 = d^2 / 2 and k3 = rho - 1 - d: an upper bound, nats
+            "token_k2": 0.2402265069591007, "token_k3": 0.3068528194400547,  # rho = 2
+            "seq_sum_k2": 0.2402265069591007, "seq_sum_k3": 0.3068528194400547,
+            "seq_mean_k2": 5e-7, "seq_mean_k3": 5e-7,  # |d| ~ 1e-3 per token on average
+            "seq_max_k2": 0.2402265069591007, "seq_max_k3": 0.3068528194400547,
+        },
+        description="rejection thresholds per rule (verl's rollout_rs options): k1 a band, k2/k3 an upper bound")
+    # findings (rlparity.diagnose.objective); verl's docs' health rules where they exist
+    ess_min: float = Field(0.3, gt=0, le=1, description="normalised ESS of raw weights below which a "
+                                                        "warning fires (verl's docs warn at ESS < 0.3)")
+    ess_collapse: float = Field(0.1, gt=0, le=1, description="normalised ESS below which an error fires")
+    masked_fraction_max: float = Field(0.1, ge=0, le=1, description="share of tokens a rejection drops "
+                                                                    "before a warning")
+    masked_fraction_error: float = Field(0.5, ge=0, le=1, description="share dropped before an error")
+    clip_fraction_max: float = Field(0.2, ge=0, le=1, description="PPO token clip fraction of the update "
+                                                                  "pair before a warning")
+    sequence_clip_fraction_max: float = Field(0.5, ge=0, le=1, description="GSPO sequence clip fraction "
+                                                                           "of the update pair before a warning")
+    backend_ratio_tol: float = Field(0.02, gt=0, description="|mean pi_old/mu - 1| above which the backend "
+                                                             "ratio is not centred (rlparity check's band)")
+    backend_ratio_z: float = Field(4.0, gt=0, description="and at least this many standard errors from 1")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _token_band_from_cap(cls, data):
+        if isinstance(data, dict) and data.get("token_band") is None:
+            cap = float(data.get("is_cap", 2.0))
+            data = {**data, "token_band": (1.0 / cap, cap)}
+        return data
+
+    @field_validator("token_band", "geometric_band", "product_band")
+    @classmethod
+    def _band(cls, v):
+        if not 0 <= v[0] <= 1.0 <= v[1]:
+            raise ValueError(f"band {list(v)} must contain 1.0 and have a non-negative lower end")
+        return v
+
+    def band(self, rule: str) -> tuple[float, float]:
+        return {"token_band": self.token_band, "geometric_band": self.geometric_band,
+                "product_band": self.product_band}[rule]
+
+
+
 class Defaults(BaseModel):
     """The defaults object. Fields are grouped by what reads them."""
 
@@ -75,6 +142,7 @@ class Defaults(BaseModel):
     tol_trainer: float = Field(1e-3, ge=0, description="change of mean |d| vs the trainer (nats) above which a "
                                                         "setting moves the parity gap itself")
     check: CheckThresholds = Field(default_factory=CheckThresholds)
+    objective: ObjectiveDefaults = Field(default_factory=ObjectiveDefaults)
 
     def replace(self, **changes: Any) -> Defaults:
         """A validated copy with some fields changed; an unknown field is an error."""
@@ -82,8 +150,9 @@ class Defaults(BaseModel):
         if unknown:
             raise ValueError(f"unknown default(s) {unknown}; valid: {sorted(type(self).model_fields)}")
         data = self.model_dump()
-        if isinstance(changes.get("check"), dict):
-            changes = {**changes, "check": {**data["check"], **changes["check"]}}
+        for nested in ("check", "objective"):
+            if isinstance(changes.get(nested), dict):
+                changes = {**changes, nested: {**data[nested], **changes[nested]}}
         return type(self)(**{**data, **changes})
 
 
@@ -136,4 +205,4 @@ def defaults_context(**changes: Any) -> Iterator[Defaults]:
         _CURRENT.reset(token)
 
 
-__all__ = ["CheckThresholds", "Defaults", "TrainerSide", "default_sampling", "defaults", "defaults_context", "set_defaults"]
+__all__ = ["CheckThresholds", "Defaults", "ObjectiveDefaults", "TrainerSide", "default_sampling", "defaults", "defaults_context", "set_defaults"]

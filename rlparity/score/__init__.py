@@ -110,10 +110,12 @@ class Scorer:
     """A transformers model loaded once, to rescore many traces (the trainer side).
 
     ``dtype`` is the body's precision, ``head_dtype`` the LM head's. ``model`` is a local path or
-    a hub id, loaded with ``from_pretrained`` exactly as a user's trainer would.
+    a hub id, loaded with ``from_pretrained`` exactly as a user's trainer would, or an already
+    loaded model, used as it is (e.g. the trainer's after an optimizer step; ``dtype`` then reads
+    the model's own).
     """
 
-    model: str | os.PathLike
+    model: Any  # a path or hub id, or an already loaded transformers causal LM
     dtype: str = "float32"
     head_dtype: str = "float32"
     device: str = "cpu"
@@ -131,9 +133,13 @@ class Scorer:
         for name in ("dtype", "head_dtype"):
             if getattr(self, name) not in ("float32", "bfloat16", "float16"):
                 raise ValueError(f"{name}={getattr(self, name)!r}; use float32, bfloat16 or float16")
-        self.module = AutoModelForCausalLM.from_pretrained(
-            str(self.model), dtype=getattr(torch, self.dtype),
-            trust_remote_code=self.trust_remote_code).to(self.device).eval()
+        if hasattr(self.model, "get_decoder"):  # a loaded model (e.g. the trainer's, after a step)
+            self.module = self.model.to(self.device)
+            self.dtype = str(self.module.dtype).removeprefix("torch.")  # what it is, not what was asked
+        else:
+            self.module = AutoModelForCausalLM.from_pretrained(
+                str(self.model), dtype=getattr(torch, self.dtype),
+                trust_remote_code=self.trust_remote_code).to(self.device).eval()
         self.decoder = self.module.get_decoder()
         head = self.module.get_output_embeddings()
         self.head_weight = head.weight
@@ -146,14 +152,36 @@ class Scorer:
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(str(self.model),
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_name,
                                                             trust_remote_code=self.trust_remote_code)
         return self._tokenizer
 
-    def _batches(self, seqs: list[tuple[list[int], list[int]]]) -> Iterator[list[int]]:
+    @property
+    def model_name(self) -> str:
+        """The model's path or hub id (a loaded model's ``name_or_path``)."""
+        return str(getattr(self.model, "name_or_path", self.model))
+
+    def batches(self, seqs: list[tuple[list[int], list[int]]]) -> Iterator[list[int]]:
+        """Indices of ``seqs`` in batches of ``batch_size``, similar lengths together."""
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
         for s in range(0, len(order), self.batch_size):
             yield order[s: s + self.batch_size]
+
+    def response_hidden(self, seqs: list[tuple[list[int], list[int]]], batch: list[int]) -> list:
+        """One forward of the body over ``batch`` (indices into ``seqs`` of (prompt, response)
+        ids): per sequence, the last hidden states ``(rlen, H)`` at the positions that predict its
+        response tokens. Gradients flow unless the caller turns them off."""
+        import torch
+
+        full = [seqs[i][0] + seqs[i][1] for i in batch]
+        L = max(len(f) for f in full)
+        ids = torch.zeros((len(batch), L), dtype=torch.long)
+        att = torch.zeros((len(batch), L), dtype=torch.long)
+        for r, f in enumerate(full):
+            ids[r, : len(f)] = torch.tensor(f)
+            att[r, : len(f)] = 1
+        hidden = self.decoder(input_ids=ids.to(self.device), attention_mask=att.to(self.device)).last_hidden_state
+        return [hidden[r, len(seqs[i][0]) - 1: len(seqs[i][0]) - 1 + len(seqs[i][1])] for r, i in enumerate(batch)]
 
     def score(self, trace: xr.Dataset) -> xr.Dataset:
         """Return a copy of ``trace`` with the trainer variables added."""
@@ -171,24 +199,18 @@ class Scorer:
         topk = trace["top_k"].values
         topp = trace["top_p"].values
         t0 = time.perf_counter()
-        batches = list(self._batches(seqs))
+        batches = list(self.batches(seqs))
+        training = self.module.training
+        self.module.eval()  # no dropout while scoring, whatever mode a loaded model was in
         with torch.inference_mode():
             for batch in tqdm(batches, desc="trainer rescoring", disable=not self.progress):
-                full = [seqs[i][0] + seqs[i][1] for i in batch]
-                L = max(len(f) for f in full)
-                ids = torch.zeros((len(batch), L), dtype=torch.long)
-                att = torch.zeros((len(batch), L), dtype=torch.long)
-                for r, f in enumerate(full):
-                    ids[r, : len(f)] = torch.tensor(f)
-                    att[r, : len(f)] = 1
-                hidden = self.decoder(input_ids=ids.to(self.device),
-                                      attention_mask=att.to(self.device)).last_hidden_state
+                hidden = self.response_hidden(seqs, batch)
                 rows, toks, tt, tk, tp, where = [], [], [], [], [], []
                 for r, i in enumerate(batch):
-                    plen, rlen = len(seqs[i][0]), len(seqs[i][1])
+                    rlen = len(seqs[i][1])
                     if rlen == 0:
                         continue
-                    rows.append(hidden[r, plen - 1: plen - 1 + rlen])
+                    rows.append(hidden[r])
                     toks.append(torch.tensor(seqs[i][1]))
                     tt.append(torch.full((rlen,), float(temp[i])))
                     tk.append(torch.full((rlen,), int(topk[i]), dtype=torch.long))
@@ -205,6 +227,7 @@ class Scorer:
                     for k, v in stats.items():
                         result[k][i, :rlen] = v[off: off + rlen]
                     off += rlen
+        self.module.train(training)
         out = trace.copy()
         for k, v in result.items():
             out[k] = (TOKEN_DIMS, v)
@@ -217,7 +240,7 @@ class Scorer:
         from rlparity.config.provenance import jsonable
 
         return jsonable({
-            "trainer": {"model": str(self.model), "dtype": self.dtype, "head_dtype": self.head_dtype,
+            "trainer": {"model": self.model_name, "dtype": self.dtype, "head_dtype": self.head_dtype,
                         "device": self.device, "library": "transformers",
                         "topk_ties": "kept (vLLM rule: logits equal to the k-th largest survive)",
                         "prompt_tokenization": ({"add_special_tokens": self.add_special_tokens,

@@ -1,0 +1,266 @@
+"""Objective layer: are the importance weights, masks and clips of the RL objective healthy, and
+does a correction hide a broken backend?
+
+Checks, each returning a list of :class:`~rlparity.diagnose.findings.Finding` (empty when there
+is nothing to say), every finding naming its pair and direction:
+
+* :func:`ess_collapse`: normalised ESS of the raw (untruncated) token / sequence weights;
+* :func:`masked_fraction_high`: the share of the batch a rejection rule drops;
+* :func:`update_ratio_clipped_often`: PPO token and GSPO sequence clip fractions of the update
+  pair (pi_theta, pi_old);
+* :func:`backend_ratio_not_centred`: the mean backend ratio pi_old/mu, which is 1 in expectation
+  under mu when both are distributions over the same tokens;
+* :func:`correction_hides_backend_mismatch`: a correction is configured, or the corrected weights
+  pass the peers' health rules, while the semantic or inference-path layer reports an error.
+
+Thresholds default to :data:`rlparity.metrics.objective.OBJECTIVE_DEFAULTS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from rlparity.diagnose.findings import Finding, Layer, Severity
+from rlparity.metrics import objective as ob
+from rlparity.metrics.dashboard import verl_metrics
+
+FIX_BACKEND_FIRST = ("fix the backend first (the semantic / inference-path errors: e.g. processed logprobs, "
+                     "matched precision), re-capture, and only then tune the objective's corrections")
+FIX_UPDATE = ("take a smaller step: lower the learning rate, fewer optimizer steps per batch, or less policy "
+              "lag; for GSPO check eps (3e-4 / 4e-4 in the paper)")
+# verl's docs' health rules for its rollout_corr metrics (what a user's dashboard calls healthy)
+VERL_HEALTHY = {"rollout_is_mean": (0.5, 2.0), "rollout_is_eff_sample_size_min": 0.3, "rollout_is_std_max": 1.0,
+                "chi2_token_max": 1.0}
+
+
+def _pairs(trace, pairs, trainer) -> list[str]:
+    have = ob.available_pairs(trace, trainer)
+    return [p for p in (pairs or ("backend", "update")) if p in have]
+
+
+def _ev(trace, pair, trainer) -> dict[str, Any]:
+    a = ob.pair_attrs(pair, trainer)
+    return {"pair": a["pair"], "direction": a["direction"]}
+
+
+def ess_collapse(trace: xr.Dataset, *, pairs: Iterable[str] | None = None, trainer: str = "processed",
+                 ess_min: float | None = None, ess_collapse: float | None = None) -> list[Finding]:
+    """Normalised ESS ``(sum w)^2 / (n sum w^2)`` of the raw weights of each pair (default backend
+    and update, where present), token level and sequence level (product and geometric): a warning
+    below ``ess_min``, an error below ``ess_collapse``."""
+    o = ob.OBJECTIVE_DEFAULTS
+    lo_warn = o.ess_min if ess_min is None else ess_min
+    lo_err = o.ess_collapse if ess_collapse is None else ess_collapse
+    out = []
+    for p in _pairs(trace, pairs, trainer):
+        vals = {"token": ob.effective_sample_size(trace, p, trainer=trainer),
+                "sequence_product": ob.effective_sample_size(trace, p, level="sequence", kind="product", trainer=trainer),
+                "sequence_geometric": ob.effective_sample_size(trace, p, level="sequence", kind="geometric",
+                                                               trainer=trainer)}
+        ess = {k: float(v) for k, v in vals.items()}
+        worst = min(ess, key=lambda k: ess[k] if np.isfinite(ess[k]) else np.inf)
+        if not np.isfinite(ess[worst]) or ess[worst] >= lo_warn:
+            continue
+        sev = Severity.ERROR if ess[worst] < lo_err else Severity.WARNING
+        ev = {**_ev(trace, p, trainer), **{f"ess_{k}": v for k, v in ess.items()},
+              "n_tokens": int(vals["token"].n_used), "n_excluded_tokens": int(vals["token"].n_excluded),
+              "n_sequences": int(vals["sequence_product"].n_used),
+              "n_excluded_sequences": int(vals["sequence_product"].n_excluded),
+              "ess_min": lo_warn, "ess_collapse": lo_err, "weights": "raw (untruncated)"}
+        fix = (FIX_BACKEND_FIRST + "; a truncated weight would hide this collapse, not cure it") if p == "backend" \
+            else FIX_UPDATE
+        out.append(Finding(Layer.OBJECTIVE, "ess_collapse", sev,
+                           f"the {ev['pair']} importance weights have a {worst.replace('_', ' ')} ESS of "
+                           f"{ess[worst]:.3g}: the batch counts as {ess[worst]:.1%} of its size", ev, fix,
+                           trace.attrs.get("arm")))
+    return out
+
+
+def masked_fraction_high(trace: xr.Dataset, *, pair: str = "backend", rules: Iterable[str] | None = None,
+                         trainer: str = "processed", thresholds: Mapping[str, Any] | None = None,
+                         masked_fraction_max: float | None = None,
+                         masked_fraction_error: float | None = None) -> list[Finding]:
+    """The share of usable tokens each rejection rule drops on ``pair``: a warning above
+    ``masked_fraction_max``, an error above ``masked_fraction_error``. ``rules`` default to the
+    masks the trace's ``objective_correction`` attrs configure, else the token, geometric and
+    product bands as a what-if ("would drop"). ``thresholds`` maps a rule to its band / bound."""
+    o = ob.OBJECTIVE_DEFAULTS
+    hi_warn = o.masked_fraction_max if masked_fraction_max is None else masked_fraction_max
+    hi_err = o.masked_fraction_error if masked_fraction_error is None else masked_fraction_error
+    if pair not in ob.available_pairs(trace, trainer):
+        return []
+    configured = (trace.attrs.get("objective_correction") or {}).get("masks") \
+        if isinstance(trace.attrs.get("objective_correction"), Mapping) else None
+    rules = list(rules or configured or ob.BAND_RULES)
+    verb = "drops" if (configured and set(rules) <= set(configured)) else "would drop"
+    out = []
+    for rule in rules:
+        thr = (thresholds or {}).get(rule)
+        tok = ob.masked_fraction(trace, rule, pair, threshold=thr, trainer=trainer)
+        seq = ob.masked_fraction(trace, rule, pair, level="sequence", threshold=thr, trainer=trainer)
+        f = float(tok)
+        if not np.isfinite(f) or f <= hi_warn:
+            continue
+        ev = {**_ev(trace, pair, trainer), "rule": rule, "threshold": tok.attrs["threshold"],
+              "masked_token_fraction": f, "masked_sequence_fraction": float(seq),
+              "n_tokens": int(tok.n_used), "n_excluded_tokens": int(tok.n_excluded),
+              "masked_fraction_max": hi_warn}
+        sev = Severity.ERROR if f > hi_err else Severity.WARNING
+        fix = (FIX_BACKEND_FIRST + "; masking this much trains on a different, smaller batch" if pair == "backend"
+               else "widen the band or take a smaller step; " + FIX_UPDATE)
+        out.append(Finding(Layer.OBJECTIVE, "masked_fraction_high", sev,
+                           f"{rule} {verb} {f:.1%} of the tokens ({float(seq):.1%} of the sequences) on the "
+                           f"{ev['pair']}", ev, fix, trace.attrs.get("arm")))
+    return out
+
+
+def update_ratio_clipped_often(trace: xr.Dataset, *, trainer: str = "processed", eps: float | None = None,
+                               gspo_eps: tuple[float, float] | None = None, clip_fraction_max: float | None = None,
+                               sequence_clip_fraction_max: float | None = None) -> list[Finding]:
+    """PPO token clip fraction (eps default 0.2) and GSPO sequence clip fraction (default 3e-4 /
+    4e-4) of the update pair (pi_theta, pi_old), each a warning above its threshold. Nothing
+    without pi_theta in the trace."""
+    o = ob.OBJECTIVE_DEFAULTS
+    if "update" not in ob.available_pairs(trace, trainer):
+        return []
+    e = o.ppo_eps if eps is None else eps
+    gl, gh = (o.gspo_eps_low, o.gspo_eps_high) if gspo_eps is None else gspo_eps
+    tmax = o.clip_fraction_max if clip_fraction_max is None else clip_fraction_max
+    smax = o.sequence_clip_fraction_max if sequence_clip_fraction_max is None else sequence_clip_fraction_max
+    tok = ob.clip_fraction(trace, "update", eps_low=e, eps_high=e, trainer=trainer)
+    seq = ob.clip_fraction(trace, "update", level="sequence", eps_low=gl, eps_high=gh, trainer=trainer)
+    out = []
+    base = {**_ev(trace, "update", trainer), "ppo_token_clip_fraction": float(tok), "ppo_eps": e,
+            "gspo_sequence_clip_fraction": float(seq), "gspo_eps": (gl, gh),
+            "n_tokens": int(tok.n_used), "n_excluded_tokens": int(tok.n_excluded), "n_sequences": int(seq.n_used)}
+    if float(tok) > tmax:
+        out.append(Finding(Layer.OBJECTIVE, "update_ratio_clipped_often", Severity.WARNING,
+                           f"{float(tok):.1%} of the tokens have pi_theta/pi_old outside [1-{e:g}, 1+{e:g}]: "
+                           "the step leaves PPO's trust region", {**base, "threshold": tmax}, FIX_UPDATE,
+                           trace.attrs.get("arm")))
+    if float(seq) > smax:
+        out.append(Finding(Layer.OBJECTIVE, "update_ratio_clipped_often", Severity.WARNING,
+                           f"{float(seq):.1%} of the sequences have a geometric pi_theta/pi_old outside "
+                           f"[1-{gl:g}, 1+{gh:g}] (GSPO clip)", {**base, "threshold": smax, "level": "sequence"},
+                           FIX_UPDATE, trace.attrs.get("arm")))
+    return out
+
+
+def backend_ratio_not_centred(trace: xr.Dataset, *, trainer: str = "processed", backend_ratio_tol: float | None = None,
+                              backend_ratio_z: float | None = None) -> list[Finding]:
+    """The mean backend ratio ``pi_old/mu`` over usable tokens. Under mu, ``E[pi_old/mu] = 1`` when
+    both are distributions over the same tokens, so a mean further than ``backend_ratio_tol`` from 1
+    and more than ``backend_ratio_z`` standard errors away means the weights of every correction
+    are biased: a warning, an error beyond 5 x the tolerance."""
+    o = ob.OBJECTIVE_DEFAULTS
+    tol = o.backend_ratio_tol if backend_ratio_tol is None else backend_ratio_tol
+    zmin = o.backend_ratio_z if backend_ratio_z is None else backend_ratio_z
+    if "backend" not in ob.available_pairs(trace, trainer):
+        return []
+    d = ob.pair_log_ratio(trace, "backend", trainer).values
+    u = ob.usable(d)
+    n_used, n_excl = ob.token_counts(d)
+    if u.sum() < 2:
+        return []
+    r = np.exp(d[u])
+    mean, se = float(r.mean()), float(r.std(ddof=1) / np.sqrt(r.size))
+    z = abs(mean - 1) / se if se > 0 else np.inf
+    if abs(mean - 1) <= tol or z <= zmin:
+        return []
+    ev = {**_ev(trace, "backend", trainer), "mean_ratio": mean, "standard_error": se, "z": float(z),
+          "mean_log_ratio": float(d[u].mean()), "tolerance": tol, "n_tokens": int(n_used),
+          "n_excluded_tokens": int(n_excl)}
+    sev = Severity.ERROR if abs(mean - 1) > 5 * tol else Severity.WARNING
+    return [Finding(Layer.OBJECTIVE, "backend_ratio_not_centred", sev,
+                    f"the backend ratio pi_old/mu averages {mean:.4f}, not 1 ({z:.0f} standard errors): every "
+                    "correction weight built on it is biased", ev, FIX_BACKEND_FIRST, trace.attrs.get("arm"))]
+
+
+def corrected_health(trace: xr.Dataset, *, trainer: str = "processed", cap: float | None = None,
+                     rollout_is: str = "token") -> dict[str, Any]:
+    """The backend pair's corrected weights as a verl user sees them (``rollout_corr/*`` with token
+    TIS at ``cap``) and whether they pass verl's docs' health rules (mean in [0.5, 2], ESS >= 0.3,
+    std <= 1, chi2_token <= 1)."""
+    mask = trace["response_mask"].values.astype(bool)
+    m = verl_metrics(ob.policy_logprob(trace, "old", trainer), ob.policy_logprob(trace, "mu", trainer), mask,
+                     rollout_is=rollout_is, rollout_is_threshold=cap, rollout_rs={})
+    vals = {k.split("/", 1)[1]: m[k] for k in ("rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_eff_sample_size",
+                                               "rollout_corr/rollout_is_std", "rollout_corr/chi2_token")}
+    lo, hi = VERL_HEALTHY["rollout_is_mean"]
+    healthy = (lo <= vals["rollout_is_mean"] <= hi and vals["rollout_is_eff_sample_size"] >= VERL_HEALTHY[
+        "rollout_is_eff_sample_size_min"] and vals["rollout_is_std"] <= VERL_HEALTHY["rollout_is_std_max"]
+        and vals["chi2_token"] <= VERL_HEALTHY["chi2_token_max"])
+    return {**vals, "looks_healthy": bool(healthy)}
+
+
+def _configured(trace: xr.Dataset, correction) -> Any:
+    if correction:
+        return correction
+    c = trace.attrs.get("objective_correction")
+    if c:
+        return c
+    step = trace.attrs.get("train_step") or {}
+    used = {k: v for k, v in (step.get("corrections") or {}).items() if v}
+    return used or None
+
+
+def correction_hides_backend_mismatch(trace: xr.Dataset, findings: Iterable[Finding] = (), *,
+                                      correction: Any = None, trainer: str = "processed",
+                                      cap: float | None = None) -> list[Finding]:
+    """An error when a correction is configured (``correction``, or the trace's
+    ``objective_correction`` / ``train_step`` attrs) or the corrected backend weights look healthy
+    by verl's rules, while ``findings`` (the other layers' findings for this trace) hold a
+    semantic or inference-path error: the correction then compensates a broken backend, its
+    statistics read as healthy, and the update differs from a parity update. Fix the backend
+    first."""
+    errors = [f for f in findings if f.severity == Severity.ERROR
+              and f.layer in (Layer.SEMANTIC, Layer.INFERENCE_PATH)]
+    if not errors or "backend" not in ob.available_pairs(trace, trainer):
+        return []
+    configured = _configured(trace, correction)
+    health = corrected_health(trace, trainer=trainer, cap=cap)
+    if not configured and not health["looks_healthy"]:
+        return []
+    c = ob.OBJECTIVE_DEFAULTS.is_cap if cap is None else cap
+    why = ("a correction is configured" if configured else
+           f"token TIS at C={c:g} makes the backend weights pass the usual health rules")
+    ev = {**_ev(trace, "backend", trainer), "backend_errors": [f"{f.layer.value}/{f.name}" for f in errors],
+          "correction": configured if configured else f"none configured; checked token TIS C={c:g}",
+          **{f"corrected_{k}": v for k, v in health.items()}}
+    return [Finding(Layer.OBJECTIVE, "correction_hides_backend_mismatch", Severity.ERROR,
+                    f"{why} while the backend is broken ({', '.join(ev['backend_errors'])}): the correction "
+                    "compensates the bug, its metrics look healthy, and the update is not the parity update",
+                    ev, FIX_BACKEND_FIRST + "; remove the correction until the backend pair is in parity",
+                    trace.attrs.get("arm"))]
+
+
+def trace_findings(trace: xr.Dataset, findings: Iterable[Finding] = (), *, trainer: str = "processed",
+                   correction: Any = None, **thresholds: Any) -> list[Finding]:
+    """Every objective check on one trace; ``findings`` are the other layers' findings for it
+    (for :func:`correction_hides_backend_mismatch`). ``thresholds`` go to the checks that name them;
+    an unknown one is an error."""
+    known = {"ess_min", "ess_collapse", "masked_fraction_max", "masked_fraction_error", "clip_fraction_max",
+             "sequence_clip_fraction_max", "backend_ratio_tol", "backend_ratio_z", "eps", "gspo_eps", "cap"}
+    bad = sorted(set(thresholds) - known)
+    if bad:
+        raise ValueError(f"unknown objective option(s) {bad}; known: {sorted(known)}")
+    if not ob.available_pairs(trace, trainer):
+        return []
+    t = thresholds
+    pick = lambda *names: {k: t[k] for k in names if k in t}  # noqa: E731
+    out = backend_ratio_not_centred(trace, trainer=trainer, **pick("backend_ratio_tol", "backend_ratio_z"))
+    out += ess_collapse(trace, trainer=trainer, **pick("ess_min", "ess_collapse"))
+    out += masked_fraction_high(trace, trainer=trainer, **pick("masked_fraction_max", "masked_fraction_error"))
+    out += update_ratio_clipped_often(trace, trainer=trainer, **pick("eps", "gspo_eps", "clip_fraction_max",
+                                                                    "sequence_clip_fraction_max"))
+    out += correction_hides_backend_mismatch(trace, list(findings), correction=correction, trainer=trainer,
+                                             **pick("cap"))
+    return out
+
+
+__all__ = ["FIX_BACKEND_FIRST", "FIX_UPDATE", "VERL_HEALTHY", "backend_ratio_not_centred", "correction_hides_backend_mismatch",
+           "corrected_health", "ess_collapse", "masked_fraction_high", "trace_findings", "update_ratio_clipped_often"]

@@ -1,0 +1,501 @@
+"""Our numbers under the peers' own dashboard names, with the peers' own formulas, so a user can
+put an rlparity trace next to their verl / PipelineRL / prime-rl / slime / TRL / NeMo-RL run.
+
+Each ``<peer>_metrics`` function takes plain arrays ``(log_train, log_rollout, mask)`` (nats,
+``(sequence, position)``) and reproduces one peer's code, cited in its docstring with the commit
+read: which pair, which aggregation (mean over tokens, or mean over sequences of per-sequence
+means), which clamps. :func:`as_dashboard` feeds them from a trace.
+
+Which pair. Every peer here compares a trainer reading with the rollout engine's logprob mu.
+verl, slime, TRL and NeMo-RL recompute the trainer at the rollout's weights (pi_old): the
+backend pair (pi_old, mu). prime-rl ("trainer" vs "inference") and PipelineRL ("new" vs "old")
+never recompute pi_old: their "old" / "inference" logprobs are the ones vLLM returned (mu), and
+"new" / "trainer" is the trainer's current weights. On the first micro-batch of a step at lag 0
+that is pi_old (the backend pair); after an optimizer step it is pi_theta (the bypass pair
+(pi_theta, mu)). ``as_dashboard(policy="old" | "theta")`` picks which trainer reading stands in
+for the peer's; the pair and direction are recorded on the result.
+
+Tokens a policy gives probability 0 are removed from the mask before any peer formula runs (the
+peers would turn them into infinities or clamp them silently) and counted on the result
+(``n_excluded``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from rlparity.config.provenance import make_attrs
+from rlparity.metrics.objective import (
+    OBJECTIVE_DEFAULTS,
+    POLICY_NAMES,
+    policy_logprob,
+    policy_variable,
+)
+
+DASHBOARDS = ("verl", "pipelinerl", "prime-rl", "slime", "trl", "nemo-rl")
+
+SOURCES = {
+    "verl": "verl-project/verl verl/trainer/ppo/rollout_corr_helper.py @ 20c30bf8 "
+            "(compute_offpolicy_metrics, compute_is_metrics, compute_rollout_rejection_mask, compute_rs_metrics); "
+            "verl/utils/debug/metrics.py @ 0c2766b8 (calculate_debug_metrics)",
+    "pipelinerl": "ServiceNow/PipelineRL pipelinerl/finetune/rl/__init__.py @ 005a1f17 (rl_step stats), "
+                  "pipelinerl/finetune/rl/utils.py (aggregate_rl_stats), finetune_loop (rl/ess)",
+    "prime-rl": "PrimeIntellect-ai/prime-rl src/prime_rl/trainer/rl/loss.py and train.py @ 559b4477 "
+                "(compute_importance_ratio_and_mismatch_kl, default_loss_fn, mismatch_kl/all stats)",
+    "slime": "THUDM/slime slime/backends/megatron_utils/loss.py @ 624b824a (train_rollout_logprob_abs_diff, "
+             "sum_of_sample_mean in cp_utils.py)",
+    "trl": "huggingface/trl trl/trainer/grpo_trainer.py @ f2cd5771 (vllm_importance_sampling_correction)",
+    "nemo-rl": "NVIDIA-NeMo/RL nemo_rl/algorithms/loss/loss_functions.py @ 7ea279ab (ClippedPGLossFn), "
+               "nemo_rl/algorithms/utils.py (calculate_kl)",
+}
+
+SAFETY_BOUND = 20.0  # verl's exp clamp
+
+
+class DashboardMetrics(dict):
+    """A flat ``{peer metric name: value}`` dict that also says what it was computed on:
+    ``peer``, ``pair``, ``direction``, ``n_tokens`` used, ``n_excluded`` tokens, ``source``."""
+
+    def __init__(self, values: Mapping[str, float], **info: Any):
+        super().__init__(values)
+        self.info = dict(info)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.info[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def to_dataset(self) -> xr.Dataset:
+        """The same numbers as an ``xarray.Dataset`` of scalars, provenance in attrs."""
+        ds = xr.Dataset({k: ((), float(v)) for k, v in self.items()})
+        ds.attrs = make_attrs(**{k: (v if isinstance(v, (str, int, float)) else str(v))
+                                 for k, v in self.info.items()})
+        return ds
+
+
+def _prep(log_train, log_rollout, mask):
+    m = np.asarray(mask, bool) & np.isfinite(log_train) & np.isfinite(log_rollout)
+    lt = np.where(m, np.asarray(log_train, float), 0.0)
+    lr = np.where(m, np.asarray(log_rollout, float), 0.0)
+    return lt, lr, m
+
+
+# ----------------------------------------------------------------------------------------------
+# verl
+# ----------------------------------------------------------------------------------------------
+
+def _vmean(x, m, axis=None):
+    """verl_F.masked_mean: sum(x * m) / (sum(m) + 1e-8)."""
+    return (x * m).sum(axis=axis) / (m.sum(axis=axis) + 1e-8)
+
+
+def _verl_is_metrics(d, m, level, cap):
+    mf = m.astype(float)
+    if level == "token":
+        raw = np.exp(np.clip(d, -SAFETY_BOUND, SAFETY_BOUND)) * mf
+        lr_for_metrics = d
+    elif level == "sequence":
+        s = (d * mf).sum(axis=-1, keepdims=True)
+        raw = np.exp(np.clip(s, -SAFETY_BOUND, SAFETY_BOUND)) * mf
+        lr_for_metrics = s
+    else:
+        raise ValueError(f"rollout_is={level!r}; use 'token', 'sequence' or None")
+    w = np.minimum(raw, cap)
+    lower = 1.0 / cap
+    out: dict[str, float] = {}
+    if level == "sequence":
+        out["rollout_is_max"] = math.exp(min(float(lr_for_metrics.max()), SAFETY_BOUND))
+        out["rollout_is_min"] = math.exp(float(lr_for_metrics.min()))
+        out["rollout_is_mean"] = float(_vmean(w, mf))
+        out["rollout_is_ratio_fraction_high"] = float((lr_for_metrics > math.log(cap)).mean())
+        out["rollout_is_ratio_fraction_low"] = float((lr_for_metrics < math.log(lower)).mean())
+    else:
+        out["rollout_is_mean"] = float(_vmean(w, mf))
+        out["rollout_is_ratio_fraction_high"] = float(_vmean((raw > cap).astype(float), mf))
+        out["rollout_is_ratio_fraction_low"] = float(_vmean((raw < lower).astype(float), mf))
+        out["rollout_is_max"] = float(w[m].max())
+        out["rollout_is_min"] = float(w[m].min())
+    wc = np.clip(w, 0.0, cap)
+    if mf.sum() > 1:
+        mc = _vmean(wc, mf)
+        out["rollout_is_std"] = float(np.sqrt(max(_vmean(wc ** 2, mf) - mc ** 2, 0.0)))
+    else:
+        out["rollout_is_std"] = 0.0
+    wn = wc / (_vmean(wc, mf) + 1e-8)
+    out["rollout_is_eff_sample_size"] = float(1.0 / _vmean(wn ** 2, mf))
+    seq = _vmean(w, mf, axis=-1)
+    out["rollout_is_seq_mean"] = float(seq.mean())
+    out["rollout_is_seq_std"] = float(seq.std(ddof=1)) if seq.size > 1 else 0.0
+    out["rollout_is_seq_max"] = float(seq.max())
+    out["rollout_is_seq_min"] = float(seq.min())
+    out["rollout_is_seq_max_deviation"] = float(np.abs(seq - 1.0).max())
+    raw_seq = _vmean(raw, mf, axis=-1)
+    out["rollout_is_seq_fraction_high"] = float((raw_seq > cap).mean())
+    out["rollout_is_seq_fraction_low"] = float((raw_seq < lower).mean())
+    return out
+
+
+def _verl_rs(d, m, options: Mapping[str, Any]):
+    mf = m.astype(float)
+    ls = np.clip(d, -SAFETY_BOUND, SAFETY_BOUND)
+    tk = {"k1": -ls, "k2": 0.5 * ls ** 2, "k3": np.exp(ls) - 1.0 - ls}
+    seq_valid = mf.sum(axis=-1) > 0
+    combined = np.ones_like(mf)
+    out: dict[str, float] = {}
+    for opt, thr in options.items():
+        level, est = opt.rsplit("_", 1)
+        if opt not in ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+                       "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3"):
+            raise ValueError(f"rollout_rs option {opt!r} is not one of verl's k1/k2/k3 options")
+        is_k1 = est == "k1"
+        if is_k1:
+            if np.ndim(thr) != 1:
+                raise ValueError(f"rollout_rs threshold of {opt} must be a (lower, upper) ratio pair, got {thr!r}")
+            lo_log, hi_log = math.log(thr[0]), math.log(thr[1])
+        else:
+            lo_log, hi_log = None, float(thr)
+        k = tk[est]
+        if level == "token":
+            stat = k
+            keep = (stat >= lo_log) & (stat <= hi_log) if is_k1 else stat <= hi_log
+            seq_stat = None
+        else:
+            if level == "seq_sum":
+                seq_stat = (k * mf).sum(axis=-1)
+            elif level == "seq_mean":
+                seq_stat = _vmean(k, mf, axis=-1)
+            else:
+                mx = np.where(m, k, -np.inf).max(axis=-1)
+                seq_stat = np.where(mx == -np.inf, 0.0, mx)
+            keep_s = (seq_stat >= lo_log) & (seq_stat <= hi_log) if is_k1 else seq_stat <= hi_log
+            keep = np.broadcast_to(keep_s[:, None], m.shape)
+            stat = np.broadcast_to(seq_stat[:, None], m.shape)
+        kf = keep.astype(float)
+        combined = combined * kf
+        up = hi_log
+        low = lo_log if is_k1 else 0.0
+        p = f"rollout_rs_{opt}"
+        out[f"{p}_mean"] = float(_vmean(stat, mf))
+        if seq_stat is not None:
+            sv = seq_stat[seq_valid]
+            out[f"{p}_max"], out[f"{p}_min"] = float(sv.max()), float(sv.min())
+            out[f"{p}_fraction_high"] = float((sv > up).mean())
+            out[f"{p}_fraction_low"] = float((sv < low).mean()) if is_k1 else 0.0
+        else:
+            out[f"{p}_max"], out[f"{p}_min"] = float(stat[m].max()), float(stat[m].min())
+            out[f"{p}_fraction_high"] = float(_vmean((stat > up).astype(float), mf))
+            out[f"{p}_fraction_low"] = float(_vmean((stat < low).astype(float), mf)) if is_k1 else 0.0
+        out[f"{p}_masked_fraction"] = float(_vmean(1.0 - kf, mf))
+        seq_keep = (~(~keep & m)).all(axis=-1)
+        out[f"{p}_seq_masked_fraction"] = (float(((1.0 - seq_keep) * seq_valid).sum() / seq_valid.sum())
+                                           if seq_valid.sum() > 0 else 0.0)
+    if options:
+        out["rollout_rs_masked_fraction"] = float(_vmean(1.0 - combined, mf))
+        final_keep = (combined > 0.5) & m
+        out["rollout_rs_seq_masked_fraction"] = float((~final_keep & m).any(axis=-1).mean())
+    return out
+
+
+def verl_metrics(log_train, log_rollout, mask, *, rollout_is: str | None = "token",
+                 rollout_is_threshold: float | None = None,
+                 rollout_rs: Mapping[str, Any] | None = None) -> dict[str, float]:
+    """verl's ``rollout_corr/*`` and ``training/rollout_*`` metrics.
+
+    Pair: ``old_log_prob`` = the trainer recomputed at the rollout's weights (pi_old) against
+    ``rollout_log_prob`` (mu); verl's ``log_ratio = log pi_train - log pi_rollout``. Source:
+    verl-project/verl ``verl/trainer/ppo/rollout_corr_helper.py`` at 20c30bf8 and
+    ``verl/utils/debug/metrics.py``:
+
+    * ``kl`` = token mean of ``log mu - log pi`` (k1 of KL(mu||pi), may be negative);
+      ``k3_kl`` = token mean of ``exp(d) - d - 1`` (unclamped).
+    * ``training_ppl`` / ``rollout_ppl``: batch mean of per-sequence ``exp(-mean_t logp)``;
+      ``*_log_ppl`` without the exp; ``log_ppl_diff`` = batch mean of (seq-mean logp_rollout -
+      seq-mean logp_train), ``log_ppl_abs_diff``, ``_max``, ``_min``; ``ppl_ratio`` = batch mean of
+      ``exp(log_ppl_diff_i)``.
+    * ``chi2_token`` = token mean of ``exp(2 clamp(d, +-20))`` - 1; ``chi2_seq`` = sequence mean of
+      ``exp(2 clamp(sum_t d, +-20))`` - 1.
+    * ``rollout_is_*`` (``rollout_is`` = ``"token"`` | ``"sequence"`` | None, threshold C default
+      ``OBJECTIVE_DEFAULTS.is_cap``, verl's 2.0): weights ``exp(clamp(d))`` or the broadcast
+      ``exp(clamp(sum d))``, truncated ``min(w, C)``; mean / max / min of truncated weights (sequence
+      mode: max / min from the log sums), fraction above C / below 1/C of the raw weights; ``std``
+      and ``eff_sample_size = 1 / mean((w / mean w)^2)`` of the weights clamped to [0, C];
+      ``rollout_is_seq_*`` on per-sequence means of the truncated weights (std with n - 1),
+      ``seq_fraction_high/low`` on per-sequence means of the raw weights.
+    * ``rollout_rs_*`` (``rollout_rs`` = ``{option: threshold}``, default the three band rules as
+      verl options: ``token_k1`` with the token band, ``seq_mean_k1`` with the geometric band,
+      ``seq_sum_k1`` with the product band): k1 = -d, k2 = d^2 / 2, k3 = exp(d) - 1 - d on
+      ``clamp(d, +-20)``; a k1 threshold is a ratio pair ``(lower, upper)`` applied as
+      ``log lower <= k1 <= log upper`` (verl's rule: with a symmetric band this is the ratio band);
+      k2 / k3 an upper bound. Per option ``_mean``, ``_max``, ``_min``, ``_fraction_high``,
+      ``_fraction_low``, ``_masked_fraction`` (tokens), ``_seq_masked_fraction``; combined
+      ``rollout_rs_masked_fraction`` and ``rollout_rs_seq_masked_fraction``.
+    * ``training/rollout_probs_diff_{max,mean,std}`` of ``|exp(log pi) - exp(log mu)|`` (std with
+      n - 1) and ``training/rollout_actor_probs_pearson_corr`` of the probabilities.
+
+    verl's masked mean divides by ``count + 1e-8``; so does this.
+    """
+    lt, lr, m = _prep(log_train, log_rollout, mask)
+    if not m.any():
+        raise ValueError("no usable token: every real token has a probability-0 side or the mask is empty")
+    mf = m.astype(float)
+    d = lt - lr
+    o = OBJECTIVE_DEFAULTS
+    cap = o.is_cap if rollout_is_threshold is None else float(rollout_is_threshold)
+    out: dict[str, float] = {}
+    if rollout_is is not None:
+        out.update(_verl_is_metrics(d, m, rollout_is, cap))
+    rs = ({"token_k1": o.token_band, "seq_mean_k1": o.geometric_band, "seq_sum_k1": o.product_band}
+          if rollout_rs is None else dict(rollout_rs))
+    out.update(_verl_rs(d, m, rs))
+    mt = _vmean(lt, mf, axis=-1)
+    mr = _vmean(lr, mf, axis=-1)
+    out["training_ppl"] = float(np.exp(-mt).mean())
+    out["training_log_ppl"] = float((-mt).mean())
+    out["kl"] = float(_vmean(lr - lt, mf))
+    out["k3_kl"] = float(_vmean(np.exp(d) - d - 1.0, mf))
+    out["rollout_ppl"] = float(np.exp(-mr).mean())
+    out["rollout_log_ppl"] = float((-mr).mean())
+    lpd = mr - mt
+    out["log_ppl_diff"] = float(lpd.mean())
+    out["log_ppl_abs_diff"] = float(np.abs(lpd).mean())
+    out["log_ppl_diff_max"] = float(lpd.max())
+    out["log_ppl_diff_min"] = float(lpd.min())
+    out["ppl_ratio"] = float(np.exp(lpd).mean())
+    rho = np.exp(np.clip(d, -SAFETY_BOUND, SAFETY_BOUND))
+    out["chi2_token"] = float(_vmean(rho ** 2, mf) - 1.0)
+    s = np.clip((d * mf).sum(axis=-1), -SAFETY_BOUND, SAFETY_BOUND)
+    out["chi2_seq"] = float(np.exp(2.0 * s).mean() - 1.0)
+    metrics = {f"rollout_corr/{k}": v for k, v in out.items()}
+    pt, pr = np.exp(lt[m]), np.exp(lr[m])
+    diff = np.abs(pt - pr)
+    metrics["training/rollout_probs_diff_max"] = float(diff.max())
+    metrics["training/rollout_probs_diff_mean"] = float(diff.mean())
+    metrics["training/rollout_probs_diff_std"] = float(diff.std(ddof=1)) if diff.size > 1 else float("nan")
+    metrics["training/rollout_actor_probs_pearson_corr"] = float(np.corrcoef(pt, pr)[0, 1])
+    return metrics
+
+
+# ----------------------------------------------------------------------------------------------
+# the others
+# ----------------------------------------------------------------------------------------------
+
+def _per_seq_mean_then_batch(x, m):
+    """PipelineRL / slime aggregation: sum_t x / L_i summed over sequences, divided by the
+    number of sequences (a sequence without tokens contributes 0)."""
+    mf = m.astype(float)
+    return float(((x * mf).sum(axis=-1) / np.maximum(mf.sum(axis=-1), 1)).sum() / m.shape[0])
+
+
+def pipelinerl_metrics(log_new, log_old, mask, *, policy_loss: str = "ppo", epsilon_low: float | None = None,
+                       epsilon_high: float | None = None) -> dict[str, float]:
+    """PipelineRL's ``rl/*`` statistics of ``rl_step`` (ServiceNow/PipelineRL
+    ``pipelinerl/finetune/rl/__init__.py`` at 005a1f17; ``aggregate_rl_stats`` divides by the
+    samples per step; ``rl/ess`` is computed in the finetune loop).
+
+    Pair: ``new_logprobs`` = the trainer's current weights, ``old_logprobs`` = the logprobs the
+    inference server returned (mu): PipelineRL does not recompute pi_old. ``d = new - old``.
+
+    * ``kl_new_old`` = mean over sequences of the per-sequence token mean of ``exp(d) - d - 1``;
+    * ``ratio_new_old`` = the same aggregation of ``exp(d)``; ``ratio_new_old_sum``,
+      ``ratio_new_old_squared_sum`` and ``num_output_tokens_sum`` are token sums;
+    * ``ess`` = ``ratio_sum^2 / ratio_squared_sum / num_tokens`` (token level, raw ratios);
+    * ``clamp_log_ratio_new_old_indicator``: ``policy_loss="ppo"``: tokens whose ratio is clamped
+      to ``[1 - epsilon_low, 1 + epsilon_high]`` (default 0.2 / 0.2); ``"gspo"``: sequences whose
+      geometric ratio ``exp(sum d / L)`` is clamped (default eps the GSPO paper's), same aggregation.
+    """
+    ln, lo, m = _prep(log_new, log_old, mask)
+    mf = m.astype(float)
+    d = ln - lo
+    r = np.exp(d)
+    level = "token" if policy_loss == "ppo" else "sequence"
+    if policy_loss not in ("ppo", "gspo"):
+        raise ValueError(f"policy_loss={policy_loss!r}; use 'ppo' or 'gspo' (PipelineRL's clipped losses)")
+    el, eh = OBJECTIVE_DEFAULTS.eps(level)
+    el = el if epsilon_low is None else epsilon_low
+    eh = eh if epsilon_high is None else epsilon_high
+    if policy_loss == "ppo":
+        ind = (np.clip(r, 1 - el, 1 + eh) != r).astype(float)
+    else:
+        n = mf.sum(axis=-1)
+        g = np.exp((d * mf).sum(axis=-1) / np.maximum(n, 1e-6))
+        ind_s = ((np.clip(g, 1 - el, 1 + eh) != g) & (n > 0)).astype(float)
+        ind = np.broadcast_to(ind_s[:, None], m.shape)
+    rs, r2s, nt = float((r * mf).sum()), float((r * r * mf).sum()), float(mf.sum())
+    return {
+        "rl/kl_new_old": _per_seq_mean_then_batch(r - d - 1.0, m),
+        "rl/ratio_new_old": _per_seq_mean_then_batch(r, m),
+        "rl/ratio_new_old_sum": rs,
+        "rl/ratio_new_old_squared_sum": r2s,
+        "rl/num_output_tokens_sum": nt,
+        "rl/clamp_log_ratio_new_old_indicator": _per_seq_mean_then_batch(ind, m),
+        "rl/ess": rs ** 2 / r2s / nt,
+    }
+
+
+def prime_rl_metrics(log_trainer, log_inference, mask, *, advantages=None, dppo_mask_low: float = 0.2,
+                     dppo_mask_high: float = 0.2) -> dict[str, float]:
+    """prime-rl's mismatch statistics (PrimeIntellect-ai/prime-rl ``src/prime_rl/trainer/rl/loss.py``
+    and ``train.py`` at 559b4477).
+
+    Pair: ``trainer_logprobs`` = the trainer's current weights, ``inference_logprobs`` = mu
+    (prime-rl does not recompute pi_old).
+
+    * ``mismatch_kl/all/{mean,std,max}``: over all loss-mask tokens of
+      ``exp(d) - d - 1``, ``d = trainer - inference`` (std with n - 1);
+    * ``is_masked/{mean,max}``, ``is_masked_low/mean``, ``is_masked_high/mean``: the default
+      (DPPO) loss masks a token when ``p_trainer - p_inference > dppo_mask_high`` and its
+      advantage is positive, or ``< -dppo_mask_low`` and its advantage is not positive
+      (prime-rl's ``torch.where(A > 0, high, low)``); per sequence the token share, then mean / max
+      over sequences. Needs per-sequence ``advantages`` (omitted without them).
+    """
+    lt, li, m = _prep(log_trainer, log_inference, mask)
+    d = lt - li
+    k = (np.exp(d) - d - 1.0)[m]
+    out = {"mismatch_kl/all/mean": float(k.mean()), "mismatch_kl/all/std": float(k.std(ddof=1)) if k.size > 1
+           else float("nan"), "mismatch_kl/all/max": float(k.max())}
+    if advantages is not None:
+        a = np.broadcast_to(np.asarray(advantages, float)[:, None], m.shape)
+        pdiff = np.exp(lt) - np.exp(li)
+        high, low = pdiff > dppo_mask_high, pdiff < -dppo_mask_low
+        masked = np.where(a > 0, high, low)
+        mf = m.astype(float)
+
+        def per_seq(x):
+            return (x * mf).sum(axis=-1) / np.maximum(mf.sum(axis=-1), 1)
+
+        im = per_seq(masked)
+        out.update({"is_masked/mean": float(im.mean()), "is_masked/max": float(im.max()),
+                    "is_masked_low/mean": float(per_seq((a < 0) & low).mean()),
+                    "is_masked_high/mean": float(per_seq((a > 0) & high).mean())})
+    return out
+
+
+def slime_metrics(log_train, log_rollout, mask) -> dict[str, float]:
+    """slime's ``train/train_rollout_logprob_abs_diff`` (THUDM/slime
+    ``slime/backends/megatron_utils/loss.py`` at 624b824a): ``sum_of_sample_mean(|old_log_probs -
+    rollout_log_probs|)`` reported over the step's samples, i.e. the mean over sequences of the
+    per-sequence token mean of ``|log pi_old - log mu|`` (default per-sample loss; pair: backend,
+    ``old_log_probs`` recomputed by the trainer). Its CI gate: <= 0.1."""
+    lt, lr, m = _prep(log_train, log_rollout, mask)
+    return {"train/train_rollout_logprob_abs_diff": _per_seq_mean_then_batch(np.abs(lt - lr), m)}
+
+
+TRL_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def trl_metrics(log_old, log_sampling, mask, *, vllm_importance_sampling_mode: str = "sequence_mask",
+                vllm_importance_sampling_clip_min: float | None = None,
+                vllm_importance_sampling_clip_max: float | None = 3.0) -> dict[str, float]:
+    """TRL GRPOTrainer's ``sampling/*`` metrics with ``vllm_importance_sampling_correction``
+    (huggingface/trl ``trl/trainer/grpo_trainer.py`` at f2cd5771; defaults of ``GRPOConfig``:
+    mode ``sequence_mask``, clip max 3.0, no clip min).
+
+    Pair: ``old_per_token_logps`` (the trainer at the generation weights, pi_old) against
+    ``sampling_per_token_logps`` (vLLM, mu).
+
+    * ``sampling/sampling_logp_difference/{mean,max}`` of ``|log pi_old - log mu|`` over tokens;
+    * ``sampling/importance_sampling_ratio/{min,mean,max}``: ``exp(d)`` per token (``token_*``) or
+      ``exp(sum_t d)`` per sequence (``sequence_*``), then ``*_truncate`` clamps to
+      ``[clip_min, clip_max]`` and ``*_mask`` sets ratios outside it to 0; statistics over the
+      masked tokens (token modes) or over sequences (sequence modes), after that processing.
+    """
+    lo, ls, m = _prep(log_old, log_sampling, mask)
+    if vllm_importance_sampling_mode not in TRL_MODES:
+        raise ValueError(f"vllm_importance_sampling_mode={vllm_importance_sampling_mode!r}; use one of {TRL_MODES}")
+    delta = np.abs(lo - ls)[m]
+    diff = (lo - ls) * m
+    seq = vllm_importance_sampling_mode.startswith("sequence")
+    r = np.exp(diff.sum(axis=-1, keepdims=True) if seq else diff)
+    cmin, cmax = vllm_importance_sampling_clip_min, vllm_importance_sampling_clip_max
+    if vllm_importance_sampling_mode.endswith("truncate"):
+        r = np.clip(r, -np.inf if cmin is None else cmin, np.inf if cmax is None else cmax)
+    else:
+        lo_v = -math.inf if cmin is None else cmin
+        hi_v = math.inf if cmax is None else cmax
+        r = np.where((r < lo_v) | (r > hi_v), 0.0, r)
+    flat = r.ravel() if seq else r[m]
+    return {"sampling/sampling_logp_difference/mean": float(delta.mean()),
+            "sampling/sampling_logp_difference/max": float(delta.max()),
+            "sampling/importance_sampling_ratio/min": float(flat.min()),
+            "sampling/importance_sampling_ratio/mean": float(flat.mean()),
+            "sampling/importance_sampling_ratio/max": float(flat.max())}
+
+
+def nemo_rl_metrics(log_prev, log_generation, mask, *, kl_type: str = "k3") -> dict[str, float]:
+    """NeMo-RL's generation-mismatch metrics of ``ClippedPGLossFn`` (NVIDIA-NeMo/RL
+    ``nemo_rl/algorithms/loss/loss_functions.py`` at 7ea279ab), token means over the batch.
+
+    Pair: ``prev_logprobs`` (the trainer at the generation weights, pi_old) against
+    ``generation_logprobs`` (mu).
+
+    * ``token_mult_prob_error`` = token mean of ``exp(|log mu - log pi_old|)`` (1 = parity; NeMo-RL
+      plots samples above 1.05);
+    * ``gen_kl_error`` = token mean of ``calculate_kl(logprobs=mu, logprobs_reference=pi_old)``
+      without clamps: ``logr = log pi_old - log mu``, k3 = ``exp(logr) - 1 - logr`` (the default
+      ``reference_policy_kl_type``; k1 = ``-logr``, k2 = ``logr^2 / 2``), KL(P_gen || P_train).
+    """
+    lp, lg, m = _prep(log_prev, log_generation, mask)
+    logr = (lp - lg)[m]
+    kl = {"k1": -logr, "k2": logr ** 2 / 2, "k3": np.exp(logr) - 1 - logr}.get(kl_type)
+    if kl is None:
+        raise ValueError(f"kl_type={kl_type!r}; use 'k1', 'k2' or 'k3'")
+    return {"token_mult_prob_error": float(np.exp(np.abs(logr)).mean()), "gen_kl_error": float(kl.mean())}
+
+
+_FUNCS = {"verl": verl_metrics, "pipelinerl": pipelinerl_metrics, "prime-rl": prime_rl_metrics,
+          "slime": slime_metrics, "trl": trl_metrics, "nemo-rl": nemo_rl_metrics}
+_OPTIONS = {"verl": {"rollout_is", "rollout_is_threshold", "rollout_rs"},
+            "pipelinerl": {"policy_loss", "epsilon_low", "epsilon_high"},
+            "prime-rl": {"advantages", "dppo_mask_low", "dppo_mask_high"},
+            "slime": set(),
+            "trl": {"vllm_importance_sampling_mode", "vllm_importance_sampling_clip_min",
+                    "vllm_importance_sampling_clip_max"},
+            "nemo-rl": {"kl_type"}}
+
+
+def as_dashboard(trace: xr.Dataset, names: str = "verl", *, trainer: str = "processed", policy: str = "old",
+                 as_dataset: bool = False, **options: Any) -> DashboardMetrics | xr.Dataset:
+    """The trace's mismatch under one peer's dashboard names (``names`` one of :data:`DASHBOARDS`),
+    with that peer's formulas (see each ``<peer>_metrics``). ``policy="old"`` compares pi_old
+    with mu (the backend pair: what every peer logs on the first micro-batch at lag 0);
+    ``policy="theta"`` uses pi_theta (after :func:`rlparity.train.train_step`; for prime-rl and
+    PipelineRL, whose "trainer"/"new" side is the current weights, that is what they log after an
+    update). ``options`` are the peer's own knobs (e.g. verl ``rollout_is="sequence"``,
+    ``rollout_rs={"token_k3": 0.3}``; TRL ``vllm_importance_sampling_mode``; prime-rl
+    ``advantages``, default the trace's ``advantage``). Returns a flat dict of the peer's names
+    with ``pair``, ``direction``, ``n_tokens``, ``n_excluded`` and ``source`` on ``.info``
+    (``as_dataset=True``: an ``xarray.Dataset``)."""
+    if names not in _FUNCS:
+        raise ValueError(f"names={names!r}; use one of {list(DASHBOARDS)}")
+    unknown = sorted(set(options) - _OPTIONS[names])
+    if unknown:
+        raise ValueError(f"{names} has no option {unknown}; its options: {sorted(_OPTIONS[names]) or 'none'}")
+    if policy not in ("old", "theta"):
+        raise ValueError(f"policy={policy!r}; use 'old' (pi_old, the backend pair) or 'theta' (pi_theta)")
+    mask = trace["response_mask"].values.astype(bool)
+    log_pi = policy_logprob(trace, policy, trainer)
+    log_mu = policy_logprob(trace, "mu", trainer)
+    usable = mask & np.isfinite(log_pi) & np.isfinite(log_mu)
+    if names == "prime-rl" and "advantages" not in options and "advantage" in trace:
+        adv = trace["advantage"].values
+        if np.isfinite(adv).all():
+            options = {**options, "advantages": adv}
+    values = _FUNCS[names](log_pi, log_mu, mask, **options)
+    pair = f"{'backend' if policy == 'old' else 'bypass'} ({POLICY_NAMES[policy]}, mu)"
+    out = DashboardMetrics(values, peer=names, pair=pair,
+                           direction=f"{policy_variable(policy, trainer)} - rollout_logprob",
+                           n_tokens=int(usable.sum()), n_excluded=int((mask & ~usable).sum()),
+                           source=SOURCES[names], trainer_side=trainer,
+                           options=str({k: v for k, v in options.items() if k != "advantages"}),
+                           arm=trace.attrs.get("arm", "default"))
+    return out.to_dataset() if as_dataset else out
+
+
+__all__ = ["DASHBOARDS", "SOURCES", "DashboardMetrics", "as_dashboard", "nemo_rl_metrics", "pipelinerl_metrics",
+           "prime_rl_metrics", "slime_metrics", "trl_metrics", "verl_metrics"]

@@ -1,0 +1,251 @@
+"""One real optimizer step of a transformers causal LM on a captured trace, then pi_theta rescored.
+
+The trainer-side forward is :class:`rlparity.score.Scorer`'s (same body, same LM head in
+``head_dtype``, same vLLM sampler transform for the ``processed`` reading), here with gradients:
+the loss is computed on exactly the tokens the engine sampled, with group-normalised advantages,
+and after one step the same scorer reads the updated weights (pi_theta).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from rlparity.score import Scorer, processed_logits
+from rlparity.trace import sequences, validate, with_trainer
+from rlparity.train.losses import LOSSES, clip_range, sequence_terms
+from rlparity.train.reward import group_advantages
+
+PI_OLD = {"processed": "trainer_processed_logprob", "raw": "trainer_logprob"}
+PI_THETA = {"processed": "trainer_updated_processed_logprob", "raw": "trainer_updated_logprob"}
+
+
+@dataclass
+class StepResult:
+    """What :func:`train_step` returns: the trace with pi_theta, rewards and advantages added;
+    the step's numbers; the flattened policy gradient when asked (float64, before clipping); the
+    stepped model (the one given, or the one loaded from a path) for the next step."""
+
+    trace: xr.Dataset
+    metrics: dict[str, Any] = field(default_factory=dict)
+    gradient: np.ndarray | None = None
+    model: Any = None
+
+
+def _rewards(trace: xr.Dataset, rewards) -> np.ndarray:
+    if rewards is None:
+        if "reward" not in trace or not np.isfinite(trace["reward"].values).all():
+            raise ValueError("the trace has no finite reward per sequence: pass rewards=array or "
+                             "rewards=rlparity.train.arithmetic_reward")
+        return trace["reward"].values.astype(float)
+    r = rewards(trace) if callable(rewards) else rewards
+    r = np.asarray(r, dtype=float)
+    if r.shape != (trace.sizes["sequence"],):
+        raise ValueError(f"rewards has shape {r.shape}; pass one reward per sequence ({trace.sizes['sequence']})")
+    return r
+
+
+def _token_logprobs(scorer: Scorer, hidden, tokens, temperature, top_k, top_p, trainer: str):
+    """Differentiable log-probabilities of ``tokens`` from hidden rows: the scorer's LM head
+    (its ``head_dtype``), then vLLM's sampler transform for the processed reading."""
+    import torch
+
+    hd = getattr(torch, scorer.head_dtype)
+    b = scorer.head_bias.to(hd) if scorer.head_bias is not None else None
+    logits = torch.nn.functional.linear(hidden.to(hd), scorer.head_weight.to(hd), b).float()
+    if trainer == "processed":
+        logits = processed_logits(logits, temperature, top_k, top_p)
+    return logits.log_softmax(dim=-1).gather(1, tokens.unsqueeze(1)).squeeze(1)
+
+
+def train_step(model: Any, trace: xr.Dataset, *, rewards: Sequence[float] | Callable | None = None,
+               loss: str = "gspo", lr: float | None = None, optimizer: Any = None,
+               group_by: str = "prompt_index", trainer: str = "processed", eps_low: float | None = None,
+               eps_high: float | None = None, token_weights: np.ndarray | None = None,
+               keep: np.ndarray | None = None, advantage_scale: str = "std", max_grad_norm: float | None = None,
+               dtype: str = "float32", head_dtype: str = "float32", device: str = "cpu", batch_size: int = 16,
+               return_gradient: bool = False, step: bool = True) -> StepResult:
+    """One optimizer step of ``model`` on ``trace``; returns the trace with pi_theta.
+
+    ``model`` is a path / hub id (loaded in ``dtype``) or a loaded transformers causal LM (trained
+    in place). The loss (``"gspo"``, ``"ppo"`` or ``"grpo"``, see :mod:`rlparity.train.losses`) is
+    computed on the captured tokens with the ``trainer`` reading (``"processed"``: temperature,
+    top-k, top-p as the sampler drew; ``"raw"``: full vocabulary); the ratio's denominator is that
+    reading at the weights the step starts from, detached (the trace's pi_old on a first step;
+    the returned trace keeps the trace's pi_old, the rollout-time reading); the LM head runs in ``head_dtype`` (float32, as trainers do) and the
+    model in eval mode (no dropout). ``rewards``: one per sequence, a function of the trace (e.g.
+    :func:`rlparity.train.arithmetic_reward`), or None for the trace's ``reward``; advantages are
+    group-normalised over ``group_by`` (the n samples of a prompt). ``eps_low`` / ``eps_high``
+    default to the loss's usual clip (0.2 / 0.2; GSPO 3e-4 / 4e-4).
+
+    Corrections, computed by the caller (e.g. with :mod:`rlparity.metrics.objective`) and given as
+    ``(sequence, position)`` arrays: ``token_weights`` multiply each token's loss (token TIS, the
+    decoupled correction weight pi_old/mu) and ``keep`` drops tokens (rejection masks).
+
+    ``optimizer``: a torch optimizer over the model's parameters, or None for AdamW(``lr``,
+    default 1e-5, no weight decay); ``max_grad_norm`` clips the gradient; ``step=False`` computes
+    the loss and gradient without stepping. The returned trace holds ``trainer_updated_logprob``,
+    ``trainer_updated_processed_logprob`` (pi_theta, rescored by :class:`rlparity.score.Scorer`),
+    pi_old (scored first if the trace had none), ``reward`` and ``advantage``; ``metrics`` the
+    step's numbers (pairs named: the in-step clip fraction is the update pair at the start of the
+    step, 0 on a first step).
+    """
+    import torch
+
+    if loss not in LOSSES:
+        raise ValueError(f"loss={loss!r}; use one of {LOSSES}")
+    if trainer not in PI_OLD:
+        raise ValueError(f"trainer={trainer!r}; use 'processed' or 'raw'")
+    if optimizer is not None and lr is not None:
+        raise ValueError("pass lr (for the default AdamW) or optimizer, not both")
+    if group_by not in trace:
+        raise ValueError(f"group_by={group_by!r} is not a trace variable; use prompt_index (samples of one prompt)")
+    validate(trace)
+    n, width = trace.sizes["sequence"], trace.sizes["position"]
+    mask = trace["response_mask"].values.astype(bool)
+    for name, arr in (("token_weights", token_weights), ("keep", keep)):
+        if arr is not None and np.shape(arr) != (n, width):
+            raise ValueError(f"{name} has shape {np.shape(arr)}; give one value per (sequence, position): {(n, width)}")
+    r = _rewards(trace, rewards)
+    adv = group_advantages(r, trace[group_by].values, scale=advantage_scale)
+    el, eh = clip_range(loss)
+    el = el if eps_low is None else eps_low
+    eh = eh if eps_high is None else eps_high
+    t0 = time.perf_counter()
+
+    scorer = Scorer(model, dtype=dtype, head_dtype=head_dtype, device=device, batch_size=batch_size,
+                    progress=False, tokenize_prompts=False)
+    module = scorer.module
+    if PI_OLD[trainer] not in trace or "trainer_logprob" not in trace:
+        trace = _with_readings(trace, scorer.score(trace), {"trainer_logprob": "trainer_logprob",
+                                                            "trainer_processed_logprob": "trainer_processed_logprob"})
+    stored_old = trace[PI_OLD[trainer]].values
+    params = [p for p in module.parameters() if p.requires_grad]
+    if optimizer is None:
+        optimizer = torch.optim.AdamW(params, lr=1e-5 if lr is None else lr, weight_decay=0.0)
+    seqs = sequences(trace)
+    temp, topk, topp = (trace[k].values for k in ("temperature", "top_k", "top_p"))
+    kept = mask & (np.ones_like(mask) if keep is None else np.asarray(keep, bool))
+
+    # first pass without gradients: pi_old at the current weights, which tokens are usable
+    module.eval()
+    batches = list(scorer.batches(seqs))
+    old = np.full((n, width), np.nan)
+    with torch.no_grad():
+        for batch in batches:
+            for i, lp in zip(batch, _batch_logprobs(scorer, seqs, batch, temp, topk, topp, trainer, device)):
+                old[i, : lp.numel()] = lp.double().cpu().numpy()
+    usable = mask & np.isfinite(old)
+    use = kept & usable
+    if token_weights is not None and not np.isfinite(np.asarray(token_weights, float)[use]).all():
+        raise ValueError("token_weights is not finite at some tokens that take part in the loss: drop those "
+                         "tokens with keep=... (e.g. tokens the rollout gives probability 0)")
+    n_tok = int(use.sum())
+    seq_has = use.any(axis=1)
+    n_seq = int(seq_has.sum())
+    if n_tok == 0:
+        raise ValueError("no token takes part in the loss: every token is masked or has trainer probability 0")
+
+    optimizer.zero_grad(set_to_none=True)
+    total_loss, n_clipped, n_clip_units = 0.0, 0, 0
+    for batch in batches:
+        lps = _batch_logprobs(scorer, seqs, batch, temp, topk, topp, trainer, device)
+        batch_loss = None
+        for i, lp in zip(batch, lps):
+            L = lp.numel()
+            sel = torch.as_tensor(use[i, :L])
+            if not bool(sel.any()):
+                continue
+            lp_k = lp[sel]
+            old_k = torch.as_tensor(old[i, :L][use[i, :L]], dtype=lp.dtype)
+            w = (None if token_weights is None else
+                 torch.as_tensor(np.asarray(token_weights, float)[i, :L][use[i, :L]], dtype=lp.dtype))
+            term, count, clipped = sequence_terms(loss, lp_k, old_k, float(adv[i]), el, eh, w)
+            if loss == "ppo":
+                term = term / n_tok
+            elif loss == "grpo":
+                term = term / count / n_seq
+            else:
+                term = term / n_seq
+            n_clipped += clipped
+            n_clip_units += count if loss != "gspo" else 1
+            batch_loss = term if batch_loss is None else batch_loss + term
+        if batch_loss is not None:
+            batch_loss.backward()
+            total_loss += float(batch_loss.detach())
+    grads = [p.grad for p in params]
+    grad_norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads if g is not None)))
+    gradient = None
+    if return_gradient:
+        gradient = np.concatenate([(g if g is not None else torch.zeros_like(p)).detach().double().cpu().numpy().ravel()
+                                   for g, p in zip(grads, params)])
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    if step:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+    after = scorer.score(trace)
+    out = _with_readings(trace, after, {"trainer_updated_logprob": "trainer_logprob",
+                                        "trainer_updated_processed_logprob": "trainer_processed_logprob"})
+    w_used = (np.ones(n_tok) if token_weights is None else np.asarray(token_weights, float)[use])
+    info = {"loss": loss, "lr": float(optimizer.param_groups[0]["lr"]), "eps_low": el, "eps_high": eh,
+            "trainer_side": trainer, "group_by": group_by, "advantage_scale": advantage_scale,
+            "stepped": bool(step), "corrections": {"token_weights": token_weights is not None, "keep": keep is not None}}
+    out = with_trainer(out, {"reward": r, "advantage": adv},
+                       {"train_step": {**info, "optimizer": type(optimizer).__name__}})
+    metrics = {
+        **info,
+        "loss_value": total_loss,
+        "grad_norm": grad_norm,
+        "n_tokens": int(mask.sum()),
+        "n_excluded_tokens": int((mask & ~usable).sum()),
+        "n_loss_tokens": n_tok,
+        "n_sequences": n,
+        "n_loss_sequences": n_seq,
+        "masked_fraction": float(1.0 - n_tok / max(int(usable.sum()), 1)),
+        "effective_batch_tokens": float(w_used.sum() ** 2 / (w_used ** 2).sum()) if (w_used ** 2).sum() > 0 else 0.0,
+        "in_step_clip_fraction": n_clipped / max(n_clip_units, 1),
+        "reward_mean": float(r.mean()),
+        "advantage_abs_mean": float(np.abs(adv).mean()),
+        "groups_with_signal": int(sum(np.any(adv[trace[group_by].values == g] != 0)
+                                      for g in np.unique(trace[group_by].values))),
+        "pi_old_max_abs_diff_vs_trace": float(np.nanmax(np.abs(np.where(usable, old - stored_old, np.nan))))
+        if usable.any() else float("nan"),
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+    return StepResult(out, metrics, gradient, module)
+
+
+def _batch_logprobs(scorer, seqs, batch, temp, topk, topp, trainer, device):
+    import torch
+
+    hidden = scorer.response_hidden(seqs, batch)
+    rows = [h for h, i in zip(hidden, batch) if len(seqs[i][1])]
+    idx = [i for i in batch if len(seqs[i][1])]
+    if not rows:
+        return [torch.zeros(0) for _ in batch]
+    lens = [len(seqs[i][1]) for i in idx]
+    tok = torch.tensor([t for i in idx for t in seqs[i][1]], device=device)
+    tt = torch.tensor([float(temp[i]) for i, L in zip(idx, lens) for _ in range(L)], device=device)
+    tk = torch.tensor([int(topk[i]) for i, L in zip(idx, lens) for _ in range(L)], dtype=torch.long, device=device)
+    tp = torch.tensor([float(topp[i]) for i, L in zip(idx, lens) for _ in range(L)], device=device)
+    lp = _token_logprobs(scorer, torch.cat(rows), tok, tt, tk, tp, trainer)
+    parts = dict(zip(idx, torch.split(lp, lens)))
+    return [parts.get(i, torch.zeros(0)) for i in batch]
+
+
+def _with_readings(trace: xr.Dataset, scored: xr.Dataset, names: dict[str, str]) -> xr.Dataset:
+    """``trace`` plus ``scored``'s trainer readings under new names (``{new: scored name}``)."""
+    attrs = {}
+    if "trainer_logprob" in names:  # first scoring: keep the scorer's provenance
+        attrs = {k: scored.attrs[k] for k in ("trainer", "scored_token_checksum") if k in scored.attrs}
+    return with_trainer(trace, {new: scored[old].values for new, old in names.items()}, attrs)
+
+
+__all__ = ["StepResult", "train_step"]

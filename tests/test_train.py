@@ -1,0 +1,136 @@
+"""One real optimizer step on the tiny model (CPU), sequences sampled with transformers generate."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlparity.metrics import objective as ob
+from rlparity.trace import from_rollouts, validate
+from rlparity.train import (
+    arithmetic_reward,
+    clip_range,
+    generate_trace,
+    group_advantages,
+    train_step,
+)
+
+
+@pytest.fixture(scope="module")
+def sampled(tiny_model):
+    from rlparity.models import make_prompts
+    from rlparity.score import score
+
+    trace = generate_trace(tiny_model, make_prompts(4, seed=3), n=4, max_new_tokens=12, seed=0)
+    return score(trace, tiny_model, progress=False)
+
+
+def split_rewards(trace):
+    """Within each prompt's group, samples 0 and 1 are rewarded: half the group has A > 0."""
+    return (trace["sample_index"].values < 2).astype(float)
+
+
+def seq_delta(trace, var="processed"):
+    new = trace[ob.policy_variable("theta", var)].values
+    old = trace[ob.policy_variable("old", var)].values
+    return np.nansum(new - old, axis=1)
+
+
+def test_group_advantages():
+    adv = group_advantages([1.0, 0.0, 1.0, 0.0, 5.0, 3.0, 3.0], [0, 0, 0, 0, 1, 2, 2])
+    g = np.array([1.0, 0.0, 1.0, 0.0])
+    np.testing.assert_allclose(adv[:4], (g - 0.5) / (g.std(ddof=1) + 1e-6))
+    assert adv[4] == 0  # a group of one sample
+    assert (adv[5:] == 0).all()  # equal rewards
+    np.testing.assert_allclose(group_advantages([1.0, 0.0], [0, 0], scale="none"), [0.5, -0.5])
+    with pytest.raises(ValueError, match="not finite"):
+        group_advantages([1.0, np.nan], [0, 0])
+
+
+def test_arithmetic_reward():
+    t = from_rollouts(prompt_token_ids=[[1], [1], [1]], token_ids=[[5], [5], [5]],
+                      rollout_logprobs=[[-0.1]] * 3, prompt_texts=["1+1=2;3+4=", "2*3=6;9-5=", "7+1="],
+                      response_texts=["7;2+2=5;", "3;1+1=2;", "8;1"])
+    np.testing.assert_allclose(arithmetic_reward(t), [0.5, 0.5, 1.0])
+    np.testing.assert_allclose(arithmetic_reward(t, which="first"), [1.0, 0.0, 1.0])
+
+
+def test_generate_trace_is_in_parity_with_the_scorer(sampled):
+    validate(sampled, require_trainer=True)
+    d = ob.pair_log_ratio(sampled, "backend").values
+    assert np.nanmax(np.abs(d)) < 1e-4  # same weights and precision; only KV-cache numerics differ
+    assert set(np.unique(sampled["prompt_index"].values)) == {0, 1, 2, 3}
+
+
+def test_zero_lr_leaves_pi_theta_equal_to_pi_old(sampled, tiny_model):
+    res = train_step(tiny_model, sampled, rewards=split_rewards, loss="gspo", lr=0.0)
+    for side in ("processed", "raw"):
+        new = res.trace[ob.policy_variable("theta", side)].values
+        old = res.trace[ob.policy_variable("old", side)].values
+        assert np.nanmax(np.abs(new - old)) < 1e-5
+    assert res.metrics["grad_norm"] > 0  # the loss had a gradient; only the step was empty
+    assert res.metrics["pi_old_max_abs_diff_vs_trace"] < 1e-5
+    # a loaded model is trained in place and handed back for the next step
+    again = train_step(res.model, res.trace, loss="ppo", lr=0.0)
+    assert again.model is res.model and again.metrics["pi_old_max_abs_diff_vs_trace"] < 1e-5
+
+
+@pytest.mark.parametrize("loss", ["gspo", "ppo", "grpo"])
+def test_a_step_raises_positive_advantage_sequences(sampled, tiny_model, loss):
+    res = train_step(tiny_model, sampled, rewards=split_rewards, loss=loss, lr=3e-4)
+    adv = res.trace["advantage"].values
+    delta = seq_delta(res.trace)
+    assert (adv > 0).sum() == 8 and (adv < 0).sum() == 8
+    assert delta[adv > 0].mean() > 0 > delta[adv < 0].mean()
+    assert (np.sign(delta) == np.sign(adv)).mean() >= 0.75
+    np.testing.assert_allclose(res.trace["reward"].values, split_rewards(sampled))
+    assert res.trace.attrs["train_step"]["loss"] == loss
+
+
+def test_update_clip_fraction_zero_at_tiny_lr_and_not_at_large(sampled, tiny_model):
+    tiny = train_step(tiny_model, sampled, rewards=split_rewards, loss="ppo", lr=1e-7)
+    cf = ob.clip_fraction(tiny.trace, "update")
+    assert cf.item() == 0.0 and cf.attrs["pair"] == "update (pi_theta, pi_old)"
+    assert ob.effective_sample_size(tiny.trace, "update").item() > 0.9999
+    big = train_step(tiny_model, sampled, rewards=split_rewards, loss="ppo", lr=3e-2)
+    assert ob.clip_fraction(big.trace, "update").item() > 0.05
+
+
+def test_corrections_enter_the_loss(sampled, tiny_model):
+    n, w = sampled.sizes["sequence"], sampled.sizes["position"]
+    zero = train_step(tiny_model, sampled, rewards=split_rewards, loss="ppo", lr=1e-3,
+                      token_weights=np.zeros((n, w)))
+    assert zero.metrics["grad_norm"] == 0.0
+    assert np.nanmax(np.abs(seq_delta(zero.trace))) < 1e-6
+    keep = np.zeros((n, w), bool)
+    keep[:, :3] = True
+    part = train_step(tiny_model, sampled, rewards=split_rewards, loss="ppo", lr=0.0, keep=keep,
+                      return_gradient=True, step=False)
+    usable = sampled["response_mask"].values
+    assert part.metrics["n_loss_tokens"] == int((keep & usable).sum())
+    assert abs(part.metrics["masked_fraction"] - (1 - (keep & usable).sum() / usable.sum())) < 1e-12
+    full = train_step(tiny_model, sampled, rewards=split_rewards, loss="ppo", lr=0.0, return_gradient=True,
+                      step=False)
+    cos = part.gradient @ full.gradient / np.linalg.norm(part.gradient) / np.linalg.norm(full.gradient)
+    assert part.gradient.shape == full.gradient.shape and cos < 0.999
+
+
+def test_bad_input_is_refused(sampled, tiny_model):
+    with pytest.raises(ValueError, match="loss="):
+        train_step(tiny_model, sampled, rewards=split_rewards, loss="dpo")
+    with pytest.raises(ValueError, match="one reward per sequence"):
+        train_step(tiny_model, sampled, rewards=[1.0, 0.0])
+    with pytest.raises(ValueError, match="not both"):
+        train_step(tiny_model, sampled, rewards=split_rewards, lr=1e-3, optimizer=object())
+    with pytest.raises(ValueError, match="no finite reward"):
+        train_step(tiny_model, sampled)
+
+
+def test_clip_ranges_come_from_the_one_defaults_object():
+    from rlparity.config import defaults_context
+
+    o = ob.OBJECTIVE_DEFAULTS
+    assert clip_range("ppo") == clip_range("grpo") == (o.ppo_eps, o.ppo_eps) == o.eps("token")
+    assert clip_range("gspo") == (o.gspo_eps_low, o.gspo_eps_high) == o.eps("sequence")
+    with defaults_context(eps=0.28, objective={"gspo_eps_high": 5e-4}):
+        assert clip_range("ppo") == (0.28, 0.28) and o.ppo_eps == 0.28 and clip_range("gspo")[1] == 5e-4
