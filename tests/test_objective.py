@@ -16,6 +16,7 @@ from rlparity.diagnose.objective import (
     correction_hides_backend_mismatch,
     ess_collapse,
     masked_fraction_high,
+    objective_findings,
     trace_findings,
     update_ratio_clipped_often,
 )
@@ -240,16 +241,25 @@ def test_correction_hides_backend_mismatch():
     assert correction_hides_backend_mismatch(configured, [semantic_error()])
 
 
-def test_trace_findings_on_the_diagnosed_traces():
+def test_diagnose_runs_the_objective_layer_after_the_backend():
+    """diagnose() runs the objective checks last, with the backend findings of the same arm: on a
+    raw-mode trace the objective layer says the backend ratio is off and that a correction would
+    hide the semantic error; on a parity trace it says nothing; the report lists the backend first."""
     from rlparity.diagnose import diagnose
 
     raw, par = synthetic_trace(**RAW), synthetic_trace(temperature=0.6, n_sequences=32)
-    names_raw = {f.name for f in trace_findings(raw, list(diagnose(raw)))}
+    report = diagnose(raw, correction="token_tis")
+    names_raw = {f.name for f in report.by_layer(Layer.OBJECTIVE)}
     assert {"backend_ratio_not_centred", "correction_hides_backend_mismatch", "masked_fraction_high"} <= names_raw
-    assert trace_findings(par, list(diagnose(par))) == []
-    assert all(f.layer == Layer.OBJECTIVE for f in trace_findings(raw, list(diagnose(raw))))
+    hides = next(f for f in report if f.name == "correction_hides_backend_mismatch")
+    assert hides.severity == Severity.ERROR and "backend first" in hides.fix
+    assert diagnose(par).by_layer(Layer.OBJECTIVE) == []
+    text = str(report)
+    assert text.index("semantic/raw_logprobs_used_as_processed") < text.index("objective/")
+    assert trace_findings(raw, prior=list(diagnose(raw).findings)) == [
+        f for f in diagnose(raw) if f.layer == Layer.OBJECTIVE]
     with pytest.raises(ValueError, match="unknown objective option"):
-        trace_findings(raw, tol=0.1)
+        objective_findings(raw, tol=0.1)
 
 
 # --------------------------------------------------------------------------------- demonstration

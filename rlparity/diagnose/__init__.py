@@ -2,9 +2,11 @@
 
 ``diagnose(data, **options)`` runs every check of every layer module, in layer order, and returns
 a :class:`Report`. A layer module (:mod:`~rlparity.diagnose.semantic`,
-:mod:`~rlparity.diagnose.path`, :mod:`~rlparity.diagnose.head`) contributes
+:mod:`~rlparity.diagnose.path`, :mod:`~rlparity.diagnose.head`, :mod:`~rlparity.diagnose.objective`)
+contributes
 
-* ``trace_findings(trace, options) -> list[Finding]``: checks on one arm, and
+* ``trace_findings(trace, options, prior) -> list[Finding]``: checks on one arm (``prior``: the
+  earlier layers' findings for that arm), and
 * ``arms_findings(arms, options) -> list[Finding]``: checks that compare arms of one store.
 
 Both receive the same :class:`DiagnoseOptions`; an unknown option is an error.
@@ -14,13 +16,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlparity.diagnose import head, path, semantic
+from rlparity.diagnose import head, objective, path, semantic
 from rlparity.diagnose.findings import Finding, Layer, Report, Severity
 from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.trace import as_arms
 
-# in layer order: semantic before the inference path, the LM head last
-LAYERS = (semantic, path, head)
+# in layer order: the backend (semantic, inference path, LM head) before the objective, which sees
+# the backend's findings (a correction must not hide a backend error)
+LAYERS = (semantic, path, head, objective)
 
 
 def diagnose(data: Any, options: DiagnoseOptions | None = None, *, title: str = "rlparity findings",
@@ -38,8 +41,8 @@ def diagnose(data: Any, options: DiagnoseOptions | None = None, *, title: str = 
         raise ValueError(f"reference={opts.reference!r} is not an arm of the data; arms: {sorted(arms)}")
     report = Report(title=title, context={"arms": list(arms), "options": opts.model_dump()})
     for layer in LAYERS:
-        for ds in arms.values():
-            report.extend(layer.trace_findings(ds, opts))
+        for name, ds in arms.items():
+            report.extend(layer.trace_findings(ds, opts, [f for f in report if f.arm == name]))
         if len(arms) > 1:
             report.extend(layer.arms_findings(arms, opts))
     return report

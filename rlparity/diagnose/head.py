@@ -88,7 +88,7 @@ def head_precision(trace: xr.Dataset, *, tol: float | None = None, trainer: str 
                    ev, FIX_ROLLOUT_FP32 + "; and " + FIX_TRAINER_FP32, arm)
 
 
-def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None) -> list[Finding]:
+def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=()) -> list[Finding]:
     """The head checks of one arm (called by :func:`rlparity.diagnose.diagnose`)."""
     opts = options or DiagnoseOptions()
     f = head_precision(trace, tol=opts.tol, trainer=opts.trainer, eps=opts.eps)

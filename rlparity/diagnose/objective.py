@@ -25,6 +25,7 @@ import numpy as np
 import xarray as xr
 
 from rlparity.diagnose.findings import Finding, Layer, Severity
+from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import objective as ob
 from rlparity.metrics.dashboard import verl_metrics
 
@@ -238,8 +239,8 @@ def correction_hides_backend_mismatch(trace: xr.Dataset, findings: Iterable[Find
                     trace.attrs.get("arm"))]
 
 
-def trace_findings(trace: xr.Dataset, findings: Iterable[Finding] = (), *, trainer: str = "processed",
-                   correction: Any = None, **thresholds: Any) -> list[Finding]:
+def objective_findings(trace: xr.Dataset, findings: Iterable[Finding] = (), *, trainer: str = "processed",
+                       correction: Any = None, **thresholds: Any) -> list[Finding]:
     """Every objective check on one trace; ``findings`` are the other layers' findings for it
     (for :func:`correction_hides_backend_mismatch`). ``thresholds`` go to the checks that name them;
     an unknown one is an error."""
@@ -262,5 +263,20 @@ def trace_findings(trace: xr.Dataset, findings: Iterable[Finding] = (), *, train
     return out
 
 
-__all__ = ["FIX_BACKEND_FIRST", "FIX_UPDATE", "VERL_HEALTHY", "backend_ratio_not_centred", "correction_hides_backend_mismatch",
+def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None,
+                   prior: Iterable[Finding] = ()) -> list[Finding]:
+    """The objective checks of one arm (called by :func:`rlparity.diagnose.diagnose` after the
+    backend layers, whose findings for this arm arrive as ``prior``). Thresholds:
+    ``defaults().objective`` (change them with :func:`rlparity.config.defaults_context`)."""
+    opts = options or DiagnoseOptions()
+    return objective_findings(trace, prior, trainer=opts.trainer, correction=opts.correction, eps=opts.eps)
+
+
+def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]:
+    """The objective layer has no check across arms."""
+    return []
+
+
+__all__ = ["FIX_BACKEND_FIRST", "FIX_UPDATE", "VERL_HEALTHY", "arms_findings", "backend_ratio_not_centred",
+           "correction_hides_backend_mismatch", "objective_findings",
            "corrected_health", "ess_collapse", "masked_fraction_high", "trace_findings", "update_ratio_clipped_often"]

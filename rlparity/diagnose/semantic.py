@@ -192,7 +192,7 @@ def prompt_token_parity(trace: xr.Dataset) -> Finding | None:
                    arm)
 
 
-def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None) -> list[Finding]:
+def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=()) -> list[Finding]:
     """Every semantic check on one scored trace (what :func:`rlparity.diagnose.diagnose` runs)."""
     opts = options or DiagnoseOptions()
     found = [logprob_semantics(trace, tol=opts.tol), renormalization(trace, tol=opts.tol),
