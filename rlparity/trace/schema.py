@@ -217,8 +217,10 @@ def validate(ds: xr.Dataset, *, require_trainer: bool = False, where: str = "tra
     trainer_present = [v for v in TRAINER_VARS if v in ds.variables]
     if require_trainer and not trainer_present:
         problems.append("no trainer variables: run `rlparity score TRACE --model MODEL` first")
-    elif trainer_present and "trainer_logprob" not in ds.variables:
-        problems.append("trainer variables present but trainer_logprob missing: re-run rlparity score")
+    elif trainer_present and not {"trainer_logprob", "trainer_processed_logprob"} & set(ds.variables):
+        # one reading is enough (an import carries the framework's own reading only)
+        problems.append("trainer variables present but neither trainer_logprob nor trainer_processed_logprob: "
+                        "re-run rlparity score")
     for name in list(ROLLOUT_VARS) + trainer_present:
         if name not in ds.variables:
             continue
@@ -256,8 +258,7 @@ def validate(ds: xr.Dataset, *, require_trainer: bool = False, where: str = "tra
     if badp.size:
         problems.append(f"prompt_length disagrees with prompt_token_id for sequences {badp[:10].tolist()}")
     if trainer_present:
-        tlp = ds["trainer_logprob"].values
-        if np.any(np.isnan(tlp[mask])):
+        if "trainer_logprob" in ds.variables and np.any(np.isnan(ds["trainer_logprob"].values[mask])):
             problems.append("trainer_logprob is NaN at response tokens: rescoring did not cover every "
                             "token (lengths misaligned between rollout and trainer)")
         scored = ds.attrs.get("scored_token_checksum")

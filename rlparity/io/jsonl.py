@@ -1,0 +1,36 @@
+"""Line-by-line JSONL reading with file:line errors (shared by the JSONL formats)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rlparity.io.common import ImportFormatError
+
+
+def iter_jsonl(file: Path, advance=lambda n: None) -> Iterator[tuple[int, Any]]:
+    """``(line number, parsed value)`` for every non-blank line, one line in memory at a time;
+    a line that is not JSON raises :class:`ImportFormatError` naming ``file:line``."""
+    with open(file, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            advance(len(raw))
+            if not raw.strip():
+                continue
+            try:
+                yield lineno, json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                msg = getattr(err, "msg", str(err))
+                col = getattr(err, "colno", None)
+                cut = "; the line is cut short (was the file still being written?)" if not raw.endswith(b"\n") else ""
+                raise ImportFormatError(
+                    f"{file}:{lineno}: not valid JSON ({msg}{f' at column {col}' if col else ''}){cut}") from None
+
+
+def jsonl_files(path: Path, pattern: str) -> list[Path]:
+    from rlparity.io.common import natural_key
+
+    if path.is_file():
+        return [path]
+    return sorted((p for p in path.rglob(pattern) if p.is_file()), key=natural_key)
