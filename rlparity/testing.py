@@ -44,7 +44,7 @@ def synthetic_trace(
     """
     rng = np.random.default_rng(seed)
     lengths = rng.integers(max(1, max_len // 2), max_len + 1, size=n_sequences)
-    prompts, toks, mus, pis, ppis, ents, pents, maxl, ranks, kept = ([] for _ in range(10))
+    prompts, toks, mus, pis, ppis, ents, pents, maxl, ranks, kept, margins = ([] for _ in range(11))
     for L in lengths:
         logits = rng.normal(0, 2.5, size=(L, vocab))
         scaled = logits / temperature
@@ -68,6 +68,9 @@ def synthetic_trace(
         rlog = _log_softmax(logits)
         t = np.array([rng.choice(vocab, p=np.exp(row)) for row in plog])
         idx = np.arange(L)
+        cut = ~np.isfinite(scaled).all(axis=1)
+        edge = np.where(np.isfinite(scaled), logits, np.inf).min(axis=1)
+        margins.append(np.where(cut, edge - logits[idx, t], np.nan))
         roll_logits = logits + rng.normal(0, head_noise, size=logits.shape) if head_noise else logits
         roll_scaled = np.where(np.isfinite(scaled), roll_logits / temperature, -np.inf)
         roll = (_log_softmax(roll_scaled) if logprobs_mode == "processed_logprobs"
@@ -105,7 +108,7 @@ def synthetic_trace(
         "trainer_logprob": pad(pis), "trainer_processed_logprob": pad(ppis),
         "trainer_entropy": pad(ents), "trainer_processed_entropy": pad(pents),
         "trainer_max_logit": pad(maxl), "trainer_token_rank": pad(ranks, -1, np.int64),
-        "trainer_log_kept_mass": np.minimum(pad(kept), 0.0),
+        "trainer_log_kept_mass": np.minimum(pad(kept), 0.0), "trainer_cut_margin": pad(margins),
     }, {"trainer": {"model": "synthetic", "dtype": "float32", "head_dtype": "float32"}})
     ds.attrs["scored_token_checksum"] = token_checksum(ds)
     return ds

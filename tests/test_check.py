@@ -49,7 +49,7 @@ def test_check_cli_on_one_arm_and_json(store, tmp_path):
     # a looser file can let raw logprobs through: thresholds really come from the YAML
     loose = tmp_path / "loose.yaml"
     loose.write_text("max_abs_log_ratio_mean: null\nmax_abs_log_ratio_rms: null\nmean_ratio: null\n"
-                     "max_clip_fraction: null\nforbid_findings: []\nfail_on: none\n")
+                     "max_kl_k3: null\nmax_clip_fraction: null\nforbid_findings: []\nfail_on: none\n")
     save({"raw": arms["raw"]}, tmp_path / "raw.zarr")
     assert run_check(tmp_path / "raw.zarr", "--thresholds", loose).returncode == 0
     assert run_check(tmp_path / "raw.zarr").returncode == 1
@@ -65,4 +65,8 @@ def test_threshold_file_errors_name_the_key(tmp_path):
     with pytest.raises(ValueError, match="must contain 1.0"):
         Thresholds(mean_ratio=(1.1, 1.2))
     assert load_thresholds().max_zero_prob_share == 0.0  # the shipped defaults load
+    from rlparity.config import defaults
+    from rlparity.diagnose.check import default_thresholds_path
+
+    assert load_thresholds(default_thresholds_path()) == defaults().check  # the shipped file is the defaults
     assert run_check().returncode == 2  # neither a trace nor --model

@@ -129,13 +129,15 @@ def test_nemo_rl_raw_mode_vs_parity_on_the_frameworks_own_reading():
     assert got.tolist() == ids and parity["reward"].values[0] == row["rewards"][0]
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError, reason=(
-    "diagnose needs both trainer readings today (semantic.logprob_semantics reads trainer_logprob); an import "
-    "carries the framework's one reading"))
 def test_diagnose_a_single_reading_import():
+    """An import carries the framework's one trainer reading: the semantic verdict comes from the
+    mean offset (a faithful rollout has mean(d) + var(d)/2 = 0); the raw-mode dump is caught."""
     bad = diagnose(rio.read("nemo-rl", NEMO / "raw_mode", **NEMO_SAMPLING))
     good = diagnose(rio.read("nemo-rl", NEMO / "parity", **NEMO_SAMPLING))
-    assert bad.has_errors and not good.problems()
+    f = next(f for f in bad if f.name == "logprobs_not_processed")
+    assert f.severity == Severity.ERROR and f.evidence["offset_z"] > 4 and "processed_logprobs" in f.fix
+    assert not good.problems(), str(good)
+    assert "logprobs_processed" in good.names(Severity.INFO)
 
 
 def test_pipelinerl_rollout_side_scored_then_diagnosed(tiny_model):

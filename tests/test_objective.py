@@ -208,10 +208,11 @@ def test_ess_and_masked_fraction_findings():
     assert f and f[0].evidence["weights"] == "raw (untruncated)" and f[0].evidence["ess_sequence_product"] < 0.3
     assert ess_collapse(synthetic_trace()) == []
     assert ess_collapse(raw, ess_min=0.1, ess_collapse=0.05) == []
-    m = masked_fraction_high(raw)
+    assert masked_fraction_high(raw) == []  # no mask configured: nothing to judge
+    m = masked_fraction_high(raw, rules=["geometric_band", "product_band", "token_band"])
     assert {x.evidence["rule"] for x in m} >= {"geometric_band", "product_band"}
     assert all(x.evidence["direction"] == "trainer_processed_logprob - rollout_logprob" for x in m)
-    assert masked_fraction_high(synthetic_trace()) == []
+    assert masked_fraction_high(synthetic_trace(), rules=["product_band"]) == []
     configured = raw.assign_attrs(objective_correction={"masks": ["token_band"]})
     only = masked_fraction_high(configured, masked_fraction_max=0.05)
     assert [x.evidence["rule"] for x in only] == ["token_band"] and " drops " in only[0].summary
@@ -248,16 +249,16 @@ def test_diagnose_runs_the_objective_layer_after_the_backend():
     from rlparity.diagnose import diagnose
 
     raw, par = synthetic_trace(**RAW), synthetic_trace(temperature=0.6, n_sequences=32)
-    report = diagnose(raw, correction="token_tis")
+    report = diagnose(raw, correction="token_tis, geometric_band")
     names_raw = {f.name for f in report.by_layer(Layer.OBJECTIVE)}
     assert {"backend_ratio_not_centred", "correction_hides_backend_mismatch", "masked_fraction_high"} <= names_raw
     hides = next(f for f in report if f.name == "correction_hides_backend_mismatch")
     assert hides.severity == Severity.ERROR and "backend first" in hides.fix
     assert diagnose(par).by_layer(Layer.OBJECTIVE) == []
+    assert diagnose(raw).names() >= {"backend_ratio_not_centred"} and "masked_fraction_high" not in diagnose(raw).names()
     text = str(report)
     assert text.index("semantic/raw_logprobs_used_as_processed") < text.index("objective/")
-    assert trace_findings(raw, prior=list(diagnose(raw).findings)) == [
-        f for f in diagnose(raw) if f.layer == Layer.OBJECTIVE]
+    assert trace_findings(raw, prior=list(diagnose(raw).findings)) == diagnose(raw).by_layer(Layer.OBJECTIVE)
     with pytest.raises(ValueError, match="unknown objective option"):
         objective_findings(raw, tol=0.1)
 

@@ -49,17 +49,40 @@ def test_identity_sampling_is_untestable_not_clean():
     assert f.name == "logprob_semantics_untestable"
 
 
-def test_zero_probability_tokens_are_counted_and_located():
-    tr = synthetic_trace(top_k=8)
-    lp = tr["trainer_processed_logprob"].values.copy()
-    lp[3, 2] = lp[5, 0] = -np.inf
+def _excluded(tr, cells, margins):
+    """The trainer excludes the tokens at ``cells``, each ``margins`` logits beyond its set's edge."""
+    tr = tr.copy()
+    lp, cm = tr["trainer_processed_logprob"].values.copy(), tr["trainer_cut_margin"].values.copy()
+    for (i, j), m in zip(cells, margins):
+        lp[i, j], cm[i, j] = -np.inf, m
     tr["trainer_processed_logprob"] = (("sequence", "position"), lp)
+    tr["trainer_cut_margin"] = (("sequence", "position"), cm)
+    return tr
+
+
+def test_zero_probability_tokens_are_counted_located_and_split_by_cause():
+    """Two tokens clearly outside the trainer's top-k set (other sampling parameters: an error)
+    and one within rounding of the set's edge (a boundary flip: information); all counted."""
+    base = synthetic_trace(top_k=8)
+    assert np.nanmax(base["trainer_cut_margin"].values) <= 0  # every sampled token is inside the kept set
+    tr = _excluded(base, [(3, 2), (5, 0), (6, 1)], [5.0, 3.0, 1e-3])
     z = zero_prob_tokens(tr)
-    assert z.sizes["token"] == 2 and sorted(z["sequence_index"].values.tolist()) == [3, 5]
-    f = S.zero_probability_tokens(tr)
-    assert f.severity == Severity.ERROR and f.evidence["n_zero_prob_tokens"] == 2
-    assert f.evidence["positions"] == [0, 2]
-    assert S.zero_probability_tokens(synthetic_trace(top_k=8)) is None
+    assert z.sizes["token"] == 3 and sorted(z["sequence_index"].values.tolist()) == [3, 5, 6]
+    assert dict(zip(z["sequence_index"].values.tolist(), z["cause"].values.tolist())) == {
+        3: "outside", 5: "outside", 6: "boundary"}
+    found = {f.name: f for f in S.zero_probability_tokens(tr)}
+    assert found["zero_probability_tokens"].severity == Severity.ERROR
+    assert found["zero_probability_tokens"].evidence["n_tokens_with_cause"] == 2
+    assert found["zero_probability_tokens"].evidence["positions"] == [0, 2]
+    assert found["topk_boundary_flips"].severity == Severity.INFO  # 1 of ~290 tokens is below the share
+    assert S.zero_probability_tokens(base) == []
+    # many flips: a warning, and a larger measured noise widens the margin
+    many = _excluded(base, [(i, 0) for i in range(16)], [0.05] * 16)
+    assert {f.name: f.severity for f in S.zero_probability_tokens(many)} == {"topk_boundary_flips": Severity.WARNING}
+    assert set(zero_prob_tokens(many)["cause"].values) == {"boundary"}  # 0.05 < 2 bf16 ulps of the max logit
+    far = _excluded(base, [(i, 0) for i in range(4)], [0.5] * 4)
+    assert set(zero_prob_tokens(far)["cause"].values) == {"outside"}
+    assert set(zero_prob_tokens(far, noise_rms=0.5)["cause"].values) == {"boundary"}  # a noisy engine flips more
 
 
 def test_renormalization_offset_and_unrenormalized_rollout():

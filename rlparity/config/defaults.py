@@ -33,15 +33,24 @@ class CheckThresholds(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     trainer: TrainerSide = "processed"
-    max_abs_log_ratio_mean: float | None = Field(0.02, ge=0)
-    max_abs_log_ratio_rms: float | None = Field(0.05, ge=0)
-    mean_ratio: tuple[float, float] | None = (0.98, 1.02)
-    max_clip_fraction: float | None = Field(0.05, ge=0, le=1)
+    # peers' published gates, checked against the shipped H200 bf16 and CPU parity captures:
+    max_abs_log_ratio_mean: float | None = Field(0.1, ge=0, description="mean |d| (nats): slime's CI gate "
+                                                 "train_rollout_logprob_abs_diff <= 0.1")
+    max_abs_log_ratio_rms: float | None = Field(0.2, ge=0, description="RMS of d (nats)")
+    max_kl_k3: float | None = Field(0.015, ge=0, description="k3 estimate of KL(mu || pi_old) (nats): prime-rl's "
+                                    "new-model gate, mean mismatch KL < 0.015")
+    mean_ratio: tuple[float, float] | None = Field((0.98, 1.02), description="band for mean pi_old/mu")
+    max_clip_fraction: float | None = Field(0.05, ge=0, le=1, description="share of tokens with pi_old/mu outside "
+                                            "[1-clip_eps, 1+clip_eps]")
     clip_eps: float = Field(0.2, gt=0)
-    max_zero_prob_share: float | None = Field(0.0, ge=0, le=1)
+    max_zero_prob_share: float | None = Field(0.0, ge=0, le=1, description="share of tokens clearly outside the "
+                                              "trainer's top-k/top-p set")
+    max_boundary_flip_share: float | None = Field(0.005, ge=0, le=1, description="share of tokens just outside the "
+                                                  "set, within rounding of its edge (boundary flips)")
     forbid_findings: list[str] = Field(default_factory=lambda: [
-        "raw_logprobs_used_as_processed", "rollout_not_renormalized", "logprobs_match_neither",
-        "prompt_token_mismatch", "zero_probability_tokens"])
+        "raw_logprobs_used_as_processed", "logprobs_not_processed", "rollout_not_renormalized",
+        "logprobs_match_neither", "prompt_token_mismatch", "zero_probability_tokens",
+        "stale_prefix_cache_after_update"])
     fail_on: Literal["error", "warning", "none"] = "error"
 
     @field_validator("mean_ratio")
@@ -137,6 +146,17 @@ class Defaults(BaseModel):
     # diagnoses
     tol: float = Field(0.02, gt=0, description="RMS of d (nats) under which two sides count as matched; "
                                                 "calibrated on CPU float32 captures of the tiny model")
+    semantic_tol: float = Field(0.2, gt=0, lt=0.5, description="share of the gap between the trainer's processed "
+                                "and raw readings within which the rollout counts as one of them (dimensionless: "
+                                "the same on any device and model; the H200 bf16 parity arm sits at alpha ~1.0, "
+                                "the raw arm at ~0.0)")
+    offset_z: float = Field(4.0, gt=0, description="standard errors a mean offset of d must exceed to count as a "
+                                                  "semantic mismatch when the trace holds one trainer reading")
+    boundary_flip_share: float = Field(0.005, ge=0, le=1, description="share of tokens just outside the trainer's "
+                                       "top-k/top-p set (within rounding of its edge) above which the flips warn; the "
+                                       "H200 bf16 parity arm has about 1e-4")
+    boundary_flip_ulps: float = Field(2.0, gt=0, description="a token this many bfloat16 ulps (2^-7 relative) of the "
+                                      "largest logit, or 3 noise RMS, from the kept set's edge counts as a flip")
     tol_reference: float = Field(0.0, ge=0, description="max |d_ref| (nats) above which a setting changes the "
                                                          "numerics against the reference arm (0: any bit)")
     tol_trainer: float = Field(1e-3, ge=0, description="change of mean |d| vs the trainer (nats) above which a "

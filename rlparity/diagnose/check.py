@@ -10,12 +10,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import ValidationError
 
 from rlparity.config.defaults import CheckThresholds, defaults
 from rlparity.diagnose import diagnose
 from rlparity.diagnose.findings import Report, Severity
-from rlparity.metrics import summary
+from rlparity.metrics import summary, trainer_side, zero_prob_tokens
 from rlparity.trace import as_arms
 
 
@@ -94,11 +95,14 @@ def check(data: Any, thresholds: Thresholds | None = None) -> CheckResult:
     report = diagnose(arms, title="parity findings", trainer=th.trainer, eps=th.clip_eps)
     res = CheckResult(report=report)
     for arm, ds in arms.items():
-        s = summary(ds, trainer=th.trainer, eps=th.clip_eps)
-        val = {k: s[k].item() for k in ("abs_log_ratio_mean", "abs_log_ratio_rms", "mean_ratio",
-                                        "clip_fraction", "n_zero_prob", "n_tokens")}
+        side = trainer_side(ds, th.trainer)
+        s = summary(ds, trainer=side, eps=th.clip_eps)
+        val = {k: s[k].item() for k in ("abs_log_ratio_mean", "abs_log_ratio_rms", "kl_k3", "mean_ratio",
+                                        "clip_fraction", "n_tokens")}
+        if val["n_tokens"] == 0:
+            raise ValueError(f"arm {arm!r} has no response tokens: nothing to judge (capture with max_tokens >= 1)")
         limits = [("abs_log_ratio_mean", th.max_abs_log_ratio_mean), ("abs_log_ratio_rms", th.max_abs_log_ratio_rms),
-                  ("clip_fraction", th.max_clip_fraction)]
+                  ("kl_k3", th.max_kl_k3), ("clip_fraction", th.max_clip_fraction)]
         for name, lim in limits:
             if lim is not None:
                 v = val[name]
@@ -107,10 +111,14 @@ def check(data: Any, thresholds: Thresholds | None = None) -> CheckResult:
             lo, hi = th.mean_ratio
             v = val["mean_ratio"]
             res.checks.append(Check(arm, "mean_ratio", v, f"in [{lo}, {hi}]", bool(lo <= v <= hi)))
-        if th.max_zero_prob_share is not None:
-            share = val["n_zero_prob"] / max(val["n_tokens"], 1)
-            res.checks.append(Check(arm, "zero_prob_share", share, f"<= {th.max_zero_prob_share}",
-                                    bool(share <= th.max_zero_prob_share)))
+        noise = next((f.evidence.get("noise_floor_rms") for f in report
+                      if f.arm == arm and f.layer.value == "semantic" and "noise_floor_rms" in f.evidence), None)
+        causes = zero_prob_tokens(ds, side, noise_rms=noise)["cause"].values
+        for name, lim, which in (("zero_prob_share", th.max_zero_prob_share, ("outside", "unclassified")),
+                                 ("boundary_flip_share", th.max_boundary_flip_share, ("boundary",))):
+            if lim is not None:
+                share = int(np.isin(causes, which).sum()) / val["n_tokens"]
+                res.checks.append(Check(arm, name, share, f"<= {lim}", bool(share <= lim)))
         names = {f.name for f in report if f.arm == arm}
         bad = sorted(names & set(th.forbid_findings))
         res.checks.append(Check(arm, "forbidden_findings", ", ".join(bad) or "none", "none", not bad))

@@ -87,8 +87,10 @@ def masked_fraction_high(trace: xr.Dataset, *, pair: str = "backend", rules: Ite
                          masked_fraction_error: float | None = None) -> list[Finding]:
     """The share of usable tokens each rejection rule drops on ``pair``: a warning above
     ``masked_fraction_max``, an error above ``masked_fraction_error``. ``rules`` default to the
-    masks the trace's ``objective_correction`` attrs configure, else the token, geometric and
-    product bands as a what-if ("would drop"). ``thresholds`` maps a rule to its band / bound."""
+    masks the trace's ``objective_correction`` attrs configure; with none configured nothing is
+    judged (what a mask *would* drop is in :func:`rlparity.metrics.objective.objective_summary`, not a
+    finding: a tight geometric band drops most of a healthy bf16 batch). ``thresholds`` maps a rule
+    to its band / bound."""
     o = ob.OBJECTIVE_DEFAULTS
     hi_warn = o.masked_fraction_max if masked_fraction_max is None else masked_fraction_max
     hi_err = o.masked_fraction_error if masked_fraction_error is None else masked_fraction_error
@@ -96,7 +98,7 @@ def masked_fraction_high(trace: xr.Dataset, *, pair: str = "backend", rules: Ite
         return []
     configured = (trace.attrs.get("objective_correction") or {}).get("masks") \
         if isinstance(trace.attrs.get("objective_correction"), Mapping) else None
-    rules = list(rules or configured or ob.BAND_RULES)
+    rules = list(rules or configured or [])
     verb = "drops" if (configured and set(rules) <= set(configured)) else "would drop"
     out = []
     for rule in rules:
@@ -198,6 +200,17 @@ def corrected_health(trace: xr.Dataset, *, trainer: str = "processed", cap: floa
     return {**vals, "looks_healthy": bool(healthy)}
 
 
+def _correction_names(correction: Any) -> list[str]:
+    """``"token_tis, geometric_band"`` / a list / a mapping -> the names it configures."""
+    if not correction:
+        return []
+    if isinstance(correction, str):
+        return [c.strip() for c in correction.replace(";", ",").split(",") if c.strip()]
+    if isinstance(correction, Mapping):
+        return [str(k) for k, v in correction.items() if v]
+    return [str(c) for c in correction]
+
+
 def _configured(trace: xr.Dataset, correction) -> Any:
     if correction:
         return correction
@@ -255,7 +268,12 @@ def objective_findings(trace: xr.Dataset, findings: Iterable[Finding] = (), *, t
     pick = lambda *names: {k: t[k] for k in names if k in t}  # noqa: E731
     out = backend_ratio_not_centred(trace, trainer=trainer, **pick("backend_ratio_tol", "backend_ratio_z"))
     out += ess_collapse(trace, trainer=trainer, **pick("ess_min", "ess_collapse"))
-    out += masked_fraction_high(trace, trainer=trainer, **pick("masked_fraction_max", "masked_fraction_error"))
+    masks = [r for r in _correction_names(correction) if r in ob.RULES]
+    if masks:
+        out += masked_fraction_high(trace, trainer=trainer, rules=masks,
+                                    **pick("masked_fraction_max", "masked_fraction_error"))
+    else:
+        out += masked_fraction_high(trace, trainer=trainer, **pick("masked_fraction_max", "masked_fraction_error"))
     out += update_ratio_clipped_often(trace, trainer=trainer, **pick("eps", "gspo_eps", "clip_fraction_max",
                                                                     "sequence_clip_fraction_max"))
     out += correction_hides_backend_mismatch(trace, list(findings), correction=correction, trainer=trainer,

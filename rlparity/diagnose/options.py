@@ -29,13 +29,16 @@ class DiagnoseOptions(BaseModel):
                                                     "default: the store's own reference arm")
     trainer: TrainerSide = _d("trainer")
     tol: float = _d("tol")
+    semantic_tol: float = _d("semantic_tol")
+    offset_z: float = _d("offset_z")
     tol_reference: float = _d("tol_reference")
     tol_trainer: float = _d("tol_trainer")
     eps: float = _d("eps")
     profile: str = _d("profile")
-    correction: str | None = Field(None, description="the off-policy correction the RL run applies (e.g. "
-                                                     "'token_tis', 'geometric_mask'); with a backend error it is "
-                                                     "reported as hiding the mismatch")
+    correction: str | None = Field(None, description="the off-policy corrections the RL run applies, comma "
+                                                     "separated (e.g. 'token_tis, geometric_band'); with a backend "
+                                                     "error they are reported as hiding the mismatch, and a mask "
+                                                     "rule's masked fraction is judged")
 
     @classmethod
     def make(cls, options: DiagnoseOptions | None = None, **changes: Any) -> DiagnoseOptions:

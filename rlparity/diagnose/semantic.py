@@ -20,7 +20,15 @@ import xarray as xr
 from rlparity.config.defaults import defaults
 from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.diagnose.options import DiagnoseOptions
-from rlparity.metrics import BACKEND_PAIR_D, by_temperature, core, log_ratio, zero_prob_tokens
+from rlparity.metrics import (
+    BACKEND_PAIR_D,
+    TRAINER_VARIABLE,
+    by_temperature,
+    core,
+    log_ratio,
+    trainer_readings,
+    zero_prob_tokens,
+)
 
 FIX_PROCESSED = ("start vLLM with --logprobs-mode processed_logprobs "
                  "(LLM(..., logprobs_mode='processed_logprobs'))")
@@ -33,61 +41,114 @@ def _identity_sampling(trace: xr.Dataset) -> bool:
                 and np.all(trace["top_p"].values >= 1.0))
 
 
-def _finite_rms(d: np.ndarray, mask: np.ndarray) -> float:
-    return float(core.masked_rms(d, mask))
-
-
-def logprob_semantics(trace: xr.Dataset, *, tol: float | None = None) -> Finding:
-    """Whether rollout logprobs are raw or processed.
-
-    ``tol`` is the RMS of d (nats, over tokens the trainer gives non-zero probability) under which
-    a side counts as matched. The trainer's expected side is the processed one (what the sampler
-    drew from); when sampling is the identity (temperature 1, no top-k/top-p) both readings agree
-    and no mismatch can be seen.
-    """
-    tol = defaults().tol if tol is None else tol
-    mask = trace["response_mask"].values.astype(bool)
-    rms = {side: _finite_rms(log_ratio(trace, side).values, mask) for side in ("processed", "raw")}
-    evidence: dict = {"rms_d_vs_trainer_processed": rms["processed"], "rms_d_vs_trainer_raw": rms["raw"],
-                      "pair": PAIR,
-                      "engine_logprobs_mode": trace.attrs.get("engine_effective", {}).get("logprobs_mode")}
+def _offsets_by_temperature(trace: xr.Dataset, side: str) -> dict:
     temps = np.unique(trace["temperature"].values)
-    if temps.size > 1:
-        bt = by_temperature(trace, "processed")
-        offsets = {f"T={t:g}": float(v) for t, v in zip(bt["temperature"].values, bt["log_ratio_mean"].values)}
-        evidence["mean_d_by_temperature"] = offsets
-        finite = [v for v in offsets.values() if np.isfinite(v)]
-        evidence["mean_d_range_over_temperatures"] = float(max(finite) - min(finite)) if finite else float("nan")
+    if temps.size < 2:
+        return {}
+    bt = by_temperature(trace, side)
+    offsets = {f"T={t:g}": float(v) for t, v in zip(bt["temperature"].values, bt["log_ratio_mean"].values)}
+    finite = [v for v in offsets.values() if np.isfinite(v)]
+    return {"mean_d_by_temperature": offsets,
+            "mean_d_range_over_temperatures": float(max(finite) - min(finite)) if finite else float("nan")}
+
+
+def logprob_semantics(trace: xr.Dataset, *, semantic_tol: float | None = None,
+                      offset_z: float | None = None) -> Finding:
+    """Whether rollout logprobs are raw or processed, from relative evidence.
+
+    With both trainer readings, the rollout logprob ``mu`` is placed on the line between them:
+    ``mu - raw = alpha (processed - raw) + noise`` (least squares, :func:`rlparity.metrics.core.reading_fit`).
+    ``alpha ~ 1``: processed; ``alpha ~ 0``: raw; within ``semantic_tol`` of the gap (or three
+    standard errors, if larger). The residual is the numeric noise floor of this engine and model:
+    it never enters the verdict as a tolerance, so a bf16 GPU engine and an fp32 CPU engine are
+    judged alike. With one trainer reading (an imported dump), the mean offset of d is tested
+    against what a faithful rollout gives (``E[d] = -Var(d)/2``, mean ratio 1): more than
+    ``offset_z`` standard errors above it is the raw-mode signature. When sampling is the identity
+    (temperature 1, no top-k/top-p) both readings agree and no mismatch can be seen.
+    """
+    o = defaults()
+    semantic_tol = o.semantic_tol if semantic_tol is None else semantic_tol
+    offset_z = o.offset_z if offset_z is None else offset_z
+    mask = trace["response_mask"].values.astype(bool)
+    readings = trainer_readings(trace)
+    mu = trace["rollout_logprob"].values
+    evidence: dict = {"pair": PAIR, "trainer_readings": readings,
+                      "engine_logprobs_mode": (trace.attrs.get("engine_effective") or {}).get("logprobs_mode")}
+    for side in readings:
+        evidence[f"rms_d_vs_trainer_{side}"] = float(core.masked_rms(log_ratio(trace, side).values, mask))
+    evidence.update(_offsets_by_temperature(trace, readings[0]))
     arm = trace.attrs.get("arm")
     if _identity_sampling(trace):
         return Finding(Layer.SEMANTIC, "logprob_semantics_untestable", Severity.INFO,
                        "sampling is the identity (T=1, no top-k/top-p): raw and processed coincide",
                        evidence, "capture at the temperature/top-k/top-p your RL run uses", arm)
-    if rms["processed"] <= tol:
-        return Finding(Layer.SEMANTIC, "logprobs_processed", Severity.INFO,
-                       "rollout logprobs match the trainer's processed distribution", evidence, "", arm)
-    if rms["raw"] <= tol or rms["raw"] < rms["processed"] / 3:
-        summary = ("rollout logprobs are raw (before temperature/top-k/top-p) while the trainer "
-                   "recomputes the processed distribution the sampler drew from")
-        if "mean_d_range_over_temperatures" in evidence:
-            summary += "; the mean offset moves with temperature (the raw-mode signature)"
-        return Finding(Layer.SEMANTIC, "raw_logprobs_used_as_processed", Severity.ERROR, summary,
-                       evidence, FIX_PROCESSED, arm)
-    return Finding(Layer.SEMANTIC, "logprobs_match_neither", Severity.WARNING,
-                   "rollout logprobs match neither trainer reading within tolerance: look at the "
-                   "inference path (precision, LM head, kernels)", evidence, "", arm)
+    raw_signature = ("rollout logprobs are raw (before temperature/top-k/top-p) while the trainer recomputes the "
+                     "processed distribution the sampler drew from")
+    if len(readings) == 2:
+        P, R = trace[TRAINER_VARIABLE["processed"]].values, trace[TRAINER_VARIABLE["raw"]].values
+        fit = core.reading_fit(mu - R, P - R, mask)
+        alpha, se = fit["alpha"], fit["alpha_se"]
+        band = max(semantic_tol, 3 * se) if np.isfinite(se) else semantic_tol
+        evidence.update({"alpha_processed": alpha, "alpha_se": se, "alpha_band": band,
+                         "noise_floor_rms": fit["noise_rms"], "separation_rms": fit["separation_rms"],
+                         "n_tokens_fitted": fit["n_tokens"],
+                         "reading": "mu - log pi_raw = alpha (log pi_processed - log pi_raw) + noise; "
+                                    "alpha 1 = processed, 0 = raw"})
+        if not np.isfinite(alpha) or se > semantic_tol:
+            return Finding(Layer.SEMANTIC, "logprob_semantics_untestable", Severity.INFO,
+                           "the trainer's processed and raw readings are too close, at this noise, to tell "
+                           f"which one the rollout reports (alpha {alpha:.3g} +- {se:.2g})", evidence,
+                           "capture more tokens, or at the temperature/top-k your RL run uses", arm)
+        if abs(alpha - 1) <= band:
+            return Finding(Layer.SEMANTIC, "logprobs_processed", Severity.INFO,
+                           f"rollout logprobs are the processed distribution (alpha {alpha:.3f} +- {se:.2g}; "
+                           f"numeric noise floor {fit['noise_rms']:.3g} nats RMS)", evidence, "", arm)
+        if abs(alpha) <= band:
+            summary = raw_signature + f" (alpha {alpha:.3f} +- {se:.2g})"
+            if evidence.get("mean_d_range_over_temperatures", 0) > 0:
+                summary += "; the mean offset moves with temperature (the raw-mode signature)"
+            return Finding(Layer.SEMANTIC, "raw_logprobs_used_as_processed", Severity.ERROR, summary,
+                           evidence, FIX_PROCESSED, arm)
+        return Finding(Layer.SEMANTIC, "logprobs_match_neither", Severity.WARNING,
+                       f"rollout logprobs lie between or beyond the trainer's processed and raw readings "
+                       f"(alpha {alpha:.3f} +- {se:.2g}; 1 = processed, 0 = raw): another temperature, "
+                       "other sampling parameters or a different distribution", evidence,
+                       "compare the engine's sampling parameters with the trainer's (temperature, top-k, "
+                       "top-p, penalties, the model's generation_config)", arm)
+    side = readings[0]
+    t = core.offset_test(log_ratio(trace, side).values, mask)
+    evidence.update({"offset_nats": t["offset"], "offset_se": t["offset_se"], "offset_z": t["z"],
+                     "mean_d": t["mean"], "var_d": t["var"], "z_threshold": offset_z,
+                     "reading": f"one trainer reading ({side}): a faithful rollout has mean(d) + var(d)/2 = 0"})
+    if np.isfinite(t["z"]) and abs(t["z"]) > offset_z:
+        if t["offset"] > 0 and side == "processed":
+            return Finding(Layer.SEMANTIC, "logprobs_not_processed", Severity.ERROR,
+                           f"rollout logprobs sit {t['offset']:.3g} nats ({t['z']:.0f} standard errors) below the "
+                           "trainer's processed distribution on average: they do not describe the distribution "
+                           "the sampler drew from (the signature of vLLM's raw logprobs)", evidence,
+                           FIX_PROCESSED + "; confirm with `rlparity score --model MODEL` (adds the raw reading)",
+                           arm)
+        return Finding(Layer.SEMANTIC, "logprobs_match_neither", Severity.WARNING,
+                       f"rollout logprobs are offset from the trainer's {side} reading by {t['offset']:+.3g} nats "
+                       f"({t['z']:.0f} standard errors)", evidence,
+                       "compare the engine's sampling parameters with the trainer's; rescore with "
+                       "`rlparity score --model MODEL` to get both readings", arm)
+    return Finding(Layer.SEMANTIC, "logprobs_processed" if side == "processed" else "logprobs_raw", Severity.INFO,
+                   f"rollout logprobs agree with the trainer's {side} reading on average "
+                   f"(offset {t['offset']:+.2g} nats, {t['z']:.1f} standard errors)", evidence, "", arm)
 
 
-def renormalization(trace: xr.Dataset, *, tol: float | None = None) -> Finding | None:
+def renormalization(trace: xr.Dataset, *, semantic_tol: float | None = None) -> Finding | None:
     """The top-k/top-p renormalization offset, and a finding if the rollout skipped it.
 
     ``log kept mass`` (<= 0) is the log of the temperature-scaled probability that top-k/top-p keep.
-    A trainer (or engine) that applies temperature but not the renormalization is off by exactly
-    ``-log kept mass`` per token. ``None`` when no request uses top-k/top-p or the trace was
-    scored without ``trainer_log_kept_mass``.
+    A rollout that applies temperature but not the renormalization reports ``processed + log kept``:
+    ``mu - log pi_processed = beta * log kept`` with ``beta ~ 1`` (``beta ~ 0`` when it renormalises),
+    fitted as in :func:`logprob_semantics`. ``None`` when no request uses top-k/top-p or the trace
+    was scored without ``trainer_log_kept_mass``.
     """
-    tol = defaults().tol if tol is None else tol
-    if "trainer_log_kept_mass" not in trace:
+    semantic_tol = defaults().semantic_tol if semantic_tol is None else semantic_tol
+    if "trainer_log_kept_mass" not in trace or TRAINER_VARIABLE["processed"] not in trace:
         return None
     cut = (trace["top_k"].values > 0) | (trace["top_p"].values < 1.0)
     if not cut.any():
@@ -95,51 +156,76 @@ def renormalization(trace: xr.Dataset, *, tol: float | None = None) -> Finding |
     mask = trace["response_mask"].values.astype(bool) & cut[:, None]
     kept = trace["trainer_log_kept_mass"].values
     d = log_ratio(trace, "processed").values
-    # a rollout that reports log softmax(z/T) over the full vocabulary: d_unrenorm = d + log kept
-    rms_processed = _finite_rms(d, mask)
-    rms_unrenorm = _finite_rms(d + kept, mask)
+    fit = core.reading_fit(-d, kept, mask)
     evidence = {"mean_log_kept_mass": float(core.masked_mean(kept, mask)),
                 "min_log_kept_mass": float(np.min(kept[mask])) if mask.any() else float("nan"),
                 "share_tokens_with_cut_mass": float(np.mean(kept[mask] < -1e-6)) if mask.any() else 0.0,
-                "rms_d_vs_trainer_processed": rms_processed,
-                "rms_d_vs_trainer_tempered_not_renormalized": rms_unrenorm,
+                "beta_unrenormalized": fit["alpha"], "beta_se": fit["alpha_se"],
+                "rms_d_vs_trainer_processed": float(core.masked_rms(d, mask)),
+                "rms_d_vs_trainer_tempered_not_renormalized": float(core.masked_rms(d + kept, mask)),
+                "reading": "mu - log pi_processed = beta * log kept mass + noise; beta 1 = not renormalized",
                 "pair": PAIR, "units": "nats"}
     arm = trace.attrs.get("arm")
-    if rms_processed > tol and rms_unrenorm <= tol:
+    beta, se = fit["alpha"], fit["alpha_se"]
+    if np.isfinite(beta) and se < semantic_tol and abs(beta - 1) <= max(semantic_tol, 3 * se) \
+            and abs(beta) > max(semantic_tol, 3 * se):
         return Finding(Layer.SEMANTIC, "rollout_not_renormalized", Severity.ERROR,
-                       "rollout logprobs apply temperature but not the top-k/top-p renormalization",
-                       evidence, "return the sampler's distribution: " + FIX_PROCESSED
-                       + "; in your own sampler, renormalise over the kept set", arm)
+                       "rollout logprobs apply temperature but not the top-k/top-p renormalization "
+                       f"(beta {beta:.3f} +- {se:.2g})", evidence, "return the sampler's distribution: "
+                       + FIX_PROCESSED + "; in your own sampler, renormalise over the kept set", arm)
     return Finding(Layer.SEMANTIC, "topk_topp_renormalization", Severity.INFO,
                    f"top-k/top-p keep on average exp({evidence['mean_log_kept_mass']:.3g}) of the "
                    "tempered mass; a trainer that skips the renormalization would be off by "
                    f"{-evidence['mean_log_kept_mass']:.3g} nats per token", evidence, "", arm)
 
 
-def zero_probability_tokens(trace: xr.Dataset) -> Finding | None:
-    """Tokens the rollout sampled that the trainer's processed distribution excludes (-inf).
+def zero_probability_tokens(trace: xr.Dataset, *, noise_rms: float | None = None) -> list[Finding]:
+    """Tokens the rollout sampled that the trainer's processed distribution excludes (-inf), by cause.
 
-    They are counted and located, never averaged away: a single one makes the ratio infinite. They
-    arise when the two sides cut different top-k/top-p sets (ties at the boundary, a different
-    precision near the cut, different sampling parameters). ``None`` when there are none.
+    Every one is counted and located, never averaged away (a single one makes the ratio infinite).
+    *Boundary flips* (:func:`rlparity.metrics.zero_prob_tokens`, ``cause="boundary"``): the token's
+    logit is within a precision-sized margin of the kept set's edge (the k-th logit / the top-p cut),
+    so the engine's and the trainer's rounding put it on different sides; a handful is expected
+    from a bf16 engine and is information, a large share a warning. *Outside* tokens sit clearly
+    beyond the trainer's set: the two sides cut different sets (other top-k/top-p, ties dropped),
+    an error. ``noise_rms`` (nats) widens the margin to the engine's measured noise.
     """
-    z = zero_prob_tokens(trace, "processed")
-    n = z.sizes["token"]
-    if n == 0:
-        return None
-    mask = trace["response_mask"].values.astype(bool)
-    evidence = {"n_zero_prob_tokens": int(n), "share_of_tokens": float(n / max(int(mask.sum()), 1)),
-                "sequences": sorted(set(z["sequence_index"].values.tolist()))[:20],
-                "positions": sorted(set(z["position_index"].values.tolist()))[:20],
-                "trainer_rank_of_token": sorted(set(z["trainer_token_rank"].values.tolist()))[:20],
-                "rollout_logprob_of_those": [round(float(v), 4) for v in z["rollout_logprob"].values[:10]],
-                "pair": "trainer processed distribution (pi_old) gives 0 to a token the engine (mu) sampled"}
-    return Finding(Layer.SEMANTIC, "zero_probability_tokens", Severity.ERROR,
-                   f"{n} sampled token(s) fall outside the trainer's top-k/top-p set (pi_old = 0, "
-                   "the ratio is infinite there)", evidence,
-                   "make the trainer apply the engine's exact top-k/top-p (vLLM keeps ties at the k-th "
-                   "logit; same precision near the cut), or mask these tokens out of the loss; do not "
-                   "average log 0 away", trace.attrs.get("arm"))
+    z = zero_prob_tokens(trace, "processed", noise_rms=noise_rms) if TRAINER_VARIABLE["processed"] in trace else None
+    if z is None or z.sizes["token"] == 0:
+        return []
+    n_tokens = max(int(trace["response_mask"].values.sum()), 1)
+    arm = trace.attrs.get("arm")
+    out = []
+    for cause in ("boundary", "outside", "unclassified"):
+        sel = z.where(z["cause"] == cause, drop=True) if (z["cause"] == cause).any() else None
+        if sel is None:
+            continue
+        n = sel.sizes["token"]
+        share = n / n_tokens
+        evidence = {"n_tokens_with_cause": int(n), "share_of_tokens": share, "n_zero_prob_tokens_all": int(z.sizes["token"]),
+                    "sequences": sorted(set(sel["sequence_index"].values.astype(int).tolist()))[:20],
+                    "positions": sorted(set(sel["position_index"].values.astype(int).tolist()))[:20],
+                    "trainer_rank_of_token": sorted(set(sel["trainer_token_rank"].values.astype(int).tolist()))[:20],
+                    "cut_margin_logits": [round(float(v), 4) for v in sel["cut_margin"].values[:10]],
+                    "precision_margin_logits": [round(float(v), 4) for v in sel["precision_margin"].values[:10]],
+                    "rollout_logprob_of_those": [round(float(v), 4) for v in sel["rollout_logprob"].values[:10]],
+                    "pair": "trainer processed distribution (pi_old) gives 0 to a token the engine (mu) sampled"}
+        if cause == "boundary":
+            sev = Severity.INFO if share <= defaults().boundary_flip_share else Severity.WARNING
+            out.append(Finding(Layer.SEMANTIC, "topk_boundary_flips", sev,
+                               f"{n} sampled token(s) ({share:.2%}) sit just outside the trainer's top-k/top-p set, "
+                               "within rounding of its edge: the engine's precision put them inside", evidence,
+                               "expected from a low-precision engine in small numbers; mask them out of the loss "
+                               "(pi_old = 0 makes the ratio infinite) or compute the cut in float32 on both sides",
+                               arm))
+        else:
+            out.append(Finding(Layer.SEMANTIC, "zero_probability_tokens", Severity.ERROR,
+                               f"{n} sampled token(s) ({share:.2%}) fall {'clearly ' if cause == 'outside' else ''}"
+                               "outside the trainer's top-k/top-p set (pi_old = 0, the ratio is infinite there)",
+                               evidence, "make the trainer apply the engine's exact top-k/top-p (vLLM keeps ties at "
+                               "the k-th logit) with the same sampling parameters, or mask these tokens out of the "
+                               "loss; do not average log 0 away", arm))
+    return out
 
 
 def prompt_token_parity(trace: xr.Dataset) -> Finding | None:
@@ -195,8 +281,10 @@ def prompt_token_parity(trace: xr.Dataset) -> Finding | None:
 def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=()) -> list[Finding]:
     """Every semantic check on one scored trace (what :func:`rlparity.diagnose.diagnose` runs)."""
     opts = options or DiagnoseOptions()
-    found = [logprob_semantics(trace, tol=opts.tol), renormalization(trace, tol=opts.tol),
-             zero_probability_tokens(trace), prompt_token_parity(trace)]
+    semantics = logprob_semantics(trace, semantic_tol=opts.semantic_tol, offset_z=opts.offset_z)
+    noise = semantics.evidence.get("noise_floor_rms")
+    found = [semantics, renormalization(trace, semantic_tol=opts.semantic_tol),
+             *zero_probability_tokens(trace, noise_rms=noise), prompt_token_parity(trace)]
     return [f for f in found if f is not None]
 
 

@@ -15,6 +15,7 @@ from rlparity.metrics.summary import (
     BACKEND_PAIR,
     BACKEND_PAIR_D,
     SUMMARY_VARIABLES,
+    TRAINER_VARIABLE,
     format_summary,
     log_ratio,
     pair_attrs,
@@ -22,9 +23,11 @@ from rlparity.metrics.summary import (
     scalars,
     summary,
     table_records,
+    trainer_readings,
+    trainer_side,
     trainer_variable,
 )
 
-__all__ = ["BACKEND_PAIR", "BACKEND_PAIR_D", "DASHBOARDS", "SUMMARY_VARIABLES", "as_dashboard", "by_temperature",
-           "core", "format_summary", "log_ratio", "objective", "pair_attrs", "reduce", "scalars", "summary", "table_records", "temperature_table", "trainer_variable",
+__all__ = ["BACKEND_PAIR", "BACKEND_PAIR_D", "DASHBOARDS", "SUMMARY_VARIABLES", "TRAINER_VARIABLE", "as_dashboard", "by_temperature",
+           "core", "format_summary", "log_ratio", "objective", "pair_attrs", "reduce", "scalars", "summary", "table_records", "temperature_table", "trainer_readings", "trainer_side", "trainer_variable",
            "zero_prob_tokens"]

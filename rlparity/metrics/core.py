@@ -156,3 +156,48 @@ def sequence_log_ratio(d: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]
     m = finite_mask(d, mask)
     return {"log_product_ratio": masked_sum(d, m, axis=-1), "log_geometric_ratio": masked_mean(d, m, axis=-1),
             "n_tokens": count(m, axis=-1)}
+
+
+def reading_fit(y: np.ndarray, x: np.ndarray, mask: np.ndarray) -> dict[str, float]:
+    """Where ``y`` lies between two readings that differ by ``x``: the least-squares slope through
+    the origin ``alpha = sum(x y) / sum(x^2)``, its standard error, the residual RMS (the numeric
+    noise no hypothesis explains) and the RMS of ``x`` (how far apart the readings are), over
+    real tokens where both are finite.
+
+    With ``y = mu - log pi_raw`` and ``x = log pi_processed - log pi_raw``, ``alpha`` is 1 when the
+    rollout reports the processed distribution, 0 when it reports the raw one, whatever the device
+    or precision adds as noise: the verdict is relative, not a tolerance in nats.
+    """
+    m = finite_mask(y, mask) & np.isfinite(x)
+    xv, yv = x[m].astype(float), y[m].astype(float)
+    n = int(xv.size)
+    sxx = float(np.dot(xv, xv))
+    if n < 2 or sxx <= 0:
+        return {"alpha": float("nan"), "alpha_se": float("nan"), "noise_rms": float("nan"),
+                "separation_rms": float(np.sqrt(sxx / n)) if n else float("nan"), "n_tokens": n}
+    alpha = float(np.dot(xv, yv) / sxx)
+    resid = yv - alpha * xv
+    noise = float(np.sqrt(np.dot(resid, resid) / (n - 1)))
+    return {"alpha": alpha, "alpha_se": noise / np.sqrt(sxx), "noise_rms": noise,
+            "separation_rms": float(np.sqrt(sxx / n)), "n_tokens": n}
+
+
+def offset_test(d: np.ndarray, mask: np.ndarray) -> dict[str, float]:
+    """Whether the mean of ``d = log pi - log mu`` is what a faithful rollout gives.
+
+    Tokens drawn from mu with ``pi = mu`` up to zero-mean numeric noise have ``E[d] ~ -Var(d)/2``
+    (and a mean ratio ``E[pi/mu] = 1``); ``offset = mean(d) + var(d)/2`` is 0 then, and its
+    z-score ``offset / se`` says how many standard errors it is off.
+    """
+    m = finite_mask(d, mask)
+    x = d[m].astype(float)
+    n = int(x.size)
+    if n < 2:
+        return {"offset": float("nan"), "offset_se": float("nan"), "z": float("nan"), "mean": float("nan"),
+                "var": float("nan"), "n_tokens": n}
+    mean, var = float(x.mean()), float(x.var(ddof=1))
+    # the offset's standard error: that of the mean of d + (d - mean)^2 / 2
+    se = float(np.std(x + (x - mean) ** 2 / 2, ddof=1) / np.sqrt(n))
+    off = mean + var / 2
+    return {"offset": off, "offset_se": se, "z": off / se if se > 0 else float("inf") * np.sign(off),
+            "mean": mean, "var": var, "n_tokens": n}

@@ -6,7 +6,7 @@ import numpy as np
 import xarray as xr
 
 from rlparity.config.provenance import make_attrs
-from rlparity.config.defaults import TrainerSide
+from rlparity.config.defaults import TrainerSide, defaults
 from rlparity.metrics import core
 from rlparity.metrics.summary import pair_attrs, summary, trainer_variable
 from rlparity.trace import as_arms
@@ -48,15 +48,44 @@ def temperature_table(data, trainer: TrainerSide | None = None) -> xr.Dataset:
     return out
 
 
-def zero_prob_tokens(trace: xr.Dataset, trainer: TrainerSide | None = None) -> xr.Dataset:
+BF16_ULP = 2.0 ** -7  # the spacing of bfloat16 numbers relative to their size (8 significant bits)
+
+
+def zero_prob_tokens(trace: xr.Dataset, trainer: TrainerSide | None = None, *,
+                     noise_rms: float | None = None) -> xr.Dataset:
     """Every token the trainer gives probability 0, one row each (dim ``token``): where it is,
-    what was sampled, the rollout's logprob and the trainer's rank of it. Never averaged away."""
+    what was sampled, the rollout's logprob, the trainer's rank of it, and its cause. Never
+    averaged away.
+
+    ``cause``: ``"boundary"`` when the token's logit is within a precision-sized margin of the kept
+    set's edge (``trainer_cut_margin`` <= ``precision_margin`` = the larger of
+    ``boundary_flip_ulps`` bfloat16 ulps of the position's largest logit and 3 x ``noise_rms``
+    (nats, the engine's measured noise) x temperature): the two sides' rounding put it on different
+    sides of the cut. ``"outside"`` when it is clearly beyond the edge. Traces scored before
+    ``trainer_cut_margin`` existed fall back on the rank (``rank == top_k``: adjacent to the edge).
+    """
     var = trainer_variable(trainer)
     log_pi = trace[var].values
     mask = trace["response_mask"].values.astype(bool)
     seq, pos = np.nonzero(mask & np.isneginf(log_pi))
     rank = trace["trainer_token_rank"].values[seq, pos] if "trainer_token_rank" in trace else np.full(seq.size, -1)
     raw = trace["trainer_logprob"].values[seq, pos] if "trainer_logprob" in trace else np.full(seq.size, np.nan)
+    top_k = trace["top_k"].values[seq]
+    temp = trace["temperature"].values[seq]
+    margin = (trace["trainer_cut_margin"].values[seq, pos] if "trainer_cut_margin" in trace
+              else np.full(seq.size, np.nan))
+    scale = (np.abs(trace["trainer_max_logit"].values[seq, pos]) if "trainer_max_logit" in trace
+             else np.full(seq.size, np.nan))
+    precision = defaults().boundary_flip_ulps * BF16_ULP * scale
+    if noise_rms is not None and np.isfinite(noise_rms):
+        precision = np.fmax(precision, 3.0 * noise_rms * np.where(temp > 0, temp, 1.0))
+    cause = np.full(seq.size, "unclassified", dtype=object)
+    known = np.isfinite(margin) & np.isfinite(precision)
+    cause[known & (margin <= precision)] = "boundary"
+    cause[known & (margin > precision)] = "outside"
+    by_rank = ~known & (top_k > 0) & (rank >= 0)
+    cause[by_rank & (rank == top_k)] = "boundary"
+    cause[by_rank & (rank > top_k)] = "outside"
     ds = xr.Dataset({
         "sequence_index": ("token", seq.astype(np.int64)),
         "position_index": ("token", pos.astype(np.int64)),
@@ -64,12 +93,15 @@ def zero_prob_tokens(trace: xr.Dataset, trainer: TrainerSide | None = None) -> x
         "rollout_logprob": ("token", trace["rollout_logprob"].values[seq, pos], {"units": "nats"}),
         "trainer_logprob": ("token", raw, {"units": "nats"}),
         "trainer_token_rank": ("token", rank),
-        "top_k": ("token", trace["top_k"].values[seq]),
+        "top_k": ("token", top_k),
         "top_p": ("token", trace["top_p"].values[seq]),
+        "cut_margin": ("token", margin, {"long_name": "kept-set edge minus the token's logit (logit units)"}),
+        "precision_margin": ("token", precision, {"long_name": "margin within which a token counts as a flip"}),
+        "cause": ("token", cause.astype(str)),
     }, coords={"token": np.arange(seq.size)})
-    ds.attrs = make_attrs(trainer_side=trainer, arm=trace.attrs.get("arm", "default"),
-                          long_name="tokens the trainer gives probability 0")
+    ds.attrs = make_attrs(trainer_side=trainer or defaults().trainer, arm=trace.attrs.get("arm", "default"),
+                          long_name="tokens the trainer gives probability 0", noise_rms=noise_rms)
     return ds
 
 
-__all__ = ["by_temperature", "temperature_table", "zero_prob_tokens"]
+__all__ = ["BF16_ULP", "by_temperature", "temperature_table", "zero_prob_tokens"]

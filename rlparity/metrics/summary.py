@@ -65,6 +65,20 @@ def trainer_variable(trainer: TrainerSide | None = None) -> str:
     return TRAINER_VARIABLE[trainer]
 
 
+def trainer_readings(trace: xr.Dataset) -> list[str]:
+    """The trainer readings a trace holds, ``processed`` first (imported dumps may hold one)."""
+    return [side for side, var in TRAINER_VARIABLE.items() if var in trace]
+
+
+def trainer_side(trace: xr.Dataset, preferred: TrainerSide | None = None) -> TrainerSide:
+    """``preferred`` (default: the defaults') when the trace holds that reading, else the one it holds."""
+    preferred = preferred or defaults().trainer
+    have = trainer_readings(trace)
+    if not have:
+        raise TraceValidationError("the trace has no trainer side: run `rlparity score TRACE --model MODEL` first")
+    return preferred if preferred in have else have[0]  # type: ignore[return-value]
+
+
 def pair_attrs(trainer: TrainerSide | None = None, **extra: Any) -> dict[str, Any]:
     """Provenance attrs of a backend-pair result: pair, direction, trainer side, units."""
     var = trainer_variable(trainer)
@@ -211,4 +225,4 @@ def format_summary(trace: xr.Dataset, trainer: TrainerSide | None = None, eps: f
 
 __all__ = ["BACKEND_PAIR", "BACKEND_PAIR_D", "REFERENCE_PAIR_D", "SUMMARY_VARIABLES", "TRAINER_VARIABLE",
            "format_summary", "log_ratio", "pair_attrs", "reduce", "reduce_dims", "scalars", "summary",
-           "table_records", "trainer_variable"]
+           "table_records", "trainer_readings", "trainer_side", "trainer_variable"]

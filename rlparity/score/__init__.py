@@ -65,6 +65,17 @@ def processed_logits(logits, temperature, top_k, top_p):
     return out
 
 
+def cut_margin(logits, proc, tok_logit):
+    """Per row: the smallest logit the top-k/top-p cut keeps minus the sampled token's logit (raw
+    logit units; > 0 outside the kept set, <= 0 inside); NaN where nothing is cut."""
+    import torch
+
+    kept = torch.isfinite(proc)
+    edge = torch.where(kept, logits, torch.full_like(logits, float("inf"))).min(dim=1).values
+    margin = edge - tok_logit.squeeze(1)
+    return torch.where(kept.all(dim=1), torch.full_like(margin, float("nan")), margin)
+
+
 def _entropy(logp):
     import torch
 
@@ -83,7 +94,7 @@ def head_stats(hidden, weight, bias, token_ids, temperature, top_k, top_p, head_
     out: dict[str, list[np.ndarray]] = {k: [] for k in (
         "trainer_logprob", "trainer_processed_logprob", "trainer_entropy",
         "trainer_processed_entropy", "trainer_max_logit", "trainer_token_rank",
-        "trainer_log_kept_mass")}
+        "trainer_log_kept_mass", "trainer_cut_margin")}
     for s in range(0, hidden.shape[0], chunk_tokens):
         sl = slice(s, s + chunk_tokens)
         logits = torch.nn.functional.linear(hidden[sl].to(hd), w, b).float()
@@ -102,6 +113,7 @@ def head_stats(hidden, weight, bias, token_ids, temperature, top_k, top_p, head_
         out["trainer_max_logit"].append(logits.max(dim=1).values.double().cpu().numpy())
         out["trainer_token_rank"].append((logits > tok_logit).sum(dim=1).cpu().numpy().astype(np.int64))
         out["trainer_log_kept_mass"].append(kept.clamp(max=0.0).double().cpu().numpy())
+        out["trainer_cut_margin"].append(cut_margin(logits, proc, tok_logit).double().cpu().numpy())
     return {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in out.items()}
 
 
@@ -193,7 +205,7 @@ class Scorer:
         n, width = trace.sizes["sequence"], trace.sizes["position"]
         result = {k: np.full((n, width), np.nan) for k in (
             "trainer_logprob", "trainer_processed_logprob", "trainer_entropy",
-            "trainer_processed_entropy", "trainer_max_logit", "trainer_log_kept_mass")}
+            "trainer_processed_entropy", "trainer_max_logit", "trainer_log_kept_mass", "trainer_cut_margin")}
         result["trainer_token_rank"] = np.full((n, width), -1, dtype=np.int64)
         temp = trace["temperature"].values
         topk = trace["top_k"].values

@@ -67,6 +67,7 @@ TRAINER_VARS: dict[str, tuple[tuple[str, ...], str, str | None, str]] = {
     "trainer_max_logit": (TOKEN_DIMS, "f", None, "largest logit at the position (logit magnitude)"),
     "trainer_token_rank": (TOKEN_DIMS, "i", None, "rank of the sampled token in the trainer's logits (0 = argmax, -1 = padding)"),
     "trainer_log_kept_mass": (TOKEN_DIMS, "f", NATS, "log of the temperature-scaled probability mass top-k/top-p keep (0 = nothing cut); processed = tempered - this"),
+    "trainer_cut_margin": (TOKEN_DIMS, "f", None, "smallest logit the top-k/top-p cut keeps minus the sampled token's logit (raw logit units; > 0 outside the kept set; NaN = nothing cut)"),
     "trainer_prompt_token_id": (("sequence", "trainer_prompt_position"), "i", None, "the trainer's own tokenization of the prompt text / chat messages (-1 = padding)"),
     "trainer_prompt_length": (SEQ_DIMS, "i", "tokens", "length of the trainer's tokenization (-1 = nothing to tokenize: the prompt was ids only)"),
     "trainer_updated_logprob": (TOKEN_DIMS, "f", NATS, "trainer log-probability of the sampled token after an optimizer step, full vocabulary, temperature 1 (pi_theta, raw)"),
@@ -201,8 +202,9 @@ def with_trainer(trace: xr.Dataset, arrays: Mapping[str, Any], attrs: Mapping[st
 
 
 def has_trainer(ds: xr.Dataset) -> bool:
-    """Whether the trainer side has been added (see :func:`rlparity.score.score`)."""
-    return "trainer_logprob" in ds
+    """Whether a trainer reading has been added (:func:`rlparity.score.score` adds both; an imported
+    dump may carry one: ``trainer_logprob`` or ``trainer_processed_logprob``)."""
+    return "trainer_logprob" in ds or "trainer_processed_logprob" in ds
 
 
 def validate(ds: xr.Dataset, *, require_trainer: bool = False, where: str = "trace") -> xr.Dataset:
