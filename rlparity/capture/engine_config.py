@@ -39,7 +39,8 @@ def effective_config(vllm_config: Any) -> dict[str, Any]:
         "async_scheduling": get(sc, "async_scheduling"),
         "dtype": dtype_name(get(mc, "dtype")),
         "head_dtype": dtype_name(head),
-        "attention_backend": getattr(backend, "name", backend) or "auto",
+        "attention_backend": resolved_attention_backend(vllm_config) or getattr(backend, "name", backend) or "auto",
+        "attention_backend_requested": getattr(backend, "name", backend) or "auto",
         "enforce_eager": get(mc, "enforce_eager"),
         "compilation_mode": str(getattr(get(comp, "mode"), "name", get(comp, "mode"))),
         "cudagraph_mode": str(getattr(get(comp, "cudagraph_mode"), "name", get(comp, "cudagraph_mode"))),
@@ -56,6 +57,34 @@ def effective_config(vllm_config: Any) -> dict[str, Any]:
         "device": str(get(get(vllm_config, "device_config"), "device_type", None)
                       or get(get(vllm_config, "device_config"), "device", None)),
     })
+
+
+def resolved_attention_backend(vllm_config: Any) -> str | None:
+    """The attention backend vLLM's selector picks for this configuration (what the workers run:
+    e.g. ``FLASH_ATTN`` on an H200 when none is asked, ``CPU_ATTN`` on vLLM's CPU build even when
+    another is asked), resolved in this process with vLLM's own selector; ``None`` when this vLLM
+    cannot say (then the requested value is recorded)."""
+    try:
+        from vllm.config import set_current_vllm_config
+
+        try:
+            from vllm.v1.attention.selector import get_attn_backend
+        except ImportError:  # older layouts
+            from vllm.attention.selector import get_attn_backend  # type: ignore[no-redef]
+        import inspect
+
+        mc, cc = vllm_config.model_config, vllm_config.cache_config
+        kwargs: dict[str, Any] = {"use_mla": bool(getattr(mc, "use_mla", False))}
+        params = inspect.signature(get_attn_backend).parameters
+        if "num_heads" in params:
+            kwargs["num_heads"] = mc.get_num_attention_heads(vllm_config.parallel_config)
+        if "block_size" in params:
+            kwargs["block_size"] = cc.block_size
+        with set_current_vllm_config(vllm_config):
+            backend = get_attn_backend(mc.get_head_size(), mc.dtype, cc.cache_dtype, **kwargs)
+        return str(backend.get_name())
+    except Exception:  # noqa: BLE001 - a read-back must never break a capture
+        return None
 
 
 def cpu_engine_kwargs(settings: EngineSettings) -> dict[str, Any]:
@@ -84,4 +113,4 @@ def _is_cpu() -> bool:
         return False
 
 
-__all__ = ["cpu_engine_env", "cpu_engine_kwargs", "effective_config"]
+__all__ = ["cpu_engine_env", "cpu_engine_kwargs", "effective_config", "resolved_attention_backend"]
