@@ -4,7 +4,6 @@ the effective-configuration read-back and the one-engine-at-a-time lock."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import time
@@ -16,6 +15,7 @@ from typing import Any
 import xarray as xr
 
 from rlparity._provenance import jsonable
+from rlparity.capture.lock import engine_lock
 from rlparity.capture.settings import EngineSettings, SamplingSettings
 from rlparity.trace import from_rollouts
 
@@ -237,29 +237,6 @@ def model_info(model: str | os.PathLike) -> dict[str, Any]:
                 h.update(fh.read(1 << 20))
         info["model_fingerprint"] = h.hexdigest()[:16]
     return info
-
-
-_LOCK_PATH = Path(os.environ.get("RLPARITY_ENGINE_LOCK", "/tmp/rlparity-engine.lock"))
-
-
-@contextlib.contextmanager
-def engine_lock(enabled: bool | None = None) -> Iterator[None]:
-    """Hold a machine-wide lock while an engine runs, so only one vLLM engine runs at a time.
-
-    Small CPU machines cannot run two engines; set ``RLPARITY_ENGINE_LOCK=off`` to disable.
-    """
-    if enabled is None:
-        enabled = os.environ.get("RLPARITY_ENGINE_LOCK", "") not in ("off", "0", "false")
-    if not enabled:
-        yield
-        return
-    _LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
-    with open(_LOCK_PATH, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager
