@@ -14,11 +14,13 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import xarray as xr
 
 from rlparity.trace.schema import validate
 from rlparity.trace.store import (
+    DIGEST_ALGORITHM,
     INTEGRITY_ATTR,
     STORE_FORMAT,
     STORE_MARKER,
@@ -30,18 +32,21 @@ from rlparity.trace.store import (
     check_arm_name,
     check_chunks,
     check_target,
+    consolidate,
+    dataset_digests,
     install_store,
-    integrity_record,
+    link_tree,
     recover_if_needed,
     store_kind,
     store_lock,
     store_path,
     temp_store,
     verify_integrity,
+    write_root,
 )
 
 _ARM_ATTR = "rlparity_arm"
-_WRITE = {"consolidated": True, "zarr_format": 2, "write_empty_chunks": True}
+_WRITE = {"zarr_format": 2, "write_empty_chunks": True}
 
 
 def _arms_to_save(data: xr.Dataset | xr.DataTree | Mapping[str, xr.Dataset]) -> dict[str, xr.Dataset]:
@@ -63,20 +68,27 @@ def _arms_to_save(data: xr.Dataset | xr.DataTree | Mapping[str, xr.Dataset]) -> 
             raise TypeError(f"save takes a mapping arm -> Dataset; got values of type {sorted(set(bad))}")
     else:
         raise TypeError(f"save takes a Dataset, a DataTree or a mapping arm -> Dataset, not {type(data).__name__}")
-    for name in arms:
-        check_arm_name(name)
-    folded = {}
-    for name in arms:  # case-insensitive file systems (macOS, Windows) would merge these
-        if name.lower() in folded:
-            raise StoreError(f"arm names {folded[name.lower()]!r} and {name!r} differ only in case; on a "
-                             "case-insensitive file system they are one folder: rename one")
-        folded[name.lower()] = name
+    _check_names(arms)
     return arms
 
 
+def _check_names(names: Iterable[Any]) -> None:
+    folded: dict[str, str] = {}
+    for name in names:
+        check_arm_name(name)
+        if name.lower() in folded:  # case-insensitive file systems (macOS, Windows) would merge these
+            raise StoreError(f"arm names {folded[name.lower()]!r} and {name!r} differ only in case; on a "
+                             "case-insensitive file system they are one folder: rename one")
+        folded[name.lower()] = name
+
+
 def _write(arms: dict[str, xr.Dataset], p: Path, *, overwrite: bool, root_attrs: Mapping | None = None,
-           validated: Iterable[str] = ()) -> Path:
-    if not arms:
+           validated: Iterable[str] = (),
+           carry: tuple[Path, Mapping[str, Any], Mapping[str, Any]] | None = None) -> Path:
+    """Write ``arms`` to a temporary store beside ``p`` and install it. With ``carry=(store, meta,
+    record)`` the arms of ``record`` are linked from ``store`` unchanged, with their metadata and
+    integrity record."""
+    if not arms and not carry:
         raise StoreError("nothing to save: no arms given")
     done = set(validated)
     for name, ds in arms.items():
@@ -84,12 +96,23 @@ def _write(arms: dict[str, xr.Dataset], p: Path, *, overwrite: bool, root_attrs:
             validate(ds, where=f"arm {name!r}")
     check_target(p, overwrite=overwrite)  # refuse before writing anything
     attrs = {k: v for k, v in (root_attrs or {}).items() if k not in (STORE_MARKER, INTEGRITY_ATTR)}
-    if all(_lossless(ds) for ds in arms.values()):  # else install_store reads back and records
-        attrs.update({STORE_MARKER: STORE_FORMAT, INTEGRITY_ATTR: integrity_record(arms)})
-    tree = xr.DataTree.from_dict({f"/{k}": v for k, v in arms.items()})
-    tree.attrs = attrs
+    record: dict[str, Any] = {}
     with temp_store(p) as tmp:
-        tree.to_zarr(tmp, mode="w-", **_WRITE)
+        write_root(tmp, {})
+        for name, ds in arms.items():
+            ds.to_zarr(tmp, group=name, mode="w-", consolidated=False, **_WRITE)
+            if _lossless(ds):
+                record[name] = dataset_digests(ds)
+            else:  # encodings that change values on the way: digest what a reader will see
+                record[name] = dataset_digests(
+                    xr.open_dataset(tmp, group=name, engine="zarr", consolidated=False, zarr_format=2).load())
+        src, meta, old = carry if carry is not None else (None, None, {})
+        for name, digests in old.items():
+            link_tree(src / name, tmp / name)
+            record[name] = digests
+        write_root(tmp, {**attrs, STORE_MARKER: STORE_FORMAT,
+                         INTEGRITY_ATTR: {"algorithm": DIGEST_ALGORITHM, "arms": record}})
+        consolidate(tmp, reuse=meta, reused_arms=old)
         install_store(tmp, p, overwrite=overwrite)
     return p
 
@@ -109,10 +132,11 @@ def save(data: xr.Dataset | xr.DataTree | Mapping[str, xr.Dataset], path: str | 
 
 
 def add_arm(ds: xr.Dataset, path: str | os.PathLike, arm: str | None = None) -> Path:
-    """Add (or replace) one arm in a store, creating it if needed; the other arms are kept.
+    """Add (or replace) one arm in a store, creating it if needed; the other arms are kept as they are.
 
-    Holds the store lock from reading to swapping, so concurrent ``add_arm`` calls on one store
-    keep every arm.
+    Holds the store lock from reading to swapping, so concurrent ``add_arm`` calls on one store keep
+    every arm. The other arms are not re-encoded: their files are linked into the new store with
+    their integrity record (a store written before the record existed is loaded and rewritten).
     """
     arm = check_arm_name(arm if arm is not None else str(ds.attrs.get("arm", "default")))
     p = store_path(path)
@@ -121,11 +145,22 @@ def add_arm(ds: xr.Dataset, path: str | os.PathLike, arm: str | None = None) -> 
         kind = store_kind(p)
         if kind in ("file", "other"):
             check_target(p, overwrite=True)  # raises with the reason
+        new = ds.assign_attrs(arm=arm)
+        meta = _read_meta(p) if kind == "rlparity" else None
+        root = (meta or {}).get(".zattrs") or {}
+        record = root.get(INTEGRITY_ATTR)
+        if meta is not None and root.get(STORE_MARKER) == STORE_FORMAT and isinstance(record, Mapping) \
+                and record.get("algorithm") == DIGEST_ALGORITHM:
+            check_chunks(p, meta)  # never carry a damaged arm forward silently
+            kept = {k: v for k, v in record.get("arms", {}).items() if k != arm}
+            _check_names([*kept, arm])  # case clashes before anything is written
+            root_attrs = {k: v for k, v in root.items() if k not in (STORE_MARKER, INTEGRITY_ATTR)}
+            return _write({arm: new}, p, overwrite=True, root_attrs=root_attrs, carry=(p, meta, kept))
         arms = open_arms(p) if kind == "rlparity" else {}
-        kept = [k for k in arms if k != arm]
-        arms[arm] = ds.assign_attrs(arm=arm)
-        _arms_to_save(arms)  # names (case clashes) before anything is written
-        return _write(arms, p, overwrite=True, validated=kept)
+        kept_names = [k for k in arms if k != arm]
+        arms[arm] = new
+        _check_names(arms)
+        return _write(arms, p, overwrite=True, validated=kept_names)
 
 
 def _read(p: Path, shown: str) -> xr.DataTree:
@@ -177,7 +212,7 @@ def open_experiment(path: str | os.PathLike) -> xr.DataTree:
             try:
                 tree = _read(p, str(path))
                 break
-            except StoreDamagedError:
+            except (StoreError, OSError):
                 # without a lock (read-only location) a writer may have swapped the store under us
                 if locked or attempt == tries - 1:
                     raise

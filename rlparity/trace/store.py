@@ -40,7 +40,7 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -442,12 +442,66 @@ def check_chunks(p: Path, meta: Mapping[str, Any]) -> None:
             "a copy or re-create it")
 
 
-def _write_root_attrs(p: Path, attrs: Mapping[str, Any]) -> None:
-    import zarr
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"root attribute value {value!r} ({type(value).__name__}) cannot be stored as JSON")
 
-    group = zarr.open_group(str(p), mode="r+", zarr_format=2, use_consolidated=False)
-    group.attrs.update(dict(attrs))
-    zarr.consolidate_metadata(str(p), zarr_format=2)
+
+def _write_json(path: Path, obj: Any) -> None:
+    """Write JSON to ``path`` through a temporary file and a rename (never a torn file)."""
+    tmp = path.with_name(f".{path.name}.partial")
+    with open(tmp, "w") as fh:
+        json.dump(obj, fh, indent=2, sort_keys=True, default=_json_default, allow_nan=False)
+    os.replace(tmp, path)
+
+
+def write_root(p: Path, attrs: Mapping[str, Any]) -> None:
+    """Make ``p`` a zarr v2 group whose attributes are ``attrs`` (``.zgroup`` and ``.zattrs``)."""
+    _write_json(p / ".zgroup", {"zarr_format": 2})
+    _write_json(p / ".zattrs", dict(attrs))
+
+
+def consolidate(p: Path, *, reuse: Mapping[str, Any] | None = None, reused_arms: Iterable[str] = ()) -> dict[str, Any]:
+    """Write ``.zmetadata`` (zarr v2 consolidated metadata) from every ``.zgroup``, ``.zattrs`` and
+    ``.zarray`` under ``p``, in one pass (zarr's own is slow on stores of many arms); return it.
+    The entries of ``reused_arms`` are taken from ``reuse`` (arms linked unchanged from another store)."""
+    reused = set(reused_arms)
+    meta: dict[str, Any] = {k: v for k, v in (reuse or {}).items() if k.split("/", 1)[0] in reused and "/" in k}
+    for dirpath, dirnames, filenames in os.walk(p):
+        rel = os.path.relpath(dirpath, p)
+        if rel == ".":
+            dirnames[:] = [d for d in dirnames if not d.startswith(".") and d not in reused]
+        for name in (".zgroup", ".zattrs", ".zarray"):
+            if name in filenames:
+                key = name if rel == "." else f"{Path(rel).as_posix()}/{name}"
+                with open(os.path.join(dirpath, name), "rb") as fh:
+                    meta[key] = json.load(fh)
+    _write_json(p / ".zmetadata", {"metadata": meta, "zarr_consolidated_format": 1})
+    return meta
+
+
+def _write_root_attrs(p: Path, attrs: Mapping[str, Any]) -> None:
+    meta = _read_meta(p) or {}
+    root = dict(meta.get(".zattrs") or {})
+    root.update(attrs)
+    write_root(p, root)
+    consolidate(p)
+
+
+def link_tree(src: Path, dst: Path) -> None:
+    """Copy the directory ``src`` to ``dst`` by hard links (a copy where links are refused). Stores
+    are never changed in place, so sharing chunk files between an old and a new store is safe."""
+    for dirpath, _, filenames in os.walk(src):
+        out = dst / os.path.relpath(dirpath, src)
+        out.mkdir(parents=True, exist_ok=True)
+        for name in filenames:
+            try:
+                os.link(os.path.join(dirpath, name), out / name)
+            except OSError:
+                shutil.copy2(os.path.join(dirpath, name), out / name)
 
 
 def _open_tree(p: Path) -> xr.DataTree:
@@ -566,18 +620,19 @@ def recover_if_needed(path: str | os.PathLike) -> None:
             f"newest complete copy to {p.name}") from None
 
 
-def _swap(tmp: Path, p: Path) -> None:
-    """Put ``tmp`` in place of ``p``: rename the old store aside, rename the new one in, remove
-    the old. A crash between the renames leaves both copies, which :func:`recover` resolves."""
+def _swap(tmp: Path, p: Path) -> Path | None:
+    """Put ``tmp`` in place of ``p``: rename the old store aside, rename the new one in. A crash
+    between the renames leaves both copies, which :func:`recover` resolves. Returns the old store's
+    new name, for the caller to remove (outside the lock)."""
     if os.path.lexists(p):
         old = p.parent / f".{p.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         os.rename(p, old)
         os.rename(tmp, p)
         _fsync_dir(p.parent)
-        _remove(old)
-    else:
-        os.rename(tmp, p)
-        _fsync_dir(p.parent)
+        return old
+    os.rename(tmp, p)
+    _fsync_dir(p.parent)
+    return None
 
 
 def install_store(tmp_path: str | os.PathLike, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
@@ -619,5 +674,7 @@ def install_store(tmp_path: str | os.PathLike, path: str | os.PathLike, *, overw
     with store_lock(p):
         recover(p, keep=tmp)
         check_target(p, overwrite=overwrite)
-        _swap(tmp, p)
+        old = _swap(tmp, p)
+    if old is not None:
+        _remove(old)  # an orphan if this process dies first: the next open removes it
     return p
