@@ -199,7 +199,7 @@ def hold_engine_lock(ctx: Ctx):
             "with engine_lock(enabled=True):\n    print('held', flush=True); time.sleep(60)\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RLPARITY_ENGINE_LOCK_TIMEOUT": "5"}
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
-    ctx.cleanup.append(lambda: (proc.kill(), proc.wait()))
+    ctx.cleanup.append(lambda: (proc.kill(), proc.wait(), proc.stdout.close()))
     assert proc.stdout.readline().strip() == "held"
     ctx.pid = proc.pid
     return lambda: L.engine_lock().__enter__()
@@ -644,6 +644,7 @@ def test_engine_lock_waits_then_proceeds(tmp_path, monkeypatch, capfd):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        proc.stdout.close()
     assert 0.2 < waited < 10
     err = capfd.readouterr().err
     assert err.count("waiting for the vLLM engine lock held by pid") == 1 and str(proc.pid) in err

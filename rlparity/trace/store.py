@@ -582,8 +582,9 @@ def recover(path: str | os.PathLike, *, keep: Path | None = None) -> list[str]:
                 if fd is not None:
                     claimed.append((d, fd))
             if not os.path.lexists(p):
-                tmps = [d for d, _ in claimed if ".tmp-" in d.name and _complete(d)]
-                olds = [d for d, _ in claimed if ".old-" in d.name and d.is_dir()]
+                real = [d for d, _ in claimed if d.is_dir() and not d.is_symlink()]  # never a planted link
+                tmps = [d for d in real if ".tmp-" in d.name and _complete(d)]
+                olds = [d for d in real if ".old-" in d.name]
                 pick = max(tmps, key=lambda d: d.stat().st_mtime) if tmps else \
                     (max(olds, key=lambda d: d.stat().st_mtime) if olds else None)
                 if pick is not None:
