@@ -1,34 +1,191 @@
-"""The machine-wide engine lock: one vLLM engine at a time."""
+"""The engine lock: one vLLM engine at a time per user on a machine.
+
+Small machines cannot run two engines, so every in-process engine (and the server backend) holds
+this lock while it lives. Settings, all read when the lock is taken:
+
+``RLPARITY_ENGINE_LOCK``
+    ``on`` (default) or ``off`` (also ``1``/``0``, ``true``/``false``, ``yes``/``no``). Turn it off
+    where a scheduler already gives each job its own GPUs (e.g. a GPU host).
+``RLPARITY_ENGINE_LOCK_PATH``
+    the lock file; default ``/tmp/rlparity-<uid>/engine.lock``. The default directory is created
+    mode 0700 and must belong to you (a directory planted by someone else is refused). The same
+    default for every session of a user, whatever its environment (``$XDG_RUNTIME_DIR`` differs
+    between login and batch sessions, so it would not exclude them from each other).
+``RLPARITY_ENGINE_LOCK_TIMEOUT``
+    seconds to wait for another engine before giving up (default 3600; 0 = do not wait).
+
+The file is opened without following symbolic links (a link planted at the path is refused and its
+target left untouched), created mode 0600, and holds the holder's pid. While waiting, one line on
+stderr names the holder.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import stat
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
-_LOCK_PATH = Path(os.environ.get("RLPARITY_ENGINE_LOCK", "/tmp/rlparity-engine.lock"))
+DEFAULT_TIMEOUT_S = 3600.0
+_ON = {"on", "1", "true", "yes"}
+_OFF = {"off", "0", "false", "no"}
+DEFAULT_DIR_PARENT = Path("/tmp")  # the default lock lives in DEFAULT_DIR_PARENT/rlparity-<uid>/
+_held_here: dict[tuple[int, int], str] = {}  # (pid, thread) -> lock path
+
+
+class EngineLockError(RuntimeError):
+    """The engine lock cannot be used (unsafe path, bad setting) or was not obtained in time."""
+
+
+class EngineLockTimeout(EngineLockError, TimeoutError):
+    """Another engine held the lock for longer than ``RLPARITY_ENGINE_LOCK_TIMEOUT``."""
+
+
+def engine_lock_enabled() -> bool:
+    """``RLPARITY_ENGINE_LOCK`` read as a switch (default on); anything else is an error."""
+    raw = os.environ.get("RLPARITY_ENGINE_LOCK", "on")
+    value = raw.strip().lower()
+    if value in _ON or value == "":
+        return True
+    if value in _OFF:
+        return False
+    hint = (" (it is a switch now: set the file with RLPARITY_ENGINE_LOCK_PATH)"
+            if "/" in raw or raw.endswith(".lock") else "")
+    raise EngineLockError(f"RLPARITY_ENGINE_LOCK={raw!r} is not on or off{hint}: use RLPARITY_ENGINE_LOCK=on|off")
+
+
+def engine_lock_timeout() -> float:
+    """``RLPARITY_ENGINE_LOCK_TIMEOUT`` in seconds (default 3600)."""
+    raw = os.environ.get("RLPARITY_ENGINE_LOCK_TIMEOUT")
+    if raw is None or raw.strip() == "":
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0 or value == float("inf"):
+        raise EngineLockError(f"RLPARITY_ENGINE_LOCK_TIMEOUT={raw!r}: give a number of seconds >= 0 (default "
+                              f"{DEFAULT_TIMEOUT_S:g})")
+    return value
+
+
+def engine_lock_path() -> Path:
+    """The lock file: ``RLPARITY_ENGINE_LOCK_PATH``, else ``/tmp/rlparity-<uid>/engine.lock``."""
+    explicit = os.environ.get("RLPARITY_ENGINE_LOCK_PATH")
+    if explicit:
+        return Path(explicit)
+    return DEFAULT_DIR_PARENT / f"rlparity-{os.getuid()}" / "engine.lock"
+
+
+def _private_dir(d: Path) -> int:
+    """Open (creating mode 0700) the default lock directory; refuse one that is not ours."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(d, 0o700)
+    try:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        raise EngineLockError(f"{d} is not a directory of yours ({err.strerror}): remove it, or set "
+                              "RLPARITY_ENGINE_LOCK_PATH to a file in a directory you own") from err
+    st = os.fstat(fd)
+    if st.st_uid != os.getuid():
+        os.close(fd)
+        raise EngineLockError(f"{d} belongs to uid {st.st_uid}, not to you (uid {os.getuid()}): someone may be "
+                              "interfering; remove it, or set RLPARITY_ENGINE_LOCK_PATH")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.fchmod(fd, 0o700)
+    return fd
+
+
+def _open_lock(path: Path) -> int:
+    explicit = bool(os.environ.get("RLPARITY_ENGINE_LOCK_PATH"))
+    if explicit:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    else:
+        dir_fd = _private_dir(path.parent)
+    try:
+        fd = os.open(path.name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise EngineLockError(f"{path} is a symbolic link; the engine lock never follows links (its target is "
+                                  "left untouched): remove the link, or set RLPARITY_ENGINE_LOCK_PATH") from err
+        raise EngineLockError(f"cannot open the engine lock {path}: {err.strerror}; set "
+                              "RLPARITY_ENGINE_LOCK_PATH to a writable file, or RLPARITY_ENGINE_LOCK=off") from err
+    finally:
+        os.close(dir_fd)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise EngineLockError(f"{path} is not a regular file: remove it, or set RLPARITY_ENGINE_LOCK_PATH")
+    if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) != 0o600:
+        os.fchmod(fd, 0o600)
+    return fd
+
+
+def _holder(fd: int) -> str:
+    try:
+        text = os.pread(fd, 64, 0).decode(errors="replace").strip()
+    except OSError:
+        return "another process"
+    return f"pid {text}" if text.isdigit() else "another process"
 
 
 @contextlib.contextmanager
-def engine_lock(enabled: bool | None = None) -> Iterator[None]:
-    """Hold a machine-wide lock while an engine runs, so only one vLLM engine runs at a time.
+def engine_lock(enabled: bool | None = None, *, timeout: float | None = None) -> Iterator[None]:
+    """Hold the engine lock while an engine runs, so only one vLLM engine runs at a time.
 
-    Small CPU machines cannot run two engines; set ``RLPARITY_ENGINE_LOCK=off`` to disable.
+    ``enabled`` defaults to ``RLPARITY_ENGINE_LOCK`` (on), ``timeout`` (seconds) to
+    ``RLPARITY_ENGINE_LOCK_TIMEOUT`` (3600); see the module docstring for the path. Raises
+    :class:`EngineLockTimeout` when another engine holds it longer, and :class:`EngineLockError` at
+    once when this thread already holds it (a second engine here would wait for itself); another
+    thread of the process waits like another process does.
     """
     if enabled is None:
-        enabled = os.environ.get("RLPARITY_ENGINE_LOCK", "") not in ("off", "0", "false")
+        enabled = engine_lock_enabled()
     if not enabled:
         yield
         return
-    _LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
-    with open(_LOCK_PATH, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+    wait_s = engine_lock_timeout() if timeout is None else float(timeout)
+    path = engine_lock_path()
+    me = (os.getpid(), threading.get_ident())
+    if me in _held_here:
+        raise EngineLockError(f"this thread already holds the engine lock {_held_here[me]} (another engine is "
+                              "running here and a second one would wait for it forever): close it first")
+    fd = _open_lock(path)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"rlparity: waiting for the vLLM engine lock held by {_holder(fd)} ({path}); giving up after "
+                  f"{wait_s:g} s (RLPARITY_ENGINE_LOCK_TIMEOUT)", file=sys.stderr, flush=True)
+            deadline = time.monotonic() + wait_s
+            delay = 0.05
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise EngineLockTimeout(
+                            f"the vLLM engine lock {path} is still held by {_holder(fd)} after {wait_s:g} s: wait "
+                            "for that engine to finish or stop it, or raise RLPARITY_ENGINE_LOCK_TIMEOUT") from None
+                    time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                    delay = min(delay * 1.5, 1.0)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        _held_here[me] = str(path)
         try:
             yield
         finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-__all__ = ["engine_lock"]
+            _held_here.pop(me, None)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

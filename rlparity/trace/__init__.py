@@ -4,6 +4,7 @@ from rlparity.trace.io import add_arm, as_arms, load, open_arms, open_experiment
 from rlparity.trace.schema import (
     ALL_VARS,
     SCHEMA_VERSION,
+    TRAINER_READINGS,
     TraceValidationError,
     annotate,
     concat_sequences,
@@ -15,9 +16,20 @@ from rlparity.trace.schema import (
     validate,
     with_trainer,
 )
+from rlparity.trace.store import (
+    ARM_NAME_PATTERN,
+    StoreDamagedError,
+    StoreError,
+    check_arm_name,
+    install_store,
+    recover,
+    store_lock,
+    temp_store,
+)
 
 __all__ = [
-    "ALL_VARS", "SCHEMA_VERSION", "TraceValidationError", "add_arm", "annotate", "as_arms", "concat_sequences",
-    "from_rollouts", "has_trainer", "load", "open_arms", "open_experiment", "pad_rows", "save", "sequences",
-    "token_checksum", "validate", "with_trainer",
+    "ALL_VARS", "ARM_NAME_PATTERN", "SCHEMA_VERSION", "TRAINER_READINGS", "StoreDamagedError", "StoreError",
+    "TraceValidationError", "add_arm", "annotate", "as_arms", "check_arm_name", "concat_sequences",
+    "from_rollouts", "has_trainer", "install_store", "load", "open_arms", "open_experiment", "pad_rows",
+    "recover", "save", "sequences", "store_lock", "temp_store", "token_checksum", "validate", "with_trainer",
 ]

@@ -1,84 +1,224 @@
-"""Saving and loading traces as zarr (format 2, consolidated), atomically.
+"""Saving and loading traces as zarr (format 2, consolidated), crash-safely and under a lock.
 
 A store is an ``xarray.DataTree`` with one child group per arm (``/<arm>``); each arm is a
-trace ``Dataset``. :func:`save` writes to a temporary folder beside the target and renames it
-into place, so a crash never leaves a half-written store and never destroys the old one.
+trace ``Dataset``. :func:`save` writes to a temporary folder beside the target and swaps it into
+place (:func:`rlparity.trace.store.install_store`), so a crash leaves the old store or the complete
+new one, never a half-written one, and never deletes anything that is not an rlparity store.
+Opening a store recovers an interrupted save, checks every chunk is present and every variable
+reads back what was saved (CRC-32 recorded at save), then validates every arm.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import uuid
-from collections.abc import Mapping
+import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import xarray as xr
 
-from rlparity.trace.schema import TraceValidationError, validate
+from rlparity.trace.schema import validate
+from rlparity.trace.store import (
+    DIGEST_ALGORITHM,
+    INTEGRITY_ATTR,
+    STORE_FORMAT,
+    STORE_MARKER,
+    StoreDamagedError,
+    StoreError,
+    _lossless,
+    _open_tree,
+    _read_meta,
+    check_arm_name,
+    check_chunks,
+    check_target,
+    consolidate,
+    dataset_digests,
+    install_store,
+    link_tree,
+    recover_if_needed,
+    store_kind,
+    store_lock,
+    store_path,
+    temp_store,
+    verify_integrity,
+    write_root,
+)
 
 _ARM_ATTR = "rlparity_arm"
+_WRITE = {"zarr_format": 2, "write_empty_chunks": True}
 
 
-def _as_tree(data: xr.Dataset | xr.DataTree | Mapping[str, xr.Dataset]) -> xr.DataTree:
-    if isinstance(data, xr.DataTree):
-        return data
+def _arms_to_save(data: xr.Dataset | xr.DataTree | Mapping[str, xr.Dataset]) -> dict[str, xr.Dataset]:
     if isinstance(data, xr.Dataset):
-        arm = str(data.attrs.get("arm", "default"))
-        return xr.DataTree.from_dict({f"/{arm}": data})
-    if isinstance(data, Mapping):
-        return xr.DataTree.from_dict({f"/{k}": v for k, v in data.items()})
-    raise TypeError(f"save takes a Dataset, a DataTree or a mapping arm -> Dataset, not {type(data).__name__}")
+        arms = {str(data.attrs.get("arm", "default")): data}
+    elif isinstance(data, xr.DataTree):
+        if data.ds.data_vars:
+            raise StoreError(f"the DataTree's root holds variables {list(data.ds.data_vars)}; a store holds "
+                             "traces only in child groups, one per arm")
+        deep = [f"{name}/{sub}" for name, node in data.children.items() for sub in node.children]
+        if deep:
+            raise StoreError(f"the DataTree has nested groups {deep[:5]}; a store holds one level of arms: "
+                             "flatten it to {arm: trace}")
+        arms = {name: node.to_dataset() for name, node in data.children.items()}
+    elif isinstance(data, Mapping):
+        arms = dict(data)
+        bad = [type(v).__name__ for v in arms.values() if not isinstance(v, xr.Dataset)]
+        if bad:
+            raise TypeError(f"save takes a mapping arm -> Dataset; got values of type {sorted(set(bad))}")
+    else:
+        raise TypeError(f"save takes a Dataset, a DataTree or a mapping arm -> Dataset, not {type(data).__name__}")
+    _check_names(arms)
+    return arms
+
+
+def _check_names(names: Iterable[Any]) -> None:
+    folded: dict[str, str] = {}
+    for name in names:
+        check_arm_name(name)
+        if name.lower() in folded:  # case-insensitive file systems (macOS, Windows) would merge these
+            raise StoreError(f"arm names {folded[name.lower()]!r} and {name!r} differ only in case; on a "
+                             "case-insensitive file system they are one folder: rename one")
+        folded[name.lower()] = name
+
+
+def _write(arms: dict[str, xr.Dataset], p: Path, *, overwrite: bool, root_attrs: Mapping | None = None,
+           validated: Iterable[str] = (),
+           carry: tuple[Path, Mapping[str, Any], Mapping[str, Any]] | None = None) -> Path:
+    """Write ``arms`` to a temporary store beside ``p`` and install it. With ``carry=(store, meta,
+    record)`` the arms of ``record`` are linked from ``store`` unchanged, with their metadata and
+    integrity record."""
+    if not arms and not carry:
+        raise StoreError("nothing to save: no arms given")
+    done = set(validated)
+    for name, ds in arms.items():
+        if name not in done:
+            validate(ds, where=f"arm {name!r}")
+    check_target(p, overwrite=overwrite)  # refuse before writing anything
+    attrs = {k: v for k, v in (root_attrs or {}).items() if k not in (STORE_MARKER, INTEGRITY_ATTR)}
+    record: dict[str, Any] = {}
+    with temp_store(p) as tmp:
+        write_root(tmp, {})
+        for name, ds in arms.items():
+            ds.to_zarr(tmp, group=name, mode="w-", consolidated=False, **_WRITE)
+            if _lossless(ds):
+                record[name] = dataset_digests(ds)
+            else:  # encodings that change values on the way: digest what a reader will see
+                record[name] = dataset_digests(
+                    xr.open_dataset(tmp, group=name, engine="zarr", consolidated=False, zarr_format=2).load())
+        src, meta, old = carry if carry is not None else (None, None, {})
+        for name, digests in old.items():
+            link_tree(src / name, tmp / name)
+            record[name] = digests
+        write_root(tmp, {**attrs, STORE_MARKER: STORE_FORMAT,
+                         INTEGRITY_ATTR: {"algorithm": DIGEST_ALGORITHM, "arms": record}})
+        consolidate(tmp, reuse=meta, reused_arms=old)
+        install_store(tmp, p, overwrite=overwrite)
+    return p
 
 
 def save(data: xr.Dataset | xr.DataTree | Mapping[str, xr.Dataset], path: str | os.PathLike,
          *, overwrite: bool = True) -> Path:
-    """Write a trace (one arm) or an experiment (several arms) to ``path`` atomically."""
-    path = Path(path)
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} exists; pass overwrite=True or choose another path")
-    tree = _as_tree(data)
-    for node in tree.children.values():
-        validate(node.to_dataset(), where=f"arm {node.name!r}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
-        tree.to_zarr(tmp, mode="w", consolidated=True, zarr_format=2)
-        if path.exists():
-            old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return path
+    """Write a trace (one arm) or an experiment (several arms) to ``path``; return the path.
+
+    Every arm is validated first. ``path`` may be missing, an empty directory, or (with
+    ``overwrite``) an rlparity store, which is replaced whole; anything else is refused
+    (:class:`~rlparity.trace.store.StoreError`) and left untouched. The write goes to a temporary
+    store beside ``path`` and is swapped in under the store lock, crash-safely.
+    """
+    arms = _arms_to_save(data)
+    root = dict(data.attrs) if isinstance(data, xr.DataTree) else None
+    return _write(arms, store_path(path), overwrite=overwrite, root_attrs=root)
 
 
 def add_arm(ds: xr.Dataset, path: str | os.PathLike, arm: str | None = None) -> Path:
-    """Add (or replace) one arm in an existing store; the other arms are kept."""
-    path = Path(path)
-    arm = arm or str(ds.attrs.get("arm", "default"))
-    arms = dict(open_arms(path)) if path.exists() else {}
-    arms[arm] = ds.assign_attrs(arm=arm)
-    return save(arms, path)
+    """Add (or replace) one arm in a store, creating it if needed; the other arms are kept as they are.
+
+    Holds the store lock from reading to swapping, so concurrent ``add_arm`` calls on one store keep
+    every arm. The other arms are not re-encoded: their files are linked into the new store with
+    their integrity record (a store written before the record existed is loaded and rewritten).
+    """
+    arm = check_arm_name(arm if arm is not None else str(ds.attrs.get("arm", "default")))
+    p = store_path(path)
+    with store_lock(p):
+        recover_if_needed(p)
+        kind = store_kind(p)
+        if kind in ("file", "other"):
+            check_target(p, overwrite=True)  # raises with the reason
+        new = ds.assign_attrs(arm=arm)
+        meta = _read_meta(p) if kind == "rlparity" else None
+        root = (meta or {}).get(".zattrs") or {}
+        record = root.get(INTEGRITY_ATTR)
+        if meta is not None and root.get(STORE_MARKER) == STORE_FORMAT and isinstance(record, Mapping) \
+                and record.get("algorithm") == DIGEST_ALGORITHM:
+            check_chunks(p, meta)  # never carry a damaged arm forward silently
+            kept = {k: v for k, v in record.get("arms", {}).items() if k != arm}
+            _check_names([*kept, arm])  # case clashes before anything is written
+            root_attrs = {k: v for k, v in root.items() if k not in (STORE_MARKER, INTEGRITY_ATTR)}
+            return _write({arm: new}, p, overwrite=True, root_attrs=root_attrs, carry=(p, meta, kept))
+        arms = open_arms(p) if kind == "rlparity" else {}
+        kept_names = [k for k in arms if k != arm]
+        arms[arm] = new
+        _check_names(arms)
+        return _write(arms, p, overwrite=True, validated=kept_names)
+
+
+def _read(p: Path, shown: str) -> xr.DataTree:
+    meta = _read_meta(p)
+    if meta is None:
+        raise StoreError(f"{shown} is not a readable rlparity zarr store: it has no consolidated metadata "
+                         "(.zmetadata), so rlparity.trace.save did not write it")
+    root = meta.get(".zattrs") or {}
+    fmt = root.get(STORE_MARKER)
+    if fmt is not None and fmt != STORE_FORMAT:
+        newer = isinstance(fmt, int) and fmt > STORE_FORMAT
+        raise StoreError(f"{shown} has store format {fmt!r}; this release of rlparity reads store format "
+                         f"{STORE_FORMAT}" + (": upgrade rlparity" if newer else ""))
+    if fmt is not None:
+        check_chunks(p, meta)
+    try:
+        tree = _open_tree(p)
+    except Exception as err:  # zarr raises several kinds for a store that is not one, or a broken chunk
+        if fmt is not None:
+            raise StoreDamagedError(f"the store is damaged: reading {shown} failed ({type(err).__name__}: "
+                                    f"{err}): restore it from a copy or re-create it") from err
+        raise StoreError(f"{shown} is not a readable rlparity zarr store: {err}") from err
+    if not tree.children:
+        raise StoreError(f"{shown} holds no arms: it was not written by rlparity.trace.save")
+    if fmt is not None:
+        record = root.get(INTEGRITY_ATTR)
+        if not isinstance(record, Mapping):
+            raise StoreDamagedError(f"the store is damaged: {shown} is marked as an rlparity store but has no "
+                                    "integrity record: restore it from a copy or re-create it")
+        verify_integrity(p, {k: v.to_dataset() for k, v in tree.children.items()}, record)
+    return tree
 
 
 def open_experiment(path: str | os.PathLike) -> xr.DataTree:
-    """Open a store as a DataTree (one child per arm), loaded into memory and validated."""
-    path = Path(path)
-    if not path.exists():
+    """Open a store as a DataTree (one child per arm), loaded into memory and validated.
+
+    Recovers an interrupted save first; reads under the shared store lock; a missing chunk or data
+    that differs from what was saved raises :class:`~rlparity.trace.store.StoreDamagedError`.
+    """
+    p = store_path(path)
+    recover_if_needed(p)
+    if not os.path.lexists(p):
         raise FileNotFoundError(f"no trace at {path}: capture one with `rlparity capture` first")
-    try:
-        tree = xr.open_datatree(path, engine="zarr", consolidated=True, zarr_format=2).load()
-    except Exception as err:  # zarr raises several kinds for a store that is not one
-        raise TraceValidationError(f"{path} is not a readable rlparity zarr store: {err}") from err
-    if not tree.children:
-        raise TraceValidationError(f"{path} holds no arms: it was not written by rlparity.trace.save")
-    for node in tree.children.values():
-        validate(node.to_dataset(), where=f"{path} arm {node.name!r}")
+    if not p.is_dir():
+        raise StoreError(f"{path} is a file, not an rlparity store (a zarr directory written by rlparity.trace.save)")
+    tries = 3
+    for attempt in range(tries):
+        with store_lock(p, shared=True) as locked:
+            try:
+                tree = _read(p, str(path))
+                break
+            except (StoreError, OSError):
+                # without a lock (read-only location) a writer may have swapped the store under us
+                if locked or attempt == tries - 1:
+                    raise
+        time.sleep(0.05 * (attempt + 1))
+    for name, node in tree.children.items():
+        validate(node.to_dataset(), where=f"{path} arm {name!r}")
     return tree
 
 

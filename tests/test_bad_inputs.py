@@ -1,0 +1,650 @@
+"""What rlparity refuses: one row per bad input (synthetic traces, no engine).
+
+Every row asserts the error type, that the message names what is wrong and how to fix it, and that
+nothing was lost: every file under the data folder (a saved store, user files, the damaged store
+itself) is byte-for-byte what it was before the refused call, and the saved store still loads
+unchanged. Rows that are not errors (recovery, legal values, the engine lock's file) follow the table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from rlparity import trace as T
+from rlparity.capture import lock as L
+from rlparity.testing import synthetic_trace
+from rlparity.trace.store import dataset_digests
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = synthetic_trace(seed=3)
+NOISY = synthetic_trace(seed=4, noise=0.6)
+MASK = BASE["response_mask"].values
+N_REAL = int(MASK.sum())
+FIX_RESCORE = r"re-run `rlparity score"
+
+
+def edit(ds: xr.Dataset, name: str, where, value) -> xr.Dataset:
+    """A copy of ``ds`` with ``ds[name][where] = value``."""
+    out = ds.copy(deep=True)
+    v = out[name].values
+    v[where] = value
+    return out
+
+
+def first_real(k: int, mask=MASK):
+    """Index (rows, cols) of the first ``k`` real tokens."""
+    idx = np.argwhere(mask)[:k]
+    return tuple(idx.T)
+
+
+def retype(ds: xr.Dataset, name: str, dtype, fill=None) -> xr.Dataset:
+    """A copy with ``name`` cast to ``dtype`` (NaN / negative padding replaced by ``fill`` first)."""
+    out = ds.copy(deep=True)
+    v = out[name].values
+    if fill is not None:
+        v = np.where(np.isnan(v) if v.dtype.kind == "f" else v < 0, fill, v)
+    out[name] = (out[name].dims, v.astype(dtype))
+    return out
+
+
+def without_attr(ds: xr.Dataset, key: str) -> xr.Dataset:
+    out = ds.copy(deep=True)
+    del out.attrs[key]
+    return out
+
+
+def with_attr(ds: xr.Dataset, **kw) -> xr.Dataset:
+    return ds.copy(deep=True).assign_attrs(**kw)
+
+
+def noisy_bad_tokens(value) -> xr.Dataset:
+    """The noisy trace with the tokens that break parity (|d| > 0.5 nats) set to ``value`` on the
+    trainer side: hiding the failure must not turn it into a pass."""
+    d = NOISY["trainer_processed_logprob"].values - NOISY["rollout_logprob"].values
+    bad = NOISY["response_mask"].values & (np.abs(d) > 0.5)
+    assert bad.sum() > 5
+    return edit(NOISY, "trainer_processed_logprob", bad, value)
+
+
+def empty_responses() -> xr.Dataset:
+    out = T.from_rollouts(prompt_token_ids=[[1, 2], [3]], token_ids=[[], []], rollout_logprobs=[[], []])
+    return T.with_trainer(out, {"trainer_logprob": np.zeros((2, 0)), "trainer_processed_logprob": np.zeros((2, 0))})
+
+
+# ----------------------------------------------------------------------------- the context a row gets
+
+
+@dataclass
+class Ctx:
+    data: Path      # everything under here must survive a refused call unchanged
+    keep: Path      # a saved store holding BASE (arm "keep")
+    locks: Path     # engine lock files (outside data)
+    monkeypatch: pytest.MonkeyPatch
+    cleanup: list
+
+
+def victim(ctx: Ctx, name: str = "victim.zarr") -> Path:
+    """A second saved store; ``trainer_processed_logprob`` is split into 64 chunks (8 x 8)."""
+    ds = BASE.copy(deep=True)
+    n, w = ds.sizes["sequence"], ds.sizes["position"]
+    ds["trainer_processed_logprob"].encoding["chunks"] = (n // 8, -(-w // 8))
+    ds["token_id"].encoding["chunks"] = (n // 8, -(-w // 8))
+    return T.save({"v": ds}, ctx.data / name)
+
+
+def chunk_files(store: Path, var: str) -> list[Path]:
+    d = store / "v" / var
+    return sorted(p for p in d.iterdir() if not p.name.startswith("."))
+
+
+def delete_chunk(ctx: Ctx, var: str = "trainer_processed_logprob", k: int = 17):
+    store = victim(ctx)
+    files = chunk_files(store, var)
+    assert len(files) == 64
+    files[k].unlink()
+    return lambda: T.load(store)
+
+
+def corrupt_chunk(ctx: Ctx):
+    store = victim(ctx)
+    f = chunk_files(store, "trainer_processed_logprob")[5]
+    raw = bytearray(f.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    f.write_bytes(bytes(raw))
+    return lambda: T.load(store)
+
+
+def swap_chunks(ctx: Ctx):
+    store = victim(ctx)
+    a, b = chunk_files(store, "trainer_processed_logprob")[:2]
+    ta, tb = a.read_bytes(), b.read_bytes()
+    a.write_bytes(tb)
+    b.write_bytes(ta)
+    return lambda: T.load(store)
+
+
+def tamper_values(ctx: Ctx):
+    """Set the bad tokens of the noisy trace to NaN inside a saved store (zarr, behind rlparity's back)."""
+    import zarr
+
+    store = T.save({"v": NOISY}, ctx.data / "victim.zarr")
+    arr = zarr.open_array(str(store / "v" / "trainer_processed_logprob"), mode="r+", zarr_format=2)
+    arr[0, :3] = np.nan
+    return lambda: T.load(store)
+
+
+def edit_meta(ctx: Ctx, change: Callable[[dict], None]):
+    store = victim(ctx)
+    meta = json.loads((store / ".zmetadata").read_text())
+    change(meta["metadata"])
+    (store / ".zmetadata").write_text(json.dumps(meta))
+    return lambda: T.load(store)
+
+
+def remove_path(ctx: Ctx, rel: str):
+    store = victim(ctx)
+    target = store / rel
+    shutil.rmtree(target) if target.is_dir() else target.unlink()
+    return lambda: T.load(store)
+
+
+def user_dir(ctx: Ctx) -> Path:
+    d = ctx.data / "results"
+    d.mkdir()
+    (d / "notes.txt").write_text("three weeks of notes")
+    (d / "plot.png").write_bytes(b"\x89PNG fake")
+    return d
+
+
+def plant_lock_symlink(ctx: Ctx):
+    target = ctx.data / "precious.txt"
+    target.write_text("do not truncate me")
+    link = ctx.locks / "engine.lock"
+    link.symlink_to(target)
+    ctx.monkeypatch.setenv("RLPARITY_ENGINE_LOCK_PATH", str(link))
+    return lambda: L.engine_lock(enabled=True).__enter__()
+
+
+def plant_store_lock_symlink(ctx: Ctx):
+    target = ctx.data / "precious.txt"
+    target.write_text("do not truncate me")
+    link = ctx.data / ".keep.zarr.lock"
+    link.symlink_to(target)
+    ctx.cleanup.append(link.unlink)
+    return lambda: T.add_arm(BASE, ctx.keep, "second")
+
+
+def hold_engine_lock(ctx: Ctx):
+    """Another process holds the engine lock; we wait 0.5 s and give up."""
+    lock = ctx.locks / "engine.lock"
+    ctx.monkeypatch.setenv("RLPARITY_ENGINE_LOCK_PATH", str(lock))
+    ctx.monkeypatch.setenv("RLPARITY_ENGINE_LOCK_TIMEOUT", "0.5")
+    code = ("import sys, time; from rlparity.capture.lock import engine_lock\n"
+            "with engine_lock(enabled=True):\n    print('held', flush=True); time.sleep(60)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RLPARITY_ENGINE_LOCK_TIMEOUT": "5"}
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    ctx.cleanup.append(lambda: (proc.kill(), proc.wait(), proc.stdout.close()))
+    assert proc.stdout.readline().strip() == "held"
+    ctx.pid = proc.pid
+    return lambda: L.engine_lock().__enter__()
+
+
+def engine_lock_env(ctx: Ctx, **env):
+    ctx.monkeypatch.setenv("RLPARITY_ENGINE_LOCK_PATH", str(ctx.locks / "engine.lock"))
+    for k, v in env.items():
+        ctx.monkeypatch.setenv(k, v)
+    return lambda: L.engine_lock().__enter__()
+
+
+def foreign_lock_dir(ctx: Ctx):
+    if os.getuid() != 0:
+        pytest.skip("needs root to plant a directory owned by another user")
+    ctx.monkeypatch.setattr(L, "DEFAULT_DIR_PARENT", ctx.locks)
+    ctx.monkeypatch.delenv("RLPARITY_ENGINE_LOCK_PATH", raising=False)
+    d = ctx.locks / f"rlparity-{os.getuid()}"
+    d.mkdir(mode=0o777)
+    os.chown(d, 12345, 12345)
+    return lambda: L.engine_lock(enabled=True).__enter__()
+
+
+def nested_engine_lock(ctx: Ctx):
+    ctx.monkeypatch.setenv("RLPARITY_ENGINE_LOCK_PATH", str(ctx.locks / "engine.lock"))
+    outer = L.engine_lock(enabled=True)
+    outer.__enter__()
+    ctx.cleanup.append(lambda: outer.__exit__(None, None, None))
+    return lambda: L.engine_lock(enabled=True).__enter__()
+
+
+def nested_tree():
+    return xr.DataTree.from_dict({"/a": BASE, "/a/b": BASE})
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+@dataclass
+class Row:
+    id: str
+    act: Callable[[Ctx], Callable[[], object]]
+    error: type[BaseException]
+    says: tuple[str, ...]  # regexes: what is wrong, and how to fix it
+    stderr: str | None = None
+
+
+def save_bad(ds_fn: Callable[[], xr.Dataset]) -> Callable[[Ctx], Callable[[], object]]:
+    """Try to save a bad trace over the saved store (validation at the save boundary)."""
+    return lambda ctx: (lambda: T.save(ds_fn(), ctx.keep))
+
+
+def validate_bad(ds_fn, **kw) -> Callable[[Ctx], Callable[[], object]]:
+    return lambda ctx: (lambda: T.validate(ds_fn(), **kw))
+
+
+TVE, SE, SDE = T.TraceValidationError, T.StoreError, T.StoreDamagedError
+NAN = np.nan
+ROWS = [
+    # non-finite values on real tokens
+    Row("trainer NaN at 1 token", save_bad(lambda: edit(BASE, "trainer_processed_logprob", first_real(1), NAN)), TVE,
+        (rf"trainer_processed_logprob is NaN at 1 of {N_REAL} response tokens \(sequences \[0\]\)", FIX_RESCORE)),
+    Row("trainer NaN at half", save_bad(lambda: edit(BASE, "trainer_processed_logprob", first_real(N_REAL // 2), NAN)),
+        TVE, (rf"trainer_processed_logprob is NaN at {N_REAL // 2} of {N_REAL}", FIX_RESCORE)),
+    Row("trainer NaN at all but one", save_bad(lambda: edit(BASE, "trainer_processed_logprob", first_real(N_REAL - 1), NAN)),
+        TVE, (rf"is NaN at {N_REAL - 1} of {N_REAL} response tokens", FIX_RESCORE)),
+    Row("raw trainer NaN at 1 token", validate_bad(lambda: edit(BASE, "trainer_logprob", first_real(1), NAN)), TVE,
+        (r"trainer_logprob is NaN at 1 of", FIX_RESCORE)),
+    Row("trainer +inf at 1 token", save_bad(lambda: edit(BASE, "trainer_logprob", first_real(1), np.inf)), TVE,
+        (r"trainer_logprob is \+inf at 1 of", r"in float32")),
+    Row("trainer +inf at half", save_bad(lambda: edit(BASE, "trainer_processed_logprob", first_real(N_REAL // 2), np.inf)),
+        TVE, (rf"trainer_processed_logprob is \+inf at {N_REAL // 2} of", r"in float32")),
+    Row("rollout -inf at 1 token", save_bad(lambda: edit(BASE, "rollout_logprob", first_real(1), -np.inf)), TVE,
+        (r"rollout_logprob is -inf at 1 of", r"only a trainer reading may be -inf")),
+    Row("rollout -inf at half", save_bad(lambda: edit(BASE, "rollout_logprob", first_real(N_REAL // 2), -np.inf)), TVE,
+        (rf"rollout_logprob is -inf at {N_REAL // 2} of", r"check logprobs_mode")),
+    Row("rollout NaN", save_bad(lambda: edit(BASE, "rollout_logprob", first_real(3), NAN)), TVE,
+        (r"rollout_logprob is NaN at 3 of", r"logprobs=0")),
+    Row("trainer entropy NaN", save_bad(lambda: edit(BASE, "trainer_entropy", first_real(2), NAN)), TVE,
+        (r"trainer_entropy is NaN at 2 of", FIX_RESCORE)),
+    Row("noisy trace, bad tokens set to NaN", save_bad(lambda: noisy_bad_tokens(NAN)), TVE,
+        (r"trainer_processed_logprob is NaN at \d+ of", FIX_RESCORE)),
+    Row("noisy trace, bad tokens set to +inf", save_bad(lambda: noisy_bad_tokens(np.inf)), TVE,
+        (r"trainer_processed_logprob is \+inf at \d+ of", r"in float32")),
+    Row("noisy trace, bad tokens NaN, judged", validate_bad(lambda: noisy_bad_tokens(NAN), require_trainer=True), TVE,
+        (r"is NaN at \d+ of", FIX_RESCORE)),
+    # not log-probabilities
+    Row("positive trainer logprobs", save_bad(lambda: edit(BASE, "trainer_processed_logprob", MASK,
+                                                          -BASE["trainer_processed_logprob"].values[MASK])), TVE,
+        (rf"trainer_processed_logprob is positive at \d+ of {N_REAL}", r"not log-probabilities", r"nats \(<= 0\)")),
+    Row("rollout logits stored as logprobs", save_bad(lambda: edit(BASE, "rollout_logprob", first_real(4), 3.5)), TVE,
+        (r"rollout_logprob is positive at 4 of", r"not log-probabilities")),
+    # schema version
+    Row("schema_version 99", save_bad(lambda: with_attr(BASE, schema_version=99)), TVE,
+        (r"schema_version 99, written by a newer rlparity", r"reads schema_version 1", r"upgrade rlparity")),
+    Row("schema_version 'banana'", save_bad(lambda: with_attr(BASE, schema_version="banana")), TVE,
+        (r"schema_version is 'banana', not a version number", r"reads schema_version 1")),
+    Row("schema_version missing", save_bad(lambda: without_attr(BASE, "schema_version")), TVE,
+        (r"no schema_version attribute", r"reads schema_version 1", r"from_rollouts")),
+    Row("schema_version 0", validate_bad(lambda: with_attr(BASE, schema_version=0)), TVE,
+        (r"schema_version 0, which no rlparity release wrote", r"reads schema_version 1")),
+    Row("schema_version 99 inside a saved store", lambda ctx: edit_meta(
+        ctx, lambda m: m["v/.zattrs"].update(schema_version=99)), TVE,
+        (r"arm 'v'.*schema_version 99", r"upgrade rlparity")),
+    # dtypes per the schema table
+    Row("float16 trainer logprobs", save_bad(lambda: retype(BASE, "trainer_processed_logprob", np.float16)), TVE,
+        (r"trainer_processed_logprob is float16, too coarse", r"store float32 or float64")),
+    Row("float16 rollout logprobs", save_bad(lambda: retype(BASE, "rollout_logprob", np.float16)), TVE,
+        (r"rollout_logprob is float16", r"float32 or float64")),
+    Row("float token ids", save_bad(lambda: retype(BASE, "token_id", np.float64)), TVE,
+        (r"token_id has dtype float64, expected a signed integer", r"astype\('int64'\)")),
+    Row("string token ids", save_bad(lambda: retype(BASE, "token_id", str)), TVE,
+        (r"token_id has dtype <U\d+, expected a signed integer.*strings", r"astype\('int64'\)")),
+    Row("unsigned token ids", validate_bad(lambda: retype(BASE, "token_id", np.uint32, fill=0)),
+        TVE, (r"token_id has dtype uint32.*cannot hold the padding value -1", r"astype\('int64'\)")),
+    Row("integer response_mask", save_bad(lambda: retype(BASE, "response_mask", np.int8)), TVE,
+        (r"response_mask has dtype int8, expected bool", r"astype\(bool\)")),
+    Row("integer logprobs", validate_bad(lambda: retype(BASE, "rollout_logprob", np.int64, fill=0)), TVE,
+        (r"rollout_logprob has dtype int64, expected float32 or float64", r"astype\('float64'\)")),
+    Row("bytes finish_reason", validate_bad(lambda: retype(BASE, "finish_reason", "S8")), TVE,
+        (r"finish_reason has dtype \|S8, expected text", r"astype\(str\)")),
+    # nothing to judge, nothing scored
+    Row("all responses empty, judged", validate_bad(empty_responses, require_trainer=True), TVE,
+        (r"no response tokens \(2 sequences, every response empty\): nothing to judge", r"max_tokens > 0")),
+    Row("0 sequences, judged", validate_bad(lambda: T.from_rollouts(prompt_token_ids=[], token_ids=[], rollout_logprobs=[]),
+                                            require_trainer=True), TVE,
+        (r"not scored", r"rlparity score", r"nothing to judge")),
+    Row("not scored, judged", validate_bad(lambda: synthetic_trace(scored=False), require_trainer=True), TVE,
+        (r"not scored \(no trainer_logprob or trainer_processed_logprob\)", r"rlparity score TRACE --model MODEL")),
+    Row("trainer statistics without a reading", validate_bad(
+        lambda: BASE.drop_vars(["trainer_logprob", "trainer_processed_logprob"])), TVE,
+        (r"neither trainer reading", r"re-run `rlparity score`")),
+    Row("temperature NaN and top_p 1.5", validate_bad(
+        lambda: edit(edit(BASE, "temperature", 0, NAN), "top_p", 1, 1.5)), TVE,
+        (r"temperature is NaN, infinite or negative for 1 of 16", r"top_p is outside \(0, 1\] for 1 of 16")),
+    Row("reward +inf", validate_bad(lambda: edit(BASE, "reward", 2, np.inf)), TVE,
+        (r"reward is infinite for 1 of 16", r"NaN for not scored")),
+    # damaged stores
+    Row("one of 64 chunks deleted", lambda ctx: delete_chunk(ctx), SDE,
+        (r"the store is damaged", r"1 of 64 chunks of 'v/trainer_processed_logprob' are missing",
+         r"restore the store from a copy or re-create it")),
+    Row("one of 64 token_id chunks deleted", lambda ctx: delete_chunk(ctx, "token_id", 63), SDE,
+        (r"the store is damaged", r"1 of 64 chunks of 'v/token_id'", r"restore")),
+    Row("a chunk's bytes flipped", corrupt_chunk, SDE, (r"the store is damaged", r"restore")),
+    Row("two chunks swapped", swap_chunks, SDE,
+        (r"the store is damaged.*arm 'v'.*\['trainer_processed_logprob'\] read back other values", r"restore")),
+    Row("values set to NaN inside a saved store", tamper_values, SDE,
+        (r"the store is damaged.*\['trainer_processed_logprob'\] read back other values", r"re-create it")),
+    Row("arm folder deleted", lambda ctx: remove_path(ctx, "v"), SDE, (r"the store is damaged", r"restore")),
+    Row("consolidated metadata deleted", lambda ctx: remove_path(ctx, ".zmetadata"), SE,
+        (r"not a readable rlparity zarr store.*\.zmetadata", r"rlparity.trace.save did not write it")),
+    Row("store format 2", lambda ctx: edit_meta(ctx, lambda m: m[".zattrs"].update(rlparity_store=2)), SE,
+        (r"store format 2; this release of rlparity reads store format 1", r"upgrade rlparity")),
+    Row("integrity record removed", lambda ctx: edit_meta(ctx, lambda m: m[".zattrs"].pop("rlparity_integrity")), SDE,
+        (r"marked as an rlparity store but has no integrity record", r"restore")),
+    Row("a path that is a file", lambda ctx: ((ctx.data / "f.zarr").write_text("x"), lambda: T.load(ctx.data / "f.zarr"))[1],
+        SE, (r"is a file, not an rlparity store",)),
+    Row("a path that does not exist", lambda ctx: (lambda: T.load(ctx.data / "nope.zarr")), FileNotFoundError,
+        (r"no trace at .*nope.zarr", r"rlparity capture")),
+    Row("unknown arm", lambda ctx: (lambda: T.load(ctx.keep, "nope")), KeyError, (r"no arm 'nope'", r"holds \['keep'\]")),
+    # storage that loses nothing
+    Row("save onto a directory of user files", lambda ctx: (lambda d: lambda: T.save(BASE, d))(user_dir(ctx)), SE,
+        (r"results exists and is not an rlparity store \(a directory holding 2 entries: 'notes.txt', 'plot.png'\)",
+         r"choose another path")),
+    Row("add_arm onto a directory of user files", lambda ctx: (lambda d: lambda: T.add_arm(BASE, d, "x"))(user_dir(ctx)),
+        SE,
+        (r"is not an rlparity store", r"choose another path")),
+    Row("save onto a user file", lambda ctx: ((ctx.data / "notes.zarr").write_text("mine"),
+                                              lambda: T.save(BASE, ctx.data / "notes.zarr"))[1], SE,
+        (r"notes.zarr exists and is not an rlparity store \(a file\)", r"choose another path")),
+    Row("save onto a zarr store not written by rlparity", lambda ctx: (
+        xr.Dataset({"x": ("i", np.arange(3))}).to_zarr(ctx.data / "foreign.zarr", zarr_format=2, consolidated=True),
+        lambda: T.save(BASE, ctx.data / "foreign.zarr"))[1], SE, (r"is not an rlparity store", r"choose another path")),
+    Row("save without overwrite onto a store", lambda ctx: (lambda: T.save(BASE, ctx.keep, overwrite=False)),
+        FileExistsError, (r"keep.zarr exists", r"overwrite=True")),
+    Row("save of a nested DataTree", lambda ctx: (lambda: T.save(nested_tree(), ctx.data / "n.zarr")), SE,
+        (r"nested groups \['a/b'\]", r"flatten it")),
+    Row("lock file planted as a symlink", plant_store_lock_symlink, SE,
+        (r"\.keep\.zarr\.lock is a symbolic link", r"remove it")),
+    # arm names
+    Row("arm name 'a/b'", lambda ctx: (lambda: T.add_arm(BASE, ctx.keep, "a/b")), SE,
+        (r"arm name 'a/b' contains '/'", r"pattern \[A-Za-z0-9_\]")),
+    Row("arm name '.zgroup'", lambda ctx: (lambda: T.add_arm(BASE, ctx.keep, ".zgroup")), SE,
+        (r"arm name '.zgroup' starts with '.'", r"pattern")),
+    Row("arm name '../x'", lambda ctx: (lambda: T.save({"../x": BASE}, ctx.keep)), SE,
+        (r"arm name '../x' contains '/'", r"pattern")),
+    Row("arm name ''", lambda ctx: (lambda: T.add_arm(BASE, ctx.keep, "")), SE, (r"arm name '' is empty", r"pattern")),
+    Row("arm name 'zarr.json'", lambda ctx: (lambda: T.add_arm(BASE, ctx.keep, "zarr.json")), SE,
+        (r"'zarr.json' is reserved by zarr", r"pattern")),
+    Row("arm names differing in case", lambda ctx: (lambda: T.add_arm(BASE, ctx.keep, "KEEP")), SE,
+        (r"'keep' and 'KEEP' differ only in case", r"rename one")),
+    Row("arm name not text", lambda ctx: (lambda: T.save({3: BASE}, ctx.keep)), SE, (r"arm name 3 is not text \(int\)", r"use 1-100 letters")),
+    # the engine lock
+    Row("engine lock: symlink planted at the lock path", plant_lock_symlink, L.EngineLockError,
+        (r"engine.lock is a symbolic link", r"target is left untouched", r"remove the link")),
+    Row("engine lock: held by another engine past the timeout", hold_engine_lock, L.EngineLockTimeout,
+        (r"still held by pid \d+ after 0.5 s", r"raise RLPARITY_ENGINE_LOCK_TIMEOUT"),
+        stderr=r"waiting for the vLLM engine lock held by pid \d+"),
+    Row("engine lock: RLPARITY_ENGINE_LOCK=banana", lambda ctx: engine_lock_env(ctx, RLPARITY_ENGINE_LOCK="banana"),
+        L.EngineLockError, (r"RLPARITY_ENGINE_LOCK='banana' is not on or off", r"=on\|off")),
+    Row("engine lock: a path in RLPARITY_ENGINE_LOCK", lambda ctx: engine_lock_env(
+        ctx, RLPARITY_ENGINE_LOCK="/tmp/my.lock"), L.EngineLockError, (r"is not on or off", r"RLPARITY_ENGINE_LOCK_PATH")),
+    Row("engine lock: bad timeout", lambda ctx: engine_lock_env(ctx, RLPARITY_ENGINE_LOCK_TIMEOUT="soon"),
+        L.EngineLockError, (r"RLPARITY_ENGINE_LOCK_TIMEOUT='soon'", r"number of seconds >= 0")),
+    Row("engine lock: default directory planted by another user", foreign_lock_dir, L.EngineLockError,
+        (r"belongs to uid 12345, not to you", r"RLPARITY_ENGINE_LOCK_PATH")),
+    Row("engine lock: second engine in the same thread", nested_engine_lock, L.EngineLockError,
+        (r"already holds the engine lock", r"close it first")),
+]
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every entry under ``root`` with a hash of its content (links by their target)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(root))
+            if p.is_symlink():
+                out[rel] = "link:" + os.readlink(p)
+            elif p.is_dir():
+                out[rel] = "dir"
+            else:
+                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+@pytest.fixture(scope="module")
+def saved_store(tmp_path_factory) -> Path:
+    return T.save({"keep": BASE}, tmp_path_factory.mktemp("saved") / "keep.zarr")
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_refused(row: Row, tmp_path, saved_store, monkeypatch, capfd):
+    data, locks = tmp_path / "data", tmp_path / "locks"
+    data.mkdir()
+    locks.mkdir()
+    keep = data / "keep.zarr"
+    shutil.copytree(saved_store, keep)
+    ctx = Ctx(data, keep, locks, monkeypatch, [])
+    try:
+        act = row.act(ctx)
+        before = snapshot(data)
+        with pytest.raises(row.error) as info:
+            act()
+        msg = str(info.value)
+        for pattern in row.says:
+            assert re.search(pattern, msg), f"{pattern!r} not in: {msg}"
+        assert len(msg) < 1200 and "Traceback" not in msg
+        assert snapshot(data) == before, "the refused call changed or removed files"
+        while ctx.cleanup:
+            ctx.cleanup.pop()()
+        got = T.load(keep)
+        assert dataset_digests(got) == dataset_digests(BASE)
+        if row.stderr:
+            assert re.search(row.stderr, capfd.readouterr().err)
+    finally:
+        while ctx.cleanup:
+            ctx.cleanup.pop()()
+
+
+def test_table_counts():
+    """The report's numbers: every row is an error with its message checked (see test_refused)."""
+    assert len(ROWS) >= 60
+    assert len({r.id for r in ROWS}) == len(ROWS)
+
+
+# ----------------------------------------------------------------------------- legal values stay legal
+
+
+def test_trainer_minus_inf_is_legal_and_counted():
+    ds = edit(BASE, "trainer_processed_logprob", first_real(3), -np.inf)
+    T.validate(ds, require_trainer=True)
+    from rlparity.metrics import core
+
+    assert int(core.zero_prob_count(ds["trainer_processed_logprob"].values, MASK)) == 3
+
+
+def test_one_trainer_reading_is_enough():
+    only_raw = BASE.drop_vars("trainer_processed_logprob")
+    only_processed = BASE.drop_vars("trainer_logprob")
+    for ds in (only_raw, only_processed):
+        assert T.has_trainer(ds)
+        T.validate(ds, require_trainer=True)
+    assert not T.has_trainer(synthetic_trace(scored=False))
+
+
+def test_float32_and_int32_round_trip(tmp_path):
+    ds = retype(retype(BASE, "trainer_processed_logprob", np.float32), "token_id", np.int32)
+    got = T.load(T.save(ds, tmp_path / "s.zarr"))
+    assert got["trainer_processed_logprob"].dtype == np.float32 and got["token_id"].dtype == np.int32
+    assert dataset_digests(got) == dataset_digests(ds)
+
+
+def test_empty_directory_and_legacy_store_may_be_replaced(tmp_path):
+    (tmp_path / "empty.zarr").mkdir()
+    T.save(BASE, tmp_path / "empty.zarr", overwrite=False)
+    assert T.load(tmp_path / "empty.zarr").sizes["sequence"] == 16
+    legacy = tmp_path / "legacy.zarr"  # written by rlparity before stores were marked
+    xr.DataTree.from_dict({"/a": BASE}).to_zarr(legacy, mode="w", consolidated=True, zarr_format=2)
+    assert T.load(legacy).sizes["sequence"] == 16
+    T.save(NOISY, legacy)
+    assert dataset_digests(T.load(legacy)) == dataset_digests(NOISY)
+
+
+def test_save_through_a_symlink_writes_the_real_store(tmp_path):
+    real = T.save(BASE, tmp_path / "real.zarr")
+    (tmp_path / "link.zarr").symlink_to(real)
+    T.add_arm(NOISY, tmp_path / "link.zarr", "noisy")
+    assert (tmp_path / "link.zarr").is_symlink()
+    assert set(T.open_arms(real)) == {"synthetic", "noisy"}
+
+
+# ----------------------------------------------------------------------------- crash recovery
+
+
+def _leftovers(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir() if p.name.startswith("."))
+
+
+def _crash_between_renames(tmp_path: Path, *, new_complete: bool) -> Path:
+    """Leave what a save killed between its two renames leaves: the store renamed to .old-*, the
+    new copy still at .tmp-*, nothing at the store's name."""
+    store = T.save(BASE, tmp_path / "s.zarr")
+    staging = T.save(NOISY, tmp_path / "staging.zarr")
+    if not new_complete:
+        (staging / ".zmetadata").unlink()  # the crash came before the new copy was complete
+    os.rename(staging, tmp_path / ".s.zarr.tmp-4242-deadbeef")
+    os.rename(store, tmp_path / ".s.zarr.old-4242-deadbeef")  # the first rename only
+    assert not store.exists()
+    return store
+
+
+def test_crash_between_renames_recovers_the_new_copy(tmp_path):
+    store = _crash_between_renames(tmp_path, new_complete=True)
+    assert dataset_digests(T.load(store)) == dataset_digests(NOISY)
+    assert _leftovers(tmp_path) == []
+
+
+def test_crash_between_renames_recovers_the_old_copy(tmp_path):
+    store = _crash_between_renames(tmp_path, new_complete=False)
+    assert dataset_digests(T.load(store)) == dataset_digests(BASE)
+    assert _leftovers(tmp_path) == []
+
+
+def test_crash_recovered_by_the_next_save(tmp_path):
+    store = _crash_between_renames(tmp_path, new_complete=True)
+    T.add_arm(BASE, store, "more")
+    assert set(T.open_arms(store)) == {"synthetic", "more"}
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_live_writers_temp_store_is_not_cleaned(tmp_path):
+    store = T.save(BASE, tmp_path / "s.zarr")
+    (tmp_path / ".s.zarr.old-1-orphan").mkdir()
+    with T.temp_store(store) as tmp:
+        (tmp / "partial").write_text("being written")
+        T.load(store)  # recovery runs: removes the orphan, keeps the live one
+        assert tmp.exists() and not (tmp_path / ".s.zarr.old-1-orphan").exists()
+    assert _leftovers(tmp_path) == []
+
+
+def test_install_store_records_integrity_for_a_streaming_writer(tmp_path):
+    target = tmp_path / "stream.zarr"
+    with T.temp_store(target) as tmp:
+        xr.DataTree.from_dict({"/a": BASE}).to_zarr(tmp, mode="w-", consolidated=True, zarr_format=2,
+                                                    write_empty_chunks=True)
+        T.install_store(tmp, target)
+    assert dataset_digests(T.load(target)) == dataset_digests(BASE)
+    assert "rlparity_integrity" in json.loads((target / ".zmetadata").read_text())["metadata"][".zattrs"]
+    with T.temp_store(target) as tmp, pytest.raises(FileExistsError):
+        xr.DataTree.from_dict({"/a": NOISY}).to_zarr(tmp, mode="w-", consolidated=True, zarr_format=2,
+                                                     write_empty_chunks=True)
+        T.install_store(tmp, target, overwrite=False)
+    assert dataset_digests(T.load(target)) == dataset_digests(BASE)
+
+
+def test_read_only_location_still_reads(tmp_path, monkeypatch):
+    """No lock file can be made (simulated: root ignores permissions): the load goes ahead."""
+    from rlparity.trace import store as S
+
+    store = T.save(BASE, tmp_path / "s.zarr")
+    real = S._open_lock_file
+
+    def read_only(lf, shared):
+        if shared and not lf.exists():
+            return None
+        return real(lf, shared)
+
+    monkeypatch.setattr(S, "_open_lock_file", read_only)
+    assert dataset_digests(T.load(store)) == dataset_digests(BASE)
+
+
+# ----------------------------------------------------------------------------- the engine lock
+
+
+def test_engine_lock_file_is_private_and_names_its_holder(tmp_path, monkeypatch):
+    monkeypatch.setattr(L, "DEFAULT_DIR_PARENT", tmp_path)
+    monkeypatch.delenv("RLPARITY_ENGINE_LOCK_PATH", raising=False)
+    monkeypatch.setenv("RLPARITY_ENGINE_LOCK", "on")
+    d = tmp_path / f"rlparity-{os.getuid()}"
+    with L.engine_lock():
+        f = d / "engine.lock"
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600
+        assert f.read_text().strip() == str(os.getpid())
+    d.chmod(0o755)  # a loosened directory of ours is tightened again
+    with L.engine_lock():
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700
+
+
+def test_engine_lock_switch_is_not_a_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(L, "DEFAULT_DIR_PARENT", tmp_path / "runtime")
+    (tmp_path / "runtime").mkdir()
+    monkeypatch.delenv("RLPARITY_ENGINE_LOCK_PATH", raising=False)
+    for value in ("1", "on", "true"):
+        monkeypatch.setenv("RLPARITY_ENGINE_LOCK", value)
+        with L.engine_lock():
+            pass
+    assert not (tmp_path / "1").exists() and not (tmp_path / "on").exists()
+    monkeypatch.setenv("RLPARITY_ENGINE_LOCK", "off")
+    monkeypatch.setenv("RLPARITY_ENGINE_LOCK_PATH", str(tmp_path / "never.lock"))
+    with L.engine_lock():
+        pass
+    assert not (tmp_path / "never.lock").exists()
+
+
+def test_engine_lock_waits_then_proceeds(tmp_path, monkeypatch, capfd):
+    lock = tmp_path / "engine.lock"
+    monkeypatch.setenv("RLPARITY_ENGINE_LOCK_PATH", str(lock))
+    code = ("import time; from rlparity.capture.lock import engine_lock\n"
+            "with engine_lock(enabled=True):\n    print('held', flush=True); time.sleep(1.0)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        t0 = time.monotonic()
+        with L.engine_lock(enabled=True, timeout=30):
+            waited = time.monotonic() - t0
+            assert lock.read_text().strip() == str(os.getpid())
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+    assert 0.2 < waited < 10
+    err = capfd.readouterr().err
+    assert err.count("waiting for the vLLM engine lock held by pid") == 1 and str(proc.pid) in err
