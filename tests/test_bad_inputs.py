@@ -332,9 +332,9 @@ ROWS = [
     Row("trainer statistics without a reading", validate_bad(
         lambda: BASE.drop_vars(["trainer_logprob", "trainer_processed_logprob"])), TVE,
         (r"neither trainer reading", r"re-run `rlparity score`")),
-    Row("temperature NaN and top_p 1.5", validate_bad(
-        lambda: edit(edit(BASE, "temperature", 0, NAN), "top_p", 1, 1.5)), TVE,
-        (r"temperature is NaN, infinite or negative for 1 of 16", r"top_p is outside \(0, 1\] for 1 of 16")),
+    Row("temperature -1 and top_p 1.5", validate_bad(
+        lambda: edit(edit(BASE, "temperature", 0, -1.0), "top_p", 1, 1.5)), TVE,
+        (r"temperature is infinite or negative for 1 of 16", r"top_p is outside \(0, 1\] for 1 of 16")),
     Row("reward +inf", validate_bad(lambda: edit(BASE, "reward", 2, np.inf)), TVE,
         (r"reward is infinite for 1 of 16", r"NaN for not scored")),
     # damaged stores
