@@ -42,9 +42,35 @@ class ModelSize:
     lr: float = 3e-3
 
 
+@dataclass(frozen=True)
+class Finish:
+    """What turns a built-in model (``base``) into one whose numerics resemble a real checkpoint's,
+    applied to its trained weights (seconds on a CPU, no second training run):
+
+    * ``logit_scale``: the LM head is multiplied by it, so the largest logits reach the 20-30 a
+      trained LLM shows (the tiny model's are about 7); a bf16 head rounds them in steps of
+      ``|z| * 2^-8`` and a bf16 body's noise grows with them.
+    * ``vocab_to``: the vocabulary grows to this size with tokens the model never predicts, their
+      logits 10-25 below the typical ones, as the long tail of a real 30k-150k vocabulary.
+    * ``dtype``: the checkpoint's dtype (what ``dtype="auto"`` loads; bfloat16 as released models).
+    """
+
+    base: str = "tiny"
+    logit_scale: float = 1.0
+    vocab_to: int | None = None
+    dtype: str = "float32"
+
+
+FINISH: dict[str, Finish] = {
+    "tiny-bf16": Finish(base="tiny", logit_scale=3.0, vocab_to=32000, dtype="bfloat16"),
+}
+
 SIZES: dict[str, ModelSize] = {
     # CI: about a minute on 2 CPU cores; head_dim 32 (vLLM's CPU attention supports 32..512)
     "tiny": ModelSize(128, 2, 4, 256, train_steps=600, batch_size=32, seq_len=64),
+    # CI beside tiny: the same network finished like a real checkpoint (see FINISH): bf16 weights,
+    # logits up to ~25, a 32k vocabulary; so CPU tests cannot pass on float32 luck
+    "tiny-bf16": ModelSize(128, 2, 4, 256, train_steps=600, batch_size=32, seq_len=64),
     # for the GPU host: same task, more capacity and training; head_dim 64
     "small": ModelSize(512, 8, 8, 1408, train_steps=1500, batch_size=64, seq_len=128, lr=1e-3),
 }
@@ -143,6 +169,35 @@ def _training_batch(rng: random.Random, tokenizer, batch_size: int, seq_len: int
     return torch.tensor(rows, dtype=torch.long)
 
 
+def _finish(model, tokenizer, finish: Finish, rng: random.Random, device: str):
+    """Apply :class:`Finish` to a trained model: scale the head, grow the vocabulary with tokens
+    the model never predicts (logits well below the typical ones)."""
+    import torch
+
+    g = torch.Generator().manual_seed(rng.randrange(2 ** 31))
+    with torch.no_grad():
+        head = model.get_output_embeddings()
+        head.weight.mul_(finish.logit_scale)
+        if finish.vocab_to is not None and finish.vocab_to > head.weight.shape[0]:
+            # the direction of typical final hidden states: the new rows point against it
+            batch = _training_batch(rng, tokenizer, 16, 64).to(device)
+            hidden = model.model(input_ids=batch).last_hidden_state.reshape(-1, head.weight.shape[1])
+            mean = hidden.mean(dim=0)
+            unit = mean / mean.norm()
+            typical = (hidden @ head.weight.T).mean().item()
+            n_new = finish.vocab_to - head.weight.shape[0]
+            below = 10.0 + 15.0 * torch.rand(n_new, generator=g)  # 10-25 below the typical logit
+            proj = float(hidden @ unit @ torch.ones(hidden.shape[0]) / hidden.shape[0])
+            rows = ((typical - below) / proj).unsqueeze(1) * unit.unsqueeze(0)
+            rows += 0.02 * head.weight.std() * torch.randn(n_new, head.weight.shape[1], generator=g)
+            old = head.weight.shape[0]
+            model.resize_token_embeddings(finish.vocab_to, mean_resizing=False)
+            model.get_output_embeddings().weight[old:] = rows.to(head.weight.dtype)
+            tokenizer = build_tokenizer(finish.vocab_to)
+            model.config.vocab_size = finish.vocab_to
+    return model, tokenizer
+
+
 def _cache_root() -> Path:
     return Path(os.environ.get("RLPARITY_CACHE", Path.home() / ".cache" / "rlparity"))
 
@@ -181,8 +236,13 @@ def make_model(
         raise ValueError(f"unknown model size {size!r}; choose one of {sorted(SIZES)}")
     spec = SIZES[size]
     out = Path(out) if out is not None else default_model_path(size)
+    finish = FINISH.get(size)
+    if finish is not None:
+        dtype = finish.dtype
     recipe = {"size": size, "seed": seed, "vocab_pad_to": vocab_pad_to, "dtype": dtype,
               "spec": asdict(spec), "recipe_version": 1}
+    if finish is not None:
+        recipe["finish"] = asdict(finish)
     marker = out / MODEL_MARKER
     if not force and marker.exists():
         try:
@@ -191,6 +251,9 @@ def make_model(
                 return out
         except (ValueError, KeyError):
             pass
+
+    if finish is not None:
+        return _finished_model(size, finish, out, recipe, seed=seed, device=device, force=force, progress=progress)
 
     import torch
     from tqdm.auto import tqdm
@@ -230,6 +293,14 @@ def make_model(
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
     model.eval()
+    _save(model, tokenizer, out, dtype, {"recipe": recipe, "final_loss": sum(losses[-20:]) / min(20, len(losses)),
+                                         "vocab_size": len(tokenizer)})
+    return out
+
+
+def _save(model, tokenizer, out: Path, dtype: str, info: dict) -> None:
+    """Write the checkpoint beside ``out`` and rename it into place (no half-written model)."""
+    import torch
 
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
@@ -239,12 +310,23 @@ def make_model(
     model.to(getattr(torch, dtype)).save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     # generation_config.json stays neutral so vLLM's --generation-config auto adds nothing
-    info = {"recipe": recipe, "final_loss": sum(losses[-20:]) / min(20, len(losses)),
-            "vocab_size": len(tokenizer)}
     (tmp / MODEL_MARKER).write_text(json.dumps(info, indent=2))
     if out.exists():
         import shutil
 
         shutil.rmtree(out)
     os.replace(tmp, out)
+
+
+def _finished_model(size: str, finish: Finish, out: Path, recipe: dict, *, seed: int, device: str, force: bool,
+                    progress: bool) -> Path:
+    """``finish`` applied to the trained ``finish.base`` model (built or reused first)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    base = make_model(finish.base, seed=seed, device=device, progress=progress)
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32).to(device).eval()
+    tokenizer = build_tokenizer()
+    model, tokenizer = _finish(model, tokenizer, finish, random.Random(seed), device)
+    _save(model, tokenizer, out, finish.dtype, {"recipe": recipe, "base": str(base), "vocab_size": len(tokenizer)})
     return out

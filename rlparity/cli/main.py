@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(code or 0) if isinstance(code, int) else 0
     except click.exceptions.Exit as e:  # raised by commands in non-standalone mode too
         return int(e.exit_code)
+    except click.exceptions.NoArgsIsHelpError as e:  # `rlparity` alone: the help, not an error
+        typer.echo(e.ctx.get_help() if e.ctx is not None else str(e))
+        return EXIT_OK
     except click.ClickException as e:  # usage errors: unknown option, missing argument
         e.show()
         return EXIT_BAD_INPUT

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import xarray as xr
 
-from rlparity.capture.settings import EngineSettings, SamplingSettings
+from rlparity.config.settings import EngineSettings, SamplingSettings
 
 MODES = ("processed_logprobs", "raw_logprobs")
 
