@@ -43,7 +43,8 @@ def engine_settings(engine_json: str | None, profile: str | None):
     try:
         return EngineSettings(**base)
     except ValidationError as err:
-        raise BadInput("engine settings: " + validation_message(err)) from None
+        raise BadInput("engine settings (--engine / --profile): " + validation_message(err, flags=False)
+                       + f" (valid keys: {', '.join(EngineSettings.model_fields)})") from None
 
 
 def sampling_settings(**values: Any):
@@ -58,12 +59,14 @@ def sampling_settings(**values: Any):
         raise BadInput("sampling: " + validation_message(err)) from None
 
 
-def validation_message(err) -> str:
-    """One line from a pydantic ``ValidationError``: ``field: problem (got value)`` per error."""
+def validation_message(err, *, flags: bool = True) -> str:
+    """One line from a pydantic ``ValidationError``: ``--field: problem (got value)`` per error
+    (``flags=False``: the field's own name, for keys of a JSON or YAML mapping)."""
     parts = []
     for e in err.errors():
         loc = ".".join(str(x) for x in e.get("loc", ())) or "(value)"
-        parts.append(f"--{loc.replace('_', '-')}: {e['msg']} (got {e.get('input')!r})")
+        name = f"--{loc.replace('_', '-')}" if flags else repr(loc)
+        parts.append(f"{name}: {e['msg']} (got {e.get('input')!r})")
     return "; ".join(parts)
 
 

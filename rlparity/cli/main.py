@@ -69,17 +69,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = app(args=args, prog_name="rlparity", standalone_mode=False)
         return int(code or 0) if isinstance(code, int) else 0
-    except click.exceptions.Exit as e:  # raised by commands in non-standalone mode too
+    except (typer.Exit, click.exceptions.Exit) as e:  # raised by commands in non-standalone mode too
         return int(e.exit_code)
-    except click.exceptions.NoArgsIsHelpError as e:  # `rlparity` alone: the help, not an error
-        typer.echo(e.ctx.get_help() if e.ctx is not None else str(e))
-        return EXIT_OK
-    except click.ClickException as e:  # usage errors: unknown option, missing argument
-        e.show()
-        return EXIT_BAD_INPUT
-    except click.exceptions.Abort:
+    except (typer.Abort, click.exceptions.Abort):
         typer.echo("aborted", err=True)
         return 130
+    except (typer.TyperException, click.ClickException) as e:  # usage: unknown option, bad choice, ...
+        if type(e).__name__ == "NoArgsIsHelpError":  # `rlparity` alone: the help, not an error
+            ctx = getattr(e, "ctx", None)
+            typer.echo(ctx.get_help() if ctx is not None else str(e))
+            return EXIT_OK
+        e.show()
+        return EXIT_BAD_INPUT
     except _bad_input_types() as e:
         if _STATE["debug"]:
             traceback.print_exc()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Optional
 
@@ -17,8 +18,10 @@ from rlparity.cli.common import (
 )
 from rlparity.cli.main import app
 from rlparity.config.defaults import defaults
+from rlparity.metrics.dashboard import DASHBOARDS
 
 _D = defaults()
+Dashboard = Enum("Dashboard", {n.replace("-", "_"): n for n in DASHBOARDS}, type=str)
 
 
 @app.command("make-model")
@@ -110,13 +113,28 @@ def summary_cmd(
     trace: Path = typer.Argument(..., help="zarr store written by rlparity"),
     trainer: TrainerSide = typer.Option(TrainerSide(_D.trainer), help="trainer reading: processed or raw"),
     arm: Optional[list[str]] = typer.Option(None, help="only these arms (default: all)"),
+    names: Optional[Dashboard] = typer.Option(None, help="the same numbers under a peer's dashboard names "
+                                                         "(verl rollout_corr/*, PipelineRL, prime-rl, slime, TRL, "
+                                                         "NeMo-RL), to put beside yours"),
     as_json: bool = typer.Option(False, "--json", help="print strict JSON instead of text"),
 ):
-    """Print the parity summary (per-token log-ratio stats, mean ratio, probability-0 tokens)."""
-    from rlparity.metrics import format_summary, scalars, summary
+    """Print the parity summary (per-token log-ratio stats, mean ratio, probability-0 tokens), or
+    with --names the peers' dashboard metrics (same formulas as theirs)."""
+    from rlparity.metrics import as_dashboard, format_summary, scalars, summary
     from rlparity.trace import open_arms
 
     arms = select_arms(open_arms(trace), arm, trace)
+    if names is not None:
+        dash = {name: as_dashboard(ds, names.value, trainer=trainer.value) for name, ds in arms.items()}
+        if as_json:
+            echo_json({name: {"metrics": dict(d), **d.info} for name, d in dash.items()})
+            return
+        for name, d in dash.items():
+            typer.echo(f"{names.value} dashboard  arm={name}  pair={d.info.get('pair')}  "
+                       f"direction={d.info.get('direction')}")
+            for k, v in d.items():
+                typer.echo(f"  {k:<48} {v:>14.6g}")
+        return
     if as_json:
         echo_json({name: scalars(summary(ds, trainer.value)) for name, ds in arms.items()})
         return

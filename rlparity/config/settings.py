@@ -36,7 +36,7 @@ def dtype_name(value: Any) -> str | None:
 class SamplingSettings(BaseModel):
     """Per-request sampling parameters (vLLM ``SamplingParams``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     temperature: float = Field(1.0, ge=0.0)
     top_k: int = Field(0, ge=-1, description="0 or -1 = off")
@@ -87,7 +87,7 @@ class EngineSettings(BaseModel):
     Every field left ``None`` keeps the engine's own default (recorded as effective later).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     logprobs_mode: LogprobsMode | None = None
     enable_prefix_caching: bool | None = None

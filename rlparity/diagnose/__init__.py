@@ -19,7 +19,7 @@ from typing import Any
 from rlparity.diagnose import head, objective, path, semantic
 from rlparity.diagnose.findings import Finding, Layer, Report, Severity
 from rlparity.diagnose.options import DiagnoseOptions
-from rlparity.trace import as_arms
+from rlparity.trace import as_arms, validate
 
 # in layer order: the backend (semantic, inference path, LM head) before the objective, which sees
 # the backend's findings (a correction must not hide a backend error)
@@ -37,6 +37,10 @@ def diagnose(data: Any, options: DiagnoseOptions | None = None, *, title: str = 
     opts = DiagnoseOptions.make(options, **changes)
     arms = {name: ds if ds.attrs.get("arm") == name else ds.assign_attrs(arm=name)
             for name, ds in as_arms(data).items()}
+    if not arms:
+        raise ValueError("no arms to diagnose: pass a trace, {arm: trace} or a store with at least one arm")
+    for name, ds in arms.items():  # the judging boundary: scored, with tokens to judge
+        validate(ds, require_trainer=True, where=f"arm {name!r}")
     if opts.reference is not None and opts.reference not in arms:
         raise ValueError(f"reference={opts.reference!r} is not an arm of the data; arms: {sorted(arms)}")
     report = Report(title=title, context={"arms": list(arms), "options": opts.model_dump()})
