@@ -34,6 +34,16 @@ def test_book_builds_with_interactive_figures_and_no_external_scripts(html):
         assert plotly_figures(page) >= 1, f"{p.stem}: no interactive plotly figure in the HTML"
         assert "plotly.min.js" in page.read_text()
     assert external_scripts(html) == {}
+    from rlparity.cli.book import page_problems
+
+    # the published pages show prose, tables, figures and findings: no engine log line, no ANSI
+    # escape, no machine path, no papermill-injected parameters cell
+    assert page_problems(html) == {}
+    for p in notebook_paths():
+        page = (html / "notebooks" / f"{p.stem}.html").read_text()
+        assert "injected-parameters" not in page and "out_dir = \"/" not in page
+        if "rlparity-report" in page:  # a report renders as a compact verdict, evidence folded away
+            assert "<details>" in page
     api = (html / "reference" / "api.html").read_text()
     assert "rlparity.diagnose.diagnose" in api  # autodoc really documented the package
 

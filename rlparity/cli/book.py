@@ -63,11 +63,72 @@ def prepare(executed: str | os.PathLike | None = None, *, ci: bool = False, book
         else:
             out_dir = Path(tempfile.mkdtemp(prefix=f"rlparity-{nb.stem}-"))
             run_notebook(nb, dst, out_dir, {"ci": ci})
+        publishable(dst)
     static = book / "_static"
     static.mkdir(exist_ok=True)
     shutil.copyfile(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", static / "plotly.min.js")
     (book / "reference").mkdir(exist_ok=True)
     (book / "reference" / "cli.md").write_text(cli_reference())
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_MACHINE_PATH = re.compile(r"(?:/tmp|/var/tmp|/root|/home/[^/\s'\"]+|/work)(?:/[^\s'\",)\]}]+)+")
+# a vLLM / torch log line: "(EngineCore pid=..)", "INFO 12-03 16:49:25 [file.py:87]", "[W1203 ...]"
+_LOG_LINE = re.compile(r"^.*(\((?:EngineCore|Worker|APIServer)[^)]*pid=\d+\)|\b(?:INFO|WARNING|DEBUG|ERROR) "
+                       r"\d\d-\d\d \d\d:\d\d:\d\d \[|^\[W\d{4} ).*$", re.M)
+
+
+def publishable(path: str | os.PathLike) -> Path:
+    """Make an executed notebook fit to publish, in place: the papermill-injected parameters cell
+    is removed (``remove-cell``), stderr streams are dropped, ANSI colour codes and engine log lines
+    are cut from the outputs, and machine paths (``/tmp/...``, ``/work/...``, home folders) are
+    shortened to their last part."""
+    import nbformat
+
+    nb = nbformat.read(str(path), as_version=4)
+
+    def clean(text: str) -> str:
+        text = _LOG_LINE.sub("", _ANSI.sub("", text))
+        return _MACHINE_PATH.sub(lambda m: ".../" + m.group(0).rstrip("/").rsplit("/", 1)[-1], text)
+
+    for cell in nb.cells:
+        tags = cell.metadata.setdefault("tags", [])
+        if "injected-parameters" in tags and "remove-cell" not in tags:
+            tags.append("remove-cell")
+        if cell.cell_type != "code":
+            continue
+        outputs = []
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                if out.get("name") == "stderr":
+                    continue
+                out["text"] = clean(out["text"])
+                if not out["text"].strip():
+                    continue
+            for mime, value in (out.get("data") or {}).items():
+                if mime.startswith("text/") and isinstance(value, str):
+                    out["data"][mime] = clean(value)
+            outputs.append(out)
+        cell["outputs"] = outputs
+    nbformat.write(nb, str(path))
+    return Path(path)
+
+
+def page_problems(html_dir: str | os.PathLike) -> dict[str, list[str]]:
+    """Per built page: ANSI escapes, engine log lines and machine paths left in it (what a published
+    page must not show)."""
+    out: dict[str, list[str]] = {}
+    for page in Path(html_dir).rglob("*.html"):
+        text = page.read_text(errors="replace")
+        found = []
+        if "\x1b[" in text or "&#27;[" in text or "\u001b[" in text:
+            found.append("ANSI escape")
+        found += [f"log line: {m.group(0)[:80]}" for m in _LOG_LINE.finditer(text)][:3]
+        found += [f"machine path: {m.group(0)[:80]}" for m in re.finditer(r"/tmp/rlparity|/work/main|/root/\.cache",
+                                                                         text)][:3]
+        if found:
+            out[str(page.relative_to(html_dir))] = found
+    return out
 
 
 def build(book: Path = BOOK) -> Path:

@@ -25,7 +25,7 @@ EXIT_CODES_HELP = ("Exit codes: 0 pass/ok; 1 parity broken or settings differ; 2
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Capture vLLM rollouts, rescore them with the trainer, and diagnose parity. "
                        + EXIT_CODES_HELP)
-_STATE = {"debug": False}
+_STATE: dict = {"debug": False, "engine_log": None}
 
 
 class BadInput(ValueError):
@@ -34,6 +34,8 @@ class BadInput(ValueError):
 
 @app.callback()
 def _root(debug: bool = typer.Option(False, "--debug", help="show the traceback of an internal error (exit 3)"),
+          engine_logs: bool = typer.Option(False, "--engine-logs", help="show vLLM's log lines on stderr (default: "
+                                                                         "a file under runs/logs)"),
           version: bool = typer.Option(False, "--version", help="print the version and exit",
                                        is_eager=True)) -> None:
     _STATE["debug"] = debug
@@ -58,14 +60,21 @@ def _one_line(err: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI under the exit-code contract (the ``rlparity`` console script)."""
-    import os
+    import warnings
 
     from rlparity.cli import commands  # noqa: F401  (registers every command on ``app``)
-
-    # stdout carries the command's result (text or --json); engine logs go to stderr
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    from rlparity.config.logs import engine_logs_to_file
 
     args = sys.argv[1:] if argv is None else list(argv)
+    # stdout carries the command's result (text or --json); the engines' log lines go to a file
+    # under runs/logs (--engine-logs: to stderr), before anything imports vLLM
+    show = "--engine-logs" in args
+    log_file = engine_logs_to_file("runs/logs", show=show)
+    _STATE["engine_log"] = str(log_file) if log_file else None
+    if "--debug" not in args:
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=FutureWarning)
+
     try:
         code = app(args=args, prog_name="rlparity", standalone_mode=False)
         return int(code or 0) if isinstance(code, int) else 0

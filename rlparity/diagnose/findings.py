@@ -129,24 +129,68 @@ class Report:
         return cls([Finding.from_dict(f) for f in d["findings"]], d.get("title", "rlparity findings"),
                    d.get("context", {}))
 
-    def __str__(self) -> str:
+    def _ordered(self) -> list[Finding]:
         order = {Layer.SEMANTIC: 0, Layer.INFERENCE_PATH: 1, Layer.OBJECTIVE: 2}
-        fs = sorted(self.findings, key=lambda f: (order[f.layer], -f.severity.rank))
+        return sorted(self.findings, key=lambda f: (order[f.layer], -f.severity.rank))
+
+    def verdict_rows(self) -> list[dict[str, str]]:
+        """The compact verdict: one row per arm and layer (worst severity, the findings at that
+        severity, the fix of the worst one), layers in the order to fix them."""
+        rows: dict[tuple[str, Layer], list[Finding]] = {}
+        for f in self._ordered():
+            rows.setdefault((f.arm or "(all arms)", f.layer), []).append(f)
+        out = []
+        for (arm, layer), fs in rows.items():
+            worst = max(f.severity.rank for f in fs)
+            top = [f for f in fs if f.severity.rank == worst]
+            out.append({"arm": arm, "layer": layer.value, "verdict": {0: "ok", 1: "warning", 2: "error"}[worst],
+                        "findings": ", ".join(dict.fromkeys(f.name for f in top)),
+                        "fix": next((f.fix for f in top if f.fix), "") if worst else ""})
+        return out
+
+    def summary_lines(self) -> list[str]:
+        """One line per arm: its worst problem and the fix, or ok (what a terminal shows first)."""
+        lines = []
+        arms = list(dict.fromkeys(f.arm or "(all arms)" for f in self.findings))
+        for arm in arms:
+            probs = [f for f in self._ordered() if (f.arm or "(all arms)") == arm and f.severity.rank >= 1]
+            if not probs:
+                lines.append(f"{arm}: ok")
+                continue
+            f = probs[0]
+            more = f" (+{len(probs) - 1} more)" if len(probs) > 1 else ""
+            lines.append(f"{arm}: {f.layer.value}/{f.name} ({f.severity.value}){more}"
+                         + (f" -> {f.fix}" if f.fix else ""))
+        return lines
+
+    def __repr__(self) -> str:
+        return f"<rlparity Report {self.title!r}: {self.verdict}; " + "; ".join(self.summary_lines()) + ">"
+
+    def __str__(self) -> str:
+        fs = self._ordered()
         body = "\n".join(str(f) for f in fs) if fs else "(no findings)"
         return f"{self.title}: {self.verdict}\n{body}"
 
     def _repr_html_(self) -> str:
-        colors = {"error": "#c0392b", "warning": "#d68910", "info": "#2874a6"}
-        rows = []
-        for f in self.findings:
-            ev = "<br>".join(f"{html.escape(k)}: {html.escape(_fmt(v))}" for k, v in f.evidence.items())
-            rows.append(
-                f"<tr><td style='color:{colors[f.severity.value]};font-weight:bold'>{f.severity.value}</td>"
-                f"<td>{f.layer.value}</td><td><code>{html.escape(f.name)}</code>"
-                f"{'<br>arm ' + html.escape(f.arm) if f.arm else ''}</td>"
-                f"<td>{html.escape(f.summary)}</td><td style='font-size:85%'>{ev}</td>"
-                f"<td>{html.escape(f.fix)}</td></tr>")
-        return (f"<div><b>{html.escape(self.title)}</b>: {html.escape(self.verdict)}"
-                "<table><thead><tr><th>severity</th><th>layer</th><th>finding</th><th>summary</th>"
-                "<th>evidence</th><th>fix</th></tr></thead><tbody>" + "".join(rows)
-                + "</tbody></table></div>")
+        """A compact verdict first (one row per arm and layer, with the fix), every finding with its
+        evidence folded away below it."""
+        colors = {"error": "#c0392b", "warning": "#d68910", "info": "#2874a6", "ok": "#1e8449"}
+        rows = "".join(
+            f"<tr><td>{html.escape(r['arm'])}</td><td>{r['layer']}</td>"
+            f"<td style='color:{colors[r['verdict']]};font-weight:bold'>{r['verdict']}</td>"
+            f"<td><code>{html.escape(r['findings'])}</code></td><td>{html.escape(r['fix'])}</td></tr>"
+            for r in self.verdict_rows())
+        details = []
+        for f in self._ordered():
+            ev = "".join(f"<li>{html.escape(k)}: {html.escape(_fmt(v))}</li>" for k, v in f.evidence.items())
+            details.append(
+                f"<details><summary><span style='color:{colors[f.severity.value]}'>{f.severity.value}</span> "
+                f"{f.layer.value}/<code>{html.escape(f.name)}</code>"
+                f"{' (arm ' + html.escape(f.arm) + ')' if f.arm else ''}: {html.escape(f.summary)}</summary>"
+                f"<ul style='font-size:85%'>{ev}</ul>"
+                f"{'<p><b>fix:</b> ' + html.escape(f.fix) + '</p>' if f.fix else ''}</details>")
+        return (f"<div class='rlparity-report'><p><b>{html.escape(self.title)}</b>: {html.escape(self.verdict)}</p>"
+                "<table><thead><tr><th>arm</th><th>layer</th><th>verdict</th><th>findings</th><th>fix</th></tr>"
+                f"</thead><tbody>{rows}</tbody></table>"
+                f"<details><summary>all {len(self.findings)} findings with their evidence</summary>"
+                + "".join(details) + "</details></div>")

@@ -11,8 +11,29 @@ from __future__ import annotations
 _RENDERER = "rlparity_html"
 
 
-def init_notebook() -> str:
-    """Register and select the ``plotly_mimetype+rlparity_html`` renderer; return its name."""
+def init_notebook(*, engine_logs: bool = False) -> str:
+    """Set a notebook up for rlparity; return the plotly renderer's name.
+
+    * Registers and selects the ``plotly_mimetype+rlparity_html`` renderer (interactive figures in
+      Jupyter and in the offline book).
+    * Sends the engines' log lines to a file (:func:`rlparity.config.logs.engine_logs_to_file`,
+      ``$RLPARITY_CACHE/logs``) unless ``engine_logs``, so the notebook shows prose, tables, figures
+      and findings; call it before anything imports vLLM.
+    * Silences tqdm's "IProgress not found" warning (no ipywidgets needed).
+    """
+    import warnings
+
+    from rlparity.config.logs import default_log_dir, engine_logs_to_file
+
+    engine_logs_to_file(default_log_dir(), show=engine_logs)
+    try:
+        from tqdm import TqdmWarning
+
+        warnings.filterwarnings("ignore", category=TqdmWarning)
+    except ImportError:  # pragma: no cover
+        pass
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
     import plotly.io as pio
     from plotly.io._base_renderers import HtmlRenderer
 
