@@ -23,6 +23,8 @@ def readme_blocks() -> list[tuple[int, str, bool]]:
     for m in _BLOCK.finditer(text):
         src = m.group(1)
         line = text[: m.start()].count("\n") + 2
+        if src.lstrip().startswith("# not run:"):  # says why (runs inside another program)
+            continue
         out.append((line, src, src.lstrip().startswith("# needs: engine")))
     return out
 
