@@ -33,6 +33,7 @@ class DiagnoseOptions(BaseModel):
     tol_trainer: float = _d("tol_trainer")
     eps: float = _d("eps")
     profile: str = _d("profile")
+    stale_ratio: float = _d("stale_ratio")
     correction: str | None = Field(None, description="the off-policy correction the RL run applies (e.g. "
                                                      "'token_tis', 'geometric_mask'); with a backend error it is "
                                                      "reported as hiding the mismatch")

@@ -9,15 +9,17 @@ from rlparity.trace.schema import (
     concat_sequences,
     from_rollouts,
     has_trainer,
+    latest_version,
     pad_rows,
     sequences,
     token_checksum,
+    trace_versions,
     validate,
     with_trainer,
 )
 
 __all__ = [
     "ALL_VARS", "SCHEMA_VERSION", "TraceValidationError", "add_arm", "annotate", "as_arms", "concat_sequences",
-    "from_rollouts", "has_trainer", "load", "open_arms", "open_experiment", "pad_rows", "save", "sequences",
-    "token_checksum", "validate", "with_trainer",
+    "from_rollouts", "has_trainer", "latest_version", "load", "open_arms", "open_experiment", "pad_rows", "save", "sequences",
+    "token_checksum", "trace_versions", "validate", "with_trainer",
 ]
