@@ -198,6 +198,38 @@ def test_weight_sources_and_pause_arguments_are_checked(tmp_path, tiny_model):
     assert (v1 / "config.json").exists() and (v1 / "tokenizer.json").exists()
 
 
+def test_score_versions_takes_each_token_from_its_own_weights(tiny_model, tmp_path):
+    """Without an engine: a trace whose sequences switch from version 0 to 1 mid-way is scored
+    per version; each token equals the full forward of its own version's weights, and the
+    latest reading equals version 1 everywhere."""
+    from rlparity.capture.weights import perturbed_checkpoint
+    from rlparity.models import make_prompts
+    from rlparity.score import Scorer, score_versions
+    from rlparity.train import generate_trace
+
+    v1 = str(perturbed_checkpoint(tiny_model, tmp_path / "v1", sigma=0.05))
+    tr = generate_trace(tiny_model, make_prompts(3), n=2, max_new_tokens=12, seed=0)
+    mask = tr["response_mask"].values
+    pv = np.where(mask, (np.arange(tr.sizes["position"])[None, :] >= 5).astype(np.int64), -1)
+    pv[0] = np.where(mask[0], 0, -1)  # one sequence entirely version 0
+    tr["policy_version"] = (("sequence", "position"), pv)
+    s0, s1 = Scorer(tiny_model, progress=False), Scorer(v1, progress=False)
+    out = score_versions(tr, {0: s0, 1: s1})
+    a0, a1 = s0.score(tr), s1.score(tr)
+    for var in ("trainer_logprob", "trainer_processed_logprob", "trainer_entropy"):
+        got = out[var].values
+        assert np.allclose(got[mask & (pv == 0)], a0[var].values[mask & (pv == 0)], atol=1e-6)
+        assert np.allclose(got[mask & (pv == 1)], a1[var].values[mask & (pv == 1)], atol=1e-6)
+        assert not np.allclose(a0[var].values[mask & (pv == 1)], a1[var].values[mask & (pv == 1)], atol=1e-3)
+    assert np.allclose(out["trainer_latest_processed_logprob"].values[mask],
+                       a1["trainer_processed_logprob"].values[mask], atol=1e-6)
+    assert out.attrs["trainer"]["per_version"] == {"1": v1, "0": tiny_model}
+    with pytest.raises(ValueError, match=r"no checkpoint for policy version\(s\) \[1\]"):
+        score_versions(tr, {0: s0})
+    assert "trainer_latest_logprob" not in score_versions(tr.assign(policy_version=tr["policy_version"].clip(max=0)),
+                                                          {0: s0}, latest=False)
+
+
 # ------------------------------------------------------------------------------ real engines
 SAMPLING_KW = {"temperature": 0.7, "top_k": 20, "seed": 0}
 

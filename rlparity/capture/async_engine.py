@@ -164,7 +164,7 @@ class AsyncEngine(EngineLifecycle):
         hits = [st for key, st in self._streams.items() if engine_id == key or engine_id.startswith(key + "-")]
         return (max(hits, key=lambda st: len(st.key)), idx) if hits else None
 
-    async def _drained_counts(self, quiet: float = 0.05, limit: float = 2.0) -> dict[tuple[str, int], int]:
+    async def _drained_counts(self, quiet: float = 0.02, limit: float = 2.0) -> dict[tuple[str, int], int]:
         """Tokens each stream received, once nothing has arrived for ``quiet`` seconds (the engine
         is paused: what is still in transit is in this process's queues)."""
         t_end = time.monotonic() + limit
@@ -238,6 +238,7 @@ class AsyncEngine(EngineLifecycle):
             for r in results or []:
                 worker.update((r or {}).get("requests", {}))
             rec.tensors = int((results or [{}])[0].get("tensors", 0))
+            rec.load_method = str((results or [{}])[0].get("method", ""))
             self.weights.on_update(rec)  # first: requests submitted from now on see the new state
             await self._apply_boundaries(rec, worker)
         finally:

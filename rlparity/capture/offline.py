@@ -79,6 +79,7 @@ class Engine(EngineLifecycle):
                     "and do the tensor names match the model's checkpoint names?)") from err
             rec.t_paused = rec.t_loaded = self.clock()
             rec.tensors = int((results or [{}])[0].get("tensors", 0))
+            rec.load_method = str((results or [{}])[0].get("method", ""))
             if clear_cache and not llm.reset_prefix_cache():
                 raise RuntimeError("vLLM refused to reset the prefix cache after the update")
             rec.t_resume = self.clock()

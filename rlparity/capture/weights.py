@@ -203,6 +203,7 @@ class UpdateRecord:
     t_loaded: float = float("nan")
     t_resume: float = float("nan")
     tensors: int = 0
+    load_method: str = ""
     in_flight: int = 0
     boundary_source: dict[str, int] = field(default_factory=dict)
     # tokens the workers had produced that the client had not yet received when the boundaries were
