@@ -123,7 +123,8 @@ class WeightUpdateExtension:
                 reload(weights_iterator=counted(), is_checkpoint_format=True)
                 how = "model_runner.reload_weights"
             else:
-                runner.model.load_weights(weights=counted())
+                model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+                model.load_weights(weights=counted())
                 how = "model.load_weights"
         return {"tensors": n, "method": how, "seconds": round(time.perf_counter() - t0, 4), "requests": progress}
 
