@@ -4,10 +4,20 @@
 the same object serves plain scripts and notebooks (where a loop already runs) through the sync
 methods, and ``async`` code through the ``a``-prefixed ones.
 
-Tokens are streamed, and each token is stamped with the engine's ``policy_version`` at the moment
-it arrives: an inflight weight update done as ``pause(mode="keep", clear_cache=False)``, update,
-``set_policy_version(v)``, ``resume()`` leaves sequences whose first tokens carry the old version
-and whose later tokens carry the new one (the trace's per-token ``policy_version``).
+Inflight weight updates: :meth:`AsyncEngine.update_weights` pauses generation (``keep``, ``wait``
+or ``abort``), loads new weights into the running workers through rlparity's worker extension
+(:mod:`rlparity.capture.weights`), optionally resets the prefix cache, sets the policy version and
+resumes. Every token carries the version of the weights that produced it: at the update the
+workers report how many tokens each request had (the boundary; a token produced before the pause
+but streamed after it keeps the old version), so a sequence that straddles an update carries both
+versions. Under ``abort`` the aborted requests are kept with ``finish_reason="abort"`` and their
+old-version tokens; with ``resubmit_aborted=True`` they are also resubmitted after the update, as
+an RL loop would (``attempt`` = 1, 2, ...), and the new attempt samples with the new weights.
+
+Per sequence the trace also records when it was submitted and when each token arrived
+(``submit_time``, ``token_time``: seconds on the engine's clock), the prefix-cache generation at
+its prefill and whether its cached prompt tokens may come from other weights
+(``prefix_cache_stale``: an update happened since the last cache reset).
 """
 
 from __future__ import annotations
@@ -16,29 +26,57 @@ import asyncio
 import contextlib
 import gc
 import os
+import re
 import threading
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import xarray as xr
 
-from rlparity.capture.build import CaptureInfo, build_trace, capture_attrs
+from rlparity.capture.build import CaptureInfo, Completion, build_trace, capture_attrs
 from rlparity.capture.engine_config import cpu_engine_kwargs, effective_config
 from rlparity.capture.lifecycle import EngineLifecycle
 from rlparity.capture.offline import completion_from_vllm
 from rlparity.capture.requests import Prompt, Request, make_requests, render_chat
+from rlparity.capture.weights import (
+    EXTENSION, LOAD_METHOD, PROGRESS_METHOD, UpdateRecord, WeightState, pause_call,
+    resolve_source, versions_for,
+)
 from rlparity.config.settings import EngineSettings, SamplingSettings
 
 PAUSE_MODES = ("keep", "wait", "abort")
+_CHILD = re.compile(r"^(\d+)_(.*)$")
+
+
+@dataclass
+class _Stream:
+    """One request in flight, as the client sees it."""
+
+    key: str
+    t_submit: float
+    prefill_state: tuple[int, int, bool]  # (version, cache generation, cache may hold other versions)
+    attempt: int = 0
+    counts: dict[int, int] = field(default_factory=dict)
+    times: dict[int, list[float]] = field(default_factory=dict)
+    boundaries: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+
+
+def with_extension(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Engine kwargs with rlparity's worker extension added (unless the user set their own)."""
+    return kwargs if kwargs.get("worker_extension_cls") else {**kwargs, "worker_extension_cls": EXTENSION}
 
 
 class AsyncEngine(EngineLifecycle):
     """A real ``vllm.v1.engine.async_llm.AsyncLLM`` built from :class:`EngineSettings`.
 
     >>> with AsyncEngine(model_path, EngineSettings(logprobs_mode="processed_logprobs")) as eng:
-    ...     trace = eng.capture(prompts, SamplingSettings(temperature=0.7, top_k=20))
+    ...     fut = eng.capture_async(prompts, SamplingSettings(temperature=0.7, max_tokens=64))
+    ...     eng.wait_tokens(32)
+    ...     eng.update_weights("ckpt-v1", version=1, mode="keep", clear_cache=True)
+    ...     trace = fut.result()
 
     Holds the machine-wide engine lock while it lives, like :class:`~rlparity.capture.Engine`.
     """
@@ -48,10 +86,22 @@ class AsyncEngine(EngineLifecycle):
     def __init__(self, model: str | os.PathLike, settings: EngineSettings | None = None):
         self.model = str(model)
         self.settings = settings or EngineSettings()
-        self.policy_version = 0
+        self.weights = WeightState()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._first_token = threading.Event()
+        self._tokens_seen = 0
+        self._streams: dict[str, _Stream] = {}
+        self._t0 = time.monotonic()
+
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights the engine runs now."""
+        return self.weights.version
+
+    def clock(self) -> float:
+        """Seconds on the engine's clock (since the engine object was made; ``time.monotonic``)."""
+        return time.monotonic() - self._t0
 
     def _start_llm(self):
         self._loop = asyncio.new_event_loop()
@@ -63,7 +113,7 @@ class AsyncEngine(EngineLifecycle):
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        kwargs = {**cpu_engine_kwargs(self.settings), **self.settings.to_engine_kwargs()}
+        kwargs = with_extension({**cpu_engine_kwargs(self.settings), **self.settings.to_engine_kwargs()})
         return AsyncLLM.from_engine_args(AsyncEngineArgs(model=self.model, **kwargs))
 
     @staticmethod
@@ -104,16 +154,149 @@ class AsyncEngine(EngineLifecycle):
         return self.llm.get_tokenizer()
 
     # inflight weight updates -----------------------------------------------------------
+    def _stream_of(self, engine_id: str) -> tuple[_Stream, int] | None:
+        """The stream and sample index of an engine-side request id (``<ext>-<8 random>``, or
+        ``<i>_<ext>-<8 random>`` for sample ``i`` of an ``n > 1`` request)."""
+        idx = 0
+        m = _CHILD.match(engine_id)
+        if m and not engine_id.startswith("rlparity-"):
+            idx, engine_id = int(m.group(1)), m.group(2)
+        hits = [st for key, st in self._streams.items() if engine_id == key or engine_id.startswith(key + "-")]
+        return (max(hits, key=lambda st: len(st.key)), idx) if hits else None
+
+    async def _drained_counts(self, quiet: float = 0.02, limit: float = 2.0) -> dict[tuple[str, int], int]:
+        """Tokens each stream received, once nothing has arrived for ``quiet`` seconds (the engine
+        is paused: what is still in transit is in this process's queues)."""
+        t_end = time.monotonic() + limit
+        last = None
+        while True:
+            now = {(k, i): c for k, st in self._streams.items() for i, c in st.counts.items()}
+            if now == last or time.monotonic() > t_end:
+                return now
+            last = now
+            await asyncio.sleep(quiet)
+
+    async def _apply_boundaries(self, rec: UpdateRecord, worker: dict[str, list[int]]) -> None:
+        """Give every stream in flight its boundary for ``rec`` (worker counts first, then the
+        drained stream counts) and record it on the update; called once the engine state holds
+        the update, so a stream that had produced nothing gets the state it will prefill under."""
+        streamed = await self._drained_counts()
+        from_worker: dict[tuple[str, int], int] = {}
+        for rid, (_, n_out) in worker.items():
+            hit = self._stream_of(rid)
+            if hit is not None:
+                from_worker[(hit[0].key, hit[1])] = int(n_out)
+        sources = {"worker": 0, "stream": 0}
+        state_after = self.weights.snapshot()
+        for key, st in self._streams.items():
+            idxs = set(st.counts) | {i for (k, i) in from_worker if k == key} or {0}
+            for i in sorted(idxs):
+                if (key, i) in from_worker:
+                    n, src = from_worker[(key, i)], "worker"
+                    rec.stream_behind += max(0, n - streamed.get((key, i), 0))
+                else:
+                    n, src = streamed.get((key, i), 0), "stream"
+                sources[src] += 1
+                st.boundaries.setdefault(i, []).append((n, rec.version))
+                rec.boundaries[f"{key}:{i}"] = n
+                if n == 0 and i == min(idxs):
+                    st.prefill_state = state_after  # prefilled after the update, under its cache state
+        rec.in_flight = len(self._streams)
+        rec.boundary_source = sources
+
+    async def aupdate_weights(self, source: Any, version: int, *, mode: str = "keep",
+                              clear_cache: bool = False) -> dict[str, Any]:
+        """Pause (``mode``, ``clear_cache``), load ``source`` into the running workers, set the
+        policy version to ``version`` and resume; return the update's record (times in seconds on
+        the engine's clock, ``pause_s`` = pause to resume).
+
+        ``source``: a checkpoint directory, a ``.safetensors`` file or a state dict of tensors (written
+        to a temporary safetensors file the workers read; nothing is pickled). ``clear_cache=True``
+        resets the prefix cache during the pause (vLLM also recomputes the KV of requests kept under
+        ``keep``); with ``False`` cached prefixes keep serving KV computed by the old weights.
+        """
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode {mode!r}: use one of {', '.join(PAUSE_MODES)}")
+        llm = self.llm
+        path, cleanup, desc = resolve_source(source)
+        kw, reset_after = pause_call(llm.pause_generation, mode, clear_cache)
+        rec = UpdateRecord(self.policy_version, int(version), mode, bool(clear_cache), bool(clear_cache), desc,
+                           t_pause=self.clock(), pause_kwargs=kw)
+        try:
+            await llm.pause_generation(**kw)
+            rec.t_paused = self.clock()
+            try:
+                results = await llm.collective_rpc(LOAD_METHOD, args=(str(path),))
+            except Exception as err:
+                raise RuntimeError(
+                    f"the workers could not load {desc}: {err} (is {EXTENSION} the engine's worker_extension_cls, "
+                    "and do the tensor names match the model's checkpoint names?)") from err
+            rec.t_loaded = self.clock()
+            if reset_after and not await llm.reset_prefix_cache(reset_running_requests=True):
+                raise RuntimeError("vLLM refused to reset the prefix cache after the update")
+            worker: dict[str, list[int]] = {}
+            for r in results or []:
+                worker.update((r or {}).get("requests", {}))
+            rec.tensors = int((results or [{}])[0].get("tensors", 0))
+            rec.load_method = str((results or [{}])[0].get("method", ""))
+            self.weights.on_update(rec)  # first: requests submitted from now on see the new state
+            await self._apply_boundaries(rec, worker)
+        finally:
+            await llm.resume_generation()
+            rec.t_resume = self.clock()
+            cleanup()
+        return rec.to_dict()
+
+    def update_weights(self, source: Any, version: int, *, mode: str = "keep",
+                       clear_cache: bool = False) -> dict[str, Any]:
+        """The sync form of :meth:`aupdate_weights` (callable while :meth:`capture_async` runs)."""
+        return self._run(self.aupdate_weights(source, version, mode=mode, clear_cache=clear_cache))
+
+    async def areset_prefix_cache(self) -> None:
+        """Reset the prefix cache now (between captures; vLLM refuses while requests run)."""
+        if not await self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset the prefix cache (requests are running): call it between "
+                               "captures, or update with clear_cache=True")
+        self.weights.on_reset(self.clock())
+
+    def reset_prefix_cache(self) -> None:
+        self._run(self.areset_prefix_cache())
+
+    async def arequest_progress(self) -> dict[str, list[int]]:
+        """``{engine request id: [prompt tokens, output tokens]}`` as the workers hold them."""
+        out: dict[str, list[int]] = {}
+        for r in await self.llm.collective_rpc(PROGRESS_METHOD):
+            out.update(r or {})
+        return out
+
+    async def _relabel(self, version: int) -> None:
+        old = self.policy_version
+        rec = UpdateRecord(old, int(version), "label", False, False, "label only: no weights loaded",
+                           t_pause=self.clock())
+        progress = await self.arequest_progress()
+        self.weights.on_update(rec)
+        self.weights.cache_versions = {version if v == old else v for v in self.weights.cache_versions} - (
+            {old} if old != version else set())
+        await self._apply_boundaries(rec, progress)
+        rec.t_paused = rec.t_loaded = rec.t_resume = self.clock()
+
     def set_policy_version(self, version: int) -> None:
-        """Stamp tokens that arrive from now on with ``version`` (call after updating weights)."""
-        self.policy_version = int(version)
+        """Relabel the weights as ``version`` without loading any (for loops that update the
+        workers themselves): tokens produced from now on carry ``version``. Prefer
+        :meth:`update_weights`, which loads the weights and records the update."""
+        self._run(self._relabel(version))
 
     async def apause(self, mode: str = "keep", clear_cache: bool = False) -> None:
         """``AsyncLLM.pause_generation``: ``mode="keep"`` freezes in-flight requests; with
         ``clear_cache=False`` the prefix cache keeps state computed by the old weights."""
         if mode not in PAUSE_MODES:
             raise ValueError(f"pause mode {mode!r}: use one of {', '.join(PAUSE_MODES)}")
-        await self.llm.pause_generation(mode=mode, clear_cache=clear_cache)
+        kw, reset_after = pause_call(self.llm.pause_generation, mode, clear_cache)
+        await self.llm.pause_generation(**kw)
+        if reset_after:
+            await self.llm.reset_prefix_cache(reset_running_requests=True)
+        if clear_cache:
+            self.weights.on_reset(self.clock())
 
     async def aresume(self) -> None:
         await self.llm.resume_generation()
@@ -128,59 +311,108 @@ class AsyncEngine(EngineLifecycle):
         """Block until a capture in flight has streamed its first token (for pausing mid-run)."""
         return self._first_token.wait(timeout)
 
+    def wait_tokens(self, n: int, timeout: float = 120.0) -> bool:
+        """Block until the captures in flight have streamed ``n`` tokens in all (for updating
+        mid-sequence); ``False`` on timeout."""
+        t_end = time.monotonic() + timeout
+        while self._tokens_seen < n:
+            if time.monotonic() > t_end:
+                return False
+            time.sleep(0.002)
+        return True
+
     # capture ---------------------------------------------------------------------------
     async def acapture(self, prompts: Sequence[Prompt] | Prompt,
                        sampling: SamplingSettings | Sequence[SamplingSettings] | None = None,
-                       *, arm: str = "default") -> xr.Dataset:
-        """Sample every prompt concurrently (one ``generate`` stream each); return a trace."""
+                       *, arm: str = "default", resubmit_aborted: bool = False,
+                       max_attempts: int = 3) -> xr.Dataset:
+        """Sample every prompt concurrently (one ``generate`` stream each); return a trace.
+
+        A request aborted by a weight update (``mode="abort"``) stays in the trace with
+        ``finish_reason="abort"``; with ``resubmit_aborted`` it is submitted again (up to
+        ``max_attempts`` in all) and each new attempt is a further sequence (``attempt`` 1, 2...).
+        """
         llm = self.llm
         requests = render_chat(make_requests(prompts, sampling or SamplingSettings()), self.tokenizer())
+        t_start = self.clock()
         t0 = time.perf_counter()
         batch = uuid.uuid4().hex[:8]
-        per_request = await asyncio.gather(*(self._one(llm, r, f"rlparity-{batch}-{r.index}") for r in requests))
+        per_request = await asyncio.gather(*(
+            self._attempts(llm, r, f"rlparity-{batch}-{r.index}", resubmit_aborted, max_attempts)
+            for r in requests))
         elapsed = time.perf_counter() - t0
         completions = [c for group in per_request for c in group]
         info = CaptureInfo(self.backend, self.settings.model_dump(), self.effective_config(),
-                           {"generate_s": round(elapsed, 3), "startup_s": self.startup_s})
+                           {"generate_s": round(elapsed, 3), "startup_s": self.startup_s,
+                            "latest_policy_version": self.policy_version,
+                            "weight_updates": self.weights.log(t_start, self.clock()),
+                            "engine_clock": "seconds since the engine object was made (time.monotonic)"})
         return build_trace(completions, attrs=capture_attrs(info, self.model, requests, arm))
 
-    async def _one(self, llm, req: Request, request_id: str):
+    async def _attempts(self, llm, req: Request, request_id: str, resubmit: bool, max_attempts: int):
+        out: list[Completion] = []
+        for attempt in range(max(1, max_attempts)):
+            comps = await self._one(llm, req, request_id if attempt == 0 else f"{request_id}-r{attempt}", attempt)
+            out += comps
+            if not (resubmit and any(c.finish_reason == "abort" for c in comps)):
+                break
+        return out
+
+    async def _one(self, llm, req: Request, request_id: str, attempt: int = 0) -> list[Completion]:
         prompt = {"prompt_token_ids": req.token_ids} if req.token_ids is not None else req.text
         params = req.sampling.to_vllm(req.seed)
-        versions: dict[int, list[int]] = {}
+        st = _Stream(request_id, self.clock(), self.weights.snapshot(), attempt)
+        self._streams[request_id] = st
         final = None
-        async for out in llm.generate(prompt, params, request_id):
-            for c in out.outputs:
-                seen = versions.setdefault(c.index, [])
-                seen.extend([self.policy_version] * (len(c.token_ids) - len(seen)))
-                if seen:
-                    self._first_token.set()
-            final = out
+        try:
+            async for out in llm.generate(prompt, params, request_id):
+                now = self.clock()
+                for c in out.outputs:
+                    have = st.counts.get(c.index, 0)
+                    new = len(c.token_ids) - have
+                    if new > 0:
+                        st.counts[c.index] = have + new
+                        st.times.setdefault(c.index, []).extend([now] * new)
+                        self._tokens_seen += new
+                        self._first_token.set()
+                final = out
+        finally:
+            self._streams.pop(request_id, None)
         if final is None:
             raise RuntimeError(f"request {request_id} returned no output")
+        version, generation, maybe_stale = st.prefill_state
         comps = []
         for c in sorted(final.outputs, key=lambda c: c.index):
             comp = completion_from_vllm(req, c.index, final.prompt_token_ids, c)
-            comp.policy_versions = versions.get(c.index, [])[:len(comp.token_ids)]
+            n = len(comp.token_ids)
+            comp.policy_versions = versions_for(n, version, st.boundaries.get(c.index, []))
             comp.cached_prompt_tokens = getattr(final, "num_cached_tokens", None)
+            comp.token_times = (st.times.get(c.index, []) + [float("nan")] * n)[:n]
+            comp.submit_time = st.t_submit
+            comp.attempt = attempt
+            comp.prefix_cache_generation = generation
+            comp.prefix_cache_stale = bool(maybe_stale and (comp.cached_prompt_tokens or 0) > 0)
             comps.append(comp)
         return comps
 
     def capture(self, prompts: Sequence[Prompt] | Prompt,
                 sampling: SamplingSettings | Sequence[SamplingSettings] | None = None,
-                *, arm: str = "default", progress: bool = False) -> xr.Dataset:
+                *, arm: str = "default", progress: bool = False, resubmit_aborted: bool = False) -> xr.Dataset:
         """The sync form of :meth:`acapture` (``progress`` is accepted for parity with
         :class:`~rlparity.capture.Engine`; streams report no bar)."""
         self._first_token.clear()
-        return self._run(self.acapture(prompts, sampling, arm=arm))
+        self._tokens_seen = 0
+        return self._run(self.acapture(prompts, sampling, arm=arm, resubmit_aborted=resubmit_aborted))
 
-    def capture_async(self, prompts, sampling=None, *, arm: str = "default"):
+    def capture_async(self, prompts, sampling=None, *, arm: str = "default", resubmit_aborted: bool = False):
         """Start :meth:`acapture` and return a ``concurrent.futures.Future`` of the trace, so the
-        caller can pause, update and resume while it runs."""
+        caller can update the weights (or pause and resume) while it runs."""
         self.llm
         assert self._loop is not None
         self._first_token.clear()  # before scheduling: wait_first_token must see this capture's
-        return asyncio.run_coroutine_threadsafe(self.acapture(prompts, sampling, arm=arm), self._loop)
+        self._tokens_seen = 0
+        return asyncio.run_coroutine_threadsafe(
+            self.acapture(prompts, sampling, arm=arm, resubmit_aborted=resubmit_aborted), self._loop)
 
 
-__all__ = ["PAUSE_MODES", "AsyncEngine"]
+__all__ = ["PAUSE_MODES", "AsyncEngine", "with_extension"]

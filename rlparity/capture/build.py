@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import xarray as xr
 
 from rlparity.config.provenance import jsonable
 from rlparity.capture.requests import Request, sampling_attrs
-from rlparity.trace import from_rollouts
+from rlparity.trace import annotate, from_rollouts, pad_rows
 
 
 @dataclass
@@ -29,16 +30,25 @@ class Completion:
     text: str = ""
     policy_versions: list[int] | None = None
     cached_prompt_tokens: int | None = None
+    # inflight bookkeeping (AsyncEngine; the offline Engine once its weights were updated)
+    token_times: list[float] | None = None
+    submit_time: float | None = None
+    attempt: int | None = None
+    prefix_cache_generation: int | None = None
+    prefix_cache_stale: bool | None = None
 
 
 def build_trace(completions: Sequence[Completion], *, attrs: Mapping[str, Any]) -> xr.Dataset:
-    """Turn completions into a rollout trace (sorted by request, then sample)."""
-    completions = sorted(completions, key=lambda c: (c.request.index, c.sample_index))
+    """Turn completions into a rollout trace (sorted by request, then sample, then attempt).
+
+    The inflight variables (``token_time``, ``submit_time``, ``attempt``, ``prefix_cache_generation``,
+    ``prefix_cache_stale``) are added when the backend recorded them."""
+    completions = sorted(completions, key=lambda c: (c.request.index, c.sample_index, c.attempt or 0))
     pv = None
     if any(c.policy_versions is not None for c in completions):
         pv = [c.policy_versions if c.policy_versions is not None else [0] * len(c.token_ids)
               for c in completions]
-    return from_rollouts(
+    ds = from_rollouts(
         prompt_token_ids=[c.prompt_token_ids for c in completions],
         token_ids=[c.token_ids for c in completions],
         rollout_logprobs=[c.logprobs for c in completions],
@@ -58,6 +68,23 @@ def build_trace(completions: Sequence[Completion], *, attrs: Mapping[str, Any]) 
                               for c in completions],
         attrs=jsonable(dict(attrs)),
     )
+    return _with_inflight(ds, completions)
+
+
+def _with_inflight(ds: xr.Dataset, completions: Sequence[Completion]) -> xr.Dataset:
+    if any(c.token_times is not None for c in completions):
+        ds["token_time"] = (("sequence", "position"), pad_rows(
+            [c.token_times if c.token_times is not None else [np.nan] * len(c.token_ids) for c in completions],
+            np.nan, np.float64, width=ds.sizes["position"]))
+        ds["submit_time"] = (("sequence",), np.array(
+            [np.nan if c.submit_time is None else c.submit_time for c in completions], dtype=np.float64))
+        ds["attempt"] = (("sequence",), np.array([c.attempt or 0 for c in completions], dtype=np.int64))
+    if any(c.prefix_cache_generation is not None for c in completions):
+        ds["prefix_cache_generation"] = (("sequence",), np.array(
+            [-1 if c.prefix_cache_generation is None else c.prefix_cache_generation for c in completions],
+            dtype=np.int64))
+        ds["prefix_cache_stale"] = (("sequence",), np.array([bool(c.prefix_cache_stale) for c in completions]))
+    return annotate(ds)
 
 
 def model_info(model: str | os.PathLike) -> dict[str, Any]:

@@ -15,6 +15,9 @@ from rlparity.capture.build import CaptureInfo, Completion, build_trace, capture
 from rlparity.capture.engine_config import cpu_engine_kwargs, effective_config
 from rlparity.capture.lifecycle import EngineLifecycle
 from rlparity.capture.requests import Prompt, make_requests, render_chat
+from rlparity.capture.weights import (
+    EXTENSION, LOAD_METHOD, UpdateRecord, WeightState, resolve_source,
+)
 from rlparity.config.settings import EngineSettings, SamplingSettings
 
 
@@ -36,11 +39,60 @@ class Engine(EngineLifecycle):
         self.settings = settings or EngineSettings()
         self._llm = llm
         self._owns = llm is None
+        self.weights = WeightState()
+        self._t0 = time.monotonic()
 
     def _start_llm(self):
         from vllm import LLM
 
-        return LLM(model=self.model, **{**cpu_engine_kwargs(self.settings), **self.settings.to_engine_kwargs()})
+        kwargs = {**cpu_engine_kwargs(self.settings), **self.settings.to_engine_kwargs()}
+        if not kwargs.get("worker_extension_cls"):
+            kwargs["worker_extension_cls"] = EXTENSION
+        return LLM(model=self.model, **kwargs)
+
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights the engine runs now (tokens of later captures carry it)."""
+        return self.weights.version
+
+    def clock(self) -> float:
+        """Seconds since the engine object was made (``time.monotonic``)."""
+        return time.monotonic() - self._t0
+
+    # weight updates (between batches) --------------------------------------------------
+    def update_weights(self, source: Any, version: int, *, clear_cache: bool = False) -> dict[str, Any]:
+        """Load new weights into the engine's workers between captures (``collective_rpc`` to
+        rlparity's worker extension) and set the policy version; with ``clear_cache`` also reset
+        the prefix cache, otherwise cached prefixes keep serving KV computed by the old weights
+        (later captures record those hits as ``prefix_cache_stale``). ``source``: a checkpoint
+        directory, a ``.safetensors`` file or a state dict of tensors. Returns the update's record."""
+        llm = self.llm
+        path, cleanup, desc = resolve_source(source)
+        rec = UpdateRecord(self.policy_version, int(version), "between_batches", bool(clear_cache),
+                           bool(clear_cache), desc, t_pause=self.clock())
+        try:
+            try:
+                results = llm.collective_rpc(LOAD_METHOD, args=(str(path),))
+            except Exception as err:
+                raise RuntimeError(
+                    f"the workers could not load {desc}: {err} (is {EXTENSION} the engine's worker_extension_cls, "
+                    "and do the tensor names match the model's checkpoint names?)") from err
+            rec.t_paused = rec.t_loaded = self.clock()
+            rec.tensors = int((results or [{}])[0].get("tensors", 0))
+            rec.load_method = str((results or [{}])[0].get("method", ""))
+            if clear_cache and not llm.reset_prefix_cache():
+                raise RuntimeError("vLLM refused to reset the prefix cache after the update")
+            rec.t_resume = self.clock()
+            self.weights.on_update(rec)
+        finally:
+            cleanup()
+        return rec.to_dict()
+
+    def reset_prefix_cache(self) -> None:
+        """Reset the prefix cache now."""
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset the prefix cache")
+        self.weights.on_reset(self.clock())
 
     def _stop_llm(self) -> None:
         if self._llm is not None and self._owns:
@@ -61,9 +113,12 @@ class Engine(EngineLifecycle):
     def capture(self, prompts: Sequence[Prompt] | Prompt,
                 sampling: SamplingSettings | Sequence[SamplingSettings] | None = None,
                 *, arm: str = "default", progress: bool = True,
-                policy_version: int = 0) -> xr.Dataset:
-        """Sample every prompt and return a rollout trace (no trainer side yet)."""
+                policy_version: int | None = None) -> xr.Dataset:
+        """Sample every prompt and return a rollout trace (no trainer side yet). Tokens carry
+        ``policy_version`` (default: the engine's, see :meth:`update_weights`)."""
         llm = self.llm
+        policy_version = self.policy_version if policy_version is None else int(policy_version)
+        _, generation, maybe_stale = self.weights.snapshot()
         requests = render_chat(make_requests(prompts, sampling or SamplingSettings()),
                                self.tokenizer())
         inputs = [
@@ -79,9 +134,14 @@ class Engine(EngineLifecycle):
             for j, c in enumerate(out.outputs):
                 comp = completion_from_vllm(req, j, out.prompt_token_ids, c, policy_version)
                 comp.cached_prompt_tokens = getattr(out, "num_cached_tokens", None)
+                if self.weights.tracked:
+                    comp.prefix_cache_generation = generation
+                    comp.prefix_cache_stale = bool(maybe_stale and (comp.cached_prompt_tokens or 0) > 0)
                 completions.append(comp)
-        info = CaptureInfo(self.backend, self.settings.model_dump(), self.effective_config(),
-                           {"generate_s": round(elapsed, 3), "startup_s": self.startup_s})
+        extra: dict[str, Any] = {"generate_s": round(elapsed, 3), "startup_s": self.startup_s}
+        if self.weights.tracked:
+            extra.update(latest_policy_version=self.policy_version, weight_updates=self.weights.log())
+        info = CaptureInfo(self.backend, self.settings.model_dump(), self.effective_config(), extra)
         return build_trace(completions, attrs=capture_attrs(info, self.model, requests, arm))
 
 

@@ -161,6 +161,9 @@ class Defaults(BaseModel):
                                                          "numerics against the reference arm (0: any bit)")
     tol_trainer: float = Field(1e-3, ge=0, description="change of mean |d| vs the trainer (nats) above which a "
                                                         "setting moves the parity gap itself")
+    stale_ratio: float = Field(3.0, gt=1, description="mean |d| of sequences with stale prefix-cache hits over the "
+                                                      "noise floor at which the stale cache counts as measured "
+                                                      "(and an error); the issue's bar, met by 10^4x on CPU fp32")
     check: CheckThresholds = Field(default_factory=CheckThresholds)
     objective: ObjectiveDefaults = Field(default_factory=ObjectiveDefaults)
 

@@ -2,7 +2,8 @@
 
 ``diagnose(data, **options)`` runs every check of every layer module, in layer order, and returns
 a :class:`Report`. A layer module (:mod:`~rlparity.diagnose.semantic`,
-:mod:`~rlparity.diagnose.path`, :mod:`~rlparity.diagnose.head`, :mod:`~rlparity.diagnose.objective`)
+:mod:`~rlparity.diagnose.path`, :mod:`~rlparity.diagnose.head`, :mod:`~rlparity.diagnose.inflight`,
+:mod:`~rlparity.diagnose.objective`)
 contributes
 
 * ``trace_findings(trace, options, prior) -> list[Finding]``: checks on one arm (``prior``: the
@@ -16,14 +17,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlparity.diagnose import head, objective, path, semantic
+from rlparity.diagnose import head, inflight, objective, path, semantic
 from rlparity.diagnose.findings import Finding, Layer, Report, Severity
 from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.trace import as_arms, validate
 
 # in layer order: the backend (semantic, inference path, LM head) before the objective, which sees
 # the backend's findings (a correction must not hide a backend error)
-LAYERS = (semantic, path, head, objective)
+LAYERS = (semantic, path, head, inflight, objective)
 
 
 def diagnose(data: Any, options: DiagnoseOptions | None = None, *, title: str = "rlparity findings",

@@ -33,7 +33,7 @@ import xarray as xr
 
 from rlparity.config.defaults import default_sampling
 from rlparity.config.provenance import library_versions, write_json
-from rlparity.config.settings import EngineSettings, SamplingSettings
+from rlparity.config.settings import EngineSettings
 
 PARTS = ("semantic", "head", "fresh", "ablation")
 TEMPERATURES = (0.5, 0.7, 1.0, 1.3)

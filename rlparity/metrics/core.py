@@ -201,3 +201,26 @@ def offset_test(d: np.ndarray, mask: np.ndarray) -> dict[str, float]:
     off = mean + var / 2
     return {"offset": off, "offset_se": se, "z": off / se if se > 0 else float("inf") * np.sign(off),
             "mean": mean, "var": var, "n_tokens": n}
+
+
+def token_lag(policy_version: np.ndarray, mask: np.ndarray, latest: int | None = None) -> np.ndarray:
+    """Policy lag per token: ``latest - policy_version`` (how many updates old the weights that
+    sampled the token are), NaN on padding; ``latest`` defaults to the newest version among the
+    real tokens (PipelineRL logs the trainer's version at use time minus the sample's)."""
+    m = np.asarray(mask, dtype=bool)
+    pv = np.asarray(policy_version, dtype=float)
+    if latest is None:
+        latest = float(np.max(pv[m])) if m.any() else 0.0
+    return np.where(m, float(latest) - pv, np.nan)
+
+
+def lag_stats(lag: np.ndarray, mask: np.ndarray, axis=None) -> dict[str, np.ndarray]:
+    """Max and mean of the token lag and the share of tokens with lag > 0 (off-policy tokens)
+    over real tokens along ``axis``; ``n_tokens`` counts them."""
+    m = finite_mask(lag, mask)
+    top = np.max(np.where(m, lag, -np.inf), axis=axis)
+    n = count(m, axis)
+    return {"lag_max": np.where(n > 0, top, np.nan) if np.ndim(top) else (float(top) if n else np.nan),
+            "lag_mean": masked_mean(lag, m, axis=axis),
+            "offpolicy_share": _ratio(count(m & (np.where(m, lag, 0.0) > 0), axis), n),
+            "n_tokens": n}

@@ -11,9 +11,11 @@ from rlparity.trace.schema import (
     concat_sequences,
     from_rollouts,
     has_trainer,
+    latest_version,
     pad_rows,
     sequences,
     token_checksum,
+    trace_versions,
     validate,
     with_trainer,
 )
@@ -32,6 +34,6 @@ __all__ = [
     "ROLLOUT_VARS",
     "ALL_VARS", "ARM_NAME_PATTERN", "SCHEMA_VERSION", "TRAINER_READINGS", "StoreDamagedError", "StoreError",
     "TraceValidationError", "add_arm", "annotate", "as_arms", "check_arm_name", "concat_sequences",
-    "from_rollouts", "has_trainer", "install_store", "load", "open_arms", "open_experiment", "pad_rows",
-    "recover", "save", "sequences", "store_lock", "temp_store", "token_checksum", "validate", "with_trainer",
+    "from_rollouts", "has_trainer", "install_store", "latest_version", "load", "open_arms", "open_experiment", "pad_rows",
+    "recover", "save", "sequences", "store_lock", "temp_store", "token_checksum", "trace_versions", "validate", "with_trainer",
 ]

@@ -58,6 +58,12 @@ OPTIONAL_ROLLOUT_VARS: dict[str, tuple[tuple[str, ...], str, str | None, str]] =
     "response_text": (SEQ_DIMS, "U", None, "detokenised response text from the engine"),
     "reward": (SEQ_DIMS, "f", None, "sequence-level reward (NaN = not scored)"),
     "cached_prompt_tokens": (SEQ_DIMS, "i", "tokens", "prompt tokens the engine served from its prefix cache (-1 = not reported)"),
+    # inflight weight updates (rlparity.capture.AsyncEngine; the offline Engine once weights were updated)
+    "token_time": (TOKEN_DIMS, "f", "s", "when the token reached the client, seconds on the engine's clock (NaN = not recorded)"),
+    "submit_time": (SEQ_DIMS, "f", "s", "when the request was submitted, seconds on the engine's clock"),
+    "attempt": (SEQ_DIMS, "i", None, "0 = first submission; k = k-th resubmission of a request aborted by a weight update"),
+    "prefix_cache_generation": (SEQ_DIMS, "i", None, "prefix-cache resets before the request's prefill (-1 = not recorded)"),
+    "prefix_cache_stale": (SEQ_DIMS, "b", None, "prompt tokens came from a prefix cache that may hold KV of other weights (updated since its last reset)"),
 }
 TRAINER_VARS: dict[str, tuple[tuple[str, ...], str, str | None, str]] = {
     "trainer_logprob": (TOKEN_DIMS, "f", NATS, "trainer log-probability of the sampled token, full vocabulary, temperature 1 (pi_old, raw)"),
@@ -72,6 +78,8 @@ TRAINER_VARS: dict[str, tuple[tuple[str, ...], str, str | None, str]] = {
     "trainer_prompt_length": (SEQ_DIMS, "i", "tokens", "length of the trainer's tokenization (-1 = nothing to tokenize: the prompt was ids only)"),
     "trainer_updated_logprob": (TOKEN_DIMS, "f", NATS, "trainer log-probability of the sampled token after an optimizer step, full vocabulary, temperature 1 (pi_theta, raw)"),
     "trainer_updated_processed_logprob": (TOKEN_DIMS, "f", NATS, "trainer log-probability after an optimizer step, temperature/top-k/top-p applied and renormalised (pi_theta, processed)"),
+    "trainer_latest_logprob": (TOKEN_DIMS, "f", NATS, "trainer log-probability with the latest weights, whatever version sampled the token, full vocabulary, temperature 1 (raw)"),
+    "trainer_latest_processed_logprob": (TOKEN_DIMS, "f", NATS, "trainer log-probability with the latest weights, temperature/top-k/top-p applied and renormalised (processed)"),
     "advantage": (SEQ_DIMS, "f", None, "sequence advantage used by the optimizer step (reward normalised within its group; NaN = not trained)"),
 }
 ALL_VARS = {**ROLLOUT_VARS, **OPTIONAL_ROLLOUT_VARS, **TRAINER_VARS}
@@ -244,7 +252,6 @@ def _sequences_of(bad: np.ndarray) -> str:
 
 def _dtype_problem(name: str, dtype: np.dtype, kind: str, values: Any) -> str | None:
     """Why ``dtype`` is not allowed for schema kind ``kind`` ('f', 'i', 'b', 'U'), or None."""
-    fix_cast = {"f": "float64", "i": "int64", "b": "bool"}.get(kind, "str")
     if kind == "f":
         if dtype == np.float16:
             return (f"{name} is float16, too coarse for log-probabilities (3 significant digits: a value "
@@ -455,6 +462,22 @@ def _sequence_float_problems(ds: xr.Dataset) -> list[str]:
                 out.append(f"reward is infinite for {k} of {r.size} sequences: store a finite reward, "
                            "or NaN for not scored")
     return out
+
+
+def trace_versions(ds: xr.Dataset) -> list[int]:
+    """The policy versions that produced the trace's real tokens, ascending."""
+    pv = ds["policy_version"].values
+    return sorted({int(v) for v in np.unique(pv[ds["response_mask"].values.astype(bool)])})
+
+
+def latest_version(ds: xr.Dataset) -> int:
+    """The latest weights version of a trace: the engine's version when the capture ended
+    (``attrs["latest_policy_version"]``), else the newest version among its tokens (0 if none)."""
+    v = ds.attrs.get("latest_policy_version")
+    if v is not None:
+        return int(v)
+    versions = trace_versions(ds)
+    return max(versions) if versions else 0
 
 
 def token_checksum(ds: xr.Dataset) -> str:

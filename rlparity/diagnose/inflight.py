@@ -1,0 +1,183 @@
+"""Inflight weight updates (inference-path layer): what the rollout engine computed across an update.
+
+An online RL loop updates the rollout engine's weights while it samples. Three things can make the
+rollout's logprobs disagree with a trainer that scores each token at its own version:
+
+* :func:`stale_prefix_cache`: a prompt hits the prefix cache after an update that did not reset
+  it, so its prefix's KV was computed by the old weights (PipelineRL disabled prefix caching for
+  this; others measured mean |d| 0.87 nats from it). Evidence: d on those sequences against the
+  noise floor of tokens computed by one set of weights.
+* :func:`kv_carried_over`: a request kept across an update (``mode="keep"`` without clearing the
+  cache) samples its later tokens on KV the old weights computed for its earlier ones.
+* :func:`scored_at_one_version`: the trace holds tokens of several versions but the trainer scored
+  them all with one set of weights, so d mixes policy lag into the backend mismatch.
+
+:func:`policy_lag` states the lag (information). Over the arms of an inflight matrix
+(:func:`rlparity.experiments.inflight.inflight_matrix`) :func:`matrix_findings` names the stale arms
+and compares each with the same arm whose cache was reset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import xarray as xr
+
+from rlparity.diagnose.findings import Finding, Layer, Severity
+from rlparity.diagnose.options import DiagnoseOptions
+from rlparity.metrics import BACKEND_PAIR_D
+from rlparity.metrics import inflight as mi
+from rlparity.metrics.summary import log_ratio
+from rlparity.trace import has_trainer, trace_versions
+
+PAIR = BACKEND_PAIR_D
+FIX_STALE = ("reset the prefix cache whenever the weights change: pause_generation(..., clear_cache=True) "
+             "(rlparity: AsyncEngine.update_weights(..., clear_cache=True)), or call reset_prefix_cache() right "
+             "after loading the weights; or disable prefix caching (LLM(..., enable_prefix_caching=False), "
+             "vllm serve --no-enable-prefix-caching), as PipelineRL does")
+FIX_CARRIED = ("update with clear_cache=True (vLLM then recomputes the kept requests' KV with the new weights), "
+               "or pause with mode='wait' / 'abort'; or keep it as PipelineRL does and count these tokens as "
+               "off-policy in the correction")
+FIX_VERSIONS = ("score every token with the weights that sampled it: rlparity.score.score_versions(trace, "
+                "{version: checkpoint, ...}); the latest-weights reading goes to trainer_latest_*")
+
+
+def _measured(ratio: float, threshold: float) -> bool:
+    return bool(np.isfinite(ratio) and ratio >= threshold) or ratio == float("inf")
+
+
+def stale_prefix_cache(trace: xr.Dataset, *, trainer: str | None = None, stale_ratio: float = 3.0
+                       ) -> Finding | None:
+    """``stale_prefix_cache_after_update`` when sequences hit a prefix cache that may hold KV of
+    other weights (``prefix_cache_stale``); ``None`` when none did or the trace does not record it.
+
+    An error when the trace is unscored (the hits are stale by construction) or when mean |d| on the
+    stale sequences is at least ``stale_ratio`` times the noise floor; a warning when it is within
+    that (the cached blocks may have been written after the update, or the update did not move the
+    prefix's KV)."""
+    stale = mi.stale_sequences(trace)
+    if not stale.any():
+        return None
+    ev = {**mi.stale_evidence(trace, trainer), "pair": PAIR, "stale_ratio_threshold": stale_ratio,
+          "updates": [{k: u.get(k) for k in ("version", "mode", "clear_cache", "cache_reset")} for u in mi.updates(trace)]}
+    arm = trace.attrs.get("arm")
+    n, tot = ev["n_stale_sequences"], ev["n_sequences"]
+    if "stale_abs_log_ratio_mean" not in ev:
+        return Finding(Layer.INFERENCE_PATH, "stale_prefix_cache_after_update", Severity.ERROR,
+                       f"{n} of {tot} sequences took {ev['stale_cached_prompt_share']:.0%} of their prompt tokens from a "
+                       "prefix cache filled before a weight update that did not reset it: their prefix KV was computed "
+                       "by the old weights (score the trace to measure the effect)", ev, FIX_STALE, arm)
+    ratio = ev["stale_over_floor"]
+    measured = _measured(ratio, stale_ratio)
+    what = (f"mean |d| {ev['stale_abs_log_ratio_mean']:.3g} nats on them against a noise floor of "
+            f"{ev['floor_abs_log_ratio_mean']:.3g} ({ratio:.3g}x)")
+    if measured:
+        return Finding(Layer.INFERENCE_PATH, "stale_prefix_cache_after_update", Severity.ERROR,
+                       f"{n} of {tot} sequences reused prefix-cache KV computed by older weights (the cache was not "
+                       f"reset at the update): {what}", ev, FIX_STALE, arm)
+    return Finding(Layer.INFERENCE_PATH, "stale_prefix_cache_after_update", Severity.WARNING,
+                   f"{n} of {tot} sequences hit a prefix cache that was not reset at the update, but {what}: below "
+                   f"{stale_ratio:g}x, the blocks they reused may have been written after the update", ev, FIX_STALE, arm)
+
+
+def kv_carried_over(trace: xr.Dataset, *, trainer: str | None = None, stale_ratio: float = 3.0
+                    ) -> Finding | None:
+    """``kv_carried_over_update`` when sequences straddle an update that kept the cache: their
+    later tokens were sampled by the new weights on KV the old ones computed. A warning when mean
+    |d| on those tokens is at least ``stale_ratio`` times the noise floor, information otherwise;
+    ``None`` when no token is carried over."""
+    carried = mi.carried_tokens(trace)
+    if not carried.any():
+        return None
+    seqs = int(carried.any(axis=1).sum())
+    ev = {"n_sequences": seqs, "n_carried_tokens": int(carried.sum()), "pair": PAIR}
+    arm = trace.attrs.get("arm")
+    if not has_trainer(trace):
+        return Finding(Layer.INFERENCE_PATH, "kv_carried_over_update", Severity.INFO,
+                       f"{seqs} sequences continued across a weight update on KV of the old weights "
+                       f"({ev['n_carried_tokens']} tokens; score the trace to measure the effect)", ev, FIX_CARRIED, arm)
+    d = log_ratio(trace, trainer).values
+    clean = mi.clean_tokens(trace)
+    c = float(np.nanmean(np.abs(np.where(carried & np.isfinite(d), d, np.nan))))
+    f = float(np.nanmean(np.abs(np.where(clean & np.isfinite(d), d, np.nan)))) if clean.any() else float("nan")
+    ratio = c / f if f > 0 else float("inf")
+    ev.update({"carried_abs_log_ratio_mean": c, "floor_abs_log_ratio_mean": f, "carried_over_floor": ratio})
+    sev = Severity.WARNING if _measured(ratio, stale_ratio) else Severity.INFO
+    return Finding(Layer.INFERENCE_PATH, "kv_carried_over_update", sev,
+                   f"{seqs} sequences continued across a weight update on KV the old weights computed: mean |d| "
+                   f"{c:.3g} nats on their {ev['n_carried_tokens']} later tokens against a noise floor of {f:.3g} "
+                   f"({ratio:.3g}x)", ev, FIX_CARRIED, arm)
+
+
+def scored_at_one_version(trace: xr.Dataset) -> Finding | None:
+    """``scored_at_one_version`` (warning) when the tokens come from several policy versions but
+    the trainer did not score each at its own version; ``None`` otherwise."""
+    if not has_trainer(trace):
+        return None
+    versions = trace_versions(trace)
+    scored_by = (trace.attrs.get("trainer") or {}).get("scored_by")
+    if len(versions) < 2 or scored_by == "policy_version":
+        return None
+    return Finding(Layer.INFERENCE_PATH, "scored_at_one_version", Severity.WARNING,
+                   f"the tokens come from policy versions {versions} but the trainer scored them all with one set of "
+                   f"weights ({(trace.attrs.get('trainer') or {}).get('model')}): d mixes policy lag with the backend "
+                   "mismatch", {"versions": versions, "pair": PAIR}, FIX_VERSIONS, trace.attrs.get("arm"))
+
+
+def policy_lag(trace: xr.Dataset) -> Finding | None:
+    """``policy_lag`` (information) for a trace with recorded updates or several versions: token and
+    per-sequence lag, as PipelineRL logs it."""
+    if not mi.updates(trace) and len(trace_versions(trace)) < 2:
+        return None
+    tok = mi.lag_summary(trace)
+    seq = mi.lag_summary(trace, dim="position")
+    has = seq["n_tokens"].values > 0
+    ev = {"latest_version": tok.attrs["latest_version"], "lag_mean": float(tok["lag_mean"]),
+          "lag_max": float(tok["lag_max"]), "offpolicy_share": float(tok["offpolicy_share"]),
+          "sequence_lag_mean": float(np.mean(seq["lag_mean"].values[has])) if has.any() else float("nan"),
+          "sequence_lag_max_mean": float(np.mean(seq["lag_max"].values[has])) if has.any() else float("nan")}
+    return Finding(Layer.INFERENCE_PATH, "policy_lag", Severity.INFO,
+                   f"{ev['offpolicy_share']:.0%} of tokens were sampled by weights older than the latest (version "
+                   f"{ev['latest_version']}): mean lag {ev['lag_mean']:.3g}, max {ev['lag_max']:.3g}", ev, "",
+                   trace.attrs.get("arm"))
+
+
+def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=()) -> list[Finding]:
+    """The inflight checks of one arm (called by :func:`rlparity.diagnose.diagnose`)."""
+    opts = options or DiagnoseOptions()
+    found = [stale_prefix_cache(trace, trainer=opts.trainer, stale_ratio=opts.stale_ratio),
+             kv_carried_over(trace, trainer=opts.trainer, stale_ratio=opts.stale_ratio),
+             scored_at_one_version(trace), policy_lag(trace)]
+    return [f for f in found if f is not None]
+
+
+def matrix_findings(arms: Mapping[str, xr.Dataset], options: DiagnoseOptions | None = None) -> list[Finding]:
+    """Over an inflight matrix: ``inflight_stale_arms`` naming the arms with stale prefix-cache hits
+    and, for each, mean |d| after the update against the same arm with the cache reset (ratio);
+    information (each stale arm has its own error)."""
+    opts = options or DiagnoseOptions()
+    table = mi.inflight_table(arms, trainer=opts.trainer)
+    stale = [a for a in table["arm"].values.tolist() if float(table["n_stale_sequences"].sel(arm=a)) > 0]
+    clean = [a for a in table["arm"].values.tolist() if a not in stale]
+    ev: dict = {"stale_arms": stale, "arms_without_stale_hits": clean, "pair": PAIR}
+    for a, r in mi.reset_ratios(table).items():
+        if a in stale:
+            ev[f"{a}_after_abs_log_ratio_mean"] = r["kept"]
+            ev[f"{r['reset_arm']}_after_abs_log_ratio_mean"] = r["reset"]
+            ev[f"{a}_over_{r['reset_arm']}"] = r["ratio"]
+    summary = (f"stale prefix-cache hits in {len(stale)} arm(s): {', '.join(stale)}" if stale
+               else "no arm served a prefix cache across an update without resetting it")
+    return [Finding(Layer.INFERENCE_PATH, "inflight_stale_arms", Severity.INFO, summary, ev,
+                    FIX_STALE if stale else "", None)]
+
+
+def arms_findings(arms: Mapping[str, xr.Dataset], options: DiagnoseOptions | None = None) -> list[Finding]:
+    """Checks over arms of one store (called by :func:`rlparity.diagnose.diagnose`)."""
+    if not mi.is_inflight(arms):
+        return []
+    return matrix_findings(arms, options)
+
+
+__all__ = ["FIX_CARRIED", "FIX_STALE", "FIX_VERSIONS", "arms_findings", "kv_carried_over", "matrix_findings",
+           "policy_lag", "scored_at_one_version", "stale_prefix_cache", "trace_findings"]

@@ -1,0 +1,230 @@
+"""The inflight weight-update experiment: pause mode x cache clearing x prefix caching.
+
+Every arm runs the same steps on a real ``AsyncLLM`` (:class:`rlparity.capture.AsyncEngine`):
+
+1. the engine runs version 0 with a fresh prefix cache (between arms the version-0 weights are
+   loaded back and the cache is reset);
+2. a prefill-only pass over the prompts fills the prefix cache with version-0 KV (as an earlier
+   RL step would: the prompts share a prefix longer than one KV block);
+3. the prompts are sampled; once about a third of their tokens have streamed, the weights are
+   updated to version 1 with the arm's pause ``mode`` (keep, wait, abort) and ``clear_cache``
+   (aborted requests are resubmitted, as an RL loop would);
+4. new prompts with the same prefix are sampled after the update: with prefix caching on and the
+   cache kept, their prefix KV comes from version 0 (the stale cache);
+5. every token is rescored by the trainer with the weights of its own version
+   (:func:`rlparity.score.score_versions`) and with the latest weights (``trainer_latest_*``).
+
+Version 1 is a real weight change that both sides load from the same files: by default a
+deterministic perturbation of the model (:func:`rlparity.capture.weights.perturbed_checkpoint`), or
+any checkpoint directory (e.g. saved after :func:`rlparity.train.train_step`). One engine starts per
+prefix-caching setting; its arms reuse it.
+
+:func:`inflight_matrix` returns ``{arm: scored trace}`` (arms ``keep-noclear-prefix_on`` ...,
+:func:`rlparity.metrics.inflight.arm_name`); tables are in :mod:`rlparity.metrics.inflight`,
+findings in :mod:`rlparity.diagnose.inflight`, figures in :mod:`rlparity.plot.inflight`.
+
+Run it from a shell (one call, e.g. on a GPU host with ``RLPARITY_ENGINE_LOCK=off``)::
+
+    python -m rlparity.experiments.inflight --out DIR [--model PATH | --size tiny] [--device cuda] [--ci]
+
+which writes ``DIR/inflight.zarr`` (every arm) and ``DIR/inflight.json`` (tables, ratios, findings).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import xarray as xr
+
+from rlparity.config.defaults import default_sampling
+from rlparity.config.settings import EngineSettings, SamplingSettings
+from rlparity.metrics.inflight import PAUSE_MODES, arm_name
+
+
+def base_settings(dtype: str = "float32", **changes: Any) -> EngineSettings:
+    """The engine of every arm: processed logprobs, fp32 LM head, the model's generation config
+    ignored, the body in ``dtype`` (pinned to the trainer's, so the update is what moves d)."""
+    return EngineSettings(logprobs_mode="processed_logprobs", head_dtype="float32", dtype=dtype,
+                          generation_config="vllm", **changes)
+
+
+def inflight_matrix(model: str | os.PathLike, prompts: Sequence | None = None, after_prompts: Sequence | None = None,
+                    sampling: SamplingSettings | None = None, *, modes: Sequence[str] = PAUSE_MODES,
+                    clear_cache: Sequence[bool] = (False, True), prefix_caching: Sequence[bool] = (True, False),
+                    new_weights: str | os.PathLike | None = None, sigma: float = 0.05, seed: int = 0,
+                    checkpoint_dir: str | os.PathLike | None = None, n_prompts: int = 8, max_tokens: int = 48,
+                    update_after: float = 1 / 3, resubmit_aborted: bool = True, dtype: str = "float32",
+                    device: str = "cpu", engine: Mapping[str, Any] | None = None, scorers: Mapping[int, Any] | None = None,
+                    batch_size: int = 16, progress: bool = False, log=print) -> dict[str, xr.Dataset]:
+    """Run every (mode, clear_cache) arm on one engine per prefix-caching setting; return
+    ``{arm: trace}`` scored per version.
+
+    ``model`` is version 0 (a local checkpoint directory: its weights are loaded back between arms).
+    ``new_weights`` is version 1 (a checkpoint directory); by default ``model`` perturbed by relative
+    Gaussian noise ``sigma`` (``seed``), written to ``checkpoint_dir`` (default: beside the model,
+    ``<model>-inflight-v1``). ``prompts`` are sampled across the update and ``after_prompts`` after
+    it (default: ``n_prompts`` each from :func:`rlparity.experiments.ablation.shared_prefix_prompts`,
+    one long prefix shared by all). ``update_after``: the share of the first capture's tokens
+    (``len(prompts) x max_tokens``) streamed before the update. ``engine``: other
+    :class:`EngineSettings` fields; ``dtype`` pins the body on both sides; ``device`` is the trainer's.
+    ``scorers``: ready :class:`rlparity.score.Scorer` per version (else made here, fp32 head).
+    Starts engines itself (closing the shared pool first: one engine at a time).
+    """
+    from rlparity.capture.async_engine import AsyncEngine
+    from rlparity.capture.pool import shared_pool
+    from rlparity.capture.weights import perturbed_checkpoint, safetensors_files
+    from rlparity.experiments.ablation import shared_prefix_prompts
+    from rlparity.score import Scorer, score_versions
+    from rlparity.trace import concat_sequences
+
+    modes = list(modes)
+    bad = [m for m in modes if m not in PAUSE_MODES]
+    if bad or not modes:
+        raise ValueError(f"modes {modes}: use some of {', '.join(PAUSE_MODES)}")
+    if not 0 < update_after < 1:
+        raise ValueError(f"update_after={update_after}: the share of tokens before the update, in (0, 1)")
+    v0 = Path(model)
+    safetensors_files(v0)  # version 0 must be loadable back between arms: a local checkpoint
+    if new_weights is None:
+        out = Path(checkpoint_dir) if checkpoint_dir else v0.with_name(f"{v0.name}-inflight-v1")
+        v1 = perturbed_checkpoint(v0, out, sigma=sigma, seed=seed)
+        recipe = {"kind": "perturbation", "sigma": sigma, "seed": seed}
+    else:
+        v1 = Path(new_weights)
+        safetensors_files(v1)
+        recipe = {"kind": "checkpoint"}
+    if prompts is None or after_prompts is None:
+        both = shared_prefix_prompts(2 * n_prompts, seed=seed)
+        prompts = list(prompts) if prompts is not None else both[:n_prompts]
+        after_prompts = list(after_prompts) if after_prompts is not None else both[n_prompts:]
+    sampling = sampling or default_sampling(max_tokens=max_tokens)
+    scorers = dict(scorers or {})
+    for v, path in ((0, v0), (1, v1)):
+        if v not in scorers:
+            scorers[v] = Scorer(str(path), dtype=dtype, head_dtype="float32", device=device, batch_size=batch_size,
+                                progress=progress)
+    shared_pool().close()
+    warm = sampling.model_copy(update={"max_tokens": 1})
+    threshold = max(1, int(update_after * len(prompts) * sampling.max_tokens))
+    arms: dict[str, xr.Dataset] = {}
+    for k, prefix in enumerate(prefix_caching):
+        settings = base_settings(dtype, enable_prefix_caching=bool(prefix)).replace(**dict(engine or {}))
+        t0 = time.perf_counter()
+        with AsyncEngine(str(v0), settings) as eng:
+            log(f"engine prefix_caching={prefix} started in {eng.startup_s:.1f} s")
+            for i, (mode, clear) in enumerate(itertools.product(modes, clear_cache)):
+                name = arm_name(mode, bool(clear), bool(prefix))
+                if i:  # back to version 0 with a fresh cache
+                    eng.update_weights(str(v0), 0, mode="wait", clear_cache=True)
+                t_start = eng.clock()
+                eng.capture(list(prompts), warm, arm=name)
+                fut = eng.capture_async(list(prompts), sampling, arm=name, resubmit_aborted=resubmit_aborted)
+                reached = eng.wait_tokens(threshold, timeout=600)
+                update = eng.update_weights(str(v1), 1, mode=mode, clear_cache=bool(clear))
+                inflight = fut.result(timeout=1200)
+                after = eng.capture(list(after_prompts), sampling, arm=name)
+                trace = concat_sequences([inflight, after])
+                trace.attrs.update({
+                    "arm": name, "latest_policy_version": 1,
+                    "weight_updates": eng.weights.log(t_start, eng.clock()),
+                    "inflight": {"mode": mode, "clear_cache": bool(clear), "prefix_caching": bool(prefix),
+                                 "update": update, "update_after_tokens": threshold, "threshold_reached": reached,
+                                 "n_inflight_prompts": len(prompts), "n_after_prompts": len(after_prompts),
+                                 "resubmit_aborted": resubmit_aborted, "new_weights": recipe,
+                                 "checkpoints": {"0": str(v0), "1": str(v1)},
+                                 "engine": {"index": k, "startup_s": eng.startup_s}},
+                })
+                arms[name] = score_versions(trace, scorers, latest=1)
+                log(f"  {name}: pause {update['pause_s']:.2f} s, {trace.sizes['sequence']} sequences")
+        log(f"engine prefix_caching={prefix}: {time.perf_counter() - t0:.1f} s in all")
+    return arms
+
+
+def summarize(arms: Mapping[str, xr.Dataset], *, trainer: str | None = None) -> dict[str, Any]:
+    """The numbers of a run as plain data: the per-arm table, the kept-over-reset ratios, the
+    stale arms the diagnosis names, lag per pause mode, and the findings."""
+    from rlparity.diagnose import diagnose
+    from rlparity.metrics import table_records
+    from rlparity.metrics import inflight as mi
+
+    table = mi.inflight_table(arms, trainer=trainer)
+    report = diagnose(dict(arms), **({"trainer": trainer} if trainer else {}), title="inflight weight updates")
+    flagged = sorted({f.arm for f in report if f.name == "stale_prefix_cache_after_update"
+                      and f.severity.value == "error"})
+    lag_by_mode = {}
+    for m in PAUSE_MODES:
+        sel = [a for a in table["arm"].values.tolist() if str(table["mode"].sel(arm=a).item()) == m]
+        if sel:
+            t = table.sel(arm=sel)
+            lag_by_mode[m] = {k: float(t[k].mean()) for k in ("lag_mean", "offpolicy_share", "sequence_lag_mean",
+                                                               "n_mixed_sequences", "n_aborted_sequences",
+                                                               "aborted_tokens", "pause_s")}
+    return {"table": table_records(table), "reset_ratios": mi.reset_ratios(table), "flagged_stale_arms": flagged,
+            "lag_by_mode": lag_by_mode, "lag_histogram": table_records(mi.lag_histogram(arms)),
+            "findings": report.to_dict()["findings"], "verdict": report.verdict}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m rlparity.experiments.inflight --out DIR``: run the matrix, write the store and
+    a JSON of the numbers."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m rlparity.experiments.inflight", description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, help="folder for inflight.zarr and inflight.json")
+    p.add_argument("--model", default=None, help="local checkpoint (version 0); default: the built-in model")
+    p.add_argument("--size", default="tiny", help="built-in model size when --model is not given")
+    p.add_argument("--new-weights", default=None, help="checkpoint of version 1 (default: a perturbation)")
+    p.add_argument("--sigma", type=float, default=0.05, help="relative noise of the default perturbation")
+    p.add_argument("--device", default="cpu", help="the trainer's device (cuda on a GPU host)")
+    p.add_argument("--dtype", default="float32", help="body dtype on both sides")
+    p.add_argument("--n-prompts", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--gpu-memory-utilization", type=float, default=None)
+    p.add_argument("--ci", action="store_true", help="small sizes (4 prompts, 32 tokens)")
+    a = p.parse_args(argv)
+    from rlparity.config.provenance import write_json
+    from rlparity.models import make_model
+    from rlparity.trace import save
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = a.model or str(make_model(a.size, progress=False))
+    n, mt = (4, 32) if a.ci else (a.n_prompts, a.max_tokens)
+    engine = {"gpu_memory_utilization": a.gpu_memory_utilization} if a.gpu_memory_utilization else {}
+    t0 = time.perf_counter()
+    arms = inflight_matrix(model, new_weights=a.new_weights, sigma=a.sigma, n_prompts=n, max_tokens=mt,
+                           dtype=a.dtype, device=a.device, engine=engine, checkpoint_dir=out / "v1")
+    elapsed = time.perf_counter() - t0
+    res = summarize(arms)
+    res.update({"model": model, "device": a.device, "dtype": a.dtype, "sizes": {"n_prompts": n, "max_tokens": mt},
+                "elapsed_s": round(elapsed, 1), "store": str(out / "inflight.zarr"),
+                "engine_effective": next(iter(arms.values())).attrs.get("engine_effective"),
+                "weight_loading": {k: next(iter(arms.values())).attrs["inflight"]["update"].get(k)
+                                   for k in ("boundary_source", "stream_behind", "pause_kwargs", "load_method")}})
+    write_json(out / "inflight.json", res)  # first: the numbers survive a missing zarr
+    try:
+        store = save(arms, out / "inflight.zarr")
+    except ImportError as err:
+        store = f"not written ({err}: install zarr to save the store)"
+        print(store)
+    for arm, r in res["reset_ratios"].items():
+        print(f"{arm}: mean |d| after the update {r['kept']:.3g} nats vs {r['reset']:.3g} with the cache reset "
+              f"({r['ratio']:.3g}x)")
+    print(f"stale arms flagged: {res['flagged_stale_arms']}")
+    for m, v in res["lag_by_mode"].items():
+        print(f"lag {m}: mean {v['lag_mean']:.3f}, off-policy share {v['offpolicy_share']:.2f}, "
+              f"pause {v['pause_s']:.2f} s, aborted tokens {v['aborted_tokens']:.0f}")
+    print(f"wrote {store} and {out / 'inflight.json'} in {elapsed:.0f} s")
+    return 0
+
+
+__all__ = ["base_settings", "inflight_matrix", "main", "summarize"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
