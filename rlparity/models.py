@@ -63,6 +63,7 @@ class Finish:
 
 FINISH: dict[str, Finish] = {
     "tiny-bf16": Finish(base="tiny", logit_scale=3.0, vocab_to=32000, dtype="bfloat16"),
+    "small-bf16": Finish(base="small", logit_scale=3.0, vocab_to=32000, dtype="bfloat16"),
 }
 
 SIZES: dict[str, ModelSize] = {
@@ -73,6 +74,7 @@ SIZES: dict[str, ModelSize] = {
     "tiny-bf16": ModelSize(128, 2, 4, 256, train_steps=600, batch_size=32, seq_len=64),
     # for the GPU host: same task, more capacity and training; head_dim 64
     "small": ModelSize(512, 8, 8, 1408, train_steps=1500, batch_size=64, seq_len=128, lr=1e-3),
+    "small-bf16": ModelSize(512, 8, 8, 1408, train_steps=1500, batch_size=64, seq_len=128, lr=1e-3),
 }
 
 MODEL_MARKER = "rlparity_model.json"

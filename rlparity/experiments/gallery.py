@@ -123,7 +123,7 @@ def _capture_all(model: str, device: str, size_prompts: dict[str, Any], scorers:
             if "semantic" in p["parts"]:
                 tr = eng.capture(sem_requests, sem_sampling, arm=tag, progress=progress)
                 stores["semantic"][tag] = scorers["float32"].score(tr)
-            if "fresh" in p["parts"] and head == "float32":  # other prompts and seeds, both modes
+            if "fresh" in p["parts"] and head == "float32" and not p.get("fresh_model"):  # other prompts and seeds
                 tr = eng.capture(p["fresh"], fresh_sampling, arm=f"fresh-{tag}", progress=progress)
                 stores["fresh"][f"fresh-{tag}"] = scorers["float32"].score(tr)
             if mode == "processed_logprobs" and "head" in p["parts"]:
@@ -134,6 +134,15 @@ def _capture_all(model: str, device: str, size_prompts: dict[str, Any], scorers:
                     scored.attrs.update(arm=name, head_experiment={"rollout_head": head, "trainer_head": th,
                                                                    "body_dtype": engine_base.dtype, "device": device})
                     stores["head"][name] = scored
+    if "fresh" in p["parts"] and p.get("fresh_model"):  # another model too: 2 more engines
+        from rlparity.score import Scorer
+
+        fresh_scorer = Scorer(p["fresh_model"], dtype="bfloat16", head_dtype="float32", device=device, progress=False)
+        for mode in ("raw_logprobs", "processed_logprobs"):
+            eng = pool.get(p["fresh_model"], engine_base.replace(logprobs_mode=mode, head_dtype="float32"))
+            tag = f"fresh-{mode.split('_')[0]}-head_fp32"
+            tr = eng.capture(p["fresh"], fresh_sampling, arm=tag, progress=progress)
+            stores["fresh"][tag] = fresh_scorer.score(tr)
     pool.close()
     return stores
 
@@ -141,11 +150,12 @@ def _capture_all(model: str, device: str, size_prompts: dict[str, Any], scorers:
 def gallery(out_dir: str | os.PathLike, *, device: str = "cuda", size: str = "small", n_prompts: int = 128,
             n_head_prompts: int = 256, max_tokens: int = 32, temperatures: Sequence[float] = TEMPERATURES,
             parts: Sequence[str] = PARTS, ablation_prompts: int = 8, ablation_knobs: Sequence[str] | None = None,
-            gpu_memory_utilization: float | None = 0.3, progress: bool = False, name_prefix: str | None = None
-            ) -> dict[str, Any]:
+            gpu_memory_utilization: float | None = 0.3, progress: bool = False, name_prefix: str | None = None,
+            fresh_size: str | None = None) -> dict[str, Any]:
     """Run the gallery on ``device``; write ``<prefix>-<part>.zarr`` stores and ``gallery.json`` into
     ``out_dir``; return the results (verdicts, numbers, paths). Keeps going after a failed part
-    (its traceback lands in the results)."""
+    (its traceback lands in the results). ``fresh_size``: run the fresh capture on another built-in
+    model (e.g. ``small-bf16``: a different checkpoint, not only other prompts)."""
     from rlparity.models import make_model, make_prompts
     from rlparity.score import Scorer
 
@@ -168,7 +178,9 @@ def gallery(out_dir: str | os.PathLike, *, device: str = "cuda", size: str = "sm
     scorers = {h: Scorer(model, dtype="bfloat16", head_dtype=h, device=device, progress=False) for h in HEADS}
     prompts = {"semantic": make_prompts(n_prompts, seed=0), "head": make_prompts(n_head_prompts, seed=0),
                "fresh": make_prompts(n_prompts, seed=7), "temperatures": tuple(temperatures),
-               "max_tokens": max_tokens, "parts": tuple(parts)}
+               "max_tokens": max_tokens, "parts": tuple(parts),
+               "fresh_model": str(make_model(fresh_size, device=device, progress=progress))
+               if fresh_size and fresh_size != size else None}
     try:
         if set(parts) & {"semantic", "head", "fresh"}:
             stores = _capture_all(model, device, prompts, scorers, engine_base, progress)
@@ -231,11 +243,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--parts", default=",".join(PARTS))
     ap.add_argument("--ablation-prompts", type=int, default=8)
     ap.add_argument("--ablation-knobs", default="")
+    ap.add_argument("--fresh-size", default=None)
     a = ap.parse_args(argv)
     res = gallery(a.out, device=a.device, size=a.size, n_prompts=a.n_prompts, n_head_prompts=a.n_head_prompts,
                   max_tokens=a.max_tokens, parts=[p for p in a.parts.split(",") if p],
                   ablation_prompts=a.ablation_prompts,
-                  ablation_knobs=[k for k in a.ablation_knobs.split(",") if k] or None, progress=False)
+                  ablation_knobs=[k for k in a.ablation_knobs.split(",") if k] or None, progress=False,
+                  fresh_size=a.fresh_size)
     print(json.dumps({k: v for k, v in res.items() if not k.startswith("error")}, indent=1, default=str)[:6000])
     for k, v in res.items():
         if k.startswith("error"):
