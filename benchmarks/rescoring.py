@@ -48,13 +48,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SHAPES = {
     # the CPU default: small body, a real-sized vocabulary is one flag away (--vocab 151936)
-    "small": dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=4, vocab_size=32000, tie_word_embeddings=False,
-                  sequences=32, length=192, prompt=32, batch=8, dtype="bfloat16"),
+    "small": {"hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 4, "vocab_size": 32000, "tie_word_embeddings": False,
+              "sequences": 32, "length": 192, "prompt": 32, "batch": 8, "dtype": "bfloat16"},
     # Qwen2-1.5B's shape as a Llama (tied embeddings), random weights
-    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
-                 sequences=256, length=577, prompt=64, batch=16, dtype="bfloat16"),
+    "1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
+             "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
+             "sequences": 256, "length": 577, "prompt": 64, "batch": 16, "dtype": "bfloat16"},
 }
 METHODS = ("bare", "naive_fp32", "scorer_fp32_new", "scorer_fp32_new_cast", "scorer_fp32_ref", "scorer_bf16_new",
            "scorer_bf16_ref")
@@ -185,7 +185,7 @@ def peak_cpu_subprocess(a, method):
             cmd += [f"--{key}", str(getattr(a, key))]
     if a.compile is not None:
         cmd += ["--compile" if a.compile else "--no-compile"]
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if res.returncode:
         raise RuntimeError(f"memory subprocess for {method} failed:\n{res.stderr[-2000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])["extra_rss_mib"]
@@ -227,9 +227,35 @@ def _diffs(new, ref):
     return out
 
 
+def float64_check(model, head, a, shape, batch, new, ref):
+    """max |x - float64| of the raw logprob and the entropy, for the new head and the reference
+    on the same float32 logits (the logits recomputed, then log-softmax in float64)."""
+    import numpy as np
+    import torch
+
+    dev, prompt = a.device, shape["prompt"]
+    lm = model.get_output_embeddings()
+    lps, ents = [], []
+    with torch.inference_mode():
+        ids = batch.to(dev)
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+        rows = hidden[:, prompt - 1:-1].reshape(-1, hidden.shape[-1])
+        tok = ids[:, prompt:].reshape(-1)
+        for s in range(0, rows.shape[0], 256):
+            logp = head.project(rows[s:s + 256], lm.weight, getattr(lm, "bias", None), "float32").double()
+            logp = logp.log_softmax(dim=1)
+            lps.append(logp.gather(1, tok[s:s + 256].unsqueeze(1)).squeeze(1).cpu().numpy())
+            ents.append((-(logp.exp() * logp).sum(dim=1)).cpu().numpy())
+    lp, ent = np.concatenate(lps), np.concatenate(ents)
+    return {who: {"trainer_logprob": float(np.abs(r["trainer_logprob"] - lp).max()),
+                  "trainer_entropy": float(np.abs(r["trainer_entropy"] - ent).max())}
+            for who, r in (("new", new), ("reference", ref))}
+
+
 def equality(model, head, a, shape, batch):
     """max |new - reference| per statistic on one batch (nats; ranks: count): the bf16 head; the
-    fp32 head on the same logits (statistics only), and against the reference's own GEMM."""
+    fp32 head on the same logits (statistics only), and against the reference's own GEMM; and
+    both against float64 on the same logits."""
     import torch
 
     m = make_methods(model, head, a, shape)
@@ -239,7 +265,10 @@ def equality(model, head, a, shape, batch):
     return {"float32 head, same logits (statistics only)": _diffs(runs["scorer_fp32_new"], runs["scorer_fp32_ref_auto"]),
             "float32 head, both cast GEMM": _diffs(runs["scorer_fp32_new_cast"], runs["scorer_fp32_ref"]),
             "float32 head, new GEMM vs reference GEMM": _diffs(runs["scorer_fp32_new"], runs["scorer_fp32_ref"]),
-            "bfloat16 head": _diffs(runs["scorer_bf16_new"], runs["scorer_bf16_ref"])}
+            "bfloat16 head": _diffs(runs["scorer_bf16_new"], runs["scorer_bf16_ref"]),
+            "float32 head vs float64, same logits": float64_check(model, head, a, shape, batch,
+                                                                   runs["scorer_fp32_new"],
+                                                                   runs["scorer_fp32_ref_auto"])}
 
 
 def versions(device):
@@ -336,10 +365,14 @@ def main() -> None:
         print(f"| {r['method']} | {r['median_s']:.3f} | {r['throughput_vs_bare']:.2f} | "
               f"{r.get('throughput_vs_naive', float('nan')):.2f} | {r.get('peak_extra_mib', float('nan')):.0f} | "
               f"{r.get('peak_vs_bare', float('nan')):.2f} |")
-    for hd, d in eq.items():
+    for what, d in eq.items():
+        if what.endswith("float64, same logits"):
+            print("\nmax |x - float64| on the same logits, first batch: "
+                  + ", ".join(f"{who} {k.removeprefix('trainer_')} {v:.1e}" for who, r in d.items() for k, v in r.items()))
+            continue
         stat, worst = max(((k, v["max_abs_diff"]) for k, v in d.items() if k != "trainer_token_rank"),
                           key=lambda kv: kv[1])
-        print(f"\nnew vs reference, {hd}, first batch: max |diff| {worst:.2e} nats ({stat}), "
+        print(f"\nnew vs reference, {what}, first batch: max |diff| {worst:.2e} nats ({stat}), "
               f"ranks {d['trainer_token_rank']['max_abs_diff']:.0f}, "
               f"same -inf: {all(v['same_infinities'] for v in d.values())}")
     print(f"wall {result['wall_s']:.0f} s")

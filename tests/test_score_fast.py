@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rlparity.score import head as H  # noqa: E402
+from rlparity.score import head as H
 
 TOL = 1e-5  # nats, float32 head
 
@@ -185,11 +185,12 @@ def test_scorer_matches_reference_end_to_end(tiny_model):
             hidden = scorer.response_hidden(seqs, batch)
             rows = torch.cat(hidden)
             tok = torch.tensor([t for i in batch for t in resp[i]])
-            per = lambda v, dt: torch.tensor([v[i] for i in batch for _ in resp[i]], dtype=dt)  # noqa: E731
+            def per(name, dt, batch=batch):
+                return torch.tensor([trace[name].values[i] for i in batch for _ in resp[i]], dtype=dt)
+
             ref = H.head_stats_reference(rows, scorer.head_weight, scorer.head_bias, tok,
-                                         per(trace["temperature"].values, torch.float32),
-                                         per(trace["top_k"].values, torch.long),
-                                         per(trace["top_p"].values, torch.float32), "float32")
+                                         per("temperature", torch.float32), per("top_k", torch.long),
+                                         per("top_p", torch.float32), "float32")
             got = {name: np.concatenate([scored[name].values[i, : len(resp[i])] for i in batch]) for name in H.STATS}
             assert_same(got, ref)
     assert scored.attrs["trainer"]["fp32_gemm"] == "auto"
@@ -232,8 +233,8 @@ def test_scalar_summary_equals_general_path(i):
             assert a.attrs == b.attrs, name
             x, y = float(a), float(b)
             assert (math.isnan(x) and math.isnan(y)) or abs(x - y) <= 1e-12, (name, x, y)
-        drop = lambda attrs: {k: v for k, v in attrs.items() if k != "created_at"}  # noqa: E731
-        assert drop(fast.attrs) == drop(general.attrs)
+        assert {k: v for k, v in fast.attrs.items() if k != "created_at"} == \
+            {k: v for k, v in general.attrs.items() if k != "created_at"}
         if i == 3 and trainer == "processed":  # the edge cases are there
             assert int(fast["n_zero_prob"]) == 1 and int(fast["n_used"]) == int(fast["n_tokens"]) - 3
 

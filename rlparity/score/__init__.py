@@ -15,7 +15,10 @@ For every response token the trainer computes, from the same prompt + response i
 
 The LM head runs in ``head_dtype`` (``float32`` as trainers do, or ``bfloat16``) and is applied in
 chunks of ``chunk_tokens`` rows, so peak memory is ``chunk_tokens x vocab`` whatever the sequence
-length.
+length. The statistics come from :func:`rlparity.score.head.head_stats` (one fused pass over the
+vocabulary and a top-k window; within 1e-5 nats of the reference ``head_stats_reference``): on an
+H200 the float32 head rescoring runs at 0.88x the throughput of a bare bf16 forward
+(``benchmarks/README.md``).
 """
 
 from __future__ import annotations
@@ -29,12 +32,21 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from rlparity.score.head import (
+    FP32_GEMMS,
+    SAMPLING_EPS,
+    STATS,
+    head_stats,
+    head_stats_reference,
+    processed_logits,
+    project,
+)
 from rlparity.trace import sequences, token_checksum, validate
 from rlparity.trace.prompts import chat_token_ids
 from rlparity.trace.schema import TOKEN_DIMS, annotate
 
-from rlparity.score.head import (FP32_GEMMS, SAMPLING_EPS, STATS, head_stats, head_stats_reference,
-                                 processed_logits, project)
+__all__ = ["FP32_GEMMS", "SAMPLING_EPS", "STATS", "Scorer", "head_stats", "head_stats_reference", "processed_logits",
+           "project", "score", "tokenize_prompts", "trainer_prompt_ids"]
 
 
 @dataclass
@@ -127,10 +139,8 @@ class Scorer:
         validate(trace)
         seqs = sequences(trace)
         n, width = trace.sizes["sequence"], trace.sizes["position"]
-        result = {k: np.full((n, width), np.nan) for k in (
-            "trainer_logprob", "trainer_processed_logprob", "trainer_entropy",
-            "trainer_processed_entropy", "trainer_max_logit", "trainer_log_kept_mass")}
-        result["trainer_token_rank"] = np.full((n, width), -1, dtype=np.int64)
+        result = {k: (np.full((n, width), -1, dtype=np.int64) if k == "trainer_token_rank"
+                      else np.full((n, width), np.nan)) for k in STATS}
         temp = trace["temperature"].values
         topk = trace["top_k"].values
         topp = trace["top_p"].values
