@@ -134,6 +134,10 @@ def summary(trace: xr.Dataset, trainer: TrainerSide | None = None, eps: float | 
     excluded because the trainer gives them probability 0 (counted, never averaged away).
     """
     eps = defaults().eps if eps is None else float(eps)
+    if dim is None:
+        fast = scalar_summary(trace, trainer, eps)
+        if fast is not None:
+            return _finish(fast, trace, trainer, eps, dim)
     d = log_ratio(trace, trainer)
     mask = trace["response_mask"]
     log_pi = trace[trainer_variable(trainer)]
@@ -161,13 +165,117 @@ def summary(trace: xr.Dataset, trainer: TrainerSide | None = None, eps: float | 
     out["ess_token"] = red(lambda x, m, axis: core.ess(np.exp(np.where(m, x, 0.0)), m, axis=axis), d, finite)
     for k in ("prob_diff_mean", "prob_diff_max", "prob_diff_std", "prob_pearson"):
         out[k] = red(lambda a, b, m, axis, k=k: core.prob_stats(a, b, m, axis=axis)[k], log_pi, log_mu, mask)
-    ds = xr.Dataset(out)
+    return _finish(xr.Dataset(out), trace, trainer, eps, dim)
+
+
+def _finish(ds: xr.Dataset, trace: xr.Dataset, trainer: TrainerSide | None, eps: float,
+            dim: str | Sequence[str] | None) -> xr.Dataset:
+    """Names, units and provenance of a summary dataset."""
     for name, (long_name, units) in SUMMARY_VARIABLES.items():
         ds[name].attrs = {"long_name": long_name.replace("eps]", f"eps] (eps={eps:g})") if name == "clip_fraction"
                           else long_name, **({"units": units} if units else {})}
     ds.attrs = pair_attrs(trainer, arm=trace.attrs.get("arm", "default"), eps=eps,
                           reduced_dims=list(reduce_dims(dim)))
     return ds
+
+
+def _finite_mean(v: np.ndarray, all_finite: bool = False) -> tuple[float, np.ndarray | None]:
+    """(mean over the finite entries of a 1-d array, or NaN; the finite mask, None when all are),
+    as :func:`rlparity.metrics.core.masked_mean` computes it (``all_finite``: known, skip the check)."""
+    f = None if all_finite else np.isfinite(v)
+    if f is None or f.all():
+        return (float(np.sum(v) / v.size) if v.size else np.nan), None
+    n = int(np.count_nonzero(f))
+    return (float(np.sum(v[f]) / n) if n else np.nan), f
+
+
+def _finite_max(v: np.ndarray) -> float:
+    """Largest entry of a 1-d array of finite values (NaN when empty)."""
+    return float(np.max(v)) if v.size else np.nan
+
+
+EXP_SAFE = 700.0  # |x| below this: exp, expm1 and x**2 of float64 stay finite
+
+
+def scalar_summary(trace: xr.Dataset, trainer: TrainerSide | None = None, eps: float | None = None
+                   ) -> xr.Dataset | None:
+    """:func:`summary` over every token (``dim=None``) in a few passes over 1-d arrays.
+
+    The real tokens are compressed once; every statistic is then computed on 1-d arrays with the
+    same definitions as :mod:`rlparity.metrics.core` (finite entries only, ``-inf`` counted) and
+    the five quantiles come from one ``np.quantile`` call. Returns the variables without attrs, or
+    ``None`` when the trace's arrays are not float64 ``(sequence, position)`` (the general path
+    handles those). Equal to the general path to rounding (1e-12; ``tests/test_metrics_fast.py``).
+    """
+    eps = defaults().eps if eps is None else float(eps)
+    var = trainer_variable(trainer)
+    _require_trainer(trace, var)
+    arrays = [trace[var], trace["rollout_logprob"], trace["response_mask"]]
+    if any(a.dims != TOKEN_DIMS for a in arrays) or arrays[0].dtype != np.float64 \
+            or arrays[1].dtype != np.float64 or arrays[2].dtype != bool:
+        return None
+    mask = arrays[2].values
+    lp, lm = arrays[0].values[mask], arrays[1].values[mask]  # the real tokens, in order
+    n_tokens = lp.size
+    d = lp - lm
+    fin = np.isfinite(d)
+    all_fin = bool(fin.all())  # then log pi and log mu are finite on every real token too
+    x = d if all_fin else d[fin]
+    n = x.size
+    nan = np.nan
+    zero_prob = 0 if all_fin else int(np.count_nonzero(np.isneginf(lp)))
+    out: dict[str, Any] = {"n_tokens": np.int64(n_tokens), "n_used": np.int64(n), "n_zero_prob": np.int64(zero_prob)}
+    sx = float(np.sum(x))
+    ax = np.abs(x)
+    out["log_ratio_mean"] = sx / n if n else nan
+    out["abs_log_ratio_mean"] = float(np.sum(ax)) / n if n else nan
+    out["abs_log_ratio_max"] = big = _finite_max(ax)
+    del ax
+    safe = n == 0 or big < EXP_SAFE
+    sq = x * x
+    out["abs_log_ratio_rms"] = float(np.sqrt(np.sum(sq) / n)) if n else nan
+    out["kl_k2"] = _finite_mean(np.multiply(sq, 0.5, out=sq), all_finite=safe)[0]
+    del sq
+    qs = np.quantile(x, core.QUANTILES) if n else np.full(len(core.QUANTILES), nan)
+    for q, v in zip(core.QUANTILES, qs):
+        out[f"log_ratio_q{int(q * 100):02d}"] = float(v)
+    out["kl_k1"] = -sx / n if n else nan
+    k3 = np.expm1(x)
+    out["kl_k3"] = _finite_mean(np.subtract(k3, x, out=k3), all_finite=safe)[0]
+    del k3
+    r = np.exp(x)
+    out["mean_ratio"], rfin = _finite_mean(r, all_finite=safe)
+    out["clip_fraction"] = float(np.count_nonzero((r < 1 - eps) | (r > 1 + eps))) / n if n else nan
+    w = r if rfin is None else r[rfin]
+    s1, s2 = float(np.sum(w)), float(np.sum(np.multiply(w, w, out=w)))
+    out["ess_token"] = s1 ** 2 / (w.size * s2) if w.size and s2 > 0 else nan
+    del r, w
+    # probabilities: every real token with a finite mu and a non-NaN pi (pi = 0 counts)
+    if all_fin:
+        pi, mu = np.exp(lp), np.exp(lm)
+    else:
+        pm = np.isfinite(lm) & ~np.isnan(lp)
+        pi, mu = np.exp(lp[pm]), np.exp(lm[pm])
+    diff = np.abs(pi - mu)
+    dfin = np.isfinite(diff)
+    dd = diff if dfin.all() else diff[dfin]
+    mean = float(np.sum(dd) / dd.size) if dd.size else nan
+    out["prob_diff_mean"] = mean
+    out["prob_diff_max"] = _finite_max(dd)
+    dev = np.subtract(dd, mean, out=dd)
+    out["prob_diff_std"] = float(np.sqrt(np.sum(np.multiply(dev, dev, out=dev)) / dd.size)) if dd.size else nan
+    del diff, dd, dev
+    both = np.isfinite(pi) & np.isfinite(mu)
+    if not both.all():
+        pi, mu = pi[both], mu[both]
+    if pi.size:
+        dx = np.subtract(pi, np.sum(pi) / pi.size, out=pi)
+        dy = np.subtract(mu, np.sum(mu) / mu.size, out=mu)
+        sxy, sxx, syy = float(np.sum(dx * dy)), float(np.sum(dx * dx)), float(np.sum(dy * dy))
+        out["prob_pearson"] = sxy / np.sqrt(sxx * syy) if pi.size > 1 and sxx > 0 and syy > 0 else nan
+    else:
+        out["prob_pearson"] = nan
+    return xr.Dataset({k: ((), out[k] if k.startswith("n_") else np.float64(out[k])) for k in SUMMARY_VARIABLES})
 
 
 def scalars(s: xr.Dataset) -> dict[str, float | int]:
@@ -224,5 +332,5 @@ def format_summary(trace: xr.Dataset, trainer: TrainerSide | None = None, eps: f
 
 
 __all__ = ["BACKEND_PAIR", "BACKEND_PAIR_D", "REFERENCE_PAIR_D", "SUMMARY_VARIABLES", "TRAINER_VARIABLE",
-           "format_summary", "log_ratio", "pair_attrs", "reduce", "reduce_dims", "scalars", "summary",
+           "format_summary", "log_ratio", "pair_attrs", "reduce", "reduce_dims", "scalar_summary", "scalars", "summary",
            "table_records", "trainer_readings", "trainer_side", "trainer_variable"]

@@ -15,7 +15,10 @@ For every response token the trainer computes, from the same prompt + response i
 
 The LM head runs in ``head_dtype`` (``float32`` as trainers do, or ``bfloat16``) and is applied in
 chunks of ``chunk_tokens`` rows, so peak memory is ``chunk_tokens x vocab`` whatever the sequence
-length.
+length. The statistics come from :func:`rlparity.score.head.head_stats` (one fused pass over the
+vocabulary and a top-k window; within 1e-5 nats of the reference ``head_stats_reference``): on an
+H200 the float32 head rescoring runs at 0.88x the throughput of a bare bf16 forward
+(``benchmarks/README.md``).
 """
 
 from __future__ import annotations
@@ -29,92 +32,21 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from rlparity.score.head import (
+    FP32_GEMMS,
+    SAMPLING_EPS,
+    STATS,
+    head_stats,
+    head_stats_reference,
+    processed_logits,
+    project,
+)
 from rlparity.trace import latest_version, sequences, token_checksum, trace_versions, validate
 from rlparity.trace.prompts import chat_token_ids
 from rlparity.trace.schema import TOKEN_DIMS, annotate
 
-SAMPLING_EPS = 1e-5  # vLLM's threshold for greedy
-
-
-def processed_logits(logits, temperature, top_k, top_p):
-    """vLLM's sampler transform on float32 logits ``(N, V)``: temperature, top-k, top-p.
-
-    ``temperature``, ``top_k`` (0 = off) and ``top_p`` (1 = off) are per-row tensors. Returns
-    the masked, temperature-scaled logits (masked entries ``-inf``).
-    """
-    import torch
-
-    greedy = temperature < SAMPLING_EPS
-    temp = torch.where(greedy, torch.ones_like(temperature), temperature)
-    out = logits / temp.unsqueeze(1)
-    vocab = out.shape[1]
-    k = top_k.clone()
-    k[(k <= 0) | (k >= vocab) | greedy] = vocab
-    if bool((k < vocab).any()):
-        # the k-th largest per row; topk up to the largest k is much cheaper than a full sort
-        kth = out.topk(int(k.max()), dim=1).values.gather(1, (k - 1).unsqueeze(1))
-        out = out.masked_fill(out < kth, float("-inf"))  # ties at the boundary survive
-    p = torch.where(greedy, torch.ones_like(top_p), top_p)
-    if bool((p < 1.0).any()):
-        srt, idx = out.sort(dim=1, descending=False)
-        cum = srt.softmax(dim=1).cumsum(dim=1)
-        mask = cum <= (1 - p).unsqueeze(1)
-        mask[:, -1] = False
-        srt = srt.masked_fill(mask, float("-inf"))
-        out = torch.empty_like(out).scatter_(1, idx, srt)
-    return out
-
-
-def cut_margin(logits, proc, tok_logit):
-    """Per row: the smallest logit the top-k/top-p cut keeps minus the sampled token's logit (raw
-    logit units; > 0 outside the kept set, <= 0 inside); NaN where nothing is cut."""
-    import torch
-
-    kept = torch.isfinite(proc)
-    edge = torch.where(kept, logits, torch.full_like(logits, float("inf"))).min(dim=1).values
-    margin = edge - tok_logit.squeeze(1)
-    return torch.where(kept.all(dim=1), torch.full_like(margin, float("nan")), margin)
-
-
-def _entropy(logp):
-    import torch
-
-    p = logp.exp()
-    return -(torch.where(p > 0, p * logp, torch.zeros_like(p))).sum(dim=1)
-
-
-def head_stats(hidden, weight, bias, token_ids, temperature, top_k, top_p, head_dtype,
-               chunk_tokens: int = 512) -> dict[str, np.ndarray]:
-    """Project ``hidden`` (N, H) through the LM head in chunks and compute per-token statistics."""
-    import torch
-
-    hd = getattr(torch, head_dtype) if isinstance(head_dtype, str) else head_dtype
-    w = weight.to(hd)
-    b = bias.to(hd) if bias is not None else None
-    out: dict[str, list[np.ndarray]] = {k: [] for k in (
-        "trainer_logprob", "trainer_processed_logprob", "trainer_entropy",
-        "trainer_processed_entropy", "trainer_max_logit", "trainer_token_rank",
-        "trainer_log_kept_mass", "trainer_cut_margin")}
-    for s in range(0, hidden.shape[0], chunk_tokens):
-        sl = slice(s, s + chunk_tokens)
-        logits = torch.nn.functional.linear(hidden[sl].to(hd), w, b).float()
-        tok = token_ids[sl].unsqueeze(1)
-        logp = logits.log_softmax(dim=1)
-        proc = processed_logits(logits, temperature[sl], top_k[sl], top_p[sl])
-        plogp = proc.log_softmax(dim=1)
-        greedy = temperature[sl] < SAMPLING_EPS
-        temp = torch.where(greedy, torch.ones_like(temperature[sl]), temperature[sl])
-        kept = proc.logsumexp(dim=1) - (logits / temp.unsqueeze(1)).logsumexp(dim=1)
-        tok_logit = logits.gather(1, tok)
-        out["trainer_logprob"].append(logp.gather(1, tok).squeeze(1).double().cpu().numpy())
-        out["trainer_processed_logprob"].append(plogp.gather(1, tok).squeeze(1).double().cpu().numpy())
-        out["trainer_entropy"].append(_entropy(logp).double().cpu().numpy())
-        out["trainer_processed_entropy"].append(_entropy(plogp).double().cpu().numpy())
-        out["trainer_max_logit"].append(logits.max(dim=1).values.double().cpu().numpy())
-        out["trainer_token_rank"].append((logits > tok_logit).sum(dim=1).cpu().numpy().astype(np.int64))
-        out["trainer_log_kept_mass"].append(kept.clamp(max=0.0).double().cpu().numpy())
-        out["trainer_cut_margin"].append(cut_margin(logits, proc, tok_logit).double().cpu().numpy())
-    return {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in out.items()}
+__all__ = ["FP32_GEMMS", "SAMPLING_EPS", "STATS", "Scorer", "head_stats", "head_stats_reference", "processed_logits",
+           "project", "score", "tokenize_prompts", "trainer_prompt_ids"]
 
 
 @dataclass
@@ -132,11 +64,13 @@ class Scorer:
     head_dtype: str = "float32"
     device: str = "cpu"
     batch_size: int = 16
-    chunk_tokens: int = 512
+    chunk_tokens: int | None = None  # LM-head rows per chunk (None: 2048 on CUDA, 512 on CPU)
     trust_remote_code: bool = False
     progress: bool = True
     tokenize_prompts: bool = True
     add_special_tokens: bool = True
+    compile_head: bool | None = None  # torch.compile the LM-head reductions (None: see head_stats)
+    fp32_gemm: str = "auto"  # how a float32 head multiplies 16-bit inputs (see rlparity.score.head.project)
 
     def __post_init__(self) -> None:
         import torch
@@ -145,6 +79,8 @@ class Scorer:
         for name in ("dtype", "head_dtype"):
             if getattr(self, name) not in ("float32", "bfloat16", "float16"):
                 raise ValueError(f"{name}={getattr(self, name)!r}; use float32, bfloat16 or float16")
+        if self.fp32_gemm not in FP32_GEMMS:
+            raise ValueError(f"fp32_gemm={self.fp32_gemm!r}; use one of {FP32_GEMMS}")
         if hasattr(self.model, "get_decoder"):  # a loaded model (e.g. the trainer's, after a step)
             self.module = self.model.to(self.device)
             self.dtype = str(self.module.dtype).removeprefix("torch.")  # what it is, not what was asked
@@ -203,10 +139,8 @@ class Scorer:
         validate(trace)
         seqs = sequences(trace)
         n, width = trace.sizes["sequence"], trace.sizes["position"]
-        result = {k: np.full((n, width), np.nan) for k in (
-            "trainer_logprob", "trainer_processed_logprob", "trainer_entropy",
-            "trainer_processed_entropy", "trainer_max_logit", "trainer_log_kept_mass", "trainer_cut_margin")}
-        result["trainer_token_rank"] = np.full((n, width), -1, dtype=np.int64)
+        result = {k: (np.full((n, width), -1, dtype=np.int64) if k == "trainer_token_rank"
+                      else np.full((n, width), np.nan)) for k in STATS}
         temp = trace["temperature"].values
         topk = trace["top_k"].values
         topp = trace["top_p"].values
@@ -233,7 +167,8 @@ class Scorer:
                 stats = head_stats(torch.cat(rows), self.head_weight, self.head_bias,
                                    torch.cat(toks).to(self.device), torch.cat(tt).to(self.device),
                                    torch.cat(tk).to(self.device), torch.cat(tp).to(self.device),
-                                   self.head_dtype, self.chunk_tokens)
+                                   self.head_dtype, self.chunk_tokens, compile=self.compile_head,
+                                   fp32_gemm=self.fp32_gemm)
                 off = 0
                 for i, rlen in where:
                     for k, v in stats.items():
@@ -253,6 +188,7 @@ class Scorer:
 
         return jsonable({
             "trainer": {"model": self.model_name, "dtype": self.dtype, "head_dtype": self.head_dtype,
+                        "fp32_gemm": self.fp32_gemm,
                         "device": self.device, "library": "transformers",
                         "topk_ties": "kept (vLLM rule: logits equal to the k-th largest survive)",
                         "prompt_tokenization": ({"add_special_tokens": self.add_special_tokens,

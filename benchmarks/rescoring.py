@@ -1,0 +1,384 @@
+"""Benchmark: trainer rescoring against a bare forward, in one run (issue 16).
+
+Measures throughput (tokens per second over the whole set) and peak extra memory of:
+
+* ``bare``: ``model(ids).logits`` (the body and the LM head in the model's dtype: bf16 logits on
+  CUDA), the baseline every ratio is taken against;
+* ``naive_fp32``: the same forward, then ``logits.float().log_softmax(-1)``, the sampled token's
+  logprob and ``topk``;
+* ``scorer_fp32_new`` / ``scorer_fp32_ref``: what :class:`rlparity.score.Scorer` does per batch
+  (``response_hidden``: one body forward with the attention mask, the response rows; then the LM
+  head statistics with a float32 head, one host copy) with :func:`rlparity.score.head.head_stats`
+  (new) or :func:`~rlparity.score.head.head_stats_reference` (the implementation before issue 16);
+* ``scorer_bf16_new`` / ``scorer_bf16_ref``: the same with a bf16 head.
+
+The model is a Llama built from a config with random weights (no download). Every sequence has
+``--prompt`` prompt tokens and the rest are response tokens; all have the same length, so the
+bare forward wastes nothing on padding. Methods run round-robin, ``--repeats`` times each after a
+warm-up (which compiles the new head's reduction), and report the median time. Peak extra memory
+is the allocator's peak above what was allocated before the pass (CUDA), or the peak RSS of a
+fresh process above its RSS after set-up and warm-up (CPU: one subprocess per method).
+
+The new head's results are compared with the reference's on the first batch (max |diff| per
+statistic, nats), for the float32 and the bf16 head.
+
+    python benchmarks/rescoring.py                                   # CPU, small shapes
+    python benchmarks/rescoring.py --vocab 151936                    # CPU, the real vocabulary
+    python benchmarks/rescoring.py --device cuda --shape 1.5b --out rescoring_h200.json
+
+Needs torch, transformers and numpy; it imports ``rlparity.score.head`` directly from the
+checkout when the rest of rlparity's dependencies are missing (e.g. on a bare GPU machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SHAPES = {
+    # the CPU default: small body, a real-sized vocabulary is one flag away (--vocab 151936)
+    "small": {"hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 4, "vocab_size": 32000, "tie_word_embeddings": False,
+              "sequences": 32, "length": 192, "prompt": 32, "batch": 8, "dtype": "bfloat16"},
+    # Qwen2-1.5B's shape as a Llama (tied embeddings), random weights
+    "1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
+             "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
+             "sequences": 256, "length": 577, "prompt": 64, "batch": 16, "dtype": "bfloat16"},
+}
+METHODS = ("bare", "naive_fp32", "scorer_fp32_new", "scorer_fp32_new_cast", "scorer_fp32_ref", "scorer_bf16_new",
+           "scorer_bf16_ref")
+
+
+def load_head():
+    """``rlparity.score.head``, from the package or, without rlparity's other dependencies, from the file."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from rlparity.score import head
+        return head
+    except ImportError as err:
+        print(f"# importing rlparity failed ({err}); loading rlparity/score/head.py on its own", file=sys.stderr)
+        spec = importlib.util.spec_from_file_location("rlparity_score_head", ROOT / "rlparity/score/head.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+
+def build(a):
+    """The model and the token batches of the chosen shape (seeded)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    shape = dict(SHAPES[a.shape])
+    for key in ("vocab", "sequences", "length", "prompt", "batch", "dtype"):
+        v = getattr(a, key)
+        if v is not None:
+            shape["vocab_size" if key == "vocab" else key] = v
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**{k: shape[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                                 "num_attention_heads", "num_key_value_heads", "vocab_size",
+                                                 "tie_word_embeddings")},
+                      max_position_embeddings=max(2048, shape["length"]))
+    dtype = getattr(torch, shape["dtype"])
+    with torch.device(a.device):
+        model = LlamaForCausalLM(cfg).to(dtype).eval()
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, cfg.vocab_size, (shape["sequences"], shape["length"]), generator=g)
+    batches = [ids[s: s + shape["batch"]] for s in range(0, len(ids), shape["batch"])]
+    return model, batches, shape
+
+
+def sync(device):
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def make_methods(model, head, a, shape):
+    """name -> function(batch of ids) that does that method's work on one batch."""
+    import torch
+
+    dev = a.device
+    prompt, topk, temp = shape["prompt"], a.top_k, a.temperature
+    decoder = model.get_decoder()
+    lm = model.get_output_embeddings()
+
+    def bare(ids):
+        return model(input_ids=ids.to(dev)).logits
+
+    def naive(ids):
+        ids = ids.to(dev)
+        logp = model(input_ids=ids).logits.float().log_softmax(dim=-1)
+        tok = logp[:, prompt - 1:-1].gather(-1, ids[:, prompt:].unsqueeze(-1))
+        top = logp.topk(topk, dim=-1)
+        return tok.cpu(), top.values[:, 0, 0].cpu()
+
+    def scorer(fn, head_dtype, gemm=None):
+        def run(ids):
+            ids = ids.to(dev)
+            # Scorer.response_hidden: the body with the attention mask, then the response rows
+            hidden = decoder(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+            rows = hidden[:, prompt - 1:-1].reshape(-1, hidden.shape[-1])
+            tok = ids[:, prompt:].reshape(-1)
+            n = rows.shape[0]
+            ref = fn is head.head_stats_reference
+            kw = {} if ref else {"compile": a.compile}
+            if gemm:
+                kw["fp32_gemm"] = gemm
+            return fn(rows, lm.weight, getattr(lm, "bias", None), tok,
+                      torch.full((n,), temp, device=dev), torch.full((n,), topk, dtype=torch.long, device=dev),
+                      torch.full((n,), a.top_p, device=dev), head_dtype,
+                      (a.chunk_tokens or 512) if ref else a.chunk_tokens, **kw)
+        return run
+
+    return {"bare": bare, "naive_fp32": naive,
+            "scorer_fp32_new": scorer(head.head_stats, "float32"),
+            "scorer_fp32_new_cast": scorer(head.head_stats, "float32", "cast"),
+            "scorer_fp32_ref": scorer(head.head_stats_reference, "float32"),
+            "scorer_fp32_ref_auto": scorer(head.head_stats_reference, "float32", "auto"),
+            "scorer_bf16_new": scorer(head.head_stats, "bfloat16"),
+            "scorer_bf16_ref": scorer(head.head_stats_reference, "bfloat16")}
+
+
+def one_pass(fn, batches, device):
+    import torch
+
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for b in batches:
+            out = fn(b)
+            del out
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def peak_cuda(fn, batches):
+    import torch
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    one_pass(fn, batches, "cuda")
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def peak_cpu_subprocess(a, method):
+    """Peak extra RSS (MiB) of one pass of ``method`` in a fresh process."""
+    cmd = [sys.executable, __file__, "--memory-of", method, "--shape", a.shape, "--device", "cpu",
+           *(["--chunk-tokens", str(a.chunk_tokens)] if a.chunk_tokens else []), "--top-k", str(a.top_k), "--top-p", str(a.top_p),
+           "--temperature", str(a.temperature)]
+    for key in ("vocab", "sequences", "length", "prompt", "batch", "dtype"):
+        if getattr(a, key) is not None:
+            cmd += [f"--{key}", str(getattr(a, key))]
+    if a.compile is not None:
+        cmd += ["--compile" if a.compile else "--no-compile"]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if res.returncode:
+        raise RuntimeError(f"memory subprocess for {method} failed:\n{res.stderr[-2000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])["extra_rss_mib"]
+
+
+def _rss_mib(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def memory_of(a):
+    model, batches, shape = build(a)
+    head = load_head()
+    fn = make_methods(model, head, a, shape)[a.memory_of]
+    one_pass(fn, [batches[0][:1]], "cpu")  # warm-up (compile) on one sequence
+    gc.collect()
+    try:  # reset the peak RSS to the current RSS (Linux >= 4.0), so warm-up and set-up don't count
+        Path("/proc/self/clear_refs").write_text("5")
+        base = _rss_mib("VmRSS")
+    except OSError:
+        base = _rss_mib("VmHWM")
+    one_pass(fn, batches, "cpu")
+    print(json.dumps({"extra_rss_mib": _rss_mib("VmHWM") - base}))
+
+
+def _diffs(new, ref):
+    import numpy as np
+
+    out = {}
+    for k in ref:
+        x, y = np.asarray(new[k], dtype=float), np.asarray(ref[k], dtype=float)
+        inf = ~np.isfinite(y)
+        same_inf = bool((np.isfinite(x) == ~inf).all() and (x[inf] == y[inf]).all())
+        fin = ~inf & np.isfinite(x)
+        out[k] = {"max_abs_diff": float(np.abs(x[fin] - y[fin]).max()) if fin.any() else 0.0,
+                  "same_infinities": same_inf}
+    return out
+
+
+def float64_check(model, head, a, shape, batch, new, ref):
+    """max |x - float64| of the raw logprob and the entropy, for the new head and the reference
+    on the same float32 logits (the logits recomputed, then log-softmax in float64)."""
+    import numpy as np
+    import torch
+
+    dev, prompt = a.device, shape["prompt"]
+    lm = model.get_output_embeddings()
+    lps, ents = [], []
+    with torch.inference_mode():
+        ids = batch.to(dev)
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+        rows = hidden[:, prompt - 1:-1].reshape(-1, hidden.shape[-1])
+        tok = ids[:, prompt:].reshape(-1)
+        for s in range(0, rows.shape[0], 256):
+            logp = head.project(rows[s:s + 256], lm.weight, getattr(lm, "bias", None), "float32").double()
+            logp = logp.log_softmax(dim=1)
+            lps.append(logp.gather(1, tok[s:s + 256].unsqueeze(1)).squeeze(1).cpu().numpy())
+            ents.append((-(logp.exp() * logp).sum(dim=1)).cpu().numpy())
+    lp, ent = np.concatenate(lps), np.concatenate(ents)
+    return {who: {"trainer_logprob": float(np.abs(r["trainer_logprob"] - lp).max()),
+                  "trainer_entropy": float(np.abs(r["trainer_entropy"] - ent).max())}
+            for who, r in (("new", new), ("reference", ref))}
+
+
+def equality(model, head, a, shape, batch):
+    """max |new - reference| per statistic on one batch (nats; ranks: count): the bf16 head; the
+    fp32 head on the same logits (statistics only), and against the reference's own GEMM; and
+    both against float64 on the same logits."""
+    import torch
+
+    m = make_methods(model, head, a, shape)
+    with torch.inference_mode():
+        runs = {name: m[name](batch) for name in ("scorer_fp32_new", "scorer_fp32_new_cast", "scorer_fp32_ref",
+                                                  "scorer_fp32_ref_auto", "scorer_bf16_new", "scorer_bf16_ref")}
+    return {"float32 head, same logits (statistics only)": _diffs(runs["scorer_fp32_new"], runs["scorer_fp32_ref_auto"]),
+            "float32 head, both cast GEMM": _diffs(runs["scorer_fp32_new_cast"], runs["scorer_fp32_ref"]),
+            "float32 head, new GEMM vs reference GEMM": _diffs(runs["scorer_fp32_new"], runs["scorer_fp32_ref"]),
+            "bfloat16 head": _diffs(runs["scorer_bf16_new"], runs["scorer_bf16_ref"]),
+            "float32 head vs float64, same logits": float64_check(model, head, a, shape, batch,
+                                                                   runs["scorer_fp32_new"],
+                                                                   runs["scorer_fp32_ref_auto"])}
+
+
+def versions(device):
+    import torch
+    import transformers
+
+    info = {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "machine": platform.machine(),
+            "cpu_threads": torch.get_num_threads()}
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--shape", default=None, choices=sorted(SHAPES), help="default: small on CPU, 1.5b on CUDA")
+    ap.add_argument("--vocab", type=int)
+    ap.add_argument("--sequences", type=int)
+    ap.add_argument("--length", type=int, help="tokens per sequence, prompt included")
+    ap.add_argument("--prompt", type=int, help="prompt tokens per sequence")
+    ap.add_argument("--batch", type=int)
+    ap.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], help="the body's dtype (default: bfloat16)")
+    ap.add_argument("--top-k", type=int, default=50)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--chunk-tokens", type=int, default=None,
+                    help="rows per LM-head chunk (default: head_stats' own, 2048 on CUDA and 512 on CPU; "
+                         "the reference's 512)")
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                    help="torch.compile the new head's reduction (default: head_stats' own choice)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--no-equality", action="store_true", help="skip the equality check")
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--memory-of", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    a.shape = a.shape or ("1.5b" if a.device == "cuda" else "small")
+    if a.memory_of:
+        memory_of(a)
+        return
+    import torch
+
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device; run on a GPU machine or use --device cpu")
+    t_start = time.perf_counter()
+    model, batches, shape = build(a)
+    head = load_head()
+    methods = make_methods(model, head, a, shape)
+    names = [m for m in METHODS if m in a.methods]
+    if "bare" not in names:
+        names.insert(0, "bare")
+    tokens = sum(b.numel() for b in batches)
+    print(f"# {a.shape}: {shape['sequences']} sequences x {shape['length']} tokens (prompt {shape['prompt']}), "
+          f"batch {shape['batch']}, vocab {shape['vocab_size']}, body {shape['dtype']}, device {a.device}",
+          file=sys.stderr)
+    eq = {} if a.no_equality else equality(model, head, a, shape, batches[0])
+    for name in names:  # warm-up: compile, allocator, kernels' autotuning
+        one_pass(methods[name], batches[:1], a.device)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(a.repeats):
+        for name in names:
+            times[name].append(one_pass(methods[name], batches, a.device))
+        print(f"# repeat {r + 1}: " + ", ".join(f"{n} {times[n][-1]:.3f}s" for n in names), file=sys.stderr)
+    mem: dict[str, float] = {}
+    if not a.no_memory:
+        for name in names:
+            mem[name] = peak_cuda(methods[name], batches[:2]) if a.device == "cuda" else peak_cpu_subprocess(a, name)
+    base_t = statistics.median(times["bare"])
+    rows = []
+    for name in names:
+        t = statistics.median(times[name])
+        row = {"method": name, "median_s": t, "times_s": times[name], "tokens_per_s": tokens / t,
+               "throughput_vs_bare": base_t / t}
+        if "naive_fp32" in times:
+            row["throughput_vs_naive"] = statistics.median(times["naive_fp32"]) / t
+        if mem:
+            row["peak_extra_mib"] = mem[name]
+            row["peak_vs_bare"] = mem[name] / mem["bare"] if mem["bare"] > 0 else float("nan")
+        rows.append(row)
+    result = {"date": time.strftime("%Y-%m-%d"), "device": a.device, "shape": a.shape,
+              "config": {**shape, "top_k": a.top_k, "top_p": a.top_p, "temperature": a.temperature,
+                         "chunk_tokens": a.chunk_tokens, "compile": a.compile, "repeats": a.repeats},
+              "tokens": tokens, "versions": versions(a.device), "rows": rows, "equality": eq,
+              "wall_s": time.perf_counter() - t_start}
+    print(f"\n{a.shape} on {result['versions'].get('gpu', a.device)}, {tokens} tokens, "
+          f"median of {a.repeats}\n")
+    print("| method | s / pass | throughput vs bare | vs naive | peak extra MiB | peak vs bare |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['method']} | {r['median_s']:.3f} | {r['throughput_vs_bare']:.2f} | "
+              f"{r.get('throughput_vs_naive', float('nan')):.2f} | {r.get('peak_extra_mib', float('nan')):.0f} | "
+              f"{r.get('peak_vs_bare', float('nan')):.2f} |")
+    for what, d in eq.items():
+        if what.endswith("float64, same logits"):
+            print("\nmax |x - float64| on the same logits, first batch: "
+                  + ", ".join(f"{who} {k.removeprefix('trainer_')} {v:.1e}" for who, r in d.items() for k, v in r.items()))
+            continue
+        stat, worst = max(((k, v["max_abs_diff"]) for k, v in d.items() if k != "trainer_token_rank"),
+                          key=lambda kv: kv[1])
+        print(f"\nnew vs reference, {what}, first batch: max |diff| {worst:.2e} nats ({stat}), "
+              f"ranks {d['trainer_token_rank']['max_abs_diff']:.0f}, "
+              f"same -inf: {all(v['same_infinities'] for v in d.values())}")
+    print(f"wall {result['wall_s']:.0f} s")
+    if a.out:
+        Path(a.out).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
