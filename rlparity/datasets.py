@@ -27,7 +27,9 @@ from rlparity.trace import ALL_VARS, ROLLOUT_VARS, open_arms, open_experiment
 KEEP = tuple(ROLLOUT_VARS) + ("reward", "cached_prompt_tokens", "trainer_logprob", "trainer_processed_logprob",
                               "trainer_log_kept_mass", "trainer_cut_margin", "trainer_token_rank",
                               "trainer_max_logit", "trainer_updated_logprob", "trainer_updated_processed_logprob",
-                              "trainer_latest_processed_logprob", "advantage")
+                              "trainer_latest_processed_logprob", "advantage",
+                              # inflight weight updates: token times, attempts, prefix-cache generations
+                              "token_time", "submit_time", "attempt", "prefix_cache_generation", "prefix_cache_stale")
 
 
 def examples_dir() -> Path:

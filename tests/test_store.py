@@ -37,7 +37,9 @@ def tiled(reps, seed, n=32, max_len=256):
     ds.attrs["scored_token_checksum"] = token_checksum(ds)
     return ds
 """
-exec(TILED)  # the same helper here and in the child processes
+_ns: dict = {}
+exec(TILED, _ns)  # the same helper here and in the child processes
+tiled = _ns["tiled"]
 
 
 def child(code: str, *args: str) -> subprocess.Popen:
