@@ -94,7 +94,7 @@ engine = {"dtype": body_dtype}
 if gpu_memory_utilization:
     engine["gpu_memory_utilization"] = gpu_memory_utilization
 scorer = Scorer(model, dtype=body_dtype, head_dtype="float32", device=device, progress=False)
-print(f"model {model}; {n_prompts} prompts x {max_tokens} tokens; knobs: {', '.join(knobs)}")
+print(f"model {Path(model).name}; {n_prompts} prompts x {max_tokens} tokens; knobs: {', '.join(knobs)}")
 
 # %% [markdown]
 # ## The two profiles
@@ -239,4 +239,4 @@ results = {
     "store": str(store),
 }
 write_json(out / "results.json", results)
-print(f"wrote {store} and {out / 'results.json'}")
+print(f"wrote {store.name} and results.json")

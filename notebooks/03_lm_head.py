@@ -76,7 +76,7 @@ prompts = make_prompts(n_prompts, seed=0)
 sampling = SamplingSettings(temperature=temperature, top_k=top_k, max_tokens=max_tokens, seed=seed)
 engine = rlparity.capture.EngineSettings(gpu_memory_utilization=gpu_memory_utilization)
 starts_before = shared_pool().starts
-print(f"model {model}, {n_prompts} prompts x {max_tokens} tokens, body {body_dtype} on both sides, trainer on {device}")
+print(f"model {Path(model).name}, {n_prompts} prompts x {max_tokens} tokens, body {body_dtype} on both sides, trainer on {device}")
 
 # %% [markdown]
 # ## The matrix
@@ -172,6 +172,22 @@ else:
     print("control skipped")
 
 # %% [markdown]
+# ## The same matrix on an H200 (vLLM 0.26, bf16 body)
+# Shipped example data, captured with `rlparity gallery` on an H200 (the `small` built-in model,
+# 256 prompts x 32 tokens per cell): on the GPU the head is the dominant difference, so the matched
+# fp32 cell stands out by far more than on this CPU.
+
+# %%
+from rlparity.datasets import list_examples, load_example
+
+h200_arms = load_example("h200-head")
+info = list_examples()["h200-head"]
+print(f"{info['device_name']}, vLLM {info['vllm']}, {info['date']}")
+h200_table = head.head_table(h200_arms)
+h200_adv = head.matched_advantage(h200_table)
+phead.plot_matrix_heatmap(h200_table)
+
+# %% [markdown]
 # ## What this notebook asserts
 # These checks are what CI enforces on every change (`ci=True`).
 
@@ -187,6 +203,7 @@ assert all("hf_overrides" in f.fix for f in report if f.name == "head_precision_
 assert float(table["prob_pearson"].min()) > 0.99, table["prob_pearson"].values
 if control is not None:
     assert head.matched_advantage(control)["matched_is_lowest"]
+assert h200_adv["matched_is_lowest"] and h200_adv["min_ratio"] > 2, h200_adv
 print(f"fp32/fp32 beats every mismatched cell: RMS |d| at least {adv['min_ratio']:.3f}x lower "
       f"(by {adv['min_difference']:.5f} nats or more)")
 
@@ -198,7 +215,7 @@ results = {
         for k in ("abs_log_ratio_rms", "abs_log_ratio_max", "abs_log_ratio_mean", "mean_ratio", "prob_pearson",
                   "clip_fraction", "n_tokens")}
         for r in table["rollout_head"].values for t in table["trainer_head"].values},
-    "matched_advantage": adv, "matched_advantage_mean_abs": adv_mean,
+    "matched_advantage": adv, "matched_advantage_mean_abs": adv_mean, "h200_matched_advantage": h200_adv,
     "gap_by_logit_rms": by_logit["abs_log_ratio_rms"].to_dict()["data"],
     "logit_bin_center": by_logit["logit_center"].values.tolist(),
     "findings": report.to_dict()["findings"],
@@ -210,4 +227,4 @@ results = {
 }
 write_json(out / "results.json", results)
 shared_pool().close()
-print(f"wrote {store} and {out / 'results.json'}")
+print(f"wrote {store.name} and results.json")

@@ -85,7 +85,7 @@ out = Path(out_dir)
 out.mkdir(parents=True, exist_ok=True)
 sampling = SamplingSettings(temperature=temperature, top_k=top_k, max_tokens=max_tokens, seed=seed)
 engine = {"gpu_memory_utilization": gpu_memory_utilization} if gpu_memory_utilization else {}
-print(f"model {model}; {n_prompts} + {n_prompts} prompts x {max_tokens} tokens; modes {modes}")
+print(f"model {Path(model).name}; {n_prompts} + {n_prompts} prompts x {max_tokens} tokens; modes {modes}")
 
 # %% [markdown]
 # ## The update path
@@ -188,6 +188,26 @@ print("stale arms:", flagged)
 report
 
 # %% [markdown]
+# ## The same matrix on an H200 (vLLM 0.26, bf16 body)
+# Shipped example data (`python -m rlparity.experiments.inflight --device cuda --dtype bfloat16
+# --sigma 0.2`): with a bf16 body the noise floor is higher than on this float32 CPU run, and the
+# stale cache still stands far above it.
+
+# %%
+from rlparity.datasets import list_examples, load_example
+
+h200_arms = load_example("h200-inflight")
+info = list_examples()["h200-inflight"]
+print(f"{info['device_name']}, vLLM {info['vllm']}, {info['date']}")
+h200_table = mi.inflight_table(h200_arms)
+h200_ratios = mi.reset_ratios(h200_table)
+h200_report = diagnose(h200_arms, title="H200: inflight weight updates")
+h200_flagged = sorted({f.arm for f in h200_report if f.name == "stale_prefix_cache_after_update"
+                       and f.severity.value == "error"})
+print("H200 stale arms:", h200_flagged, {a: round(v["ratio"], 1) for a, v in h200_ratios.items()})
+pin.plot_inflight_bars(h200_table)
+
+# %% [markdown]
 # ## What this notebook asserts
 # These checks are what CI enforces on every change (`ci=True`).
 
@@ -211,6 +231,8 @@ for a, ds in arms.items():
     m = ds["response_mask"].values
     assert ds.attrs["trainer"]["scored_by"] == "policy_version"
     assert set(np.unique(ds["policy_version"].values[m])) <= {0, 1}
+assert h200_flagged == ["abort-noclear-prefix_on", "keep-noclear-prefix_on", "wait-noclear-prefix_on"], h200_flagged
+assert h200_ratios["keep-noclear-prefix_on"]["ratio"] >= min_reset_ratio, h200_ratios
 print(f"{len(arms)} arms on {engine_starts} engines in {elapsed:.0f} s; stale arms {flagged}")
 
 # %%
@@ -218,10 +240,11 @@ store = rlparity.trace.save(arms, out / "inflight.zarr")
 results = {
     "table": table_records(table), "reset_ratios": ratios, "flagged_stale_arms": flagged,
     "lag_by_mode": lag_by_mode, "lag_histogram": table_records(hist), "findings": report.to_dict()["findings"],
+    "h200_reset_ratios": h200_ratios, "h200_flagged_stale_arms": h200_flagged,
     "engine_starts": engine_starts, "elapsed_s": round(elapsed, 1),
     "sizes": {"n_prompts": n_prompts, "max_tokens": max_tokens, "sigma": sigma, "modes": modes},
     "thresholds": {"min_reset_ratio": min_reset_ratio, "max_floor": max_floor},
     "store": str(store),
 }
 write_json(out / "results.json", results)
-print(f"wrote {store} and {out / 'results.json'}")
+print(f"wrote {store.name} and results.json")

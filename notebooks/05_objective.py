@@ -56,7 +56,7 @@ out.mkdir(parents=True, exist_ok=True)
 prompts = make_prompts(n_prompts, seed=3)
 sampling = SamplingSettings(temperature=temperature, top_k=top_k, max_tokens=max_tokens, n=n_samples, seed=0)
 scorer = Scorer(model, dtype="float32", head_dtype="float32", device=device, progress=False)
-print(f"model {model}; {n_prompts} prompts x {n_samples} samples x {max_tokens} tokens")
+print(f"model {Path(model).name}; {n_prompts} prompts x {n_samples} samples x {max_tokens} tokens")
 
 # %% [markdown]
 # ## Two captures of the same samples
@@ -162,4 +162,4 @@ write_json(out / "results.json", {
     "objective_summary": {k: rlparity.metrics.table_records(t) for k, t in tables.items()},
     "dashboards": {arm: dict(d) for arm, d in dash.items()}, "store": str(store),
     "sizes": {"n_prompts": n_prompts, "n_samples": n_samples, "max_tokens": max_tokens}})
-print(f"wrote {store} and {out / 'results.json'}")
+print(f"wrote {store.name} and results.json")
