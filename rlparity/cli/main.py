@@ -103,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
+def engine_log_file() -> str | None:
+    """Where this invocation sends vLLM's log lines (None with --engine-logs)."""
+    return _STATE.get("engine_log")
+
+
 def run() -> None:  # console-script entry point
     sys.exit(main())
 

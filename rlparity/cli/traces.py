@@ -150,11 +150,15 @@ def run_cmd(
     max_tokens: int = 32,
     temperature: float = _D.temperature,
     top_k: int = _D.top_k,
+    overwrite: bool = typer.Option(True, help="replace the arms of an existing quick-start store"),
 ):
     """The main job: build the small model, capture raw and processed logprobs with real vLLM,
-    rescore with the trainer (fp32 head on both sides), print the parity summary, write the trace."""
+    rescore with the trainer (fp32 head on both sides), print the parity summary and one verdict
+    per arm with its fix, write the trace."""
     from rlparity.capture import Engine, EngineSettings
-    from rlparity.metrics import format_summary
+    from rlparity.cli.main import engine_log_file
+    from rlparity.diagnose import diagnose
+    from rlparity.metrics import format_summary_table
     from rlparity.models import make_model, make_prompts
     from rlparity.score import Scorer
     from rlparity.trace import add_arm
@@ -162,11 +166,25 @@ def run_cmd(
     model = make_model(size)
     prompts = make_prompts(num_prompts)
     sampling = sampling_settings(temperature=temperature, top_k=top_k, max_tokens=max_tokens)
+    typer.echo(f"rlparity run: {size} model, {num_prompts} prompts x {max_tokens} tokens, temperature "
+               f"{temperature}, top-k {top_k}; rollout and trainer LM head in float32")
     scorer = Scorer(model, dtype="float32", head_dtype="float32")
+    arms = {}
     for mode in ("processed_logprobs", "raw_logprobs"):
+        typer.echo(f"capturing with vLLM, logprobs_mode={mode} ...")
         with Engine(model, EngineSettings(logprobs_mode=mode, head_dtype="float32")) as eng:
             trace = eng.capture(prompts, sampling, arm=mode)
-        trace = scorer.score(trace)
-        add_arm(trace, out, mode)
-        typer.echo(format_summary(trace))
-    typer.echo(f"trace written to {out} (arms: processed_logprobs, raw_logprobs)")
+        arms[mode] = scorer.score(trace)
+        add_arm(arms[mode], out, mode)
+    typer.echo("")
+    typer.echo("parity summary (backend pair: d = log pi_old - log mu, nats)")
+    typer.echo(format_summary_table(arms))
+    report = diagnose(arms)
+    typer.echo("")
+    typer.echo("verdicts (rlparity diagnose for the evidence):")
+    for line in report.summary_lines():
+        typer.echo(f"  {line}")
+    typer.echo("")
+    log = engine_log_file()
+    typer.echo(f"wrote {out} (arms: {', '.join(arms)})" + (f"; vLLM's log: {log}" if log else ""))
+    typer.echo(f"next: rlparity diagnose {out}   |   rlparity check {out}")

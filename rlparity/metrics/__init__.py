@@ -17,6 +17,7 @@ from rlparity.metrics.summary import (
     SUMMARY_VARIABLES,
     TRAINER_VARIABLE,
     format_summary,
+    format_summary_table,
     log_ratio,
     pair_attrs,
     reduce,
@@ -29,5 +30,5 @@ from rlparity.metrics.summary import (
 )
 
 __all__ = ["BACKEND_PAIR", "BACKEND_PAIR_D", "DASHBOARDS", "SUMMARY_VARIABLES", "TRAINER_VARIABLE", "as_dashboard", "by_temperature",
-           "core", "format_summary", "log_ratio", "objective", "pair_attrs", "reduce", "scalars", "summary", "table_records", "temperature_table", "trainer_readings", "trainer_side", "trainer_variable",
+           "core", "format_summary", "format_summary_table", "log_ratio", "objective", "pair_attrs", "reduce", "scalars", "summary", "table_records", "temperature_table", "trainer_readings", "trainer_side", "trainer_variable",
            "zero_prob_tokens"]

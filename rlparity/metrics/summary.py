@@ -301,6 +301,27 @@ def table_records(table: xr.Dataset, index: str | None = None) -> dict[str, dict
     return [{c: clean(v) for c, v in row.items()} for row in frame.reset_index().to_dict(orient="records")]
 
 
+COMPACT_COLUMNS = (("abs_log_ratio_mean", "mean |d|"), ("abs_log_ratio_rms", "RMS d"), ("mean_ratio", "mean ratio"),
+                   ("kl_k3", "k3 KL"), ("clip_fraction", "clip@eps"), ("n_zero_prob", "p=0 tokens"),
+                   ("n_tokens", "tokens"))
+
+
+def format_summary_table(arms, trainer: TrainerSide | None = None, eps: float | None = None) -> str:
+    """One line per arm of the headline numbers (backend pair, nats): what a terminal shows for a
+    store before the verdicts (``format_summary`` has the full block of one arm)."""
+    from rlparity.trace import as_arms
+
+    arms = as_arms(arms)
+    width = max([len(a) for a in arms] + [4])
+    head = f"{'arm':<{width}}  " + "  ".join(f"{label:>10}" for _, label in COMPACT_COLUMNS)
+    lines = [head]
+    for name, ds in arms.items():
+        s = summary(ds, trainer_side(ds, trainer), eps)
+        cells = [f"{s[k].item():>10.4g}" if s[k].dtype.kind == "f" else f"{s[k].item():>10d}" for k, _ in COMPACT_COLUMNS]
+        lines.append(f"{name:<{width}}  " + "  ".join(cells))
+    return "\n".join(lines)
+
+
 def format_summary(trace: xr.Dataset, trainer: TrainerSide | None = None, eps: float | None = None, *,
                    top: int = 5) -> str:
     """A readable text block (what ``rlparity summary`` prints): the scalars, then where the
@@ -332,5 +353,5 @@ def format_summary(trace: xr.Dataset, trainer: TrainerSide | None = None, eps: f
 
 
 __all__ = ["BACKEND_PAIR", "BACKEND_PAIR_D", "REFERENCE_PAIR_D", "SUMMARY_VARIABLES", "TRAINER_VARIABLE",
-           "format_summary", "log_ratio", "pair_attrs", "reduce", "reduce_dims", "scalar_summary", "scalars", "summary",
+           "format_summary", "format_summary_table", "log_ratio", "pair_attrs", "reduce", "reduce_dims", "scalar_summary", "scalars", "summary",
            "table_records", "trainer_readings", "trainer_side", "trainer_variable"]
