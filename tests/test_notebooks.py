@@ -17,6 +17,7 @@ def test_there_are_notebooks_with_a_parameters_cell():
     assert NAMES, "no notebooks found"
     for p in notebook_paths():
         nb = nbformat.read(p, as_version=4)
+        assert nb.metadata.get("kernelspec", {}).get("language") == "python", f"{p.name}: no kernelspec (papermill needs it)"
         tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
         assert len(tagged) == 1, f"{p.name}: exactly one cell must be tagged 'parameters'"
         src = tagged[0].source
