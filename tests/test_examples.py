@@ -121,3 +121,21 @@ def test_h200_inflight_stale_arms_are_named():
     assert len(on) == 3 and min(on.values()) >= 3, ratios  # the stale arm vs the same arm with the cache reset
     off = {k: v["ratio"] for k, v in ratios.items() if k.endswith("prefix_off")}
     assert max(off.values()) < 1.5, ratios
+
+
+def test_example_stores_are_not_ignored_by_git():
+    """A clean clone must carry the stores: none of their files may match .gitignore."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from rlparity.datasets import examples_dir
+
+    root = Path(__file__).resolve().parents[1]
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    files = [str(p.relative_to(root)) for p in examples_dir().rglob("*") if p.is_file()]
+    assert files, "no example files found"
+    got = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=root, input="\n".join(files),
+                         capture_output=True, text=True)
+    assert got.stdout.strip() == "", f"example files ignored by .gitignore:\n{got.stdout[:500]}"
