@@ -648,3 +648,25 @@ def test_engine_lock_waits_then_proceeds(tmp_path, monkeypatch, capfd):
     assert 0.2 < waited < 10
     err = capfd.readouterr().err
     assert err.count("waiting for the vLLM engine lock held by pid") == 1 and str(proc.pid) in err
+
+
+def test_a_pools_idle_engine_is_shut_before_the_next_engine_in_its_thread(tmp_path, monkeypatch):
+    """README order: ``ablation()`` leaves its last engine in the shared pool, then ``with AsyncEngine``
+    starts: the cached engine is stopped first (no lock error); a user's own live engine is not."""
+    monkeypatch.setenv("RLPARITY_ENGINE_LOCK_PATH", str(tmp_path / "engine.lock"))
+    import contextlib
+
+    stack = contextlib.ExitStack()
+    stopped = []
+
+    def stop():
+        stopped.append(True)
+        stack.close()
+
+    stack.enter_context(L.engine_lock(enabled=True))  # the pool's engine holds the lock
+    L.set_idle_release(stop)
+    with L.engine_lock(enabled=True):  # the next engine: the idle one is shut, this one proceeds
+        assert stopped == [True]
+        with pytest.raises(L.EngineLockError, match="already holds the engine lock"):
+            with L.engine_lock(enabled=True):  # a live (not pooled) engine is never shut behind its back
+                pass

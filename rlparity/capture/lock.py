@@ -29,7 +29,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 DEFAULT_TIMEOUT_S = 3600.0
@@ -37,6 +37,8 @@ _ON = {"on", "1", "true", "yes"}
 _OFF = {"off", "0", "false", "no"}
 DEFAULT_DIR_PARENT = Path("/tmp")  # the default lock lives in DEFAULT_DIR_PARENT/rlparity-<uid>/
 _held_here: dict[tuple[int, int], str] = {}  # (pid, thread) -> lock path
+# (pid, thread) -> how to stop the idle engine a pool keeps alive in that thread (a cache, not a user's engine)
+_idle_release: dict[tuple[int, int], Callable[[], None]] = {}
 
 
 class EngineLockError(RuntimeError):
@@ -128,6 +130,22 @@ def _open_lock(path: Path) -> int:
     return fd
 
 
+def _me() -> tuple[int, int]:
+    return os.getpid(), threading.get_ident()
+
+
+def set_idle_release(release: Callable[[], None] | None) -> None:
+    """Mark the engine this thread holds the lock for as a cached, idle one (``release`` stops it).
+
+    :class:`rlparity.capture.pool.EnginePool` does this, so that an engine a user starts next in the
+    same thread first shuts the pool's idle engine instead of failing on the lock. ``None`` clears it.
+    """
+    if release is None:
+        _idle_release.pop(_me(), None)
+    else:
+        _idle_release[_me()] = release
+
+
 def _holder(fd: int) -> str:
     try:
         text = os.pread(fd, 64, 0).decode(errors="replace").strip()
@@ -153,7 +171,9 @@ def engine_lock(enabled: bool | None = None, *, timeout: float | None = None) ->
         return
     wait_s = engine_lock_timeout() if timeout is None else float(timeout)
     path = engine_lock_path()
-    me = (os.getpid(), threading.get_ident())
+    me = _me()
+    if me in _held_here and me in _idle_release:  # a pool's idle engine: shut it, then go on
+        _idle_release.pop(me)()
     if me in _held_here:
         raise EngineLockError(f"this thread already holds the engine lock {_held_here[me]} (another engine is "
                               "running here and a second one would wait for it forever): close it first")

@@ -3,13 +3,15 @@
 Small machines (and the engine lock) allow one vLLM engine at a time. :class:`EnginePool` keeps
 the current engine alive across captures with the same model and settings and shuts it down
 before starting one with other settings. Tests, ablations and notebooks share this so that each
-setting starts once.
+setting starts once. A pooled engine is a cache: when another engine starts in the same thread
+(``with Engine(...)``, ``AsyncEngine``, ``Server``), the pool's engine is shut down first.
 """
 
 from __future__ import annotations
 
 import os
 
+from rlparity.capture.lock import set_idle_release
 from rlparity.capture.offline import Engine
 from rlparity.config.settings import EngineSettings
 
@@ -30,11 +32,13 @@ class EnginePool:
             eng.start()
             self._engine, self._key = eng, key
             self.starts += 1
+            set_idle_release(self.close)  # an engine started next in this thread shuts this one first
         assert self._engine is not None
         return self._engine
 
     def close(self) -> None:
         if self._engine is not None:
+            set_idle_release(None)
             self._engine.close()
         self._engine, self._key = None, None
 
