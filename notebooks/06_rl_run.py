@@ -38,6 +38,13 @@
 # are saved as safetensors and pushed into the running engine with the inflight path (pause with
 # `keep`, load through the worker extension, reset the prefix cache, resume). The body runs in
 # float32 on both sides, so the profiles differ in what they name and nothing else.
+#
+# Trainers disagree on one thing that decides whether a backend mismatch reaches the update: the
+# denominator of the ratio the loss clips. verl and slime recompute **pi_old** with the trainer;
+# PipelineRL and prime-rl use the engine's logprobs **mu** as they came. Each profile therefore runs
+# twice on its engine, once per denominator (`old_policy`), each time from the initial weights
+# (loaded back into the running engine) with a fresh optimizer: the runs are named
+# `<profile>+pi_old` and `<profile>+mu`.
 
 # %% tags=["parameters"]
 ci = False                 # small sizes for CI
@@ -50,7 +57,7 @@ n_samples = None           # samples per prompt: the group of the group-normalis
 max_tokens = None          # response tokens per sample
 lr = None                  # AdamW learning rate
 loss = "gspo"              # gspo (PipelineRL's clamp indicator is then GSPO's sequence clip), ppo or grpo
-old_policy = "trainer"     # the loss's ratio denominator: pi_old recomputed ("trainer") or mu ("rollout")
+old_policy = ["pi_old", "mu"]  # the loss's ratio denominator, one run each: pi_old recomputed, or the engine's mu
 async_rollouts = False     # generate step k+1 while step k trains (one step of lag)
 seed = 0
 gpu_memory_utilization = None
@@ -58,6 +65,8 @@ engine_log_level = "ERROR"  # vLLM's log level in this notebook
 max_parity_ratio_dev = 0.01   # |mean pi_old/mu - 1| the parity run must stay under on every step
 min_defaults_ratio_dev = 0.03  # ... the vllm-v1-defaults run must exceed from step 0
 min_clip_multiple = 3.0       # its clamp indicator over the parity run's (the parity run's floored at 1e-3)
+min_reward_gap = 0.1          # with mu as the denominator: parity's mean reward (from step 2) over vllm-v1-defaults'
+reward_from_step = 2
 out_dir = "artifacts/06_rl_run"
 
 # %%
@@ -79,10 +88,12 @@ from rlparity.plot.rl import plot_rl_curves
 
 init_notebook()
 d = defaults().rl
-if ci:
-    steps, n_prompts, n_samples, max_tokens = steps or 5, n_prompts or 16, n_samples or 8, max_tokens or 24
+if ci:  # fewer steps, each larger: the runs separate within the CI budget
+    steps, n_prompts, n_samples, max_tokens = steps or 8, n_prompts or 16, n_samples or 8, max_tokens or 24
+    lr = lr or 1e-3
 steps, n_prompts, n_samples = steps or d.steps, n_prompts or d.n_prompts, n_samples or d.n_samples
 max_tokens, lr = max_tokens or d.max_tokens, lr or d.lr
+old_policy = [old_policy] if isinstance(old_policy, str) else list(old_policy)
 model = model or str(make_model(size, progress=False))
 out = Path(out_dir)
 out.mkdir(parents=True, exist_ok=True)
@@ -94,8 +105,8 @@ print(f"model {model}; profiles {profiles}; {steps} steps of {n_prompts} prompts
 # %% [markdown]
 # ## The run
 # `rl_run` starts one engine per profile (closed before the next starts) and returns every step's
-# trace, named `<profile>@step_NNN`. It computes no curve: it only records what it did and how
-# long each part took (`attrs["rl"]`). With `async_rollouts=True` the rollouts of step k+1 are
+# trace, named `<run>@step_NNN`. It computes no curve: it only records what it did and how long
+# each part took (`attrs["rl"]`). With `async_rollouts=True` the rollouts of step k+1 are
 # submitted with `capture_async` before step k trains, so they are sampled by version k while the
 # trainer computes version k+1 (PipelineRL's one step of lag); the trainer keeps its previous
 # weights for one step to score those tokens at their own version.
@@ -106,18 +117,20 @@ arms = ex.rl_run(model, profiles, steps, loss=loss, old_policy=old_policy, n_pro
                  max_tokens=max_tokens, lr=lr, async_rollouts=async_rollouts, device=device, seed=seed,
                  engine=engine, log=lambda line: None)
 elapsed = time.perf_counter() - t0
-engine_starts = {p: arms[mrl.step_arm(p, 0)].attrs["rl"]["engine_startup_s"] for p in profiles}
+runs = list(dict.fromkeys(mrl.parse_step_arm(a)[0] for a in arms))
+engine_starts = {ds.attrs["rl"]["profile"]: ds.attrs["rl"]["engine_startup_s"] for ds in arms.values()}
 print(f"{len(arms)} steps in {elapsed:.0f} s; engine starts (s): {engine_starts}")
 
 # %% [markdown]
 # ## The curves
 # `rlparity.metrics.rl.rl_curves` turns the kept traces into one Dataset with dims
-# `(profile, step)`. PipelineRL's names are computed with PipelineRL's formulas
-# (`rlparity.metrics.dashboard.pipelinerl_metrics`) on the **backend pair** (pi_old, mu), pi_old
-# read at each token's own version: `kl_new_old`, `clamp_log_ratio_new_old_indicator` (GSPO's
-# sequence clip for a GSPO run), `ratio_new_old`, `ess`. Beside them: the reward, the trainer's
-# entropy, the mean ratio pi_old/mu, the lag, the share of tokens a token band would mask and
-# the wall time of each step.
+# `(profile, step)` (one row per run; `engine_profile` and `old_policy` label it). PipelineRL's
+# names are computed with PipelineRL's formulas (`rlparity.metrics.dashboard.pipelinerl_metrics`)
+# on the **backend pair** (pi_old, mu), pi_old read at each token's own version: `kl_new_old`,
+# `clamp_log_ratio_new_old_indicator` (GSPO's sequence clip for a GSPO run), `ratio_new_old`,
+# `ess`. Beside them: the reward, the trainer's entropy, the mean ratio pi_old/mu, the lag, the
+# share of tokens a token band would mask and the wall time of each step. Colours are engine
+# profiles; solid lines the pi_old runs, dotted the mu runs.
 
 # %%
 curves = mrl.rl_curves(arms)
@@ -127,13 +140,13 @@ curves.to_dataframe().round(4).T
 plot_rl_curves(curves)
 
 # %% [markdown]
-# ## Each profile against the parity run
-# From step 0 the `vllm-v1-defaults` run's ratio pi_old/mu is off 1 by several percent: vLLM
+# ## Each run against the parity run of the same denominator
+# From step 0 the `vllm-v1-defaults` runs' ratio pi_old/mu is off 1 by several percent: vLLM
 # reports the raw logprob (temperature 1, full vocabulary) of a token it sampled from the
 # temperature-scaled top-k distribution, so every GSPO sequence ratio leaves GSPO's clip range
 # [1 - 3e-4, 1 + 4e-4]. The bf16 head keeps the mean ratio centred (its rounding is symmetric) but
 # its per-token noise, averaged over a sequence, is still larger than GSPO's clip range, so the
-# clamp indicator catches it. The parity run clips nothing.
+# clamp indicator catches it. The parity runs clip nothing.
 
 # %%
 contrast = mrl.profile_contrast(curves, "pipelinerl-parity")
@@ -143,58 +156,82 @@ pd.DataFrame(contrast).T.round(4)
 
 # %% [markdown]
 # ## What the reward does
-# With `old_policy="trainer"` (the default, as verl computes it) the trainer recomputes pi_old, so
-# the update never sees mu: a backend mismatch changes what the dashboard says and which samples
-# the engine draws, not the gradient. The reward curves then differ only by sampling noise. With
-# `old_policy="rollout"` (PipelineRL: the engine's logprobs are the ratio's denominator) the
-# mismatch enters the clip and the runs can drift apart; see the write-up of this chapter in the
-# issue's closing note for what a longer run on each setting showed.
+# With **pi_old** as the denominator the trainer's own reading is the ratio's reference, so the
+# update never sees mu: a backend mismatch changes what the dashboard says and which samples the
+# engine draws, not the gradient, and the profiles' reward curves differ by sampling noise only.
+# With **mu** as the denominator (PipelineRL) the mismatch is inside the clip. Under GSPO a
+# sequence whose ratio is above `1 + eps_high` gets no gradient when its advantage is positive and
+# the full gradient when it is negative: with raw logprobs nearly every sequence is there, so the
+# `vllm-v1-defaults+mu` run can only push bad samples down, and its reward falls behind the parity
+# run from the first steps. The bf16 head's rounding clips a share of the sequences too, in both
+# directions; with large steps that bias can tip the policy over (on a 2-core CPU, 20 steps at
+# `lr=1e-3`: reward 0.74 at step 9, under 0.07 from step 10 on, as the entropy fell to 0.1; at
+# `lr=3e-4` the same run kept learning).
 
 # %%
 reward = curves["reward"].to_pandas().T
 reward.round(3)
 
+# %%
+plot_rl_curves(curves, ["reward", "entropy", "clamp_log_ratio_new_old_indicator", "kl_update"], cols=2)
+
 # %% [markdown]
 # ## Any step can be diagnosed later
 # Every step's trace is in the store; `diagnose` reads it like any other capture. Here, step 0 of
-# every profile.
+# every run. Besides the backend findings (raw logprobs, the bf16 head), the objective layer reads
+# the update pair (pi_theta, pi_old) of the step: Adam's first step moves every weight by about the
+# learning rate, a large step for a model this small, and it says so.
 
 # %%
 first = {a: ds for a, ds in arms.items() if mrl.parse_step_arm(a)[1] == 0}
-report = diagnose(first, title="RL run: step 0 of every profile")
+report = diagnose(first, title="RL run: step 0 of every run")
 report
 
 # %% [markdown]
 # ## What this notebook asserts
 
 # %%
-par, v1 = curves.sel(profile="pipelinerl-parity"), curves.sel(profile="vllm-v1-defaults")
-par_clip = max(float(par["clamp_log_ratio_new_old_indicator"].mean()), 1e-3)
-assert float(abs(par["mean_ratio"] - 1).max()) < max_parity_ratio_dev, par["mean_ratio"].values
-assert abs(float(v1["mean_ratio"].isel(step=0)) - 1) > min_defaults_ratio_dev, v1["mean_ratio"].values
-assert float(abs(v1["mean_ratio"] - 1).min()) > min_defaults_ratio_dev, v1["mean_ratio"].values
-assert float(v1["clamp_log_ratio_new_old_indicator"].isel(step=0)) > min_clip_multiple * par_clip
-assert float(v1["clamp_log_ratio_new_old_indicator"].mean()) > min_clip_multiple * par_clip
+def curve(profile, old):
+    return curves.sel(profile=ex.run_name(profile, old, len(old_policy) > 1))
+
+
+for old in old_policy:
+    par, v1 = curve("pipelinerl-parity", old), curve("vllm-v1-defaults", old)
+    par_clip = max(float(par["clamp_log_ratio_new_old_indicator"].mean()), 1e-3)
+    assert float(abs(par["mean_ratio"] - 1).max()) < max_parity_ratio_dev, par["mean_ratio"].values
+    assert abs(float(v1["mean_ratio"].isel(step=0)) - 1) > min_defaults_ratio_dev, v1["mean_ratio"].values
+    assert float(abs(v1["mean_ratio"] - 1).min()) > min_defaults_ratio_dev, v1["mean_ratio"].values
+    assert float(v1["clamp_log_ratio_new_old_indicator"].isel(step=0)) > min_clip_multiple * par_clip
+    assert float(v1["clamp_log_ratio_new_old_indicator"].mean()) > min_clip_multiple * par_clip
+    clip_v1, clip_par = (float(c["clamp_log_ratio_new_old_indicator"].mean()) for c in (v1, par))
+    print(f"{old}: parity max |mean ratio - 1| {float(abs(par['mean_ratio'] - 1).max()):.2e}; vllm-v1-defaults "
+          f"mean ratio {float(v1['mean_ratio'].isel(step=0)):.4f} at step 0, clamp indicator {clip_v1:.3f} vs "
+          f"{clip_par:.3f}")
+if "mu" in old_policy and steps > reward_from_step:
+    late = slice(reward_from_step, None)
+    gap = float(curve("pipelinerl-parity", "mu")["reward"].isel(step=late).mean()
+                - curve("vllm-v1-defaults", "mu")["reward"].isel(step=late).mean())
+    assert gap > min_reward_gap, gap  # with mu in the clip, raw logprobs cost reward
+    print(f"mu: parity's mean reward from step {reward_from_step} exceeds vllm-v1-defaults' by {gap:.3f}")
 updates = [a for a, ds in arms.items() if ds.attrs["rl"]["update"]["version"] == mrl.parse_step_arm(a)[1] + 1]
-assert len(updates) == len(arms) == len(profiles) * steps  # every step pushed its weights into the engine
+assert len(updates) == len(arms) == len(profiles) * len(old_policy) * steps  # every step pushed its weights
+assert len(engine_starts) == len(profiles)  # one engine per profile, its runs reusing it
 assert float(curves["kl_update"].min()) > 0  # every step moved the policy
 if async_rollouts:
     assert float(curves["lag"].isel(step=slice(1, None)).min()) > 0
 else:
     assert float(curves["lag"].max()) == 0
-assert any(f.name == "raw_logprobs_used_as_processed" and f.arm == "vllm-v1-defaults@step_000" for f in report)
-print(f"parity: max |mean ratio - 1| {float(abs(par['mean_ratio'] - 1).max()):.2e}; vllm-v1-defaults: mean ratio "
-      f"{float(v1['mean_ratio'].isel(step=0)):.4f} at step 0, clamp indicator "
-      f"{float(v1['clamp_log_ratio_new_old_indicator'].mean()):.3f} vs {float(par['clamp_log_ratio_new_old_indicator'].mean()):.3f}")
+v1_first = mrl.step_arm(ex.run_name("vllm-v1-defaults", old_policy[0], len(old_policy) > 1), 0)
+assert any(f.name == "raw_logprobs_used_as_processed" and f.arm == v1_first for f in report), report.names()
 
 # %%
 store = rlparity.trace.save(arms, out / "rl.zarr")
 write_json(out / "results.json", {
     "curves": mrl.curves_records(curves), "contrast": contrast, "findings": report.to_dict()["findings"],
-    "steps_run": steps, "updates_pushed": len(updates), "engine_startup_s": engine_starts,
+    "steps_run": steps, "runs": runs, "updates_pushed": len(updates), "engine_startup_s": engine_starts,
     "elapsed_s": round(elapsed, 1), "store": str(store),
     "sizes": {"steps": steps, "n_prompts": n_prompts, "n_samples": n_samples, "max_tokens": max_tokens, "lr": lr,
               "loss": loss, "old_policy": old_policy, "async_rollouts": async_rollouts},
     "thresholds": {"max_parity_ratio_dev": max_parity_ratio_dev, "min_defaults_ratio_dev": min_defaults_ratio_dev,
-                   "min_clip_multiple": min_clip_multiple}})
+                   "min_clip_multiple": min_clip_multiple, "min_reward_gap": min_reward_gap}})
 print(f"wrote {store} and {out / 'results.json'}")

@@ -161,6 +161,25 @@ def test_contrast_and_records():
     assert rec["variables"]["kl_new_old"]["units"] == "nats"
 
 
+def test_runs_of_several_ratio_denominators_are_compared_within_their_own_denominator():
+    run = {}
+    for i, (prof, old) in enumerate([(p, o) for p in PROFILES for o in ("pi_old", "mu")]):
+        name = f"{prof}+{old}"
+        for s in range(2):
+            ds = _step(prof, s, index=i, reward=np.full(12, 0.5 if old == "pi_old" else 0.1 * (i + 1)))
+            ds.attrs["rl"].update({"profile": prof, "old_policy": old})
+            run[mrl.step_arm(name, s)] = ds
+    curves = mrl.rl_curves(run)
+    assert curves["profile"].values.tolist() == ["parity+pi_old", "parity+mu", "raw+pi_old", "raw+mu"]
+    assert curves["engine_profile"].values.tolist() == ["parity", "parity", "raw", "raw"]
+    assert curves["old_policy"].values.tolist() == ["pi_old", "mu", "pi_old", "mu"]
+    con = mrl.profile_contrast(curves, "parity")
+    assert con["raw+mu"]["reference_run"] == "parity+mu" and con["raw+pi_old"]["reference_run"] == "parity+pi_old"
+    assert con["raw+mu"]["reward_gap_mean"] == pytest.approx(0.4 - 0.2)
+    assert con["raw+pi_old"]["reward_gap_mean"] == pytest.approx(0.0)
+    assert mrl.curves_records(curves)["runs"]["raw+mu"] == {"engine_profile": "raw", "old_policy": "mu"}
+
+
 def test_plot_rl_curves_draws_one_panel_per_metric_and_one_line_per_profile():
     from rlparity.plot.rl import DEFAULT_PANELS, plot_rl_curves
 
@@ -181,7 +200,7 @@ def test_runner_refuses_bad_arguments_before_any_engine_starts(tiny_model):
     from rlparity.experiments.rl import DERIVED_PROFILES, rl_profile, rl_run, step_prompts, step_sampling
 
     for kw, msg in [({"loss": "dpo"}, "loss='dpo'"), ({"n_samples": 1}, "at least 2"),
-                    ({"old_policy": "x"}, "old_policy='x'"), ({"profiles": []}, "no profiles"),
+                    ({"old_policy": "x"}, "old_policy='x'"), ({"old_policy": ["mu", "mu"]}, "each once"), ({"profiles": []}, "no profiles"),
                     ({"profiles": ["a/b"]}, "unknown profile"),
                     ({"profiles": ["pipelinerl-parity", "pipelinerl-parity"]}, "repeat a name")]:
         with pytest.raises(ValueError, match=msg):
@@ -196,27 +215,56 @@ def test_runner_refuses_bad_arguments_before_any_engine_starts(tiny_model):
     assert (s3.n, s3.max_tokens) == (2, 8) and s4.seed - s3.seed == 4
 
 
+def test_train_step_with_the_rollouts_logprobs_as_the_ratio_denominator(tiny_model):
+    """old_policy="rollout" (PipelineRL: no recompute): mu is the ratio's denominator, so a raw-logprob
+    mu puts every GSPO sequence outside the clip on the first micro-step, and a parity mu none."""
+    from rlparity.models import make_prompts
+    from rlparity.score import score
+    from rlparity.train import generate_trace, train_step
+
+    trace = score(generate_trace(tiny_model, make_prompts(4, seed=5), n=4, max_new_tokens=12, seed=1), tiny_model,
+                  progress=False)
+    rewards = (trace["sample_index"].values < 2).astype(float)
+    mu_parity = trace["rollout_logprob"].values
+    mu_raw = trace["trainer_logprob"].values  # what vLLM reports with raw_logprobs
+    par = train_step(tiny_model, trace, rewards=rewards, loss="gspo", lr=1e-3, old_logprob=mu_parity, step=False)
+    raw = train_step(tiny_model, trace, rewards=rewards, loss="gspo", lr=1e-3, old_logprob=mu_raw, step=False)
+    recomputed = train_step(tiny_model, trace, rewards=rewards, loss="gspo", lr=1e-3, step=False)
+    assert par.metrics["in_step_clip_fraction"] == 0.0 == recomputed.metrics["in_step_clip_fraction"]
+    assert raw.metrics["in_step_clip_fraction"] == 1.0
+    assert raw.metrics["ratio_denominator"] == "given (old_logprob)"
+    assert recomputed.metrics["ratio_denominator"].startswith("trainer_processed_logprob recomputed")
+    with pytest.raises(ValueError, match="old_logprob has shape"):
+        train_step(tiny_model, trace, rewards=rewards, old_logprob=mu_raw[:, :3], step=False)
+
+
 @pytest.mark.engine
 def test_notebook_06_measures_the_profiles_apart(executed_notebook):
-    """Notebook 06 ran every profile with a real AsyncLLM and a real trainer (ci=True sizes)."""
+    """Notebook 06 ran every profile with a real AsyncLLM and a real trainer (ci=True sizes), once with
+    pi_old and once with mu as the loss's ratio denominator."""
     out = executed_notebook("06_rl_run")
     res = json.loads((out / "results.json").read_text())
     con = res["contrast"]
-    par, v1, bf16 = con["pipelinerl-parity"], con["vllm-v1-defaults"], con["parity-bf16-head"]
-    # from step 0: raw logprobs move the backend ratio by more than 3% and clip every GSPO sequence
-    assert abs(v1["mean_ratio_step0"] - 1) > 0.03
-    assert v1["clamp_indicator_step0"] > 0.5 and par["clamp_indicator_step0"] < 0.05
-    assert v1["clamp_indicator_mean"] >= 3 * max(par["clamp_indicator_mean"], 1e-3)
-    # parity holds on every step (fp32 on both sides: the gap is rounding)
-    assert par["max_abs_mean_ratio_minus_1"] < 0.01
-    # a bf16 rollout head: the mean ratio stays centred but GSPO's tight clip catches the rounding
-    assert bf16["max_abs_mean_ratio_minus_1"] < 0.01 and bf16["clamp_indicator_mean"] > 0.2
-    # the trainer learned: reward rose and updates were pushed into the running engine each step
-    assert res["steps_run"] == res["sizes"]["steps"] and res["updates_pushed"] == 3 * res["sizes"]["steps"]
-    curves = res["curves"]["profiles"]
-    assert set(curves) == {"pipelinerl-parity", "vllm-v1-defaults", "parity-bf16-head"}
+    steps = res["sizes"]["steps"]
+    assert set(con) == {f"{p}+{o}" for p in ("pipelinerl-parity", "vllm-v1-defaults", "parity-bf16-head")
+                        for o in ("pi_old", "mu")}
+    for old in ("pi_old", "mu"):
+        par, v1, bf16 = (con[f"{p}+{old}"] for p in ("pipelinerl-parity", "vllm-v1-defaults", "parity-bf16-head"))
+        assert v1["reference_run"] == f"pipelinerl-parity+{old}"
+        # from step 0: raw logprobs move the backend ratio by more than 3% and clip nearly every GSPO sequence
+        assert abs(v1["mean_ratio_step0"] - 1) > 0.03
+        assert v1["clamp_indicator_step0"] > 0.5 and par["clamp_indicator_step0"] < 0.05
+        assert v1["clamp_indicator_mean"] >= 3 * max(par["clamp_indicator_mean"], 1e-3)
+        # parity holds on every step (fp32 on both sides: the gap is rounding)
+        assert par["max_abs_mean_ratio_minus_1"] < 0.01
+        # a bf16 rollout head: the mean ratio stays centred but GSPO's tight clip catches the rounding
+        assert bf16["max_abs_mean_ratio_minus_1"] < 0.01 and bf16["clamp_indicator_mean"] > 0.2
+    # with mu inside the clip, raw logprobs cost reward
+    assert con["vllm-v1-defaults+mu"]["reward_gap_mean"] < -0.1
+    # every step pushed its weights into the running engine; one engine per profile
+    assert res["updates_pushed"] == 6 * steps and len(res["engine_startup_s"]) == 3
     arms = open_arms(out / "rl.zarr")
-    assert len(arms) == 3 * res["sizes"]["steps"] and mrl.is_rl_run(arms)
+    assert len(arms) == 6 * steps and mrl.is_rl_run(arms)
     again = mrl.rl_curves(arms)
-    np.testing.assert_allclose(again["mean_ratio"].sel(profile="vllm-v1-defaults").values,
-                               curves["vllm-v1-defaults"]["mean_ratio"], rtol=1e-9)
+    np.testing.assert_allclose(again["mean_ratio"].sel(profile="vllm-v1-defaults+mu").values,
+                               res["curves"]["profiles"]["vllm-v1-defaults+mu"]["mean_ratio"], rtol=1e-9)

@@ -23,8 +23,8 @@ class Loss(str, Enum):
 
 
 class OldPolicy(str, Enum):
-    trainer = "trainer"
-    rollout = "rollout"
+    pi_old = "pi_old"
+    mu = "mu"
 
 
 @app.command("rl-run")
@@ -35,8 +35,9 @@ def rl_run_cmd(
                                                            + ", ".join(_R.profiles)),
     steps: int = typer.Option(_R.steps, min=1, help="optimizer steps per profile"),
     loss: Loss = typer.Option(Loss(_R.loss), help="the objective of every step"),
-    old_policy: OldPolicy = typer.Option(OldPolicy(_R.old_policy), help="the loss's ratio denominator: pi_old "
-                                         "recomputed by the trainer, or the rollout's mu (PipelineRL)"),
+    old_policy: Optional[list[OldPolicy]] = typer.Option(
+        None, help="the loss's ratio denominator, one run each (repeat): pi_old recomputed by the trainer, or the "
+                   "engine's mu (PipelineRL); default: " + " and ".join(_R.old_policy)),
     n_prompts: int = typer.Option(_R.n_prompts, min=1, help="prompts per step"),
     n_samples: int = typer.Option(_R.n_samples, min=2, help="samples per prompt (the advantage's group)"),
     max_tokens: int = typer.Option(_R.max_tokens, min=1),
@@ -51,8 +52,10 @@ def rl_run_cmd(
 ):
     """Online RL on the built-in arithmetic task, one real AsyncLLM per engine profile: sample, rescore
     pi_old with the trainer, one optimizer step, push the weights into the running engine (pause /
-    update / resume); a progress bar per profile ticks once per step. Prints, per profile, the
-    backend ratio pi_old/mu, PipelineRL's clamp indicator and the reward against the first profile.
+    update / resume). One run per profile and ratio denominator (pi_old recomputed, or the engine's
+    mu as PipelineRL uses it), each from the same initial weights and seeds; a progress bar per run
+    ticks once per step. Prints, per run, the backend ratio pi_old/mu, PipelineRL's clamp indicator
+    and the reward against the first profile's run of the same ratio denominator.
     """
     from rlparity.config.provenance import write_json
     from rlparity.experiments.rl import rl_run, summarize
@@ -61,7 +64,8 @@ def rl_run_cmd(
     if lr <= 0:
         raise BadInput(f"--lr {lr}: the learning rate must be positive, e.g. --lr 1e-3")
     sampling = sampling_settings(temperature=temperature, top_k=top_k, seed=seed)
-    arms = rl_run(model_path(model), profile or None, steps, loss=loss.value, old_policy=old_policy.value,
+    olds = [o.value for o in old_policy] if old_policy else None
+    arms = rl_run(model_path(model), profile or None, steps, loss=loss.value, old_policy=olds,
                   n_prompts=n_prompts, n_samples=n_samples, max_tokens=max_tokens, lr=lr, seed=seed,
                   sampling=sampling, async_rollouts=async_rollouts, device=device, progress=True,
                   log=lambda line: typer.echo(line, err=True))
@@ -73,8 +77,8 @@ def rl_run_cmd(
     if as_json:
         echo_json(res)
         return
-    names = list(res["contrast"])
-    typer.echo(f"{len(arms)} steps written to {store}; against {names[0]}:")
+    typer.echo(f"{len(arms)} steps written to {store}; each run against the reference profile's run of the same "
+               "ratio denominator:")
     for prof, c in res["contrast"].items():
         typer.echo(f"  {prof}: mean pi_old/mu at step 0 {c['mean_ratio_step0']:.4f} (max |ratio - 1| "
                    f"{c['max_abs_mean_ratio_minus_1']:.4f}); clamp indicator {c['clamp_indicator_mean']:.3f} "

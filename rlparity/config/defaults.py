@@ -129,8 +129,8 @@ class ObjectiveDefaults(BaseModel):
 class RLDefaults(BaseModel):
     """The online RL run's defaults (:func:`rlparity.experiments.rl.rl_run`, ``rlparity rl-run``,
     ``python -m rlparity.experiments.rl``). The sizes fit the GPU call's budget (3 engine starts and
-    ``steps`` steps of the tiny model in well under 9 minutes on one H200); the notebook's CI run
-    uses smaller ones."""
+    ``steps`` steps of the tiny model, for each profile and ratio denominator, in under 9 minutes on one
+    H200); the notebook's CI run uses fewer steps and a larger learning rate."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -138,14 +138,16 @@ class RLDefaults(BaseModel):
                                       description="engine profiles run side by side (built-in names, YAML paths "
                                                   "or the derived parity-bf16-head)")
     loss: Literal["gspo", "ppo", "grpo"] = Field("gspo", description="the objective of every step")
-    old_policy: Literal["trainer", "rollout"] = Field(
-        "trainer", description="the ratio's denominator in the loss: pi_old recomputed by the trainer (verl, slime) "
-                               "or the engine's logprobs mu, never recomputed (PipelineRL, prime-rl)")
-    steps: int = Field(40, ge=1, description="optimizer steps per profile (one batch each)")
+    old_policy: tuple[Literal["pi_old", "mu"], ...] = Field(
+        ("pi_old", "mu"), min_length=1,
+        description="the loss's ratio denominator, one run each: pi_old recomputed by the trainer (verl, slime) or "
+                    "the engine's logprobs mu, never recomputed (PipelineRL, prime-rl)")
+    steps: int = Field(30, ge=1, description="optimizer steps per run (one batch each)")
     n_prompts: int = Field(16, ge=1, description="prompts per step")
     n_samples: int = Field(8, ge=2, description="samples per prompt: the group of the group-normalised advantage")
     max_tokens: int = Field(24, ge=1, description="response tokens per sample")
-    lr: float = Field(1e-3, gt=0, description="AdamW learning rate (no weight decay)")
+    lr: float = Field(3e-4, gt=0, description="AdamW learning rate (no weight decay); Adam's first step moves every "
+                                              "weight by about lr, so step 0 is the largest")
     dtype: str = Field("float32", description="body dtype pinned on the engine and the trainer alike, so the "
                                               "profiles differ only in what they name")
     pause_mode: Literal["keep", "wait", "abort"] = Field("keep", description="pause mode of each weight update "

@@ -31,7 +31,14 @@ head in bf16). The body dtype is pinned to the trainer's on every profile (``dty
 profiles differ in what they name. One engine runs at a time (each is closed before the next
 profile starts).
 
-:func:`rl_run` returns ``{"<profile>@step_NNN": trace}`` (:func:`rlparity.metrics.rl.step_arm`),
+The loss's ratio denominator (``old_policy``): ``"pi_old"``, the trainer's own reading recomputed
+at the sampling weights (verl, slime: the backend mismatch never reaches the update), or ``"mu"``,
+the engine's logprobs as they came (PipelineRL, prime-rl: the mismatch enters the clip). Several
+denominators run one after the other on each profile's engine, each from the initial weights
+(loaded back into the running engine, the prefix cache reset) with a fresh trainer and optimizer;
+their runs are named ``<profile>+<old_policy>``.
+
+:func:`rl_run` returns ``{"<run>@step_NNN": trace}`` (:func:`rlparity.metrics.rl.step_arm`),
 each trace scored (pi_old per version, pi_theta, ``reward``, ``advantage``) with what the runner
 did and its timings in ``attrs["rl"]``. The curves are computed from those traces by
 :func:`rlparity.metrics.rl.rl_curves`, drawn by :func:`rlparity.plot.rl.plot_rl_curves`.
@@ -41,8 +48,10 @@ From a shell (one call on a GPU host with ``RLPARITY_ENGINE_LOCK=off``)::
     python -m rlparity.experiments.rl --out DIR [--device cuda] [--steps N] [--async-rollouts]
 
 writes ``DIR/rl.json`` (the curves and the contrast with the parity profile; first), then
-``DIR/rl.zarr`` (every step's trace), then ``DIR/rl_curves.csv``; nothing outside ``DIR`` but a
-temporary checkpoint folder, removed at the end.
+``DIR/rl.zarr`` (every step's trace) and the same store as flat files, ``DIR/rl.zarr.tar.gz`` (or
+``.part00``, ``.part01``... of at most 15 MiB: :func:`pack`), then the findings of every run's first
+step (added to ``rl.json``) and ``DIR/rl_curves.csv``; nothing outside ``DIR`` but a temporary
+checkpoint folder, removed at the end.
 """
 
 from __future__ import annotations
@@ -104,19 +113,29 @@ def step_sampling(step: int, n_prompts: int, n_samples: int, max_tokens: int, se
                                    "seed": int(seed) + int(step) * int(n_prompts)})
 
 
+OLD_POLICIES = ("pi_old", "mu")
+
+
 def _profile_name(p: str | EngineSettings, i: int) -> str:
     return p if isinstance(p, str) else f"profile_{i}"
 
 
-def _run_profile(eng, model: str, name: str, index: int, *, steps: int, loss: str, old_policy: str,
-                 n_prompts: int, n_samples: int,
-                 max_tokens: int, lr: float, async_rollouts: bool, device: str, seed: int, dtype: str,
-                 sampling: SamplingSettings | None, pause_mode: str, clear_cache: bool, ckpt: Path,
-                 batch_size: int, bar, log) -> dict[str, xr.Dataset]:
-    """The steps of one profile on its running engine; returns ``{arm: trace}``."""
+def run_name(profile: str, old_policy: str, several: bool) -> str:
+    """The name of one run in the curves and the store: the profile's name, or
+    ``<profile>+<old_policy>`` when one call runs several ratio denominators (``vllm-v1-defaults+mu``)."""
+    return f"{profile}+{old_policy}" if several else profile
+
+
+def _run_steps(eng, model: str, name: str, index: int, *, profile: str, steps: int, loss: str, old_policy: str,
+               n_prompts: int, n_samples: int, max_tokens: int, lr: float, async_rollouts: bool, device: str,
+               seed: int, dtype: str, sampling: SamplingSettings | None, pause_mode: str, clear_cache: bool,
+               ckpt: Path, batch_size: int, bar) -> dict[str, xr.Dataset]:
+    """The steps of one run on its profile's running engine (at version 0, the initial weights),
+    with a fresh trainer and optimizer; returns ``{arm: trace}``."""
     import torch
 
     from rlparity.capture.weights import write_state_dict
+    from rlparity.config.provenance import jsonable
     from rlparity.score import Scorer, score_versions
     from rlparity.train import arithmetic_reward, train_step
 
@@ -153,60 +172,63 @@ def _run_profile(eng, model: str, name: str, index: int, *, steps: int, loss: st
         previous = copy.deepcopy(module) if async_rollouts else None
         result = train_step(module, scored, rewards=arithmetic_reward, loss=loss, optimizer=optimizer,
                             dtype=dtype, device=device, batch_size=batch_size,
-                            old_logprob=scored["rollout_logprob"].values if old_policy == "rollout" else None)
+                            old_logprob=scored["rollout_logprob"].values if old_policy == "mu" else None)
         t_trained = time.perf_counter()
         write_state_dict(module.state_dict(), ckpt)
         update = eng.update_weights(str(ckpt), k + 1, mode=pause_mode, clear_cache=clear_cache)
         t_end = time.perf_counter()
         stepped = result.trace
         stepped.attrs["arm"] = arm
-        stepped.attrs["rl"] = {
-            "profile": name, "profile_index": index, "step": k, "loss": loss, "lr": lr, "old_policy": old_policy,
-            "async_rollouts": bool(async_rollouts), "trainer_version": k, "versions_sampled": sorted(versions),
-            "pause_mode": pause_mode, "clear_cache": bool(clear_cache), "seed": seed,
-            "sizes": {"n_prompts": n_prompts, "n_samples": n_samples, "max_tokens": max_tokens},
+        stepped.attrs["rl"] = jsonable({
+            "run": name, "profile": profile, "profile_index": index, "step": k, "loss": loss, "lr": lr,
+            "old_policy": old_policy, "async_rollouts": bool(async_rollouts), "trainer_version": k,
+            "versions_sampled": sorted(versions), "pause_mode": pause_mode, "clear_cache": bool(clear_cache),
+            "seed": seed, "sizes": {"n_prompts": n_prompts, "n_samples": n_samples, "max_tokens": max_tokens},
             "train_step": {kk: v for kk, v in result.metrics.items() if isinstance(v, (int, float, str, bool))},
             "update": {kk: update.get(kk) for kk in ("version_before", "version", "mode", "clear_cache", "cache_reset",
                                                      "pause_s", "tensors", "load_method", "in_flight")},
             "seconds": {"rollout": round(t_have - t_step, 4), "train": round(t_trained - t_have, 4),
                         "update": round(t_end - t_trained, 4), "wall": round(t_end - t_step, 4)},
             "engine_startup_s": eng.startup_s,
-        }
+        }, strict=True)  # strict JSON in the store: a NaN or infinite step metric becomes null
         out[arm] = stepped
         if bar is not None:
             bar.set_postfix(reward=f"{result.metrics['reward_mean']:.3f}", refresh=False)
             bar.update(1)
-    if pending is not None:  # never left behind, but a future must not outlive its engine
-        pending.result(timeout=1800)
     return out
 
 
 def rl_run(model: str | os.PathLike, profiles: Sequence[str | EngineSettings] | None = None,
-           steps: int | None = None, *, loss: str | None = None, old_policy: str | None = None,
-           n_prompts: int | None = None,
-           n_samples: int | None = None, max_tokens: int | None = None, lr: float | None = None,
-           async_rollouts: bool = False, device: str = "cpu", seed: int | None = None, dtype: str | None = None,
-           sampling: SamplingSettings | None = None, pause_mode: str | None = None, clear_cache: bool | None = None,
-           engine: Mapping[str, Any] | None = None, checkpoint_dir: str | os.PathLike | None = None,
-           batch_size: int = 64, progress: bool = False, log: Callable[[str], Any] = print) -> dict[str, xr.Dataset]:
+           steps: int | None = None, *, loss: str | None = None, old_policy: str | Sequence[str] | None = None,
+           n_prompts: int | None = None, n_samples: int | None = None, max_tokens: int | None = None,
+           lr: float | None = None, async_rollouts: bool = False, device: str = "cpu", seed: int | None = None,
+           dtype: str | None = None, sampling: SamplingSettings | None = None, pause_mode: str | None = None,
+           clear_cache: bool | None = None, engine: Mapping[str, Any] | None = None,
+           checkpoint_dir: str | os.PathLike | None = None, batch_size: int = 64, progress: bool = False,
+           log: Callable[[str], Any] = print) -> dict[str, xr.Dataset]:
     """Online RL on the tiny model's arithmetic task under each profile; return every step's trace.
 
-    ``model``: a local checkpoint (the initial weights of every profile). ``profiles``: names
-    (:func:`rl_profile`) or :class:`EngineSettings`; ``steps``, ``loss`` (``"gspo"``, ``"ppo"``,
-    ``"grpo"``), ``old_policy`` (the loss's ratio denominator: ``"trainer"``, pi_old recomputed by
-    the trainer as verl does; ``"rollout"``, the engine's mu as PipelineRL uses it, so a backend
-    mismatch enters the clip), ``n_prompts`` x ``n_samples`` per step, ``max_tokens``, ``lr`` (AdamW),
-    ``pause_mode`` and ``clear_cache`` of the updates and the pinned body ``dtype`` default to
-    ``rlparity.config.defaults().rl``; ``seed`` (default ``defaults().seed``) fixes the prompts and
-    sampling seeds of every step, the same for every profile; ``sampling`` the temperature / top-k /
-    top-p (default :func:`rlparity.config.default_sampling`). ``async_rollouts``: generate step
-    k+1's rollouts while step k trains (one step of lag; see the module's docstring). ``engine``:
-    other :class:`EngineSettings` fields for every profile (e.g. ``gpu_memory_utilization``).
-    ``device``: the trainer's. ``checkpoint_dir``: where each step's weights are written before the
-    engine reads them (default a temporary folder, removed at the end). ``progress``: one tqdm bar
-    per profile, one tick per step.
+    ``model``: a local checkpoint (the initial weights of every run). ``profiles``: names
+    (:func:`rl_profile`) or :class:`EngineSettings`. ``old_policy``: the denominator of the loss's
+    ratio, one or several of ``"pi_old"`` (the trainer's recomputed reading at the sampling weights,
+    as verl and slime do: the backend mismatch never reaches the update) and ``"mu"`` (the engine's
+    logprobs, never recomputed, as PipelineRL and prime-rl do: the mismatch enters the clip). Each
+    ratio denominator is a run of its own on the profile's engine, from the initial weights (loaded
+    back into the running engine, cache reset) with a fresh trainer and optimizer; with several,
+    runs are named ``<profile>+<old_policy>`` (:func:`run_name`).
 
-    Returns ``{"<profile>@step_NNN": trace}`` in run order; curves: :func:`rlparity.metrics.rl.rl_curves`.
+    ``steps``, ``loss`` (``"gspo"``, ``"ppo"``, ``"grpo"``), ``n_prompts`` x ``n_samples`` per step,
+    ``max_tokens``, ``lr`` (AdamW), ``pause_mode`` and ``clear_cache`` of the updates and the body
+    ``dtype`` pinned on both sides default to ``rlparity.config.defaults().rl``; ``seed`` (default
+    ``defaults().seed``) fixes the prompts and sampling seeds of every step, the same for every run;
+    ``sampling`` the temperature / top-k / top-p (default :func:`rlparity.config.default_sampling`).
+    ``async_rollouts``: generate step k+1's rollouts while step k trains (one step of lag; see the
+    module's docstring). ``engine``: other :class:`EngineSettings` fields for every profile (e.g.
+    ``gpu_memory_utilization``). ``device``: the trainer's. ``checkpoint_dir``: where each step's
+    weights are written before the engine reads them (default a temporary folder, removed at the
+    end). ``progress``: one tqdm bar per run, one tick per step.
+
+    Returns ``{"<run>@step_NNN": trace}`` in run order; curves: :func:`rlparity.metrics.rl.rl_curves`.
     Starts one engine per profile, each closed before the next (closing the shared pool first).
     """
     from rlparity.capture.async_engine import AsyncEngine
@@ -217,9 +239,11 @@ def rl_run(model: str | os.PathLike, profiles: Sequence[str | EngineSettings] | 
     profiles = list(d.profiles if profiles is None else profiles)
     steps = d.steps if steps is None else int(steps)
     loss = loss or d.loss
-    old_policy = old_policy or d.old_policy
-    if old_policy not in ("trainer", "rollout"):
-        raise ValueError(f"old_policy={old_policy!r}; use 'trainer' (pi_old recomputed) or 'rollout' (mu, PipelineRL)")
+    olds = list(d.old_policy if old_policy is None else [old_policy] if isinstance(old_policy, str) else old_policy)
+    bad = [o for o in olds if o not in OLD_POLICIES]
+    if bad or not olds or len(set(olds)) != len(olds):
+        raise ValueError(f"old_policy={old_policy!r}; use 'pi_old' (recomputed by the trainer), 'mu' (the "
+                         "engine's logprobs, PipelineRL) or both, each once")
     n_prompts = d.n_prompts if n_prompts is None else int(n_prompts)
     n_samples = d.n_samples if n_samples is None else int(n_samples)
     max_tokens = d.max_tokens if max_tokens is None else int(max_tokens)
@@ -241,8 +265,9 @@ def rl_run(model: str | os.PathLike, profiles: Sequence[str | EngineSettings] | 
     if len(set(names)) != len(names):
         raise ValueError(f"profiles {names} repeat a name: each profile runs once")
     settings = {n: rl_profile(p).replace(dtype=dtype, **dict(engine or {})) for n, p in zip(names, profiles)}
+    several = len(olds) > 1
     for n in names:
-        step_arm(n, 0)  # the name must make valid arm names, before any engine starts
+        step_arm(run_name(n, olds[-1], several), 0)  # names must make valid arm names, before any engine starts
     model = str(model)
     tmp = None
     if checkpoint_dir is None:
@@ -255,45 +280,88 @@ def rl_run(model: str | os.PathLike, profiles: Sequence[str | EngineSettings] | 
     try:
         for i, name in enumerate(names):
             t0 = time.perf_counter()
-            bar = None
-            if progress:
-                from tqdm.auto import tqdm
+            with AsyncEngine(model, settings[name]) as eng:
+                log(f"{name}: engine started in {eng.startup_s:.1f} s ({time.perf_counter() - t0:.1f} s "
+                    "with the wait for the engine lock)")
+                for j, op in enumerate(olds):
+                    run = run_name(name, op, several)
+                    if j:  # back to the initial weights, version 0, with a fresh prefix cache
+                        eng.update_weights(model, 0, mode="wait", clear_cache=True)
+                    bar = None
+                    if progress:
+                        from tqdm.auto import tqdm
 
-                bar = tqdm(total=steps, desc=name, unit="step", leave=True)
-            try:
-                with AsyncEngine(model, settings[name]) as eng:
-                    log(f"{name}: engine started in {eng.startup_s:.1f} s ({time.perf_counter() - t0:.1f} s "
-                        "with the wait for the engine lock)")
-                    arms.update(_run_profile(
-                        eng, model, name, i, steps=steps, loss=loss, old_policy=old_policy, n_prompts=n_prompts,
-                        n_samples=n_samples,
-                        max_tokens=max_tokens, lr=lr, async_rollouts=async_rollouts, device=device, seed=seed,
-                        dtype=dtype, sampling=sampling, pause_mode=pause_mode, clear_cache=clear_cache,
-                        ckpt=root / name, batch_size=batch_size, bar=bar, log=log))
-                    t_close = time.perf_counter()
-                log(f"{name}: engine closed in {time.perf_counter() - t_close:.1f} s")
-            finally:
-                if bar is not None:
-                    bar.close()
-            log(f"{name}: {steps} steps in {time.perf_counter() - t0:.1f} s (engine start included)")
+                        bar = tqdm(total=steps, desc=run, unit="step", leave=True)
+                    t_run = time.perf_counter()
+                    try:
+                        arms.update(_run_steps(
+                            eng, model, run, i * len(olds) + j, profile=name, steps=steps, loss=loss, old_policy=op,
+                            n_prompts=n_prompts, n_samples=n_samples, max_tokens=max_tokens, lr=lr,
+                            async_rollouts=async_rollouts, device=device, seed=seed, dtype=dtype, sampling=sampling,
+                            pause_mode=pause_mode, clear_cache=clear_cache, ckpt=root / run, batch_size=batch_size,
+                            bar=bar))
+                    finally:
+                        if bar is not None:
+                            bar.close()
+                    log(f"{run}: {steps} steps in {time.perf_counter() - t_run:.1f} s")
+                t_close = time.perf_counter()
+            log(f"{name}: engine closed in {time.perf_counter() - t_close:.1f} s; {time.perf_counter() - t0:.1f} s "
+                "in all")
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     return arms
 
 
-def summarize(arms: Mapping[str, xr.Dataset], *, reference: str | None = None) -> dict[str, Any]:
-    """The run's numbers as plain data: the curves (:func:`rlparity.metrics.rl.curves_records`),
-    each profile against ``reference`` (default the first profile;
-    :func:`rlparity.metrics.rl.profile_contrast`) and the findings of step 0 of every profile."""
+def diagnose_first_steps(arms: Mapping[str, xr.Dataset]):
+    """:func:`rlparity.diagnose.diagnose` of the first step of every run (any other step: pick its
+    arms from the store the same way)."""
     from rlparity.diagnose import diagnose
+    from rlparity.metrics.rl import parse_step_arm
+
+    first = min(parse_step_arm(a)[1] for a in arms)
+    return diagnose({a: ds for a, ds in arms.items() if parse_step_arm(a)[1] == first},
+                    title=f"RL run: step {first} of every run")
+
+
+def summarize(arms: Mapping[str, xr.Dataset], *, reference: str | None = None, findings: bool = True
+              ) -> dict[str, Any]:
+    """The run's numbers as plain data: the curves (:func:`rlparity.metrics.rl.curves_records`),
+    each run against the ``reference`` profile's run of the same ratio denominator (default the
+    first profile; :func:`rlparity.metrics.rl.profile_contrast`) and, with ``findings``, the findings
+    of the first step of every run (:func:`diagnose_first_steps`)."""
     from rlparity.metrics import rl as mrl
 
     curves = mrl.rl_curves(arms)
-    first = {a: ds for a, ds in arms.items() if mrl.parse_step_arm(a)[1] == int(curves["step"].values[0])}
-    report = diagnose(first, title="RL run: step 0 of every profile")
-    return {"curves": mrl.curves_records(curves), "contrast": mrl.profile_contrast(curves, reference),
-            "findings": report.to_dict()["findings"], "verdict": report.verdict}
+    res = {"curves": mrl.curves_records(curves), "contrast": mrl.profile_contrast(curves, reference)}
+    if findings:
+        report = diagnose_first_steps(arms)
+        res.update({"findings": report.to_dict()["findings"], "verdict": report.verdict})
+    return res
+
+
+def pack(store: str | os.PathLike, out: str | os.PathLike, *, max_part_bytes: int = 15 * 2**20) -> list[Path]:
+    """``store`` as one gzipped tar in ``out`` (``rl.zarr.tar.gz``), split into parts of at most
+    ``max_part_bytes`` (``rl.zarr.tar.gz.part00``, ...; ``cat rl.zarr.tar.gz.part* | tar xz`` joins
+    them) so a transfer that takes a few flat files of bounded size carries the whole store."""
+    import tarfile
+
+    store, out = Path(store), Path(out)
+    whole = out / f"{store.name}.tar.gz"
+    for old in out.glob(f"{whole.name}.part*"):
+        old.unlink()
+    with tarfile.open(whole, "w:gz") as tar:
+        tar.add(store, arcname=store.name)
+    if whole.stat().st_size <= max_part_bytes:
+        return [whole]
+    parts = []
+    with whole.open("rb") as fh:
+        while chunk := fh.read(max_part_bytes):
+            part = out / f"{whole.name}.part{len(parts):02d}"
+            part.write_bytes(chunk)
+            parts.append(part)
+    whole.unlink()
+    return parts
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -309,8 +377,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", help="the trainer's device (cuda on a GPU host)")
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--loss", default=d.loss, choices=["gspo", "ppo", "grpo"])
-    p.add_argument("--old-policy", default=d.old_policy, choices=["trainer", "rollout"],
-                   help="the loss's ratio denominator: pi_old recomputed (trainer) or mu (rollout, PipelineRL)")
+    p.add_argument("--old-policy", action="append", default=None, choices=list(OLD_POLICIES),
+                   help="the loss's ratio denominator, one run each (repeat): pi_old recomputed by the trainer, or "
+                        "mu (PipelineRL); default: " + " and ".join(d.old_policy))
     p.add_argument("--n-prompts", type=int, default=d.n_prompts)
     p.add_argument("--n-samples", type=int, default=d.n_samples)
     p.add_argument("--max-tokens", type=int, default=d.max_tokens)
@@ -336,21 +405,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                   max_tokens=a.max_tokens, lr=a.lr, async_rollouts=a.async_rollouts, device=a.device, seed=a.seed,
                   engine=engine, progress=not a.no_progress)
     elapsed = time.perf_counter() - t0
-    res = summarize(arms)
+    res = summarize(arms, findings=False)
     res.update({"model": model, "device": a.device, "elapsed_s": round(elapsed, 1),
                 "sizes": {"steps": a.steps, "n_prompts": a.n_prompts, "n_samples": a.n_samples,
-                          "max_tokens": a.max_tokens, "lr": a.lr, "loss": a.loss, "old_policy": a.old_policy,
+                          "max_tokens": a.max_tokens, "lr": a.lr, "loss": a.loss,
+                          "old_policy": a.old_policy or list(d.old_policy),
                           "async_rollouts": a.async_rollouts},
                 "engine_effective": {mrl.parse_step_arm(k)[0]: v.attrs.get("engine_effective")
                                      for k, v in arms.items() if mrl.parse_step_arm(k)[1] == 0},
                 "store": "rl.zarr"})
     write_json(out / "rl.json", res)  # first: the numbers survive a missing store
     try:
-        save(arms, out / "rl.zarr")
+        store = save(arms, out / "rl.zarr")
+        res["archive"] = [p.name for p in pack(store, out)]
+        res["unpack"] = f"cat {res['archive'][0].split('.part')[0]}* | tar xz  # gives rl.zarr"
     except ImportError as err:
-        print(f"rl.zarr not written ({err}: install zarr to save the store)")
-    curves = mrl.rl_curves(arms)
-    curves.to_dataframe().to_csv(out / "rl_curves.csv")
+        res["store"] = f"not written ({err}: install zarr to save the store)"
+    try:
+        report = diagnose_first_steps(arms)
+        res.update({"findings": report.to_dict()["findings"], "verdict": report.verdict})
+    except Exception as err:  # noqa: BLE001 - the curves and the store are written; say why the findings are not
+        res["findings_error"] = f"{type(err).__name__}: {err}"
+    write_json(out / "rl.json", res)
+    mrl.rl_curves(arms).to_dataframe().to_csv(out / "rl_curves.csv")
     for prof, c in res["contrast"].items():
         print(f"{prof}: mean ratio at step 0 {c['mean_ratio_step0']:.4f}, max |mean ratio - 1| "
               f"{c['max_abs_mean_ratio_minus_1']:.4f}, clamp indicator {c['clamp_indicator_mean']:.4f} "
@@ -360,8 +437,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["DERIVED_PROFILES", "RL_PROFILES", "main", "rl_profile", "rl_run", "step_prompts", "step_sampling",
-           "summarize"]
+__all__ = ["DERIVED_PROFILES", "OLD_POLICIES", "RL_PROFILES", "diagnose_first_steps", "main", "pack", "rl_profile",
+           "rl_run", "run_name", "step_prompts", "step_sampling", "summarize"]
 
 
 if __name__ == "__main__":

@@ -1,14 +1,17 @@
 """The curves of an online RL run: one row of numbers per (profile, step), from the kept traces.
 
 :func:`rlparity.experiments.rl.rl_run` keeps every step's rollout trace in one store, arms named
-``<profile>@step_003`` (:func:`step_arm`); each trace holds the rollout (mu = ``rollout_logprob``),
+``<run>@step_003`` (:func:`step_arm`; a run is an engine profile, ``pipelinerl-parity``, or a
+profile and the loss's ratio denominator, ``pipelinerl-parity+mu``); each trace holds the rollout (mu = ``rollout_logprob``),
 pi_old (the trainer at the weights that sampled each token), pi_theta (after the step),
 ``reward`` and ``advantage`` (written by :func:`rlparity.train.train_step`), every token's
 ``policy_version`` and, in ``attrs["rl"]``, what the runner did and how long it took. Everything
 here reads those traces alone, so any stored run can be redrawn or any step diagnosed later.
 
-:func:`step_metrics` gives one step's numbers, :func:`rl_curves` the ``(profile, step)`` Dataset;
-:func:`profile_contrast` compares each profile's curves with a reference profile's.
+:func:`step_metrics` gives one step's numbers, :func:`rl_curves` the ``(profile, step)`` Dataset
+(``profile`` = the run; coordinates ``engine_profile`` and ``old_policy`` along it);
+:func:`profile_contrast` compares each run with the reference profile's run of the same ratio
+denominator.
 
 Pairs and directions (nats, ``d = log numerator - log denominator``):
 
@@ -168,11 +171,14 @@ def rl_curves(arms, *, loss: str | None = None, trainer: TrainerSide | None = No
         raise ValueError("no traces: pass {'<profile>@step_NNN': trace} as rl_run returns it")
     cells: dict[tuple[str, int], xr.Dataset] = {}
     order: dict[str, float] = {}
+    info: dict[str, tuple[str, str]] = {}
     for name, ds in arms.items():
         prof, step = parse_step_arm(name)
         cells[(prof, step)] = ds
-        idx = (ds.attrs.get("rl") or {}).get("profile_index")
+        rec = ds.attrs.get("rl") or {}
+        idx = rec.get("profile_index")
         order.setdefault(prof, float(idx) if idx is not None else len(order) + 1e6)
+        info.setdefault(prof, (str(rec.get("profile") or prof.split("+")[0]), str(rec.get("old_policy") or "")))
     names = sorted(order, key=lambda p: order[p])
     if profiles is not None:
         missing = [p for p in profiles if p not in order]
@@ -190,7 +196,9 @@ def rl_curves(arms, *, loss: str | None = None, trainer: TrainerSide | None = No
         for k, v in row.items():
             data[k][names.index(prof), steps.index(step)] = v
     side = trainer_side(next(iter(cells.values())), trainer)
-    ds = xr.Dataset(coords={"profile": names, "step": np.asarray(steps, dtype=np.int64)})
+    ds = xr.Dataset(coords={"profile": names, "step": np.asarray(steps, dtype=np.int64),
+                            "engine_profile": ("profile", [info[p][0] for p in names]),
+                            "old_policy": ("profile", [info[p][1] for p in names])})
     for k, (long, units, pair) in CURVE_VARIABLES.items():
         attrs = {"long_name": long, "units": units}
         if pair in PAIR_NAMES:
@@ -201,6 +209,9 @@ def rl_curves(arms, *, loss: str | None = None, trainer: TrainerSide | None = No
             attrs.update({"pair": PAIR_NAMES[pair], "direction": f"d = log {num} - log {den}"})
         ds[k] = (("profile", "step"), data[k], attrs)
     ds["step"].attrs = {"long_name": "optimizer step (the batch trained at that step)"}
+    ds["engine_profile"].attrs = {"long_name": "the engine profile of the run"}
+    ds["old_policy"].attrs = {"long_name": "the loss's ratio denominator: pi_old (recomputed by the trainer) or mu "
+                                           "(the engine's logprobs)"}
     ds.attrs = make_attrs(trainer_side=side, loss=",".join(sorted(losses)),
                           clip=("GSPO sequence clip" if losses == {"gspo"} else "PPO token clip"),
                           source="rlparity.metrics.rl.rl_curves")
@@ -208,21 +219,29 @@ def rl_curves(arms, *, loss: str | None = None, trainer: TrainerSide | None = No
 
 
 def profile_contrast(curves: xr.Dataset, reference: str | None = None) -> dict[str, dict[str, Any]]:
-    """Each profile against ``reference`` (default the first profile), over the run's steps:
-    the largest ``|mean_ratio - 1|``, the mean clamp indicator and its ratio to the reference's, the
-    step-0 numbers, and the reward gap (mean and last step, profile minus reference)."""
-    profs = curves["profile"].values.tolist()
-    reference = reference or profs[0]
-    if reference not in profs:
-        raise ValueError(f"reference {reference!r} is not a profile of the curves: {profs}")
-    ref = curves.sel(profile=reference)
-    ref_clip = float(ref["clamp_log_ratio_new_old_indicator"].mean())
+    """Each run against the reference profile's run with the same ratio denominator (``old_policy``),
+    over the run's steps: the largest ``|mean_ratio - 1|``, the clamp indicator (step 0, mean, and
+    its ratio to the reference's: ``inf`` when the reference clipped nothing), the reward (mean,
+    first to last) and its gap to the reference (mean and last step, run minus reference).
+    ``reference``: an engine profile (default the first run's)."""
+    runs = curves["profile"].values.tolist()
+    engine = dict(zip(runs, curves["engine_profile"].values.tolist()))
+    old = dict(zip(runs, curves["old_policy"].values.tolist()))
+    reference = reference or engine[runs[0]]
+    refs = {old[r]: r for r in runs if engine[r] == reference}
+    if not refs:
+        raise ValueError(f"reference {reference!r} is not a profile of the curves: {sorted(set(engine.values()))}")
     out: dict[str, dict[str, Any]] = {}
-    for p in profs:
+    for p in runs:
+        if old[p] not in refs:
+            continue
+        ref = curves.sel(profile=refs[old[p]])
+        ref_clip = float(ref["clamp_log_ratio_new_old_indicator"].mean())
         c = curves.sel(profile=p)
         clip = float(c["clamp_log_ratio_new_old_indicator"].mean())
         first = c.isel(step=0)
         out[p] = {
+            "engine_profile": engine[p], "old_policy": old[p], "reference_run": refs[old[p]],
             "max_abs_mean_ratio_minus_1": float(np.abs(c["mean_ratio"] - 1).max()),
             "mean_ratio_step0": float(first["mean_ratio"]),
             "clamp_indicator_step0": float(first["clamp_log_ratio_new_old_indicator"]),
@@ -230,19 +249,24 @@ def profile_contrast(curves: xr.Dataset, reference: str | None = None) -> dict[s
             "clamp_indicator_vs_reference": (clip / ref_clip if ref_clip > 0 else
                                              (float("inf") if clip > 0 else 1.0)),
             "kl_new_old_mean": float(c["kl_new_old"].mean()),
+            "entropy_last": float(c["entropy"].isel(step=-1)),
             "reward_mean": float(c["reward"].mean()),
+            "reward_first_to_last": float(c["reward"].isel(step=-1) - c["reward"].isel(step=0)),
             "reward_gap_mean": float((c["reward"] - ref["reward"]).mean()),
             "reward_gap_last": float(c["reward"].isel(step=-1) - ref["reward"].isel(step=-1)),
-            "reward_first_to_last": float(c["reward"].isel(step=-1) - c["reward"].isel(step=0)),
         }
     return out
 
 
 def curves_records(curves: xr.Dataset) -> dict[str, Any]:
-    """The curves as plain data for JSON: ``{"steps": [...], "profiles": {profile: {var: [...]}},
-    "variables": {var: attrs}}`` (NaN stays NaN; write with :func:`rlparity.config.provenance.write_json`)."""
+    """The curves as plain data for JSON: ``{"steps": [...], "profiles": {run: {var: [...]}},
+    "runs": {run: {"engine_profile", "old_policy"}}, "variables": {var: attrs}}`` (NaN stays NaN;
+    write with :func:`rlparity.config.provenance.write_json`)."""
+    runs = curves["profile"].values.tolist()
     return {
         "steps": curves["step"].values.tolist(),
+        "runs": {r: {k: str(curves[k].sel(profile=r).item()) for k in ("engine_profile", "old_policy")
+                     if k in curves.coords} for r in runs},
         "profiles": {p: {k: curves[k].sel(profile=p).values.tolist() for k in curves.data_vars}
                      for p in curves["profile"].values.tolist()},
         "variables": {k: dict(curves[k].attrs) for k in curves.data_vars},
