@@ -239,6 +239,30 @@ def test_train_step_with_the_rollouts_logprobs_as_the_ratio_denominator(tiny_mod
 
 
 @pytest.mark.engine
+def test_async_rollouts_lag_one_step_and_are_scored_at_their_own_version(tiny_model, release_engines):
+    """What the notebook (synchronous) does not run: step k+1's rollouts submitted before step k trains.
+    Every token after step 0 comes from the previous version (lag 1); scored at its own version the
+    parity backend pair stays at the noise floor, while PipelineRL's kl_new_old at the trainer's current
+    weights sees the policy change."""
+    from rlparity.experiments.rl import rl_run
+
+    release_engines()
+    arms = rl_run(tiny_model, ["pipelinerl-parity"], 3, old_policy="pi_old", n_prompts=8, n_samples=4,
+                  max_tokens=16, lr=1e-3, async_rollouts=True, log=lambda line: None)
+    assert list(arms) == [f"pipelinerl-parity@step_00{k}" for k in range(3)]
+    curves = mrl.rl_curves(arms).sel(profile="pipelinerl-parity")
+    assert curves["lag"].values.tolist() == [0.0, 1.0, 1.0]
+    assert curves["offpolicy_share"].values.tolist() == [0.0, 1.0, 1.0]
+    assert float(abs(curves["mean_ratio"] - 1).max()) < 1e-3
+    assert float(curves["kl_new_old"].max()) < 1e-5
+    assert float(curves["kl_new_old_latest"].isel(step=slice(1, None)).min()) > 100 * float(curves["kl_new_old"].max())
+    for k, ds in enumerate(arms.values()):
+        rec = ds.attrs["rl"]
+        assert rec["versions_sampled"] == [max(k - 1, 0)] and rec["update"]["version"] == k + 1
+        assert ds.attrs["trainer"]["scored_by"] == "policy_version"
+
+
+@pytest.mark.engine
 def test_notebook_06_measures_the_profiles_apart(executed_notebook):
     """Notebook 06 ran every profile with a real AsyncLLM and a real trainer (ci=True sizes), once with
     pi_old and once with mu as the loss's ratio denominator."""
@@ -259,8 +283,10 @@ def test_notebook_06_measures_the_profiles_apart(executed_notebook):
         assert par["max_abs_mean_ratio_minus_1"] < 0.01
         # a bf16 rollout head: the mean ratio stays centred but GSPO's tight clip catches the rounding
         assert bf16["max_abs_mean_ratio_minus_1"] < 0.01 and bf16["clamp_indicator_mean"] > 0.2
-    # with mu inside the clip, raw logprobs cost reward
-    assert con["vllm-v1-defaults+mu"]["reward_gap_mean"] < -0.1
+    # with mu inside the clip, raw logprobs cost reward: only bad samples get a gradient, entropy rises
+    v1_mu = con["vllm-v1-defaults+mu"]
+    assert v1_mu["reward_gap_mean"] < -0.1 and v1_mu["reward_first_to_last"] < -0.05
+    assert v1_mu["entropy_last"] > con["pipelinerl-parity+mu"]["entropy_last"] + 0.3
     # every step pushed its weights into the running engine; one engine per profile
     assert res["updates_pushed"] == 6 * steps and len(res["engine_startup_s"]) == 3
     arms = open_arms(out / "rl.zarr")
