@@ -45,7 +45,7 @@ did and its timings in ``attrs["rl"]``. The curves are computed from those trace
 
 From a shell (one call on a GPU host with ``RLPARITY_ENGINE_LOCK=off``)::
 
-    python -m rlparity.experiments.rl --out DIR [--device cuda] [--steps N] [--async-rollouts]
+    python -m rlparity.experiments.rl --out DIR [--device cuda] [--steps N] [--async-rollouts] [--flat]
 
 writes ``DIR/rl.json`` (the curves and the contrast with the parity profile; first), then
 ``DIR/rl.zarr`` (every step's trace) and the same store as flat files, ``DIR/rl.zarr.tar.gz`` (or
@@ -387,7 +387,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=defaults().seed)
     p.add_argument("--profile", action="append", default=None, help="a profile (repeat); default: the three")
     p.add_argument("--async-rollouts", action="store_true", help="generate step k+1 while step k trains (lag 1)")
+    p.add_argument("--dtype", default=d.dtype, help="body dtype pinned on the engine and the trainer alike")
     p.add_argument("--gpu-memory-utilization", type=float, default=None)
+    p.add_argument("--flat", action="store_true", help="leave only flat files in --out: the store as tar parts "
+                                                       "(rl.zarr removed once packed)")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     from rlparity.config.provenance import write_json
@@ -403,13 +406,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     arms = rl_run(model, a.profile, a.steps, loss=a.loss, old_policy=a.old_policy, n_prompts=a.n_prompts,
                   n_samples=a.n_samples,
                   max_tokens=a.max_tokens, lr=a.lr, async_rollouts=a.async_rollouts, device=a.device, seed=a.seed,
-                  engine=engine, progress=not a.no_progress)
+                  dtype=a.dtype, engine=engine, progress=not a.no_progress)
     elapsed = time.perf_counter() - t0
     res = summarize(arms, findings=False)
     res.update({"model": model, "device": a.device, "elapsed_s": round(elapsed, 1),
                 "sizes": {"steps": a.steps, "n_prompts": a.n_prompts, "n_samples": a.n_samples,
                           "max_tokens": a.max_tokens, "lr": a.lr, "loss": a.loss,
-                          "old_policy": a.old_policy or list(d.old_policy),
+                          "old_policy": a.old_policy or list(d.old_policy), "dtype": a.dtype,
                           "async_rollouts": a.async_rollouts},
                 "engine_effective": {mrl.parse_step_arm(k)[0]: v.attrs.get("engine_effective")
                                      for k, v in arms.items() if mrl.parse_step_arm(k)[1] == 0},
@@ -419,6 +422,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         store = save(arms, out / "rl.zarr")
         res["archive"] = [p.name for p in pack(store, out)]
         res["unpack"] = f"cat {res['archive'][0].split('.part')[0]}* | tar xz  # gives rl.zarr"
+        if a.flat:
+            shutil.rmtree(store)
+            res["store"] = "rl.zarr (packed: see archive and unpack)"
     except ImportError as err:
         res["store"] = f"not written ({err}: install zarr to save the store)"
     try:
@@ -433,7 +439,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{c['max_abs_mean_ratio_minus_1']:.4f}, clamp indicator {c['clamp_indicator_mean']:.4f} "
               f"({c['clamp_indicator_vs_reference']:.3g}x the reference), reward {c['reward_mean']:.3f} "
               f"(first to last {c['reward_first_to_last']:+.3f})")
-    print(f"wrote {out / 'rl.json'}, {out / 'rl.zarr'} and {out / 'rl_curves.csv'} in {elapsed:.0f} s")
+    print(f"wrote {', '.join(sorted(p.name for p in out.iterdir()))} in {out} ({elapsed:.0f} s of runs)")
     return 0
 
 
