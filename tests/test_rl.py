@@ -215,6 +215,17 @@ def test_runner_refuses_bad_arguments_before_any_engine_starts(tiny_model):
     assert (s3.n, s3.max_tokens) == (2, 8) and s4.seed - s3.seed == 4
 
 
+def test_rl_run_cli_refuses_bad_input_before_any_engine_starts(cli, tmp_path):
+    out = tmp_path / "rl.zarr"
+    for args, msg in [(["--profile", "nope"], "unknown profile 'nope'"), (["--lr", "0"], "--lr 0.0"),
+                      (["--n-samples", "1"], "--n-samples"), (["--old-policy", "theta"], "--old-policy"),
+                      (["--loss", "dpo"], "--loss")]:
+        r = cli("rl-run", "-o", out, "--steps", "1", *args)
+        assert r.exit_code == 2 and msg in r.stderr, (args, r.output)
+    assert "parity-bf16-head" in cli("rl-run", "-o", out, "--profile", "nope").stderr  # the derived profile is named
+    assert not out.exists()
+
+
 def test_train_step_with_the_rollouts_logprobs_as_the_ratio_denominator(tiny_model):
     """old_policy="rollout" (PipelineRL: no recompute): mu is the ratio's denominator, so a raw-logprob
     mu puts every GSPO sequence outside the clip on the first micro-step, and a parity mu none."""
@@ -283,10 +294,10 @@ def test_notebook_06_measures_the_profiles_apart(executed_notebook):
         assert par["max_abs_mean_ratio_minus_1"] < 0.01
         # a bf16 rollout head: the mean ratio stays centred but GSPO's tight clip catches the rounding
         assert bf16["max_abs_mean_ratio_minus_1"] < 0.01 and bf16["clamp_indicator_mean"] > 0.2
-    # with mu inside the clip, raw logprobs cost reward: only bad samples get a gradient, entropy rises
+    # with mu inside the clip, raw logprobs cost reward: only bad samples get a gradient, entropy stays high
     v1_mu = con["vllm-v1-defaults+mu"]
     assert v1_mu["reward_gap_mean"] < -0.1 and v1_mu["reward_first_to_last"] < -0.05
-    assert v1_mu["entropy_last"] > con["pipelinerl-parity+mu"]["entropy_last"] + 0.3
+    assert v1_mu["entropy_last"] > con["pipelinerl-parity+mu"]["entropy_last"] + 0.2
     # every step pushed its weights into the running engine; one engine per profile
     assert res["updates_pushed"] == 6 * steps and len(res["engine_startup_s"]) == 3
     arms = open_arms(out / "rl.zarr")

@@ -207,6 +207,8 @@ def rl_curves(arms, *, loss: str | None = None, trainer: TrainerSide | None = No
                    "latest": f"pi_latest ({LATEST_VARIABLE[side]})"}[pair]
             den = "pi_old" if pair == "update" else "mu (rollout_logprob)"
             attrs.update({"pair": PAIR_NAMES[pair], "direction": f"d = log {num} - log {den}"})
+        if k == "entropy":
+            attrs["variable"] = f"{ENTROPY_VARIABLE[side]} (the {side} reading, pi_old's weights)"
         ds[k] = (("profile", "step"), data[k], attrs)
     ds["step"].attrs = {"long_name": "optimizer step (the batch trained at that step)"}
     ds["engine_profile"].attrs = {"long_name": "the engine profile of the run"}
