@@ -12,6 +12,7 @@ from rlparity.config.defaults import (
     CheckThresholds,
     Defaults,
     ObjectiveDefaults,
+    RLDefaults,
     default_sampling,
     defaults,
     defaults_context,
@@ -21,6 +22,6 @@ from rlparity.config.env import scoped_env
 from rlparity.config.profiles import load_profile, profile_names, read_profile, save_profile
 from rlparity.config.settings import EngineSettings, SamplingSettings
 
-__all__ = ["WHY", "AuditResult", "CheckThresholds", "Defaults", "ObjectiveDefaults", "Difference", "EngineSettings", "SamplingSettings",
+__all__ = ["WHY", "AuditResult", "CheckThresholds", "Defaults", "ObjectiveDefaults", "RLDefaults", "Difference", "EngineSettings", "SamplingSettings",
            "compare", "default_sampling", "defaults", "defaults_context", "load_profile", "profile_names", "read_profile", "save_profile",
            "scoped_env", "set_defaults"]

@@ -126,6 +126,35 @@ class ObjectiveDefaults(BaseModel):
                 "product_band": self.product_band}[rule]
 
 
+class RLDefaults(BaseModel):
+    """The online RL run's defaults (:func:`rlparity.experiments.rl.rl_run`, ``rlparity rl-run``,
+    ``python -m rlparity.experiments.rl``). The sizes fit the GPU call's budget (3 engine starts and
+    ``steps`` steps of the tiny model, for each profile and ratio denominator, in under 9 minutes on one
+    H200); the notebook's CI run uses fewer steps and a larger learning rate."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    profiles: tuple[str, ...] = Field(("pipelinerl-parity", "vllm-v1-defaults", "parity-bf16-head"),
+                                      description="engine profiles run side by side (built-in names, YAML paths "
+                                                  "or the derived parity-bf16-head)")
+    loss: Literal["gspo", "ppo", "grpo"] = Field("gspo", description="the objective of every step")
+    old_policy: tuple[Literal["pi_old", "mu"], ...] = Field(
+        ("pi_old", "mu"), min_length=1,
+        description="the loss's ratio denominator, one run each: pi_old recomputed by the trainer (verl, slime) or "
+                    "the engine's logprobs mu, never recomputed (PipelineRL, prime-rl)")
+    steps: int = Field(30, ge=1, description="optimizer steps per run (one batch each)")
+    n_prompts: int = Field(16, ge=1, description="prompts per step")
+    n_samples: int = Field(8, ge=2, description="samples per prompt: the group of the group-normalised advantage")
+    max_tokens: int = Field(24, ge=1, description="response tokens per sample")
+    lr: float = Field(3e-4, gt=0, description="AdamW learning rate (no weight decay); Adam's first step moves every "
+                                              "weight by about lr, so step 0 is the largest")
+    dtype: str = Field("float32", description="body dtype pinned on the engine and the trainer alike, so the "
+                                              "profiles differ only in what they name")
+    pause_mode: Literal["keep", "wait", "abort"] = Field("keep", description="pause mode of each weight update "
+                                                                             "(PipelineRL: keep)")
+    clear_cache: bool = Field(True, description="reset the prefix cache at each update (and, under keep, "
+                                                "recompute the KV of requests in flight)")
+
 
 class Defaults(BaseModel):
     """The defaults object. Fields are grouped by what reads them."""
@@ -166,6 +195,7 @@ class Defaults(BaseModel):
                                                       "(and an error); the issue's bar, met by 10^4x on CPU fp32")
     check: CheckThresholds = Field(default_factory=CheckThresholds)
     objective: ObjectiveDefaults = Field(default_factory=ObjectiveDefaults)
+    rl: RLDefaults = Field(default_factory=RLDefaults)
 
     def replace(self, **changes: Any) -> Defaults:
         """A validated copy with some fields changed; an unknown field is an error."""
@@ -173,7 +203,7 @@ class Defaults(BaseModel):
         if unknown:
             raise ValueError(f"unknown default(s) {unknown}; valid: {sorted(type(self).model_fields)}")
         data = self.model_dump()
-        for nested in ("check", "objective"):
+        for nested in ("check", "objective", "rl"):
             if isinstance(changes.get(nested), dict):
                 changes = {**changes, nested: {**data[nested], **changes[nested]}}
         return type(self)(**{**data, **changes})
@@ -228,4 +258,4 @@ def defaults_context(**changes: Any) -> Iterator[Defaults]:
         _CURRENT.reset(token)
 
 
-__all__ = ["CheckThresholds", "Defaults", "ObjectiveDefaults", "TrainerSide", "default_sampling", "defaults", "defaults_context", "set_defaults"]
+__all__ = ["CheckThresholds", "Defaults", "ObjectiveDefaults", "RLDefaults", "TrainerSide", "default_sampling", "defaults", "defaults_context", "set_defaults"]

@@ -67,7 +67,8 @@ def train_step(model: Any, trace: xr.Dataset, *, rewards: Sequence[float] | Call
                loss: str = "gspo", lr: float | None = None, optimizer: Any = None,
                group_by: str = "prompt_index", trainer: str = "processed", eps_low: float | None = None,
                eps_high: float | None = None, token_weights: np.ndarray | None = None,
-               keep: np.ndarray | None = None, advantage_scale: str = "std", max_grad_norm: float | None = None,
+               keep: np.ndarray | None = None, old_logprob: np.ndarray | None = None,
+               advantage_scale: str = "std", max_grad_norm: float | None = None,
                dtype: str = "float32", head_dtype: str = "float32", device: str = "cpu", batch_size: int = 16,
                return_gradient: bool = False, step: bool = True) -> StepResult:
     """One optimizer step of ``model`` on ``trace``; returns the trace with pi_theta.
@@ -86,6 +87,9 @@ def train_step(model: Any, trace: xr.Dataset, *, rewards: Sequence[float] | Call
     Corrections, computed by the caller (e.g. with :mod:`rlparity.metrics.objective`) and given as
     ``(sequence, position)`` arrays: ``token_weights`` multiply each token's loss (token TIS, the
     decoupled correction weight pi_old/mu) and ``keep`` drops tokens (rejection masks).
+    ``old_logprob`` (nats, ``(sequence, position)``) replaces the recomputed denominator of the
+    ratio, e.g. ``trace["rollout_logprob"].values`` (mu) for a trainer that never recomputes pi_old
+    (PipelineRL, prime-rl: the ratio is then the bypass pair pi_theta/mu).
 
     ``optimizer``: a torch optimizer over the model's parameters, or None for AdamW(``lr``,
     default 1e-5, no weight decay); ``max_grad_norm`` clips the gradient; ``step=False`` computes
@@ -108,7 +112,7 @@ def train_step(model: Any, trace: xr.Dataset, *, rewards: Sequence[float] | Call
     validate(trace)
     n, width = trace.sizes["sequence"], trace.sizes["position"]
     mask = trace["response_mask"].values.astype(bool)
-    for name, arr in (("token_weights", token_weights), ("keep", keep)):
+    for name, arr in (("token_weights", token_weights), ("keep", keep), ("old_logprob", old_logprob)):
         if arr is not None and np.shape(arr) != (n, width):
             raise ValueError(f"{name} has shape {np.shape(arr)}; give one value per (sequence, position): {(n, width)}")
     r = _rewards(trace, rewards)
@@ -140,6 +144,8 @@ def train_step(model: Any, trace: xr.Dataset, *, rewards: Sequence[float] | Call
         for batch in batches:
             for i, lp in zip(batch, _batch_logprobs(scorer, seqs, batch, temp, topk, topp, trainer, device)):
                 old[i, : lp.numel()] = lp.double().cpu().numpy()
+    if old_logprob is not None:  # the caller's denominator (e.g. mu: no recompute)
+        old = np.where(mask, np.asarray(old_logprob, dtype=float), np.nan)
     usable = mask & np.isfinite(old)
     use = kept & usable
     if token_weights is not None and not np.isfinite(np.asarray(token_weights, float)[use]).all():
@@ -196,7 +202,9 @@ def train_step(model: Any, trace: xr.Dataset, *, rewards: Sequence[float] | Call
     w_used = (np.ones(n_tok) if token_weights is None else np.asarray(token_weights, float)[use])
     info = {"loss": loss, "lr": float(optimizer.param_groups[0]["lr"]), "eps_low": el, "eps_high": eh,
             "trainer_side": trainer, "group_by": group_by, "advantage_scale": advantage_scale,
-            "stepped": bool(step), "corrections": {"token_weights": token_weights is not None, "keep": keep is not None}}
+            "stepped": bool(step), "ratio_denominator": "given (old_logprob)" if old_logprob is not None else
+            f"{PI_OLD[trainer]} recomputed at the step's start",
+            "corrections": {"token_weights": token_weights is not None, "keep": keep is not None}}
     out = with_trainer(out, {"reward": r, "advantage": adv},
                        {"train_step": {**info, "optimizer": type(optimizer).__name__}})
     metrics = {

@@ -1,0 +1,243 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 6. A small online RL run per engine profile
+#
+# The earlier chapters measure the mismatch on one batch. A run is many batches: the rollout
+# engine samples, the trainer steps, the new weights go back into the running engine, and the
+# mismatch shows up on the run's dashboard as curves. PipelineRL's V0 -> V1 move is the classic
+# case: with V1's defaults the run's `kl_new_old` and `clamp_log_ratio_new_old_indicator` sat
+# far from the V0 reference from the first step on, and they came back once the fixes went in
+# (processed logprobs, no prefix caching, no async scheduling, an fp32 LM head).
+#
+# This chapter runs that loop for real on the built-in model's arithmetic task (a checkable
+# reward), once per engine profile, from the same initial weights and with the same prompts and
+# seeds at every step:
+#
+# * `pipelinerl-parity`: the fixed setup;
+# * `vllm-v1-defaults`: vLLM V1 with nothing set (raw logprobs, prefix caching and async
+#   scheduling on);
+# * `parity-bf16-head`: the parity setup with the rollout LM head in bf16.
+#
+# Each profile gets one real `AsyncLLM` (`rlparity.capture.AsyncEngine`). Every step: sample
+# `n_prompts` x `n_samples`; the trainer (transformers, fp32 head, AdamW whose state persists)
+# rescores every token with the weights that sampled it (pi_old) and takes one optimizer step
+# with the objective layer's code (`rlparity.train.train_step`, GSPO by default); the new weights
+# are saved as safetensors and pushed into the running engine with the inflight path (pause with
+# `keep`, load through the worker extension, reset the prefix cache, resume). The body runs in
+# float32 on both sides, so the profiles differ in what they name and nothing else.
+#
+# Trainers disagree on one thing that decides whether a backend mismatch reaches the update: the
+# denominator of the ratio the loss clips. verl and slime recompute **pi_old** with the trainer;
+# PipelineRL and prime-rl use the engine's logprobs **mu** as they came. Each profile therefore runs
+# twice on its engine, once per denominator (`old_policy`), each time from the initial weights
+# (loaded back into the running engine) with a fresh optimizer: the runs are named
+# `<profile>+pi_old` and `<profile>+mu`.
+
+# %% tags=["parameters"]
+ci = False                 # small sizes for CI
+model = None               # a local checkpoint (the initial weights); None builds the tiny built-in model
+size = "tiny"              # built-in model size when model is None
+device = "cpu"             # trainer device ("cuda" on a GPU host); vLLM picks its own platform
+steps = None               # optimizer steps per profile (None: rlparity.config.defaults().rl.steps)
+n_prompts = None           # prompts per step (None: the defaults')
+n_samples = None           # samples per prompt: the group of the group-normalised advantage
+max_tokens = None          # response tokens per sample
+lr = None                  # AdamW learning rate
+loss = "gspo"              # gspo (PipelineRL's clamp indicator is then GSPO's sequence clip), ppo or grpo
+old_policy = ["pi_old", "mu"]  # the loss's ratio denominator, one run each: pi_old recomputed, or the engine's mu
+async_rollouts = False     # generate step k+1 while step k trains (one step of lag)
+seed = 0
+gpu_memory_utilization = None
+engine_log_level = "ERROR"  # vLLM's log level in this notebook
+max_parity_ratio_dev = 0.01   # |mean pi_old/mu - 1| the parity run must stay under on every step
+min_defaults_ratio_dev = 0.03  # ... the vllm-v1-defaults run must exceed from step 0
+min_clip_multiple = 3.0       # its clamp indicator over the parity run's (the parity run's floored at 1e-3)
+min_reward_gap = 0.1          # with mu as the denominator: vllm-v1-defaults' reward fall from step 0, and parity's lead
+reward_from_step = 2
+out_dir = "artifacts/06_rl_run"
+
+# %%
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", engine_log_level)  # before vLLM is imported
+
+import rlparity
+from rlparity.config import defaults
+from rlparity.config.provenance import write_json
+from rlparity.diagnose import diagnose
+from rlparity.experiments import rl as ex
+from rlparity.metrics import rl as mrl
+from rlparity.models import make_model
+from rlparity.plot import init_notebook
+from rlparity.plot.rl import plot_rl_curves
+
+init_notebook()
+d = defaults().rl
+if ci:  # fewer steps, each larger: the runs separate within the CI budget
+    steps, n_prompts, n_samples, max_tokens = steps or 8, n_prompts or 16, n_samples or 8, max_tokens or 24
+    lr = lr or 1e-3
+steps, n_prompts, n_samples = steps or d.steps, n_prompts or d.n_prompts, n_samples or d.n_samples
+max_tokens, lr = max_tokens or d.max_tokens, lr or d.lr
+old_policy = [old_policy] if isinstance(old_policy, str) else list(old_policy)
+model = model or str(make_model(size, progress=False))
+out = Path(out_dir)
+out.mkdir(parents=True, exist_ok=True)
+engine = {"gpu_memory_utilization": gpu_memory_utilization} if gpu_memory_utilization else {}
+profiles = list(d.profiles)
+print(f"model {model}; profiles {profiles}; {steps} steps of {n_prompts} prompts x {n_samples} samples x "
+      f"{max_tokens} tokens; {loss}, lr {lr}, ratio denominator {old_policy}, async rollouts {async_rollouts}")
+
+# %% [markdown]
+# ## The run
+# `rl_run` starts one engine per profile (closed before the next starts) and returns every step's
+# trace, named `<run>@step_NNN`. It computes no curve: it only records what it did and how long
+# each part took (`attrs["rl"]`). With `async_rollouts=True` the rollouts of step k+1 are
+# submitted with `capture_async` before step k trains, so they are sampled by version k while the
+# trainer computes version k+1 (PipelineRL's one step of lag); the trainer keeps its previous
+# weights for one step to score those tokens at their own version.
+
+# %%
+t0 = time.perf_counter()
+arms = ex.rl_run(model, profiles, steps, loss=loss, old_policy=old_policy, n_prompts=n_prompts, n_samples=n_samples,
+                 max_tokens=max_tokens, lr=lr, async_rollouts=async_rollouts, device=device, seed=seed,
+                 engine=engine, log=lambda line: None)
+elapsed = time.perf_counter() - t0
+runs = list(dict.fromkeys(mrl.parse_step_arm(a)[0] for a in arms))
+engine_starts = {ds.attrs["rl"]["profile"]: ds.attrs["rl"]["engine_startup_s"] for ds in arms.values()}
+print(f"{len(arms)} steps in {elapsed:.0f} s; engine starts (s): {engine_starts}")
+
+# %% [markdown]
+# ## The curves
+# `rlparity.metrics.rl.rl_curves` turns the kept traces into one Dataset with dims
+# `(profile, step)` (one row per run; `engine_profile` and `old_policy` label it). PipelineRL's
+# names are computed with PipelineRL's formulas (`rlparity.metrics.dashboard.pipelinerl_metrics`)
+# on the **backend pair** (pi_old, mu), pi_old read at each token's own version: `kl_new_old`,
+# `clamp_log_ratio_new_old_indicator` (GSPO's sequence clip for a GSPO run), `ratio_new_old`,
+# `ess`. Beside them: the reward, the trainer's entropy, the mean ratio pi_old/mu, the lag, the
+# share of tokens a token band would mask and the wall time of each step. Colours are engine
+# profiles; solid lines the pi_old runs, dotted the mu runs.
+
+# %%
+curves = mrl.rl_curves(arms)
+curves.to_dataframe().round(4).T
+
+# %%
+plot_rl_curves(curves)
+
+# %% [markdown]
+# ## Each run against the parity run of the same denominator
+# From step 0 the `vllm-v1-defaults` runs' ratio pi_old/mu is off 1 by several percent: vLLM
+# reports the raw logprob (temperature 1, full vocabulary) of a token it sampled from the
+# temperature-scaled top-k distribution, so every GSPO sequence ratio leaves GSPO's clip range
+# [1 - 3e-4, 1 + 4e-4]. The bf16 head keeps the mean ratio centred (its rounding is symmetric) but
+# its per-token noise, averaged over a sequence, is still larger than GSPO's clip range, so the
+# clamp indicator catches it. The parity runs clip nothing.
+
+# %%
+contrast = mrl.profile_contrast(curves, "pipelinerl-parity")
+import pandas as pd
+
+pd.DataFrame(contrast).T.round(4)
+
+# %% [markdown]
+# ## What the reward does
+# With **pi_old** as the denominator the trainer's own reading is the ratio's reference, so the
+# update never sees mu: a backend mismatch changes what the dashboard says and which samples the
+# engine draws, not the gradient, and the profiles' reward curves differ by sampling noise only.
+# With **mu** as the denominator (PipelineRL) the mismatch is inside the clip. Under GSPO a
+# sequence whose ratio is above `1 + eps_high` gets no gradient when its advantage is positive and
+# the full gradient when it is negative: with raw logprobs nearly every sequence is there, so the
+# `vllm-v1-defaults+mu` run can only push bad samples down: its entropy stays high and its reward
+# falls below where it started, while the parity run of the same trainer learns. The bf16 head's
+# rounding clips a share of the sequences too, in both directions; with large steps that bias can
+# tip the policy over (on a 2-core CPU, 20 steps at `lr=1e-3`: reward 0.74 at step 9, under 0.07
+# from step 10 on, as the entropy fell to 0.1; at `lr=3e-4` the same run kept learning). Large
+# steps also make single runs noisy: a gap between two `pi_old` runs is noise unless it repeats
+# over seeds.
+
+# %%
+reward = curves["reward"].to_pandas().T
+reward.round(3)
+
+# %%
+plot_rl_curves(curves, ["reward", "entropy", "clamp_log_ratio_new_old_indicator", "kl_update"], cols=2)
+
+# %% [markdown]
+# ## Any step can be diagnosed later
+# Every step's trace is in the store; `diagnose` reads it like any other capture. Here, step 0 of
+# every run. Besides the backend findings (raw logprobs, the bf16 head), the objective layer reads
+# the update pair (pi_theta, pi_old) of the step: Adam's first step moves every weight by about the
+# learning rate, a large step for a model this small, and it says so.
+
+# %%
+first = {a: ds for a, ds in arms.items() if mrl.parse_step_arm(a)[1] == 0}
+report = diagnose(first, title="RL run: step 0 of every run")
+report
+
+# %% [markdown]
+# ## What this notebook asserts
+
+# %%
+def curve(profile, old):
+    return curves.sel(profile=ex.run_name(profile, old, len(old_policy) > 1))
+
+
+for old in old_policy:
+    par, v1 = curve("pipelinerl-parity", old), curve("vllm-v1-defaults", old)
+    par_clip = max(float(par["clamp_log_ratio_new_old_indicator"].mean()), 1e-3)
+    assert float(abs(par["mean_ratio"] - 1).max()) < max_parity_ratio_dev, par["mean_ratio"].values
+    assert abs(float(v1["mean_ratio"].isel(step=0)) - 1) > min_defaults_ratio_dev, v1["mean_ratio"].values
+    assert float(abs(v1["mean_ratio"] - 1).min()) > min_defaults_ratio_dev, v1["mean_ratio"].values
+    assert float(v1["clamp_log_ratio_new_old_indicator"].isel(step=0)) > min_clip_multiple * par_clip
+    assert float(v1["clamp_log_ratio_new_old_indicator"].mean()) > min_clip_multiple * par_clip
+    clip_v1, clip_par = (float(c["clamp_log_ratio_new_old_indicator"].mean()) for c in (v1, par))
+    print(f"{old}: parity max |mean ratio - 1| {float(abs(par['mean_ratio'] - 1).max()):.2e}; vllm-v1-defaults "
+          f"mean ratio {float(v1['mean_ratio'].isel(step=0)):.4f} at step 0, clamp indicator {clip_v1:.3f} vs "
+          f"{clip_par:.3f}")
+if "mu" in old_policy and steps > reward_from_step:
+    late = slice(reward_from_step, None)
+    v1_mu, par_mu = curve("vllm-v1-defaults", "mu"), curve("pipelinerl-parity", "mu")
+    fall = float(v1_mu["reward"].isel(step=0) - v1_mu["reward"].isel(step=late).mean())
+    gap = float(par_mu["reward"].isel(step=late).mean() - v1_mu["reward"].isel(step=late).mean())
+    assert fall > min_reward_gap, fall  # raw logprobs in the clip: only bad samples are pushed down
+    assert float(v1_mu["entropy"].isel(step=-1)) > float(par_mu["entropy"].isel(step=-1))  # ... and stays random
+    assert gap > min_reward_gap, gap  # and the parity run of the same trainer is ahead
+    print(f"mu: vllm-v1-defaults' reward falls by {fall:.3f} from step 0; parity's mean reward from step "
+          f"{reward_from_step} exceeds it by {gap:.3f}")
+updates = [a for a, ds in arms.items() if ds.attrs["rl"]["update"]["version"] == mrl.parse_step_arm(a)[1] + 1]
+assert len(updates) == len(arms) == len(profiles) * len(old_policy) * steps  # every step pushed its weights
+assert len(engine_starts) == len(profiles)  # one engine per profile, its runs reusing it
+assert float(curves["kl_update"].min()) > 0  # every step moved the policy
+if async_rollouts:
+    assert float(curves["lag"].isel(step=slice(1, None)).min()) > 0
+else:
+    assert float(curves["lag"].max()) == 0
+v1_first = mrl.step_arm(ex.run_name("vllm-v1-defaults", old_policy[0], len(old_policy) > 1), 0)
+assert any(f.name == "raw_logprobs_used_as_processed" and f.arm == v1_first for f in report), report.names()
+
+# %%
+store = rlparity.trace.save(arms, out / "rl.zarr")
+write_json(out / "results.json", {
+    "curves": mrl.curves_records(curves), "contrast": contrast, "findings": report.to_dict()["findings"],
+    "steps_run": steps, "runs": runs, "updates_pushed": len(updates), "engine_startup_s": engine_starts,
+    "elapsed_s": round(elapsed, 1), "store": str(store),
+    "sizes": {"steps": steps, "n_prompts": n_prompts, "n_samples": n_samples, "max_tokens": max_tokens, "lr": lr,
+              "loss": loss, "old_policy": old_policy, "async_rollouts": async_rollouts},
+    "thresholds": {"max_parity_ratio_dev": max_parity_ratio_dev, "min_defaults_ratio_dev": min_defaults_ratio_dev,
+                   "min_clip_multiple": min_clip_multiple, "min_reward_gap": min_reward_gap}})
+print(f"wrote {store} and {out / 'results.json'}")
