@@ -451,8 +451,10 @@ class Server:
         self.close()
 
     def __del__(self):
-        with contextlib.suppress(Exception):
+        try:  # at interpreter exit module globals may already be gone: never raise from here
             self.close(timeout=5.0)
+        except Exception:  # noqa: BLE001
+            pass
 
     # capture ------------------------------------------------------------------------
     @property
