@@ -5,7 +5,7 @@ rollout's logprobs disagree with a trainer that scores each token at its own ver
 
 * :func:`stale_prefix_cache`: a prompt hits the prefix cache after an update that did not reset
   it, so its prefix's KV was computed by the old weights (PipelineRL disabled prefix caching for
-  this; others measured mean |d| 0.87 nats from it). Evidence: d on those sequences against the
+  this; others measured mean ``|d|`` 0.87 nats from it). Evidence: d on those sequences against the
   noise floor of tokens computed by one set of weights.
 * :func:`kv_carried_over`: a request kept across an update (``mode="keep"`` without clearing the
   cache) samples its later tokens on KV the old weights computed for its earlier ones.
@@ -52,7 +52,7 @@ def stale_prefix_cache(trace: xr.Dataset, *, trainer: str | None = None, stale_r
     """``stale_prefix_cache_after_update`` when sequences hit a prefix cache that may hold KV of
     other weights (``prefix_cache_stale``); ``None`` when none did or the trace does not record it.
 
-    An error when the trace is unscored (the hits are stale by construction) or when mean |d| on the
+    An error when the trace is unscored (the hits are stale by construction) or when mean ``|d|`` on the
     stale sequences is at least ``stale_ratio`` times the noise floor; a warning when it is within
     that (the cached blocks may have been written after the update, or the update did not move the
     prefix's KV)."""
@@ -85,7 +85,7 @@ def kv_carried_over(trace: xr.Dataset, *, trainer: str | None = None, stale_rati
                     ) -> Finding | None:
     """``kv_carried_over_update`` when sequences straddle an update that kept the cache: their
     later tokens were sampled by the new weights on KV the old ones computed. A warning when mean
-    |d| on those tokens is at least ``stale_ratio`` times the noise floor, information otherwise;
+    ``|d|`` on those tokens is at least ``stale_ratio`` times the noise floor, information otherwise;
     ``None`` when no token is carried over."""
     carried = mi.carried_tokens(trace)
     if not carried.any():
@@ -154,7 +154,7 @@ def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, pr
 
 def matrix_findings(arms: Mapping[str, xr.Dataset], options: DiagnoseOptions | None = None) -> list[Finding]:
     """Over an inflight matrix: ``inflight_stale_arms`` naming the arms with stale prefix-cache hits
-    and, for each, mean |d| after the update against the same arm with the cache reset (ratio);
+    and, for each, mean ``|d|`` after the update against the same arm with the cache reset (ratio);
     information (each stale arm has its own error)."""
     opts = options or DiagnoseOptions()
     table = mi.inflight_table(arms, trainer=opts.trainer)

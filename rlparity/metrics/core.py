@@ -81,7 +81,7 @@ def masked_quantile(x: np.ndarray, mask: np.ndarray, q, axis=None) -> np.ndarray
 
 
 def abs_stats(d: np.ndarray, mask: np.ndarray) -> dict[str, float]:
-    """Mean, RMS, max and quantiles of |d| (and the signed mean) over finite real tokens (scalars)."""
+    """Mean, RMS, max and quantiles of ``|d|`` (and the signed mean) over finite real tokens (scalars)."""
     m = finite_mask(d, mask)
     qs = masked_quantile(d, m, QUANTILES)
     out = {"mean": float(masked_mean(d, m)), "mean_abs": float(masked_mean(np.abs(d), m)),
@@ -141,7 +141,7 @@ def pearson(x: np.ndarray, y: np.ndarray, mask: np.ndarray, axis=None) -> np.nda
 
 
 def prob_stats(log_pi: np.ndarray, log_mu: np.ndarray, mask: np.ndarray, axis=None) -> dict[str, np.ndarray]:
-    """|pi - mu| (mean, max, std) and the Pearson correlation of pi and mu over real tokens
+    """``|pi - mu|`` (mean, max, std) and the Pearson correlation of pi and mu over real tokens
     (a token with pi = 0 counts here with pi = 0: probabilities, unlike log-ratios, stay finite)."""
     m = np.asarray(mask, dtype=bool) & np.isfinite(log_mu) & ~np.isnan(log_pi)
     pi, mu = np.exp(np.where(m, log_pi, -np.inf)), np.exp(np.where(m, log_mu, -np.inf))

@@ -111,7 +111,7 @@ def _grid(cells, per_cell) -> xr.Dataset:
 
 
 def head_table(data, *, trainer: TrainerSide | None = None, eps: float | None = None) -> xr.Dataset:
-    """Per-cell parity table, dims ``(rollout_head, trainer_head)``: RMS / max / mean |d|, mean
+    """Per-cell parity table, dims ``(rollout_head, trainer_head)``: RMS / max / mean ``|d|``, mean
     ratio, Pearson of token probabilities, clip fraction at ``eps``, k3 and token counts.
 
     ``data``: ``{arm: trace}``, a DataTree or a store path (arms from
@@ -247,7 +247,7 @@ def matched_advantage(table: xr.Dataset, *, variable: str = "abs_log_ratio_rms",
 
 def probability_pairs(trace: xr.Dataset, *, trainer: TrainerSide | None = None, max_points: int | None = None,
                       seed: int = 0) -> dict[str, np.ndarray]:
-    """Per real token: rollout probability mu, trainer probability pi_old, |d| and max logit
+    """Per real token: rollout probability mu, trainer probability pi_old, ``|d|`` and max logit
     (optionally a seeded subsample of ``max_points`` tokens), for scatter plots."""
     m = trace["response_mask"].values.astype(bool)
     log_mu = trace["rollout_logprob"].values[m]

@@ -160,7 +160,7 @@ def _abs_mean(d: np.ndarray, sel: np.ndarray) -> float:
 
 
 def stale_evidence(trace: xr.Dataset, trainer: TrainerSide | None = None) -> dict[str, Any]:
-    """d on the sequences with stale prefix-cache hits against the noise floor (mean |d|, nats).
+    """d on the sequences with stale prefix-cache hits against the noise floor (mean ``|d|``, nats).
 
     ``stale_abs_log_ratio_mean`` over every token of the stale sequences; ``floor_abs_log_ratio_mean``
     over :func:`clean_tokens`; their ratio; counts; the share of prompt tokens the stale sequences
@@ -271,7 +271,7 @@ def _side(trainer: TrainerSide | None) -> str:
 
 def inflight_table(data, *, trainer: TrainerSide | None = None) -> xr.Dataset:
     """One row per arm of an inflight matrix (dim ``arm``): the cell (``mode``, ``clear_cache``,
-    ``prefix_caching``), mean |d| of requests after the update, of in-flight ones, of stale
+    ``prefix_caching``), mean ``|d|`` of requests after the update, of in-flight ones, of stale
     sequences against the noise floor, of tokens sampled on carried-over KV, against the latest
     weights; lag (token and sequence); counts (stale, mixed-version, aborted, resubmitted); the
     pause length. See :data:`TABLE_VARIABLES` for each variable's meaning and units."""
@@ -313,7 +313,7 @@ def reset_ratios(table: xr.Dataset, variable: str = "after_abs_log_ratio_mean") 
 
 def gap_by_update_time(data, *, trainer: TrainerSide | None = None, n_bins: int = 12,
                        edges: Sequence[float] | None = None) -> xr.Dataset:
-    """Mean |d| of tokens by their time relative to each arm's update (``token_time`` minus the
+    """Mean ``|d|`` of tokens by their time relative to each arm's update (``token_time`` minus the
     update's resume time, seconds; negative = before), dims ``(arm, time_bin)``, with token counts
     and the mean policy version in each bin. Bins are shared over arms (quantiles of every arm's
     token times unless ``edges`` are given)."""

@@ -128,7 +128,7 @@ def summary(trace: xr.Dataset, trainer: TrainerSide | None = None, eps: float | 
             dim: str | Sequence[str] | None = None) -> xr.Dataset:
     """Parity summary of one trace, reduced over ``dim`` (default: every token, scalars).
 
-    Token stats of d (mean, |d| mean / RMS / max, quantiles), mean ratio, Schulman's KL
+    Token stats of d (mean, ``|d|`` mean / RMS / max, quantiles), mean ratio, Schulman's KL
     estimators, clip fraction at ``eps``, token ESS, probability differences and their Pearson
     correlation; ``n_tokens`` real tokens, ``n_used`` of them with a finite d, ``n_zero_prob``
     excluded because the trainer gives them probability 0 (counted, never averaged away).
