@@ -241,3 +241,51 @@ write_json(out / "results.json", {
     "thresholds": {"max_parity_ratio_dev": max_parity_ratio_dev, "min_defaults_ratio_dev": min_defaults_ratio_dev,
                    "min_clip_multiple": min_clip_multiple, "min_reward_gap": min_reward_gap}})
 print(f"wrote {store} and {out / 'results.json'}")
+
+# %% [markdown]
+# ## The same runs on an H200, 100 steps each (shipped example data)
+# The CPU run above is short. The example `h200-rl` holds the same six runs made on one H200
+# (vLLM 0.26, float32 body, 16 prompts x 8 samples x 24 tokens, `lr=3e-4`, 100 GSPO steps per
+# run, one GPU call per profile from the same weights): the curves of every step (the store's
+# `rl_curves` attrs) and the traces of the first and last step of each run. What it shows:
+#
+# * the parity runs' mean ratio stays within 1e-4 of 1 on every step; `vllm-v1-defaults` is off by 4 % at step
+#   0 and never comes back; GSPO's clip (a range of 7e-4 around 1) catches nearly every one of its
+#   sequences, 9-21 times the parity runs' share. Even float32 on both sides does not make the GPU
+#   engine and the trainer agree to GSPO's range: 5-11 % of the parity runs' sequences clip;
+# * with **mu** in the loss, the `vllm-v1-defaults` run's reward falls from 0.30 to about 0.10 over
+#   steps 10-30 while the parity run climbs to 0.54 there and is at 0.98 by steps 40-49; the raw run
+#   climbs back only from step 30 and reaches 0.96 in its last ten steps, its entropy still near 1
+#   (parity: under 0.1);
+# * with **pi_old** recomputed, every profile ends at a reward of about 0.99: the mismatch changes
+#   the dashboard, not the learning;
+# * the bf16 head is centred (mean ratio within 7e-4 of 1) yet clips 7-16 times the parity share,
+#   and its runs learn a little more slowly.
+
+# %%
+from rlparity.datasets import example_attrs
+
+h200 = example_attrs("h200-rl")
+h200_curves = mrl.curves_from_records(h200["rl_curves"])
+print({k: h200["example"][k] for k in ("device_name", "vllm", "torch", "date", "sizes")})
+plot_rl_curves(h200_curves, ["reward", "entropy", "mean_ratio", "clamp_log_ratio_new_old_indicator"], cols=2)
+
+# %%
+pd.DataFrame(h200["contrast"]).T[["mean_ratio_step0", "max_abs_mean_ratio_minus_1", "clamp_indicator_mean",
+                                  "clamp_indicator_vs_reference", "reward_mean", "reward_gap_mean"]].round(4)
+
+# %%
+h200_reward = h200_curves["reward"].coarsen(step=10).mean().to_pandas()
+h200_reward.columns = [f"steps {10 * i}-{10 * i + 9}" for i in range(h200_reward.shape[1])]
+h200_reward.round(3)
+
+# %%
+for old in ("pi_old", "mu"):
+    par, v1 = (h200_curves.sel(profile=f"{p}+{old}") for p in ("pipelinerl-parity", "vllm-v1-defaults"))
+    assert float(abs(par["mean_ratio"] - 1).max()) < max_parity_ratio_dev
+    assert abs(float(v1["mean_ratio"].isel(step=0)) - 1) > min_defaults_ratio_dev
+    assert float(v1["clamp_log_ratio_new_old_indicator"].mean()) > min_clip_multiple * float(
+        par["clamp_log_ratio_new_old_indicator"].mean())
+v1_mu = h200_curves["reward"].sel(profile="vllm-v1-defaults+mu")
+par_mu = h200_curves["reward"].sel(profile="pipelinerl-parity+mu")
+assert float(par_mu.isel(step=slice(10, 30)).mean() - v1_mu.isel(step=slice(10, 30)).mean()) > min_reward_gap

@@ -54,6 +54,13 @@ def example_path(name: str) -> Path:
     return path
 
 
+def example_attrs(name: str) -> dict[str, Any]:
+    """All root attrs of example ``name``: ``example`` (its provenance) and whatever else the store
+    carries beside its arms (the ``h200-rl`` run: ``rl_curves``, every step's curves as
+    :func:`rlparity.metrics.rl.curves_records` wrote them, and ``contrast``)."""
+    return dict(open_experiment(example_path(name)).attrs)
+
+
 def load_example(name: str, arm: str | None = None) -> dict[str, xr.Dataset] | xr.Dataset:
     """The arms of example ``name`` as ``{arm: trace}`` (one trace with ``arm=``), offline."""
     arms = open_arms(example_path(name))
@@ -76,4 +83,4 @@ def compact(trace: xr.Dataset, *, keep: tuple[str, ...] = KEEP, float_dtype: str
     return out
 
 
-__all__ = ["KEEP", "compact", "example_path", "examples_dir", "list_examples", "load_example"]
+__all__ = ["KEEP", "compact", "example_attrs", "example_path", "examples_dir", "list_examples", "load_example"]

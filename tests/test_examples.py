@@ -139,3 +139,93 @@ def test_example_stores_are_not_ignored_by_git():
     got = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=root, input="\n".join(files),
                          capture_output=True, text=True)
     assert got.stdout.strip() == "", f"example files ignored by .gitignore:\n{got.stdout[:500]}"
+
+
+# --- the H200 online RL run (issue 15): 100 GSPO steps per run, vLLM 0.26, float32 body ----------------
+
+
+@pytest.fixture(scope="module")
+def h200_rl():
+    from rlparity.datasets import example_attrs
+    from rlparity.metrics.rl import curves_from_records
+
+    attrs = example_attrs("h200-rl")
+    return curves_from_records(attrs["rl_curves"]), attrs
+
+
+def test_h200_rl_example_holds_every_step_of_six_runs(h200_rl):
+    curves, attrs = h200_rl
+    assert curves.sizes == {"profile": 6, "step": 100}
+    assert sorted(set(curves["engine_profile"].values)) == ["parity-bf16-head", "pipelinerl-parity",
+                                                            "vllm-v1-defaults"]
+    assert attrs["example"]["vllm"] == "0.26.0" and "H200" in attrs["example"]["device_name"]
+    arms = load_example("h200-rl")
+    assert len(arms) == 12  # first and last step of each run, as traces
+    assert float(curves["kl_update"].min()) > 0  # every step moved the policy
+
+
+@pytest.mark.parametrize("old", ["pi_old", "mu"])
+def test_h200_rl_backend_ratio_per_profile(h200_rl, old):
+    curves, _ = h200_rl
+    par = curves.sel(profile=f"pipelinerl-parity+{old}")
+    v1 = curves.sel(profile=f"vllm-v1-defaults+{old}")
+    bf16 = curves.sel(profile=f"parity-bf16-head+{old}")
+    clip = "clamp_log_ratio_new_old_indicator"
+    assert float(abs(par["mean_ratio"] - 1).max()) < 0.01  # parity: centred on every step
+    assert abs(float(v1["mean_ratio"].isel(step=0)) - 1) > 0.03  # raw logprobs: off from step 0
+    assert float(abs(v1["mean_ratio"] - 1).min()) > 0.01  # ... and never centred
+    assert float(v1[clip].isel(step=0)) > 3 * float(par[clip].isel(step=0))
+    assert float(v1[clip].mean()) > 3 * float(par[clip].mean())
+    assert float(abs(bf16["mean_ratio"] - 1).max()) < 0.01  # the bf16 head's rounding is centred ...
+    assert float(bf16[clip].mean()) > 3 * float(par[clip].mean())  # ... but GSPO's clip sees its noise
+
+
+def test_h200_rl_reward_only_moves_when_mu_is_the_denominator(h200_rl):
+    curves, _ = h200_rl
+    r = curves["reward"]
+    early = slice(10, 30)
+    # mu in the clip with raw logprobs: only bad samples are pushed down, the reward falls while parity learns
+    v1_mu, par_mu = r.sel(profile="vllm-v1-defaults+mu"), r.sel(profile="pipelinerl-parity+mu")
+    assert float(v1_mu.isel(step=early).mean()) < float(v1_mu.isel(step=0)) - 0.1
+    assert float(par_mu.isel(step=early).mean()) > float(v1_mu.isel(step=early).mean()) + 0.3
+    ent = curves["entropy"]
+    assert float(ent.sel(profile="vllm-v1-defaults+mu").isel(step=slice(-10, None)).mean()) > \
+        3 * float(ent.sel(profile="pipelinerl-parity+mu").isel(step=slice(-10, None)).mean())
+    # pi_old recomputed: the mismatch never reaches the update, the runs end at the same reward
+    for old in ("pi_old",):
+        last = {p: float(r.sel(profile=f"{p}+{old}").isel(step=slice(-20, None)).mean())
+                for p in ("pipelinerl-parity", "vllm-v1-defaults", "parity-bf16-head")}
+        assert max(last.values()) - min(last.values()) < 0.05, last
+
+
+def test_curves_records_round_trip(h200_rl):
+    from rlparity.metrics.rl import curves_from_records, curves_records
+
+    curves, _ = h200_rl
+    back = curves_from_records(curves_records(curves))
+    xr_testing = pytest.importorskip("xarray.testing")
+    xr_testing.assert_identical(back, curves)
+    with pytest.raises(ValueError, match="not a curves record"):
+        curves_from_records({"steps": [0]})
+
+
+def test_make_example_rebuilds_curves_and_refuses_mixed_weights(tmp_path):
+    import xarray as xr
+
+    from rlparity.experiments.rl import make_example
+    from rlparity.trace import save
+
+    src = example_path("h200-rl")
+    out = make_example([src], tmp_path / "again.zarr", device_name="NVIDIA H200")
+    from rlparity.datasets import example_attrs  # noqa: F401 - the same reader the notebook uses
+    from rlparity.metrics.rl import curves_from_records
+    from rlparity.trace import open_experiment
+
+    again = curves_from_records(dict(open_experiment(out).attrs)["rl_curves"])
+    assert again.sizes == {"profile": 6, "step": 2}  # only steps 0 and 99 are in the shipped store
+    arms = load_example("h200-rl")
+    first = arms["pipelinerl-parity+mu@step_000"].copy()
+    first.attrs = {**first.attrs, "model_fingerprint": "0000000000000000"}
+    other = save(xr.DataTree.from_dict({"/other+mu@step_000": first}), tmp_path / "other.zarr")
+    with pytest.raises(ValueError, match="different weights"):
+        make_example([src, other], tmp_path / "mixed.zarr")

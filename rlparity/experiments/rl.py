@@ -364,6 +364,73 @@ def pack(store: str | os.PathLike, out: str | os.PathLike, *, max_part_bytes: in
     return parts
 
 
+def _json_safe(x):
+    """NaN and infinities as None (store attrs are strict JSON)."""
+    import math
+
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def make_example(stores: Sequence[str | os.PathLike], path: str | os.PathLike, *, keep_steps: str = "ends",
+                 description: str | None = None, command: str | None = None,
+                 device_name: str | None = None) -> Path:
+    """One example store from the stores of one or more runs (e.g. one ``python -m
+    rlparity.experiments.rl --profile P`` call per profile on a GPU host): the curves of every step of
+    every run (:func:`rlparity.metrics.rl.rl_curves` on all of them, kept as the root attr
+    ``rl_curves``, read back with :func:`rlparity.metrics.rl.curves_from_records`) and the contrast
+    with the first store's profile (``contrast``), while only the first and last step of each run
+    are kept as compact traces (``keep_steps="ends"``; ``"all"`` keeps every step), so the example
+    stays small enough to ship. The runs must start from the same weights (the same
+    ``model_fingerprint``) or the store is refused."""
+    from rlparity.datasets import compact
+    from rlparity.metrics import rl as mrl
+    from rlparity.trace import open_arms, save
+
+    arms: dict[str, xr.Dataset] = {}
+    for store in stores:
+        got = open_arms(store)
+        clash = sorted(set(got) & set(arms))
+        if clash:
+            raise ValueError(f"{store} repeats run steps already read ({clash[:3]}...): give each run once")
+        arms.update(got)
+    prints = {str(ds.attrs.get("model_fingerprint")) for ds in arms.values()}
+    if len(prints) != 1:
+        raise ValueError(f"the runs start from different weights (model fingerprints {sorted(prints)}): "
+                         "compare runs of one model only")
+    runs = list(dict.fromkeys(mrl.parse_step_arm(a)[0] for a in arms))
+    curves = mrl.rl_curves(arms, profiles=runs)
+    contrast = mrl.profile_contrast(curves)
+    last = {r: max(s for a in arms for rr, s in [mrl.parse_step_arm(a)] if rr == r) for r in runs}
+    if keep_steps not in ("ends", "all"):
+        raise ValueError(f"keep_steps={keep_steps!r}: use 'ends' (first and last step of each run) or 'all'")
+    kept = {a: ds for a, ds in arms.items()
+            if keep_steps == "all" or mrl.parse_step_arm(a)[1] in (0, last[mrl.parse_step_arm(a)[0]])}
+    first = next(iter(arms.values()))
+    sizes = (first.attrs.get("rl") or {}).get("sizes", {})
+    prov = {"description": description or (
+                f"online GSPO on the tiny model's arithmetic task, {len(curves['step'])} steps per run, runs "
+                f"{', '.join(runs)}; curves of every step in the root attr rl_curves, traces of the first and "
+                "last step of each run"),
+            "device": str((first.attrs.get("trainer") or {}).get("device", "")),
+            "device_name": device_name or "",
+            "vllm": (first.attrs.get("versions") or {}).get("vllm"),
+            "torch": (first.attrs.get("versions") or {}).get("torch"),
+            "transformers": (first.attrs.get("versions") or {}).get("transformers"),
+            "date": str(first.attrs.get("created_at", ""))[:10], "model": str(first.attrs.get("model", "")),
+            "model_fingerprint": prints.pop(), "sizes": sizes,
+            "command": command or "python -m rlparity.experiments.rl --out DIR --profile P (one call per profile)"}
+    tree = xr.DataTree.from_dict({f"/{k}": compact(v) for k, v in kept.items()})
+    tree.attrs = {"example": _json_safe(prov), "rl_curves": _json_safe(mrl.curves_records(curves)),
+                  "contrast": _json_safe(contrast)}
+    return save(tree, path)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m rlparity.experiments.rl --out DIR``: run every profile, write the JSON of the
     curves first, then the store of every step's trace, then the curves as CSV."""
@@ -443,7 +510,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["DERIVED_PROFILES", "OLD_POLICIES", "RL_PROFILES", "diagnose_first_steps", "main", "pack", "rl_profile",
+__all__ = ["DERIVED_PROFILES", "OLD_POLICIES", "RL_PROFILES", "diagnose_first_steps", "main", "make_example", "pack", "rl_profile",
            "rl_run", "run_name", "step_prompts", "step_sampling", "summarize"]
 
 

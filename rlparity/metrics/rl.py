@@ -28,7 +28,7 @@ Pairs and directions (nats, ``d = log numerator - log denominator``):
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -276,5 +276,29 @@ def curves_records(curves: xr.Dataset) -> dict[str, Any]:
     }
 
 
-__all__ = ["CURVE_VARIABLES", "PAIR_NAMES", "curves_records", "is_rl_run", "parse_step_arm", "profile_contrast",
+def curves_from_records(records: Mapping[str, Any]) -> xr.Dataset:
+    """The curves Dataset back from :func:`curves_records` (as stored in JSON or in a store's attrs,
+    e.g. the shipped ``h200-rl`` example: ``example_attrs("h200-rl")["rl_curves"]``); ``None``
+    values read as NaN."""
+    try:
+        runs = list(records["profiles"])
+        steps = np.asarray(records["steps"], dtype=np.int64)
+        variables = records.get("variables") or {}
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"not a curves record ({err}): pass what rlparity.metrics.rl.curves_records returned") from err
+    meta = records.get("runs") or {}
+    ds = xr.Dataset(coords={"profile": runs, "step": steps,
+                            "engine_profile": ("profile", [meta.get(r, {}).get("engine_profile", r.split("+")[0])
+                                                           for r in runs]),
+                            "old_policy": ("profile", [meta.get(r, {}).get("old_policy", "") for r in runs])})
+    names = list(dict.fromkeys(k for r in runs for k in records["profiles"][r]))
+    for k in names:
+        rows = [[np.nan if v is None else float(v) for v in records["profiles"][r].get(k, [None] * len(steps))]
+                for r in runs]
+        ds[k] = (("profile", "step"), np.asarray(rows, dtype=float), dict(variables.get(k, {})))
+    ds.attrs = dict(records.get("attrs") or {})
+    return ds
+
+
+__all__ = ["CURVE_VARIABLES", "PAIR_NAMES", "curves_from_records", "curves_records", "is_rl_run", "parse_step_arm", "profile_contrast",
            "rl_curves", "step_arm", "step_metrics"]
