@@ -192,10 +192,9 @@ def test_h200_rl_reward_only_moves_when_mu_is_the_denominator(h200_rl):
     assert float(ent.sel(profile="vllm-v1-defaults+mu").isel(step=slice(-10, None)).mean()) > \
         3 * float(ent.sel(profile="pipelinerl-parity+mu").isel(step=slice(-10, None)).mean())
     # pi_old recomputed: the mismatch never reaches the update, the runs end at the same reward
-    for old in ("pi_old",):
-        last = {p: float(r.sel(profile=f"{p}+{old}").isel(step=slice(-20, None)).mean())
-                for p in ("pipelinerl-parity", "vllm-v1-defaults", "parity-bf16-head")}
-        assert max(last.values()) - min(last.values()) < 0.05, last
+    last = {p: float(r.sel(profile=f"{p}+pi_old").isel(step=slice(-20, None)).mean())
+            for p in ("pipelinerl-parity", "vllm-v1-defaults", "parity-bf16-head")}
+    assert max(last.values()) - min(last.values()) < 0.05, last
 
 
 def test_curves_records_round_trip(h200_rl):
@@ -217,7 +216,6 @@ def test_make_example_rebuilds_curves_and_refuses_mixed_weights(tmp_path):
 
     src = example_path("h200-rl")
     out = make_example([src], tmp_path / "again.zarr", device_name="NVIDIA H200")
-    from rlparity.datasets import example_attrs  # noqa: F401 - the same reader the notebook uses
     from rlparity.metrics.rl import curves_from_records
     from rlparity.trace import open_experiment
 

@@ -364,19 +364,6 @@ def pack(store: str | os.PathLike, out: str | os.PathLike, *, max_part_bytes: in
     return parts
 
 
-def _json_safe(x):
-    """NaN and infinities as None (store attrs are strict JSON)."""
-    import math
-
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
-    return x
-
-
 def make_example(stores: Sequence[str | os.PathLike], path: str | os.PathLike, *, keep_steps: str = "ends",
                  description: str | None = None, command: str | None = None,
                  device_name: str | None = None) -> Path:
@@ -388,10 +375,13 @@ def make_example(stores: Sequence[str | os.PathLike], path: str | os.PathLike, *
     are kept as compact traces (``keep_steps="ends"``; ``"all"`` keeps every step), so the example
     stays small enough to ship. The runs must start from the same weights (the same
     ``model_fingerprint``) or the store is refused."""
+    from rlparity.config.provenance import jsonable
     from rlparity.datasets import compact
     from rlparity.metrics import rl as mrl
     from rlparity.trace import open_arms, save
 
+    if keep_steps not in ("ends", "all"):
+        raise ValueError(f"keep_steps={keep_steps!r}: use 'ends' (first and last step of each run) or 'all'")
     arms: dict[str, xr.Dataset] = {}
     for store in stores:
         got = open_arms(store)
@@ -403,31 +393,26 @@ def make_example(stores: Sequence[str | os.PathLike], path: str | os.PathLike, *
     if len(prints) != 1:
         raise ValueError(f"the runs start from different weights (model fingerprints {sorted(prints)}): "
                          "compare runs of one model only")
-    runs = list(dict.fromkeys(mrl.parse_step_arm(a)[0] for a in arms))
+    parsed = {a: mrl.parse_step_arm(a) for a in arms}
+    runs = list(dict.fromkeys(run for run, _ in parsed.values()))
     curves = mrl.rl_curves(arms, profiles=runs)
-    contrast = mrl.profile_contrast(curves)
-    last = {r: max(s for a in arms for rr, s in [mrl.parse_step_arm(a)] if rr == r) for r in runs}
-    if keep_steps not in ("ends", "all"):
-        raise ValueError(f"keep_steps={keep_steps!r}: use 'ends' (first and last step of each run) or 'all'")
-    kept = {a: ds for a, ds in arms.items()
-            if keep_steps == "all" or mrl.parse_step_arm(a)[1] in (0, last[mrl.parse_step_arm(a)[0]])}
+    last = {run: max(s for r, s in parsed.values() if r == run) for run in runs}
+    kept = {a: ds for a, ds in arms.items() if keep_steps == "all" or parsed[a][1] in (0, last[parsed[a][0]])}
     first = next(iter(arms.values()))
-    sizes = (first.attrs.get("rl") or {}).get("sizes", {})
+    versions = first.attrs.get("versions") or {}
     prov = {"description": description or (
                 f"online GSPO on the tiny model's arithmetic task, {len(curves['step'])} steps per run, runs "
                 f"{', '.join(runs)}; curves of every step in the root attr rl_curves, traces of the first and "
                 "last step of each run"),
             "device": str((first.attrs.get("trainer") or {}).get("device", "")),
             "device_name": device_name or "",
-            "vllm": (first.attrs.get("versions") or {}).get("vllm"),
-            "torch": (first.attrs.get("versions") or {}).get("torch"),
-            "transformers": (first.attrs.get("versions") or {}).get("transformers"),
+            **{k: versions.get(k) for k in ("vllm", "torch", "transformers")},
             "date": str(first.attrs.get("created_at", ""))[:10], "model": str(first.attrs.get("model", "")),
-            "model_fingerprint": prints.pop(), "sizes": sizes,
+            "model_fingerprint": prints.pop(), "sizes": (first.attrs.get("rl") or {}).get("sizes", {}),
             "command": command or "python -m rlparity.experiments.rl --out DIR --profile P (one call per profile)"}
     tree = xr.DataTree.from_dict({f"/{k}": compact(v) for k, v in kept.items()})
-    tree.attrs = {"example": _json_safe(prov), "rl_curves": _json_safe(mrl.curves_records(curves)),
-                  "contrast": _json_safe(contrast)}
+    tree.attrs = jsonable({"example": prov, "rl_curves": mrl.curves_records(curves),
+                           "contrast": mrl.profile_contrast(curves)}, strict=True)
     return save(tree, path)
 
 
@@ -510,8 +495,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["DERIVED_PROFILES", "OLD_POLICIES", "RL_PROFILES", "diagnose_first_steps", "main", "make_example", "pack", "rl_profile",
-           "rl_run", "run_name", "step_prompts", "step_sampling", "summarize"]
+__all__ = ["DERIVED_PROFILES", "OLD_POLICIES", "RL_PROFILES", "diagnose_first_steps", "main", "make_example", "pack",
+           "rl_profile", "rl_run", "run_name", "step_prompts", "step_sampling", "summarize"]
 
 
 if __name__ == "__main__":

@@ -300,5 +300,5 @@ def curves_from_records(records: Mapping[str, Any]) -> xr.Dataset:
     return ds
 
 
-__all__ = ["CURVE_VARIABLES", "PAIR_NAMES", "curves_from_records", "curves_records", "is_rl_run", "parse_step_arm", "profile_contrast",
-           "rl_curves", "step_arm", "step_metrics"]
+__all__ = ["CURVE_VARIABLES", "PAIR_NAMES", "curves_from_records", "curves_records", "is_rl_run", "parse_step_arm",
+           "profile_contrast", "rl_curves", "step_arm", "step_metrics"]

@@ -164,13 +164,13 @@ def train_step(model: Any, trace: xr.Dataset, *, rewards: Sequence[float] | Call
         batch_loss = None
         for i, lp in zip(batch, lps):
             L = lp.numel()
-            sel = torch.as_tensor(use[i, :L], device=lp.device)
-            if not bool(sel.any()):
+            u = use[i, :L]
+            if not u.any():
                 continue
-            lp_k = lp[sel]
-            old_k = torch.as_tensor(old[i, :L][use[i, :L]], dtype=lp.dtype, device=lp.device)
+            lp_k = lp[torch.as_tensor(u, device=lp.device)]
+            old_k = torch.as_tensor(old[i, :L][u], dtype=lp.dtype, device=lp.device)
             w = (None if token_weights is None else
-                 torch.as_tensor(np.asarray(token_weights, float)[i, :L][use[i, :L]], dtype=lp.dtype, device=lp.device))
+                 torch.as_tensor(np.asarray(token_weights, float)[i, :L][u], dtype=lp.dtype, device=lp.device))
             term, count, clipped = sequence_terms(loss, lp_k, old_k, float(adv[i]), el, eh, w)
             if loss == "ppo":
                 term = term / n_tok
