@@ -42,7 +42,7 @@ from rlparity.capture.lifecycle import EngineLifecycle
 from rlparity.capture.offline import completion_from_vllm
 from rlparity.capture.requests import Prompt, Request, make_requests, render_chat
 from rlparity.capture.weights import (
-    EXTENSION, LOAD_METHOD, PROGRESS_METHOD, UpdateRecord, WeightState, pause_call,
+    EXTENSION, LOAD_METHOD, PROGRESS_METHOD, UpdateRecord, WeightState, checkpoint_checksums, pause_call,
     resolve_source, versions_for,
 )
 from rlparity.config.settings import EngineSettings, SamplingSettings
@@ -219,6 +219,8 @@ class AsyncEngine(EngineLifecycle):
             raise ValueError(f"pause mode {mode!r}: use one of {', '.join(PAUSE_MODES)}")
         llm = self.llm
         path, cleanup, desc = resolve_source(source)
+        self.weights.fingerprint(self.policy_version, self.model)
+        checksums = checkpoint_checksums(path)
         kw, reset_after = pause_call(llm.pause_generation, mode, clear_cache)
         rec = UpdateRecord(self.policy_version, int(version), mode, bool(clear_cache), bool(clear_cache), desc,
                            t_pause=self.clock(), pause_kwargs=kw)
@@ -239,6 +241,7 @@ class AsyncEngine(EngineLifecycle):
                 worker.update((r or {}).get("requests", {}))
             rec.tensors = int((results or [{}])[0].get("tensors", 0))
             rec.load_method = str((results or [{}])[0].get("method", ""))
+            self.weights.checksums[int(version)] = checksums
             self.weights.on_update(rec)  # first: requests submitted from now on see the new state
             await self._apply_boundaries(rec, worker)
         finally:
@@ -334,6 +337,7 @@ class AsyncEngine(EngineLifecycle):
         """
         llm = self.llm
         requests = render_chat(make_requests(prompts, sampling or SamplingSettings()), self.tokenizer())
+        self.weights.fingerprint(self.policy_version, self.model)
         t_start = self.clock()
         t0 = time.perf_counter()
         batch = uuid.uuid4().hex[:8]
@@ -346,6 +350,7 @@ class AsyncEngine(EngineLifecycle):
                            {"generate_s": round(elapsed, 3), "startup_s": self.startup_s,
                             "latest_policy_version": self.policy_version,
                             "weight_updates": self.weights.log(t_start, self.clock()),
+                            "engine_weight_checksums": self.weights.checksum_attrs(),
                             "engine_clock": "seconds since the engine object was made (time.monotonic)"})
         return build_trace(completions, attrs=capture_attrs(info, self.model, requests, arm))
 

@@ -68,7 +68,20 @@ def build_trace(completions: Sequence[Completion], *, attrs: Mapping[str, Any]) 
                               for c in completions],
         attrs=jsonable(dict(attrs)),
     )
-    return _with_inflight(ds, completions)
+    return _with_penalties(_with_inflight(ds, completions), completions)
+
+
+PENALTIES = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
+def _with_penalties(ds: xr.Dataset, completions: Sequence[Completion]) -> xr.Dataset:
+    """Per-sequence sampling penalties, recorded when any request used one (the trainer must
+    apply them too, or its processed reading is another distribution)."""
+    if any(c.request.sampling.penalized for c in completions):
+        for name in PENALTIES:
+            ds[name] = (("sequence",), np.array([getattr(c.request.sampling, name) for c in completions],
+                                                dtype=np.float64))
+    return annotate(ds)
 
 
 def _with_inflight(ds: xr.Dataset, completions: Sequence[Completion]) -> xr.Dataset:

@@ -16,7 +16,7 @@ from rlparity.capture.engine_config import cpu_engine_kwargs, effective_config
 from rlparity.capture.lifecycle import EngineLifecycle
 from rlparity.capture.requests import Prompt, make_requests, render_chat
 from rlparity.capture.weights import (
-    EXTENSION, LOAD_METHOD, UpdateRecord, WeightState, resolve_source,
+    EXTENSION, LOAD_METHOD, UpdateRecord, WeightState, checkpoint_checksums, resolve_source,
 )
 from rlparity.config.settings import EngineSettings, SamplingSettings
 
@@ -68,6 +68,8 @@ class Engine(EngineLifecycle):
         directory, a ``.safetensors`` file or a state dict of tensors. Returns the update's record."""
         llm = self.llm
         path, cleanup, desc = resolve_source(source)
+        self.weights.fingerprint(self.policy_version, self.model)
+        checksums = checkpoint_checksums(path)
         rec = UpdateRecord(self.policy_version, int(version), "between_batches", bool(clear_cache),
                            bool(clear_cache), desc, t_pause=self.clock())
         try:
@@ -83,6 +85,7 @@ class Engine(EngineLifecycle):
             if clear_cache and not llm.reset_prefix_cache():
                 raise RuntimeError("vLLM refused to reset the prefix cache after the update")
             rec.t_resume = self.clock()
+            self.weights.checksums[int(version)] = checksums
             self.weights.on_update(rec)
         finally:
             cleanup()
@@ -118,6 +121,7 @@ class Engine(EngineLifecycle):
         ``policy_version`` (default: the engine's, see :meth:`update_weights`)."""
         llm = self.llm
         policy_version = self.policy_version if policy_version is None else int(policy_version)
+        self.weights.fingerprint(self.policy_version, self.model)
         _, generation, maybe_stale = self.weights.snapshot()
         requests = render_chat(make_requests(prompts, sampling or SamplingSettings()),
                                self.tokenizer())
@@ -138,7 +142,8 @@ class Engine(EngineLifecycle):
                     comp.prefix_cache_generation = generation
                     comp.prefix_cache_stale = bool(maybe_stale and (comp.cached_prompt_tokens or 0) > 0)
                 completions.append(comp)
-        extra: dict[str, Any] = {"generate_s": round(elapsed, 3), "startup_s": self.startup_s}
+        extra: dict[str, Any] = {"generate_s": round(elapsed, 3), "startup_s": self.startup_s,
+                                 "engine_weight_checksums": self.weights.checksum_attrs()}
         if self.weights.tracked:
             extra.update(latest_policy_version=self.policy_version, weight_updates=self.weights.log())
         info = CaptureInfo(self.backend, self.settings.model_dump(), self.effective_config(), extra)

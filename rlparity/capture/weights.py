@@ -69,6 +69,21 @@ def iter_safetensors(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
                 yield name, fh.get_tensor(name)
 
 
+def checkpoint_checksums(path: str | os.PathLike) -> dict[str, str] | None:
+    """Per-tensor checksums (:func:`rlparity.trace.weights.checksums`) of a local checkpoint, or
+    ``None`` when ``path`` is not a local safetensors checkpoint or holds more than
+    :data:`~rlparity.trace.weights.MAX_FINGERPRINT_BYTES` (reading it would cost seconds)."""
+    from rlparity.trace.weights import MAX_FINGERPRINT_BYTES, checksums
+
+    try:
+        files = safetensors_files(path)
+    except (FileNotFoundError, ValueError):
+        return None
+    if sum(f.stat().st_size for f in files) > MAX_FINGERPRINT_BYTES:
+        return None
+    return checksums(iter_safetensors(path))
+
+
 def _request_progress(model_runner: Any) -> dict[str, list[int]]:
     """``{engine request id: [tokens the worker holds as prompt, output tokens]}`` of every request
     the worker knows (running, paused or preempted; not yet scheduled ones are absent). Empty
@@ -236,6 +251,17 @@ class WeightState:
     cache_versions: set[int] = field(default_factory=lambda: {0})
     updates: list[UpdateRecord] = field(default_factory=list)
     resets: list[float] = field(default_factory=list)
+    # per version, the checksums of the checkpoint the engine loaded (None: not fingerprinted)
+    checksums: dict[int, dict[str, str] | None] = field(default_factory=dict)
+
+    def fingerprint(self, version: int, source: str | os.PathLike) -> None:
+        """Record the checksums of the checkpoint ``source`` loaded as ``version`` (once)."""
+        if version not in self.checksums:
+            self.checksums[version] = checkpoint_checksums(source)
+
+    def checksum_attrs(self) -> dict[str, dict[str, str]]:
+        """``{"<version>": {tensor: checksum}}`` of the versions fingerprinted (trace attrs)."""
+        return {str(v): c for v, c in sorted(self.checksums.items()) if c}
 
     @property
     def tracked(self) -> bool:
@@ -323,5 +349,5 @@ def perturbed_checkpoint(model: str | os.PathLike, out: str | os.PathLike, *, si
 
 
 __all__ = ["EXTENSION", "LOAD_METHOD", "PROGRESS_METHOD", "UpdateRecord", "WeightState",
-           "WeightUpdateExtension", "iter_safetensors", "pause_call", "perturbed_checkpoint", "resolve_source",
+           "WeightUpdateExtension", "checkpoint_checksums", "iter_safetensors", "pause_call", "perturbed_checkpoint", "resolve_source",
            "safetensors_files", "versions_for", "write_state_dict"]

@@ -45,6 +45,12 @@ class SamplingSettings(BaseModel):
     seed: int | None = Field(0, description="base seed; request i uses seed + i (None = unseeded)")
     n: int = Field(1, ge=1)
     ignore_eos: bool = True
+    repetition_penalty: float = Field(1.0, gt=0.0, description="vLLM's repetition penalty (1 = off): logits of "
+                                      "tokens already in the prompt or output are divided (if > 0) or multiplied by it")
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="subtracted from the logits of tokens "
+                                    "already in the output (0 = off)")
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="subtracted from the logits of output "
+                                     "tokens times their count so far (0 = off)")
 
     @field_validator("top_k")
     @classmethod
@@ -63,7 +69,15 @@ class SamplingSettings(BaseModel):
             n=self.n,
             ignore_eos=self.ignore_eos,
             logprobs=0,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
         )
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any sampling penalty is on (the sampler's distribution then depends on the history)."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def to_openai(self, request_seed: int | None) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -76,6 +90,9 @@ class SamplingSettings(BaseModel):
         }
         if self.top_k > 0:
             body["top_k"] = self.top_k
+        for name, neutral in (("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0)):
+            if getattr(self, name) != neutral:
+                body[name] = getattr(self, name)
         if request_seed is not None:
             body["seed"] = request_seed
         return body
@@ -146,5 +163,46 @@ class EngineSettings(BaseModel):
         return out
 
     def replace(self, **changes: Any) -> EngineSettings:
+        """A copy with some fields changed (validated)."""
+        return type(self)(**{**self.model_dump(), **changes})
+
+
+class TrainerSettings(BaseModel):
+    """How the trainer computes its reading of the sampled tokens (pi_old): what the
+    :class:`~rlparity.score.Scorer` does, or imitates of a user's trainer.
+
+    The defaults are the correct trainer: the engine's own sampling parameters per sequence, the
+    ids the engine saw, eval mode. Every other value describes a real trainer's habit that breaks
+    parity (a trainer that divides by another temperature, skips the top-k/top-p cut, re-tokenizes
+    the prompt text, or leaves dropout on); the trace records what was applied, so a diagnosis can
+    say which side differs.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    temperature: float | None = Field(None, gt=0.0, description="temperature of the processed reading "
+                                      "(None: each sequence's engine temperature)")
+    top_k: int | None = Field(None, ge=-1, description="top-k of the processed reading (None: the engine's; "
+                              "0 or -1: no cut)")
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description="top-p of the processed reading "
+                                "(None: the engine's; 1: no cut)")
+    prompt_ids: Literal["engine", "retokenize"] = Field(
+        "engine", description="score each response after the prompt ids the engine saw ('engine'), or after "
+        "the trainer's own tokenization of the prompt text or chat messages ('retokenize', as trainers that "
+        "rebuild inputs from text do)")
+    train_mode: bool = Field(False, description="score in train mode (dropout active), as a trainer that "
+                             "computes pi_old inside its training forward")
+    dropout: float | None = Field(None, ge=0.0, lt=1.0, description="dropout probability set on the model's "
+                                  "dropout layers and attention (None: the model config's)")
+    self_check: int = Field(8, ge=0, description="sequences rescored alone (batch 1), twice, after each "
+                            "scoring: the trainer's own floor (batch-shape and run-to-run differences); 0 = off")
+    fingerprint: bool = Field(True, description="record per-tensor checksums of the weights scored with")
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, v: int | None) -> int | None:
+        return 0 if v == -1 else v
+
+    def replace(self, **changes: Any) -> TrainerSettings:
         """A copy with some fields changed (validated)."""
         return type(self)(**{**self.model_dump(), **changes})

@@ -41,12 +41,13 @@ from rlparity.score.head import (
     processed_logits,
     project,
 )
+from rlparity.config.settings import TrainerSettings
 from rlparity.trace import latest_version, sequences, token_checksum, trace_versions, validate
 from rlparity.trace.prompts import chat_token_ids
 from rlparity.trace.schema import TOKEN_DIMS, annotate
 
-__all__ = ["FP32_GEMMS", "SAMPLING_EPS", "STATS", "Scorer", "head_stats", "head_stats_reference", "processed_logits",
-           "project", "score", "tokenize_prompts", "trainer_prompt_ids"]
+__all__ = ["FP32_GEMMS", "SAMPLING_EPS", "STATS", "Scorer", "TrainerSettings", "dropout_of", "head_stats", "head_stats_reference", "processed_logits",
+           "project", "score", "set_dropout", "tokenize_prompts", "trainer_prompt_ids"]
 
 
 @dataclass
@@ -56,7 +57,15 @@ class Scorer:
     ``dtype`` is the body's precision, ``head_dtype`` the LM head's. ``model`` is a local path or
     a hub id, loaded with ``from_pretrained`` exactly as a user's trainer would, or an already
     loaded model, used as it is (e.g. the trainer's after an optimizer step; ``dtype`` then reads
-    the model's own).
+    the model's own). ``settings`` (:class:`~rlparity.config.TrainerSettings`) says how the trainer
+    computes its reading: by default the correct way (the engine's sampling parameters, the ids
+    the engine saw, eval mode); other values imitate a user's trainer (another temperature, no
+    top-k cut, re-tokenized prompts, dropout on). Every scoring records what was applied
+    (``trainer_temperature`` / ``trainer_top_k`` / ``trainer_top_p`` per sequence, the settings and
+    the batch shape in ``attrs["trainer"]``), per-tensor checksums of the weights, and the
+    trainer's own floor: ``settings.self_check`` sequences rescored alone, twice
+    (``attrs["trainer"]["self_check"]``: how much the batch shape and a second run move the
+    logprobs).
     """
 
     model: Any  # a path or hub id, or an already loaded transformers causal LM
@@ -71,6 +80,7 @@ class Scorer:
     add_special_tokens: bool = True
     compile_head: bool | None = None  # torch.compile the LM-head reductions (None: see head_stats)
     fp32_gemm: str = "auto"  # how a float32 head multiplies 16-bit inputs (see rlparity.score.head.project)
+    settings: TrainerSettings | None = None  # how the trainer computes its reading (None: the correct way)
 
     def __post_init__(self) -> None:
         import torch
@@ -81,18 +91,23 @@ class Scorer:
                 raise ValueError(f"{name}={getattr(self, name)!r}; use float32, bfloat16 or float16")
         if self.fp32_gemm not in FP32_GEMMS:
             raise ValueError(f"fp32_gemm={self.fp32_gemm!r}; use one of {FP32_GEMMS}")
-        if hasattr(self.model, "get_decoder"):  # a loaded model (e.g. the trainer's, after a step)
+        self.settings = self.settings or TrainerSettings()
+        self._loaded_here = not hasattr(self.model, "get_decoder")
+        if not self._loaded_here:  # a loaded model (e.g. the trainer's, after a step)
             self.module = self.model.to(self.device)
             self.dtype = str(self.module.dtype).removeprefix("torch.")  # what it is, not what was asked
         else:
             self.module = AutoModelForCausalLM.from_pretrained(
                 str(self.model), dtype=getattr(torch, self.dtype),
                 trust_remote_code=self.trust_remote_code).to(self.device).eval()
+        if self.settings.dropout is not None:
+            set_dropout(self.module, self.settings.dropout)
         self.decoder = self.module.get_decoder()
         head = self.module.get_output_embeddings()
         self.head_weight = head.weight
         self.head_bias = getattr(head, "bias", None)
         self._tokenizer = None
+        self._checksums: dict[str, str] | None = None
 
     @property
     def tokenizer(self):
@@ -108,6 +123,15 @@ class Scorer:
     def model_name(self) -> str:
         """The model's path or hub id (a loaded model's ``name_or_path``)."""
         return str(getattr(self.model, "name_or_path", self.model))
+
+    def weight_checksums(self) -> dict[str, str]:
+        """Per-tensor checksums of the weights it scores with (:mod:`rlparity.trace.weights`); a
+        model loaded here is fingerprinted once, a model passed in (it may train) at every call."""
+        from rlparity.trace.weights import checksums
+
+        if self._checksums is None or not self._loaded_here:
+            self._checksums = checksums(self.module.state_dict().items())
+        return self._checksums
 
     def batches(self, seqs: list[tuple[list[int], list[int]]]) -> Iterator[list[int]]:
         """Indices of ``seqs`` in batches of ``batch_size``, similar lengths together."""
@@ -131,59 +155,124 @@ class Scorer:
         hidden = self.decoder(input_ids=ids.to(self.device), attention_mask=att.to(self.device)).last_hidden_state
         return [hidden[r, len(seqs[i][0]) - 1: len(seqs[i][0]) - 1 + len(seqs[i][1])] for r, i in enumerate(batch)]
 
-    def score(self, trace: xr.Dataset) -> xr.Dataset:
-        """Return a copy of ``trace`` with the trainer variables added."""
+    def applied_sampling(self, trace: xr.Dataset) -> dict[str, np.ndarray]:
+        """Per sequence, the temperature, top-k and top-p of the trainer's processed reading: the
+        engine's request unless :attr:`settings` overrides them."""
+        s = self.settings
+        n = trace.sizes["sequence"]
+        pick = lambda over, var, dt: (np.full(n, over, dtype=dt) if over is not None  # noqa: E731
+                                      else trace[var].values.astype(dt))
+        return {"trainer_temperature": pick(s.temperature, "temperature", np.float64),
+                "trainer_top_k": pick(s.top_k, "top_k", np.int64),
+                "trainer_top_p": pick(s.top_p, "top_p", np.float64)}
+
+    def scored_sequences(self, trace: xr.Dataset) -> list[tuple[list[int], list[int]]]:
+        """(prompt ids, response ids) the trainer scores: the engine's prompt ids, or (with
+        ``settings.prompt_ids="retokenize"``) its own tokenization of the prompt text where there is one."""
+        seqs = sequences(trace)
+        if self.settings.prompt_ids == "engine":
+            return seqs
+        texts = trace["prompt_text"].values if "prompt_text" in trace else [""] * len(seqs)
+        msgs = trace["prompt_messages"].values if "prompt_messages" in trace else [""] * len(seqs)
+        out = []
+        for (p, r), t, m in zip(seqs, texts, msgs):
+            own = trainer_prompt_ids(self.tokenizer, str(t), str(m), add_special_tokens=self.add_special_tokens)
+            out.append((own if own else p, r))
+        return out
+
+    def _stats(self, seqs, batches, sampling: dict[str, np.ndarray], progress: bool = False
+               ) -> dict[str, np.ndarray]:
+        """The head statistics of every sequence in ``batches`` (one forward per batch), as
+        ``(n, width)`` arrays (NaN / -1 elsewhere)."""
         import torch
         from tqdm.auto import tqdm
 
-        validate(trace)
-        seqs = sequences(trace)
-        n, width = trace.sizes["sequence"], trace.sizes["position"]
+        n = len(seqs)
+        width = max((len(r) for _, r in seqs), default=0)
         result = {k: (np.full((n, width), -1, dtype=np.int64) if k == "trainer_token_rank"
                       else np.full((n, width), np.nan)) for k in STATS}
-        temp = trace["temperature"].values
-        topk = trace["top_k"].values
-        topp = trace["top_p"].values
+        temp, topk, topp = (sampling[k] for k in ("trainer_temperature", "trainer_top_k", "trainer_top_p"))
+        for batch in tqdm(batches, desc="trainer rescoring", disable=not progress):
+            hidden = self.response_hidden(seqs, batch)
+            rows, toks, tt, tk, tp, where = [], [], [], [], [], []
+            for r, i in enumerate(batch):
+                rlen = len(seqs[i][1])
+                if rlen == 0:
+                    continue
+                rows.append(hidden[r])
+                toks.append(torch.tensor(seqs[i][1]))
+                tt.append(torch.full((rlen,), float(temp[i])))
+                tk.append(torch.full((rlen,), int(topk[i]), dtype=torch.long))
+                tp.append(torch.full((rlen,), float(topp[i])))
+                where.append((i, rlen))
+            if not rows:
+                continue
+            stats = head_stats(torch.cat(rows), self.head_weight, self.head_bias,
+                               torch.cat(toks).to(self.device), torch.cat(tt).to(self.device),
+                               torch.cat(tk).to(self.device), torch.cat(tp).to(self.device),
+                               self.head_dtype, self.chunk_tokens, compile=self.compile_head,
+                               fp32_gemm=self.fp32_gemm)
+            off = 0
+            for i, rlen in where:
+                for k, v in stats.items():
+                    result[k][i, :rlen] = v[off: off + rlen]
+                off += rlen
+        return result
+
+    def _self_check(self, seqs, sampling, result) -> dict[str, Any] | None:
+        """The trainer's own floor on a few sequences: each rescored alone (batch 1), twice.
+        ``batch_shape``: |batch scoring - alone| (what the batch shape moves); ``run_to_run``:
+        |alone - alone again| (nondeterminism: dropout, atomics); both on the raw and processed
+        readings, in nats."""
+        k = self.settings.self_check
+        pick = [i for i in range(len(seqs)) if seqs[i][1]][:k]
+        if not pick:
+            return None
+        first = self._stats(seqs, [[i] for i in pick], sampling)
+        again = self._stats(seqs, [[i] for i in pick], sampling)
+        out: dict[str, Any] = {"sequences": pick, "shape_main": f"batches of up to {self.batch_size}, "
+                               "right-padded, similar lengths together", "shape_check": "batch 1, twice"}
+        for name, a, b in (("batch_shape", result, first), ("run_to_run", first, again)):
+            for var, key in (("trainer_logprob", "raw"), ("trainer_processed_logprob", "processed")):
+                x, y = a[var][pick], b[var][pick]
+                ok = np.isfinite(x) & np.isfinite(y)
+                diff = np.abs(x[ok] - y[ok])
+                out[f"{name}_{key}"] = {"n_tokens": int(ok.sum()),
+                                        "mean_abs": float(diff.mean()) if diff.size else float("nan"),
+                                        "rms": float(np.sqrt(np.mean(diff ** 2))) if diff.size else float("nan"),
+                                        "max_abs": float(diff.max()) if diff.size else float("nan")}
+        return out
+
+    def score(self, trace: xr.Dataset) -> xr.Dataset:
+        """Return a copy of ``trace`` with the trainer variables added."""
+        import torch
+
+        validate(trace)
+        seqs = self.scored_sequences(trace)
+        sampling = self.applied_sampling(trace)
+        width = trace.sizes["position"]
         t0 = time.perf_counter()
         batches = list(self.batches(seqs))
         training = self.module.training
-        self.module.eval()  # no dropout while scoring, whatever mode a loaded model was in
+        # eval unless the trainer imitated scores in train mode (dropout active)
+        self.module.train(self.settings.train_mode)
         with torch.inference_mode():
-            for batch in tqdm(batches, desc="trainer rescoring", disable=not self.progress):
-                hidden = self.response_hidden(seqs, batch)
-                rows, toks, tt, tk, tp, where = [], [], [], [], [], []
-                for r, i in enumerate(batch):
-                    rlen = len(seqs[i][1])
-                    if rlen == 0:
-                        continue
-                    rows.append(hidden[r])
-                    toks.append(torch.tensor(seqs[i][1]))
-                    tt.append(torch.full((rlen,), float(temp[i])))
-                    tk.append(torch.full((rlen,), int(topk[i]), dtype=torch.long))
-                    tp.append(torch.full((rlen,), float(topp[i])))
-                    where.append((i, rlen))
-                if not rows:
-                    continue
-                stats = head_stats(torch.cat(rows), self.head_weight, self.head_bias,
-                                   torch.cat(toks).to(self.device), torch.cat(tt).to(self.device),
-                                   torch.cat(tk).to(self.device), torch.cat(tp).to(self.device),
-                                   self.head_dtype, self.chunk_tokens, compile=self.compile_head,
-                                   fp32_gemm=self.fp32_gemm)
-                off = 0
-                for i, rlen in where:
-                    for k, v in stats.items():
-                        result[k][i, :rlen] = v[off: off + rlen]
-                    off += rlen
+            result = self._stats(seqs, batches, sampling, progress=self.progress)
+            check = self._self_check(seqs, sampling, result) if self.settings.self_check else None
         self.module.train(training)
         out = trace.copy()
         for k, v in result.items():
-            out[k] = (TOKEN_DIMS, v)
+            full = np.full((v.shape[0], width), -1 if k == "trainer_token_rank" else np.nan, dtype=v.dtype)
+            full[:, : v.shape[1]] = v[:, :width]
+            out[k] = (TOKEN_DIMS, full)
+        for k, v in sampling.items():
+            out[k] = (("sequence",), v)
         if self.tokenize_prompts:
             out = tokenize_prompts(out, self.tokenizer, add_special_tokens=self.add_special_tokens)
-        out.attrs.update(self.attrs(trace, time.perf_counter() - t0))
+        out.attrs.update(self.attrs(trace, time.perf_counter() - t0, check))
         return validate(annotate(out))
 
-    def attrs(self, trace: xr.Dataset, elapsed: float) -> dict[str, Any]:
+    def attrs(self, trace: xr.Dataset, elapsed: float, self_check: dict[str, Any] | None = None) -> dict[str, Any]:
         from rlparity.config.provenance import jsonable
 
         return jsonable({
@@ -194,9 +283,42 @@ class Scorer:
                         "prompt_tokenization": ({"add_special_tokens": self.add_special_tokens,
                                                  "chat_template": "apply_chat_template(tokenize=True, add_generation_prompt=True)"}
                                                 if self.tokenize_prompts else None),
+                        "settings": self.settings.model_dump(),
+                        "training_mode": bool(self.settings.train_mode),
+                        "dropout": dropout_of(self.module),
+                        "shape": {"batch_size": self.batch_size, "padding": "right", "order": "by length",
+                                  "attn_implementation": getattr(self.module.config, "_attn_implementation", None),
+                                  "chunk_tokens": self.chunk_tokens},
+                        "self_check": self_check,
+                        "weight_checksums": self.weight_checksums() if self.settings.fingerprint else None,
                         "score_s": round(elapsed, 3)},
             "scored_token_checksum": token_checksum(trace),
         })
+
+
+def set_dropout(module, p: float) -> None:
+    """Set every dropout probability of a transformers model to ``p``: ``nn.Dropout`` layers and
+    the attention modules' ``attention_dropout`` (what Llama-style attention reads in train mode)."""
+    import torch
+
+    for m in module.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = float(p)
+        if hasattr(m, "attention_dropout") and isinstance(getattr(m, "attention_dropout"), (int, float)):
+            m.attention_dropout = float(p)
+    for key in ("attention_dropout", "hidden_dropout", "dropout"):
+        if hasattr(module.config, key):
+            setattr(module.config, key, float(p))
+
+
+def dropout_of(module) -> float:
+    """The largest dropout probability among a model's dropout layers and attention modules."""
+    import torch
+
+    ps = [float(m.p) for m in module.modules() if isinstance(m, torch.nn.Dropout)]
+    ps += [float(m.attention_dropout) for m in module.modules()
+           if isinstance(getattr(m, "attention_dropout", None), (int, float))]
+    return max(ps, default=0.0)
 
 
 def trainer_prompt_ids(tokenizer, text: str, messages_json: str = "", *,
@@ -232,7 +354,8 @@ def tokenize_prompts(trace: xr.Dataset, tokenizer, *, add_special_tokens: bool =
 
 
 TOKEN_TRAINER_VARS = ("trainer_logprob", "trainer_processed_logprob", "trainer_entropy",
-                      "trainer_processed_entropy", "trainer_max_logit", "trainer_log_kept_mass", "trainer_token_rank")
+                      "trainer_processed_entropy", "trainer_max_logit", "trainer_log_kept_mass", "trainer_token_rank",
+                      "trainer_cut_margin")
 LATEST_VARS = {"trainer_logprob": "trainer_latest_logprob",
                "trainer_processed_logprob": "trainer_latest_processed_logprob"}
 
@@ -281,6 +404,8 @@ def score_versions(trace: xr.Dataset, checkpoints: Any, *, latest: bool | int = 
     latest_arrays: dict[str, np.ndarray] = {}
     base: xr.Dataset | None = None
     names: dict[str, str] = {}
+    sums: dict[str, Any] = {}
+    checks: dict[str, Any] = {}
     first: Scorer | None = None
     t0 = time.perf_counter()
     order = ([latest_v] if latest_v is not None else []) + [v for v in versions if v != latest_v]
@@ -292,6 +417,8 @@ def score_versions(trace: xr.Dataset, checkpoints: Any, *, latest: bool | int = 
         else:
             rows = np.flatnonzero(((pv == v) & mask).any(axis=1))
         scored = sc.score(trace.isel(sequence=rows))
+        sums[str(v)] = scored.attrs["trainer"].get("weight_checksums")
+        checks[str(v)] = scored.attrs["trainer"].get("self_check")
         if base is None:
             base, first = scored, sc
         if v == latest_v:
@@ -307,6 +434,9 @@ def score_versions(trace: xr.Dataset, checkpoints: Any, *, latest: bool | int = 
     out = trace.copy()
     for k, arr in {**result, **latest_arrays}.items():
         out[k] = (TOKEN_DIMS, arr)
+    assert first is not None
+    for k, arr in first.applied_sampling(trace).items():
+        out[k] = (("sequence",), arr)
     if "trainer_prompt_token_id" in base and base.sizes["sequence"] == n:
         out["trainer_prompt_token_id"] = base["trainer_prompt_token_id"]
         out["trainer_prompt_length"] = base["trainer_prompt_length"]
@@ -315,6 +445,8 @@ def score_versions(trace: xr.Dataset, checkpoints: Any, *, latest: bool | int = 
     trainer_attrs = dict(base.attrs.get("trainer", {}))
     trainer_attrs.update({"model": names.get(str(latest_v), next(iter(names.values()))),
                           "scored_by": "policy_version", "per_version": names, "latest_version": latest_v,
+                          "weight_checksums": None, "weight_checksums_per_version": sums,
+                          "self_check_per_version": checks,
                           "score_s": round(time.perf_counter() - t0, 3)})
     out.attrs.update({"trainer": trainer_attrs, "scored_token_checksum": token_checksum(trace)})
     return validate(annotate(out))

@@ -64,6 +64,10 @@ OPTIONAL_ROLLOUT_VARS: dict[str, tuple[tuple[str, ...], str, str | None, str]] =
     "attempt": (SEQ_DIMS, "i", None, "0 = first submission; k = k-th resubmission of a request aborted by a weight update"),
     "prefix_cache_generation": (SEQ_DIMS, "i", None, "prefix-cache resets before the request's prefill (-1 = not recorded)"),
     "prefix_cache_stale": (SEQ_DIMS, "b", None, "prompt tokens came from a prefix cache that may hold KV of other weights (updated since its last reset)"),
+    # sampling penalties of the request (recorded when any request used one; absent = none)
+    "repetition_penalty": (SEQ_DIMS, "f", None, "repetition penalty of the request (1 = off)"),
+    "presence_penalty": (SEQ_DIMS, "f", None, "presence penalty of the request (0 = off)"),
+    "frequency_penalty": (SEQ_DIMS, "f", None, "frequency penalty of the request (0 = off)"),
 }
 TRAINER_VARS: dict[str, tuple[tuple[str, ...], str, str | None, str]] = {
     "trainer_logprob": (TOKEN_DIMS, "f", NATS, "trainer log-probability of the sampled token, full vocabulary, temperature 1 (pi_old, raw)"),
@@ -80,6 +84,9 @@ TRAINER_VARS: dict[str, tuple[tuple[str, ...], str, str | None, str]] = {
     "trainer_updated_processed_logprob": (TOKEN_DIMS, "f", NATS, "trainer log-probability after an optimizer step, temperature/top-k/top-p applied and renormalised (pi_theta, processed)"),
     "trainer_latest_logprob": (TOKEN_DIMS, "f", NATS, "trainer log-probability with the latest weights, whatever version sampled the token, full vocabulary, temperature 1 (raw)"),
     "trainer_latest_processed_logprob": (TOKEN_DIMS, "f", NATS, "trainer log-probability with the latest weights, temperature/top-k/top-p applied and renormalised (processed)"),
+    "trainer_temperature": (SEQ_DIMS, "f", None, "temperature the trainer applied for its processed reading (the engine's unless the trainer was set otherwise)"),
+    "trainer_top_k": (SEQ_DIMS, "i", None, "top-k the trainer applied for its processed reading (0 = off)"),
+    "trainer_top_p": (SEQ_DIMS, "f", None, "top-p the trainer applied for its processed reading (1 = off)"),
     "advantage": (SEQ_DIMS, "f", None, "sequence advantage used by the optimizer step (reward normalised within its group; NaN = not trained)"),
 }
 ALL_VARS = {**ROLLOUT_VARS, **OPTIONAL_ROLLOUT_VARS, **TRAINER_VARS}

@@ -1,0 +1,70 @@
+"""Weight fingerprints: per-tensor checksums both sides record, so a trace can say whether the
+engine and the trainer held the same weights for each policy version.
+
+A checksum is the CRC-32 of a tensor rounded to bfloat16 (hex, 8 digits), keyed by its checkpoint
+name (``model.layers.0.self_attn.q_proj.weight``). Rounding first makes a float32 copy and a
+bfloat16 copy of the same weights agree (engines and trainers often load one checkpoint in
+different dtypes), while any real change of the weights (an update, a perturbation of 1e-3
+relative or more) changes the bfloat16 values and so the checksum.
+
+The engine records the checksums of the checkpoint it loaded per version
+(``attrs["engine_weight_checksums"]``), the trainer those of the weights it scored each version
+with (``attrs["trainer"]["weight_checksums"]``); :func:`compare_checksums` says which tensors
+differ. torch is imported inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+# above this many bytes of checkpoint, fingerprints are skipped (reading them would cost seconds)
+MAX_FINGERPRINT_BYTES = 4 << 30
+
+
+def tensor_checksum(tensor: Any) -> str:
+    """CRC-32 (hex) of ``tensor`` rounded to bfloat16, on the CPU."""
+    import torch
+
+    t = tensor.detach()
+    if not t.is_floating_point():
+        data = t.to("cpu").contiguous().numpy().tobytes()
+    else:
+        data = t.to("cpu", torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes()
+    return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+
+
+def checksums(named_tensors: Iterable[tuple[str, Any]]) -> dict[str, str]:
+    """``{name: checksum}`` of named tensors (a state dict's ``items()``, a checkpoint iterator)."""
+    return {str(name): tensor_checksum(t) for name, t in named_tensors}
+
+
+def compare_checksums(engine: Mapping[str, str], trainer: Mapping[str, str]) -> dict[str, Any]:
+    """How two fingerprints differ: tensors whose checksums differ, tensors the trainer has that
+    the engine's record lacks (not loaded: a partial update), tensors only the engine has, and the
+    number compared. Names present on one side only because weights are tied (``lm_head.weight``
+    absent from a checkpoint that ties it to the embeddings) are not reported when the other side
+    has the tied partner."""
+    common = sorted(set(engine) & set(trainer))
+    differ = [n for n in common if engine[n] != trainer[n]]
+    tied = {"lm_head.weight", "model.embed_tokens.weight"}
+    missing = sorted(n for n in set(trainer) - set(engine) if not (n in tied and tied & set(engine)))
+    extra = sorted(n for n in set(engine) - set(trainer) if not (n in tied and tied & set(trainer)))
+    return {"n_compared": len(common), "differ": differ, "missing_in_engine": missing, "only_in_engine": extra,
+            "equal": not differ and not missing}
+
+
+def layers_of(names: Iterable[str]) -> list[int]:
+    """Decoder layer indices named in checkpoint names (``...layers.<i>....``), sorted, unique."""
+    import re
+
+    out = set()
+    for n in names:
+        m = re.search(r"\.layers\.(\d+)\.", n)
+        if m:
+            out.add(int(m.group(1)))
+    return sorted(out)
+
+
+__all__ = ["MAX_FINGERPRINT_BYTES", "checksums", "compare_checksums", "layers_of", "tensor_checksum"]
