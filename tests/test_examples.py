@@ -123,6 +123,30 @@ def test_h200_inflight_stale_arms_are_named():
     assert max(off.values()) < 1.5, ratios
 
 
+
+def test_h200_inflight_causes_are_attributed_not_blamed_on_the_semantic_layer():
+    """Data check on the shipped H200 inflight matrix (processed logprobs, fp32 head on every arm):
+    no semantic warning or error anywhere (the stale-KV tokens are left out of the semantic fit),
+    the stale arms' headline is the stale cache, the keep-noclear arms name the carried KV, and no
+    objective verdict stands on its own (each is explained by the backend cause)."""
+    arms = load_example("h200-inflight")
+    report = diagnose(arms)
+    semantic = [f for f in report if f.layer == Layer.SEMANTIC and f.severity.rank >= Severity.WARNING.rank]
+    assert not semantic, [str(f) for f in semantic]
+    for arm in ("keep-noclear-prefix_on", "wait-noclear-prefix_on", "abort-noclear-prefix_on"):
+        head = report.headline(arm)
+        assert head.name == "stale_prefix_cache_after_update" and head.share > 0.4, (arm, head)
+    for arm in ("keep-noclear-prefix_on", "keep-noclear-prefix_off"):
+        assert "kv_carried_over" in report.causes(arm), arm
+    assert report.headline("keep-noclear-prefix_off").cause == "kv_carried_over"
+    objective = [f for f in report if f.layer == Layer.OBJECTIVE and f.severity.rank >= Severity.WARNING.rank]
+    assert not objective, [str(f) for f in objective]
+    hides = [f for f in report if f.name == "correction_hides_backend_mismatch"]
+    assert hides and all(f.explained_by in ("stale_prefix_cache", "kv_carried_over") for f in hides)
+    clean = [a for a in arms if a.endswith("-clear-prefix_on") or a.endswith("-clear-prefix_off")
+             or a in ("wait-noclear-prefix_off", "abort-noclear-prefix_off")]
+    assert all(report.headline(a) is None for a in clean), [report.headline_line(a) for a in clean]
+
 def test_example_stores_are_not_ignored_by_git():
     """A clean clone must carry the stores: none of their files may match .gitignore."""
     import shutil

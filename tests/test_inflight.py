@@ -109,7 +109,7 @@ def test_carried_kv_and_one_version_scoring_are_named():
     carried = mi.carried_tokens(tr)
     assert carried.sum() == 3 and carried[0].tolist()[:4] == [False, False, True, True]
     f = di.kv_carried_over(tr)
-    assert f.severity.value == "warning" and f.evidence["carried_abs_log_ratio_mean"] == pytest.approx(0.05)
+    assert f.severity.value == "warning" and f.evidence["carried_abs_residual_mean"] == pytest.approx(0.05)
     # an update that reset the cache recomputed the kept requests' KV: nothing carried
     assert mi.carried_tokens(_stale_arm(reset=True)).sum() == 0
     one = _trace([[0, 1]], d=[[0.0, 0.0]], scored_by=None)

@@ -253,12 +253,20 @@ def test_diagnose_runs_the_objective_layer_after_the_backend():
     names_raw = {f.name for f in report.by_layer(Layer.OBJECTIVE)}
     assert {"backend_ratio_not_centred", "correction_hides_backend_mismatch", "masked_fraction_high"} <= names_raw
     hides = next(f for f in report if f.name == "correction_hides_backend_mismatch")
+    # a configured correction over a broken backend stays an error and names the cause it hides
     assert hides.severity == Severity.ERROR and "backend first" in hides.fix
+    assert hides.evidence["comes_from"] == ["raw_logprobs"]
     assert diagnose(par).by_layer(Layer.OBJECTIVE) == []
-    assert diagnose(raw).names() >= {"backend_ratio_not_centred"} and "masked_fraction_high" not in diagnose(raw).names()
+    # without a correction, the off-centre backend ratio is a consequence of raw mode: explained by it
+    plain = diagnose(raw)
+    centred = next(f for f in plain if f.name == "backend_ratio_not_centred")
+    assert centred.severity == Severity.INFO and centred.explained_by == "raw_logprobs"
+    assert "backend_ratio_not_centred" not in plain.names() and "masked_fraction_high" not in plain.names()
+    assert plain.headline("synthetic").name == "raw_logprobs_used_as_processed"
     text = str(report)
     assert text.index("semantic/raw_logprobs_used_as_processed") < text.index("objective/")
-    assert trace_findings(raw, prior=list(diagnose(raw).findings)) == diagnose(raw).by_layer(Layer.OBJECTIVE)
+    assert {f.name for f in trace_findings(raw, prior=list(plain.findings))} == \
+        {f.name for f in plain.by_layer(Layer.OBJECTIVE)}
     with pytest.raises(ValueError, match="unknown objective option"):
         objective_findings(raw, tol=0.1)
 

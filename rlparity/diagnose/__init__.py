@@ -17,19 +17,31 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlparity.diagnose import head, inflight, objective, path, semantic
+from rlparity.diagnose import head, inflight, objective, path, semantic, sync, trainer
+from rlparity.diagnose.attribution import attribute
+from rlparity.diagnose.causes import CAUSES
+from rlparity.diagnose.evidence import build as build_evidence
 from rlparity.diagnose.findings import Finding, Layer, Report, Severity
 from rlparity.diagnose.options import DiagnoseOptions
-from rlparity.trace import as_arms, validate
+from rlparity.trace import as_arms, has_trainer, validate
 
-# in layer order: the backend (semantic, inference path, LM head) before the objective, which sees
-# the backend's findings (a correction must not hide a backend error)
-LAYERS = (semantic, path, head, inflight, objective)
+# in layer order: the backend (semantic, inference path: settings, LM head, inflight updates, weight
+# sync, the trainer's determinism) before the objective, which sees the backend's findings (a
+# correction must not hide a backend error)
+LAYERS = (semantic, path, head, inflight, sync, trainer, objective)
 
 
 def diagnose(data: Any, options: DiagnoseOptions | None = None, *, title: str = "rlparity findings",
              **changes: Any) -> Report:
     """Run every check on ``data`` (one trace, ``{arm: trace}``, a DataTree or a zarr path).
+
+    Per arm, the evidence is built first (:mod:`rlparity.diagnose.evidence`: which tokens an
+    identified cause explains, the semantic reading on the rest, the residual and the floors);
+    every layer judges on it, in layer order; then the attribution
+    (:mod:`rlparity.diagnose.attribution`) gives each finding at WARNING or above the tokens it
+    explains and its share of the measured mismatch, picks the arm's headline (the cause that
+    explains the most) and turns verdicts another cause explains into information
+    (``Report.attribution[arm]``, ``Report.headline(arm)``).
 
     Options (see :class:`DiagnoseOptions`) are given as an object, as keywords, or both
     (keywords win): e.g. ``diagnose(store, reference="eager", tol_reference=1e-3)``. They reach
@@ -45,12 +57,32 @@ def diagnose(data: Any, options: DiagnoseOptions | None = None, *, title: str = 
     if opts.reference is not None and opts.reference not in arms:
         raise ValueError(f"reference={opts.reference!r} is not an arm of the data; arms: {sorted(arms)}")
     report = Report(title=title, context={"arms": list(arms), "options": opts.model_dump()})
-    for layer in LAYERS:
+    evidence = {name: build_evidence(ds, trainer=opts.trainer, semantic_tol=opts.semantic_tol,
+                                     stale_ratio=opts.stale_ratio) if has_trainer(ds) else None
+                for name, ds in arms.items()}
+    per_arm: dict[str, list[Finding]] = {name: [] for name in arms}
+    step: dict[int, int] = {}  # id(finding) -> index of the layer module that made it
+    shared: list[Finding] = []
+    for k, layer in enumerate(LAYERS):
         for name, ds in arms.items():
-            report.extend(layer.trace_findings(ds, opts, [f for f in report if f.arm == name]))
+            new = layer.trace_findings(ds, opts, list(per_arm[name]), evidence=evidence[name])
+            step.update((id(f), k) for f in new)
+            per_arm[name].extend(new)
         if len(arms) > 1:
-            report.extend(layer.arms_findings(arms, opts))
+            for f in layer.arms_findings(arms, opts):
+                step[id(f)] = k
+                (per_arm[f.arm] if f.arm in per_arm else shared).append(f)
+    found: list[tuple[int, int, Finding]] = []
+    for a, name in enumerate(arms):
+        layer_of = [step[id(f)] for f in per_arm[name]]
+        attributed, record = attribute(per_arm[name], evidence[name])
+        found += [(k, a, f) for k, f in zip(layer_of, attributed)]
+        if record:
+            report.attribution[name] = record
+    found += [(step[id(f)], len(arms), f) for f in shared]
+    # the report lists the layers in the order of the method (backend before objective), arms within
+    report.extend(f for _, _, f in sorted(found, key=lambda t: (t[0], t[1])))
     return report
 
 
-__all__ = ["DiagnoseOptions", "Finding", "Layer", "Report", "Severity", "diagnose"]
+__all__ = ["CAUSES", "DiagnoseOptions", "Finding", "Layer", "Report", "Severity", "diagnose"]

@@ -77,7 +77,8 @@ def head_precision(trace: xr.Dataset, *, tol: float | None = None, trainer: str 
         return Finding(Layer.INFERENCE_PATH, "head_precision_mismatch", Severity.WARNING,
                        f"the rollout engine projects to logits in {r}, the trainer in {t}: the two sides "
                        f"round every logit differently (RMS d = {ev['rms_d']:.3g} nats, Pearson of "
-                       f"token probabilities {ev['prob_pearson']:.4f})", ev, fix, arm)
+                       f"token probabilities {ev['prob_pearson']:.4f})", ev, fix, arm,
+                       cause="rollout_bf16_head" if low == r else "trainer_bf16_head")
     if r == "float32":
         return Finding(Layer.INFERENCE_PATH, "head_precision_matched", Severity.INFO,
                        "both sides project to logits in float32", ev, "", arm)
@@ -85,10 +86,12 @@ def head_precision(trace: xr.Dataset, *, tol: float | None = None, trainer: str 
     return Finding(Layer.INFERENCE_PATH, "head_precision_low", sev,
                    f"both sides project to logits in {r}: matched, but each rounds its logits to "
                    f"{_BITS.get(r, '?')} significant bits in its own kernel (RMS d = {ev['rms_d']:.3g} nats)",
-                   ev, FIX_ROLLOUT_FP32 + "; and " + FIX_TRAINER_FP32, arm)
+                   ev, FIX_ROLLOUT_FP32 + "; and " + FIX_TRAINER_FP32, arm,
+                   cause="rollout_bf16_head" if sev == Severity.WARNING else None)
 
 
-def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=()) -> list[Finding]:
+def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=(),
+                   evidence=None) -> list[Finding]:
     """The head checks of one arm (called by :func:`rlparity.diagnose.diagnose`)."""
     opts = options or DiagnoseOptions()
     f = head_precision(trace, tol=opts.tol, trainer=opts.trainer, eps=opts.eps)

@@ -24,6 +24,8 @@ from collections.abc import Mapping
 import numpy as np
 import xarray as xr
 
+from rlparity.config.defaults import defaults
+from rlparity.diagnose.evidence import ArmEvidence, build
 from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import BACKEND_PAIR_D
@@ -47,18 +49,26 @@ def _measured(ratio: float, threshold: float) -> bool:
     return bool(np.isfinite(ratio) and ratio >= threshold) or ratio == float("inf")
 
 
-def stale_prefix_cache(trace: xr.Dataset, *, trainer: str | None = None, stale_ratio: float = 3.0
-                       ) -> Finding | None:
+def _residual_note(ev: ArmEvidence) -> str:
+    reading = ev.reading if ev.reading in ("processed", "raw") else ev.side
+    return f"r = mu - the trainer's {reading} reading (the semantic cause corrected), nats"
+
+
+def stale_prefix_cache(trace: xr.Dataset, *, trainer: str | None = None, stale_ratio: float = 3.0,
+                       tol: float | None = None, evidence: ArmEvidence | None = None) -> Finding | None:
     """``stale_prefix_cache_after_update`` when sequences hit a prefix cache that may hold KV of
     other weights (``prefix_cache_stale``); ``None`` when none did or the trace does not record it.
 
-    An error when the trace is unscored (the hits are stale by construction) or when mean ``|d|`` on the
-    stale sequences is at least ``stale_ratio`` times the noise floor; a warning when it is within
-    that (the cached blocks may have been written after the update, or the update did not move the
-    prefix's KV)."""
+    An error when the trace is unscored (the hits are stale by construction) or when the effect is
+    measured (:meth:`ArmEvidence.localized_test`: mean ``|r|`` on the stale sequences at least
+    ``stale_ratio`` times the background of tokens no identified cause explains, or above it by
+    ``tol`` nats and four standard errors), ``r`` being the residual once the semantic cause is
+    corrected (so a raw-mode engine does not hide it); a warning otherwise (the cached blocks may
+    have been written after the update, or another cause's mismatch hides the effect)."""
     stale = mi.stale_sequences(trace)
     if not stale.any():
         return None
+    tol = defaults().tol_trainer if tol is None else tol
     ev = {**mi.stale_evidence(trace, trainer), "pair": PAIR, "stale_ratio_threshold": stale_ratio,
           "updates": [{k: u.get(k) for k in ("version", "mode", "clear_cache", "cache_reset")} for u in mi.updates(trace)]}
     arm = trace.attrs.get("arm")
@@ -67,47 +77,63 @@ def stale_prefix_cache(trace: xr.Dataset, *, trainer: str | None = None, stale_r
         return Finding(Layer.INFERENCE_PATH, "stale_prefix_cache_after_update", Severity.ERROR,
                        f"{n} of {tot} sequences took {ev['stale_cached_prompt_share']:.0%} of their prompt tokens from a "
                        "prefix cache filled before a weight update that did not reset it: their prefix KV was computed "
-                       "by the old weights (score the trace to measure the effect)", ev, FIX_STALE, arm)
-    ratio = ev["stale_over_floor"]
-    measured = _measured(ratio, stale_ratio)
-    what = (f"mean |d| {ev['stale_abs_log_ratio_mean']:.3g} nats on them against a noise floor of "
-            f"{ev['floor_abs_log_ratio_mean']:.3g} ({ratio:.3g}x)")
-    if measured:
+                       "by the old weights (score the trace to measure the effect)", ev, FIX_STALE, arm,
+                       cause="stale_prefix_cache")
+    e = evidence if evidence is not None else build(trace, trainer=trainer, stale_ratio=stale_ratio)
+    t = e.localized_test("stale_prefix_cache", ratio=stale_ratio, tol=tol)
+    ev.update({"stale_abs_residual_mean": t.get("abs_residual_mean"),
+               "background_abs_residual_mean": t.get("background_abs_residual_mean"),
+               "stale_over_floor": t.get("ratio"), "excess_z": t.get("z"), "effect": t["verdict"],
+               "residual": _residual_note(e)})
+    what = (f"mean |r| {t.get('abs_residual_mean', float('nan')):.3g} nats on them against "
+            f"{t.get('background_abs_residual_mean', float('nan')):.3g} on the tokens no cause explains "
+            f"({t.get('ratio', float('nan')):.3g}x)")
+    if t["verdict"] == "measured":
         return Finding(Layer.INFERENCE_PATH, "stale_prefix_cache_after_update", Severity.ERROR,
                        f"{n} of {tot} sequences reused prefix-cache KV computed by older weights (the cache was not "
-                       f"reset at the update): {what}", ev, FIX_STALE, arm)
+                       f"reset at the update): {what}", ev, FIX_STALE, arm, cause="stale_prefix_cache")
+    why = ("the blocks they reused may have been written after the update" if t["verdict"] == "small"
+           else "the mismatch every token shows hides the effect: measure again after fixing the headline")
     return Finding(Layer.INFERENCE_PATH, "stale_prefix_cache_after_update", Severity.WARNING,
-                   f"{n} of {tot} sequences hit a prefix cache that was not reset at the update, but {what}: below "
-                   f"{stale_ratio:g}x, the blocks they reused may have been written after the update", ev, FIX_STALE, arm)
+                   f"{n} of {tot} sequences hit a prefix cache that was not reset at the update, but {what}: {why}",
+                   ev, FIX_STALE, arm, cause="stale_prefix_cache")
 
 
-def kv_carried_over(trace: xr.Dataset, *, trainer: str | None = None, stale_ratio: float = 3.0
-                    ) -> Finding | None:
+def kv_carried_over(trace: xr.Dataset, *, trainer: str | None = None, stale_ratio: float = 3.0,
+                    tol: float | None = None, evidence: ArmEvidence | None = None) -> Finding | None:
     """``kv_carried_over_update`` when sequences straddle an update that kept the cache: their
-    later tokens were sampled by the new weights on KV the old ones computed. A warning when mean
-    ``|d|`` on those tokens is at least ``stale_ratio`` times the noise floor, information otherwise;
+    later tokens were sampled by the new weights on KV the old ones computed. A warning when the
+    effect is measured on those tokens (:meth:`ArmEvidence.localized_test` against the background of
+    tokens no cause explains, semantic cause corrected) or cannot be told apart from another cause's
+    mismatch; information when it is measured to be small (below ``tol`` nats of mean ``|r|``);
     ``None`` when no token is carried over."""
     carried = mi.carried_tokens(trace)
     if not carried.any():
         return None
+    tol = defaults().tol_trainer if tol is None else tol
     seqs = int(carried.any(axis=1).sum())
     ev = {"n_sequences": seqs, "n_carried_tokens": int(carried.sum()), "pair": PAIR}
     arm = trace.attrs.get("arm")
     if not has_trainer(trace):
         return Finding(Layer.INFERENCE_PATH, "kv_carried_over_update", Severity.INFO,
                        f"{seqs} sequences continued across a weight update on KV of the old weights "
-                       f"({ev['n_carried_tokens']} tokens; score the trace to measure the effect)", ev, FIX_CARRIED, arm)
-    d = log_ratio(trace, trainer).values
-    clean = mi.clean_tokens(trace)
-    c = float(np.nanmean(np.abs(np.where(carried & np.isfinite(d), d, np.nan))))
-    f = float(np.nanmean(np.abs(np.where(clean & np.isfinite(d), d, np.nan)))) if clean.any() else float("nan")
-    ratio = c / f if f > 0 else float("inf")
-    ev.update({"carried_abs_log_ratio_mean": c, "floor_abs_log_ratio_mean": f, "carried_over_floor": ratio})
-    sev = Severity.WARNING if _measured(ratio, stale_ratio) else Severity.INFO
+                       f"({ev['n_carried_tokens']} tokens; score the trace to measure the effect)", ev, FIX_CARRIED, arm,
+                       cause="kv_carried_over")
+    e = evidence if evidence is not None else build(trace, trainer=trainer, stale_ratio=stale_ratio)
+    t = e.localized_test("kv_carried_over", ratio=stale_ratio, tol=tol)
+    c, f = t.get("abs_residual_mean", float("nan")), t.get("background_abs_residual_mean", float("nan"))
+    ev.update({"carried_abs_residual_mean": c, "background_abs_residual_mean": f,
+               "carried_over_floor": t.get("ratio"), "excess_z": t.get("z"), "effect": t["verdict"],
+               "residual": _residual_note(e)})
+    sev = Severity.INFO if t["verdict"] == "small" else Severity.WARNING
+    tail = {"measured": "", "small": ": too small to matter here",
+            "inconclusive": ": not separable from the mismatch every token shows; measure again after fixing the "
+                            "headline"}[t["verdict"]]
     return Finding(Layer.INFERENCE_PATH, "kv_carried_over_update", sev,
-                   f"{seqs} sequences continued across a weight update on KV the old weights computed: mean |d| "
-                   f"{c:.3g} nats on their {ev['n_carried_tokens']} later tokens against a noise floor of {f:.3g} "
-                   f"({ratio:.3g}x)", ev, FIX_CARRIED, arm)
+                   f"{seqs} sequences continued across a weight update on KV the old weights computed: mean |r| "
+                   f"{c:.3g} nats on their {ev['n_carried_tokens']} later tokens against {f:.3g} on the tokens no "
+                   f"cause explains ({t.get('ratio', float('nan')):.3g}x){tail}", ev, FIX_CARRIED, arm,
+                   cause="kv_carried_over")
 
 
 def scored_at_one_version(trace: xr.Dataset) -> Finding | None:
@@ -122,7 +148,8 @@ def scored_at_one_version(trace: xr.Dataset) -> Finding | None:
     return Finding(Layer.INFERENCE_PATH, "scored_at_one_version", Severity.WARNING,
                    f"the tokens come from policy versions {versions} but the trainer scored them all with one set of "
                    f"weights ({(trace.attrs.get('trainer') or {}).get('model')}): d mixes policy lag with the backend "
-                   "mismatch", {"versions": versions, "pair": PAIR}, FIX_VERSIONS, trace.attrs.get("arm"))
+                   "mismatch", {"versions": versions, "pair": PAIR}, FIX_VERSIONS, trace.attrs.get("arm"),
+                   cause="mixed_versions")
 
 
 def policy_lag(trace: xr.Dataset) -> Finding | None:
@@ -143,11 +170,17 @@ def policy_lag(trace: xr.Dataset) -> Finding | None:
                    trace.attrs.get("arm"))
 
 
-def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=()) -> list[Finding]:
+def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=(),
+                   evidence: ArmEvidence | None = None) -> list[Finding]:
     """The inflight checks of one arm (called by :func:`rlparity.diagnose.diagnose`)."""
     opts = options or DiagnoseOptions()
-    found = [stale_prefix_cache(trace, trainer=opts.trainer, stale_ratio=opts.stale_ratio),
-             kv_carried_over(trace, trainer=opts.trainer, stale_ratio=opts.stale_ratio),
+    ev = evidence
+    if ev is None and has_trainer(trace):
+        ev = build(trace, trainer=opts.trainer, semantic_tol=opts.semantic_tol, stale_ratio=opts.stale_ratio)
+    found = [stale_prefix_cache(trace, trainer=opts.trainer, stale_ratio=opts.stale_ratio, tol=opts.tol_trainer,
+                                evidence=ev),
+             kv_carried_over(trace, trainer=opts.trainer, stale_ratio=opts.stale_ratio, tol=opts.tol_trainer,
+                             evidence=ev),
              scored_at_one_version(trace), policy_lag(trace)]
     return [f for f in found if f is not None]
 

@@ -282,7 +282,7 @@ def objective_findings(trace: xr.Dataset, findings: Iterable[Finding] = (), *, t
 
 
 def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None,
-                   prior: Iterable[Finding] = ()) -> list[Finding]:
+                   prior: Iterable[Finding] = (), evidence=None) -> list[Finding]:
     """The objective checks of one arm (called by :func:`rlparity.diagnose.diagnose` after the
     backend layers, whose findings for this arm arrive as ``prior``). Thresholds:
     ``defaults().objective`` (change them with :func:`rlparity.config.defaults_context`)."""

@@ -83,7 +83,8 @@ def path_settings(trace: xr.Dataset, profile: str | None = None) -> list[Finding
     return out
 
 
-def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=()) -> list[Finding]:
+def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=(),
+                   evidence=None) -> list[Finding]:
     """The inference-path checks of one arm (called by :func:`rlparity.diagnose.diagnose`)."""
     opts = options or DiagnoseOptions()
     return path_settings(trace, opts.profile)

@@ -18,8 +18,10 @@ import numpy as np
 import xarray as xr
 
 from rlparity.config.defaults import defaults
+from rlparity.diagnose.evidence import ArmEvidence, build, identity_sampling
 from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.diagnose.options import DiagnoseOptions
+from rlparity.trace import has_trainer
 from rlparity.metrics import (
     BACKEND_PAIR_D,
     TRAINER_VARIABLE,
@@ -35,12 +37,6 @@ FIX_PROCESSED = ("start vLLM with --logprobs-mode processed_logprobs "
 PAIR = BACKEND_PAIR_D
 
 
-def _identity_sampling(trace: xr.Dataset) -> bool:
-    t = trace["temperature"].values
-    return bool(np.all((t == 1.0) | (t < 1e-5)) and np.all(trace["top_k"].values <= 0)
-                and np.all(trace["top_p"].values >= 1.0))
-
-
 def _offsets_by_temperature(trace: xr.Dataset, side: str) -> dict:
     temps = np.unique(trace["temperature"].values)
     if temps.size < 2:
@@ -53,89 +49,217 @@ def _offsets_by_temperature(trace: xr.Dataset, side: str) -> dict:
 
 
 def logprob_semantics(trace: xr.Dataset, *, semantic_tol: float | None = None,
-                      offset_z: float | None = None) -> Finding:
+                      offset_z: float | None = None, evidence: ArmEvidence | None = None) -> Finding:
     """Whether rollout logprobs are raw or processed, from relative evidence.
 
     With both trainer readings, the rollout logprob ``mu`` is placed on the line between them:
-    ``mu - raw = alpha (processed - raw) + noise`` (least squares, :func:`rlparity.metrics.core.reading_fit`).
-    ``alpha ~ 1``: processed; ``alpha ~ 0``: raw; within ``semantic_tol`` of the gap (or three
-    standard errors, if larger). The residual is the numeric noise floor of this engine and model:
-    it never enters the verdict as a tolerance, so a bf16 GPU engine and an fp32 CPU engine are
-    judged alike. With one trainer reading (an imported dump), the mean offset of d is tested
-    against what a faithful rollout gives (``E[d] = -Var(d)/2``, mean ratio 1): more than
-    ``offset_z`` standard errors above it is the raw-mode signature. When sampling is the identity
-    (temperature 1, no top-k/top-p) both readings agree and no mismatch can be seen.
+    ``mu - raw = alpha (processed - raw) + noise`` (a robust least-squares fit,
+    :func:`rlparity.diagnose.evidence.semantic_fit`), on the tokens no other identified cause
+    explains (stale prefix-cache hits, KV carried over an update, tokens of a version the two sides
+    hold different weights for: ``evidence``, built here when not given). ``alpha ~ 1``: processed;
+    ``alpha ~ 0``: raw; within ``semantic_tol`` of the gap (or three standard errors, if larger).
+    The residual is the numeric noise floor of this engine and model: it never enters the verdict as
+    a tolerance, so a bf16 GPU engine and an fp32 CPU engine are judged alike. With one trainer
+    reading (an imported dump), the mean offset of d is tested against what a faithful rollout
+    gives (``E[d] = -Var(d)/2``, mean ratio 1): more than ``offset_z`` standard errors above it is the
+    raw-mode signature. When sampling is the identity (temperature 1, no top-k/top-p) both readings
+    agree and no mismatch can be seen.
     """
     o = defaults()
     semantic_tol = o.semantic_tol if semantic_tol is None else semantic_tol
     offset_z = o.offset_z if offset_z is None else offset_z
+    ev_ = evidence if evidence is not None else build(trace, semantic_tol=semantic_tol)
     mask = trace["response_mask"].values.astype(bool)
     readings = trainer_readings(trace)
-    mu = trace["rollout_logprob"].values
-    evidence: dict = {"pair": PAIR, "trainer_readings": readings,
-                      "engine_logprobs_mode": (trace.attrs.get("engine_effective") or {}).get("logprobs_mode")}
+    evidence_: dict = {"pair": PAIR, "trainer_readings": readings,
+                       "engine_logprobs_mode": (trace.attrs.get("engine_effective") or {}).get("logprobs_mode")}
     for side in readings:
-        evidence[f"rms_d_vs_trainer_{side}"] = float(core.masked_rms(log_ratio(trace, side).values, mask))
-    evidence.update(_offsets_by_temperature(trace, readings[0]))
+        evidence_[f"rms_d_vs_trainer_{side}"] = float(core.masked_rms(log_ratio(trace, side).values, mask))
+    evidence_.update(_offsets_by_temperature(trace, readings[0]))
+    explained = ev_.claimed()
+    if explained.any():
+        evidence_["tokens_left_out"] = {c: int((t & mask).sum()) for c, t in ev_.claims.items()}
+        evidence_["left_out_why"] = ("explained by another identified cause: the fit is made on the tokens no "
+                                     "other cause explains")
     arm = trace.attrs.get("arm")
-    if _identity_sampling(trace):
+    if identity_sampling(trace):
         return Finding(Layer.SEMANTIC, "logprob_semantics_untestable", Severity.INFO,
                        "sampling is the identity (T=1, no top-k/top-p): raw and processed coincide",
-                       evidence, "capture at the temperature/top-k/top-p your RL run uses", arm)
+                       evidence_, "capture at the temperature/top-k/top-p your RL run uses", arm)
     raw_signature = ("rollout logprobs are raw (before temperature/top-k/top-p) while the trainer recomputes the "
                      "processed distribution the sampler drew from")
     if len(readings) == 2:
-        P, R = trace[TRAINER_VARIABLE["processed"]].values, trace[TRAINER_VARIABLE["raw"]].values
-        fit = core.reading_fit(mu - R, P - R, mask)
-        alpha, se = fit["alpha"], fit["alpha_se"]
-        band = max(semantic_tol, 3 * se) if np.isfinite(se) else semantic_tol
-        evidence.update({"alpha_processed": alpha, "alpha_se": se, "alpha_band": band,
-                         "noise_floor_rms": fit["noise_rms"], "separation_rms": fit["separation_rms"],
-                         "n_tokens_fitted": fit["n_tokens"],
-                         "reading": "mu - log pi_raw = alpha (log pi_processed - log pi_raw) + noise; "
-                                    "alpha 1 = processed, 0 = raw"})
-        if not np.isfinite(alpha) or se > semantic_tol:
+        fit = ev_.fit
+        alpha, se = fit.get("alpha", float("nan")), fit.get("alpha_se", float("nan"))
+        band = fit.get("alpha_band", semantic_tol)
+        evidence_.update({"alpha_processed": alpha, "alpha_se": se, "alpha_band": band,
+                          "noise_floor_rms": fit.get("noise_rms"), "noise_scale_robust": fit.get("noise_scale"),
+                          "separation_rms": fit.get("separation_rms"), "n_tokens_fitted": fit.get("n_tokens"),
+                          "downweighted_share": fit.get("downweighted_share"),
+                          "reading": "mu - log pi_raw = alpha (log pi_processed - log pi_raw) + noise; "
+                                     "alpha 1 = processed, 0 = raw (robust fit)"})
+        if ev_.reading == "untestable":
             return Finding(Layer.SEMANTIC, "logprob_semantics_untestable", Severity.INFO,
                            "the trainer's processed and raw readings are too close, at this noise, to tell "
-                           f"which one the rollout reports (alpha {alpha:.3g} +- {se:.2g})", evidence,
+                           f"which one the rollout reports (alpha {alpha:.3g} +- {se:.2g})", evidence_,
                            "capture more tokens, or at the temperature/top-k your RL run uses", arm)
-        if abs(alpha - 1) <= band:
+        if ev_.reading == "processed":
             return Finding(Layer.SEMANTIC, "logprobs_processed", Severity.INFO,
                            f"rollout logprobs are the processed distribution (alpha {alpha:.3f} +- {se:.2g}; "
-                           f"numeric noise floor {fit['noise_rms']:.3g} nats RMS)", evidence, "", arm)
-        if abs(alpha) <= band:
+                           f"numeric noise floor {fit['noise_rms']:.3g} nats RMS)", evidence_, "", arm)
+        if ev_.reading == "raw":
             summary = raw_signature + f" (alpha {alpha:.3f} +- {se:.2g})"
-            if evidence.get("mean_d_range_over_temperatures", 0) > 0:
+            if evidence_.get("mean_d_range_over_temperatures", 0) > 0:
                 summary += "; the mean offset moves with temperature (the raw-mode signature)"
             return Finding(Layer.SEMANTIC, "raw_logprobs_used_as_processed", Severity.ERROR, summary,
-                           evidence, FIX_PROCESSED, arm)
+                           evidence_, FIX_PROCESSED, arm, cause="raw_logprobs")
         return Finding(Layer.SEMANTIC, "logprobs_match_neither", Severity.WARNING,
                        f"rollout logprobs lie between or beyond the trainer's processed and raw readings "
                        f"(alpha {alpha:.3f} +- {se:.2g}; 1 = processed, 0 = raw): another temperature, "
-                       "other sampling parameters or a different distribution", evidence,
+                       "other sampling parameters or a different distribution", evidence_,
                        "compare the engine's sampling parameters with the trainer's (temperature, top-k, "
                        "top-p, penalties, the model's generation_config)", arm)
     side = readings[0]
-    t = core.offset_test(log_ratio(trace, side).values, mask)
-    evidence.update({"offset_nats": t["offset"], "offset_se": t["offset_se"], "offset_z": t["z"],
-                     "mean_d": t["mean"], "var_d": t["var"], "z_threshold": offset_z,
-                     "reading": f"one trainer reading ({side}): a faithful rollout has mean(d) + var(d)/2 = 0"})
+    free = ev_.unclaimed()
+    t = core.offset_test(log_ratio(trace, side).values, free)
+    evidence_.update({"offset_nats": t["offset"], "offset_se": t["offset_se"], "offset_z": t["z"],
+                      "mean_d": t["mean"], "var_d": t["var"], "z_threshold": offset_z,
+                      "reading": f"one trainer reading ({side}): a faithful rollout has mean(d) + var(d)/2 = 0"})
     if np.isfinite(t["z"]) and abs(t["z"]) > offset_z:
         if t["offset"] > 0 and side == "processed":
             return Finding(Layer.SEMANTIC, "logprobs_not_processed", Severity.ERROR,
                            f"rollout logprobs sit {t['offset']:.3g} nats ({t['z']:.0f} standard errors) below the "
                            "trainer's processed distribution on average: they do not describe the distribution "
-                           "the sampler drew from (the signature of vLLM's raw logprobs)", evidence,
+                           "the sampler drew from (the signature of vLLM's raw logprobs)", evidence_,
                            FIX_PROCESSED + "; confirm with `rlparity score --model MODEL` (adds the raw reading)",
-                           arm)
+                           arm, cause="raw_logprobs")
         return Finding(Layer.SEMANTIC, "logprobs_match_neither", Severity.WARNING,
                        f"rollout logprobs are offset from the trainer's {side} reading by {t['offset']:+.3g} nats "
-                       f"({t['z']:.0f} standard errors)", evidence,
+                       f"({t['z']:.0f} standard errors)", evidence_,
                        "compare the engine's sampling parameters with the trainer's; rescore with "
                        "`rlparity score --model MODEL` to get both readings", arm)
     return Finding(Layer.SEMANTIC, "logprobs_processed" if side == "processed" else "logprobs_raw", Severity.INFO,
                    f"rollout logprobs agree with the trainer's {side} reading on average "
-                   f"(offset {t['offset']:+.2g} nats, {t['z']:.1f} standard errors)", evidence, "", arm)
+                   f"(offset {t['offset']:+.2g} nats, {t['z']:.1f} standard errors)", evidence_, "", arm)
+
+
+FIX_TRAINER_SAMPLING = ("compute the trainer's processed logprobs with the engine's sampling parameters of each "
+                        "request: logits / temperature, then the same top-k (ties at the k-th logit kept) and "
+                        "top-p, renormalised (rlparity: Scorer(settings=TrainerSettings()) follows the trace)")
+
+
+def trainer_sampling(trace: xr.Dataset) -> list[Finding]:
+    """The temperature and the top-k/top-p cut the trainer applied for its processed reading
+    (``trainer_temperature`` / ``trainer_top_k`` / ``trainer_top_p``, recorded by the scorer or the
+    importer) against the engine's request, per sequence: an error per parameter that differs on
+    any sequence with tokens (the trainer then computes another distribution than the sampler drew
+    from, whatever the logprobs mode). Nothing when the trace does not record what the trainer applied."""
+    mask = trace["response_mask"].values.astype(bool)
+    has = mask.any(axis=1)
+    arm = trace.attrs.get("arm")
+    out = []
+    if "trainer_temperature" in trace:
+        et, tt = trace["temperature"].values, trace["trainer_temperature"].values
+        bad = has & ~np.isclose(et, tt, rtol=1e-6, atol=1e-9) & np.isfinite(et) & np.isfinite(tt)
+        if bad.any():
+            ev = {"n_sequences": int(bad.sum()), "engine_temperature": sorted(set(np.round(et[bad], 6).tolist()))[:8],
+                  "trainer_temperature": sorted(set(np.round(tt[bad], 6).tolist()))[:8], "pair": PAIR}
+            out.append(Finding(Layer.SEMANTIC, "trainer_temperature_differs", Severity.ERROR,
+                               f"the trainer computed its processed reading at temperature {ev['trainer_temperature']} "
+                               f"while the engine sampled at {ev['engine_temperature']} ({int(bad.sum())} sequences)",
+                               ev, FIX_TRAINER_SAMPLING, arm, cause="trainer_temperature"))
+    if "trainer_top_k" in trace or "trainer_top_p" in trace:
+        ek, ep = trace["top_k"].values, trace["top_p"].values
+        tk = trace["trainer_top_k"].values if "trainer_top_k" in trace else ek
+        tp = trace["trainer_top_p"].values if "trainer_top_p" in trace else ep
+        norm = lambda k: np.where(k <= 0, 0, k)  # noqa: E731  (0 and -1 both mean off)
+        bad = has & ((norm(ek) != norm(tk)) | ~np.isclose(ep, tp, rtol=0, atol=1e-9))
+        if bad.any():
+            ev = {"n_sequences": int(bad.sum()), "engine_top_k": sorted(set(norm(ek[bad]).tolist()))[:8],
+                  "trainer_top_k": sorted(set(norm(tk[bad]).tolist()))[:8],
+                  "engine_top_p": sorted(set(np.round(ep[bad], 6).tolist()))[:8],
+                  "trainer_top_p": sorted(set(np.round(tp[bad], 6).tolist()))[:8], "pair": PAIR}
+            out.append(Finding(Layer.SEMANTIC, "trainer_cut_differs", Severity.ERROR,
+                               f"the trainer cut top-k {ev['trainer_top_k']} / top-p {ev['trainer_top_p']} while the "
+                               f"engine sampled with top-k {ev['engine_top_k']} / top-p {ev['engine_top_p']} "
+                               f"({int(bad.sum())} sequences): it renormalises over another set",
+                               ev, FIX_TRAINER_SAMPLING, arm, cause="trainer_top_k"))
+    return out
+
+
+def sampling_penalty(trace: xr.Dataset, *, evidence: ArmEvidence | None = None) -> Finding | None:
+    """An error when the engine's requests used a sampling penalty (``repetition_penalty`` /
+    ``presence_penalty`` / ``frequency_penalty`` recorded per sequence) the trainer does not apply
+    (no trainer applies them; vLLM's processed logprobs include them). Evidence: the mean residual
+    of tokens that already occurred in the prompt or response (the penalised ones) against those
+    that did not. ``None`` when no penalty was used or none is recorded."""
+    names = [n for n, neutral in (("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0))
+             if n in trace and np.any(trace[n].values != neutral)]
+    if not names:
+        return None
+    mask = trace["response_mask"].values.astype(bool)
+    pen = np.zeros(trace.sizes["sequence"], dtype=bool)
+    for n in names:
+        neutral = 1.0 if n == "repetition_penalty" else 0.0
+        pen |= trace[n].values != neutral
+    ev: dict = {"penalties": {n: sorted(set(np.round(trace[n].values[pen], 6).tolist()))[:4] for n in names},
+                "n_sequences": int((pen & mask.any(axis=1)).sum()), "pair": PAIR}
+    if has_trainer(trace):
+        ev_ = evidence if evidence is not None else build(trace)
+        seen = repeated_tokens(trace)
+        sel = mask & pen[:, None] & ev_.usable
+        r = ev_.residual
+        if r is not None:
+            ev.update({"mean_residual_repeated_tokens": float(core.masked_mean(r, sel & seen)),
+                       "mean_residual_new_tokens": float(core.masked_mean(r, sel & ~seen)),
+                       "n_repeated_tokens": int((sel & seen).sum()), "n_new_tokens": int((sel & ~seen).sum()),
+                       "residual": "mu - the trainer's matched reading (nats): a penalty lowers mu on repeated tokens"})
+    return Finding(Layer.SEMANTIC, "sampling_penalty_not_in_trainer", Severity.ERROR,
+                   f"the engine sampled with {', '.join(f'{k}={v}' for k, v in ev['penalties'].items())} on "
+                   f"{ev['n_sequences']} sequences; its processed logprobs include the penalty, the trainer's do not",
+                   ev, "sample without penalties in RL (repetition_penalty=1, presence/frequency 0), or apply the same "
+                   "penalty to the trainer's logits (vLLM's rules: divide positive / multiply negative logits of seen "
+                   "tokens by the repetition penalty, subtract the presence and frequency terms)",
+                   trace.attrs.get("arm"), cause="sampling_penalty")
+
+
+def repeated_tokens(trace: xr.Dataset) -> np.ndarray:
+    """Per token: its id already occurred in the prompt or earlier in the response."""
+    tok = trace["token_id"].values
+    prompt = trace["prompt_token_id"].values
+    out = np.zeros(tok.shape, dtype=bool)
+    for i in range(tok.shape[0]):
+        seen = set(prompt[i][prompt[i] >= 0].tolist())
+        for j, t in enumerate(tok[i]):
+            if t < 0:
+                break
+            out[i, j] = int(t) in seen
+            seen.add(int(t))
+    return out
+
+
+def trainer_is_rollout_copy(trace: xr.Dataset) -> Finding | None:
+    """An error when the trainer's only reading (an imported dump's) equals the rollout's logprobs
+    bit for bit on (nearly) every token: the "trainer side" is a copy of mu (verl's bypass mode
+    writes ``old_log_probs = rollout_log_probs``), and parity of a copy with itself proves nothing.
+    A rescoring (both readings, from the model) is never a copy."""
+    mask = trace["response_mask"].values.astype(bool)
+    mu = trace["rollout_logprob"].values
+    n = int(mask.sum())
+    if n < 8 or len(trainer_readings(trace)) != 1:  # a rescoring gives two readings: never a copy
+        return None
+    for side, var in TRAINER_VARIABLE.items():
+        if var not in trace:
+            continue
+        same = float(np.mean(trace[var].values[mask] == mu[mask]))
+        if same >= 0.99:
+            return Finding(Layer.SEMANTIC, "trainer_is_rollout_copy", Severity.ERROR,
+                           f"the trainer's {side} logprobs equal the rollout's bit for bit on {same:.1%} of {n} "
+                           "tokens: the trainer side is a copy of mu, and parity of a copy with itself proves "
+                           "nothing", {"share_identical": same, "n_tokens": n, "trainer_reading": side},
+                           "recompute pi_old with the trainer: `rlparity score STORE --model MODEL` (or dump the "
+                           "trainer's own old_log_probs, not the rollout's)", trace.attrs.get("arm"))
+    return None
 
 
 def renormalization(trace: xr.Dataset, *, semantic_tol: float | None = None) -> Finding | None:
@@ -224,7 +348,9 @@ def zero_probability_tokens(trace: xr.Dataset, *, noise_rms: float | None = None
                                "outside the trainer's top-k/top-p set (pi_old = 0, the ratio is infinite there)",
                                evidence, "make the trainer apply the engine's exact top-k/top-p (vLLM keeps ties at "
                                "the k-th logit) with the same sampling parameters, or mask these tokens out of the "
-                               "loss; do not average log 0 away", arm))
+                               "loss; do not average log 0 away", arm, cause="trainer_top_k",
+                               tokens={"scope": "tokens outside the trainer's kept set", "n_tokens": int(n),
+                                       "n_sequences": len(set(sel["sequence_index"].values.tolist()))}))
     return out
 
 
@@ -275,15 +401,22 @@ def prompt_token_parity(trace: xr.Dataset) -> Finding | None:
                    "send the trainer's token ids to the engine (prompt_token_ids=...) or tokenize the same "
                    "way on both sides: the same add_special_tokens, and chat through the chat template "
                    "(LLM.chat / apply_chat_template(tokenize=True)), not rendered text plus special tokens",
-                   arm)
+                   arm, cause="prompt_token_mismatch")
 
 
-def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=()) -> list[Finding]:
+def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=(),
+                   evidence: ArmEvidence | None = None) -> list[Finding]:
     """Every semantic check on one scored trace (what :func:`rlparity.diagnose.diagnose` runs)."""
     opts = options or DiagnoseOptions()
-    semantics = logprob_semantics(trace, semantic_tol=opts.semantic_tol, offset_z=opts.offset_z)
+    ev = evidence if evidence is not None else build(trace, trainer=opts.trainer, semantic_tol=opts.semantic_tol,
+                                                     stale_ratio=opts.stale_ratio)
+    copy = trainer_is_rollout_copy(trace)
+    if copy is not None:
+        return [copy]
+    semantics = logprob_semantics(trace, semantic_tol=opts.semantic_tol, offset_z=opts.offset_z, evidence=ev)
     noise = semantics.evidence.get("noise_floor_rms")
-    found = [semantics, renormalization(trace, semantic_tol=opts.semantic_tol),
+    found = [semantics, *trainer_sampling(trace), sampling_penalty(trace, evidence=ev),
+             renormalization(trace, semantic_tol=opts.semantic_tol),
              *zero_probability_tokens(trace, noise_rms=noise), prompt_token_parity(trace)]
     return [f for f in found if f is not None]
 
@@ -293,5 +426,6 @@ def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]
     return []
 
 
-__all__ = ["logprob_semantics", "prompt_token_parity", "renormalization", "trace_findings",
+__all__ = ["FIX_TRAINER_SAMPLING", "logprob_semantics", "prompt_token_parity", "renormalization", "repeated_tokens",
+           "sampling_penalty", "trace_findings", "trainer_is_rollout_copy", "trainer_sampling",
            "zero_probability_tokens"]

@@ -1,0 +1,217 @@
+"""Attribution: which cause explains how much of an arm's measured mismatch.
+
+The measured mismatch is the excess of ``|d|`` (``d = log pi_old - log mu``, nats) over the floor,
+summed over the usable tokens: ``N x (mean |d| - floor)``, the quantity slime gates on and verl
+plots (mean ``|d|``), robust to the heavy tails one stale block or one flipped token gives. It is
+split along the evidence (:mod:`rlparity.diagnose.evidence`, :class:`Decomposition`):
+
+* ``semantic``: ``sum(|d| - |r|)``, the mismatch removed by matching the reading the rollout
+  reports (``r = mu - matched reading``); it goes to the semantic cause found (raw logprobs), or,
+  when the rollout matches neither reading, to the trainer-side sampling causes named;
+* ``localized[c]``: ``sum(|r| - b)`` over the tokens cause ``c`` explains, ``b`` the mean ``|r|``
+  of the tokens no cause explains (the background);
+* ``global``: ``N (b - f)``, the background's excess over the floor ``f`` (the trainer's own,
+  from its self-check), split among the causes that act on every token (a lower-precision head,
+  dropout, a trainer temperature or cut, a penalty): dropout by its measured run-to-run spread,
+  the rest evenly.
+
+Every finding at WARNING or above gets its cause's share (``Finding.share``) and the tokens it
+explains (``Finding.tokens``). The arm's headline is the finding whose cause explains the largest
+share; verdicts that another cause explains become information with ``explained_by``: an
+objective finding about the backend pair names the backend cause it comes from (a correction
+configured over a broken backend stays an error), a "match neither" semantic verdict is explained
+by the trainer-side sampling cause that makes it, zero-probability tokens by the trainer's other
+cut, boundary flips by a lower-precision head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rlparity.diagnose.causes import CAUSES
+from rlparity.diagnose.evidence import ArmEvidence
+from rlparity.diagnose.findings import Finding, Layer, Severity
+
+# the evidence claim a cause's tokens are recorded under, where it differs from the cause
+CLAIM_OF = {"partial_weight_sync": "weights_differ", "trainer_stale_weights": "weights_differ"}
+SAMPLING_CAUSES = ("trainer_temperature", "trainer_top_k", "sampling_penalty")
+HEAD_CAUSES = ("rollout_bf16_head", "trainer_bf16_head")
+NOISY_TRAINER = ("trainer_dropout",)
+BACKEND_OBJECTIVE = ("backend_ratio_not_centred", "ess_collapse", "masked_fraction_high",
+                     "correction_hides_backend_mismatch")
+
+
+@dataclass
+class Decomposition:
+    """The measured excess mismatch of one arm, split by kind (nats of ``|d|`` summed over tokens)."""
+
+    n_tokens: int
+    total: float
+    floor: float
+    background: float
+    semantic: float
+    global_: float
+    localized: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def excess(self) -> float:
+        """The mismatch the causes share: semantic + global + every localized part."""
+        return self.semantic + self.global_ + sum(self.localized.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        n = max(self.n_tokens, 1)
+        return {"n_tokens": self.n_tokens, "mean_abs_d": self.total / n, "excess_mean_abs_d": self.excess / n,
+                "floor_mean_abs": self.floor, "background_mean_abs_r": self.background,
+                "semantic_mean_abs": self.semantic / n, "global_mean_abs": self.global_ / n,
+                "localized_mean_abs": {c: v / n for c, v in self.localized.items()},
+                "units": "nats of |d| per usable token (sum over tokens / N)"}
+
+
+def decompose(ev: ArmEvidence) -> Decomposition:
+    """Split the arm's excess mismatch (see the module docstring)."""
+    u = ev.usable
+    r = ev.residual if ev.residual is not None else -ev.d
+    ok = u & np.isfinite(r)
+    ad = np.abs(np.where(u, ev.d, 0.0))
+    ar = np.abs(np.where(ok, r, 0.0))
+    n = int(u.sum())
+    free = ev.unclaimed() & np.isfinite(r)
+    b = float(ar[free].mean()) if free.any() else 0.0
+    floor = ev.trainer_floor()
+    # the floor: what the batch shape moves in a deterministic trainer (a trainer whose logprobs move
+    # from run to run has no floor to speak of: that movement is a cause, not the floor)
+    det = np.isfinite(floor["run_to_run_rms"]) and floor["run_to_run_rms"] <= 0
+    f = floor["batch_shape_rms"] if det and np.isfinite(floor["batch_shape_rms"]) else 0.0
+    f = float(f) * np.sqrt(2 / np.pi)  # mean |x| of a normal of that RMS
+    sem = max(float(ad[ok].sum() - ar[ok].sum()), 0.0)
+    glob = n * max(b - f, 0.0)
+    loc = {}
+    for cause, tokens in ev.claims.items():
+        t = tokens & ok
+        loc[cause] = max(float((ar[t] - b).sum()), 0.0)
+    return Decomposition(n, float(ad.sum()), f, b, sem, glob, loc)
+
+
+def _global_estimates(findings: list[Finding], ev: ArmEvidence, dec: Decomposition) -> dict[str, float]:
+    """How the global part is split among the causes acting on every token."""
+    causes = [f.cause for f in findings if f.cause and f.severity.rank >= 1 and CAUSES.get(f.cause)
+              and CAUSES[f.cause].kind == "global"]
+    causes = list(dict.fromkeys(causes))
+    if not causes or dec.global_ <= 0:
+        return {}
+    out: dict[str, float] = {}
+    rest = dec.global_
+    if "trainer_dropout" in causes:
+        run = ev.trainer_floor()["run_to_run_rms"]
+        # one draw's mean |noise|: the difference of two draws has sqrt(2) times its RMS
+        est = dec.n_tokens * run / np.sqrt(np.pi) if np.isfinite(run) else 0.0
+        out["trainer_dropout"] = min(est, rest) if len(causes) > 1 else rest
+        rest -= out["trainer_dropout"]
+        causes.remove("trainer_dropout")
+    for c in causes:
+        out[c] = rest / len(causes)
+    return out
+
+
+def energies(findings: list[Finding], ev: ArmEvidence, dec: Decomposition) -> dict[str, float]:
+    """The excess each named cause explains (squared nats)."""
+    named = {f.cause for f in findings if f.cause and f.severity.rank >= 1}
+    out = {c: 0.0 for c in named}
+    # semantic: to the reading's cause, else to the sampling causes that make the rollout match neither
+    if "raw_logprobs" in named:
+        out["raw_logprobs"] += dec.semantic
+    else:
+        makers = neither_makers(named)
+        for c in makers:
+            out[c] += dec.semantic / len(makers)
+    for c, e in _global_estimates(findings, ev, dec).items():
+        out[c] = out.get(c, 0.0) + e
+    for c in named:
+        out[c] += dec.localized.get(CLAIM_OF.get(c, c), 0.0)
+    return out
+
+
+def neither_makers(named: set[str]) -> list[str]:
+    """The named causes that make a rollout match neither trainer reading: the trainer-side sampling
+    causes (another distribution), else a nondeterministic trainer (noisy readings)."""
+    makers = [c for c in SAMPLING_CAUSES if c in named]
+    return makers or [c for c in NOISY_TRAINER if c in named]
+
+
+def _explain(f: Finding, by: str, why: str) -> Finding:
+    return f.with_(severity=Severity.INFO, explained_by=by,
+                   summary=f"{f.summary} [explained by {by}: {why}]")
+
+
+def attribute(findings: list[Finding], ev: ArmEvidence | None) -> tuple[list[Finding], dict[str, Any]]:
+    """Shares, tokens, headline and demotions for the findings of one arm (see the module
+    docstring). Returns the updated findings and the arm's attribution record."""
+    if ev is None or ev.residual is None:
+        return findings, {}
+    dec = decompose(ev)
+    named = {f.cause for f in findings if f.cause and f.severity.rank >= 1}
+    out = list(findings)
+    # demotions: verdicts another identified cause explains
+    backend = [f for f in out if f.severity.rank >= 1 and f.layer != Layer.OBJECTIVE and f.cause]
+    for i, f in enumerate(out):
+        if f.severity.rank < 1:
+            continue
+        if f.name == "logprobs_match_neither":
+            makers = neither_makers(named)
+            if makers:
+                why = ("the trainer's readings move from run to run" if makers[0] in NOISY_TRAINER
+                       else "the trainer's processed reading is another distribution")
+                out[i] = _explain(f, makers[0], why)
+        elif f.name == "zero_probability_tokens" and not any(g.name == "trainer_cut_differs" for g in out):
+            # tokens outside the trainer's set without a cut that differs: the engine cut penalised
+            # logits, or the trainer's logits move from run to run
+            by = next((c for c in ("sampling_penalty", *NOISY_TRAINER) if c in named), None)
+            if by:
+                out[i] = _explain(f, by, "the engine's kept set came from penalised logits" if by == "sampling_penalty"
+                                  else "the trainer's logits move from run to run")
+        elif f.name == "zero_probability_tokens" and "trainer_top_k" in named:
+            out[i] = _explain(f, "trainer_top_k", "the trainer cuts another top-k/top-p set")
+        elif f.name == "topk_boundary_flips":
+            by = next((c for c in (*HEAD_CAUSES, *NOISY_TRAINER) if c in named), None)
+            if by:
+                out[i] = _explain(f, by, "a lower-precision head moves logits across the cut" if by in HEAD_CAUSES
+                                  else "the trainer's logits move from run to run")
+        elif f.layer == Layer.OBJECTIVE and f.name in BACKEND_OBJECTIVE and backend and \
+                str(f.evidence.get("pair", "")).startswith("backend"):
+            configured = f.evidence.get("correction")
+            if f.name == "correction_hides_backend_mismatch" and isinstance(configured, str) \
+                    and configured.startswith("none"):
+                out[i] = _explain(f, backend[0].cause, "no correction is configured; fix the backend first")
+            elif f.name == "correction_hides_backend_mismatch":
+                out[i] = f.with_(evidence={**f.evidence, "comes_from": [g.cause for g in backend]})
+            else:
+                out[i] = _explain(f, backend[0].cause, "the backend pair is broken by it")
+    named = {f.cause for f in out if f.cause and f.severity.rank >= 1}
+    energy = energies(out, ev, dec)
+    total = dec.excess
+    shares = {c: (e / total if total > 0 else 0.0) for c, e in energy.items()}
+    for i, f in enumerate(out):
+        if f.severity.rank < 1 or not f.cause:
+            continue
+        tokens = f.tokens or ev.token_scope(CLAIM_OF.get(f.cause, f.cause))
+        out[i] = f.with_(share=float(shares.get(f.cause, 0.0)), tokens=tokens)
+    problems = [f for f in out if f.severity.rank >= 1]
+    order = {Layer.SEMANTIC: 0, Layer.INFERENCE_PATH: 1, Layer.OBJECTIVE: 2}
+    head = None
+    if problems:
+        head = max(problems, key=lambda f: ((f.share or 0.0), f.severity.rank, -order[f.layer]))
+        if not (head.share or 0) > 0:  # nothing measured: the first problem in layer order
+            head = sorted(problems, key=lambda f: (order[f.layer], -f.severity.rank))[0]
+    record = {"headline": head.name if head else None, "cause": head.cause if head else None,
+              "share": head.share if head else None,
+              "also": [f.name for f in problems if f is not head],
+              "shares": {c: float(s) for c, s in sorted(shares.items(), key=lambda kv: -kv[1])},
+              "decomposition": dec.to_dict(), "semantic_reading": ev.reading,
+              "tokens_explained": {c: int((t & ev.usable).sum()) for c, t in ev.claims.items()}}
+    return out, record
+
+
+__all__ = ["BACKEND_OBJECTIVE", "CLAIM_OF", "Decomposition", "attribute", "decompose", "energies"]

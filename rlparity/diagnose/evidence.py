@@ -1,0 +1,303 @@
+"""What the diagnosis of one arm knows before any layer judges it.
+
+Causes come together in real runs, and the evidence of one layer is polluted by the others: a
+semantic fit over every token sees stale-KV tokens as noise (and can call a processed rollout
+raw), and a stale-cache ratio measured against a raw-mode floor looks small. So the evidence is
+built in this order, and every layer judges on it:
+
+1. **Tokens explained by observation** (:meth:`ArmEvidence.claim`): the engine's own records
+   say which tokens a cause touched, before any number is compared: sequences whose prompt hit a
+   prefix cache not reset since an update (``stale_prefix_cache``), tokens sampled on KV of older
+   weights (``kv_carried_over``), tokens of other versions than the one weight set that scored
+   them (``mixed_versions``), responses the trainer scored after its own, different prompt ids
+   (``prompt_token_mismatch``).
+2. **The semantic reading** (:func:`semantic_fit`) on the tokens nothing explains: where the
+   rollout logprob lies between the trainer's raw and processed readings (a robust fit, so a cause
+   not yet identified cannot drag it), and the **residual** ``r = mu - matched reading`` on every
+   token: the mismatch left once the semantic cause is corrected.
+3. **Tokens explained by numbers**: the tokens of a policy version whose residual stands far
+   above the other versions' (``weights_differ``: the engine and the trainer held different
+   weights for it); then the semantic fit is repeated without them.
+4. **The floors**: the background (mean ``|r|`` of the tokens no cause explains), and the
+   trainer's own floor (what its self-check measured: batch shape, run to run).
+
+The localized checks of every layer measure their tokens' residual against the background, and
+:mod:`rlparity.diagnose.attribution` splits the measured excess among the causes found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from rlparity.config.defaults import defaults
+from rlparity.metrics import TRAINER_VARIABLE, core, log_ratio, trainer_readings, trainer_side
+from rlparity.metrics import inflight as mi
+from rlparity.trace import has_trainer, trace_versions
+
+
+@dataclass
+class ArmEvidence:
+    """The evidence of one scored arm (see the module docstring). Arrays are ``(sequence, position)``."""
+
+    trace: xr.Dataset
+    side: str
+    mask: np.ndarray
+    d: np.ndarray
+    claims: dict[str, np.ndarray] = field(default_factory=dict)
+    scopes: dict[str, str] = field(default_factory=dict)
+    fit: dict[str, Any] = field(default_factory=dict)
+    reading: str = "untestable"
+    residual: np.ndarray | None = None
+    version_excess: dict[str, Any] = field(default_factory=dict)
+
+    # --------------------------------------------------------------------------- tokens
+    @property
+    def usable(self) -> np.ndarray:
+        """Real tokens with a finite d (the trainer gives them a probability > 0)."""
+        return self.mask & np.isfinite(self.d)
+
+    def claim(self, cause: str, tokens: np.ndarray, scope: str) -> None:
+        """Record that ``cause`` explains ``tokens`` (added to what it already explains)."""
+        tokens = np.asarray(tokens, dtype=bool) & self.mask
+        if not tokens.any():
+            return
+        self.claims[cause] = self.claims.get(cause, np.zeros_like(tokens)) | tokens
+        self.scopes[cause] = scope
+
+    def claimed(self, exclude: tuple[str, ...] = ()) -> np.ndarray:
+        """Tokens some identified cause explains (except those of ``exclude``)."""
+        out = np.zeros_like(self.mask)
+        for c, t in self.claims.items():
+            if c not in exclude:
+                out |= t
+        return out
+
+    def unclaimed(self) -> np.ndarray:
+        """Usable tokens no identified cause explains: where the semantic fit and the background
+        are measured."""
+        return self.usable & ~self.claimed()
+
+    def token_scope(self, cause: str) -> dict[str, Any]:
+        """``{"scope", "n_tokens", "n_sequences"}`` of the tokens ``cause`` explains (every usable
+        token for a cause that claims none)."""
+        t = self.claims.get(cause)
+        if t is None:
+            t, scope = self.usable, "every token"
+        else:
+            t, scope = t & self.usable, self.scopes.get(cause, cause)
+        return {"scope": scope, "n_tokens": int(t.sum()), "n_sequences": int(t.any(axis=1).sum())}
+
+    # --------------------------------------------------------------------------- residual
+    def abs_residual_mean(self, tokens: np.ndarray) -> float:
+        """Mean ``|r|`` over ``tokens`` (NaN when none is usable)."""
+        assert self.residual is not None
+        return float(core.masked_mean(np.abs(self.residual), tokens & self.usable))
+
+    def background(self) -> float:
+        """Mean ``|r|`` of the tokens no cause explains (nats): what a localized cause's tokens are
+        measured against."""
+        return self.abs_residual_mean(self.unclaimed())
+
+    def localized_test(self, cause: str, *, ratio: float, tol: float, z: float = 4.0) -> dict[str, Any]:
+        """Whether the tokens ``cause`` explains stand above the background (mean ``|r|``, nats).
+
+        ``verdict``: ``"measured"`` when their mean is at least ``ratio`` times the background's, or
+        exceeds it by more than ``tol`` nats and ``z`` standard errors; ``"small"`` when the excess is
+        below ``tol`` with 97.5% confidence (the cause barely moved these tokens); ``"inconclusive"``
+        otherwise (another cause's mismatch on every token hides it: measure again after fixing that)."""
+        assert self.residual is not None
+        a = np.abs(self.residual)
+        tokens = self.claims.get(cause, np.zeros_like(self.mask)) & self.usable
+        free = self.unclaimed()
+        c, b = a[tokens], a[free]
+        out: dict[str, Any] = {"n_tokens": int(c.size), "n_background_tokens": int(b.size)}
+        if c.size == 0:
+            return {**out, "verdict": "small"}
+        mc = float(c.mean())
+        mb = float(b.mean()) if b.size else 0.0
+        se = float(np.sqrt((c.var(ddof=1) if c.size > 1 else mc ** 2) / c.size
+                           + ((b.var(ddof=1) / b.size) if b.size > 1 else 0.0)))
+        excess = mc - mb
+        zz = excess / se if se > 0 else (float("inf") if excess > 0 else 0.0)
+        rr = mc / mb if mb > 0 else (float("inf") if mc > 0 else float("nan"))
+        if (np.isfinite(rr) and rr >= ratio) or rr == float("inf") or (excess > tol and zz >= z):
+            verdict = "measured"
+        elif excess + 2 * se < tol:
+            verdict = "small"
+        else:
+            verdict = "inconclusive"
+        return {**out, "abs_residual_mean": mc, "background_abs_residual_mean": mb, "ratio": rr,
+                "excess": excess, "excess_se": se, "z": zz, "verdict": verdict, "ratio_threshold": ratio,
+                "tol": tol}
+
+    def trainer_floor(self) -> dict[str, float]:
+        """The trainer's own floor from its self-check (``attrs["trainer"]["self_check"]``, on the
+        reading in use): RMS of batch shape and run-to-run differences (nats; NaN if not measured)."""
+        return trainer_floor(self.trace, self.side)
+
+
+def trainer_floor(trace: xr.Dataset, side: str = "processed") -> dict[str, float]:
+    """RMS (nats) of the trainer's batch-shape and run-to-run differences from its self-check (the
+    latest version's, for a trace scored per version); NaN when the scorer did not measure them."""
+    t = trace.attrs.get("trainer") or {}
+    check = t.get("self_check")
+    if not check:
+        per = t.get("self_check_per_version") or {}
+        check = next((v for v in per.values() if v), None)
+    out = {"batch_shape_rms": float("nan"), "run_to_run_rms": float("nan")}
+    if isinstance(check, dict):
+        for key in ("batch_shape", "run_to_run"):
+            v = check.get(f"{key}_{side}") or {}
+            if isinstance(v, dict) and v.get("rms") is not None:
+                out[f"{key}_rms"] = float(v["rms"])
+    return out
+
+
+# ------------------------------------------------------------------------------- semantic fit
+def identity_sampling(trace: xr.Dataset) -> bool:
+    """Whether sampling is the identity (temperature 1 or greedy, no top-k/top-p, no penalty):
+    raw and processed readings then coincide."""
+    t = trace["temperature"].values
+    return bool(np.all((t == 1.0) | (t < 1e-5)) and np.all(trace["top_k"].values <= 0)
+                and np.all(trace["top_p"].values >= 1.0))
+
+
+def semantic_fit(trace: xr.Dataset, tokens: np.ndarray, *, semantic_tol: float | None = None
+                 ) -> dict[str, Any]:
+    """Where the rollout logprob ``mu`` lies between the trainer's raw and processed readings on
+    ``tokens``: ``mu - raw = alpha (processed - raw) + noise``, a robust fit
+    (:func:`rlparity.metrics.core.robust_reading_fit`). ``reading`` is ``processed`` (alpha ~ 1),
+    ``raw`` (alpha ~ 0), ``neither``, or ``untestable`` (the readings too close at this noise, or
+    one reading only, or identity sampling); ``band`` is the tolerance on alpha
+    (``semantic_tol`` or three standard errors, the larger)."""
+    semantic_tol = defaults().semantic_tol if semantic_tol is None else semantic_tol
+    readings = trainer_readings(trace)
+    if len(readings) < 2 or identity_sampling(trace):
+        return {"reading": "untestable", "why": "one trainer reading" if len(readings) < 2 else "identity sampling"}
+    P, R = trace[TRAINER_VARIABLE["processed"]].values, trace[TRAINER_VARIABLE["raw"]].values
+    mu = trace["rollout_logprob"].values
+    fit = core.robust_reading_fit(mu - R, P - R, tokens)
+    alpha, se = fit["alpha"], fit["alpha_se"]
+    band = max(semantic_tol, 3 * se) if np.isfinite(se) else semantic_tol
+    if not np.isfinite(alpha) or not np.isfinite(se) or se > semantic_tol:
+        reading = "untestable"
+    elif abs(alpha - 1) <= band:
+        reading = "processed"
+    elif abs(alpha) <= band:
+        reading = "raw"
+    else:
+        reading = "neither"
+    return {**fit, "alpha_band": band, "reading": reading}
+
+
+def residual_for(trace: xr.Dataset, fit: dict[str, Any], side: str) -> np.ndarray:
+    """``r = mu - matched reading`` per token: the processed or raw reading the fit matched, the
+    fitted line ``raw + alpha (processed - raw)`` when it matches neither, else the reading in use."""
+    mu = trace["rollout_logprob"].values
+    reading = fit.get("reading")
+    if reading in ("processed", "raw"):
+        return mu - trace[TRAINER_VARIABLE[reading]].values
+    if reading == "neither":
+        P, R = trace[TRAINER_VARIABLE["processed"]].values, trace[TRAINER_VARIABLE["raw"]].values
+        return mu - (R + fit["alpha"] * (P - R))
+    return mu - trace[TRAINER_VARIABLE[side]].values
+
+
+# ------------------------------------------------------------------------------- claims
+def observed_claims(ev: ArmEvidence) -> None:
+    """Claims from the engine's and the trainer's own records (no logprob compared)."""
+    trace = ev.trace
+    stale = mi.stale_sequences(trace)
+    if stale.any():
+        ev.claim("stale_prefix_cache", stale[:, None] & ev.mask, "sequences whose prompt hit a stale prefix cache")
+    carried = mi.carried_tokens(trace)
+    if carried.any():
+        ev.claim("kv_carried_over", carried & ~stale[:, None], "tokens sampled on KV of older weights")
+    versions = trace_versions(trace)
+    scored_by = (trace.attrs.get("trainer") or {}).get("scored_by")
+    if len(versions) > 1 and scored_by != "policy_version":
+        pv = trace["policy_version"].values
+        ev.claim("mixed_versions", pv != max(versions), "tokens of older versions scored with one weight set")
+    settings = (trace.attrs.get("trainer") or {}).get("settings") or {}
+    if settings.get("prompt_ids") == "retokenize":
+        bad = prompt_mismatch_sequences(trace)
+        if bad.any():
+            ev.claim("prompt_token_mismatch", bad[:, None] & ev.mask,
+                     "responses the trainer scored after other prompt ids than the engine's")
+
+
+def prompt_mismatch_sequences(trace: xr.Dataset) -> np.ndarray:
+    """Per sequence: the engine's prompt ids differ from the trainer's tokenization of the prompt."""
+    n = trace.sizes["sequence"]
+    if "trainer_prompt_token_id" not in trace:
+        return np.zeros(n, dtype=bool)
+    eng, tr = trace["prompt_token_id"].values, trace["trainer_prompt_token_id"].values
+    tlen, elen = trace["trainer_prompt_length"].values, trace["prompt_length"].values
+    out = np.zeros(n, dtype=bool)
+    for i in np.flatnonzero(tlen >= 0):
+        out[i] = eng[i, : elen[i]].tolist() != tr[i, : tlen[i]].tolist()
+    return out
+
+
+def version_excess(ev: ArmEvidence, *, ratio: float, z: float = 5.0) -> dict[str, Any]:
+    """Per policy version, mean ``|r|`` of its tokens that no other cause explains; a version whose
+    mean is at least ``ratio`` times the lowest version's and ``z`` standard errors above it is
+    claimed as ``weights_differ`` (the two sides held different weights for it). Needs two
+    versions, each scored at its own version."""
+    trace = ev.trace
+    versions = trace_versions(trace)
+    scored_by = (trace.attrs.get("trainer") or {}).get("scored_by")
+    if len(versions) < 2 or scored_by != "policy_version" or ev.residual is None:
+        return {}
+    pv = trace["policy_version"].values
+    free = ev.unclaimed()
+    stats = {}
+    for v in versions:
+        a = np.abs(ev.residual[free & (pv == v)])
+        if a.size >= 4:
+            stats[v] = (float(a.mean()), float(a.std(ddof=1) / np.sqrt(a.size)), int(a.size))
+    if len(stats) < 2:
+        return {}
+    low_v = min(stats, key=lambda v: stats[v][0])
+    low = stats[low_v][0]
+    out: dict[str, Any] = {"abs_residual_mean_by_version": {str(v): s[0] for v, s in stats.items()},
+                           "n_tokens_by_version": {str(v): s[2] for v, s in stats.items()},
+                           "lowest_version": low_v, "ratio_threshold": ratio, "z_threshold": z, "flagged": []}
+    for v, (m, se, _) in stats.items():
+        if v == low_v:
+            continue
+        zz = (m - low) / se if se > 0 else float("inf")
+        r = m / low if low > 0 else float("inf")
+        out[f"version_{v}_over_lowest"] = r
+        if r >= ratio and zz >= z:
+            out["flagged"].append(v)
+            ev.claim("weights_differ", (pv == v) & ev.mask, f"tokens of policy version {v}")
+    return out
+
+
+def build(trace: xr.Dataset, *, trainer: str | None = None, semantic_tol: float | None = None,
+          stale_ratio: float | None = None) -> ArmEvidence:
+    """The evidence of one scored arm (see the module docstring)."""
+    side = trainer_side(trace, trainer)
+    mask = trace["response_mask"].values.astype(bool)
+    d = log_ratio(trace, side).values if has_trainer(trace) else np.full(mask.shape, np.nan)
+    ev = ArmEvidence(trace, side, mask, d)
+    observed_claims(ev)
+    ratio = defaults().stale_ratio if stale_ratio is None else stale_ratio
+    for _ in range(2):  # fit, claim the versions that stand out, fit again without them
+        ev.fit = semantic_fit(trace, ev.unclaimed(), semantic_tol=semantic_tol)
+        ev.reading = ev.fit["reading"]
+        ev.residual = residual_for(trace, ev.fit, side)
+        before = set(ev.claims)
+        ev.version_excess = version_excess(ev, ratio=ratio) or ev.version_excess
+        if set(ev.claims) == before:
+            break
+    return ev
+
+
+__all__ = ["ArmEvidence", "build", "identity_sampling", "observed_claims", "prompt_mismatch_sequences",
+           "residual_for", "semantic_fit", "trainer_floor", "version_excess"]

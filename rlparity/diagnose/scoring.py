@@ -1,0 +1,151 @@
+"""How often the verdict is right: the diagnosis of a fault matrix scored against its ground truth.
+
+Each arm of a fault matrix (:mod:`rlparity.experiments.faults`) records the causes injected into it
+(``attrs["faults"]["causes"]``); :func:`score_matrix` compares them with the causes the report
+names (findings at WARNING or above, ``Finding.cause``) and with the arm's headline:
+
+* per cause: **recall** (named at WARNING or above in the arms where it is present) and **false
+  alarms** (named in arms where it is absent);
+* per arm: **headline right** (the headline's cause is one of the arm's causes; for a clean arm,
+  no problem at all), the causes missed, the causes named that are absent, and problems that name
+  no cause (``(unattributed)``);
+* a **confusion matrix** (dims ``true_cause`` x ``named_cause``): for every arm, every true cause
+  (``clean`` for none) against every cause named (``(nothing)`` when none is).
+
+The diagnosis never reads the ground truth; only this scoring does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from rlparity.config.provenance import make_attrs
+from rlparity.diagnose.causes import CAUSES
+from rlparity.diagnose.findings import Report
+
+CLEAN = "clean"
+NOTHING = "(nothing)"
+UNATTRIBUTED = "(unattributed)"
+# a finding whose cause names a class of true causes (the side unknown): right for either
+EQUIVALENT = {"weights_differ": ("partial_weight_sync", "trainer_stale_weights")}
+
+
+def truth(trace: xr.Dataset) -> tuple[str, ...] | None:
+    """The causes injected into an arm (``None`` when the arm carries no ground truth)."""
+    f = trace.attrs.get("faults")
+    if not isinstance(f, Mapping) or "causes" not in f:
+        return None
+    return tuple(str(c) for c in f["causes"])
+
+
+def _resolve(named: set[str], true: tuple[str, ...]) -> set[str]:
+    """Named causes with the class-level ones mapped onto the true cause they stand for."""
+    out = set()
+    for c in named:
+        hit = [t for t in EQUIVALENT.get(c, ()) if t in true]
+        out.add(hit[0] if hit else c)
+    return out
+
+
+def arm_score(report: Report, arm: str, true: tuple[str, ...]) -> dict[str, Any]:
+    """One arm's verdict against its causes (see the module docstring)."""
+    problems = [f for f in report if f.arm == arm and f.severity.rank >= 1]
+    named = _resolve({f.cause for f in problems if f.cause}, true)
+    head = report.headline(arm)
+    head_cause = next(iter(_resolve({head.cause}, true))) if head is not None and head.cause else None
+    unattributed = sorted({f.name for f in problems if not f.cause})
+    right = (not problems) if not true else head_cause in true
+    return {"arm": arm, "true": list(true), "named": sorted(named), "headline": head.name if head else None,
+            "headline_cause": head_cause, "headline_right": bool(right),
+            "missed": sorted(set(true) - named), "false": sorted(named - set(true)), "unattributed": unattributed}
+
+
+def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
+    """The scores of a fault matrix: per cause, per arm, and the confusion matrix (a Dataset; the
+    headline rates on single causes and pairs, overall recall and the clean arms' problems in its attrs)."""
+    rows = []
+    for name, ds in arms.items():
+        t = truth(ds)
+        if t is not None:
+            rows.append(arm_score(report, name, t))
+    if not rows:
+        raise ValueError("no arm carries a ground truth (attrs['faults']['causes']): score a fault matrix "
+                         "(rlparity faults run)")
+    causes = [c for c in CAUSES if any(c in r["true"] or c in r["named"] for r in rows)]
+    named_all = sorted({c for r in rows for c in r["named"]} | ({UNATTRIBUTED} if any(r["unattributed"] for r in rows)
+                                                                else set()))
+    true_axis = [CLEAN, *[c for c in causes if any(c in r["true"] for r in rows)]]
+    named_axis = [c for c in CAUSES if c in named_all] + [c for c in named_all if c not in CAUSES] + [NOTHING]
+    conf = np.zeros((len(true_axis), len(named_axis)), dtype=np.int64)
+    for r in rows:
+        named = list(r["named"]) + ([UNATTRIBUTED] if r["unattributed"] else [])
+        for t in (r["true"] or [CLEAN]):
+            for n in (named or [NOTHING]):
+                conf[true_axis.index(t), named_axis.index(n)] += 1
+    present = np.array([sum(c in r["true"] for r in rows) for c in causes])
+    hit = np.array([sum(c in r["true"] and c in r["named"] for r in rows) for c in causes])
+    false = np.array([sum(c not in r["true"] and c in r["named"] for r in rows) for c in causes])
+    head_of = np.array([sum(r["headline_cause"] == c for r in rows) for c in causes])
+    n_true = np.array([len(r["true"]) for r in rows])
+    right = np.array([r["headline_right"] for r in rows])
+    ds = xr.Dataset(
+        {"n_present": ("cause", present), "n_named_when_present": ("cause", hit),
+         "recall": ("cause", np.where(present > 0, hit / np.maximum(present, 1), np.nan)),
+         "false_alarms": ("cause", false), "n_headline": ("cause", head_of),
+         "confusion": (("true_cause", "named_cause"), conf),
+         "n_true_causes": ("arm", n_true), "headline_right": ("arm", right),
+         "headline": ("arm", np.array([r["headline"] or "" for r in rows], dtype=str)),
+         "headline_cause": ("arm", np.array([r["headline_cause"] or "" for r in rows], dtype=str)),
+         "missed": ("arm", np.array([", ".join(r["missed"]) for r in rows], dtype=str)),
+         "false_named": ("arm", np.array([", ".join(r["false"]) for r in rows], dtype=str)),
+         "unattributed": ("arm", np.array([", ".join(r["unattributed"]) for r in rows], dtype=str))},
+        coords={"cause": causes, "arm": [r["arm"] for r in rows], "true_cause": true_axis, "named_cause": named_axis})
+    ds["recall"].attrs = {"long_name": "share of the arms with the cause where a finding at WARNING or above names it"}
+    ds["false_alarms"].attrs = {"long_name": "arms without the cause where a finding at WARNING or above names it"}
+    ds["confusion"].attrs = {"long_name": "arms x true cause x cause named at WARNING or above (clean = no cause "
+                                          "injected; (nothing) = none named)"}
+    ds["headline_right"].attrs = {"long_name": "the headline's cause is a true cause (clean arm: no problem at all)"}
+
+    def rate(sel):
+        return float(right[sel].mean()) if sel.any() else float("nan")
+
+    clean = n_true == 0
+    ds.attrs = make_attrs(
+        headline_right_single=rate(n_true == 1), headline_right_pairs=rate(n_true == 2),
+        headline_right_all=rate(n_true > 0),
+        recall_overall=float(hit.sum() / max(present.sum(), 1)), false_alarms_total=int(false.sum()),
+        clean_arms=int(clean.sum()), clean_arms_with_problems=int((~right[clean]).sum()) if clean.any() else 0,
+        unattributed_problems=int(sum(bool(r["unattributed"]) for r in rows)), n_arms=len(rows),
+        platforms=sorted({str((arms[r["arm"]].attrs.get("faults") or {}).get("platform")) for r in rows}))
+    return ds
+
+
+def format_scores(scores: xr.Dataset) -> str:
+    """The scores as text: the rates, per cause recall and false alarms, the arms whose headline
+    is wrong or that miss a cause."""
+    a = scores.attrs
+    lines = [f"fault matrix: {a['n_arms']} arms; headline right: single causes {a['headline_right_single']:.0%}, "
+             f"pairs {a['headline_right_pairs']:.0%}; recall {a['recall_overall']:.0%}; "
+             f"false alarms {a['false_alarms_total']}; clean arms with a problem {a['clean_arms_with_problems']} of "
+             f"{a['clean_arms']}"]
+    lines.append(f"{'cause':<26} {'present':>7} {'recall':>7} {'false':>6} {'headline':>8}")
+    for c in scores["cause"].values.tolist():
+        r = scores.sel(cause=c)
+        lines.append(f"{c:<26} {int(r['n_present']):>7} {float(r['recall']):>7.0%} {int(r['false_alarms']):>6} "
+                     f"{int(r['n_headline']):>8}")
+    bad = [str(x) for x in scores["arm"].values if not bool(scores["headline_right"].sel(arm=x))
+           or scores["missed"].sel(arm=x).item() or scores["false_named"].sel(arm=x).item()]
+    for x in bad:
+        r = scores.sel(arm=x)
+        lines.append(f"  {x}: headline {r['headline'].item() or '-'} ({'right' if bool(r['headline_right']) else 'WRONG'})"
+                     + (f"; missed {r['missed'].item()}" if r["missed"].item() else "")
+                     + (f"; named but absent {r['false_named'].item()}" if r["false_named"].item() else "")
+                     + (f"; unattributed {r['unattributed'].item()}" if r["unattributed"].item() else ""))
+    return "\n".join(lines)
+
+
+__all__ = ["CLEAN", "EQUIVALENT", "NOTHING", "UNATTRIBUTED", "arm_score", "format_scores", "score_matrix", "truth"]

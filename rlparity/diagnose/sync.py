@@ -1,0 +1,137 @@
+"""Weight sync (inference-path layer): did the engine and the trainer hold the same weights for
+every policy version their tokens carry?
+
+Two kinds of evidence, used together:
+
+* **fingerprints**: the engine records per-tensor checksums of the checkpoint it loaded for each
+  version (``attrs["engine_weight_checksums"]``), the trainer those of the weights it scored each
+  version with (``attrs["trainer"]["weight_checksums_per_version"]``); see
+  :mod:`rlparity.trace.weights`. An update that leaves tensors out keeps the engine's older values
+  for them: the engine's effective weights at a version are every load up to it, in order.
+* **numbers**: the tokens of a version whose residual stands far above the other versions'
+  (:func:`rlparity.diagnose.evidence.version_excess`).
+
+Findings: ``engine_weights_differ`` (the engine holds other values for some tensors than the
+trainer's version: a partial or failed sync), ``trainer_weights_stale`` (the trainer scored a
+version with the weights of another version the engine ran: a skipped sync on the trainer side),
+``weights_differ_at_version`` (numbers only: the two sides held different weights for a version,
+the side unknown without fingerprints).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import xarray as xr
+
+from rlparity.diagnose.evidence import ArmEvidence, build
+from rlparity.diagnose.findings import Finding, Layer, Severity
+from rlparity.diagnose.options import DiagnoseOptions
+from rlparity.metrics import BACKEND_PAIR_D
+from rlparity.trace import has_trainer, trace_versions
+from rlparity.trace.weights import compare_checksums, layers_of
+
+PAIR = BACKEND_PAIR_D
+FIX_ENGINE = ("send every tensor of the new weights to the engine at each update (check the sync with "
+              "`rlparity verify-weights` or compare per-tensor checksums: rlparity.trace.weights), then re-capture")
+FIX_TRAINER = ("score each token with the weights that sampled it: load the trainer's weights of that version "
+               "(rlparity.score.score_versions(trace, {version: checkpoint})), or make sure the trainer's sync to the "
+               "new version happened before it computes pi_old")
+
+
+def engine_effective(trace: xr.Dataset) -> dict[int, dict[str, str]]:
+    """Per version, the checksums of the weights the engine ran: every load up to that version in
+    order (a load that leaves tensors out keeps the older values)."""
+    loads = {int(k): v for k, v in (trace.attrs.get("engine_weight_checksums") or {}).items() if v}
+    out, cur = {}, {}
+    for v in sorted(loads):
+        cur = {**cur, **loads[v]}
+        out[v] = dict(cur)
+    return out
+
+
+def trainer_checksums(trace: xr.Dataset) -> dict[int, dict[str, str]]:
+    """Per version, the checksums of the weights the trainer scored it with."""
+    t = trace.attrs.get("trainer") or {}
+    per = t.get("weight_checksums_per_version")
+    if per:
+        return {int(k): v for k, v in per.items() if v}
+    if t.get("weight_checksums"):
+        versions = trace_versions(trace)
+        return {v: t["weight_checksums"] for v in versions} if len(versions) == 1 else {}
+    return {}
+
+
+def _tokens(trace: xr.Dataset, ev: ArmEvidence | None, version: int) -> dict[str, Any]:
+    pv = trace["policy_version"].values
+    mask = trace["response_mask"].values.astype(bool)
+    t = (pv == version) & mask
+    return {"scope": f"tokens of policy version {version}", "n_tokens": int(t.sum()),
+            "n_sequences": int(t.any(axis=1).sum())}
+
+
+def weight_sync(trace: xr.Dataset, *, evidence: ArmEvidence | None = None) -> list[Finding]:
+    """The weight-sync findings of one arm (see the module docstring)."""
+    if not has_trainer(trace):
+        return []
+    ev = evidence if evidence is not None else build(trace)
+    arm = trace.attrs.get("arm")
+    engine, trainer = engine_effective(trace), trainer_checksums(trace)
+    numbers = ev.version_excess or {}
+    flagged = set(numbers.get("flagged", []))
+    out: list[Finding] = []
+    named: set[int] = set()
+    for v in trace_versions(trace):
+        if v not in engine or v not in trainer:
+            continue
+        cmp = compare_checksums(engine[v], trainer[v])
+        if cmp["equal"]:
+            continue
+        same_as = [u for u, e in engine.items() if u != v and compare_checksums(e, trainer[v])["equal"]]
+        effect = {"version_excess": numbers} if v in flagged else {}
+        if same_as:
+            out.append(Finding(
+                Layer.INFERENCE_PATH, "trainer_weights_stale", Severity.ERROR,
+                f"the trainer scored the tokens of version {v} with the weights the engine ran as version "
+                f"{same_as[0]}: its sync to version {v} did not happen before it computed pi_old",
+                {"version": v, "trainer_weights_equal_engine_version": same_as[0], "n_tensors": cmp["n_compared"],
+                 **effect, "pair": PAIR}, FIX_TRAINER, arm, cause="trainer_stale_weights",
+                tokens=_tokens(trace, ev, v)))
+        else:
+            bad = sorted(set(cmp["differ"]) | {n for n in cmp["missing_in_engine"]})
+            layers = layers_of(bad)
+            out.append(Finding(
+                Layer.INFERENCE_PATH, "engine_weights_differ", Severity.ERROR,
+                f"for version {v} the engine ran other values than the trainer's weights in {len(bad)} tensor(s)"
+                + (f" of layer(s) {layers}" if layers else "") + ": the update did not carry them (a partial sync)",
+                {"version": v, "tensors": bad[:20], "n_tensors_differ": len(bad), "layers": layers,
+                 "n_tensors_compared": cmp["n_compared"], **effect, "pair": PAIR}, FIX_ENGINE, arm,
+                cause="partial_weight_sync", tokens=_tokens(trace, ev, v)))
+        named.add(v)
+    for v in sorted(flagged - named):
+        ratio = numbers.get(f"version_{v}_over_lowest")
+        out.append(Finding(
+            Layer.INFERENCE_PATH, "weights_differ_at_version", Severity.WARNING,
+            f"the tokens of policy version {v} disagree with the trainer {ratio:.3g}x more than those of version "
+            f"{numbers.get('lowest_version')} (residual, semantic cause corrected): the engine and the trainer held "
+            "different weights for it", {"version": v, **numbers, "pair": PAIR},
+            FIX_ENGINE + "; or " + FIX_TRAINER, arm, cause="weights_differ", tokens=_tokens(trace, ev, v)))
+    return out
+
+
+def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=(),
+                   evidence: ArmEvidence | None = None) -> list[Finding]:
+    """The weight-sync checks of one arm (called by :func:`rlparity.diagnose.diagnose`)."""
+    opts = options or DiagnoseOptions()
+    if evidence is None and has_trainer(trace):
+        evidence = build(trace, trainer=opts.trainer, semantic_tol=opts.semantic_tol, stale_ratio=opts.stale_ratio)
+    return weight_sync(trace, evidence=evidence)
+
+
+def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]:
+    """No check across arms."""
+    return []
+
+
+__all__ = ["FIX_ENGINE", "FIX_TRAINER", "arms_findings", "engine_effective", "trace_findings", "trainer_checksums",
+           "weight_sync"]
