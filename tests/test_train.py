@@ -77,9 +77,14 @@ def test_zero_lr_leaves_pi_theta_equal_to_pi_old(sampled, tiny_model):
 
 @pytest.mark.parametrize("loss", ["gspo", "ppo", "grpo"])
 def test_a_step_raises_positive_advantage_sequences(sampled, tiny_model, loss):
-    res = train_step(tiny_model, sampled, rewards=split_rewards, loss=loss, lr=3e-4)
+    # a step small enough for the first-order picture to hold on the tiny model: one AdamW step
+    # moves every weight by about lr, and at 3e-4 a low-probability token of one sequence can fall
+    # by several nats whatever its advantage (seen: -6 nats on a positive-advantage sequence)
+    res = train_step(tiny_model, sampled, rewards=split_rewards, loss=loss, lr=3e-5)
     adv = res.trace["advantage"].values
-    delta = seq_delta(res.trace)
+    # the raw (full-vocabulary) reading moves smoothly with the weights; the processed one jumps
+    # where a token crosses the top-k edge
+    delta = seq_delta(res.trace, "raw")
     assert (adv > 0).sum() == 8 and (adv < 0).sum() == 8
     assert delta[adv > 0].mean() > 0 > delta[adv < 0].mean()
     assert (np.sign(delta) == np.sign(adv)).mean() >= 0.75

@@ -141,6 +141,18 @@ def neither_makers(named: set[str]) -> list[str]:
     return makers or [c for c in NOISY_TRAINER if c in named]
 
 
+def _covering_claim(ev: ArmEvidence, share: float = 0.9) -> str | None:
+    """The localized cause whose tokens hold at least ``share`` of the probability-0 tokens."""
+    zero = ev.mask & np.isneginf(ev.d)
+    n = int(zero.sum())
+    if not n:
+        return None
+    best = max(ev.claims.items(), key=lambda kv: int((kv[1] & zero).sum()), default=None)
+    if best is None or (best[1] & zero).sum() < share * n:
+        return None
+    return {"weights_differ": "weights_differ"}.get(best[0], best[0])
+
+
 def _explain(f: Finding, by: str, why: str) -> Finding:
     return f.with_(severity=Severity.INFO, explained_by=by,
                    summary=f"{f.summary} [explained by {by}: {why}]")
@@ -165,6 +177,10 @@ def attribute(findings: list[Finding], ev: ArmEvidence | None) -> tuple[list[Fin
                 why = ("the trainer's readings move from run to run" if makers[0] in NOISY_TRAINER
                        else "the trainer's processed reading is another distribution")
                 out[i] = _explain(f, makers[0], why)
+        elif f.name == "zero_probability_tokens" and (by := _covering_claim(ev)) is not None:
+            # the tokens lie where a localized cause already made the two sides compute different
+            # distributions (another prompt, other weights, stale KV)
+            out[i] = _explain(f, by, "they lie in the tokens it explains")
         elif f.name == "zero_probability_tokens" and not any(g.name == "trainer_cut_differs" for g in out):
             # tokens outside the trainer's set without a cut that differs: the engine cut penalised
             # logits, or the trainer's logits move from run to run

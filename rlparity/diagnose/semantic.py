@@ -98,6 +98,15 @@ def logprob_semantics(trace: xr.Dataset, *, semantic_tol: float | None = None,
                           "downweighted_share": fit.get("downweighted_share"),
                           "reading": "mu - log pi_raw = alpha (log pi_processed - log pi_raw) + noise; "
                                      "alpha 1 = processed, 0 = raw (robust fit)"})
+        mode = evidence_["engine_logprobs_mode"]
+        if mode == "raw_logprobs" and ev_.reading != "raw":
+            # the engine says it returns raw logprobs while the numbers cannot show it (here the
+            # trainer's readings coincide, or another cause moves every token): believe the engine
+            return Finding(Layer.SEMANTIC, "raw_logprobs_used_as_processed", Severity.WARNING,
+                           raw_signature + f": the running engine reports logprobs_mode=raw_logprobs; the logprobs "
+                           f"alone cannot confirm it here (the fit reads {ev_.reading!r}: alpha {alpha:.3g} +- "
+                           f"{se:.2g}, the trainer's readings {fit.get('separation_rms', float('nan')):.2g} nats apart)",
+                           evidence_, FIX_PROCESSED, arm, cause="raw_logprobs")
         if ev_.reading == "untestable":
             return Finding(Layer.SEMANTIC, "logprob_semantics_untestable", Severity.INFO,
                            "the trainer's processed and raw readings are too close, at this noise, to tell "

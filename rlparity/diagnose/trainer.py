@@ -60,14 +60,50 @@ def trainer_determinism(trace: xr.Dataset, *, evidence: ArmEvidence | None = Non
     return None
 
 
+FIX_ENGINE_BATCH = ("run the engine with batch-invariant kernels (VLLM_BATCH_INVARIANT=1 with an attention backend "
+                    "that supports it), or accept the spread as part of the floor and rescore every rollout with the "
+                    "trainer (pi_old recomputed, not mu)")
+# a floor that is at least this share of the mismatch on the unexplained tokens is worth a warning
+FLOOR_SHARE = 0.25
+
+
+def engine_batch_invariance(trace: xr.Dataset, *, evidence: ArmEvidence | None = None) -> Finding | None:
+    """``engine_not_batch_invariant`` from the engine's own floor (``attrs["engine_floor"]``: the
+    same requests sampled again alone; the logprob spread on the tokens sampled alike): a warning
+    when its RMS is at least :data:`FLOOR_SHARE` of the RMS mismatch on the tokens no cause explains
+    (the batch the request ran in moves the engine's logprobs as much as the backend differs),
+    information when it is smaller but not zero; ``None`` without the probe or when it is 0."""
+    probe = ((trace.attrs.get("engine_floor") or {}).get("batch_shape") or {})
+    rms = probe.get("rms")
+    if rms is None or not np.isfinite(rms) or rms <= 0 or not has_trainer(trace):
+        return None
+    ev = evidence if evidence is not None else build(trace)
+    background = float(core.masked_rms(ev.residual, ev.unclaimed())) if ev.residual is not None else float("nan")
+    share = rms / background if background > 0 else float("inf")
+    evid = {"engine_batch_rms": rms, "engine_batch_max_abs": probe.get("max_abs"), "n_tokens": probe.get("n_tokens"),
+            "background_rms": background, "share_of_background": share, "threshold_share": FLOOR_SHARE,
+            "attention_backend": (trace.attrs.get("engine_effective") or {}).get("attention_backend"),
+            "measured_on": "requests sampled again alone with the same seeds (rlparity.experiments.faults.engine_floor)",
+            "pair": PAIR}
+    arm = trace.attrs.get("arm")
+    if share >= FLOOR_SHARE:
+        return Finding(Layer.INFERENCE_PATH, "engine_not_batch_invariant", Severity.WARNING,
+                       f"the engine's logprobs move by {rms:.3g} nats RMS with the batch a request runs in, "
+                       f"{share:.0%} of the mismatch on the tokens no other cause explains", evid, FIX_ENGINE_BATCH, arm,
+                       cause="batch_variant_attention")
+    return Finding(Layer.INFERENCE_PATH, "engine_not_batch_invariant", Severity.INFO,
+                   f"the engine's logprobs move by {rms:.3g} nats RMS with the batch ({share:.0%} of the mismatch on "
+                   "the tokens no other cause explains): part of the floor", evid, "", arm)
+
+
 def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=(),
                    evidence: ArmEvidence | None = None) -> list[Finding]:
-    """The trainer checks of one arm (called by :func:`rlparity.diagnose.diagnose`)."""
+    """The trainer's and the engine's own floors for one arm (called by :func:`rlparity.diagnose.diagnose`)."""
     opts = options or DiagnoseOptions()
     if evidence is None and has_trainer(trace):
         evidence = build(trace, trainer=opts.trainer, semantic_tol=opts.semantic_tol, stale_ratio=opts.stale_ratio)
-    f = trainer_determinism(trace, evidence=evidence)
-    return [f] if f is not None else []
+    found = [trainer_determinism(trace, evidence=evidence), engine_batch_invariance(trace, evidence=evidence)]
+    return [f for f in found if f is not None]
 
 
 def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]:
@@ -75,4 +111,5 @@ def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]
     return []
 
 
-__all__ = ["FIX_DROPOUT", "RUN_TO_RUN_SHARE", "arms_findings", "trace_findings", "trainer_determinism"]
+__all__ = ["FIX_DROPOUT", "FIX_ENGINE_BATCH", "FLOOR_SHARE", "RUN_TO_RUN_SHARE", "arms_findings",
+           "engine_batch_invariance", "trace_findings", "trainer_determinism"]

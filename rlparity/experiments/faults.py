@@ -249,6 +249,7 @@ def _capture(eng, plan: Plan, phases: Mapping[str, list], sampling: SamplingSett
     t_start = eng.clock()
     eng.capture(phases["before"], sampling.model_copy(update={"max_tokens": 1}), arm=plan.arm)
     before = eng.capture(phases["before"], sampling, arm=plan.arm)
+    floor = engine_floor(eng, phases["before"][:2], sampling, before)
     fut = eng.capture_async(phases["inflight"], sampling, arm=plan.arm)
     reached = eng.wait_tokens(threshold, timeout=600)
     source = ckpt["v1_partial"] if up.get("partial") is not None else ckpt["v1"]
@@ -259,10 +260,33 @@ def _capture(eng, plan: Plan, phases: Mapping[str, list], sampling: SamplingSett
     after = eng.capture(phases["after"], sampling, arm=plan.arm)
     trace = concat_sequences([before, inflight, after])
     trace.attrs.update({"weight_updates": eng.weights.log(t_start, eng.clock()), "latest_policy_version": 1,
-                        "engine_weight_checksums": eng.weights.checksum_attrs(),
+                        "engine_weight_checksums": eng.weights.checksum_attrs(), "engine_floor": floor,
                         "fault_protocol": {"update": update, "threshold_tokens": threshold, "threshold_reached": reached,
                                            "phases": {k: len(v) for k, v in phases.items()}}})
     return trace
+
+
+def engine_floor(eng, prompts: list, sampling: SamplingSettings, batched: xr.Dataset) -> dict[str, Any]:
+    """The engine's own floor: ``prompts`` (the first of a batched capture) sampled again one at a
+    time with the same request seeds; the logprobs of the tokens both runs sampled alike (up to the
+    first token that differs) compared with the batched run's. A batch-invariant engine gives 0."""
+    import numpy as np
+
+    diffs, n_diverged = [], 0
+    for i, p in enumerate(prompts):
+        one = eng.capture([p], sampling.model_copy(update={"seed": None if sampling.seed is None
+                                                           else sampling.seed + i}), arm="engine_floor")
+        a_tok, b_tok = batched["token_id"].values[i], one["token_id"].values[0]
+        n = min(int((a_tok >= 0).sum()), int((b_tok >= 0).sum()))
+        same = np.cumprod(a_tok[:n] == b_tok[:n]).astype(bool)
+        n_diverged += int(not same.all())
+        diffs.append(np.abs(batched["rollout_logprob"].values[i, :n][same] - one["rollout_logprob"].values[0, :n][same]))
+    d = np.concatenate(diffs) if diffs else np.zeros(0)
+    return {"batch_shape": {"n_tokens": int(d.size), "mean_abs": float(d.mean()) if d.size else float("nan"),
+                            "rms": float(np.sqrt(np.mean(d ** 2))) if d.size else float("nan"),
+                            "max_abs": float(d.max()) if d.size else float("nan")},
+            "n_sequences": len(prompts), "n_sequences_diverged": n_diverged,
+            "shape_main": f"a batch of {batched.sizes['sequence']}", "shape_check": "batch 1, same request seeds"}
 
 
 def run_matrix(model: str | os.PathLike, arms: Sequence[Iterable[str]] | None = None,
@@ -345,34 +369,63 @@ def _checkpoint_dtype(model: Path) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m rlparity.experiments.faults --out STORE``: run the default matrix on a built-in
-    model (or ``--model PATH``), save the store, print the scores."""
+    """``python -m rlparity.experiments.faults --out DIR``: run the default matrix on a built-in
+    model (or ``--model PATH``), write ``DIR/faults.zarr`` (every arm, or with ``--example NAME`` a
+    compact example store ``DIR/NAME.zarr`` with its provenance) and ``DIR/faults.json`` (the scores,
+    the headline of every arm), and print the scores. On a GPU host (one call, e.g. with
+    ``RLPARITY_ENGINE_LOCK=off``): ``--size small --dtype bfloat16 --device cuda --sigma 0.2``."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m rlparity.experiments.faults", description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True, help="the zarr store to write (one arm per cause set)")
+    p.add_argument("--out", required=True, help="folder for the store and faults.json")
     p.add_argument("--model", default=None, help="local checkpoint (version 0); default: the built-in --size")
     p.add_argument("--size", default="tiny", help="built-in model when --model is not given")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None, help="body dtype on both sides (default: the checkpoint's)")
     p.add_argument("--arms", default=None, help="'single', 'pairs' or a comma list of arms like raw_logprobs+stale_prefix_cache")
     p.add_argument("--n-prompts", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--sigma", type=float, default=0.05)
     p.add_argument("--gpu-memory-utilization", type=float, default=None)
+    p.add_argument("--example", default=None, help="save a compact example store DIR/NAME.zarr with provenance")
     a = p.parse_args(argv)
+    from rlparity.config.provenance import write_json
     from rlparity.diagnose import diagnose
     from rlparity.diagnose.scoring import format_scores, score_matrix
+    from rlparity.experiments.gallery import provenance
+    from rlparity.metrics import table_records
     from rlparity.models import make_model
     from rlparity.trace import save
 
-    model = a.model or str(make_model(a.size, progress=False))
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = a.model or str(make_model(a.size, progress=False, **({"device": a.device} if a.device != "cpu" else {})))
     engine = {"gpu_memory_utilization": a.gpu_memory_utilization} if a.gpu_memory_utilization else {}
     settings = MatrixSettings(n_prompts=a.n_prompts, max_tokens=a.max_tokens, sigma=a.sigma, device=a.device,
-                              engine=engine)
-    arms = parse_arms(a.arms, platform="cuda" if a.device.startswith("cuda") else "cpu")
-    traces = run_matrix(model, arms, settings)
-    save(traces, a.out)
-    print(format_scores(score_matrix(traces, diagnose(traces))))
+                              dtype=a.dtype, engine=engine)
+    arms_ = parse_arms(a.arms, platform="cuda" if a.device.startswith("cuda") else "cpu")
+    t0 = time.perf_counter()
+    traces = run_matrix(model, arms_, settings, workdir=out / "checkpoints")
+    elapsed = time.perf_counter() - t0
+    report = diagnose(traces)
+    scores = score_matrix(traces, report)
+    write_json(out / "faults.json", {
+        "summary": scores.attrs, "elapsed_s": round(elapsed, 1), "settings": settings.model_dump(), "model": model,
+        "per_cause": table_records(scores[["n_present", "recall", "false_alarms", "n_headline"]], "cause"),
+        "per_arm": table_records(scores[["headline", "headline_cause", "headline_right", "missed", "false_named",
+                                         "unattributed"]], "arm"),
+        "headlines": report.summary_lines(), "attribution": report.attribution})
+    if a.example:
+        from rlparity.datasets import save_example
+
+        cmd = "python -m rlparity.experiments.faults " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
+        prov = provenance(a.device, Path(model).name, cmd, "the fault matrix: every cause of the fault library alone "
+                          "and in pairs, on real engines, with the ground truth in each arm's attrs")
+        store = save_example(traces, out / f"{a.example}.zarr", prov)
+    else:
+        store = save(traces, out / "faults.zarr")
+    print(format_scores(scores))
+    print(f"wrote {store} and {out / 'faults.json'} in {elapsed:.0f} s")
     return 0
 
 

@@ -1,0 +1,84 @@
+"""Run rlparity's GPU parts on a GPU host in one call, each part in its own process with its own time
+limit, and pack what each wrote into one archive per part (the device tool brings back at most 8
+files, two folders deep).
+
+    python3 scripts/gpu_run.py --out $OUT faults gpu_tests
+
+Parts (add one by adding a line to PARTS): each is a command run from the project root with
+``{out}`` (its own output folder) filled in. A part that fails or runs past its limit is recorded
+in ``$OUT/gpu_run.json`` with its exit code and the tail of its log; the others still run.
+Environment the host needs (the bundle in ../shared/gpu): ``PYTHONPATH`` with the bundle and the
+project, ``VLLM_USE_FLASHINFER_SAMPLER=0``, ``VLLM_WORKER_MULTIPROC_METHOD=spawn``,
+``RLPARITY_ENGINE_LOCK=off``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+PY = sys.executable
+PARTS: dict[str, tuple[str, int]] = {
+    # the H200 fault matrix (issue 21): the bf16 `small` model, every single cause and every pair of
+    # eight, shipped as example data h200-faults
+    "faults": (f"{PY} -m rlparity.experiments.faults --out {{out}} --size small --dtype bfloat16 --device cuda "
+               "--sigma 0.2 --n-prompts 8 --max-tokens 32 --example h200-faults", 560),
+    "faults_single": (f"{PY} -m rlparity.experiments.faults --out {{out}} --size small --dtype bfloat16 "
+                      "--device cuda --sigma 0.2 --n-prompts 8 --max-tokens 32 --arms single --example h200-faults",
+                      400),
+    # the CUDA paths of the Scorer, compile_head, train_step, make_model (issue 22)
+    "gpu_tests": (f"{PY} -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py", 300),
+    "layers": (f"{PY} scripts/gpu_layers.py --out {{out}} --device cuda", 300),
+    "moe": (f"{PY} scripts/gpu_moe.py --out {{out}} --device cuda", 300),
+}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("parts", nargs="+", choices=sorted(PARTS))
+    a = p.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    record: dict = {"python": sys.version, "parts": {}}
+    try:
+        import torch
+
+        record["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no cuda"
+        record["torch"] = torch.__version__
+    except Exception as err:  # noqa: BLE001
+        record["device"] = f"torch not importable: {err}"
+    for name in a.parts:
+        cmd, limit = PARTS[name]
+        part_dir = out / f"{name}_files"
+        part_dir.mkdir(parents=True, exist_ok=True)
+        log = out / f"{name}.log"
+        t0 = time.perf_counter()
+        with open(log, "w") as fh:
+            try:
+                rc = subprocess.run(cmd.format(out=part_dir), shell=True, stdout=fh, stderr=subprocess.STDOUT,
+                                    timeout=limit, env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
+            except subprocess.TimeoutExpired:
+                rc = 124
+        tail = log.read_text(errors="replace")[-3000:]
+        record["parts"][name] = {"rc": rc, "seconds": round(time.perf_counter() - t0, 1), "log_tail": tail}
+        with tarfile.open(out / f"{name}.tar.gz", "w:gz") as tar:
+            tar.add(part_dir, arcname=name)
+            tar.add(log, arcname=f"{name}/{name}.log")
+        for f in sorted(part_dir.rglob("*"), reverse=True):  # keep $OUT to the archives
+            f.unlink() if f.is_file() else f.rmdir()
+        part_dir.rmdir()
+        log.unlink()
+        (out / "gpu_run.json").write_text(json.dumps(record, indent=1))
+        print(f"{name}: rc {rc} in {record['parts'][name]['seconds']} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
