@@ -58,17 +58,19 @@ def check_sampling_option(name: str, value: Any) -> Any:
     (vLLM's "off") is stored as 0, the schema's "off"."""
     if value is None:
         return None
+    if isinstance(value, bool):
+        raise ValueError(f"{name}={value!r}: give a number")
     if name == "temperature":
         v = float(value)
-        if not v >= 0.0:
+        if not 0.0 <= v < math.inf:
             raise ValueError(f"temperature={value!r}: give the sampling temperature, >= 0 (e.g. {OPTION_FLAG[name]})")
         return v
     if name == "top_k":
-        if isinstance(value, float) and not float(value).is_integer():
+        if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
             raise ValueError(f"top_k={value!r}: give an integer (0 or -1 = off)")
         v = int(value)
-        if v < -1:
-            raise ValueError(f"top_k={value!r}: give 0 (off) or a positive integer")
+        if not -1 <= v <= 2**31 - 1:
+            raise ValueError(f"top_k={value!r}: give 0 (off) or a positive integer (at most 2**31 - 1)")
         return max(v, 0)
     if name == "top_p":
         v = float(value)
@@ -295,6 +297,8 @@ def _sequence(values: Any, where: str, name: str, what: str) -> Any:
         values = values.double().numpy() if what == "numbers" and values.is_floating_point() else values.numpy()
     if isinstance(values, (str, bytes, Mapping)) or np.ndim(values) == 0 and not isinstance(values, (list, tuple)):
         raise ImportFormatError(f"{where}: field {name!r} is {_kind(values)} ({_short(values)}), not a list of {what}")
+    if isinstance(values, np.ndarray) and values.dtype.kind not in "biuf":
+        raise ImportFormatError(f"{where}: field {name!r} holds values of type {values.dtype}, not {what}")
     return values
 
 
@@ -337,24 +341,25 @@ def ints(values: Any, where: str, name: str, *, mask: bool = False) -> np.ndarra
     numbers. A value above 2**63 - 1, a fraction, NaN, a string or a nested list raises
     :class:`ImportFormatError` naming the field and the position."""
     values = _sequence(values, where, name, "integers")
-    _element_types(values, where, name, (int, float, bool) if mask else (int, float), "integers")
+    kinds = _element_types(values, where, name, (int, float, bool) if mask else (int, float), "integers")
     try:
         arr = np.asarray(values)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, OverflowError) as err:
         raise ImportFormatError(f"{where}: field {name!r} is not a list of integers ({err})") from None
     if arr.ndim != 1:
         raise ImportFormatError(f"{where}: field {name!r} has shape {arr.shape}: write a flat list, one integer per token")
     if arr.dtype == bool:
         return arr.astype(np.int64)
-    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > INT64_MAX or arr.dtype.kind == "O":
-        for i, v in enumerate(arr.tolist()):
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise ImportFormatError(f"{where}: field {name!r} holds {_kind(v)} ({_short(v)}) at position {i}, "
-                                        "not an integer")
-            if not -INT64_MAX - 1 <= v <= INT64_MAX:
+    # Python ints beyond int64 make numpy choose uint64, float64 or object: find them by value
+    if (arr.dtype.kind == "u" and arr.size and int(arr.max()) > INT64_MAX or arr.dtype.kind == "O"
+            or arr.dtype.kind == "f" and float not in kinds and kinds):
+        for i, v in enumerate(values if isinstance(values, (list, tuple)) else arr.tolist()):
+            if isinstance(v, int) and not isinstance(v, bool) and not -INT64_MAX - 1 <= v <= INT64_MAX:
                 raise ImportFormatError(f"{where}: field {name!r} holds {v} at position {i}, too large for a token id "
-                                        "or mask (above 2**63 - 1): the values are not token ids")
-    elif arr.dtype.kind == "f":
+                                        "or mask (beyond 64-bit integers): the values are not token ids")
+    if arr.dtype.kind == "O":
+        raise ImportFormatError(f"{where}: field {name!r} holds values numpy cannot read as integers")
+    if arr.dtype.kind == "f":
         bad = ~np.isfinite(arr) | (arr != np.round(arr))
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
@@ -653,6 +658,10 @@ class ArmBuilder:
             rec.trainer = rec.entropy = None
         elif not self.has_entropy:
             rec.entropy = None
+        elif rec.entropy is None:
+            raise ImportFormatError(f"{rec.where}: this record has no {rec.names.get('entropy', 'entropy')} but the "
+                                    f"first record of arm {self.arm!r} ({self.first_where}) does: a dump must carry it "
+                                    "for every sample or for none")
         zero_prob = check_values(rec)
         seqs = split_record(rec)
         self._count_excluded(rec, bool(seqs))

@@ -42,6 +42,7 @@ from rlparity.io.common import (
     TrainerSpec,
     as_int,
     as_reward,
+    dump_sampling_value,
     floats,
     ints,
     natural_key,
@@ -61,6 +62,7 @@ PER_TOKEN = ("rollout_log_probs", "old_log_probs")
 NAMES = {"rollout": "rollout_log_probs", "trainer": "old_log_probs", "entropy": "entropy"}
 SUFFIXES = (".jsonl", ".parquet", ".npz")
 NPZ_ROWS = 256
+TEXT_FIELDS = ("finish_reason", "prompt_text", "prompt_messages", "run", "split")
 
 
 def _scalar(value: Any) -> Any:
@@ -246,7 +248,7 @@ class _Member:
             self.shape, fortran, self.dtype = reader(self.f)
         except ImportFormatError:
             raise
-        except DAMAGED as err:
+        except Exception as err:  # noqa: BLE001 - a garbled header raises SyntaxError, TokenError, ...
             raise _damaged(file, self.name, err) from None
         if self.dtype.hasobject:
             raise ImportFormatError(f"{file}: member {self.name!r} is an object array, which needs pickle to load: "
@@ -327,11 +329,19 @@ def _read_npz(file: Path, ctx: ReadContext) -> Iterator[Record]:
         if "attention_mask" in members and members["attention_mask"].shape != shape:
             raise ImportFormatError(f"{file}: attention_mask has shape {members['attention_mask'].shape} but "
                                     f"input_ids {shape}: it must mark every column of input_ids")
+        for k, m in members.items():
+            if m.dtype.kind not in "biufU":
+                raise ImportFormatError(f"{file}: member {k!r} has dtype {m.dtype}: store numbers (or text)")
         scalars = {k: _scalar(m.value()) for k, m in members.items() if m.scalar}
         rowwise = {k: m for k, m in members.items() if not m.scalar}
         for k, m in rowwise.items():
+            if m.dtype.kind == "U" and k not in TEXT_FIELDS:
+                raise ImportFormatError(f"{file}: member {k!r} holds text (dtype {m.dtype}), not numbers")
             if m.shape[0] != n:
                 raise ImportFormatError(f"{file}: {k} has {m.shape[0]} rows but input_ids has {n}")
+        for k in SAMPLING_FIELDS:
+            if k in scalars:  # a file-level value must be a valid one (it decides the trainer reading)
+                dump_sampling_value(k, scalars[k], str(file))
         info = {**info, "file_sampling": {k: scalars[k] for k in SAMPLING_FIELDS if k in scalars}}
         size, done, first = file.stat().st_size, 0, 0
         while first < n:

@@ -163,7 +163,7 @@ def _versions(value: Any, where: str) -> tuple[list[int] | None, str | None]:
         raise ImportFormatError(f"{where}: field 'weight_versions' is {type(value).__name__}, not a list")
     try:
         return [as_int(int(v) if isinstance(v, str) else v, where, "weight_versions") for v in value], None
-    except (ValueError, ImportFormatError):
+    except (TypeError, ValueError, ImportFormatError):  # "v5", None, a list: not versions
         return None, "weight_versions are not numbers: policy_version not recorded"
 
 
