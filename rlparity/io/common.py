@@ -482,10 +482,16 @@ class SampledSequence:
 
 
 def _refuse_values(rec: Record, name: str, bad: np.ndarray, what: str, fix: str) -> None:
+    if not bad.any():
+        return
     i = int(np.flatnonzero(bad)[0])
     k = int(np.count_nonzero(rec.sampled[: i + 1]))
     raise ImportFormatError(f"{rec.where}: {rec.names.get(name, name)} is {what} at token {i} (id {int(rec.ids[i])}, "
                             f"sampled token {k} of the sample; {int(bad.sum())} such token(s)): {fix}")
+
+
+_NOT_LOGPROB = "store the log-softmax of the sampled token in nats (<= 0)"
+_NO_TRAINER = "import without the trainer side (trainer_reading='none') and `rlparity score` it"
 
 
 def check_values(rec: Record) -> int:
@@ -494,34 +500,24 @@ def check_values(rec: Record) -> int:
     positive; a non-finite trainer entropy. Returns the number of sampled tokens whose trainer
     logprob is ``-inf`` (probability 0: legal, counted)."""
     s = rec.sampled.astype(bool)
+    r, t, e = rec.rollout, rec.trainer, rec.entropy
     with np.errstate(invalid="ignore"):
-        r = rec.rollout
-        if (s & np.isnan(r)).any():
-            _refuse_values(rec, "rollout", s & np.isnan(r), "null/NaN",
-                           "the engine returned no finite logprob there; drop this sample from the dump or fix the "
-                           "engine output")
-        if (s & np.isinf(r)).any():
-            _refuse_values(rec, "rollout", s & np.isinf(r), "infinite",
-                           "an engine cannot give probability 0 (or > 1) to a token it sampled itself: check its "
-                           "logprobs_mode and what the dump stores there")
-        if (s & (r > POSITIVE_TOLERANCE)).any():
-            _refuse_values(rec, "rollout", s & (r > POSITIVE_TOLERANCE), "positive (not a log-probability)",
-                           "store the log-softmax of the sampled token in nats (<= 0)")
-        t = rec.trainer
-        if t is None:
-            return 0
-        if (s & np.isnan(t)).any():
-            _refuse_values(rec, "trainer", s & np.isnan(t), "NaN",
-                           "the trainer's forward pass produced NaN there; re-run the trainer step or import "
-                           "without the trainer side (trainer_reading='none') and `rlparity score` it")
-        if (s & (t > POSITIVE_TOLERANCE)).any():
-            _refuse_values(rec, "trainer", s & (t > POSITIVE_TOLERANCE), "positive or +inf (not a log-probability)",
-                           "store the log-softmax of the sampled token in nats (<= 0)")
-        if rec.entropy is not None and (s & ~np.isfinite(rec.entropy)).any():
-            _refuse_values(rec, "entropy", s & ~np.isfinite(rec.entropy), "null/non-finite",
-                           "the trainer's forward pass produced no finite entropy there; import without the "
-                           "trainer side (trainer_reading='none') and `rlparity score` it")
-        return int((s & (t == -np.inf)).sum())
+        checks = [
+            ("rollout", np.isnan(r), "null/NaN", "the engine returned no finite logprob there; drop this sample from "
+                                                 "the dump or fix the engine output"),
+            ("rollout", np.isinf(r), "infinite", "an engine cannot give probability 0 (or > 1) to a token it sampled "
+                                                 "itself: check its logprobs_mode and what the dump stores there"),
+            ("rollout", r > POSITIVE_TOLERANCE, "positive (not a log-probability)", _NOT_LOGPROB)]
+        if t is not None:
+            checks += [("trainer", np.isnan(t), "NaN", f"the trainer's forward pass produced NaN there; re-run the "
+                                                       f"trainer step or {_NO_TRAINER}"),
+                       ("trainer", t > POSITIVE_TOLERANCE, "positive or +inf (not a log-probability)", _NOT_LOGPROB)]
+        if e is not None:
+            checks.append(("entropy", ~np.isfinite(e), "null/non-finite",
+                           f"the trainer's forward pass produced no finite entropy there; {_NO_TRAINER}"))
+        for name, bad, what, fix in checks:
+            _refuse_values(rec, name, s & bad, what, fix)
+        return 0 if t is None else int((s & (t == -np.inf)).sum())
 
 
 def split_record(rec: Record) -> list[SampledSequence]:

@@ -63,8 +63,9 @@ TRAINER = TrainerSpec(
 
 
 NAMES = {"rollout": "generation_logprobs", "trainer": "prev_logprobs", "entropy": "entropy"}
-SAMPLE_MASKED = ("sample_loss_mask_0", "sample_loss_mask 0: NeMo-RL trains nothing of these samples (filtered, e.g. by dynamic "
-                 "sampling, or over grpo.seq_logprob_error_threshold: the worst mismatches may be among them)")
+SAMPLE_MASKED = ("sample_loss_mask_0",
+                 "sample_loss_mask 0: NeMo-RL trains nothing of these samples (filtered, e.g. by dynamic sampling, or "
+                 "over grpo.seq_logprob_error_threshold: the worst mismatches may be among them)")
 PROMPT_TOKENIZATION = {
     "add_special_tokens": False,
     "source": f"{SOURCE} nemo_rl/data/processors.py: each message's token_ids = tokenizer(content, "
@@ -118,7 +119,8 @@ def read_file(file: Path, ctx: ReadContext) -> Iterator[Record]:
                                     "compare. Import the GRPO train_data_step*.jsonl (token_ids, generation_logprobs, "
                                     "prev_logprobs), or write the generic format (rlparity/io/GENERIC_FORMAT.md)")
         ids = ints(_unbatch(need(obj, "token_ids", where, what), True), where, "token_ids")
-        mask = ints(_unbatch(need(obj, "token_loss_mask", where, what), True), where, "token_loss_mask", mask=True).astype(bool)
+        mask = ints(_unbatch(need(obj, "token_loss_mask", where, what), True), where, "token_loss_mask",
+                    mask=True).astype(bool)
         rollout = floats(_unbatch(need(obj, "generation_logprobs", where, what), True), where, "generation_logprobs")
         prev = obj.get("prev_logprobs")
         trainer = floats(_unbatch(prev, True), where, "prev_logprobs") if prev is not None else None

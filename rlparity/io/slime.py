@@ -176,15 +176,15 @@ def _prompt(value: Any) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _key(file: Path, data: dict, train: bool) -> tuple[ArmKey, dict]:
+def _key(file: Path, data: dict, train: bool) -> ArmKey:
     """slime writes an eval dump with the same rollout_id as the training one, to the path template
     with ``eval_<rollout_id>`` in place of the id (observability/rollout_data_utils.py)."""
     rid = as_int(data.get("rollout_id"), str(file), "rollout_id")
     if rid is None:
-        return ArmKey(label=safe_arm(file.stem), kind="train" if train else ""), {}
+        return ArmKey(label=safe_arm(file.stem), kind="train" if train else "")
     evaluation = re.search(rf"(?<![A-Za-z0-9])eval_0*{rid}(?!\d)", file.name) is not None
     label = f"rollout_eval_{rid}" if evaluation else f"rollout_{rid}"
-    return ArmKey(label=label, step=rid, split="eval" if evaluation else "train", kind="train" if train else ""), {}
+    return ArmKey(label=label, step=rid, split="eval" if evaluation else "train", kind="train" if train else "")
 
 
 def read_file(file: Path, ctx: ReadContext) -> Iterator[Record]:
@@ -193,7 +193,7 @@ def read_file(file: Path, ctx: ReadContext) -> Iterator[Record]:
         raise ImportFormatError(f"{file}: expected a slime debug dump, a dict with a 'samples' list "
                                 f"(got {type(data).__name__}{' with keys ' + str(sorted(map(str, data))[:8]) if isinstance(data, dict) else ''})")
     train = data.get("format_version") is not None or any("log_probs" in s for s in data["samples"][:1] if isinstance(s, dict))
-    key, _ = _key(file, data, train)
+    key = _key(file, data, train)
     info = {"dump": "train" if train else "rollout", "format_version": data.get("format_version"),
             "rank": data.get("rank") if isinstance(data.get("rank"), int) else None}
     raw_rewards = data.get("raw_reward")
