@@ -580,7 +580,7 @@ DUMPS = [
     Dump("reward is a list", "generic", edited(IO_CUSTOM, "rows.jsonl", 2, setter("reward", [0.5, 1.0])),
          (FILE_LINE.format(2, "reward") + r" is a list", r"one reward per sequence")),
     Dump("reward 1e300", "generic", edited(IO_CUSTOM, "rows.jsonl", 2, setter("reward", 1e300)),
-         (FILE_LINE.format(2, "reward") + r" = 1e\+300 is not a reward",)),
+         (FILE_LINE.format(2, "reward") + r" = 1e\+300 is out of range", r"one reward per sequence")),
     Dump("policy_version 1e300", "generic", edited(IO_CUSTOM, "rows.jsonl", 6, setter("policy_version", 1e300)),
          (FILE_LINE.format(6, "policy_version") + r" = 1e\+300 is out of range",)),
     Dump("policy_version is an object", "generic", edited(IO_CUSTOM, "rows.jsonl", 6, setter("policy_version", {"v": 1})),

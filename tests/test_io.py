@@ -270,6 +270,12 @@ def test_nemo_rl_sample_mask_2d_rewards_groups_and_threshold(tmp_path):
     warnings = rio.import_to_store("nemo-rl", NEMO, tmp_path / "n.zarr", progress=False, **K8
                                    ).arms["exp_002_step_1"]["warnings"]
     assert any("seq_logprob_error_threshold" in w and "1 sample(s)" in w for w in warnings)
+    # sample_loss_mask is a loss multiplier: only 0 leaves a sample out
+    rows = _lines(NEMO / "exp_001" / "train_data_step1.jsonl")
+    rows[0]["sample_loss_mask"] = [0.5]
+    (tmp_path / "train_data_step1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    weighted = rio.read("nemo-rl", tmp_path / "train_data_step1.jsonl", **K8)["step_1"]
+    assert weighted.sizes["sequence"] == good.sizes["sequence"] and weighted.attrs["import"]["n_excluded_tokens"] == 20
 
 
 def test_nemo_rl_text_only_logs_are_recognised(tmp_path):

@@ -268,27 +268,31 @@ def as_int(value: Any, where: str, name: str, *, lo: int = 0, hi: int = 2**53) -
     return int(value)
 
 
-#: a reward beyond this is not a reward (a mis-parsed field, an overflow)
-REWARD_LIMIT = 1e30
+#: a number of a record beyond this is not what the field holds (a mis-parsed field, an overflow)
+NUMBER_LIMIT = 1e30
 
 
-def as_reward(value: Any, where: str, name: str = "reward") -> float | None:
-    """One sequence reward (``None`` and NaN = not recorded): a list, an object, a string, a
-    boolean, an infinity or a magnitude above 1e30 raises :class:`ImportFormatError`."""
+def as_number(value: Any, where: str, name: str, fix: str) -> float | None:
+    """One real number of a record (``None`` and NaN = not recorded): a list, an object, a
+    string, a boolean, an infinity or a magnitude above 1e30 raises :class:`ImportFormatError`
+    naming ``where`` and the field, ending with ``fix``."""
     value = _plain(value)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ImportFormatError(f"{where}: field {name!r} is {_kind(value)} ({_short(value)}), not a number: "
-                                "write one reward per sequence (null when it was not scored)")
+        raise ImportFormatError(f"{where}: field {name!r} is {_kind(value)} ({_short(value)}), not a number: {fix}")
     value = float(value)
     if math.isnan(value):
         return None
-    if not abs(value) <= REWARD_LIMIT:
-        raise ImportFormatError(f"{where}: field {name!r} = {_short(value)} is not a reward (|reward| must be "
-                                f"finite and at most {REWARD_LIMIT:g}): write the sequence's reward, null when "
-                                "it was not scored")
+    if not abs(value) <= NUMBER_LIMIT:
+        raise ImportFormatError(f"{where}: field {name!r} = {_short(value)} is out of range (|value| must be "
+                                f"finite and at most {NUMBER_LIMIT:g}): {fix}")
     return value
+
+
+def as_reward(value: Any, where: str, name: str = "reward") -> float | None:
+    """One sequence reward (``None`` and NaN = not scored): see :func:`as_number`."""
+    return as_number(value, where, name, "write one reward per sequence (null when it was not scored)")
 
 
 def _sequence(values: Any, where: str, name: str, what: str) -> Any:

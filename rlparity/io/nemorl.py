@@ -44,6 +44,7 @@ from rlparity.io.common import (
     Record,
     TrainerSpec,
     as_int,
+    as_number,
     as_reward,
     floats,
     ints,
@@ -131,12 +132,12 @@ def read_file(file: Path, ctx: ReadContext) -> Iterator[Record]:
         ids, mask, rollout = ids[:length], mask[:length], rollout[:length]
         trainer = None if trainer is None else trainer[:length]
         excluded = {}
-        sample_mask = obj.get("sample_loss_mask")
-        if sample_mask is not None:
-            keep = as_int(_unbatch(sample_mask, False), where, "sample_loss_mask", lo=0, hi=1)
-            if not keep:
-                excluded[SAMPLE_MASKED] = int(mask.sum())
-                mask = np.zeros_like(mask)
+        # a loss multiplier: 0 = the sample is not trained (any other weight keeps it)
+        weight = as_number(_unbatch(obj.get("sample_loss_mask"), False), where, "sample_loss_mask",
+                           "write the sample's loss weight (0 = not trained)")
+        if weight == 0:
+            excluded[SAMPLE_MASKED] = int(mask.sum())
+            mask = np.zeros_like(mask)
         reward, note = _reward(obj.get("rewards"), where)
         turns = int(np.count_nonzero(np.diff(np.concatenate([[0], mask.astype(np.int8)])) == 1)) or 1
         yield Record(

@@ -172,7 +172,10 @@ def _prompt(value: Any) -> tuple[str | None, str | None]:
     if isinstance(value, str):
         return value or None, None
     if isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m for m in value):
-        return None, json.dumps(value)
+        try:
+            return None, json.dumps(value)
+        except (TypeError, ValueError):  # images or tensors in the messages: not checkable as text
+            return None, None
     return None, None
 
 
