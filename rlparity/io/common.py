@@ -299,7 +299,9 @@ def _sequence(values: Any, where: str, name: str, what: str) -> Any:
     if hasattr(values, "detach"):  # a torch tensor
         values = values.detach().to("cpu")
         values = values.double().numpy() if what == "numbers" and values.is_floating_point() else values.numpy()
-    if isinstance(values, (str, bytes, Mapping)) or np.ndim(values) == 0 and not isinstance(values, (list, tuple)):
+    if isinstance(values, (list, tuple)):
+        return values
+    if not isinstance(values, np.ndarray) or values.ndim == 0:
         raise ImportFormatError(f"{where}: field {name!r} is {_kind(values)} ({_short(values)}), not a list of {what}")
     if isinstance(values, np.ndarray) and values.dtype.kind not in "biuf":
         raise ImportFormatError(f"{where}: field {name!r} holds values of type {values.dtype}, not {what}")
@@ -312,7 +314,7 @@ def _element_types(values: Any, where: str, name: str, allowed: tuple, what: str
     ``None`` into NaN, without a word."""
     if not isinstance(values, (list, tuple)):
         return set()
-    kinds = {type(v) for v in values}
+    kinds = set(map(type, values))
     if kinds <= set(allowed):
         return kinds
     i, v = next((i, v) for i, v in enumerate(values) if type(v) not in allowed)

@@ -102,9 +102,10 @@ def _key(file: Path, obj: dict, where: str) -> tuple[ArmKey, dict]:
 
 def _weights(obj: dict, name: str, where: str) -> np.ndarray | None:
     """A component weight stream; ``None`` when absent (prime-rl writes ``[null, ...]`` then)."""
-    if obj.get(name) is None:
+    v = obj.get(name)
+    if v is None or isinstance(v, list) and v.count(None) == len(v):
         return None
-    w = floats(obj[name], where, name)
+    w = floats(v, where, name)
     if np.isnan(w).all():
         return None
     if np.isnan(w).any():

@@ -162,9 +162,12 @@ def _versions(value: Any, where: str) -> tuple[list[int] | None, str | None]:
     if not isinstance(value, (list, tuple)):
         raise ImportFormatError(f"{where}: field 'weight_versions' is {type(value).__name__}, not a list")
     try:
-        return [as_int(int(v) if isinstance(v, str) else v, where, "weight_versions") for v in value], None
-    except (TypeError, ValueError, ImportFormatError):  # "v5", None, a list: not versions
+        versions = [as_int(int(v) if isinstance(v, str) else v, where, "weight_versions") for v in value]
+    except (TypeError, ValueError, ImportFormatError):  # "v5", a list: not versions
+        versions = [None]
+    if None in versions:
         return None, "weight_versions are not numbers: policy_version not recorded"
+    return versions, None
 
 
 def _prompt(value: Any) -> tuple[str | None, str | None]:
