@@ -411,6 +411,292 @@ ROWS = [
 ]
 
 
+
+# ----------------------------------------------------------------------------- importers (issues 22 and 29)
+# Every bad dump below is refused by `rlparity import` (rlparity.io) with ImportFormatError, a
+# ValueError: one line naming the file and line (or sample / row) and the field, exit 2 on the
+# command line (test_bad_dumps_exit_2_on_the_command_line), nothing written.
+
+from rlparity import io as rio  # noqa: E402
+from rlparity.io.common import ImportFormatError, PickleRefusedError  # noqa: E402
+
+IO = ROOT / "tests" / "data" / "io"
+IO_CUSTOM = IO / "generic" / "custom" / "rows.jsonl"
+IO_NEMO = IO / "nemo-rl" / "logs" / "exp_001" / "train_data_step1.jsonl"
+IO_PIPE = IO / "pipelinerl" / "exp" / "streams" / "actor_test" / "0" / "0" / "0.jsonl"
+IO_PRIME = IO / "prime-rl" / "single" / "token_exports" / "step_4" / "rank_0.jsonl"
+IE = ImportFormatError
+
+
+@dataclass
+class Dump:
+    """A bad dump: ``write(folder)`` writes it and returns the path to import."""
+
+    id: str
+    fmt: str
+    write: Callable[[Path], Path]
+    says: tuple[str, ...]
+    error: type[BaseException] = IE
+
+
+def edited(src: Path, name: str, lineno: int, change: Callable[[dict], None]) -> Callable[[Path], Path]:
+    """``src`` (JSONL) with ``change`` applied to the object on line ``lineno``, saved as ``name``
+    (``json.dumps`` defaults: NaN / Infinity written as such, as NeMo-RL's logger does)."""
+    def write(d: Path) -> Path:
+        rows = [json.loads(x) for x in src.read_text().splitlines()]
+        change(rows[lineno - 1])
+        f = d / name
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return f
+    return write
+
+
+def setter(key: str, value) -> Callable[[dict], None]:
+    def change(row: dict) -> None:
+        target = row
+        *path, last = key.split(".")
+        for k in path:
+            target = target[k] if not isinstance(target, list) else target[int(k)]
+        target[last] = value
+    return change
+
+
+def at_sampled(key: str, value, *, k: int = 1, nested: bool = False) -> Callable[[dict], None]:
+    """Set ``row[key]`` at the ``k``-th token of the first run of sampled tokens."""
+    def change(row: dict) -> None:
+        arr = row[key][0] if nested else row[key]
+        if "response_mask" in row or "prompt_length" in row:  # generic: response-region arrays
+            i = k
+        else:
+            mask = (row["token_loss_mask"][0] if nested else row["loss_mask"])
+            i = mask.index(1 if nested else True) + k
+        arr[i] = value
+    return change
+
+
+def first_group_text(change: Callable[[dict], None]) -> Callable[[list], None]:
+    return lambda group: change(group[0])
+
+
+def edited_group(src: Path, lineno: int, change: Callable[[dict], None]) -> Callable[[Path], Path]:
+    def write(d: Path) -> Path:
+        lines = [json.loads(x) for x in src.read_text().splitlines()]
+        change(lines[lineno - 1][0])
+        f = d / "streams" / "actor" / "0" / "0" / "0.jsonl"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        return f
+    return write
+
+
+def slime_dump(change: Callable[[dict], None], name: str = "rollout_2.pt") -> Callable[[Path], Path]:
+    def write(d: Path) -> Path:
+        import torch
+
+        data = torch.load(IO / "slime" / "debug" / "rollout_2.pt", weights_only=True)
+        change(data)
+        torch.save(data, d / name)
+        return d / name
+    return write
+
+
+def npz(arrays: dict, *, damage: str | None = None, compressed: bool = False) -> Callable[[Path], Path]:
+    """An .npz of ``arrays``; ``damage`` flips a byte in the middle of that member's data."""
+    def write(d: Path) -> Path:
+        import zipfile
+
+        f = d / "step_1.npz"
+        (np.savez_compressed if compressed else np.savez)(f, **arrays)
+        if damage:
+            with zipfile.ZipFile(f) as zf:
+                info = zf.getinfo(f"{damage}.npy")
+            raw = bytearray(f.read_bytes())
+            raw[info.header_offset + 30 + len(info.filename) + len(info.extra) + info.compress_size // 2] ^= 0xFF
+            f.write_bytes(bytes(raw))
+        return f
+    return write
+
+
+def text_file(name: str, text: str) -> Callable[[Path], Path]:
+    def write(d: Path) -> Path:
+        (d / name).write_text(text)
+        return d / name
+    return write
+
+
+def case_twins(d: Path) -> Path:
+    (d / "dump").mkdir()
+    shutil.copy(IO_CUSTOM, d / "dump" / "rows.jsonl")
+    shutil.copy(IO_CUSTOM, d / "dump" / "Rows.jsonl")
+    return d / "dump"
+
+
+def copied(src: Path, name: str) -> Callable[[Path], Path]:
+    def write(d: Path) -> Path:
+        shutil.copy(src, d / name)
+        return d / name
+    return write
+
+
+def nemo_all_masked(d: Path) -> Path:
+    rows = [json.loads(x) for x in IO_NEMO.read_text().splitlines()]
+    for r in rows:
+        r["sample_loss_mask"] = [0.0]
+    (d / "train_data_step1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d / "train_data_step1.jsonl"
+
+
+def prime_null_entropy(d: Path) -> Path:
+    rows = [json.loads(x) for x in IO_PRIME.read_text().splitlines()]
+    i = next(k for k, r in enumerate(rows) if None in r["trainer_logprobs"])
+    rows[i]["entropy"][rows[i]["trainer_logprobs"].index(None)] = None
+    (d / "rank_0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d / "rank_0.jsonl"
+
+
+IDS = np.array([[5, 6, 7, 8, 9, 10], [5, 6, 11, 12, 13, 14]], dtype=np.int64)
+LP = np.full((2, 3), -0.5)
+NAN_IDS = np.array([[5, 6, 7, 8, np.nan, 10, -1, -1]], dtype=np.float64)
+FILE_LINE = r"rows.jsonl:{}: field '{}'"
+DUMPS = [
+    # a per-record field of the wrong type or range
+    Dump("prompt_length is a list", "generic", edited(IO_CUSTOM, "rows.jsonl", 2, setter("prompt_length", [3])),
+         (FILE_LINE.format(2, "prompt_length") + r" is a list \(\[3\]\), not a whole number", r"write one integer")),
+    Dump("prompt_length is an object", "generic", edited(IO_CUSTOM, "rows.jsonl", 3, setter("prompt_length", {"n": 3})),
+         (FILE_LINE.format(3, "prompt_length") + " is an object", r"write one integer")),
+    Dump("prompt_length is a string", "generic", edited(IO_CUSTOM, "rows.jsonl", 2, setter("prompt_length", "3")),
+         (FILE_LINE.format(2, "prompt_length") + " is a string", r"write one integer")),
+    Dump("prompt_length 1e300", "generic", edited(IO_CUSTOM, "rows.jsonl", 2, setter("prompt_length", 1e300)),
+         (FILE_LINE.format(2, "prompt_length") + r" = 1e\+300 is out of range", r"in \[0, \d+\]")),
+    Dump("prompt_length NaN", "generic", edited(IO_CUSTOM, "rows.jsonl", 4, setter("prompt_length", float("nan"))),
+         (FILE_LINE.format(4, "prompt_length") + " = nan is not a whole number",)),
+    Dump("step is a string", "generic", edited(IO_CUSTOM, "rows.jsonl", 1, setter("step", "five")),
+         (FILE_LINE.format(1, "step") + " is a string",)),
+    Dump("step 1e300", "generic", edited(IO_CUSTOM, "rows.jsonl", 1, setter("step", 1e300)),
+         (FILE_LINE.format(1, "step") + r" = 1e\+300 is out of range",)),
+    Dump("prompt_index is an object", "generic", edited(IO_CUSTOM, "rows.jsonl", 5, setter("prompt_index", {})),
+         (FILE_LINE.format(5, "prompt_index") + " is an object",)),
+    Dump("reward is a list", "generic", edited(IO_CUSTOM, "rows.jsonl", 2, setter("reward", [0.5, 1.0])),
+         (FILE_LINE.format(2, "reward") + r" is a list", r"one reward per sequence")),
+    Dump("reward 1e300", "generic", edited(IO_CUSTOM, "rows.jsonl", 2, setter("reward", 1e300)),
+         (FILE_LINE.format(2, "reward") + r" = 1e\+300 is out of range", r"one reward per sequence")),
+    Dump("policy_version 1e300", "generic", edited(IO_CUSTOM, "rows.jsonl", 6, setter("policy_version", 1e300)),
+         (FILE_LINE.format(6, "policy_version") + r" = 1e\+300 is out of range",)),
+    Dump("policy_version is an object", "generic", edited(IO_CUSTOM, "rows.jsonl", 6, setter("policy_version", {"v": 1})),
+         (FILE_LINE.format(6, "policy_version") + r" is an object",)),
+    Dump("input_lengths is a string", "nemo-rl", edited(IO_NEMO, "train_data_step1.jsonl", 2,
+                                                        setter("input_lengths", ["40"])),
+         (r"train_data_step1.jsonl:2: field 'input_lengths' is a string",)),
+    Dump("input_lengths 1e300", "nemo-rl", edited(IO_NEMO, "train_data_step1.jsonl", 3, setter("input_lengths", [1e300])),
+         (r"train_data_step1.jsonl:3: field 'input_lengths' = 1e\+300 is out of range: write one integer in \[1, \d+\]",)),
+    Dump("model_version is a list", "pipelinerl", edited_group(IO_PIPE, 2, setter("metadata.model_version", [1])),
+         (r"0.jsonl:2 \(text 0\): field 'metadata.model_version' is a list",)),
+    Dump("model_version is a string", "pipelinerl", edited_group(IO_PIPE, 1, setter("metadata.model_version", "v1")),
+         (r"0.jsonl:1 \(text 0\): field 'metadata.model_version' is a string",)),
+    Dump("response_length is an object", "slime", slime_dump(lambda d: d["samples"][3].update(response_length={"n": 1})),
+         (r"rollout_2.pt \[sample 3\]: field 'response_length' is an object",)),
+    Dump("response_length 1e300", "slime", slime_dump(lambda d: d["samples"][1].update(response_length=1e300)),
+         (r"rollout_2.pt \[sample 1\]: field 'response_length' = 1e\+300 is out of range",)),
+    Dump("rollout_id is a string", "slime", slime_dump(lambda d: d.update(rollout_id="two")),
+         (r"rollout_2.pt: field 'rollout_id' is a string",)),
+    Dump("prime-rl step is a string", "prime-rl", edited(IO_PRIME, "rank_0.jsonl", 1, setter("step", "4")),
+         (r"rank_0.jsonl:1: field 'step' is a string",)),
+    # bad logprob values, with the file and line (not a chunk-relative sequence index)
+    Dump("rollout logprob Infinity", "generic", edited(IO_CUSTOM, "rows.jsonl", 3,
+                                                       at_sampled("rollout_log_probs", float("inf"))),
+         (r"rows.jsonl:3: rollout_log_probs is infinite at token \d+ \(id \d+, sampled token \d+",)),
+    Dump("rollout logprob -Infinity", "generic", edited(IO_CUSTOM, "rows.jsonl", 4,
+                                                        at_sampled("rollout_log_probs", float("-inf"))),
+         (r"rows.jsonl:4: rollout_log_probs is infinite at token", r"check its logprobs_mode")),
+    Dump("rollout logprob positive", "generic", edited(IO_CUSTOM, "rows.jsonl", 5, at_sampled("rollout_log_probs", 0.5)),
+         (r"rows.jsonl:5: rollout_log_probs is positive \(not a log-probability\)", r"nats \(<= 0\)")),
+    Dump("rollout logprob true", "generic", edited(IO_CUSTOM, "rows.jsonl", 5, at_sampled("rollout_log_probs", True)),
+         (r"rows.jsonl:5: field 'rollout_log_probs' holds a boolean \(True\) at position 1",)),
+    Dump("trainer logprob Infinity", "generic", edited(IO_CUSTOM, "rows.jsonl", 6,
+                                                       at_sampled("old_log_probs", float("inf"))),
+         (r"rows.jsonl:6: old_log_probs is positive or \+inf",)),
+    Dump("engine logprob -Infinity (NeMo-RL)", "nemo-rl", edited(IO_NEMO, "train_data_step1.jsonl", 7,
+                                                                at_sampled("generation_logprobs", float("-inf"),
+                                                                           nested=True)),
+         (r"train_data_step1.jsonl:7: generation_logprobs is infinite at token \d+",)),
+    Dump("trainer null with a null entropy (prime-rl)", "prime-rl", prime_null_entropy,
+         (r"rank_0.jsonl:\d+: trainer_logprobs is NaN at token \d+", r"forward pass produced NaN")),
+    Dump("token id 2**63", "generic", edited(IO_CUSTOM, "rows.jsonl", 2, lambda r: r["input_ids"].__setitem__(4, 2**63)),
+         (r"rows.jsonl:2: field 'input_ids' holds 9223372036854775808 at position 4, too large",)),
+    Dump("prime-rl weight stream mixing numbers and nulls", "prime-rl", edited(
+        IO_PRIME, "rank_0.jsonl", 2, lambda r: r.__setitem__("rl_weights", [1.0] + [None] * (len(r["token_ids"]) - 1))),
+        (r"rank_0.jsonl:2: rl_weights mixes numbers and nulls",)),
+    Dump("PipelineRL finished is a string", "pipelinerl", edited_group(IO_PIPE, 1, setter("finished", "yes")),
+         (r"0.jsonl:1 \(text 0\): field 'finished' is 'yes', not true/false",)),
+    Dump("prompt_messages not chat messages", "generic", edited(IO_CUSTOM, "rows.jsonl", 2,
+                                                                setter("prompt_messages", [1, 2])),
+         (r"rows.jsonl:2: prompt_messages must be a list of chat messages",)),
+    # damaged containers and layouts
+    Dump("npz with a bad CRC", "generic", npz({"input_ids": IDS, "prompt_length": np.array([3, 2]), "rollout_log_probs": LP},
+                                              damage="input_ids"),
+         (r"step_1.npz: damaged .npz: member 'input_ids' cannot be read \(BadZipFile: Bad CRC-32", r"write it again")),
+    Dump("npz with a corrupted deflate stream", "generic",
+         npz({"input_ids": np.tile(IDS, (200, 1)), "prompt_length": np.full(400, 3),
+              "rollout_log_probs": np.tile(LP, (200, 1))}, damage="input_ids", compressed=True),
+         (r"step_1.npz: damaged .npz: member 'input_ids' cannot be read", r"write it again")),
+    Dump("npz attention_mask narrower than input_ids", "generic",
+         npz({"input_ids": IDS, "attention_mask": np.ones((2, 4), dtype=np.int64), "prompt_length": np.array([3, 2]),
+              "rollout_log_probs": LP}),
+         (r"step_1.npz: attention_mask has shape \(2, 4\) but input_ids \(2, 6\)",)),
+    Dump("npz float input_ids with NaN mid-response, no attention_mask", "generic",
+         npz({"input_ids": NAN_IDS, "prompt_length": np.array([3]), "rollout_log_probs": np.full((1, 5), -0.5)}),
+         (r"step_1.npz \[row 0\]: input_ids holds NaN at column 4", r"attention_mask")),
+    Dump("JSON nested 100k deep", "generic",
+         text_file("deep.jsonl", '{"input_ids": ' + "[" * 100_000 + "]" * 100_000 + "}\n"),
+         (r"deep.jsonl:1: a JSON value nested too deeply",)),
+    Dump("two files differing only in case", "generic", case_twins,
+         (r"dump/[Rr]ows.jsonl and .*dump/[Rr]ows.jsonl differ only in case", r"rename one")),
+    # text only, pickles, nothing left
+    Dump("verl rollout_data_dir (text only)", "generic", copied(IO / "verl" / "rollout_data_dir" / "5.jsonl", "5.jsonl"),
+         (r"5.jsonl:1: this is verl's rollout_data_dir dump", r"From verl")),
+    Dump("TRL completions parquet (text only)", "generic",
+         copied(IO / "trl" / "completions" / "completions_00005.parquet", "completions_00005.parquet"),
+         (r"completions_00005.parquet \[row 0\]: this is TRL's completions log", r"From TRL")),
+    Dump("NeMo-RL distillation log (text only)", "nemo-rl",
+         copied(IO / "nemo-rl" / "distillation" / "exp_001" / "train_data_step1.jsonl", "train_data_step1.jsonl"),
+         (r"train_data_step1.jsonl:1: this is a distillation log", r"GRPO train_data")),
+    Dump("slime dump pickling Sample.SpecInfo", "slime", copied(IO / "slime" / "specinfo" / "rollout_3.pt", "rollout_3.pt"),
+         (r"rollout_3.pt: refused: it holds slime.utils.types.Sample.SpecInfo", r"f81ecfe", r"5472cab"),
+         PickleRefusedError),
+    Dump("every NeMo-RL sample masked", "nemo-rl", nemo_all_masked,
+         (r"nothing to import: none of its 12 sample\(s\)", r"sample_loss_mask 0")),
+]
+
+
+def import_dump(d: Dump) -> Callable[[Ctx], Callable[[], object]]:
+    def act(ctx: Ctx):
+        folder = ctx.data / "dump_in"
+        folder.mkdir()
+        path = d.write(folder)
+        return lambda: rio.import_to_store(d.fmt, path, ctx.data / "imported.zarr", progress=False)
+    return act
+
+
+ROWS += [Row(f"import: {d.id}", import_dump(d), d.error, d.says) for d in DUMPS]
+
+
+@pytest.mark.parametrize("dump", DUMPS, ids=[d.id for d in DUMPS])
+def test_bad_dumps_exit_2_on_the_command_line(dump: Dump, tmp_path, cli):
+    """The same dumps through `rlparity import`: exit 2 (bad input, never 3), one line naming the
+    file and line, no traceback, no store."""
+    path = dump.write(tmp_path)
+    res = cli("import", dump.fmt, path, "-o", tmp_path / "out.zarr", "--no-progress")
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output and "internal error" not in res.output
+    assert re.search(dump.says[0], res.stderr), res.stderr
+    assert not (tmp_path / "out.zarr").exists() and not any(p.name.startswith(".out.zarr") for p in tmp_path.iterdir())
+
+
+def test_importer_rows_count():
+    assert len(DUMPS) >= 20 and len({d.id for d in DUMPS}) == len(DUMPS)
+
+
 def snapshot(root: Path) -> dict[str, str]:
     """Every entry under ``root`` with a hash of its content (links by their target)."""
     out = {}

@@ -10,8 +10,12 @@ Formats (``rlparity.io.formats()``):
 * ``generic``: JSONL, Parquet or ``.npz`` for verl and custom loops (``GENERIC_FORMAT.md``).
 
 Every importer ends in :func:`rlparity.trace.from_rollouts` (and
-:func:`rlparity.trace.with_trainer` for the framework's own trainer logprobs), one arm per step or
-per file, with the provenance in ``attrs["import"]``. What a dump lacks is asked, never invented:
+:func:`rlparity.trace.with_trainer` for the framework's own trainer logprobs), one arm per (run,
+launch, split, step) of the dump, with those coordinates in ``attrs["import"]["coords"]`` (the arm
+name is only a label: select with :func:`coordinates` / :func:`select`) and the provenance in
+``attrs["import"]``. Tokens the framework's own masks leave out of RL (prime-rl ``rl_weights``,
+NeMo-RL ``sample_loss_mask``, slime ``remove_sample``) are left out of the response and counted
+per reason in ``attrs["import"]["excluded"]``. What a dump lacks is asked, never invented:
 sampling parameters come from the dump, else the options, else the framework's documented
 default, else they are stored as unknown (NaN temperature / top-p, top-k -1) and listed in
 ``attrs["sampling_unknown"]``; :func:`require_sampling` turns that into an error that names the
@@ -23,10 +27,12 @@ All log-probabilities are in nats; the backend pair is (pi_old, mu) = (trainer, 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import xarray as xr
 
 from rlparity.io.common import (
@@ -79,7 +85,8 @@ def read(format: str, path: str | os.PathLike, *, temperature: float | None = No
 
 @dataclass
 class ImportResult:
-    """What :func:`import_to_store` wrote: the store and, per arm, its counts and trainer reading."""
+    """What :func:`import_to_store` wrote: the store and, per arm, its coordinates, counts and
+    trainer reading."""
 
     store: Path
     format: str
@@ -89,8 +96,11 @@ class ImportResult:
         lines = [f"imported {self.format} -> {self.store}  ({len(self.arms)} arm{'s' if len(self.arms) != 1 else ''})"]
         for arm, a in self.arms.items():
             unknown = f"  unknown: {', '.join(a['sampling_unknown'])}" if a["sampling_unknown"] else ""
-            lines.append(f"  {arm}: {a['sequences']} sequences, {a['tokens']} tokens, trainer: {a['trainer_reading']}"
-                         f"{unknown}")
+            coords = ", ".join(f"{k} {v}" for k, v in a["coords"].items() if v not in (None, "")
+                               and not (k == "split" and v == "train"))
+            excluded = f", {a['excluded_tokens']} excluded" if a["excluded_tokens"] else ""
+            lines.append(f"  {arm} ({coords or 'one arm'}): {a['sequences']} sequences, {a['tokens']} tokens"
+                         f"{excluded}, trainer: {a['trainer_reading']}{unknown}")
             lines += [f"    warning: {w}" for w in a.get("warnings", [])]
         flags = sorted({f for a in self.arms.values() for f in a["sampling_unknown"]}, key=SAMPLING_FIELDS.index)
         if flags:
@@ -101,7 +111,8 @@ class ImportResult:
         return "\n".join(lines)
 
 
-def _warnings(trainer: dict[str, Any]) -> list[str]:
+def _warnings(attrs: dict[str, Any]) -> list[str]:
+    trainer = attrs.get("trainer") or {}
     out = []
     if trainer.get("copied_from_rollout_sequences"):
         out.append(f"{trainer['copied_from_rollout_sequences']} sequence(s) carry trainer logprobs identical to the "
@@ -109,6 +120,48 @@ def _warnings(trainer: dict[str, Any]) -> list[str]:
     if trainer.get("not_renormalized_sequences"):
         out.append(f"{trainer['not_renormalized_sequences']} sequence(s) were sampled with a top-k/top-p cut the "
                    "framework's trainer does not apply: its logprobs there are not the sampler's distribution")
+    for e in (attrs["import"].get("excluded") or {}).values():
+        out.append(f"{e['tokens']} token(s) of {e['records']} sample(s) left out of the metrics: {e['reason']}")
+    if not attrs["import"]["n_sequences"]:
+        out.append("no sequence left: the arm is not in the store (every sample was excluded or had no sampled token)")
+    return out
+
+
+def coordinates(arms: Mapping[str, xr.Dataset]) -> xr.Dataset:
+    """One row per imported arm (dim ``arm``): its coordinates ``run``, ``launch``, ``split``,
+    ``step`` (-1 = none), ``kind``, and its ``sequences``, ``tokens`` and ``excluded_tokens``.
+    Select arms by what they are, not by name: ``t = coordinates(arms); t.arm[t.step == 7]``."""
+    names = list(arms)
+    imp = [arms[a].attrs.get("import") or {} for a in names]
+    coords = [i.get("coords") or {} for i in imp]
+
+    def col(key: str, fill: Any) -> list:
+        return [fill if c.get(key) is None else c[key] for c in coords]
+
+    table = xr.Dataset(
+        {"run": ("arm", np.array(col("run", ""), dtype=str)), "launch": ("arm", np.array(col("launch", ""), dtype=str)),
+         "split": ("arm", np.array(col("split", ""), dtype=str)), "step": ("arm", np.array(col("step", -1), dtype=np.int64)),
+         "kind": ("arm", np.array(col("kind", ""), dtype=str)),
+         "sequences": ("arm", np.array([i.get("n_sequences", 0) for i in imp], dtype=np.int64)),
+         "tokens": ("arm", np.array([i.get("n_tokens", 0) for i in imp], dtype=np.int64)),
+         "excluded_tokens": ("arm", np.array([i.get("n_excluded_tokens", 0) for i in imp], dtype=np.int64))},
+        coords={"arm": np.array(names, dtype=str)})
+    table["step"].attrs["long_name"] = "step of the dump (-1 = the dump has none)"
+    table["excluded_tokens"].attrs["long_name"] = "tokens the framework's masks left out of RL (not in the metrics)"
+    return table
+
+
+def select(arms: Mapping[str, xr.Dataset], **where: Any) -> dict[str, xr.Dataset]:
+    """The arms whose coordinates (``run``, ``launch``, ``split``, ``step``, ``kind``) equal the
+    given values: ``select(arms, run="a", step=7)``."""
+    unknown = sorted(set(where) - {"run", "launch", "split", "step", "kind"})
+    if unknown:
+        raise ValueError(f"unknown coordinate(s) {unknown}: select by run, launch, split, step or kind")
+    out = {}
+    for name, ds in arms.items():
+        c = (ds.attrs.get("import") or {}).get("coords") or {}
+        if all(c.get(k) == v for k, v in where.items()):
+            out[name] = ds
     return out
 
 
@@ -120,9 +173,11 @@ def import_to_store(format: str, path: str | os.PathLike, out: str | os.PathLike
 
     FORMAT is one of prime-rl, nemo-rl, slime, pipelinerl, generic (``rlparity.io.formats()``);
     PATH a dump file or a folder of them (prime-rl: ``token_exports/``; nemo-rl: the log dir with
-    ``train_data_step*.jsonl``; slime: ``.pt`` files; pipelinerl: ``streams/actor/``; generic:
-    ``.jsonl``, ``.parquet`` or ``.npz`` files). OUT is the zarr store to write: one arm per step,
-    rank or file, provenance in each arm's attrs.
+    ``train_data_step*.jsonl``; slime: ``.pt`` files; pipelinerl: the experiment or ``streams/``;
+    generic: ``.jsonl``, ``.parquet`` or ``.npz`` files). OUT is the zarr store to write: one arm
+    per (run, launch, split, step) of the dump, with those coordinates and the provenance in each
+    arm's attrs (several launches or runs under PATH give separate arms; two files that would
+    make one arm and are not its shards are refused, naming both).
 
     Files are read in chunks of ``chunk_size`` sequences (a file larger than memory is fine), with
     a progress bar unless ``progress=False``. A malformed line stops the import with its file and
@@ -143,15 +198,17 @@ def import_to_store(format: str, path: str | os.PathLike, out: str | os.PathLike
     chunks, final = _chunks(format, path, temperature, top_k, top_p, trainer_reading, chunk_size, progress)
     store = write_store(chunks, out, final_attrs=final, overwrite=overwrite)
     attrs = final()
-    arms = {arm: {"sequences": a["import"]["n_sequences"], "tokens": a["import"]["n_tokens"],
+    arms = {arm: {"coords": dict(a["import"]["coords"]), "sequences": a["import"]["n_sequences"],
+                  "tokens": a["import"]["n_tokens"], "excluded_tokens": a["import"]["n_excluded_tokens"],
+                  "excluded": dict(a["import"]["excluded"]),
                   "trainer_reading": (a.get("trainer") or {}).get("reading", "none (rollout side only)"),
                   "sampling_unknown": list(a["sampling_unknown"]), "fields_missing": list(a["import"]["fields_missing"]),
-                  "warnings": _warnings(a.get("trainer") or {})}
+                  "warnings": _warnings(a)}
             for arm, a in attrs.items()}
     return ImportResult(store=Path(store), format=get_format(format).name, arms=arms)
 
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE", "ImportFormatError", "ImportResult", "MissingSamplingError", "PickleRefusedError",
-    "TrainerSpec", "formats", "import_to_store", "read", "require_sampling", "sampling_unknown",
+    "TrainerSpec", "coordinates", "formats", "import_to_store", "read", "require_sampling", "sampling_unknown", "select",
 ]

@@ -16,12 +16,14 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
 from rlparity.trace import from_rollouts, pad_rows, validate, with_trainer
+from rlparity.trace.schema import POSITIVE_TOLERANCE
 
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p")
 #: how a sampling parameter nobody gave is stored: NaN for floats, -1 for top_k (0 = off)
@@ -56,17 +58,19 @@ def check_sampling_option(name: str, value: Any) -> Any:
     (vLLM's "off") is stored as 0, the schema's "off"."""
     if value is None:
         return None
+    if isinstance(value, bool):
+        raise ValueError(f"{name}={value!r}: give a number")
     if name == "temperature":
         v = float(value)
-        if not v >= 0.0:
+        if not 0.0 <= v < math.inf:
             raise ValueError(f"temperature={value!r}: give the sampling temperature, >= 0 (e.g. {OPTION_FLAG[name]})")
         return v
     if name == "top_k":
-        if isinstance(value, float) and not float(value).is_integer():
+        if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
             raise ValueError(f"top_k={value!r}: give an integer (0 or -1 = off)")
         v = int(value)
-        if v < -1:
-            raise ValueError(f"top_k={value!r}: give 0 (off) or a positive integer")
+        if not -1 <= v <= 2**31 - 1:
+            raise ValueError(f"top_k={value!r}: give 0 (off) or a positive integer (at most 2**31 - 1)")
         return max(v, 0)
     if name == "top_p":
         v = float(value)
@@ -212,65 +216,169 @@ def decide_reading(spec: TrainerSpec, uniform: Mapping[str, Any], override: str 
     return "processed"
 
 
-# --------------------------------------------------------------------------- records
+# --------------------------------------------------------------------------- per-record values
 
 
-@dataclass
-class Record:
-    """One sample of a dump, before it is cut into engine-sampled sequences.
-
-    Arrays are aligned with ``ids`` (the prompt and every later token): ``sampled`` marks the
-    tokens the engine sampled; ``rollout`` / ``trainer`` / ``entropy`` hold a value at those
-    tokens (NaN = the dump's null). ``version`` is one policy version for the sample, one per
-    token, or ``None`` (not recorded); ``turn_versions`` one per assistant turn.
-    """
-
-    arm: str
-    where: str
-    ids: np.ndarray
-    sampled: np.ndarray
-    rollout: np.ndarray
-    trainer: np.ndarray | None = None
-    entropy: np.ndarray | None = None
-    version: int | np.ndarray | None = None
-    turn_versions: list[int] | None = None
-    reward: float | None = None
-    finish_reason: str | None = None
-    sampling: dict[str, Any] = field(default_factory=dict)
-    prompt_index: int = 0
-    sample_index: int = 0
-    arm_info: dict[str, Any] = field(default_factory=dict)
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
-def floats(values: Any, where: str, name: str) -> np.ndarray:
-    """A 1-d float64 array from a list that may hold ``None`` (JSON null -> NaN)."""
+def _kind(value: Any) -> str:
+    if isinstance(value, (bool, np.bool_)):
+        return "a boolean"
+    if isinstance(value, (int, float, np.number)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, (list, tuple)) or (isinstance(value, np.ndarray) and value.ndim):
+        return "a list"
+    return f"a {type(value).__name__}"
+
+
+def _plain(value: Any) -> Any:
+    """A 0-d array, numpy scalar or one-element tensor as a Python value."""
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        return value.item()
+    if isinstance(value, np.generic):
+        return value.item()
+    if hasattr(value, "detach") and getattr(value, "ndim", 1) == 0:  # a 0-d torch tensor
+        return value.item()
+    return value
+
+
+def as_int(value: Any, where: str, name: str, *, lo: int = 0, hi: int = 2**53) -> int | None:
+    """One whole number of a record (``None`` stays ``None``): a list, an object, a string, a
+    boolean, a fraction, NaN or a value outside ``[lo, hi]`` raises :class:`ImportFormatError`
+    naming ``where`` and the field."""
+    value = _plain(value)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ImportFormatError(f"{where}: field {name!r} is {_kind(value)} ({_short(value)}), not a whole number: "
+                                f"write one integer in [{lo}, {hi}]")
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise ImportFormatError(f"{where}: field {name!r} = {_short(value)} is not a whole number: "
+                                f"write one integer in [{lo}, {hi}]")
+    if not lo <= value <= hi:
+        raise ImportFormatError(f"{where}: field {name!r} = {_short(value)} is out of range: "
+                                f"write one integer in [{lo}, {hi}]")
+    return int(value)
+
+
+#: a number of a record beyond this is not what the field holds (a mis-parsed field, an overflow)
+NUMBER_LIMIT = 1e30
+
+
+def as_number(value: Any, where: str, name: str, fix: str) -> float | None:
+    """One real number of a record (``None`` and NaN = not recorded): a list, an object, a
+    string, a boolean, an infinity or a magnitude above 1e30 raises :class:`ImportFormatError`
+    naming ``where`` and the field, ending with ``fix``."""
+    value = _plain(value)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ImportFormatError(f"{where}: field {name!r} is {_kind(value)} ({_short(value)}), not a number: {fix}")
+    value = float(value)
+    if math.isnan(value):
+        return None
+    if not abs(value) <= NUMBER_LIMIT:
+        raise ImportFormatError(f"{where}: field {name!r} = {_short(value)} is out of range (|value| must be "
+                                f"finite and at most {NUMBER_LIMIT:g}): {fix}")
+    return value
+
+
+def as_reward(value: Any, where: str, name: str = "reward") -> float | None:
+    """One sequence reward (``None`` and NaN = not scored): see :func:`as_number`."""
+    return as_number(value, where, name, "write one reward per sequence (null when it was not scored)")
+
+
+def _sequence(values: Any, where: str, name: str, what: str) -> Any:
+    if hasattr(values, "detach"):  # a torch tensor
+        values = values.detach().to("cpu")
+        values = values.double().numpy() if what == "numbers" and values.is_floating_point() else values.numpy()
+    if isinstance(values, (list, tuple)):
+        return values
+    if not isinstance(values, np.ndarray) or values.ndim == 0:
+        raise ImportFormatError(f"{where}: field {name!r} is {_kind(values)} ({_short(values)}), not a list of {what}")
+    if isinstance(values, np.ndarray) and values.dtype.kind not in "biuf":
+        raise ImportFormatError(f"{where}: field {name!r} holds values of type {values.dtype}, not {what}")
+    return values
+
+
+def _element_types(values: Any, where: str, name: str, allowed: tuple, what: str) -> set:
+    """The element types of a list (empty for arrays); refuse anything but ``allowed`` (JSON
+    true/false, strings, objects): numpy would turn ``true`` into 1 and ``"0.5"`` into 0.5, and
+    ``None`` into NaN, without a word."""
+    if not isinstance(values, (list, tuple)):
+        return set()
+    kinds = set(map(type, values))
+    if kinds <= set(allowed):
+        return kinds
+    i, v = next((i, v) for i, v in enumerate(values) if type(v) not in allowed)
+    raise ImportFormatError(f"{where}: field {name!r} holds {_kind(v)} ({_short(v)}) at position {i}, not one of "
+                            f"the {what} it should hold: write one value per token")
+
+
+def floats(values: Any, where: str, name: str, *, null: float = math.nan) -> np.ndarray:
+    """A 1-d float64 array from a flat list of numbers; ``null`` (JSON ``null`` / ``None``)
+    becomes ``null`` (NaN unless the format says what its nulls stand for). Booleans, strings
+    and nested lists raise :class:`ImportFormatError` naming the field."""
+    values = _sequence(values, where, name, "numbers")
+    kinds = _element_types(values, where, name, (float, int, type(None)), "numbers")
+    if type(None) in kinds:
+        values = [null if v is None else v for v in values]
     try:
-        if hasattr(values, "detach"):  # a torch tensor
-            values = values.detach().to("cpu").double().numpy()
-        try:
-            return np.asarray(values, dtype=np.float64).reshape(-1)
-        except TypeError:  # nulls
-            return np.array([np.nan if v is None else v for v in values], dtype=np.float64).reshape(-1)
+        arr = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError) as err:
         raise ImportFormatError(f"{where}: field {name!r} is not a list of numbers ({err})") from None
+    if arr.ndim != 1:
+        raise ImportFormatError(f"{where}: field {name!r} has shape {arr.shape}: write a flat list, one number per token")
+    return arr
 
 
-def ints(values: Any, where: str, name: str) -> np.ndarray:
-    """A 1-d int64 array (token ids, masks)."""
+INT64_MAX = 2**63 - 1
+
+
+def ints(values: Any, where: str, name: str, *, mask: bool = False) -> np.ndarray:
+    """A 1-d int64 array (token ids; ``mask``: 0/1 or true/false) from a flat list of whole
+    numbers. A value above 2**63 - 1, a fraction, NaN, a string or a nested list raises
+    :class:`ImportFormatError` naming the field and the position."""
+    values = _sequence(values, where, name, "integers")
+    kinds = _element_types(values, where, name, (int, float, bool) if mask else (int, float), "integers")
     try:
-        if hasattr(values, "detach"):
-            values = values.detach().to("cpu").numpy()
         arr = np.asarray(values)
-        if arr.dtype == bool:
-            return arr.astype(np.int64).reshape(-1)
-        if arr.dtype.kind == "f":
-            if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
-                raise ValueError("non-integer values")
-        elif arr.dtype.kind not in "iu":
-            raise ValueError(f"values of type {arr.dtype}")
-        return arr.astype(np.int64).reshape(-1)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, OverflowError) as err:
         raise ImportFormatError(f"{where}: field {name!r} is not a list of integers ({err})") from None
+    if arr.ndim != 1:
+        raise ImportFormatError(f"{where}: field {name!r} has shape {arr.shape}: write a flat list, one integer per token")
+    if arr.dtype == bool:
+        return arr.astype(np.int64)
+    # Python ints beyond int64 make numpy choose uint64, float64 or object: find them by value
+    if (arr.dtype.kind == "u" and arr.size and int(arr.max()) > INT64_MAX or arr.dtype.kind == "O"
+            or arr.dtype.kind == "f" and float not in kinds and kinds):
+        for i, v in enumerate(values if isinstance(values, (list, tuple)) else arr.tolist()):
+            if isinstance(v, int) and not isinstance(v, bool) and not -INT64_MAX - 1 <= v <= INT64_MAX:
+                raise ImportFormatError(f"{where}: field {name!r} holds {v} at position {i}, too large for a token id "
+                                        "or mask (beyond 64-bit integers): the values are not token ids")
+    if arr.dtype.kind == "O":
+        raise ImportFormatError(f"{where}: field {name!r} holds values numpy cannot read as integers")
+    if arr.dtype.kind == "f":
+        bad = ~np.isfinite(arr) | (arr != np.round(arr))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            what = "NaN" if np.isnan(arr[i]) else _short(float(arr[i]))
+            raise ImportFormatError(f"{where}: field {name!r} holds {what} at position {i} ({int(bad.sum())} such "
+                                    "value(s)), not a whole number: store integer ids (NaN cannot mark padding: "
+                                    "use an attention_mask or -1)")
+        if np.abs(arr).max(initial=0) > 2**53:
+            raise ImportFormatError(f"{where}: field {name!r} holds floats above 2**53, where floats are not exact: "
+                                    "store integer ids")
+    elif arr.dtype.kind not in "iu":
+        raise ImportFormatError(f"{where}: field {name!r} holds values of type {arr.dtype}, not integers")
+    return arr.astype(np.int64)
 
 
 def need(record: Mapping[str, Any], name: str, where: str, what: str) -> Any:
@@ -299,6 +407,76 @@ def natural_key(path: Any) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
 
 
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class ArmKey:
+    """What makes an arm: one arm per (run, launch, split, step) of a dump, plus a format's own
+    distinction (``kind``: slime's rollout vs train dump). ``label`` is how the format names the
+    step (``step_3``, ``rollout_2``; a file name when the dump has no step); ``launch`` is filled by
+    the reader from the folder a file came from. These are stored as the arm's coordinates
+    (``attrs["import"]["coords"]``); the arm name is only a label built from them."""
+
+    label: str
+    step: int | None = None
+    run: str | None = None
+    split: str = "train"
+    kind: str = ""
+    launch: str = ""
+
+    def name(self) -> str:
+        launch = "" if self.launch == "." else self.launch
+        # prime-rl's multi-run layout puts a run in a folder named after it: say it once
+        run = None if self.run and Path(launch).name == self.run else self.run
+        return safe_arm("_".join(p for p in (launch, run, self.label, self.kind) if p))
+
+    def coords(self) -> dict[str, Any]:
+        return {"run": self.run, "launch": self.launch, "split": self.split, "step": self.step,
+                **({"kind": self.kind} if self.kind else {})}
+
+
+#: what a record's per-token arrays are called in the dump (for messages)
+FIELD_NAMES = {"rollout": "rollout logprob", "trainer": "trainer logprob", "entropy": "trainer entropy"}
+
+
+@dataclass
+class Record:
+    """One sample of a dump, before it is cut into engine-sampled sequences.
+
+    Arrays are aligned with ``ids`` (the prompt and every later token): ``sampled`` marks the
+    tokens the engine sampled and the framework trains with RL; ``rollout`` / ``trainer`` /
+    ``entropy`` hold a value at those tokens (NaN = the dump's null; ``-inf`` in ``trainer`` =
+    probability 0). ``version`` is one policy version for the sample, one per token, or ``None``
+    (not recorded); ``turn_versions`` one per assistant turn. ``excluded`` counts, per reason, the
+    tokens the framework marks as not RL-sampled (a loss or sample mask), keyed by ``(code, reason)``:
+    they are left out of ``sampled``. ``prompt_index`` / ``sample_index`` ``None``: grouped by identical prompt ids.
+    ``names`` maps ``rollout`` / ``trainer`` / ``entropy`` to the dump's field names; ``note``
+    says something about this record that the arm's notes list once (with a count).
+    """
+
+    key: ArmKey
+    where: str
+    ids: np.ndarray
+    sampled: np.ndarray
+    rollout: np.ndarray
+    trainer: np.ndarray | None = None
+    entropy: np.ndarray | None = None
+    version: int | np.ndarray | None = None
+    turn_versions: list[int] | None = None
+    reward: float | None = None
+    finish_reason: str | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    prompt_index: int | str | None = None
+    sample_index: int | None = None
+    prompt_text: str | None = None
+    prompt_messages: str | None = None
+    excluded: dict[tuple[str, str], int] = field(default_factory=dict)
+    names: Mapping[str, str] = field(default_factory=lambda: FIELD_NAMES)
+    note: str | None = None
+    arm_info: dict[str, Any] = field(default_factory=dict)
+
+
 @dataclass
 class SampledSequence:
     prompt: np.ndarray
@@ -307,6 +485,45 @@ class SampledSequence:
     trainer: np.ndarray | None
     entropy: np.ndarray | None
     versions: np.ndarray | None
+
+
+def _refuse_values(rec: Record, name: str, bad: np.ndarray, what: str, fix: str) -> None:
+    if not bad.any():
+        return
+    i = int(np.flatnonzero(bad)[0])
+    k = int(np.count_nonzero(rec.sampled[: i + 1]))
+    raise ImportFormatError(f"{rec.where}: {rec.names.get(name, name)} is {what} at token {i} (id {int(rec.ids[i])}, "
+                            f"sampled token {k} of the sample; {int(bad.sum())} such token(s)): {fix}")
+
+
+_NOT_LOGPROB = "store the log-softmax of the sampled token in nats (<= 0)"
+_NO_TRAINER = "import without the trainer side (trainer_reading='none') and `rlparity score` it"
+
+
+def check_values(rec: Record) -> int:
+    """Refuse what a sampled token cannot carry, naming the record's file and line: a rollout
+    logprob that is null/NaN, infinite or positive; a trainer logprob that is NaN, +inf or
+    positive; a non-finite trainer entropy. Returns the number of sampled tokens whose trainer
+    logprob is ``-inf`` (probability 0: legal, counted)."""
+    s = rec.sampled.astype(bool)
+    r, t, e = rec.rollout, rec.trainer, rec.entropy
+    with np.errstate(invalid="ignore"):
+        checks = [
+            ("rollout", np.isnan(r), "null/NaN", "the engine returned no finite logprob there; drop this sample from "
+                                                 "the dump or fix the engine output"),
+            ("rollout", np.isinf(r), "infinite", "an engine cannot give probability 0 (or > 1) to a token it sampled "
+                                                 "itself: check its logprobs_mode and what the dump stores there"),
+            ("rollout", r > POSITIVE_TOLERANCE, "positive (not a log-probability)", _NOT_LOGPROB)]
+        if t is not None:
+            checks += [("trainer", np.isnan(t), "NaN", f"the trainer's forward pass produced NaN there; re-run the "
+                                                       f"trainer step or {_NO_TRAINER}"),
+                       ("trainer", t > POSITIVE_TOLERANCE, "positive or +inf (not a log-probability)", _NOT_LOGPROB)]
+        if e is not None:
+            checks.append(("entropy", ~np.isfinite(e), "null/non-finite",
+                           f"the trainer's forward pass produced no finite entropy there; {_NO_TRAINER}"))
+        for name, bad, what, fix in checks:
+            _refuse_values(rec, name, s & bad, what, fix)
+        return 0 if t is None else int((s & (t == -np.inf)).sum())
 
 
 def split_record(rec: Record) -> list[SampledSequence]:
@@ -322,13 +539,6 @@ def split_record(rec: Record) -> list[SampledSequence]:
     if np.any(ids < 0):
         raise ImportFormatError(f"{rec.where}: negative token id {int(ids[ids < 0][0])}: padding must be removed "
                                 "(or marked by attention_mask in .npz files)")
-    bad = sampled & np.isnan(rec.rollout)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise ImportFormatError(
-            f"{rec.where}: the rollout logprob of sampled token {i} (id {int(ids[i])}) is null/NaN "
-            f"({int(bad.sum())} such token(s)): the engine returned no finite logprob there; drop this sample "
-            "from the dump or fix the engine output")
     edges = np.diff(np.concatenate([[0], sampled.astype(np.int8), [0]]))
     starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
     turn_versions = rec.turn_versions if rec.turn_versions and len(rec.turn_versions) == len(starts) else None
@@ -352,21 +562,32 @@ def split_record(rec: Record) -> list[SampledSequence]:
 # --------------------------------------------------------------------------- building traces
 
 
+def _distinct(info: dict[str, list], new: Mapping[str, Any]) -> None:
+    """Collect the distinct values of each per-arm fact (ranks, dump versions) in order."""
+    for k, v in new.items():
+        seen = info.setdefault(k, [])
+        if v not in seen:
+            seen.append(v)
+
+
 @dataclass
 class ArmBuilder:
     """Collects the sequences of one arm and turns them into traces, ``chunk_size`` sequences
     at a time; counts what the final attrs report."""
 
     arm: str
+    key: ArmKey
     fmt: str
     trainer_spec: TrainerSpec | None
     reading: str
     sampling: SamplingResolver
-    arm_info: dict[str, Any]
     chunk_size: int
+    prompt_tokenization: dict[str, Any] | None = None
     rows: dict[str, list] = field(default_factory=lambda: {k: [] for k in (
         "prompt", "response", "rollout", "trainer", "entropy", "versions", "reward", "finish", "temperature",
-        "top_k", "top_p", "prompt_index", "sample_index")})
+        "top_k", "top_p", "prompt_index", "sample_index", "prompt_text", "prompt_messages")})
+    info: dict[str, list] = field(default_factory=dict)  # fact -> its distinct values
+    groups: dict[Any, list[int]] = field(default_factory=dict)  # group -> [prompt_index, samples so far]
     has_trainer: bool | None = None
     has_entropy: bool | None = None
     n_records: int = 0
@@ -374,23 +595,54 @@ class ArmBuilder:
     n_tokens: int = 0
     n_multi_turn_records: int = 0
     n_records_without_sampled_tokens: int = 0
-    n_trainer_null_tokens: int = 0
+    n_trainer_zero_prob_tokens: int = 0
     n_not_renormalized: int = 0
     n_trainer_copies: int = 0
+    n_prompt_texts: int = 0
+    excluded: dict[str, dict[str, Any]] = field(default_factory=dict)  # code -> counts and reason
+    record_notes: dict[str, int] = field(default_factory=dict)
     dropped_trainer: bool = False
     unknown: set = field(default_factory=set)
     from_framework: set = field(default_factory=set)
     version_missing: bool = False
     reward_missing: bool = False
     finish_missing: bool = False
+    grouped_by_prompt: bool = False
     files: list = field(default_factory=list)
     first_where: str = ""
+
+    def _group(self, rec: Record, seqs: list[SampledSequence]) -> tuple[int, int]:
+        """``(prompt_index, sample_index)``: the record's own index; else its group (a name the
+        dump gives, or identical prompt ids: the tokens before its first sampled token) numbered
+        in order of appearance."""
+        if isinstance(rec.prompt_index, int):
+            return rec.prompt_index, (rec.sample_index if rec.sample_index is not None else 0)
+        if rec.prompt_index is None:
+            self.grouped_by_prompt = True
+            key: Any = np.ascontiguousarray(seqs[0].prompt, dtype=np.int64).tobytes()
+        else:
+            key = rec.prompt_index
+        g = self.groups.setdefault(key, [len(self.groups), 0])
+        g[1] += 1
+        return g[0], (rec.sample_index if rec.sample_index is not None else g[1] - 1)
+
+    def _count_excluded(self, rec: Record, kept_any: bool) -> None:
+        for (code, reason), n in rec.excluded.items():
+            if n:
+                e = self.excluded.setdefault(code, {"tokens": 0, "records": 0, "records_left_empty": 0,
+                                                    "reason": reason})
+                e["tokens"] += int(n)
+                e["records"] += 1
+                e["records_left_empty"] += int(not kept_any)
 
     def add(self, rec: Record) -> list[xr.Dataset]:
         """Add one record; return the chunks that became full."""
         self.n_records += 1
         if not self.first_where:
             self.first_where = rec.where
+        _distinct(self.info, rec.arm_info)
+        if rec.note:
+            self.record_notes[rec.note] = self.record_notes.get(rec.note, 0) + 1
         values, unknown, from_fw = self.sampling.resolve(rec.sampling, rec.where)
         self.unknown |= unknown
         self.from_framework |= from_fw
@@ -404,10 +656,21 @@ class ArmBuilder:
                 f"{rec.where}: this record {'has' if has_trainer else 'lacks'} trainer logprobs but the first "
                 f"record of arm {self.arm!r} ({self.first_where}) {'does not' if has_trainer else 'does'}: a dump "
                 "must carry them for every sample or for none")
+        if not has_trainer:
+            rec.trainer = rec.entropy = None
+        elif not self.has_entropy:
+            rec.entropy = None
+        elif rec.entropy is None:
+            raise ImportFormatError(f"{rec.where}: this record has no {rec.names.get('entropy', 'entropy')} but the "
+                                    f"first record of arm {self.arm!r} ({self.first_where}) does: a dump must carry it "
+                                    "for every sample or for none")
+        zero_prob = check_values(rec)
         seqs = split_record(rec)
+        self._count_excluded(rec, bool(seqs))
         if not seqs:
             self.n_records_without_sampled_tokens += 1
             return []
+        self.n_trainer_zero_prob_tokens += zero_prob
         if len(seqs) > 1:
             self.n_multi_turn_records += 1
         if rec.version is None and rec.turn_versions is None:
@@ -421,25 +684,29 @@ class ArmBuilder:
             cut_p = values["top_p"] < 1.0 and "top_p" not in self.trainer_spec.applies
             if cut_k or cut_p:
                 self.n_not_renormalized += len(seqs)
+        prompt_index, sample_index = self._group(rec, seqs)
+        self.n_prompt_texts += bool(rec.prompt_text or rec.prompt_messages)
         r = self.rows
         for j, s in enumerate(seqs):
             r["prompt"].append(s.prompt)
             r["response"].append(s.response)
             r["rollout"].append(s.rollout)
             if self.has_trainer:
-                self.n_trainer_null_tokens += int(np.isnan(s.trainer).sum())
                 self.n_trainer_copies += bool(np.array_equal(s.trainer, s.rollout))
                 r["trainer"].append(s.trainer)
                 if self.has_entropy:
-                    r["entropy"].append(s.entropy if s.entropy is not None else np.full(len(s.response), np.nan))
+                    r["entropy"].append(s.entropy)
             r["versions"].append(s.versions)
             r["reward"].append(np.nan if rec.reward is None else float(rec.reward))
             # an earlier turn's own stop reason is not in the dumps
             r["finish"].append(rec.finish_reason if (rec.finish_reason and j == len(seqs) - 1) else "unknown")
             for name in SAMPLING_FIELDS:
                 r[name].append(values[name])
-            r["prompt_index"].append(rec.prompt_index)
-            r["sample_index"].append(rec.sample_index)
+            r["prompt_index"].append(prompt_index)
+            r["sample_index"].append(sample_index)
+            # the prompt text is the first turn's prompt; a later turn's prompt holds earlier turns too
+            r["prompt_text"].append((rec.prompt_text or "") if j == 0 else "")
+            r["prompt_messages"].append((rec.prompt_messages or "") if j == 0 else "")
             self.n_sequences += 1
             self.n_tokens += len(s.response)
         if len(r["response"]) >= self.chunk_size:
@@ -459,7 +726,8 @@ class ArmBuilder:
             prompt_token_ids=r["prompt"], token_ids=r["response"], rollout_logprobs=r["rollout"],
             finish_reasons=r["finish"], policy_versions=versions, prompt_index=r["prompt_index"],
             sample_index=r["sample_index"], temperature=r["temperature"], top_k=r["top_k"], top_p=r["top_p"],
-            rewards=r["reward"], attrs={"arm": self.arm, "capture_backend": f"import:{self.fmt}"})
+            rewards=r["reward"], prompt_texts=r["prompt_text"], prompt_messages=r["prompt_messages"],
+            attrs={"arm": self.arm, "capture_backend": f"import:{self.fmt}"})
         if self.has_trainer:
             width = ds.sizes["position"]
             arrays = {}
@@ -498,6 +766,9 @@ class ArmBuilder:
             notes.append(f"on {self.n_trainer_copies} of {self.n_sequences} sequence(s) the trainer logprobs equal "
                          "the rollout's bit for bit: a copy, not a recomputation (verl's bypass mode sets "
                          "old_log_probs = rollout_log_probs); nothing to compare there")
+        if self.n_trainer_zero_prob_tokens:
+            notes.append(f"{self.n_trainer_zero_prob_tokens} sampled token(s) have trainer logprob -inf (probability "
+                         "0 for the trainer; a null in JSON dumps that cannot write -inf)")
         unknown_cuts = self.unknown & ({"top_k", "top_p"} - set(spec.applies))
         if unknown_cuts:
             notes.append(f"{'/'.join(sorted(unknown_cuts))} not known: if the run used them, this framework's "
@@ -506,10 +777,11 @@ class ArmBuilder:
                 "applies": sorted(spec.applies), "decided_from": spec.source,
                 "not_renormalized_sequences": self.n_not_renormalized,
                 "copied_from_rollout_sequences": self.n_trainer_copies,
-                "null_logprob_tokens": self.n_trainer_null_tokens, "note": " ".join(notes)}
+                "zero_probability_tokens": self.n_trainer_zero_prob_tokens, "note": " ".join(notes)}
 
     def final_attrs(self) -> dict[str, Any]:
-        """The attrs of the finished arm (provenance, what was supplied, what is missing)."""
+        """The attrs of the finished arm (provenance, coordinates, what was supplied, excluded,
+        missing)."""
         missing = []
         if self.version_missing:
             missing.append("policy_version")
@@ -519,6 +791,8 @@ class ArmBuilder:
             missing.append("finish_reason")
         if not self.has_trainer and not self.dropped_trainer:
             missing.append("trainer_logprobs")
+        if not self.n_prompt_texts:
+            missing.append("prompt_text")
         missing += sorted(self.unknown)
         notes = []
         if self.version_missing:
@@ -530,10 +804,21 @@ class ArmBuilder:
         if self.n_multi_turn_records:
             notes.append(f"{self.n_multi_turn_records} record(s) held several assistant turns: one sequence "
                          "per turn, in order, sharing prompt_index/sample_index; a turn's prompt is every token before it "
-                         "(finish_reason of the earlier turns: unknown)")
+                         "(finish_reason of the earlier turns: unknown; prompt_text only on the first turn)")
+        if self.grouped_by_prompt:
+            notes.append(f"prompt_index groups samples with identical prompt token ids ({len(self.groups)} prompts; "
+                         "the dump records no group)")
+        notes += [f"{k} record(s): {note}" for note, k in self.record_notes.items()]
+        for e in self.excluded.values():
+            notes.append(f"excluded {e['tokens']} token(s) of {e['records']} sample(s) ({e['records_left_empty']} left "
+                         f"with none): {e['reason']}")
+        if self.n_prompt_texts and self.prompt_tokenization:
+            notes.append(f"prompt text of {self.n_prompt_texts} sample(s) kept: `rlparity score STORE --model MODEL` "
+                         "tokenizes it as the framework does and checks the engine's prompt ids against it")
+        info = {k: v[0] if len(v) == 1 else v for k, v in self.info.items() if k != "file"}
         imp = {
             "format": self.fmt, "file": self.files[0] if len(self.files) == 1 else self.files,
-            **{k: v for k, v in self.arm_info.items() if k != "file"},
+            "coords": self.key.coords(), **info,
             "user_supplied": dict(self.sampling.user),
             "framework_defaults": {k: {"value": self.sampling.framework[k][0], "source": self.sampling.framework[k][1]}
                                    for k in sorted(self.from_framework)},
@@ -541,6 +826,10 @@ class ArmBuilder:
             "n_records": self.n_records, "n_sequences": self.n_sequences, "n_tokens": self.n_tokens,
             "n_records_without_sampled_tokens": self.n_records_without_sampled_tokens,
             "n_multi_turn_records": self.n_multi_turn_records,
+            "excluded": {k: dict(v) for k, v in self.excluded.items()},
+            "n_excluded_tokens": sum(e["tokens"] for e in self.excluded.values()),
+            **({"prompt_tokenization": self.prompt_tokenization} if self.prompt_tokenization and self.n_prompt_texts
+               else {}),
             "notes": notes,
         }
         out: dict[str, Any] = {"arm": self.arm, "capture_backend": f"import:{self.fmt}", "import": imp,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,8 @@ from rlparity.io.common import ImportFormatError
 
 def iter_jsonl(file: Path, advance=lambda n: None) -> Iterator[tuple[int, Any]]:
     """``(line number, parsed value)`` for every non-blank line, one line in memory at a time;
-    a line that is not JSON raises :class:`ImportFormatError` naming ``file:line``."""
+    a line that is not JSON (or nested too deeply to parse) raises :class:`ImportFormatError`
+    naming ``file:line``."""
     with open(file, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             advance(len(raw))
@@ -26,6 +28,10 @@ def iter_jsonl(file: Path, advance=lambda n: None) -> Iterator[tuple[int, Any]]:
                 cut = "; the line is cut short (was the file still being written?)" if not raw.endswith(b"\n") else ""
                 raise ImportFormatError(
                     f"{file}:{lineno}: not valid JSON ({msg}{f' at column {col}' if col else ''}){cut}") from None
+            except RecursionError:
+                raise ImportFormatError(f"{file}:{lineno}: a JSON value nested too deeply to read (more than "
+                                        f"{sys.getrecursionlimit()} levels): not a dump record; check what wrote "
+                                        "this line") from None
 
 
 def jsonl_files(path: Path, pattern: str) -> list[Path]:

@@ -11,7 +11,13 @@ Read from ServiceNow/PipelineRL:
 * ``conf/base.yaml``: vLLM runs with ``logprobs-mode: processed_logprobs``; the sampling
   temperature (``llm.parameters``) is not in the stream.
 
-The stream carries the rollout side only: ``rlparity score STORE --model MODEL`` adds the trainer.
+The stream carries the rollout side only: ``rlparity score STORE --model MODEL`` adds the trainer
+and checks the engine's prompt ids against the prompt text (``text[:-n_predicted]``, tokenized with
+special tokens as ``make_training_text`` does). One arm per (launch, topic): ``actor`` (split
+``train``) and ``actor_test`` (split ``eval``), every instance/partition file of a topic together;
+samples are grouped by ``group_id``, ``metadata.rollout_index`` is the sample index. The
+``FileStreamWriter`` (``pipelinerl/streams.py``) writes with orjson, which turns a non-finite
+logprob into ``null``: refused on a predicted token, with its file and line.
 """
 
 from __future__ import annotations
@@ -21,23 +27,53 @@ from pathlib import Path
 
 import numpy as np
 
-from rlparity.io.common import ImportFormatError, Record, floats, ints, need, safe_arm
+from rlparity.io.common import ArmKey, ImportFormatError, Record, as_int, as_reward, floats, ints, need, safe_arm
 from rlparity.io.formats import Format, ReadContext
 from rlparity.io.jsonl import iter_jsonl, jsonl_files
 
 MASKED = -100
+NAMES = {"rollout": "logprobs", "trainer": "trainer logprob", "entropy": "entropy"}
+PROMPT_TOKENIZATION = {
+    "add_special_tokens": True,
+    "source": "ServiceNow/PipelineRL pipelinerl/async_llm.py make_training_text: prompt ids = "
+              "apply_chat_template(messages, add_special_tokens=True); text has the BOS stripped, the prompt text is "
+              "text[:-n_predicted]"}
 
 
-def _arm(file: Path) -> str:
-    parts = file.with_suffix("").parts
-    if "streams" in parts:
-        return safe_arm("_".join(parts[parts.index("streams") + 1:]))
-    return safe_arm(file.stem)
+def _topic(file: Path) -> tuple[Path | None, str | None]:
+    """``(exp folder, topic)`` of a stream file ``<exp>/streams/<topic>/<instance>/<partition>/0.jsonl``."""
+    parts = file.parts
+    if "streams" in parts[:-1]:
+        i = len(parts) - 1 - parts[::-1].index("streams")
+        if i + 1 < len(parts) - 1:
+            return Path(*parts[:i]), parts[i + 1]
+    return None, None
+
+
+def launch_of(file: Path) -> Path:
+    exp, _ = _topic(file)
+    return exp if exp is not None else file.parent
+
+
+def _key(file: Path) -> ArmKey:
+    """The actor writes training rollouts to topic ``actor`` and test rollouts to ``actor_test``
+    (``pipelinerl/actor.py``); every instance/partition file of a topic is one arm."""
+    _, topic = _topic(file)
+    if topic is None:
+        return ArmKey(label=safe_arm(file.stem))
+    return ArmKey(label=safe_arm(topic), split="eval" if topic.endswith("_test") else "train")
+
+
+def _prompt_text(text: dict, where: str) -> str | None:
+    full = text.get("text")
+    if not isinstance(full, str):
+        return None
+    k = as_int(text.get("n_predicted"), where, "n_predicted", hi=len(full))
+    return None if k is None else (full[: len(full) - k] or None)
 
 
 def read_file(file: Path, ctx: ReadContext) -> Iterator[Record]:
-    arm = _arm(file)
-    info = {"file": str(file)}
+    key = _key(file)
     what = "a PipelineRL TrainingText has input_ids, labels, logprobs"
     for lineno, obj in iter_jsonl(file, ctx.advance):
         group = obj if isinstance(obj, list) else [obj]
@@ -47,6 +83,7 @@ def read_file(file: Path, ctx: ReadContext) -> Iterator[Record]:
                 raise ImportFormatError(f"{where}: expected a TrainingText object, got {type(text).__name__}")
             ids = ints(need(text, "input_ids", where, what), where, "input_ids")
             labels = ints(need(text, "labels", where, what), where, "labels")
+            # FileStreamWriter writes with orjson, which turns a non-finite logprob into null
             lps = floats(need(text, "logprobs", where, what), where, "logprobs")
             if len(labels) != len(ids):
                 raise ImportFormatError(f"{where}: labels has {len(labels)} entries but input_ids {len(ids)}")
@@ -58,20 +95,35 @@ def read_file(file: Path, ctx: ReadContext) -> Iterator[Record]:
             rollout = np.full(len(ids), np.nan)
             rollout[sampled] = lps
             meta = text.get("metadata") or {}
-            version = meta.get("model_version")
+            if not isinstance(meta, dict):
+                raise ImportFormatError(f"{where}: field 'metadata' is {type(meta).__name__}, not an object")
             finished = text.get("finished")
+            if finished is not None and not isinstance(finished, bool):
+                raise ImportFormatError(f"{where}: field 'finished' is {finished!r}, not true/false")
+            gid = text.get("group_id")
             yield Record(
-                arm=arm, where=where, ids=ids, sampled=sampled, rollout=rollout,
-                version=None if version is None else int(version),
-                reward=None if text.get("reward") is None else float(text["reward"]),
+                key=key, where=where, ids=ids, sampled=sampled, rollout=rollout,
+                version=as_int(meta.get("model_version"), where, "metadata.model_version"),
+                reward=as_reward(text.get("reward"), where),
                 finish_reason=None if finished is None else ("stop" if finished else "length"),
-                prompt_index=lineno - 1, sample_index=j, arm_info=info)
+                prompt_index=gid if isinstance(gid, str) else f"{file}:{lineno}",
+                sample_index=as_int(meta.get("rollout_index"), where, "metadata.rollout_index"),
+                prompt_text=_prompt_text(text, where), names=NAMES)
 
 
 def find_files(path: Path) -> list[Path]:
-    return jsonl_files(path, "*.jsonl")
+    """The actor streams (topics ``actor``, ``actor_test``) under ``path``; any ``.jsonl`` when
+    the files are not in a ``streams`` folder."""
+    files = jsonl_files(path, "*.jsonl")
+    if path.is_file():
+        return files
+    topics = {f: _topic(f)[1] for f in files}
+    if any(t is not None for t in topics.values()):
+        files = [f for f in files if (topics[f] or "").startswith("actor")]
+    return files
 
 
 FORMAT = Format(
     name="pipelinerl", description="PipelineRL actor streams, streams/actor/0/0/0.jsonl (rollout side only)",
-    find_files=find_files, read_file=read_file, trainer=None)
+    find_files=find_files, read_file=read_file, trainer=None, launch_of=launch_of, shards=True,
+    prompt_tokenization=PROMPT_TOKENIZATION)

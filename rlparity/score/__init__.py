@@ -46,8 +46,9 @@ from rlparity.trace import latest_version, sequences, token_checksum, trace_vers
 from rlparity.trace.prompts import chat_token_ids
 from rlparity.trace.schema import TOKEN_DIMS, annotate
 
-__all__ = ["FP32_GEMMS", "SAMPLING_EPS", "STATS", "Scorer", "TrainerSettings", "dropout_of", "head_stats", "head_stats_reference", "processed_logits",
-           "project", "score", "set_dropout", "tokenize_prompts", "trainer_prompt_ids"]
+__all__ = ["FP32_GEMMS", "SAMPLING_EPS", "STATS", "Scorer", "TrainerSettings", "VocabularyError", "check_vocabulary",
+           "dropout_of", "head_stats", "head_stats_reference", "processed_logits", "project", "score", "set_dropout",
+           "tokenize_prompts", "trainer_prompt_ids"]
 
 
 @dataclass
@@ -176,7 +177,7 @@ class Scorer:
         msgs = trace["prompt_messages"].values if "prompt_messages" in trace else [""] * len(seqs)
         out = []
         for (p, r), t, m in zip(seqs, texts, msgs):
-            own = trainer_prompt_ids(self.tokenizer, str(t), str(m), add_special_tokens=self.add_special_tokens)
+            own = trainer_prompt_ids(self.tokenizer, str(t), str(m), add_special_tokens=self.special_tokens(trace))
             out.append((own if own else p, r))
         return out
 
@@ -248,6 +249,8 @@ class Scorer:
         import torch
 
         validate(trace)
+        rows = self.module.get_input_embeddings().num_embeddings
+        check_vocabulary(trace, min(rows, int(self.head_weight.shape[0])), self.model_name)
         seqs = self.scored_sequences(trace)
         sampling = self.applied_sampling(trace)
         width = trace.sizes["position"]
@@ -268,9 +271,16 @@ class Scorer:
         for k, v in sampling.items():
             out[k] = (("sequence",), v)
         if self.tokenize_prompts:
-            out = tokenize_prompts(out, self.tokenizer, add_special_tokens=self.add_special_tokens)
+            out = tokenize_prompts(out, self.tokenizer, add_special_tokens=self.special_tokens(trace))
         out.attrs.update(self.attrs(trace, time.perf_counter() - t0, check))
         return validate(annotate(out))
+
+    def special_tokens(self, trace: xr.Dataset) -> bool:
+        """``add_special_tokens`` for this trace's prompt text: an imported dump's framework rule
+        (``attrs["import"]["prompt_tokenization"]``: slime and NeMo-RL tokenize their
+        chat-templated text without them), else the scorer's own."""
+        rule = (trace.attrs.get("import") or {}).get("prompt_tokenization") or {}
+        return bool(rule.get("add_special_tokens", self.add_special_tokens))
 
     def attrs(self, trace: xr.Dataset, elapsed: float, self_check: dict[str, Any] | None = None) -> dict[str, Any]:
         from rlparity.config.provenance import jsonable
@@ -280,7 +290,7 @@ class Scorer:
                         "fp32_gemm": self.fp32_gemm,
                         "device": self.device, "library": "transformers",
                         "topk_ties": "kept (vLLM rule: logits equal to the k-th largest survive)",
-                        "prompt_tokenization": ({"add_special_tokens": self.add_special_tokens,
+                        "prompt_tokenization": ({"add_special_tokens": self.special_tokens(trace),
                                                  "chat_template": "apply_chat_template(tokenize=True, add_generation_prompt=True)"}
                                                 if self.tokenize_prompts else None),
                         "settings": self.settings.model_dump(),
@@ -319,6 +329,26 @@ def dropout_of(module) -> float:
     ps += [float(m.attention_dropout) for m in module.modules()
            if isinstance(getattr(m, "attention_dropout", None), (int, float))]
     return max(ps, default=0.0)
+
+
+class VocabularyError(ValueError):
+    """A trace holds token ids the scoring model has no row for (another model sampled it)."""
+
+
+def check_vocabulary(trace: xr.Dataset, size: int, model: str) -> None:
+    """Refuse a trace whose prompt or response token ids are ``>= size``, the vocabulary of
+    ``model``, naming the ids, where they are and the model."""
+    ids = np.concatenate([trace["prompt_token_id"].values.ravel(), trace["token_id"].values.ravel()])
+    bad = np.unique(ids[ids >= size])
+    if bad.size:
+        rows = np.flatnonzero((trace["prompt_token_id"].values >= size).any(axis=1)
+                              | (trace["token_id"].values >= size).any(axis=1))
+        arm = trace.attrs.get("arm", "the trace")
+        raise VocabularyError(
+            f"arm {arm!r}: token id(s) {bad[:8].tolist()}{' ...' if bad.size > 8 else ''} ({int(bad.size)} distinct, in "
+            f"{rows.size} sequence(s), first {rows[:5].tolist()}) are beyond the vocabulary of {model} ({size} "
+            "tokens): the trace was sampled with another model or tokenizer; score it with the model that "
+            "generated it (--model)")
 
 
 def trainer_prompt_ids(tokenizer, text: str, messages_json: str = "", *,
@@ -441,7 +471,7 @@ def score_versions(trace: xr.Dataset, checkpoints: Any, *, latest: bool | int = 
         out["trainer_prompt_token_id"] = base["trainer_prompt_token_id"]
         out["trainer_prompt_length"] = base["trainer_prompt_length"]
     elif first is not None and first.tokenize_prompts:
-        out = tokenize_prompts(out, first.tokenizer, add_special_tokens=first.add_special_tokens)
+        out = tokenize_prompts(out, first.tokenizer, add_special_tokens=first.special_tokens(trace))
     trainer_attrs = dict(base.attrs.get("trainer", {}))
     trainer_attrs.update({"model": names.get(str(latest_v), next(iter(names.values()))),
                           "scored_by": "policy_version", "per_version": names, "latest_version": latest_v,
