@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from rlparity.diagnose.causes import CAUSES
-from rlparity.diagnose.evidence import ArmEvidence
+from rlparity.diagnose.causes import CAUSES, FLOOR_CAUSES
+from rlparity.diagnose.evidence import ArmEvidence, floor_mean_abs
 from rlparity.diagnose.findings import Finding, Layer, Severity
 
 # the evidence claim a cause's tokens are recorded under, where it differs from the cause
@@ -80,12 +80,7 @@ def decompose(ev: ArmEvidence) -> Decomposition:
     n = int(u.sum())
     free = ev.unclaimed() & np.isfinite(r)
     b = float(ar[free].mean()) if free.any() else 0.0
-    floor = ev.trainer_floor()
-    # the floor: what the batch shape moves in a deterministic trainer (a trainer whose logprobs move
-    # from run to run has no floor to speak of: that movement is a cause, not the floor)
-    det = np.isfinite(floor["run_to_run_rms"]) and floor["run_to_run_rms"] <= 0
-    f = floor["batch_shape_rms"] if det and np.isfinite(floor["batch_shape_rms"]) else 0.0
-    f = float(f) * np.sqrt(2 / np.pi)  # mean |x| of a normal of that RMS
+    f = floor_mean_abs(ev.trace, ev.side)
     sem = max(float(ad[ok].sum() - ar[ok].sum()), 0.0)
     glob = n * max(b - f, 0.0)
     loc = {}
@@ -98,7 +93,7 @@ def decompose(ev: ArmEvidence) -> Decomposition:
 def _global_estimates(findings: list[Finding], ev: ArmEvidence, dec: Decomposition) -> dict[str, float]:
     """How the global part is split among the causes acting on every token."""
     causes = [f.cause for f in findings if f.cause and f.severity.rank >= 1 and CAUSES.get(f.cause)
-              and CAUSES[f.cause].kind == "global"]
+              and CAUSES[f.cause].kind == "global" and f.cause not in FLOOR_CAUSES]
     causes = list(dict.fromkeys(causes))
     if not causes or dec.global_ <= 0:
         return {}
@@ -217,13 +212,15 @@ def attribute(findings: list[Finding], ev: ArmEvidence | None) -> tuple[list[Fin
     problems = [f for f in out if f.severity.rank >= 1]
     order = {Layer.SEMANTIC: 0, Layer.INFERENCE_PATH: 1, Layer.OBJECTIVE: 2}
     head = None
+    # a floor (the platform's own batch variance) heads the arm only when nothing else is wrong
+    problems = [f for f in problems if f.cause not in FLOOR_CAUSES] or problems
     if problems:
         head = max(problems, key=lambda f: ((f.share or 0.0), f.severity.rank, -order[f.layer]))
         if not (head.share or 0) > 0:  # nothing measured: the first problem in layer order
             head = sorted(problems, key=lambda f: (order[f.layer], -f.severity.rank))[0]
     record = {"headline": head.name if head else None, "cause": head.cause if head else None,
               "share": head.share if head else None,
-              "also": [f.name for f in problems if f is not head],
+              "also": [f.name for f in out if f.severity.rank >= 1 and f is not head],
               "shares": {c: float(s) for c, s in sorted(shares.items(), key=lambda kv: -kv[1])},
               "decomposition": dec.to_dict(), "semantic_reading": ev.reading,
               "tokens_explained": {c: int((t & ev.usable).sum()) for c, t in ev.claims.items()}}

@@ -67,8 +67,15 @@ CAUSES: dict[str, Cause] = {c.key: c for c in (
     Cause("trainer_dropout", Layer.INFERENCE_PATH, "global", "trainer",
           "the trainer scores with dropout on (train mode): its logprobs change from run to run"),
     Cause("batch_variant_attention", Layer.INFERENCE_PATH, "global", "engine",
-          "the engine's attention kernels give logprobs that depend on the batch a request runs in"),
+          "the engine's kernels give logprobs that depend on the batch a request runs in"),
+    Cause("trainer_batch_variance", Layer.INFERENCE_PATH, "global", "trainer",
+          "the trainer's kernels give logprobs that depend on the batch shape it scores in"),
 )}
+
+
+# causes that are the platform's floor rather than a setting someone got wrong: a fault matrix scores
+# them apart (every arm of a GPU run carries them), see rlparity.diagnose.scoring
+FLOOR_CAUSES = ("trainer_batch_variance", "batch_variant_attention")
 
 
 def cause_title(key: str | None) -> str:
@@ -77,4 +84,4 @@ def cause_title(key: str | None) -> str:
     return c.title if c else ""
 
 
-__all__ = ["CAUSES", "Cause", "Kind", "cause_title"]
+__all__ = ["CAUSES", "FLOOR_CAUSES", "Cause", "Kind", "cause_title"]

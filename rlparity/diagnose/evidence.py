@@ -37,6 +37,7 @@ from rlparity.config.defaults import defaults
 from rlparity.metrics import TRAINER_VARIABLE, core, log_ratio, trainer_readings, trainer_side
 from rlparity.metrics import inflight as mi
 from rlparity.trace import has_trainer, trace_versions
+from rlparity.trace.weights import versions_that_differ
 
 
 @dataclass
@@ -141,20 +142,38 @@ class ArmEvidence:
 
 
 def trainer_floor(trace: xr.Dataset, side: str = "processed") -> dict[str, float]:
-    """RMS (nats) of the trainer's batch-shape and run-to-run differences from its self-check (the
-    latest version's, for a trace scored per version); NaN when the scorer did not measure them."""
+    """The trainer's batch-shape and run-to-run differences from its self-check (mean ``|x|`` and
+    RMS, nats; the latest version's for a trace scored per version), and the engine's own batch
+    spread where the capture probed it (``attrs["engine_floor"]``); NaN where not measured."""
     t = trace.attrs.get("trainer") or {}
     check = t.get("self_check")
     if not check:
         per = t.get("self_check_per_version") or {}
         check = next((v for v in per.values() if v), None)
-    out = {"batch_shape_rms": float("nan"), "run_to_run_rms": float("nan")}
+    out = {f"{k}_{s}": float("nan") for k in ("batch_shape", "run_to_run", "engine_batch") for s in ("rms", "mean_abs")}
     if isinstance(check, dict):
         for key in ("batch_shape", "run_to_run"):
             v = check.get(f"{key}_{side}") or {}
-            if isinstance(v, dict) and v.get("rms") is not None:
-                out[f"{key}_rms"] = float(v["rms"])
+            for stat in ("rms", "mean_abs"):
+                if isinstance(v, dict) and v.get(stat) is not None:
+                    out[f"{key}_{stat}"] = float(v[stat])
+    eng = (trace.attrs.get("engine_floor") or {}).get("batch_shape") or {}
+    for stat in ("rms", "mean_abs"):
+        if eng.get(stat) is not None:
+            out[f"engine_batch_{stat}"] = float(eng[stat])
     return out
+
+
+def floor_mean_abs(trace: xr.Dataset, side: str = "processed") -> float:
+    """The floor of ``|d|`` (nats): the larger of the trainer's batch-shape and the engine's batch
+    spread (mean ``|x|``), when the trainer is deterministic (a trainer whose logprobs move from run
+    to run has no floor to speak of: that movement is a cause); 0 when none was measured."""
+    f = trainer_floor(trace, side)
+    run = f["run_to_run_rms"]
+    if np.isfinite(run) and run > 0:
+        return 0.0
+    vals = [v for v in (f["batch_shape_mean_abs"], f["engine_batch_mean_abs"]) if np.isfinite(v)]
+    return float(max(vals)) if vals else 0.0
 
 
 # ------------------------------------------------------------------------------- semantic fit
@@ -222,6 +241,10 @@ def observed_claims(ev: ArmEvidence) -> None:
     if len(versions) > 1 and scored_by != "policy_version":
         pv = trace["policy_version"].values
         ev.claim("mixed_versions", pv != max(versions), "tokens of older versions scored with one weight set")
+    pv = trace["policy_version"].values
+    for v, cmp in versions_that_differ(trace.attrs, versions).items():
+        ev.claim("weights_differ", pv == v, f"tokens of policy version {v} (the two sides' weights differ: "
+                 f"{len(cmp['differ']) + len(cmp['missing_in_engine'])} tensor(s))")
     settings = (trace.attrs.get("trainer") or {}).get("settings") or {}
     if settings.get("prompt_ids") == "retokenize":
         bad = prompt_mismatch_sequences(trace)
@@ -255,6 +278,8 @@ def version_excess(ev: ArmEvidence, *, ratio: float, z: float = 5.0) -> dict[str
         return {}
     pv = trace["policy_version"].values
     free = ev.unclaimed()
+    if "weights_differ" in ev.claims:  # the fingerprints already name the versions
+        return {}
     stats = {}
     for v in versions:
         a = np.abs(ev.residual[free & (pv == v)])
@@ -299,5 +324,5 @@ def build(trace: xr.Dataset, *, trainer: str | None = None, semantic_tol: float 
     return ev
 
 
-__all__ = ["ArmEvidence", "build", "identity_sampling", "observed_claims", "prompt_mismatch_sequences",
+__all__ = ["ArmEvidence", "build", "floor_mean_abs", "identity_sampling", "observed_claims", "prompt_mismatch_sequences",
            "residual_for", "semantic_fit", "trainer_floor", "version_excess"]

@@ -24,7 +24,7 @@ import numpy as np
 import xarray as xr
 
 from rlparity.config.provenance import make_attrs
-from rlparity.diagnose.causes import CAUSES
+from rlparity.diagnose.causes import CAUSES, FLOOR_CAUSES
 from rlparity.diagnose.findings import Report
 
 CLEAN = "clean"
@@ -52,16 +52,23 @@ def _resolve(named: set[str], true: tuple[str, ...]) -> set[str]:
 
 
 def arm_score(report: Report, arm: str, true: tuple[str, ...]) -> dict[str, Any]:
-    """One arm's verdict against its causes (see the module docstring)."""
+    """One arm's verdict against its causes (see the module docstring). Findings whose cause is a
+    floor of the platform (:data:`rlparity.diagnose.causes.FLOOR_CAUSES`: the two sides' batch
+    variance, present on every arm of a GPU run) count for recall when injected, are listed apart
+    (``floors``), and are never a false alarm or a clean arm's problem."""
     problems = [f for f in report if f.arm == arm and f.severity.rank >= 1]
     named = _resolve({f.cause for f in problems if f.cause}, true)
+    real = [f for f in problems if f.cause not in FLOOR_CAUSES or f.cause in true]
     head = report.headline(arm)
+    if head is not None and head.cause in FLOOR_CAUSES and head.cause not in true:
+        head = next((f for f in report._ordered() if f in real), None)
     head_cause = next(iter(_resolve({head.cause}, true))) if head is not None and head.cause else None
-    unattributed = sorted({f.name for f in problems if not f.cause})
-    right = (not problems) if not true else head_cause in true
+    unattributed = sorted({f.name for f in real if not f.cause})
+    right = (not real) if not true else head_cause in true
     return {"arm": arm, "true": list(true), "named": sorted(named), "headline": head.name if head else None,
             "headline_cause": head_cause, "headline_right": bool(right),
-            "missed": sorted(set(true) - named), "false": sorted(named - set(true)), "unattributed": unattributed}
+            "missed": sorted(set(true) - named), "false": sorted(named - set(true) - set(FLOOR_CAUSES)),
+            "unattributed": unattributed, "floors": sorted({f.name for f in problems if f.cause in FLOOR_CAUSES})}
 
 
 def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
@@ -88,7 +95,7 @@ def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
                 conf[true_axis.index(t), named_axis.index(n)] += 1
     present = np.array([sum(c in r["true"] for r in rows) for c in causes])
     hit = np.array([sum(c in r["true"] and c in r["named"] for r in rows) for c in causes])
-    false = np.array([sum(c not in r["true"] and c in r["named"] for r in rows) for c in causes])
+    false = np.array([sum(c not in r["true"] and c in r["false"] for r in rows) for c in causes])
     head_of = np.array([sum(r["headline_cause"] == c for r in rows) for c in causes])
     n_true = np.array([len(r["true"]) for r in rows])
     right = np.array([r["headline_right"] for r in rows])
@@ -102,7 +109,8 @@ def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
          "headline_cause": ("arm", np.array([r["headline_cause"] or "" for r in rows], dtype=str)),
          "missed": ("arm", np.array([", ".join(r["missed"]) for r in rows], dtype=str)),
          "false_named": ("arm", np.array([", ".join(r["false"]) for r in rows], dtype=str)),
-         "unattributed": ("arm", np.array([", ".join(r["unattributed"]) for r in rows], dtype=str))},
+         "unattributed": ("arm", np.array([", ".join(r["unattributed"]) for r in rows], dtype=str)),
+         "floors": ("arm", np.array([", ".join(r["floors"]) for r in rows], dtype=str))},
         coords={"cause": causes, "arm": [r["arm"] for r in rows], "true_cause": true_axis, "named_cause": named_axis})
     ds["recall"].attrs = {"long_name": "share of the arms with the cause where a finding at WARNING or above names it"}
     ds["false_alarms"].attrs = {"long_name": "arms without the cause where a finding at WARNING or above names it"}
@@ -120,6 +128,7 @@ def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
         recall_overall=float(hit.sum() / max(present.sum(), 1)), false_alarms_total=int(false.sum()),
         clean_arms=int(clean.sum()), clean_arms_with_problems=int((~right[clean]).sum()) if clean.any() else 0,
         unattributed_problems=int(sum(bool(r["unattributed"]) for r in rows)), n_arms=len(rows),
+        arms_with_floor_findings=int(sum(bool(r["floors"]) for r in rows)),
         platforms=sorted({str((arms[r["arm"]].attrs.get("faults") or {}).get("platform")) for r in rows}))
     return ds
 

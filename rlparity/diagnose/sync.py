@@ -29,7 +29,7 @@ from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import BACKEND_PAIR_D
 from rlparity.trace import has_trainer, trace_versions
-from rlparity.trace.weights import compare_checksums, layers_of
+from rlparity.trace.weights import layers_of, versions_that_differ
 
 PAIR = BACKEND_PAIR_D
 FIX_ENGINE = ("send every tensor of the new weights to the engine at each update (check the sync with "
@@ -37,29 +37,6 @@ FIX_ENGINE = ("send every tensor of the new weights to the engine at each update
 FIX_TRAINER = ("score each token with the weights that sampled it: load the trainer's weights of that version "
                "(rlparity.score.score_versions(trace, {version: checkpoint})), or make sure the trainer's sync to the "
                "new version happened before it computes pi_old")
-
-
-def engine_effective(trace: xr.Dataset) -> dict[int, dict[str, str]]:
-    """Per version, the checksums of the weights the engine ran: every load up to that version in
-    order (a load that leaves tensors out keeps the older values)."""
-    loads = {int(k): v for k, v in (trace.attrs.get("engine_weight_checksums") or {}).items() if v}
-    out, cur = {}, {}
-    for v in sorted(loads):
-        cur = {**cur, **loads[v]}
-        out[v] = dict(cur)
-    return out
-
-
-def trainer_checksums(trace: xr.Dataset) -> dict[int, dict[str, str]]:
-    """Per version, the checksums of the weights the trainer scored it with."""
-    t = trace.attrs.get("trainer") or {}
-    per = t.get("weight_checksums_per_version")
-    if per:
-        return {int(k): v for k, v in per.items() if v}
-    if t.get("weight_checksums"):
-        versions = trace_versions(trace)
-        return {v: t["weight_checksums"] for v in versions} if len(versions) == 1 else {}
-    return {}
 
 
 def _tokens(trace: xr.Dataset, ev: ArmEvidence | None, version: int) -> dict[str, Any]:
@@ -76,18 +53,12 @@ def weight_sync(trace: xr.Dataset, *, evidence: ArmEvidence | None = None) -> li
         return []
     ev = evidence if evidence is not None else build(trace)
     arm = trace.attrs.get("arm")
-    engine, trainer = engine_effective(trace), trainer_checksums(trace)
     numbers = ev.version_excess or {}
     flagged = set(numbers.get("flagged", []))
     out: list[Finding] = []
     named: set[int] = set()
-    for v in trace_versions(trace):
-        if v not in engine or v not in trainer:
-            continue
-        cmp = compare_checksums(engine[v], trainer[v])
-        if cmp["equal"]:
-            continue
-        same_as = [u for u, e in engine.items() if u != v and compare_checksums(e, trainer[v])["equal"]]
+    for v, cmp in versions_that_differ(trace.attrs, trace_versions(trace)).items():
+        same_as = cmp["same_as"]
         effect = {"version_excess": numbers} if v in flagged else {}
         if same_as:
             out.append(Finding(
@@ -133,5 +104,4 @@ def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]
     return []
 
 
-__all__ = ["FIX_ENGINE", "FIX_TRAINER", "arms_findings", "engine_effective", "trace_findings", "trainer_checksums",
-           "weight_sync"]
+__all__ = ["FIX_ENGINE", "FIX_TRAINER", "arms_findings", "trace_findings", "weight_sync"]

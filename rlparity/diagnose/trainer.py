@@ -63,37 +63,63 @@ def trainer_determinism(trace: xr.Dataset, *, evidence: ArmEvidence | None = Non
 FIX_ENGINE_BATCH = ("run the engine with batch-invariant kernels (VLLM_BATCH_INVARIANT=1 with an attention backend "
                     "that supports it), or accept the spread as part of the floor and rescore every rollout with the "
                     "trainer (pi_old recomputed, not mu)")
-# a floor that is at least this share of the mismatch on the unexplained tokens is worth a warning
+FIX_TRAINER_BATCH = ("score with a batch-invariant trainer (rlparity: Scorer(batch_invariant=True); in a trainer: one "
+                     "row at a time or fixed padded shapes, deterministic kernels), or read the backend gap against this "
+                     "floor: what the batch shape alone moves is no backend mismatch")
+# a floor that is at least this share of the measured gap (mean |d|) is worth a warning, when the gap
+# itself matters (above tol_trainer nats)
 FLOOR_SHARE = 0.25
 
 
-def engine_batch_invariance(trace: xr.Dataset, *, evidence: ArmEvidence | None = None) -> Finding | None:
-    """``engine_not_batch_invariant`` from the engine's own floor (``attrs["engine_floor"]``: the
-    same requests sampled again alone; the logprob spread on the tokens sampled alike): a warning
-    when its RMS is at least :data:`FLOOR_SHARE` of the RMS mismatch on the tokens no cause explains
-    (the batch the request ran in moves the engine's logprobs as much as the backend differs),
-    information when it is smaller but not zero; ``None`` without the probe or when it is 0."""
-    probe = ((trace.attrs.get("engine_floor") or {}).get("batch_shape") or {})
-    rms = probe.get("rms")
-    if rms is None or not np.isfinite(rms) or rms <= 0 or not has_trainer(trace):
-        return None
+def _gap(ev: ArmEvidence) -> float:
+    """The measured backend gap: mean ``|d|`` over the usable tokens (nats)."""
+    return float(core.masked_mean(np.abs(ev.d), ev.usable))
+
+
+def floor_findings(trace: xr.Dataset, *, evidence: ArmEvidence | None = None, tol: float | None = None
+                   ) -> list[Finding]:
+    """The two sides' own floors against the measured gap (mean ``|x|`` vs mean ``|d|``, nats):
+
+    * ``trainer_not_batch_invariant``: the trainer's self-check (the same sequences scored alone vs in
+      their batch) moves its logprobs by at least :data:`FLOOR_SHARE` of the gap, on a gap above
+      ``tol`` (default ``tol_trainer``): a warning (a large part of what looks like backend mismatch is
+      the trainer's own batch shape); information below;
+    * ``engine_not_batch_invariant``: the same for the engine's batch spread (the same requests sampled
+      again alone, ``attrs["engine_floor"]``).
+
+    Nothing where a floor is not measured or is exactly 0 (a batch-invariant side)."""
+    from rlparity.config.defaults import defaults
+
+    if not has_trainer(trace):
+        return []
+    tol = defaults().tol_trainer if tol is None else tol
     ev = evidence if evidence is not None else build(trace)
-    background = float(core.masked_rms(ev.residual, ev.unclaimed())) if ev.residual is not None else float("nan")
-    share = rms / background if background > 0 else float("inf")
-    evid = {"engine_batch_rms": rms, "engine_batch_max_abs": probe.get("max_abs"), "n_tokens": probe.get("n_tokens"),
-            "background_rms": background, "share_of_background": share, "threshold_share": FLOOR_SHARE,
-            "attention_backend": (trace.attrs.get("engine_effective") or {}).get("attention_backend"),
-            "measured_on": "requests sampled again alone with the same seeds (rlparity.experiments.faults.engine_floor)",
-            "pair": PAIR}
+    f = trainer_floor(trace, ev.side)
+    gap = _gap(ev)
     arm = trace.attrs.get("arm")
-    if share >= FLOOR_SHARE:
-        return Finding(Layer.INFERENCE_PATH, "engine_not_batch_invariant", Severity.WARNING,
-                       f"the engine's logprobs move by {rms:.3g} nats RMS with the batch a request runs in, "
-                       f"{share:.0%} of the mismatch on the tokens no other cause explains", evid, FIX_ENGINE_BATCH, arm,
-                       cause="batch_variant_attention")
-    return Finding(Layer.INFERENCE_PATH, "engine_not_batch_invariant", Severity.INFO,
-                   f"the engine's logprobs move by {rms:.3g} nats RMS with the batch ({share:.0%} of the mismatch on "
-                   "the tokens no other cause explains): part of the floor", evid, "", arm)
+    out = []
+    for name, key, cause, fix, what in (
+            ("trainer_not_batch_invariant", "batch_shape", "trainer_batch_variance", FIX_TRAINER_BATCH,
+             "the trainer's logprobs move with the batch shape (the same sequences scored alone vs in their batch)"),
+            ("engine_not_batch_invariant", "engine_batch", "batch_variant_attention", FIX_ENGINE_BATCH,
+             "the engine's logprobs move with the batch a request runs in (the same requests sampled again alone)")):
+        mean_abs, rms = f[f"{key}_mean_abs"], f[f"{key}_rms"]
+        if not np.isfinite(mean_abs) or mean_abs <= 0:
+            continue
+        if key == "batch_shape" and np.isfinite(f["run_to_run_rms"]) and f["run_to_run_rms"] > 0:
+            continue  # a nondeterministic trainer: its run-to-run movement is a finding of its own
+        share = mean_abs / gap if gap > 0 else float("inf")
+        evid = {"floor_mean_abs": mean_abs, "floor_rms": rms, "gap_mean_abs_d": gap, "share_of_gap": share,
+                "threshold_share": FLOOR_SHARE, "material_gap": tol, "pair": PAIR,
+                "attention_backend": (trace.attrs.get("engine_effective") or {}).get("attention_backend")
+                if key == "engine_batch" else (trace.attrs.get("trainer") or {}).get("shape")}
+        summary = f"{what} by {mean_abs:.3g} nats mean |x| ({rms:.3g} RMS): {share:.0%} of the measured gap ({gap:.3g})"
+        if share >= FLOOR_SHARE and gap > tol:
+            out.append(Finding(Layer.INFERENCE_PATH, name, Severity.WARNING, summary, evid, fix, arm, cause=cause))
+        else:
+            out.append(Finding(Layer.INFERENCE_PATH, name, Severity.INFO, summary + ": part of the floor", evid, "",
+                               arm))
+    return out
 
 
 def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=(),
@@ -102,7 +128,8 @@ def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, pr
     opts = options or DiagnoseOptions()
     if evidence is None and has_trainer(trace):
         evidence = build(trace, trainer=opts.trainer, semantic_tol=opts.semantic_tol, stale_ratio=opts.stale_ratio)
-    found = [trainer_determinism(trace, evidence=evidence), engine_batch_invariance(trace, evidence=evidence)]
+    found = [trainer_determinism(trace, evidence=evidence), *floor_findings(trace, evidence=evidence,
+                                                                             tol=opts.tol_trainer)]
     return [f for f in found if f is not None]
 
 
@@ -111,5 +138,5 @@ def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]
     return []
 
 
-__all__ = ["FIX_DROPOUT", "FIX_ENGINE_BATCH", "FLOOR_SHARE", "RUN_TO_RUN_SHARE", "arms_findings",
-           "engine_batch_invariance", "trace_findings", "trainer_determinism"]
+__all__ = ["FIX_DROPOUT", "FIX_ENGINE_BATCH", "FIX_TRAINER_BATCH", "FLOOR_SHARE", "RUN_TO_RUN_SHARE", "arms_findings",
+           "floor_findings", "trace_findings", "trainer_determinism"]

@@ -189,6 +189,9 @@ class MatrixSettings(BaseModel):
     seed: int = 0
     sigma: float = Field(0.05, gt=0.0, description="relative size of the update to version 1")
     update_after: float = Field(1 / 3, gt=0.0, lt=1.0, description="share of in-flight tokens before the update")
+    inflight_tokens: int | None = Field(None, ge=4, description="max_tokens of the requests in flight across the "
+                                        "update (None: max_tokens); on a GPU the default is over before a pause "
+                                        "lands, so KV carried over the update needs longer requests there")
     dtype: str | None = Field(None, description="body dtype on both sides (None: the checkpoint's)")
     device: str = "cpu"
     batch_size: int = 16
@@ -239,7 +242,7 @@ def partial_checkpoint(model: str | os.PathLike, out: str | os.PathLike, *, laye
 
 
 def _capture(eng, plan: Plan, phases: Mapping[str, list], sampling: SamplingSettings, ckpt: Mapping[str, Path],
-             first: bool, threshold: int) -> xr.Dataset:
+             first: bool, threshold: int, inflight_tokens: int) -> xr.Dataset:
     """One arm's protocol on a running engine (see the module docstring)."""
     from rlparity.trace import concat_sequences
 
@@ -250,7 +253,8 @@ def _capture(eng, plan: Plan, phases: Mapping[str, list], sampling: SamplingSett
     eng.capture(phases["before"], sampling.model_copy(update={"max_tokens": 1}), arm=plan.arm)
     before = eng.capture(phases["before"], sampling, arm=plan.arm)
     floor = engine_floor(eng, phases["before"][:2], sampling, before)
-    fut = eng.capture_async(phases["inflight"], sampling, arm=plan.arm)
+    fut = eng.capture_async(phases["inflight"], sampling.model_copy(update={"max_tokens": inflight_tokens}),
+                            arm=plan.arm)
     reached = eng.wait_tokens(threshold, timeout=600)
     source = ckpt["v1_partial"] if up.get("partial") is not None else ckpt["v1"]
     update = eng.update_weights(str(source), 1, mode=up.get("mode", "wait"), clear_cache=up.get("clear_cache", True))
@@ -314,7 +318,8 @@ def run_matrix(model: str | os.PathLike, arms: Sequence[Iterable[str]] | None = 
     prompts = shared_prefix_prompts(3 * s.n_prompts, seed=s.seed)
     phases = {"before": prompts[: s.n_prompts], "inflight": prompts[s.n_prompts: 2 * s.n_prompts],
               "after": prompts[2 * s.n_prompts:]}
-    threshold = max(1, int(s.update_after * s.n_prompts * s.max_tokens))
+    inflight_tokens = s.inflight_tokens or s.max_tokens
+    threshold = max(1, int(s.update_after * s.n_prompts * inflight_tokens))
     dtype = s.dtype or _checkpoint_dtype(v0)
     scorers: dict[tuple, Scorer] = {}
 
@@ -344,7 +349,8 @@ def run_matrix(model: str | os.PathLike, arms: Sequence[Iterable[str]] | None = 
                 if p.capture_key() not in captures:
                     sampling = SamplingSettings(temperature=s.temperature, top_k=s.top_k, max_tokens=s.max_tokens,
                                                 seed=s.seed, **p.sampling)
-                    captures[p.capture_key()] = _capture(eng, p, phases, sampling, ckpt, not captures, threshold)
+                    captures[p.capture_key()] = _capture(eng, p, phases, sampling, ckpt, not captures, threshold,
+                                                         inflight_tokens)
         for p in group:
             trace = captures[p.capture_key()]
             v1_trainer = ckpt["v0"] if p.scorer.get("stale_weights") else ckpt["v1"]
@@ -386,6 +392,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--n-prompts", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--sigma", type=float, default=0.05)
+    p.add_argument("--inflight-tokens", type=int, default=None, help="max_tokens of the requests in flight across "
+                   "the update (default: --max-tokens; a GPU needs more, e.g. 128)")
+    p.add_argument("--update-after", type=float, default=1 / 3, help="share of the in-flight tokens before the update")
     p.add_argument("--gpu-memory-utilization", type=float, default=None)
     p.add_argument("--example", default=None, help="save a compact example store DIR/NAME.zarr with provenance")
     a = p.parse_args(argv)
@@ -402,7 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = a.model or str(make_model(a.size, progress=False, **({"device": a.device} if a.device != "cpu" else {})))
     engine = {"gpu_memory_utilization": a.gpu_memory_utilization} if a.gpu_memory_utilization else {}
     settings = MatrixSettings(n_prompts=a.n_prompts, max_tokens=a.max_tokens, sigma=a.sigma, device=a.device,
-                              dtype=a.dtype, engine=engine)
+                              dtype=a.dtype, engine=engine, inflight_tokens=a.inflight_tokens,
+                              update_after=a.update_after)
     arms_ = parse_arms(a.arms, platform="cuda" if a.device.startswith("cuda") else "cpu")
     t0 = time.perf_counter()
     traces = run_matrix(model, arms_, settings, workdir=out / "checkpoints")

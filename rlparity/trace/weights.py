@@ -67,4 +67,45 @@ def layers_of(names: Iterable[str]) -> list[int]:
     return sorted(out)
 
 
-__all__ = ["MAX_FINGERPRINT_BYTES", "checksums", "compare_checksums", "layers_of", "tensor_checksum"]
+def engine_effective(attrs: Mapping[str, Any]) -> dict[int, dict[str, str]]:
+    """Per version, the checksums of the weights an engine ran (from a trace's
+    ``attrs["engine_weight_checksums"]``): every load up to that version in order, since a load that
+    leaves tensors out keeps the older values."""
+    loads = {int(k): v for k, v in (attrs.get("engine_weight_checksums") or {}).items() if v}
+    out, cur = {}, {}
+    for v in sorted(loads):
+        cur = {**cur, **loads[v]}
+        out[v] = dict(cur)
+    return out
+
+
+def trainer_checksums(attrs: Mapping[str, Any], versions: list[int]) -> dict[int, dict[str, str]]:
+    """Per version, the checksums of the weights the trainer scored it with (from a trace's
+    ``attrs["trainer"]``; one fingerprint covers every version of a trace scored with one set of
+    weights only when the trace holds one version)."""
+    t = attrs.get("trainer") or {}
+    per = t.get("weight_checksums_per_version")
+    if per:
+        return {int(k): v for k, v in per.items() if v}
+    if t.get("weight_checksums") and len(versions) == 1:
+        return {versions[0]: t["weight_checksums"]}
+    return {}
+
+
+def versions_that_differ(attrs: Mapping[str, Any], versions: list[int]) -> dict[int, dict[str, Any]]:
+    """The versions whose engine and trainer fingerprints differ, each with
+    :func:`compare_checksums`'s answer and ``same_as`` (the engine versions whose weights equal the
+    trainer's for it: a trainer that scored with another version's weights)."""
+    engine, trainer = engine_effective(attrs), trainer_checksums(attrs, versions)
+    out = {}
+    for v in versions:
+        if v in engine and v in trainer:
+            cmp = compare_checksums(engine[v], trainer[v])
+            if not cmp["equal"]:
+                cmp["same_as"] = [u for u, e in engine.items() if u != v and compare_checksums(e, trainer[v])["equal"]]
+                out[v] = cmp
+    return out
+
+
+__all__ = ["MAX_FINGERPRINT_BYTES", "checksums", "compare_checksums", "engine_effective", "layers_of",
+           "tensor_checksum", "trainer_checksums", "versions_that_differ"]
