@@ -194,6 +194,22 @@ class TrainerSettings(BaseModel):
                              "computes pi_old inside its training forward")
     dropout: float | None = Field(None, ge=0.0, lt=1.0, description="dropout probability set on the model's "
                                   "dropout layers and attention (None: the model config's)")
+    layout: Literal["padded", "packed", "left_padded"] = Field(
+        "padded", description="how a batch's sequences are laid out: 'padded' (right-padded rows with an "
+        "attention mask), 'packed' (one row of the sequences back to back, position ids reset at each, a "
+        "block-diagonal causal mask: verl's remove-padding and prime-rl's packing), 'left_padded' (left-padded "
+        "rows with an attention mask but no position ids, so positions shift with the batch's longest "
+        "sequence: a batch-variant trainer some loops have)")
+    order: Literal["length", "given", "shuffled"] = Field(
+        "length", description="which sequences share a micro-batch: sorted by length, in the trace's order, or "
+        "shuffled (seeded)")
+    batch_invariant: bool = Field(False, description="score every sequence alone, padded to a fixed bucket "
+                                  "(multiples of 64 tokens): its logprobs never depend on the batch it came in "
+                                  "(slower; the floor this mode leaves is what the kernels add at a fixed shape)")
+    attn_implementation: str | None = Field(None, description="transformers' attention implementation ('sdpa', "
+                                            "'eager', 'flash_attention_2'; None: the library's default)")
+    gradient_checkpointing: bool = Field(False, description="score with gradient checkpointing enabled, as a "
+                                         "trainer that computes pi_old in its training forward")
     self_check: int = Field(8, ge=0, description="sequences rescored alone (batch 1), twice, after each "
                             "scoring: the trainer's own floor (batch-shape and run-to-run differences); 0 = off")
     fingerprint: bool = Field(True, description="record per-tensor checksums of the weights scored with")

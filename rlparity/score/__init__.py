@@ -98,9 +98,15 @@ class Scorer:
             self.module = self.model.to(self.device)
             self.dtype = str(self.module.dtype).removeprefix("torch.")  # what it is, not what was asked
         else:
+            extra = ({"attn_implementation": self.settings.attn_implementation}
+                     if self.settings.attn_implementation else {})
             self.module = AutoModelForCausalLM.from_pretrained(
                 str(self.model), dtype=getattr(torch, self.dtype),
-                trust_remote_code=self.trust_remote_code).to(self.device).eval()
+                trust_remote_code=self.trust_remote_code, **extra).to(self.device).eval()
+        if self.settings.attn_implementation and not self._loaded_here:
+            self.module.set_attn_implementation(self.settings.attn_implementation)
+        if self.settings.gradient_checkpointing:
+            self.module.gradient_checkpointing_enable()
         if self.settings.dropout is not None:
             set_dropout(self.module, self.settings.dropout)
         self.decoder = self.module.get_decoder()
@@ -135,26 +141,56 @@ class Scorer:
         return self._checksums
 
     def batches(self, seqs: list[tuple[list[int], list[int]]]) -> Iterator[list[int]]:
-        """Indices of ``seqs`` in batches of ``batch_size``, similar lengths together."""
-        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
-        for s in range(0, len(order), self.batch_size):
-            yield order[s: s + self.batch_size]
+        """Indices of ``seqs`` in micro-batches of ``batch_size`` (one each in batch-invariant mode),
+        in the order :attr:`settings` asks: similar lengths together, the trace's order, or shuffled."""
+        n = len(seqs)
+        how = self.settings.order
+        if how == "length":
+            order = sorted(range(n), key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
+        elif how == "shuffled":
+            order = [int(i) for i in np.random.default_rng(0).permutation(n)]
+        else:
+            order = list(range(n))
+        size = 1 if self.settings.batch_invariant else self.batch_size
+        for s in range(0, n, size):
+            yield order[s: s + size]
 
     def response_hidden(self, seqs: list[tuple[list[int], list[int]]], batch: list[int]) -> list:
         """One forward of the body over ``batch`` (indices into ``seqs`` of (prompt, response)
-        ids): per sequence, the last hidden states ``(rlen, H)`` at the positions that predict its
-        response tokens. Gradients flow unless the caller turns them off."""
+        ids), laid out as :attr:`settings` says (right-padded rows, one packed row, left-padded rows,
+        or alone at a fixed bucket length in batch-invariant mode): per sequence, the last hidden
+        states ``(rlen, H)`` at the positions that predict its response tokens. Gradients flow unless
+        the caller turns them off."""
         import torch
 
         full = [seqs[i][0] + seqs[i][1] for i in batch]
+        starts = [len(seqs[i][0]) - 1 for i in batch]
+        rlens = [len(seqs[i][1]) for i in batch]
+        dev = self.device
+        layout = self.settings.layout
+        if layout == "packed" and not self.settings.batch_invariant:
+            ids = torch.tensor([t for f in full for t in f], dtype=torch.long)[None]
+            pos = torch.cat([torch.arange(len(f)) for f in full])[None]
+            doc = torch.cat([torch.full((len(f),), k) for k, f in enumerate(full)])
+            L = ids.shape[1]
+            causal = torch.arange(L)[:, None] >= torch.arange(L)[None, :]
+            mask = ((doc[:, None] == doc[None, :]) & causal)[None, None]
+            hidden = self.decoder(input_ids=ids.to(dev), position_ids=pos.to(dev),
+                                  attention_mask=mask.to(dev)).last_hidden_state[0]
+            offsets = np.cumsum([0] + [len(f) for f in full[:-1]])
+            return [hidden[o + s: o + s + r] for o, s, r in zip(offsets, starts, rlens)]
         L = max(len(f) for f in full)
+        if self.settings.batch_invariant:
+            L = -(-L // 64) * 64  # a fixed bucket: the shape depends on this sequence alone
         ids = torch.zeros((len(batch), L), dtype=torch.long)
         att = torch.zeros((len(batch), L), dtype=torch.long)
+        left = layout == "left_padded" and not self.settings.batch_invariant
+        shift = [L - len(f) if left else 0 for f in full]
         for r, f in enumerate(full):
-            ids[r, : len(f)] = torch.tensor(f)
-            att[r, : len(f)] = 1
-        hidden = self.decoder(input_ids=ids.to(self.device), attention_mask=att.to(self.device)).last_hidden_state
-        return [hidden[r, len(seqs[i][0]) - 1: len(seqs[i][0]) - 1 + len(seqs[i][1])] for r, i in enumerate(batch)]
+            ids[r, shift[r]: shift[r] + len(f)] = torch.tensor(f)
+            att[r, shift[r]: shift[r] + len(f)] = 1
+        hidden = self.decoder(input_ids=ids.to(dev), attention_mask=att.to(dev)).last_hidden_state
+        return [hidden[r, shift[r] + s: shift[r] + s + n] for r, (s, n) in enumerate(zip(starts, rlens))]
 
     def applied_sampling(self, trace: xr.Dataset) -> dict[str, np.ndarray]:
         """Per sequence, the temperature, top-k and top-p of the trainer's processed reading: the
@@ -282,6 +318,17 @@ class Scorer:
         rule = (trace.attrs.get("import") or {}).get("prompt_tokenization") or {}
         return bool(rule.get("add_special_tokens", self.add_special_tokens))
 
+    def shape(self) -> dict[str, Any]:
+        """The trainer shape this scorer runs (recorded on every rescoring): micro-batch size, layout,
+        order, batch-invariant mode, attention implementation, gradient checkpointing, mode, dtypes."""
+        s = self.settings
+        return {"batch_size": 1 if s.batch_invariant else self.batch_size, "layout": s.layout, "order": s.order,
+                "batch_invariant": s.batch_invariant,
+                "attn_implementation": getattr(self.module.config, "_attn_implementation", None),
+                "gradient_checkpointing": bool(getattr(self.module, "is_gradient_checkpointing", False)),
+                "mode": "train" if s.train_mode else "eval", "dtype": self.dtype, "head_dtype": self.head_dtype,
+                "chunk_tokens": self.chunk_tokens, "device": self.device}
+
     def attrs(self, trace: xr.Dataset, elapsed: float, self_check: dict[str, Any] | None = None) -> dict[str, Any]:
         from rlparity.config.provenance import jsonable
 
@@ -296,9 +343,7 @@ class Scorer:
                         "settings": self.settings.model_dump(),
                         "training_mode": bool(self.settings.train_mode),
                         "dropout": dropout_of(self.module),
-                        "shape": {"batch_size": self.batch_size, "padding": "right", "order": "by length",
-                                  "attn_implementation": getattr(self.module.config, "_attn_implementation", None),
-                                  "chunk_tokens": self.chunk_tokens},
+                        "shape": self.shape(),
                         "self_check": self_check,
                         "weight_checksums": self.weight_checksums() if self.settings.fingerprint else None,
                         "score_s": round(elapsed, 3)},
