@@ -36,6 +36,7 @@ class DiagnoseOptions(BaseModel):
     eps: float = _d("eps")
     profile: str = _d("profile")
     stale_ratio: float = _d("stale_ratio")
+    layer_floor_ratio: float = _d("layer_floor_ratio")
     correction: str | None = Field(None, description="the off-policy corrections the RL run applies, comma "
                                                      "separated (e.g. 'token_tis, geometric_band'); with a backend "
                                                      "error they are reported as hiding the mismatch, and a mask "
