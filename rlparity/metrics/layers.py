@@ -16,6 +16,7 @@ xarray layer (a trace or a layer dataset, :mod:`rlparity.trace.layers`):
 * :func:`floor_from`: the per-site relative error of clean parity captures (the floor);
 * :func:`divergence_table`: per site the relative error, its floor, the threshold
   ``max(floor_ratio x floor, min_rel)`` and whether the site leaves its floor;
+* :func:`profile_table`: per arm and site the relative error and the floor (what the figure draws);
 * :func:`first_divergence`: the first site (in data-flow order) that leaves its floor, with the
   sequences and positions that leave it there.
 
@@ -168,6 +169,23 @@ def first_divergence(data: xr.Dataset, *, floor: xr.DataArray | np.ndarray | Non
             "floor_ratio": float(table.attrs["floor_ratio"]), "min_rel": float(table.attrs["min_rel"])}
 
 
+def profile_table(arms: Mapping[str, xr.Dataset]) -> xr.Dataset:
+    """Per arm and site (dims ``arm``, ``site``): the pooled ``relative_error`` and the ``floor`` of
+    every arm with a layer profile (the same sites in every arm), and per arm what it was compared
+    with (``comparison``: trainer or engine)."""
+    names = [a for a, ds in arms.items() if has_layers(ds)]
+    if not names:
+        raise ValueError("no arm carries a layer profile: run a layer capture first (`rlparity layers run`)")
+    sites_ = [tuple(site_list(arms[a])) for a in names]
+    if len(set(sites_)) > 1:
+        raise ValueError("the arms' profiles cover different sites (different models): compare one model at a time")
+    rel = xr.concat([relative_error(arms[a]) for a in names], dim="arm")
+    fl = xr.concat([arms[a]["layer_floor"] for a in names], dim="arm")
+    comp = [(arms[a].attrs.get("layer_capture") or {}).get("comparison", "trainer") for a in names]
+    return xr.Dataset({"relative_error": rel, "floor": fl, "comparison": ("arm", np.array(comp, dtype=str))},
+                      coords={"arm": names})
+
+
 def within_floor(data: xr.Dataset, **kw: Any) -> dict[str, float]:
     """How close a profile stays to its floor: the largest ``relative_error / floor`` over sites
     (``max_ratio_to_floor``), its site, and the largest relative error (for a clean arm: the
@@ -181,5 +199,5 @@ def within_floor(data: xr.Dataset, **kw: Any) -> dict[str, float]:
             "n_sites_over": int(table["over"].values.sum())}
 
 
-__all__ = ["divergence_table", "first_divergence", "floor_from", "pooled_relative_error",
+__all__ = ["divergence_table", "first_divergence", "floor_from", "pooled_relative_error", "profile_table",
            "relative_error", "site_errors", "within_floor"]
