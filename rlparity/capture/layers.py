@@ -82,6 +82,19 @@ def from_bits(dtype: str, packed: dict[str, Any]) -> np.ndarray:
     return np.asarray(array, dtype=np.float32)
 
 
+def _device_memory(reset: bool = False) -> int:
+    """On CUDA: the allocator's peak since the last reset (or, with ``reset``, what is allocated now,
+    after resetting the peak); 0 elsewhere."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return 0
+    if reset:
+        torch.cuda.reset_peak_memory_stats()
+        return int(torch.cuda.memory_allocated())
+    return int(torch.cuda.max_memory_allocated())
+
+
 def _worker_model(worker: Any) -> Any:
     runner = worker.model_runner
     return runner.get_model() if hasattr(runner, "get_model") else runner.model
@@ -98,6 +111,7 @@ class LayerCaptureExtension:
         stack = decoder_stack(model)
         hooks = SiteHooks(stack)
         hooks.vocab_ids = [int(i) for i in vocab_ids]  # type: ignore[attr-defined]
+        hooks.device_base = _device_memory(reset=True)  # type: ignore[attr-defined]
         setattr(self, _HOOKS_ATTR, hooks)
         p = next(model.parameters())
         return {"n_layers": len(stack.layers), "model": type(model).__name__, "dtype": str(p.dtype).removeprefix("torch."),
@@ -133,7 +147,9 @@ class LayerCaptureExtension:
             logits = [model.compute_logits(final[s: s + 256]).index_select(-1, cols).float().cpu()
                       for s in range(0, final.shape[0], 256)]
         out.update(positions=_pack(pos), ids=_pack(ids), states=states, dtype=dtype,
-                   logits=_pack(torch.cat(logits).numpy()))
+                   logits=_pack(torch.cat(logits).numpy()),
+                   device_peak_extra_bytes=max(_device_memory() - hooks.device_base, 0))
+        hooks.device_base = _device_memory(reset=True)
         return out
 
     def rlparity_layers_stop(self) -> dict[str, Any]:
@@ -287,7 +303,9 @@ def _assemble(got: dict[str, Any], seq: list[int], cached: int, info: dict[str, 
     take = rows[want]
     states = np.stack([from_bits(got["dtype"], s)[take] for s in got["states"]])
     return {"states": states, "logits": unpack(got["logits"]).astype(np.float32)[take], "positions": want,
-            "cached": cached, "length": L, "dtype": got["dtype"], "n_layers": info["n_layers"]}
+            "cached": cached, "length": L, "dtype": got["dtype"], "n_layers": info["n_layers"],
+            "payload_bytes": int(sum(len(s["data"]) for s in got["states"])),
+            "device_peak_extra_bytes": int(got.get("device_peak_extra_bytes", 0))}
 
 
 def live_checksums(engine: Any) -> dict[str, Any]:

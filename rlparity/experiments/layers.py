@@ -257,6 +257,8 @@ def run_layers(model: str | os.PathLike, scenarios: Sequence[str] | None = None,
                      "reference_head_dtype": eng.effective_config().get("head_dtype")}
         lay = profile_arm(eng, trainer, probe, vocab_ids=vocab_ids, floor=floor, states=clean_states,
                           attrs={**attrs, "scenario": "clean"})
+        clean_check = verify_weights(eng, trainer, version=1, arm="clean")
+        record["verify_weights_clean"] = {k: v for k, v in clean_check.items() if k != "finding"}
         done("clean", with_layers(scored(clean, "clean"), lay), {"seconds": round(time.perf_counter() - t0, 2)})
         engine_floor_ds.attrs["layer_capture"].update({**ref_attrs, "scenario": "clean (run to run)"})
         done(f"clean@{ENGINE_REFERENCE}", with_layers(arms["clean"], engine_floor_ds.assign(
