@@ -241,6 +241,7 @@ def test_partial_sync_caught_by_the_live_weight_check(nb09, cli, tiny_model):
     assert check["probed_linear_layers"] == 8  # the CPU build's repacked linears, read through their kernel
     assert res["verify_weights_clean"]["equal"] and res["verify_weights_clean"]["compare"]["n_compared"] == 21
     ckpt = out / "checkpoints"
-    r = cli("verify-weights", tiny_model, "--update", ckpt / "v1-without-layer-1", "--trainer", ckpt / "v1")
+    r = cli("verify-weights", tiny_model, "--update", ckpt / "v1-without-layer-1", "--trainer", ckpt / "v1",
+            "--engine", '{"enforce_eager": true}')  # eager: the faster start
     assert r.exit_code == 1, r.output
     assert "model.layers.1.self_attn.q_proj.weight (layer 1)" in r.stdout and "layers [1]" in r.stdout

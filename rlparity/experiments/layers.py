@@ -171,174 +171,198 @@ class LayerSettings(BaseModel):
     engine: dict[str, Any] = Field(default_factory=dict, description="other EngineSettings fields for every engine")
 
 
-def _checkpoint_dtype(model: Path) -> str:
-    import json
+class _Run:
+    """The state one :func:`run_layers` call shares between its scenarios (see there)."""
 
-    cfg = json.loads((model / "config.json").read_text())
-    dt = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
-    return dt if dt in ("float32", "bfloat16", "float16") else "float32"
+    def __init__(self, model: Path, s: LayerSettings, work: Path, log: Callable[[str], None],
+                 on_arm: Callable[[str, xr.Dataset, dict[str, Any]], None] | None):
+        from rlparity.capture.weights import perturbed_checkpoint
+        from rlparity.experiments.ablation import shared_prefix_prompts
+        from rlparity.experiments.faults import _checkpoint_dtype
+        from rlparity.score import Scorer
+
+        self.s, self.work, self.log, self.on_arm = s, work, log, on_arm
+        self.v0 = model
+        self.v1 = perturbed_checkpoint(model, work / "v1", sigma=s.sigma, seed=s.seed)
+        self.dtype = s.dtype or _checkpoint_dtype(model)
+        self.prompts = shared_prefix_prompts(s.n_prompts, prefix_problems=s.prefix_problems, seed=s.seed)
+        self.floor_prompts = shared_prefix_prompts(s.n_floor, prefix_problems=s.prefix_problems, seed=s.seed + 1)
+        self.sampling = SamplingSettings(temperature=s.temperature, top_k=s.top_k, max_tokens=s.max_tokens,
+                                         seed=s.seed)
+        self.base = EngineSettings(**{"logprobs_mode": "processed_logprobs", "head_dtype": "float32",
+                                      "dtype": self.dtype, "generation_config": "vllm", "enable_prefix_caching": True,
+                                      "enforce_eager": True, **s.engine})
+        self.trainer = Scorer(str(self.v1), dtype=self.dtype, head_dtype="float32", device=s.device, progress=False)
+        self.arms: dict[str, xr.Dataset] = {}
+        self.record: dict[str, Any] = {
+            "settings": s.model_dump(), "platform": "cuda" if s.device.startswith("cuda") else "cpu",
+            "scenarios": {}, "not_run": {}, "path": "eager (enforce_eager=True): forward hooks do not fire in compiled "
+                                                    "graphs"}
+        self.attrs = {"probe": "the clean arm's sampled sequences (shared by every arm)"}
+
+    def done(self, name: str, trace: xr.Dataset, rec: dict[str, Any]) -> None:
+        self.arms[name] = trace
+        self.record["scenarios"][name] = rec
+        if self.on_arm is not None:
+            self.on_arm(name, trace, self.record)
+
+    def scored(self, trace: xr.Dataset, arm: str, scorer: Any = None) -> xr.Dataset:
+        return (scorer or self.trainer).score(trace).assign_attrs(arm=arm, layer_scenario=arm)
+
+    def profiles(self, eng: Any, name: str, trace: xr.Dataset, states: list[dict[str, Any]], rec: dict[str, Any], *,
+                 use_cache: bool = False) -> None:
+        """The arm against the trainer, and against the clean arm's engine."""
+        lay = profile_arm(eng, self.trainer, self.probe, vocab_ids=self.vocab_ids, floor=self.floor, states=states,
+                          use_cache=use_cache, attrs={**self.attrs, "scenario": name})
+        ref = profile_arm(eng, self.clean_states, self.probe, vocab_ids=self.vocab_ids, floor=self.engine_floor,
+                          states=states, use_cache=use_cache, attrs={**self.ref_attrs, "scenario": name})
+        self.done(name, with_layers(self.scored(trace, name), lay), rec)
+        self.done(f"{name}@{ENGINE_REFERENCE}", with_layers(self.arms[name], ref), {})
+
+    # ---------------------------------------------------------------------------- the first engine
+    def clean(self, eng: Any) -> None:
+        """The floor (other prompts), the clean arm (its sequences: the probe), the engine's own floor."""
+        t0 = time.perf_counter()
+        self.vocab_ids = vocab_columns(_vocab_size(eng), self.s.vocab_columns)
+        eng.update_weights(str(self.v1), 1, clear_cache=True)
+        ftrace = eng.capture(self.floor_prompts, self.sampling, arm="floor", progress=False)
+        self.floor = floor_from(profile_arm(eng, self.trainer, probe_sequences(ftrace), vocab_ids=self.vocab_ids))
+        self.record["floor"] = {"source": f"clean capture of {self.s.n_floor} other prompts against the trainer",
+                                "per_site": dict(zip(self.floor["site"].values.tolist(), self.floor.values.tolist()))}
+        clean = eng.capture(self.prompts, self.sampling, arm="clean", progress=False)
+        self.probe = probe_sequences(clean)
+        self.clean_states = engine_states(eng, self.probe, vocab_ids=self.vocab_ids)
+        again = engine_states(eng, self.probe, vocab_ids=self.vocab_ids)
+        self.ref_attrs = {**self.attrs, "reference": ENGINE_REFERENCE,
+                          "reference_head_dtype": eng.effective_config().get("head_dtype")}
+        run_to_run = profile_arm(eng, self.clean_states, self.probe, vocab_ids=self.vocab_ids, states=again,
+                                 attrs={**self.ref_attrs, "scenario": "clean (run to run)"})
+        self.engine_floor = floor_from(run_to_run)
+        self.record["engine_floor"] = {"source": "the clean engine run twice on the probe (run to run)",
+                                       "max": float(np.nanmax(self.engine_floor.values))}
+        lay = profile_arm(eng, self.trainer, self.probe, vocab_ids=self.vocab_ids, floor=self.floor,
+                          states=self.clean_states, attrs={**self.attrs, "scenario": "clean"})
+        check = verify_weights(eng, self.trainer, version=1, arm="clean")
+        self.record["verify_weights_clean"] = {k: v for k, v in check.items() if k != "finding"}
+        self.clean_trace = clean
+        self.done("clean", with_layers(self.scored(clean, "clean"), lay),
+                  {"seconds": round(time.perf_counter() - t0, 2)})
+        self.done(f"clean@{ENGINE_REFERENCE}", with_layers(self.arms["clean"], run_to_run.assign(
+            layer_floor=("site", self.engine_floor.values))), {})
+
+    def trainer_bf16_head(self, eng: Any) -> dict[str, Any]:
+        from rlparity.score import Scorer
+
+        bf16 = Scorer(str(self.v1), dtype=self.dtype, head_dtype="bfloat16", device=self.s.device, progress=False)
+        lay = profile_arm(eng, bf16, self.probe, vocab_ids=self.vocab_ids, floor=self.floor, states=self.clean_states,
+                          attrs={**self.attrs, "scenario": "trainer_bf16_head"})
+        self.done("trainer_bf16_head", with_layers(self.scored(self.clean_trace, "trainer_bf16_head", bf16), lay), {})
+        return {}
+
+    def partial_weight_sync(self, eng: Any) -> dict[str, Any]:
+        from rlparity.experiments.faults import partial_checkpoint
+
+        layer = self.s.partial_layer
+        part = partial_checkpoint(self.v1, self.work / f"v1-without-layer-{layer}", layer=layer)
+        eng.update_weights(str(self.v0), 0, clear_cache=True)
+        eng.update_weights(str(part), 1, clear_cache=True)
+        try:
+            check = verify_weights(eng, self.trainer, version=1, arm="partial_weight_sync")
+            trace = eng.capture(self.prompts, self.sampling, arm="partial_weight_sync", progress=False)
+            states = engine_states(eng, self.probe, vocab_ids=self.vocab_ids)
+            self.profiles(eng, "partial_weight_sync", trace, states, {
+                "layer_left_out": layer, "verify_weights": {k: v for k, v in check.items() if k != "finding"}})
+        finally:
+            eng.update_weights(str(self.v1), 1, clear_cache=True)
+        return {}
+
+    def stale_prefix_cache(self, eng: Any) -> dict[str, Any]:
+        eng.update_weights(str(self.v0), 0, clear_cache=True)
+        eng.capture(self.prompts, self.sampling.model_copy(update={"max_tokens": 1}), arm="prefill", progress=False)
+        eng.update_weights(str(self.v1), 1, clear_cache=False)
+        trace = eng.capture(self.prompts, self.sampling, arm="stale_prefix_cache", progress=False)
+        states = engine_states(eng, self.probe, vocab_ids=self.vocab_ids, use_cache=True)
+        self.profiles(eng, "stale_prefix_cache", trace, states, {"cached_positions": [int(x["cached"]) for x in states]},
+                      use_cache=True)
+        return {}
+
+    # ---------------------------------------------------------------------------- engines of their own
+    def other_engine(self, name: str, change: dict[str, Any]) -> None:
+        from rlparity.capture import Engine
+
+        with Engine(str(self.v1), self.base.replace(**change)) as eng:
+            backend = eng.effective_config().get("attention_backend")
+            self.log(f"{name}: engine started in {eng.startup_s:.1f} s (attention backend {backend})")
+            if "attention_backend" in change and backend == self.clean_backend:
+                self.record["not_run"][name] = (f"the engine resolved attention_backend={change['attention_backend']} "
+                                                f"to {backend}, the clean engine's backend")
+                return
+            trace = eng.capture(self.prompts, self.sampling, arm=name, progress=False)
+            states = engine_states(eng, self.probe, vocab_ids=self.vocab_ids)
+            self.profiles(eng, name, trace, states, {"attention_backend": backend,
+                                                     "clean_attention_backend": self.clean_backend})
 
 
 def run_layers(model: str | os.PathLike, scenarios: Sequence[str] | None = None, settings: LayerSettings | None = None,
                *, workdir: str | os.PathLike | None = None, log: Callable[[str], None] = print,
-               on_arm: Callable[[str, xr.Dataset, dict[str, Any]], None] | None = None
-               ) -> tuple[dict[str, xr.Dataset], dict[str, Any]]:
+               on_arm: Callable[[str, xr.Dataset, dict[str, Any]], None] | None = None,
+               deadline_s: float | None = None) -> tuple[dict[str, xr.Dataset], dict[str, Any]]:
     """Run ``scenarios`` (default: every one this platform can run) on real engines; return
     ``({arm: scored trace with its layer profile}, record)``. ``record`` holds per scenario what was
-    done and measured (``verify_weights`` of the partial sync, the floors, what could not run and
-    why, seconds). ``on_arm(name, trace, record)`` is called as each arm is ready (a script can write
-    its results after every step). ``model`` is a local checkpoint (version 0); version 1 and the
-    partial update are written to ``workdir`` (default beside the model)."""
+    done and measured (``verify_weights`` of the partial sync and of the clean engine, the floors,
+    what could not run and why, seconds). ``on_arm(name, trace, record)`` is called as each arm is
+    ready (a script can write its results after every step); a scenario that fails is recorded in
+    ``record["not_run"]`` and the others go on. ``deadline_s``: no engine starts after this many
+    seconds (the rest is recorded as not run). ``model`` is a local checkpoint (version 0); version 1
+    and the partial update are written to ``workdir`` (default beside the model)."""
     from rlparity.capture import Engine
     from rlparity.capture.pool import shared_pool
-    from rlparity.capture.weights import perturbed_checkpoint
-    from rlparity.experiments.ablation import shared_prefix_prompts
-    from rlparity.experiments.faults import FAULTS, partial_checkpoint
-    from rlparity.score import Scorer
+    from rlparity.experiments.faults import FAULTS
 
     s = settings or LayerSettings()
-    platform = "cuda" if s.device.startswith("cuda") else "cpu"
     wanted = list(scenarios) if scenarios is not None else list(SCENARIOS)
     unknown = [w for w in wanted if w not in SCENARIOS]
     if unknown:
         raise ValueError(f"unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}")
-    if "clean" not in wanted:
-        wanted.insert(0, "clean")  # every other arm is judged against the clean floor and engine
     v0 = Path(model)
-    work = Path(workdir) if workdir else v0.with_name(f"{v0.name}-layers")
-    v1 = perturbed_checkpoint(v0, work / "v1", sigma=s.sigma, seed=s.seed)
-    dtype = s.dtype or _checkpoint_dtype(v0)
-    prompts = shared_prefix_prompts(s.n_prompts, prefix_problems=s.prefix_problems, seed=s.seed)
-    floor_prompts = shared_prefix_prompts(s.n_floor, prefix_problems=s.prefix_problems, seed=s.seed + 1)
-    sampling = SamplingSettings(temperature=s.temperature, top_k=s.top_k, max_tokens=s.max_tokens, seed=s.seed)
-    base = EngineSettings(**{"logprobs_mode": "processed_logprobs", "head_dtype": "float32", "dtype": dtype,
-                             "generation_config": "vllm", "enable_prefix_caching": True, "enforce_eager": True,
-                             **s.engine})
-    trainer = Scorer(str(v1), dtype=dtype, head_dtype="float32", device=s.device, progress=False)
-    arms: dict[str, xr.Dataset] = {}
-    record: dict[str, Any] = {"settings": s.model_dump(), "platform": platform, "scenarios": {}, "not_run": {},
-                              "path": "eager (enforce_eager=True): forward hooks do not fire in compiled graphs"}
+    run = _Run(v0, s, Path(workdir) if workdir else v0.with_name(f"{v0.name}-layers"), log, on_arm)
+    platform = run.record["platform"]
     shared_pool().close()
-
-    def done(name: str, trace: xr.Dataset, rec: dict[str, Any]) -> None:
-        arms[name] = trace
-        record["scenarios"][name] = rec
-        if on_arm is not None:
-            on_arm(name, trace, record)
-
-    def scored(trace: xr.Dataset, arm: str, scorer: Any = None) -> xr.Dataset:
-        out = (scorer or trainer).score(trace)
-        return out.assign_attrs(arm=arm, layer_scenario=arm)
-
     t_all = time.perf_counter()
-    with Engine(str(v0), base) as eng:
-        log(f"engine (eager, prefix caching, fp32 head) started in {eng.startup_s:.1f} s")
-        vocab_ids = vocab_columns(_vocab_size(eng), s.vocab_columns)
-        eng.update_weights(str(v1), 1, clear_cache=True)
-        # the floor against the trainer: a clean capture on other prompts
-        ftrace = eng.capture(floor_prompts, sampling, arm="floor", progress=False)
-        floor_ds = profile_arm(eng, trainer, probe_sequences(ftrace), vocab_ids=vocab_ids,
-                               attrs={"scenario": "floor"})
-        floor = floor_from(floor_ds)
-        record["floor"] = {"source": f"clean capture of {s.n_floor} other prompts against the trainer",
-                           "per_site": dict(zip(floor[floor.dims[0]].values.tolist(), floor.values.tolist()))}
-        # the clean arm: its sequences are the probe every arm runs
+
+    def attempt(name: str, fn: Callable[[], Any]) -> None:
         t0 = time.perf_counter()
-        clean = eng.capture(prompts, sampling, arm="clean", progress=False)
-        probe = probe_sequences(clean)
-        clean_states = engine_states(eng, probe, vocab_ids=vocab_ids)
-        again = engine_states(eng, probe, vocab_ids=vocab_ids)
-        engine_floor_ds = profile_arm(eng, clean_states, probe, vocab_ids=vocab_ids, states=again)
-        engine_floor = floor_from(engine_floor_ds)
-        record["engine_floor"] = {"source": "the clean engine run twice on the probe (run to run)",
-                                  "max": float(np.nanmax(engine_floor.values))}
-        attrs = {"probe": "the clean arm's sampled sequences (shared by every arm)"}
-        ref_attrs = {**attrs, "reference": ENGINE_REFERENCE,
-                     "reference_head_dtype": eng.effective_config().get("head_dtype")}
-        lay = profile_arm(eng, trainer, probe, vocab_ids=vocab_ids, floor=floor, states=clean_states,
-                          attrs={**attrs, "scenario": "clean"})
-        clean_check = verify_weights(eng, trainer, version=1, arm="clean")
-        record["verify_weights_clean"] = {k: v for k, v in clean_check.items() if k != "finding"}
-        done("clean", with_layers(scored(clean, "clean"), lay), {"seconds": round(time.perf_counter() - t0, 2)})
-        engine_floor_ds.attrs["layer_capture"].update({**ref_attrs, "scenario": "clean (run to run)"})
-        done(f"clean@{ENGINE_REFERENCE}", with_layers(arms["clean"], engine_floor_ds.assign(
-            layer_floor=(engine_floor_ds["layer_floor"].dims, engine_floor.values))), {})
-        if "trainer_bf16_head" in wanted:
-            t0 = time.perf_counter()
-            bf16 = Scorer(str(v1), dtype=dtype, head_dtype="bfloat16", device=s.device, progress=False)
-            lay = profile_arm(eng, bf16, probe, vocab_ids=vocab_ids, floor=floor, states=clean_states,
-                              attrs={**attrs, "scenario": "trainer_bf16_head"})
-            done("trainer_bf16_head", with_layers(scored(clean, "trainer_bf16_head", bf16), lay),
-                 {"what": FAULTS["trainer_bf16_head"].what, "seconds": round(time.perf_counter() - t0, 2)})
-            del bf16
-        if "partial_weight_sync" in wanted:
-            t0 = time.perf_counter()
-            part = partial_checkpoint(v1, work / f"v1-without-layer-{s.partial_layer}", layer=s.partial_layer)
-            eng.update_weights(str(v0), 0, clear_cache=True)
-            eng.update_weights(str(part), 1, clear_cache=True)
-            check = verify_weights(eng, trainer, version=1, arm="partial_weight_sync")
-            trace = eng.capture(prompts, sampling, arm="partial_weight_sync", progress=False)
-            st = engine_states(eng, probe, vocab_ids=vocab_ids)
-            lay = profile_arm(eng, trainer, probe, vocab_ids=vocab_ids, floor=floor, states=st,
-                              attrs={**attrs, "scenario": "partial_weight_sync"})
-            rec = {"what": FAULTS["partial_weight_sync"].what, "layer_left_out": s.partial_layer,
-                   "verify_weights": {k: v for k, v in check.items() if k != "finding"},
-                   "seconds": round(time.perf_counter() - t0, 2)}
-            done("partial_weight_sync", with_layers(scored(trace, "partial_weight_sync"), lay), rec)
-            ref = profile_arm(eng, clean_states, probe, vocab_ids=vocab_ids, floor=engine_floor, states=st,
-                              attrs={**ref_attrs, "scenario": "partial_weight_sync"})
-            done(f"partial_weight_sync@{ENGINE_REFERENCE}", with_layers(arms["partial_weight_sync"], ref), {})
-            eng.update_weights(str(v1), 1, clear_cache=True)
-        if "stale_prefix_cache" in wanted:
-            t0 = time.perf_counter()
-            eng.update_weights(str(v0), 0, clear_cache=True)
-            eng.capture(prompts, sampling.model_copy(update={"max_tokens": 1}), arm="prefill", progress=False)
-            eng.update_weights(str(v1), 1, clear_cache=False)
-            trace = eng.capture(prompts, sampling, arm="stale_prefix_cache", progress=False)
-            st = engine_states(eng, probe, vocab_ids=vocab_ids, use_cache=True)
-            lay = profile_arm(eng, trainer, probe, vocab_ids=vocab_ids, floor=floor, states=st, use_cache=True,
-                              attrs={**attrs, "scenario": "stale_prefix_cache"})
-            rec = {"what": FAULTS["stale_prefix_cache"].what, "cached_positions": [int(x["cached"]) for x in st],
-                   "seconds": round(time.perf_counter() - t0, 2)}
-            done("stale_prefix_cache", with_layers(scored(trace, "stale_prefix_cache"), lay), rec)
-            ref = profile_arm(eng, clean_states, probe, vocab_ids=vocab_ids, floor=engine_floor, states=st,
-                              use_cache=True, attrs={**ref_attrs, "scenario": "stale_prefix_cache"})
-            done(f"stale_prefix_cache@{ENGINE_REFERENCE}", with_layers(arms["stale_prefix_cache"], ref), {})
-        clean_backend = eng.effective_config().get("attention_backend")
-    others: list[tuple[str, dict[str, Any]]] = []
-    if "rollout_bf16_head" in wanted:
-        others.append(("rollout_bf16_head", {"head_dtype": "bfloat16"}))
-    if "batch_variant_attention" in wanted:
-        others.append(("batch_variant_attention", {"attention_backend": s.other_attention_backend}))
-    for name, change in others:
-        t0 = time.perf_counter()
-        if platform not in FAULTS[name].platforms:
-            record["not_run"][name] = FAULTS[name].not_on
-            log(f"{name}: not run on {platform} ({FAULTS[name].not_on})")
-            continue
         try:
-            with Engine(str(v1), base.replace(**change)) as eng:
-                backend = eng.effective_config().get("attention_backend")
-                if "attention_backend" in change and backend == clean_backend:
-                    record["not_run"][name] = (f"the engine resolved attention_backend={change['attention_backend']} "
-                                               f"to {backend}, the clean engine's backend")
-                    continue
-                trace = eng.capture(prompts, sampling, arm=name, progress=False)
-                st = engine_states(eng, probe, vocab_ids=vocab_ids)
-                lay = profile_arm(eng, trainer, probe, vocab_ids=vocab_ids, floor=floor, states=st,
-                                  attrs={**attrs, "scenario": name})
-                ref = profile_arm(eng, clean_states, probe, vocab_ids=vocab_ids, floor=engine_floor, states=st,
-                                  attrs={**ref_attrs, "scenario": name})
+            fn()
         except Exception as err:  # noqa: BLE001 - one scenario failing must not lose the others
-            record["not_run"][name] = f"failed: {type(err).__name__}: {err}"
+            run.record["not_run"][name] = f"failed: {type(err).__name__}: {err}"
             log(f"{name}: failed ({type(err).__name__}: {err})")
+            return
+        if name in run.record["scenarios"]:
+            run.record["scenarios"][name].update({"what": FAULTS[name].what if name in FAULTS else "",
+                                                  "seconds": round(time.perf_counter() - t0, 2)})
+
+    with Engine(str(v0), run.base) as eng:
+        log(f"engine (eager, prefix caching, fp32 head) started in {eng.startup_s:.1f} s")
+        run.clean(eng)  # every other arm needs the clean floor, probe and engine states
+        run.clean_backend = eng.effective_config().get("attention_backend")
+        for name in ("trainer_bf16_head", "partial_weight_sync", "stale_prefix_cache"):
+            if name in wanted:
+                attempt(name, lambda name=name: getattr(run, name)(eng))
+    # the GPU-only recipe first: it is what a CPU run cannot show
+    for name, change in (("batch_variant_attention", {"attention_backend": s.other_attention_backend}),
+                         ("rollout_bf16_head", {"head_dtype": "bfloat16"})):
+        if name not in wanted:
             continue
-        rec = {"what": FAULTS[name].what, "attention_backend": backend, "clean_attention_backend": clean_backend,
-               "seconds": round(time.perf_counter() - t0, 2)}
-        done(name, with_layers(scored(trace, name), lay), rec)
-        done(f"{name}@{ENGINE_REFERENCE}", with_layers(arms[name], ref), {})
-    record["seconds"] = round(time.perf_counter() - t_all, 1)
-    return arms, record
+        if platform not in FAULTS[name].platforms:
+            run.record["not_run"][name] = FAULTS[name].not_on
+            log(f"{name}: not run on {platform} ({FAULTS[name].not_on})")
+        elif deadline_s is not None and time.perf_counter() - t_all > deadline_s:
+            run.record["not_run"][name] = f"time budget: {deadline_s:.0f} s spent before its engine could start"
+        else:
+            attempt(name, lambda name=name, change=change: run.other_engine(name, change))
+    run.record["seconds"] = round(time.perf_counter() - t_all, 1)
+    return run.arms, run.record
 
 
 __all__ = ["ENGINE_REFERENCE", "SCENARIOS", "LayerSettings", "engine_states", "probe_sequences", "profile_arm",
