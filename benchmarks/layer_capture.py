@@ -90,7 +90,8 @@ def main(argv=None) -> dict:
     p.add_argument("--sequences", type=int, default=None)
     p.add_argument("--length", type=int, default=None)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--gpu-memory-utilization", type=float, default=None)
+    p.add_argument("--gpu-memory-utilization", type=float, default=None, help="default 0.5 on CUDA (the trainer "
+                   "shares the GPU)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     a = p.parse_args(argv)
     sys.path.insert(0, str(ROOT))
@@ -113,8 +114,9 @@ def main(argv=None) -> dict:
     seqs = [[1] + [int(t) for t in rng.integers(4, vocab, size=length - 1)] for _ in range(n_seq)]
     dtype = "float32" if a.shape == "tiny" else "bfloat16"
     extra = {} if has_tok else {"skip_tokenizer_init": True}
+    util = a.gpu_memory_utilization or (0.5 if a.device.startswith("cuda") else None)
     settings = EngineSettings(enforce_eager=True, dtype=dtype, head_dtype="float32", enable_prefix_caching=True,
-                              gpu_memory_utilization=a.gpu_memory_utilization, max_model_len=max(1024, length + 8),
+                              gpu_memory_utilization=util, max_model_len=max(1024, length + 8),
                               extra=extra)
     cols = vocab_columns(vocab)
     res: dict = {"shape": a.shape, "device": a.device, "sequences": n_seq, "length": length, "dtype": dtype,
