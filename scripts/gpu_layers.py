@@ -37,6 +37,7 @@ import os
 import platform as _platform
 import sys
 import tarfile
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -100,6 +101,8 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "layers_results.json"
+    # checkpoints and the unpacked store stay out of --out (only the results, the tar and the figure go back)
+    work = Path(tempfile.mkdtemp(prefix="rlparity-gpu-layers-"))
     t_start = time.perf_counter()
     device = "cpu" if a.ci else a.device
     size = a.size or ("tiny" if a.ci else "small")
@@ -138,8 +141,8 @@ def main(argv=None) -> int:
             write()
 
         budget = max(a.budget - (time.perf_counter() - t_start), 0.0)
-        _, record = run_layers(model, None, settings, workdir=out / "work", log=lambda m: print(m, flush=True),
-                               on_arm=on_arm, deadline_s=budget)
+        _, record = run_layers(model, None, settings, workdir=work / "checkpoints", on_arm=on_arm, deadline_s=budget,
+                               log=lambda m: print(m, flush=True))
         results["record"] = record
         results["status"] = "done"
     except Exception as err:  # noqa: BLE001 - keep what was measured
@@ -148,7 +151,7 @@ def main(argv=None) -> int:
     write()
     if arms:
         try:
-            pack(arms, out, results)
+            pack(arms, out, work, results)
         except Exception as err:  # noqa: BLE001
             results["pack"] = f"failed: {type(err).__name__}: {err}"
         write()
@@ -159,7 +162,7 @@ def main(argv=None) -> int:
     return 0 if results["status"] == "done" else 1
 
 
-def pack(arms, out: Path, results: dict) -> None:
+def pack(arms, out: Path, work: Path, results: dict) -> None:
     """The compact store (``layers.zarr`` in ``layers.tar.gz``) and the profile figure."""
     import shutil
 
@@ -172,7 +175,7 @@ def pack(arms, out: Path, results: dict) -> None:
     from rlparity.trace import save
     from rlparity.trace.layers import LAYER_VARS
 
-    store = out / "work" / "layers.zarr"
+    store = work / "layers.zarr"
     if store.exists():
         shutil.rmtree(store)
     tree = xr.DataTree.from_dict({a: compact(ds, keep=KEEP + tuple(LAYER_VARS)) for a, ds in arms.items()})

@@ -113,8 +113,9 @@ def floor_from(clean: xr.Dataset | Iterable[xr.Dataset]) -> xr.DataArray:
 def divergence_table(data: xr.Dataset, *, floor: xr.DataArray | np.ndarray | None = None,
                      floor_ratio: float | None = None, min_rel: float | None = None) -> xr.Dataset:
     """Per site: ``relative_error``, ``floor`` (given, else the profile's ``layer_floor``),
-    ``threshold`` = ``max(floor_ratio x floor, min_rel)`` (defaults: ``layer_floor_ratio``, ``layer_min_rel``), ``ratio_to_floor`` and ``over`` (the site
-    leaves its floor). A site without a measured floor (NaN) is judged against ``min_rel`` only."""
+    ``threshold`` = ``max(floor_ratio x floor, min_rel)`` (defaults: ``layer_floor_ratio``,
+    ``layer_min_rel``), ``ratio_to_floor`` and ``over`` (the site leaves its floor). A site without a
+    measured floor (NaN) is judged against ``min_rel`` only."""
     ds = _layers(data)
     ratio = defaults().layer_floor_ratio if floor_ratio is None else float(floor_ratio)
     least = defaults().layer_min_rel if min_rel is None else float(min_rel)

@@ -233,20 +233,11 @@ def with_layers(trace: xr.Dataset, layers: xr.Dataset) -> xr.Dataset:
     return out
 
 
-def layer_part(trace: xr.Dataset) -> xr.Dataset:
-    """The layer variables of a trace (with their coordinates and ``attrs["layer_capture"]``)."""
-    if not has_layers(trace):
-        raise ValueError("the trace has no layer profile: run `rlparity layers` (or "
-                         "rlparity.experiments.layers.profile_arm) on it first")
-    ds = trace[[k for k in LAYER_VARS if k in trace]]
-    return ds.assign_attrs(layer_capture=trace.attrs.get("layer_capture", {}))
-
-
 def site_list(ds: xr.Dataset) -> list[tuple[int, str]]:
     """The ``(layer, module)`` of each site of a profile, in order."""
     return list(zip(ds["site_layer"].values.tolist(), ds["site_module"].values.tolist()))
 
 
-__all__ = ["LAYER_DIMS", "LAYER_MODULES", "LAYER_VARS", "MODULE_TENSORS", "POSITION_DIM", "SITE_DIM", "SUBMODULES",
-           "SEQUENCE_DIM", "SiteHooks", "decoder_stack", "has_layers", "layer_dataset", "layer_part", "site_coords", "site_label", "site_list", "site_tensors", "site_modules", "sites",
-           "vocab_columns", "with_layers"]
+__all__ = ["LAYER_DIMS", "LAYER_MODULES", "LAYER_VARS", "MODULE_TENSORS", "POSITION_DIM", "SEQUENCE_DIM", "SITE_DIM",
+           "SUBMODULES", "SiteHooks", "decoder_stack", "has_layers", "layer_dataset", "site_coords",
+           "site_label", "site_list", "site_modules", "site_tensors", "sites", "vocab_columns", "with_layers"]
