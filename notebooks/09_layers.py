@@ -149,6 +149,17 @@ print("differ:", check["compare"]["differ"])
 print("the clean engine:", "equal" if record["verify_weights_clean"]["equal"] else "differs")
 
 # %% [markdown]
+# Beside the checksums, fingerprint prompts: greedy logprobs of four fixed prompts through the engine,
+# rescored by the trainer. They need no access to the tensors, and a sync that left a layer behind
+# moves them far above what a clean engine shows (float rounding).
+
+# %%
+fingerprints = {"clean": record["fingerprint_clean"],
+                "partial_weight_sync": record["scenarios"]["partial_weight_sync"]["fingerprint"]}
+for name, fp in fingerprints.items():
+    print(f"{name:20} mean |d| {fp['mean_abs_d']:.3g} nats, max {fp['max_abs_d']:.3g} over {fp['n_tokens']} tokens")
+
+# %% [markdown]
 # ## What rlparity diagnoses
 # `divergence_starts_at` takes part in the attribution like every other finding: it carries its
 # cause, and the cause's share of the measured mismatch.
@@ -183,6 +194,7 @@ for arm, (site, cause) in expect.items():
             assert got["cause"] == cause, (name, got)
 assert located["clean"]["finding"] == "layers_within_floor" and clean["max_ratio_to_floor"] < floor_ratio, clean
 assert not check["equal"] and all(f".layers.{partial_layer}." in t for t in check["compare"]["differ"]), check
+assert fingerprints["partial_weight_sync"]["mean_abs_d"] > 10 * fingerprints["clean"]["mean_abs_d"], fingerprints
 print(f"clean arm: largest ratio to its floor {clean['max_ratio_to_floor']:.3g} at {clean['at_site']} "
       f"(largest relative error {clean['max_relative_error']:.3g})")
 
@@ -192,7 +204,7 @@ write_json(out / "results.json", {
     "findings": [f.to_dict() for f in report if f.name in ("divergence_starts_at", "layers_within_floor",
                                                             "engine_weights_differ")],
     "located": located, "clean": clean, "verify_weights": check, "verify_weights_clean": record["verify_weights_clean"],
-    "not_run": record["not_run"],
+    "not_run": record["not_run"], "fingerprints": fingerprints,
     "floor": record["floor"], "engine_floor": record["engine_floor"], "seconds": round(elapsed, 1),
     "engine_starts": 1 + sum(1 for a in ("rollout_bf16_head", "batch_variant_attention") if a in arms)})
 

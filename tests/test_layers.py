@@ -240,6 +240,9 @@ def test_partial_sync_caught_by_the_live_weight_check(nb09, cli, tiny_model):
     assert set(check["compare"]["differ"]) == layer1 and check["compare"]["missing_in_engine"] == []
     assert check["probed_linear_layers"] == 8  # the CPU build's repacked linears, read through their kernel
     assert res["verify_weights_clean"]["equal"] and res["verify_weights_clean"]["compare"]["n_compared"] == 21
+    # the fingerprint prompts (greedy, the trainer's reading of the same tokens) see it too
+    fp = res["fingerprints"]
+    assert fp["clean"]["max_abs_d"] < 1e-3 < fp["partial_weight_sync"]["mean_abs_d"], fp
     ckpt = out / "checkpoints"
     r = cli("verify-weights", tiny_model, "--update", ckpt / "v1-without-layer-1", "--trainer", ckpt / "v1",
             "--engine", '{"enforce_eager": true}')  # eager: the faster start

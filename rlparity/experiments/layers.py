@@ -10,6 +10,8 @@ against another arm's engine), the scenarios that must be located, and the live 
   workers, fused tensors split back into checkpoint names) against the trainer's state dict or a
   checkpoint; the differences as the ``engine_weights_differ`` finding of
   :mod:`rlparity.diagnose.sync`.
+* :func:`fingerprint_prompts`: greedy logprobs of fixed prompts through the engine against the
+  trainer's (recorded per version: a check of the numbers beside the checksums).
 * :func:`run_layers`: the scenarios of issue 25 on real engines, each a recipe of the fault
   library (:mod:`rlparity.experiments.faults`): ``clean``; ``partial_weight_sync`` (an update that
   leaves one decoder layer out); ``stale_prefix_cache`` (prompts prefilled by version 0, an update
@@ -148,6 +150,28 @@ def verify_weights(engine: Any, trainer: Any, *, version: int | None = None, arm
             "finding": finding}
 
 
+FINGERPRINT_PROMPTS = 4
+
+
+def fingerprint_prompts(engine: Any, trainer: Any, *, n: int = FINGERPRINT_PROMPTS, max_tokens: int = 8
+                        ) -> dict[str, Any]:
+    """Greedy logprobs of ``n`` fixed prompts (the built-in task's, seed 0) through the engine,
+    rescored by the trainer: ``{"mean_abs_d", "max_abs_d", "n_tokens", "tokens"}`` (nats;
+    ``tokens``: the greedy completions, to compare versions by). Recorded at each version, it shows
+    a sync that changed the numbers without fingerprints of the tensors; its size is judged
+    against a clean engine's (float rounding, not zero)."""
+    from rlparity.metrics import log_ratio
+    from rlparity.models import make_prompts
+
+    trace = engine.capture(make_prompts(n, seed=0), SamplingSettings(temperature=0.0, max_tokens=max_tokens, seed=0),
+                           arm="fingerprint", progress=False)
+    d = np.abs(log_ratio(trainer.score(trace), "raw").values)
+    ok = np.isfinite(d)
+    return {"mean_abs_d": float(d[ok].mean()) if ok.any() else float("nan"),
+            "max_abs_d": float(d[ok].max()) if ok.any() else float("nan"), "n_tokens": int(ok.sum()),
+            "tokens": trace["token_id"].values.tolist(), "units": "nats", "policy_version": engine.policy_version}
+
+
 # ------------------------------------------------------------------------------ scenarios
 class LayerSettings(BaseModel):
     """Sizes and knobs of :func:`run_layers` (the defaults: CPU CI on the tiny model)."""
@@ -244,6 +268,7 @@ class _Run:
                           states=self.clean_states, attrs={**self.attrs, "scenario": "clean"})
         check = verify_weights(eng, self.trainer, version=1, arm="clean")
         self.record["verify_weights_clean"] = {k: v for k, v in check.items() if k != "finding"}
+        self.record["fingerprint_clean"] = fingerprint_prompts(eng, self.trainer)
         self.clean_trace = clean
         self.done("clean", with_layers(self.scored(clean, "clean"), lay),
                   {"seconds": round(time.perf_counter() - t0, 2)})
@@ -268,10 +293,12 @@ class _Run:
         eng.update_weights(str(part), 1, clear_cache=True)
         try:
             check = verify_weights(eng, self.trainer, version=1, arm="partial_weight_sync")
+            fingerprint = fingerprint_prompts(eng, self.trainer)
             trace = eng.capture(self.prompts, self.sampling, arm="partial_weight_sync", progress=False)
             states = engine_states(eng, self.probe, vocab_ids=self.vocab_ids)
             self.profiles(eng, "partial_weight_sync", trace, states, {
-                "layer_left_out": layer, "verify_weights": {k: v for k, v in check.items() if k != "finding"}})
+                "layer_left_out": layer, "verify_weights": {k: v for k, v in check.items() if k != "finding"},
+                "fingerprint": fingerprint})
         finally:
             eng.update_weights(str(self.v1), 1, clear_cache=True)
         return {}
@@ -365,5 +392,5 @@ def run_layers(model: str | os.PathLike, scenarios: Sequence[str] | None = None,
     return run.arms, run.record
 
 
-__all__ = ["ENGINE_REFERENCE", "SCENARIOS", "LayerSettings", "engine_states", "probe_sequences", "profile_arm",
-           "run_layers", "verify_weights"]
+__all__ = ["ENGINE_REFERENCE", "FINGERPRINT_PROMPTS", "SCENARIOS", "LayerSettings", "engine_states",
+           "fingerprint_prompts", "probe_sequences", "profile_arm", "run_layers", "verify_weights"]
