@@ -108,7 +108,7 @@ def main(argv=None) -> dict:
 
     shape = SHAPES[a.shape]
     n_seq, length = a.sequences or shape["sequences"], a.length or shape["length"]
-    work = Path(tempfile.mkdtemp(prefix="rlparity-bench-layers-"))
+    work = Path(tempfile.mkdtemp(prefix="bench-layer-capture-"))
     path, vocab, has_tok = build_model(a, work)
     rng = np.random.default_rng(0)
     seqs = [[1] + [int(t) for t in rng.integers(4, vocab, size=length - 1)] for _ in range(n_seq)]

@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "layers_results.json"
     # checkpoints and the unpacked store stay out of --out (only the results, the tar and the figure go back)
-    work = Path(tempfile.mkdtemp(prefix="rlparity-gpu-layers-"))
+    work = Path(tempfile.mkdtemp(prefix="gpu-layers-work-"))
     t_start = time.perf_counter()
     device = "cpu" if a.ci else a.device
     size = a.size or ("tiny" if a.ci else "small")
