@@ -10,7 +10,6 @@ import json
 
 import numpy as np
 import pytest
-import xarray as xr
 
 from rlparity.metrics import layers as ml
 from rlparity.trace.layers import layer_dataset, sites, with_layers
