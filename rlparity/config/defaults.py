@@ -193,6 +193,12 @@ class Defaults(BaseModel):
     stale_ratio: float = Field(3.0, gt=1, description="mean |d| of sequences with stale prefix-cache hits over the "
                                                       "noise floor at which the stale cache counts as measured "
                                                       "(and an error); the issue's bar, met by 10^4x on CPU fp32")
+    layer_floor_ratio: float = Field(4.0, gt=1, description="a site of the per-layer divergence profile leaves its "
+                                     "floor when its relative error exceeds this many times the floor (the clean arm's "
+                                     "relative error there); clean arms on other prompts stay within 2x on CPU float32 "
+                                     "(tiny model, eager)")
+    layer_min_rel: float = Field(1e-6, ge=0, description="relative error under which a site never counts as "
+                                 "diverging, whatever its floor (float32 rounding of a state: 2^-23 = 1.2e-7)")
     check: CheckThresholds = Field(default_factory=CheckThresholds)
     objective: ObjectiveDefaults = Field(default_factory=ObjectiveDefaults)
     rl: RLDefaults = Field(default_factory=RLDefaults)

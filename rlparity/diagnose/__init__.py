@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlparity.diagnose import head, inflight, objective, path, semantic, sync, trainer
+from rlparity.diagnose import head, inflight, layers, objective, path, semantic, sync, trainer
 from rlparity.diagnose.attribution import attribute
 from rlparity.diagnose.causes import CAUSES
 from rlparity.diagnose.evidence import build as build_evidence
@@ -28,7 +28,7 @@ from rlparity.trace import as_arms, has_trainer, validate
 # in layer order: the backend (semantic, inference path: settings, LM head, inflight updates, weight
 # sync, the trainer's determinism) before the objective, which sees the backend's findings (a
 # correction must not hide a backend error)
-LAYERS = (semantic, path, head, inflight, sync, trainer, objective)
+LAYERS = (semantic, path, head, inflight, sync, layers, trainer, objective)
 
 
 def diagnose(data: Any, options: DiagnoseOptions | None = None, *, title: str = "rlparity findings",

@@ -36,6 +36,8 @@ class DiagnoseOptions(BaseModel):
     eps: float = _d("eps")
     profile: str = _d("profile")
     stale_ratio: float = _d("stale_ratio")
+    layer_floor_ratio: float = Field(default_factory=lambda: defaults().layer_floor_ratio, gt=1,
+                                     description=type(defaults()).model_fields["layer_floor_ratio"].description)
     correction: str | None = Field(None, description="the off-policy corrections the RL run applies, comma "
                                                      "separated (e.g. 'token_tis, geometric_band'); with a backend "
                                                      "error they are reported as hiding the mismatch, and a mask "

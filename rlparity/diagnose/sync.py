@@ -47,6 +47,23 @@ def _tokens(trace: xr.Dataset, ev: ArmEvidence | None, version: int) -> dict[str
             "n_sequences": int(t.any(axis=1).sum())}
 
 
+def engine_weights_differ(cmp: dict[str, Any], version: int, *, arm: str | None = None,
+                          effect: dict[str, Any] | None = None, tokens: dict[str, Any] | None = None,
+                          how: str = "checksums of the checkpoints the engine loaded") -> Finding:
+    """The ``engine_weights_differ`` finding from a :func:`~rlparity.trace.weights.compare_checksums`
+    result of the engine's weights against the trainer's (the recorded loads, or the engine's live
+    weights read by ``rlparity verify-weights``): which tensors, of which layers."""
+    bad = sorted(set(cmp["differ"]) | set(cmp["missing_in_engine"]))
+    layers = layers_of(bad)
+    return Finding(
+        Layer.INFERENCE_PATH, "engine_weights_differ", Severity.ERROR,
+        f"for version {version} the engine ran other values than the trainer's weights in {len(bad)} tensor(s)"
+        + (f" of layer(s) {layers}" if layers else "") + ": the update did not carry them (a partial sync)",
+        {"version": version, "tensors": bad[:20], "n_tensors_differ": len(bad), "layers": layers,
+         "n_tensors_compared": cmp["n_compared"], "measured_on": how, **(effect or {}), "pair": PAIR}, FIX_ENGINE,
+        arm, cause="partial_weight_sync", tokens=tokens)
+
+
 def weight_sync(trace: xr.Dataset, *, evidence: ArmEvidence | None = None) -> list[Finding]:
     """The weight-sync findings of one arm (see the module docstring)."""
     if not has_trainer(trace):
@@ -69,15 +86,7 @@ def weight_sync(trace: xr.Dataset, *, evidence: ArmEvidence | None = None) -> li
                  **effect, "pair": PAIR}, FIX_TRAINER, arm, cause="trainer_stale_weights",
                 tokens=_tokens(trace, ev, v)))
         else:
-            bad = sorted(set(cmp["differ"]) | {n for n in cmp["missing_in_engine"]})
-            layers = layers_of(bad)
-            out.append(Finding(
-                Layer.INFERENCE_PATH, "engine_weights_differ", Severity.ERROR,
-                f"for version {v} the engine ran other values than the trainer's weights in {len(bad)} tensor(s)"
-                + (f" of layer(s) {layers}" if layers else "") + ": the update did not carry them (a partial sync)",
-                {"version": v, "tensors": bad[:20], "n_tensors_differ": len(bad), "layers": layers,
-                 "n_tensors_compared": cmp["n_compared"], **effect, "pair": PAIR}, FIX_ENGINE, arm,
-                cause="partial_weight_sync", tokens=_tokens(trace, ev, v)))
+            out.append(engine_weights_differ(cmp, v, arm=arm, effect=effect, tokens=_tokens(trace, ev, v)))
         named.add(v)
     for v in sorted(flagged - named):
         ratio = numbers.get(f"version_{v}_over_lowest")
@@ -104,4 +113,4 @@ def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]
     return []
 
 
-__all__ = ["FIX_ENGINE", "FIX_TRAINER", "arms_findings", "trace_findings", "weight_sync"]
+__all__ = ["FIX_ENGINE", "FIX_TRAINER", "arms_findings", "engine_weights_differ", "trace_findings", "weight_sync"]

@@ -1,0 +1,163 @@
+"""Where the two sides part (inference-path layer): the first layer and module at which the
+engine's states leave their floor, from an arm's layer profile (:mod:`rlparity.trace.layers`,
+measured by :func:`rlparity.experiments.layers.profile_arm` / ``rlparity layers``).
+
+:func:`divergence_start` reads the profile (per site, the relative error pooled over the probe's
+tokens, against the floor a clean parity capture reaches there: :func:`rlparity.metrics.layers.
+first_divergence`) and names the cause of the catalogue the place identifies:
+
+* the start is ``lm_head`` (every state before it within its floor): the head's precision, on the
+  side whose head dtype has fewer bits (``rollout_bf16_head`` / ``trainer_bf16_head``);
+* the start is the first attention and only sequences whose prefill hit the prefix cache
+  diverge (their cached positions were not recomputed; the positions after them read the cached
+  K/V): ``stale_prefix_cache``;
+* the start is the first attention on every sequence while position 0 (a token that attends only
+  to itself, so no attention kernel mixes anything there) stays within the floor: the attention
+  kernels differ (``batch_variant_attention``, another attention backend);
+* the start is any other decoder module (or position 0 diverges too): that module's weights
+  differ; named ``partial_weight_sync`` when the engine loaded weights after it started (and
+  confirmed by an ``engine_weights_differ`` finding naming that layer, when fingerprints exist),
+  ``weights_differ`` otherwise. The evidence lists the checkpoint tensors of that module.
+
+A profile whose every site stays within its floor gives ``layers_within_floor`` (information,
+with the largest ratio to the floor): the proof that the two sides agree layer by layer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from rlparity.config.defaults import defaults
+from rlparity.diagnose.findings import Finding, Layer, Severity
+from rlparity.diagnose.head import _BITS, FIX_ROLLOUT_FP32, FIX_TRAINER_FP32
+from rlparity.diagnose.options import DiagnoseOptions
+from rlparity.diagnose.sync import FIX_ENGINE
+from rlparity.metrics.head import cell_dtypes
+from rlparity.metrics.layers import first_divergence, within_floor
+from rlparity.trace.layers import has_layers, site_tensors
+
+FIX_KERNEL = ("run the engine with the attention backend (and kernels) the reference runs, or with batch-invariant "
+              "kernels (VLLM_BATCH_INVARIANT=1 on a GPU); or accept the kernel's rounding as the floor")
+FIX_STALE = ("reset the prefix cache at every weight update (pause_generation(clear_cache=True) or "
+             "reset_prefix_cache()), or version it with a cache_salt per policy version")
+FIX_WEIGHTS_UNKNOWN = ("load the same checkpoint on both sides; `rlparity verify-weights` names the tensors that "
+                       "differ")
+
+
+def _updated(trace: xr.Dataset) -> bool:
+    """Whether the engine loaded weights after it started (an update path that can be partial)."""
+    return bool(trace.attrs.get("weight_updates") or len(trace.attrs.get("engine_weight_checksums") or {}) > 1
+                or trace.attrs.get("latest_policy_version"))
+
+
+def _head_sides(trace: xr.Dataset, info: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(the engine's head dtype, the reference's): the trainer's, or the reference engine's."""
+    dt = cell_dtypes(trace)
+    if info.get("comparison") == "engine":
+        return dt["rollout_head"], info.get("reference_head_dtype")
+    return dt["rollout_head"], info.get("trainer_head_dtype") or dt["trainer_head"]
+
+
+def _cause(trace: xr.Dataset, first: dict[str, Any], prior) -> tuple[str | None, str, str]:
+    """``(cause, why, fix)`` for a divergence that starts at ``first``."""
+    info = trace.attrs.get("layer_capture") or {}
+    module, layer = first["module"], first["layer"]
+    diverging = [q for q in first["sequences"] if q["diverges"]]
+    if module == "lm_head":
+        eng, ref = _head_sides(trace, info)
+        if eng and ref and eng != ref:
+            low_engine = _BITS.get(eng, 0) < _BITS.get(ref, 0)
+            side = "rollout" if low_engine else ("trainer" if info.get("comparison") != "engine" else "reference engine")
+            return (("rollout_bf16_head" if low_engine else "trainer_bf16_head"),
+                    f"the {side} head projects in {eng if low_engine else ref} (the other side in "
+                    f"{ref if low_engine else eng}), and every state before the head stays within its floor",
+                    FIX_ROLLOUT_FP32 if low_engine else FIX_TRAINER_FP32)
+        return None, ("every state before the head stays within its floor: the head's weights or its kernel differ "
+                      f"(head dtypes: engine {eng}, reference {ref})"), FIX_WEIGHTS_UNKNOWN
+    if module == "attention" and layer == 0 and diverging and all(q["cached"] > 0 for q in diverging):
+        cached = sorted({q["cached"] for q in diverging})
+        return ("stale_prefix_cache",
+                f"only sequences whose prefill hit the prefix cache diverge ({len(diverging)} of "
+                f"{len(first['sequences'])}; positions 0-{cached[0] - 1} and beyond came from the cache, not recomputed), "
+                "from the first attention on, where the positions after them read the cached K/V", FIX_STALE)
+    if module == "attention" and layer == 0 and first["position_0_computed"] and not first["position_0_over"]:
+        return ("batch_variant_attention",
+                "it starts in the first attention, on every position that attends to others, while position 0 (which "
+                "attends only to itself: no kernel mixes anything there) stays within its floor: the attention "
+                "kernels differ", FIX_KERNEL)
+    tensors = site_tensors(layer, module)
+    named = [f for f in prior if f.name == "engine_weights_differ"
+             and (layer in (f.evidence.get("layers") or []) or set(tensors) & set(f.evidence.get("tensors") or []))]
+    where = f"layer {layer} {module}" if layer >= 0 else module
+    if named:
+        listed = named[0].evidence.get("tensors") or []
+        own = [t for t in tensors if t in listed] or listed[:4]
+        return ("partial_weight_sync", f"the weights of {where} differ: the engine's fingerprints name "
+                f"{', '.join(own)}", FIX_ENGINE)
+    if _updated(trace):
+        return ("partial_weight_sync", f"every state before {where} is within its floor and {where} is not: its "
+                f"weights ({', '.join(tensors) or 'none of its own'}) differ, after a weight update (one layer left "
+                "out of the sync)", FIX_ENGINE)
+    return ("weights_differ", f"every state before {where} is within its floor and {where} is not: its weights "
+            f"({', '.join(tensors) or 'none of its own'}) differ on the two sides", FIX_WEIGHTS_UNKNOWN)
+
+
+def divergence_start(trace: xr.Dataset, *, floor_ratio: float | None = None, prior=()) -> Finding | None:
+    """``divergence_starts_at`` (or ``layers_within_floor``) for one arm with a layer profile;
+    ``None`` without one (see the module docstring)."""
+    if not has_layers(trace):
+        return None
+    info = trace.attrs.get("layer_capture") or {}
+    arm = trace.attrs.get("arm")
+    vs = "the trainer" if info.get("comparison", "trainer") == "trainer" else \
+        f"the engine of {info.get('reference', 'the reference arm')}"
+    fr = defaults().layer_floor_ratio if floor_ratio is None else float(floor_ratio)
+    first = first_divergence(trace, floor_ratio=fr)
+    common = {"comparison": vs, "path": info.get("path", "eager"), "probe": info.get("probe", ""),
+              "floor_ratio": fr, "n_sequences": int(trace.sizes.get("layer_sequence", 0))}
+    if first is None:
+        w = within_floor(trace, floor_ratio=fr)
+        return Finding(Layer.INFERENCE_PATH, "layers_within_floor", Severity.INFO,
+                       f"every layer and module stays within its floor against {vs} (largest ratio to the floor "
+                       f"{w['max_ratio_to_floor']:.3g}x at {w['at_site']}; largest relative error "
+                       f"{w['max_relative_error']:.3g})", {**common, **w},
+                       "", arm)
+    cause, why, fix = _cause(trace, first, prior)
+    diverging = [q for q in first["sequences"] if q["diverges"]]
+    firsts = [q["first_position"] for q in diverging if q["first_position"] is not None]
+    ev = {**common, "site": first["site"], "layer": first["layer"], "module": first["module"],
+          "relative_error": first["relative_error"], "floor": first["floor"], "threshold": first["threshold"],
+          "ratio_to_floor": first["ratio_to_floor"], "max_ratio_to_floor_before": first["max_ratio_before"],
+          "max_relative_error_before": first["max_relative_error_before"],
+          "n_sequences_diverging": len(diverging),
+          "first_position": min(firsts) if firsts else None,
+          "cached_positions": [q["cached"] for q in first["sequences"]],
+          "position_0_over": first["position_0_over"]}
+    if first["module"] not in ("output",):
+        ev["tensors"] = site_tensors(first["layer"], first["module"])
+    sev = Severity.ERROR if cause in ("partial_weight_sync", "stale_prefix_cache", "weights_differ") else Severity.WARNING
+    ratio = first["ratio_to_floor"]
+    size = (f"{first['relative_error']:.3g}, {ratio:.3g}x its floor" if np.isfinite(ratio)
+            else f"{first['relative_error']:.3g}, over {first['threshold']:.3g}")
+    return Finding(Layer.INFERENCE_PATH, "divergence_starts_at", sev,
+                   f"against {vs}, the engine's states first leave their floor at {first['site']} (relative error "
+                   f"{size}): {why}", ev, fix, arm, cause=cause)
+
+
+def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=(),
+                   evidence=None) -> list[Finding]:
+    """The per-layer check of one arm (called by :func:`rlparity.diagnose.diagnose`)."""
+    opts = options or DiagnoseOptions()
+    f = divergence_start(trace, floor_ratio=opts.layer_floor_ratio, prior=prior)
+    return [f] if f is not None else []
+
+
+def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]:
+    """No check across arms (a comparison with another arm's engine is a profile of its own)."""
+    return []
+
+
+__all__ = ["arms_findings", "divergence_start", "trace_findings"]

@@ -1,0 +1,57 @@
+"""Figures of the per-layer divergence profile (tables from :mod:`rlparity.metrics.layers`); each
+returns a plotly Figure and never shows it."""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+import xarray as xr
+
+_ZERO = 1e-9  # exact zero drawn here on log axes
+
+
+def plot_layer_profile(table: xr.Dataset, *, title: str | None = None) -> go.Figure:
+    """The relative error per site (embedding, each layer's modules in data-flow order, final norm,
+    LM head) on a log axis, one line per arm, the floor of each arm dotted in the same colour
+    (``table``: :func:`rlparity.metrics.layers.profile_table`). Exact zeros are drawn at 1e-9."""
+    fig = go.Figure()
+    sites = table["site"].values.tolist()
+    palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+               "#bcbd22", "#17becf"]
+    for k, arm in enumerate(table["arm"].values.tolist()):
+        color = palette[k % len(palette)]
+        y = table["relative_error"].sel(arm=arm).values
+        comp = str(table["comparison"].sel(arm=arm).item())
+        fig.add_trace(go.Scatter(x=sites, y=np.maximum(y, _ZERO), mode="lines+markers", name=f"{arm} (vs {comp})",
+                                 legendgroup=arm, line={"color": color},
+                                 hovertemplate=f"{arm}<br>%{{x}}: %{{y:.3g}}<extra>vs {comp}</extra>"))
+        fl = table["floor"].sel(arm=arm).values
+        if np.isfinite(fl).any():
+            fig.add_trace(go.Scatter(x=sites, y=np.maximum(fl, _ZERO), mode="lines", name=f"{arm}: floor",
+                                     legendgroup=arm, showlegend=False, line={"color": color, "dash": "dot",
+                                                                               "width": 1},
+                                     hovertemplate=f"floor of {arm}<br>%{{x}}: %{{y:.3g}}<extra></extra>"))
+    fig.update_yaxes(type="log", title_text="relative error: RMS(engine - reference) / RMS(reference)")
+    fig.update_xaxes(title_text="site (data-flow order)", tickangle=-60)
+    fig.update_layout(title=title or "Where the engine's states part from the reference, layer by layer (dotted: "
+                                     "the floor a clean parity capture reaches)", height=480)
+    return fig
+
+
+def plot_position_heatmap(errors: xr.DataArray, *, title: str | None = None) -> go.Figure:
+    """The relative error per site (rows, data-flow order from the top) and position (columns) of
+    one sequence, log10 colour scale; positions the engine served from its prefix cache (not
+    recomputed) are blank (``errors``: :func:`rlparity.metrics.layers.relative_error` with
+    ``dim=()``, one ``layer_sequence`` selected)."""
+    z = np.log10(np.maximum(errors.transpose("site", "full_position").values.astype(float), _ZERO))
+    fig = go.Figure(go.Heatmap(z=z, x=errors["full_position"].values, y=errors["site"].values,
+                               colorscale="Viridis", colorbar={"title": "log10 rel. error"},
+                               hovertemplate="%{y}, position %{x}: 10^%{z:.2f}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed", title_text="site")
+    fig.update_xaxes(title_text="position in prompt + response")
+    fig.update_layout(title=title or "Relative error per site and position (blank: served from the prefix cache)",
+                      height=460)
+    return fig
+
+
+__all__ = ["plot_layer_profile", "plot_position_heatmap"]
