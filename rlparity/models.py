@@ -320,6 +320,44 @@ def _save(model, tokenizer, out: Path, dtype: str, info: dict) -> None:
     os.replace(tmp, out)
 
 
+# real models' shapes with random weights (no training), for speed and floor measurements on a GPU
+SHAPES: dict[str, dict] = {
+    # Qwen2-1.5B's shape as a Llama (tied embeddings, grouped KV heads, its 151936-token vocabulary)
+    "1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
+             "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True},
+    # Llama-2-7B's shape (a 32000-token vocabulary)
+    "7b": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "num_key_value_heads": 32, "vocab_size": 32000, "tie_word_embeddings": False},
+}
+
+
+def make_shape_model(shape: str = "1.5b", out: str | os.PathLike | None = None, *, seed: int = 0,
+                     device: str = "cpu", dtype: str = "bfloat16", force: bool = False) -> Path:
+    """A checkpoint with a real model's shape (:data:`SHAPES`) and random weights (seeded), with the
+    built-in character tokenizer padded to its vocabulary: loads through ``from_pretrained`` and
+    ``vllm.LLM(model=...)`` like any checkpoint. Untrained: its distributions are near uniform, which
+    is what a rescoring benchmark or a floor measurement at that shape needs, not a semantic test.
+    Reused when ``out`` holds the same recipe."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; choose one of {sorted(SHAPES)}")
+    spec = SHAPES[shape]
+    out = Path(out) if out is not None else _cache_root() / "models" / f"shape-{shape}-{dtype}"
+    recipe = {"shape": shape, "spec": spec, "seed": seed, "dtype": dtype, "recipe_version": 1}
+    marker = out / MODEL_MARKER
+    if marker.exists() and not force and json.loads(marker.read_text()).get("recipe") == recipe:
+        return out
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(**spec, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg)
+    _save(model, build_tokenizer(vocab_pad_to=spec["vocab_size"]), out, dtype,
+          {"recipe": recipe, "vocab_size": spec["vocab_size"], "trained": False})
+    return out
+
+
 def _finished_model(size: str, finish: Finish, out: Path, recipe: dict, *, seed: int, device: str, force: bool,
                     progress: bool) -> Path:
     """``finish`` applied to the trained ``finish.base`` model (built or reused first)."""

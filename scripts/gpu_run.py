@@ -32,6 +32,12 @@ PARTS: dict[str, tuple[str, int]] = {
     "faults": (f"{PY} -m rlparity.experiments.faults --out {{out}} --size small --dtype bfloat16 --device cuda "
                "--sigma 0.2 --n-prompts 8 --max-tokens 32 --inflight-tokens 128 --update-after 0.1 "
                "--example h200-faults && rm -rf {out}/checkpoints", 400),
+    # floors (issue 24): one rollout rescored under every trainer shape, the engine's batch spread; the
+    # trained bf16 `small` and a random model of Qwen2-1.5B's shape built on the device
+    "floors": (f"{PY} -m rlparity.experiments.floors --out {{out}}/small --size small --dtype bfloat16 --device cuda "
+               "--n-prompts 64 --max-tokens 64 --example h200-floors-small && "
+               f"{PY} -m rlparity.experiments.floors --out {{out}}/1p5b --shape 1.5b --dtype bfloat16 --device cuda "
+               "--n-prompts 64 --max-tokens 64 --gpu-memory-utilization 0.6 --example h200-floors-1p5b", 420),
     # the CUDA paths of the Scorer, compile_head, train_step, make_model (issue 22)
     "gpu_tests": (f"{PY} -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py", 300),
     "layers": (f"{PY} scripts/gpu_layers.py --out {{out}} --device cuda", 300),

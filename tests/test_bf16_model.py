@@ -54,3 +54,30 @@ def test_raw_arm_is_caught(bf16_arms):
     f = next(f for f in report if f.arm == "raw_logprobs" and f.layer == Layer.SEMANTIC)
     assert f.name == "raw_logprobs_used_as_processed" and abs(f.evidence["alpha_processed"]) < 0.05
     assert not check(bf16_arms["raw_logprobs"]).passed
+
+
+def test_trainer_floor_finding_fires_on_a_batch_variant_trainer_only(bf16_arms):
+    """The checkpoint-like bf16 model on real vLLM: the default trainer (right-padded batches) is
+    batch-invariant on this CPU (its self-check moves nothing) and gets no floor finding; a trainer
+    that left-pads without position ids moves its logprobs with the batch's longest sequence, its
+    self-check measures it, and the finding says the trainer alone makes a share of the gap."""
+    from rlparity.config.settings import TrainerSettings
+    from rlparity.diagnose.trainer import FLOOR_SHARE
+    from rlparity.metrics.floors import recorded_floors
+    from rlparity.models import make_model
+    from rlparity.score import Scorer
+
+    trace = bf16_arms["processed_logprobs"]
+    model = str(make_model("tiny-bf16", progress=False))
+    found = {}
+    for layout in ("padded", "left_padded"):
+        scored = Scorer(model, dtype="bfloat16", progress=False, settings=TrainerSettings(layout=layout)).score(trace)
+        f = recorded_floors(scored)
+        report = diagnose({layout: scored})
+        found[layout] = (f, [x for x in report if x.name == "trainer_not_batch_invariant"])
+    f, none = found["padded"]
+    assert f["batch_shape_mean_abs"] == 0 and none == []
+    f, fired = found["left_padded"]
+    assert f["batch_shape_mean_abs"] > 1e-3 and len(fired) == 1, fired
+    assert fired[0].severity == Severity.WARNING and fired[0].evidence["share_of_gap"] >= FLOOR_SHARE
+    assert fired[0].cause == "trainer_batch_variance" and "batch_invariant=True" in fired[0].fix

@@ -69,6 +69,8 @@ def test_zero_lr_leaves_pi_theta_equal_to_pi_old(sampled, tiny_model):
         old = res.trace[ob.policy_variable("old", side)].values
         assert np.nanmax(np.abs(new - old)) < 1e-5
     assert res.metrics["grad_norm"] > 0  # the loss had a gradient; only the step was empty
+    # step 0: the gradient pass reproduces the no-grad pi_old exactly (same weights, shapes and mode)
+    assert res.metrics["step0_consistent"] and res.metrics["step0_max_abs_diff"] == 0.0
     assert res.metrics["pi_old_max_abs_diff_vs_trace"] < 1e-5
     # a loaded model is trained in place and handed back for the next step
     again = train_step(res.model, res.trace, loss="ppo", lr=0.0)

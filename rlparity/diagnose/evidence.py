@@ -36,6 +36,7 @@ import xarray as xr
 from rlparity.config.defaults import defaults
 from rlparity.metrics import TRAINER_VARIABLE, core, log_ratio, trainer_readings, trainer_side
 from rlparity.metrics import inflight as mi
+from rlparity.metrics.floors import recorded_floors as trainer_floor
 from rlparity.trace import has_trainer, trace_versions
 from rlparity.trace.weights import versions_that_differ
 
@@ -139,29 +140,6 @@ class ArmEvidence:
         """The trainer's own floor from its self-check (``attrs["trainer"]["self_check"]``, on the
         reading in use): RMS of batch shape and run-to-run differences (nats; NaN if not measured)."""
         return trainer_floor(self.trace, self.side)
-
-
-def trainer_floor(trace: xr.Dataset, side: str = "processed") -> dict[str, float]:
-    """The trainer's batch-shape and run-to-run differences from its self-check (mean ``|x|`` and
-    RMS, nats; the latest version's for a trace scored per version), and the engine's own batch
-    spread where the capture probed it (``attrs["engine_floor"]``); NaN where not measured."""
-    t = trace.attrs.get("trainer") or {}
-    check = t.get("self_check")
-    if not check:
-        per = t.get("self_check_per_version") or {}
-        check = next((v for v in per.values() if v), None)
-    out = {f"{k}_{s}": float("nan") for k in ("batch_shape", "run_to_run", "engine_batch") for s in ("rms", "mean_abs")}
-    if isinstance(check, dict):
-        for key in ("batch_shape", "run_to_run"):
-            v = check.get(f"{key}_{side}") or {}
-            for stat in ("rms", "mean_abs"):
-                if isinstance(v, dict) and v.get(stat) is not None:
-                    out[f"{key}_{stat}"] = float(v[stat])
-    eng = (trace.attrs.get("engine_floor") or {}).get("batch_shape") or {}
-    for stat in ("rms", "mean_abs"):
-        if eng.get(stat) is not None:
-            out[f"engine_batch_{stat}"] = float(eng[stat])
-    return out
 
 
 def floor_mean_abs(trace: xr.Dataset, side: str = "processed") -> float:

@@ -39,6 +39,7 @@ from typing import Any
 import xarray as xr
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlparity.capture.floor import engine_floor
 from rlparity.config.settings import EngineSettings, SamplingSettings, TrainerSettings
 from rlparity.diagnose.causes import CAUSES
 
@@ -252,7 +253,7 @@ def _capture(eng, plan: Plan, phases: Mapping[str, list], sampling: SamplingSett
     t_start = eng.clock()
     eng.capture(phases["before"], sampling.model_copy(update={"max_tokens": 1}), arm=plan.arm)
     before = eng.capture(phases["before"], sampling, arm=plan.arm)
-    floor = engine_floor(eng, phases["before"][:2], sampling, before)
+    floor = engine_floor(eng, phases["before"][:2], sampling, before)  # the engine's own batch spread
     fut = eng.capture_async(phases["inflight"], sampling.model_copy(update={"max_tokens": inflight_tokens}),
                             arm=plan.arm)
     reached = eng.wait_tokens(threshold, timeout=600)
@@ -268,29 +269,6 @@ def _capture(eng, plan: Plan, phases: Mapping[str, list], sampling: SamplingSett
                         "fault_protocol": {"update": update, "threshold_tokens": threshold, "threshold_reached": reached,
                                            "phases": {k: len(v) for k, v in phases.items()}}})
     return trace
-
-
-def engine_floor(eng, prompts: list, sampling: SamplingSettings, batched: xr.Dataset) -> dict[str, Any]:
-    """The engine's own floor: ``prompts`` (the first of a batched capture) sampled again one at a
-    time with the same request seeds; the logprobs of the tokens both runs sampled alike (up to the
-    first token that differs) compared with the batched run's. A batch-invariant engine gives 0."""
-    import numpy as np
-
-    diffs, n_diverged = [], 0
-    for i, p in enumerate(prompts):
-        one = eng.capture([p], sampling.model_copy(update={"seed": None if sampling.seed is None
-                                                           else sampling.seed + i}), arm="engine_floor")
-        a_tok, b_tok = batched["token_id"].values[i], one["token_id"].values[0]
-        n = min(int((a_tok >= 0).sum()), int((b_tok >= 0).sum()))
-        same = np.cumprod(a_tok[:n] == b_tok[:n]).astype(bool)
-        n_diverged += int(not same.all())
-        diffs.append(np.abs(batched["rollout_logprob"].values[i, :n][same] - one["rollout_logprob"].values[0, :n][same]))
-    d = np.concatenate(diffs) if diffs else np.zeros(0)
-    return {"batch_shape": {"n_tokens": int(d.size), "mean_abs": float(d.mean()) if d.size else float("nan"),
-                            "rms": float(np.sqrt(np.mean(d ** 2))) if d.size else float("nan"),
-                            "max_abs": float(d.max()) if d.size else float("nan")},
-            "n_sequences": len(prompts), "n_sequences_diverged": n_diverged,
-            "shape_main": f"a batch of {batched.sizes['sequence']}", "shape_check": "batch 1, same request seeds"}
 
 
 def run_matrix(model: str | os.PathLike, arms: Sequence[Iterable[str]] | None = None,

@@ -30,6 +30,7 @@ import numpy as np
 import xarray as xr
 
 from rlparity.config.provenance import make_attrs
+from rlparity.metrics.floors import floors_beside_gap
 from rlparity.metrics.objective import (
     OBJECTIVE_DEFAULTS,
     POLICY_NAMES,
@@ -493,7 +494,10 @@ def as_dashboard(trace: xr.Dataset, names: str = "verl", *, trainer: str = "proc
                            n_tokens=int(usable.sum()), n_excluded=int((mask & ~usable).sum()),
                            source=SOURCES[names], trainer_side=trainer,
                            options=str({k: v for k, v in options.items() if k != "advantages"}),
-                           arm=trace.attrs.get("arm", "default"))
+                           arm=trace.attrs.get("arm", "default"),
+                           # beside the peer's numbers: the gap the trainer's own batch shape produces
+                           **floors_beside_gap(trace, float(np.mean(np.abs(log_pi[usable] - log_mu[usable])))
+                                               if usable.any() else float("nan"), trainer))
     return out.to_dataset() if as_dataset else out
 
 

@@ -52,9 +52,18 @@ SUMMARY_VARIABLES: dict[str, tuple[str, str | None]] = {
     "prob_diff_std": ("std |pi_old - mu|", None),
     "prob_pearson": ("Pearson corr(pi_old, mu) of sampled-token probabilities", None),
 }
+# beside the gap, from what the rescoring and the capture recorded (one number per trace, whatever dim)
+FLOOR_SUMMARY_VARIABLES: dict[str, tuple[str, str | None]] = {
+    "trainer_floor": ("the trainer's own floor: mean |x| between its batch and the same sequences alone "
+                      "(self-check; NaN = not measured)", "nats"),
+    "engine_floor": ("the engine's own floor: mean |x| between its batch and the same requests alone "
+                     "(NaN = not measured)", "nats"),
+    "trainer_floor_share": ("the share of the gap (mean |d|) the trainer's batch shape alone produces", None),
+}
 _TEXT_ORDER = ["n_tokens", "n_zero_prob", "log_ratio_mean", "abs_log_ratio_mean", "abs_log_ratio_rms",
                "abs_log_ratio_max", "log_ratio_q01", "log_ratio_q50", "log_ratio_q99", "mean_ratio", "kl_k1",
-               "kl_k3", "clip_fraction", "ess_token", "prob_pearson"]
+               "kl_k3", "clip_fraction", "ess_token", "prob_pearson", "trainer_floor", "engine_floor",
+               "trainer_floor_share"]
 
 
 def trainer_variable(trainer: TrainerSide | None = None) -> str:
@@ -171,7 +180,13 @@ def summary(trace: xr.Dataset, trainer: TrainerSide | None = None, eps: float | 
 def _finish(ds: xr.Dataset, trace: xr.Dataset, trainer: TrainerSide | None, eps: float,
             dim: str | Sequence[str] | None) -> xr.Dataset:
     """Names, units and provenance of a summary dataset."""
-    for name, (long_name, units) in SUMMARY_VARIABLES.items():
+    from rlparity.metrics.floors import floors_beside_gap
+
+    gap = float(ds["abs_log_ratio_mean"]) if ds["abs_log_ratio_mean"].ndim == 0 else float(
+        core.masked_mean(np.abs(log_ratio(trace, trainer).values), trace["response_mask"].values))
+    for k, v in floors_beside_gap(trace, gap, trainer_side(trace, trainer)).items():
+        ds[k] = v  # scalars whatever dim was reduced: a floor is one number per rescoring
+    for name, (long_name, units) in {**SUMMARY_VARIABLES, **FLOOR_SUMMARY_VARIABLES}.items():
         ds[name].attrs = {"long_name": long_name.replace("eps]", f"eps] (eps={eps:g})") if name == "clip_fraction"
                           else long_name, **({"units": units} if units else {})}
     ds.attrs = pair_attrs(trainer, arm=trace.attrs.get("arm", "default"), eps=eps,
@@ -303,7 +318,7 @@ def table_records(table: xr.Dataset, index: str | None = None) -> dict[str, dict
 
 COMPACT_COLUMNS = (("abs_log_ratio_mean", "mean |d|"), ("abs_log_ratio_rms", "RMS d"), ("mean_ratio", "mean ratio"),
                    ("kl_k3", "k3 KL"), ("clip_fraction", "clip@eps"), ("n_zero_prob", "p=0 tokens"),
-                   ("n_tokens", "tokens"))
+                   ("n_tokens", "tokens"), ("trainer_floor_share", "trn floor"))
 
 
 def format_summary_table(arms, trainer: TrainerSide | None = None, eps: float | None = None) -> str:
@@ -352,6 +367,6 @@ def format_summary(trace: xr.Dataset, trainer: TrainerSide | None = None, eps: f
     return "\n".join(lines)
 
 
-__all__ = ["BACKEND_PAIR", "BACKEND_PAIR_D", "REFERENCE_PAIR_D", "SUMMARY_VARIABLES", "TRAINER_VARIABLE",
+__all__ = ["BACKEND_PAIR", "BACKEND_PAIR_D", "FLOOR_SUMMARY_VARIABLES", "REFERENCE_PAIR_D", "SUMMARY_VARIABLES", "TRAINER_VARIABLE",
            "format_summary", "format_summary_table", "log_ratio", "pair_attrs", "reduce", "reduce_dims", "scalar_summary", "scalars", "summary",
            "table_records", "trainer_readings", "trainer_side", "trainer_variable"]

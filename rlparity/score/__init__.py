@@ -43,6 +43,7 @@ from rlparity.score.head import (
 )
 from rlparity.config.settings import TrainerSettings
 from rlparity.trace import latest_version, sequences, token_checksum, trace_versions, validate
+from rlparity.trace.floor import spread
 from rlparity.trace.prompts import chat_token_ids
 from rlparity.trace.schema import TOKEN_DIMS, annotate
 
@@ -271,13 +272,7 @@ class Scorer:
                                "right-padded, similar lengths together", "shape_check": "batch 1, twice"}
         for name, a, b in (("batch_shape", result, first), ("run_to_run", first, again)):
             for var, key in (("trainer_logprob", "raw"), ("trainer_processed_logprob", "processed")):
-                x, y = a[var][pick], b[var][pick]
-                ok = np.isfinite(x) & np.isfinite(y)
-                diff = np.abs(x[ok] - y[ok])
-                out[f"{name}_{key}"] = {"n_tokens": int(ok.sum()),
-                                        "mean_abs": float(diff.mean()) if diff.size else float("nan"),
-                                        "rms": float(np.sqrt(np.mean(diff ** 2))) if diff.size else float("nan"),
-                                        "max_abs": float(diff.max()) if diff.size else float("nan")}
+                out[f"{name}_{key}"] = spread(a[var][pick], b[var][pick])
         return out
 
     def score(self, trace: xr.Dataset) -> xr.Dataset:
@@ -297,6 +292,9 @@ class Scorer:
         self.module.train(self.settings.train_mode)
         with torch.inference_mode():
             result = self._stats(seqs, batches, sampling, progress=self.progress)
+            if self.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            elapsed = time.perf_counter() - t0  # the scoring itself, not the self-check
             check = self._self_check(seqs, sampling, result) if self.settings.self_check else None
         self.module.train(training)
         out = trace.copy()
@@ -308,7 +306,7 @@ class Scorer:
             out[k] = (("sequence",), v)
         if self.tokenize_prompts:
             out = tokenize_prompts(out, self.tokenizer, add_special_tokens=self.special_tokens(trace))
-        out.attrs.update(self.attrs(trace, time.perf_counter() - t0, check))
+        out.attrs.update(self.attrs(trace, elapsed, check))
         return validate(annotate(out))
 
     def special_tokens(self, trace: xr.Dataset) -> bool:

@@ -159,6 +159,7 @@ def train_step(model: Any, trace: xr.Dataset, *, rewards: Sequence[float] | Call
 
     optimizer.zero_grad(set_to_none=True)
     total_loss, n_clipped, n_clip_units = 0.0, 0, 0
+    step0 = 0.0  # the gradient pass's pi_theta (before the step) against the no-grad pi_old, same weights
     for batch in batches:
         lps = _batch_logprobs(scorer, seqs, batch, temp, topk, topp, trainer, device)
         batch_loss = None
@@ -169,6 +170,8 @@ def train_step(model: Any, trace: xr.Dataset, *, rewards: Sequence[float] | Call
                 continue
             lp_k = lp[torch.as_tensor(u, device=lp.device)]
             old_k = torch.as_tensor(old[i, :L][u], dtype=lp.dtype, device=lp.device)
+            if old_logprob is None:
+                step0 = max(step0, float((lp_k.detach() - old_k).abs().max()))
             w = (None if token_weights is None else
                  torch.as_tensor(np.asarray(token_weights, float)[i, :L][u], dtype=lp.dtype, device=lp.device))
             term, count, clipped = sequence_terms(loss, lp_k, old_k, float(adv[i]), el, eh, w)
@@ -225,9 +228,35 @@ def train_step(model: Any, trace: xr.Dataset, *, rewards: Sequence[float] | Call
                                       for g in np.unique(trace[group_by].values))),
         "pi_old_max_abs_diff_vs_trace": float(np.nanmax(np.abs(np.where(usable, old - stored_old, np.nan))))
         if usable.any() else float("nan"),
+        **step0_check(step0 if old_logprob is None else float("nan"), module),
         "seconds": round(time.perf_counter() - t0, 3),
     }
     return StepResult(out, metrics, gradient, module)
+
+
+def step0_check(max_abs: float, module) -> dict[str, Any]:
+    """The step-0 self-consistency of the trainer: before the optimizer step pi_theta and pi_old
+    are the same weights on the same tokens, so the gradient pass must reproduce the no-grad pass
+    exactly (an lr of 0 must leave pi_theta == pi_old). ``step0_max_abs_diff`` (nats) and, when it
+    is not 0, ``step0_why``: what in this trainer makes the two forwards differ (verl, slime and
+    others meet this as "pi_old != pi_theta at step 0")."""
+    import torch
+
+    out: dict[str, Any] = {"step0_max_abs_diff": max_abs, "step0_consistent": bool(max_abs == 0.0)}
+    if max_abs == 0.0 or max_abs != max_abs:
+        return out
+    why = []
+    if module.training:
+        why.append("the model is in train mode (dropout active)")
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in module.modules()):
+        why.append("dropout layers have p > 0")
+    if getattr(module, "is_gradient_checkpointing", False):
+        why.append("gradient checkpointing recomputes activations")
+    if not torch.are_deterministic_algorithms_enabled():
+        why.append("kernels may differ between a no-grad and a gradient forward (autograd keeps other "
+                   "buffers; torch.use_deterministic_algorithms(True) pins some)")
+    out["step0_why"] = "; ".join(why) or "unknown: the two forwards ran the same shapes and mode"
+    return out
 
 
 def _batch_logprobs(scorer, seqs, batch, temp, topk, topp, trainer, device):

@@ -1,0 +1,113 @@
+"""Floors (issue 24): the trainer shapes rescoring the same tokens, the batch-invariant mode, the floor
+statistics and what the summary and the diagnosis report beside the gap. No engine: the rollout
+is a trace of real prompts with responses the tiny model wrote (transformers generate)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlparity.config.settings import TrainerSettings
+from rlparity.metrics.floors import floor_stats, floor_table, recorded_floors, trainer_floor
+from rlparity.score import Scorer
+
+
+@pytest.fixture(scope="module")
+def rollout(tiny_model):
+    from rlparity.models import make_prompts
+    from rlparity.train import generate_trace
+
+    # prompts of different lengths, so batches pad and packed rows differ from padded ones
+    return generate_trace(tiny_model, make_prompts(12, seed=5), n=2, max_new_tokens=10, seed=0)
+
+
+def _score(model, trace, batch_size=16, **settings):
+    return Scorer(model, batch_size=batch_size, progress=False, settings=TrainerSettings(**settings)).score(trace)
+
+
+def _alone_float64(model, trace):
+    """An independent reference: every sequence alone, the whole model in float64 (no batching, no
+    padding, no packing), log-softmax of the sampled token."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlparity.trace import sequences
+
+    m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float64).eval()
+    out = np.full(trace["token_id"].shape, np.nan)
+    with torch.no_grad():
+        for i, (p, r) in enumerate(sequences(trace)):
+            logits = m(input_ids=torch.tensor([p + r])).logits[0, len(p) - 1: len(p) - 1 + len(r)]
+            out[i, : len(r)] = torch.log_softmax(logits, -1).gather(1, torch.tensor(r)[:, None])[:, 0].numpy()
+    return out
+
+
+def test_every_layout_reads_the_same_logprobs_as_each_sequence_alone(tiny_model, rollout):
+    ref = _alone_float64(tiny_model, rollout)
+    mask = rollout["response_mask"].values
+    for settings in ({}, {"layout": "packed"}, {"layout": "left_padded"}, {"batch_invariant": True},
+                     {"order": "shuffled"}, {"attn_implementation": "eager"}, {"gradient_checkpointing": True}):
+        s = _score(tiny_model, rollout, **settings)
+        err = np.abs(s["trainer_logprob"].values - ref)[mask]
+        # float32 against float64: the layouts differ only by rounding
+        assert np.nanmax(err) < 5e-5, (settings, np.nanmax(err))
+        shape = s.attrs["trainer"]["shape"]
+        assert shape["layout"] == settings.get("layout", "padded") and shape["batch_invariant"] == bool(
+            settings.get("batch_invariant"))
+    # a packed row without its block-diagonal mask would let sequences attend to each other: the
+    # check above would fail by nats, not 1e-5 (the reference is the sequences alone)
+
+
+def test_batch_invariant_mode_does_not_depend_on_the_batch(tiny_model, rollout):
+    """The same sequence scored with other companions, in another order: bit-for-bit the same in
+    batch-invariant mode (each sequence alone at a fixed bucket)."""
+    few = rollout.isel(sequence=[0, 5])
+    a = _score(tiny_model, rollout, batch_invariant=True)
+    b = _score(tiny_model, few, batch_invariant=True, order="shuffled")
+    for var in ("trainer_logprob", "trainer_processed_logprob"):
+        x, y = a[var].values[[0, 5]], b[var].values
+        w = min(x.shape[1], y.shape[1])
+        np.testing.assert_array_equal(x[:, :w], y[:, :w])
+    assert a.attrs["trainer"]["self_check"]["batch_shape_processed"]["max_abs"] == 0.0
+
+
+def test_floor_statistics_equal_a_numpy_reference(tiny_model, rollout):
+    a = _score(tiny_model, rollout, batch_size=1)
+    b = _score(tiny_model, rollout, batch_size=16, layout="left_padded")
+    mask = rollout["response_mask"].values
+    x, y = a["trainer_processed_logprob"].values, b["trainer_processed_logprob"].values
+    diff = (x - y)[mask & np.isfinite(x) & np.isfinite(y)]
+    f = trainer_floor(a, b)
+    assert float(f["floor_mean_abs"]) == pytest.approx(np.mean(np.abs(diff)), rel=1e-12)
+    assert float(f["floor_rms"]) == pytest.approx(np.sqrt(np.mean(diff ** 2)), rel=1e-12)
+    assert float(f["floor_max_abs"]) == pytest.approx(np.max(np.abs(diff)), rel=1e-12)
+    per_seq = trainer_floor(a, b, dim="position")
+    assert per_seq["floor_mean_abs"].sizes == {"sequence": rollout.sizes["sequence"]}
+    i = int(np.argmax(per_seq["floor_max_abs"].values))
+    row = np.abs(x[i] - y[i])[mask[i]]
+    assert float(per_seq["floor_max_abs"][i]) == pytest.approx(row.max(), rel=1e-12)
+    core = floor_stats(x, y, mask, axis=-1)
+    np.testing.assert_allclose(core["floor_mean_abs"], per_seq["floor_mean_abs"].values)
+    # the table: each shape against batch 1, the gap of batch 1, the share
+    table = floor_table({"batch1": a, "left16": b}, "batch1")
+    assert float(table["floor_mean_abs"].sel(shape="batch1")) == 0.0
+    gap = np.mean(np.abs(x - a["rollout_logprob"].values)[mask & np.isfinite(x)])
+    assert float(table["gap_mean_abs_d"]) == pytest.approx(gap, rel=1e-12)
+    assert float(table["share_of_gap"].sel(shape="left16")) == pytest.approx(np.mean(np.abs(diff)) / gap, rel=1e-9)
+    with pytest.raises(ValueError, match="same tokens"):
+        trainer_floor(a, b.isel(sequence=slice(0, 3)))
+
+
+def test_summary_and_dashboards_report_the_floor_beside_the_gap(tiny_model, rollout):
+    from rlparity.metrics import as_dashboard, summary
+
+    s = _score(tiny_model, rollout, layout="left_padded")
+    f = recorded_floors(s)
+    assert f["batch_shape_mean_abs"] > 0 and f["run_to_run_mean_abs"] == 0
+    sm = summary(s)
+    assert float(sm["trainer_floor"]) == f["batch_shape_mean_abs"]
+    assert float(sm["trainer_floor_share"]) == pytest.approx(f["batch_shape_mean_abs"] / float(sm["abs_log_ratio_mean"]))
+    assert np.isnan(float(sm["engine_floor"]))  # the rollout came from transformers, no engine floor probed
+    assert summary(s, dim="position")["trainer_floor"].ndim == 0  # one number per rescoring
+    dash = as_dashboard(s, "verl")
+    assert dash.info["trainer_floor"] == f["batch_shape_mean_abs"]
