@@ -1,0 +1,149 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 8. Floors: what parity can be on this hardware
+#
+# Every verdict compares a mismatch with a floor. rlparity's trainer is not one number either: on
+# a GPU the same tokens rescored at batch 16 instead of batch 1 get other logprobs, because the GEMM
+# and attention kernels are chosen by shape, and the engine's logprobs move with the batch a request
+# runs in. verl, prime-rl and Thinking Machines' batch-invariance work all meet this, and "pi_old !=
+# pi_theta at step 0" is a recurring complaint.
+#
+# This chapter measures both floors and puts them beside the backend gap
+# `d = log pi_old - log mu` (nats):
+#
+# * the **trainer floor**: one rollout rescored under the shapes real trainers use (batch 1, 16, 64;
+#   packed rows with position ids reset, as verl's remove-padding and prime-rl's packing do;
+#   shuffled micro-batches; train mode; eager attention; gradient checkpointing) and under
+#   rlparity's **batch-invariant mode** (every sequence alone at a fixed bucket length);
+# * the **engine floor**: the same requests sampled again alone with the same seeds.
+#
+# Every rescoring records its shape and a small self-check of its own floor, so `summary`, the
+# dashboards and the diagnosis say what share of the gap the trainer alone produces
+# (`trainer_not_batch_invariant` warns at 25% of a gap that matters).
+
+# %% tags=["parameters"]
+ci = False                 # small sizes for CI
+model = None               # a local checkpoint; None builds the built-in model below
+size = "tiny"
+device = "cpu"
+n_prompts = 32
+max_tokens = 32
+engine_log_level = "ERROR"
+out_dir = "artifacts/08_floors"
+
+# %%
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", engine_log_level)  # before vLLM is imported
+
+import rlparity
+from rlparity.capture import SamplingSettings
+from rlparity.config.provenance import write_json
+from rlparity.datasets import list_examples, load_example
+from rlparity.diagnose import diagnose
+from rlparity.experiments import floors as fl
+from rlparity.metrics import table_records
+from rlparity.metrics.floors import floor_table, trainer_floor
+from rlparity.models import make_model, make_prompts
+from rlparity.plot import floors as pfl
+from rlparity.plot import init_notebook
+
+init_notebook()
+if ci:
+    n_prompts, max_tokens = 16, 16
+model = model or str(make_model(size, progress=False))
+out = Path(out_dir)
+out.mkdir(parents=True, exist_ok=True)
+print(f"model {Path(model).name} on {device}: {n_prompts} prompts x {max_tokens} tokens")
+
+# %% [markdown]
+# ## On the H200
+# Shipped example data (`python -m rlparity.experiments.floors --device cuda --dtype bfloat16`, vLLM
+# 0.26, bf16 body, fp32 LM head on both sides): the trained `small` model and a random model of
+# Qwen2-1.5B's shape (vocabulary 151936) built on the device.
+
+# %%
+h200 = {}
+for name in ("h200-floors-small", "h200-floors-1p5b"):
+    if name in list_examples():
+        arms = load_example(name)
+        h200[name] = floor_table(arms, fl.REFERENCE)
+for name, table in h200.items():
+    print(name, f"backend gap {float(table['gap_mean_abs_d']):.4g} nats mean |d|; engine batch spread",
+          (table.attrs.get("engine_floor") or {}).get("batch_shape", {}).get("mean_abs"))
+    display(table[["floor_mean_abs", "floor_max_abs", "share_of_gap", "relative_throughput"]]  # noqa: F821
+            .to_dataframe().round(5))
+if h200:
+    display(pfl.plot_floor_table(h200))  # noqa: F821
+
+# %% [markdown]
+# ## On this machine
+# One rollout from a real vLLM engine; the same tokens rescored under every shape. On a CPU in
+# float32 the floors are at the rounding level, far under any gap that matters.
+
+# %%
+t0 = time.perf_counter()
+arms = fl.floor_run(model, make_prompts(n_prompts), SamplingSettings(temperature=0.7, top_k=20,
+                    max_tokens=max_tokens, seed=0), device=device, log=lambda m: None)
+elapsed = time.perf_counter() - t0
+table = floor_table(arms, fl.REFERENCE)
+table[["floor_mean_abs", "floor_rms", "floor_max_abs", "gap_mean_abs_d", "share_of_gap",
+       "relative_throughput"]].to_dataframe()
+
+# %%
+pfl.plot_floor_table({"this machine": table})
+
+# %% [markdown]
+# ## Where the trainer moves: per position
+# The floor between batch 1 and batch 16, per position (mean over sequences), beside the backend
+# gap at the same positions.
+
+# %%
+pfl.plot_floor_by_position(arms[fl.REFERENCE], arms["batch16"])
+
+# %% [markdown]
+# ## What the diagnosis says
+# Each arm carries its own self-check and the engine's batch spread; the floor findings are
+# information when the floors are a small share of the gap, a warning at 25% of a gap that matters.
+
+# %%
+report = diagnose(arms, title="floors")
+[(f.arm, f.name, f.severity.value, round(f.evidence["share_of_gap"], 3)) for f in report
+ if f.name.endswith("batch_invariant")]
+
+# %% [markdown]
+# ## What this notebook asserts
+
+# %%
+inv = trainer_floor(arms["batch_invariant"], arms["batch_invariant_shuffled"])
+assert float(inv["floor_max_abs"]) == 0.0  # the batch-invariant mode does not depend on the batch
+assert float(table["floor_max_abs"].max()) < 1e-4, table["floor_max_abs"].values  # float32 on a CPU
+assert not report.problems(), [str(f) for f in report.problems()]
+h200_invariant = {}
+for name in h200:
+    a = load_example(name)
+    f = trainer_floor(a["batch_invariant"], a["batch_invariant_shuffled"])
+    h200_invariant[name] = float(f["floor_max_abs"])
+    assert h200_invariant[name] <= 1e-6, h200_invariant  # the mode's own floor on the H200
+store = rlparity.trace.save(arms, out / "floors.zarr")
+write_json(out / "results.json", {"table": table_records(table), "engine_floor": table.attrs.get("engine_floor"),
+                                  "batch_invariant_mode_floor": {k: float(inv[k]) for k in inv.data_vars},
+                                  "h200": {k: table_records(v) for k, v in h200.items()},
+                                  "h200_batch_invariant_mode_floor": h200_invariant,
+                                  "findings": report.to_dict()["findings"], "elapsed_s": round(elapsed, 1)})
+print(f"{len(arms)} trainer shapes in {elapsed:.0f} s; wrote {store.name} and results.json")
