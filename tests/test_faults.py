@@ -157,3 +157,24 @@ def test_fault_matrix_verdicts_tiny_bf16(release_engines):
         fh.write(text + "\n\n" + "\n".join(report.summary_lines()))
     _check_bars(scores.attrs, text)
     assert {a.attrs["engine_effective"]["dtype"] for a in arms.values()} == {"bfloat16"}
+
+
+def test_headline_reaches_check_the_summary_lines_and_the_html():
+    """The attributed headline is what every surface shows first: `rlparity check`'s text and JSON,
+    the summary lines `rlparity run` prints, and the notebook HTML."""
+    from rlparity.datasets import load_example
+    from rlparity.diagnose.check import check
+
+    arm = "keep-noclear-prefix_on"
+    tr = {arm: load_example("h200-inflight")[arm]}
+    res = check(tr)
+    text = str(res)
+    assert not res.passed
+    first = text.splitlines()[:3]
+    assert any(line.strip().startswith(f"{arm}: inference_path/stale_prefix_cache_after_update") for line in first), first
+    assert res.to_dict()["headlines"][arm][1] == "stale_prefix_cache"
+    line = res.report.summary_lines()[0]
+    assert "explains" in line and "also: kv_carried_over_update" in line
+    html = res.report._repr_html_()
+    assert html.index("stale_prefix_cache_after_update") < html.index("all ")  # the headline row comes first
+    assert "explains" in html

@@ -72,6 +72,10 @@ class CheckResult:
 
     def __str__(self) -> str:
         head = "rlparity check: PASS (parity holds)" if self.passed else "rlparity check: FAIL (parity broken)"
+        # what to fix first: the attributed headline of every arm that has a problem
+        heads = [f"  {line}" for line in self.report.summary_lines() if not line.endswith(": ok")]
+        if heads:
+            head += "\nheadline per arm (the cause that explains most of its mismatch):\n" + "\n".join(heads)
         rows = [f"  {'ok ' if c.passed else 'BAD'}  [{c.arm}] {c.name:<26} {_fmt(c.value):>12}   limit {c.limit}"
                 for c in self.checks]
         failed = [c for c in self.checks if not c.passed]
@@ -80,6 +84,8 @@ class CheckResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "checks": [c.__dict__ for c in self.checks],
+                "headlines": {a: (r.get("headline"), r.get("cause"), r.get("share"))
+                              for a, r in self.report.attribution.items()},
                 "report": self.report.to_dict()}
 
 
