@@ -9,10 +9,9 @@ from typing import Any, Optional
 import typer
 
 from rlparity.cli.common import echo_json, engine_settings, model_path, sampling_settings, select_arms
-from rlparity.cli.main import EXIT_FAIL, EXIT_OK, BadInput, app
-from rlparity.config.defaults import defaults
+from rlparity.cli.main import EXIT_FAIL, EXIT_OK, BadInput, app, option_defaults
 
-_D = defaults()
+_D = option_defaults()
 
 
 class FailOn(str, Enum):

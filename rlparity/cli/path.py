@@ -8,10 +8,9 @@ from typing import Optional
 import typer
 
 from rlparity.cli.common import echo_json, model_path, sampling_settings
-from rlparity.cli.main import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, app
-from rlparity.config.defaults import defaults
+from rlparity.cli.main import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, app, option_defaults
 
-_D = defaults()
+_D = option_defaults()
 
 
 @app.command("profiles")

@@ -9,10 +9,9 @@ from typing import Optional
 import typer
 
 from rlparity.cli.common import echo_json, model_path, sampling_settings
-from rlparity.cli.main import BadInput, app
-from rlparity.config.defaults import defaults
+from rlparity.cli.main import BadInput, app, option_defaults
 
-_D = defaults()
+_D = option_defaults()
 _R = _D.rl
 
 

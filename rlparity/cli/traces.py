@@ -16,11 +16,10 @@ from rlparity.cli.common import (
     sampling_settings,
     select_arms,
 )
-from rlparity.cli.main import app
-from rlparity.config.defaults import defaults
+from rlparity.cli.main import app, option_defaults
 from rlparity.metrics.dashboard import DASHBOARDS
 
-_D = defaults()
+_D = option_defaults()
 Dashboard = Enum("Dashboard", {n.replace("-", "_"): n for n in DASHBOARDS}, type=str)
 
 
