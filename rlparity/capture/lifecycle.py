@@ -10,6 +10,7 @@ from typing import Any
 from rlparity.capture.engine_config import cpu_engine_env
 from rlparity.capture.lock import engine_lock
 from rlparity.config.env import scoped_env
+from rlparity.config.logs import engine_logging
 from rlparity.config.settings import EngineSettings
 
 
@@ -21,9 +22,10 @@ def engine_env(settings: EngineSettings) -> dict[str, str]:
 
 @contextlib.contextmanager
 def engine_session(settings: EngineSettings) -> Iterator[None]:
-    """The engine lock plus :func:`engine_env` for as long as an in-process engine lives; the
-    environment is restored on exit."""
-    with engine_lock(), scoped_env(engine_env(settings)):
+    """The engine lock plus :func:`engine_env` and this start's logging
+    (:func:`rlparity.config.logs.engine_logging`) for as long as an in-process engine lives; the
+    environment is restored and the logging config removed on exit."""
+    with engine_lock(), engine_logging() as log_env, scoped_env({**engine_env(settings), **log_env}):
         yield
 
 

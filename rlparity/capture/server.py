@@ -41,6 +41,7 @@ from rlparity.capture.lifecycle import engine_env
 from rlparity.capture.lock import engine_lock
 from rlparity.capture.requests import Prompt, Request, make_requests, render_chat
 from rlparity.config.env import scoped_env
+from rlparity.config.logs import subprocess_logging_env
 from rlparity.config.settings import EngineSettings, SamplingSettings
 
 TOKEN_ID_PREFIX = "token_id:"
@@ -360,7 +361,7 @@ class Server:
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1"),
-                **engine_env(self.settings)}
+                **engine_env(self.settings), **subprocess_logging_env()}  # its log: server.log
 
     def effective_config(self) -> dict[str, Any]:
         """The configuration vLLM resolves from the command line (no second engine started)."""
