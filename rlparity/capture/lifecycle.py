@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from rlparity.capture.engine_config import cpu_engine_env
+from rlparity.capture.engine_config import cpu_engine_env, fit_to_model
 from rlparity.capture.lock import engine_lock
 from rlparity.config.env import scoped_env
 from rlparity.config.logs import engine_logging
@@ -49,6 +49,7 @@ class EngineLifecycle:
     def start(self):
         if self._llm is not None:
             return self
+        self.settings = fit_to_model(self.model, self.settings)  # a model shorter than the default context
         self._session = contextlib.ExitStack()
         self._session.enter_context(engine_session(self.settings))
         try:
