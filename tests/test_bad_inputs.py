@@ -17,7 +17,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -916,22 +915,24 @@ def test_engine_lock_switch_is_not_a_path(tmp_path, monkeypatch):
 
 def test_engine_lock_waits_then_proceeds(tmp_path, monkeypatch, capfd):
     lock = tmp_path / "engine.lock"
+    done = tmp_path / "holder-done"
     monkeypatch.setenv("RLPARITY_ENGINE_LOCK_PATH", str(lock))
-    code = ("import time; from rlparity.capture.lock import engine_lock\n"
-            "with engine_lock(enabled=True):\n    print('held', flush=True); time.sleep(1.0)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
+    code = ("import sys, time; from pathlib import Path; from rlparity.capture.lock import engine_lock\n"
+            "with engine_lock(enabled=True):\n    print('held', flush=True); time.sleep(1.0)\n"
+            "    Path(sys.argv[1]).write_text('done')\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(done)], env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "held"
-        t0 = time.monotonic()
+        assert not done.exists()
         with L.engine_lock(enabled=True, timeout=30):
-            waited = time.monotonic() - t0
+            # we hold it only after the holder's last step under it (an order, not a clock reading)
+            assert done.exists()
             assert lock.read_text().strip() == str(os.getpid())
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         proc.stdout.close()
-    assert 0.2 < waited < 10
     err = capfd.readouterr().err
     assert err.count("waiting for the vLLM engine lock held by pid") == 1 and str(proc.pid) in err
 
