@@ -34,6 +34,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _engines_need_the_engine_marker(request, monkeypatch):
+    """A test that starts a vLLM engine in this process without ``@pytest.mark.engine`` fails at
+    the start, so ``-m "not engine"`` really leaves every engine out (a marker is not a comment)."""
+    if request.node.get_closest_marker("engine") is not None:
+        yield
+        return
+    from rlparity.capture import lifecycle, server
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError(f"{request.node.nodeid} starts a vLLM engine but is not marked @pytest.mark.engine")
+
+    monkeypatch.setattr(lifecycle, "engine_session", refuse)
+    monkeypatch.setattr(server.Server, "start", refuse)
+    yield
+
+
 class CliResult:
     """What one ``rlparity`` invocation did: exit code, stdout, stderr (``output`` = both)."""
 
