@@ -8,11 +8,11 @@ unchanged. Rows that are not errors (recovery, legal values, the engine lock's f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
-import signal
 import stat
 import subprocess
 import sys
@@ -36,6 +36,21 @@ NOISY = synthetic_trace(seed=4, noise=0.6)
 MASK = BASE["response_mask"].values
 N_REAL = int(MASK.sum())
 FIX_RESCORE = r"re-run `rlparity score"
+
+
+@contextlib.contextmanager
+def spawned(code: str, *args: str, ready: str):
+    """``python -c code ARGS`` (this checkout importable) once it printed ``ready``; killed (SIGKILL)
+    when the block ends."""
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == ready
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
 
 
 def edit(ds: xr.Dataset, name: str, where, value) -> xr.Dataset:
@@ -958,15 +973,8 @@ def test_a_killed_imports_staging_folders_are_cleaned_and_a_live_one_is_kept(tmp
     code = ("import sys, time\nfrom rlparity.io.store import write_store\nfrom rlparity.testing import synthetic_trace\n"
             "def chunks():\n    yield 'a', synthetic_trace(seed=3)\n    print('staged', flush=True)\n    time.sleep(60)\n"
             "write_store(chunks(), sys.argv[1], final_attrs=dict)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(target)], env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "staged"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    finally:
-        proc.kill()
-        proc.stdout.close()
+    with spawned(code, str(target), ready="staged"):
+        pass  # killed while staging
     left = _leftovers(tmp_path)
     assert any(".staging-" in n for n in left) and any(".tmp-" in n for n in left), left
     staged = next(tmp_path / n for n in left if ".staging-" in n)
@@ -1081,19 +1089,12 @@ def test_engine_lock_waits_then_proceeds(tmp_path, monkeypatch, capfd):
     code = ("import sys, time; from pathlib import Path; from rlparity.capture.lock import engine_lock\n"
             "with engine_lock(enabled=True):\n    print('held', flush=True); time.sleep(1.0)\n"
             "    Path(sys.argv[1]).write_text('done')\n")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(done)], env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "held"
+    with spawned(code, str(done), ready="held") as proc:
         assert not done.exists()
         with L.engine_lock(enabled=True, timeout=30):
             # we hold it only after the holder's last step under it (an order, not a clock reading)
             assert done.exists()
             assert lock.read_text().strip() == str(os.getpid())
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        proc.stdout.close()
     err = capfd.readouterr().err
     assert err.count("waiting for the vLLM engine lock held by pid") == 1 and str(proc.pid) in err
 
