@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup quickstart test book clean
+.PHONY: setup quickstart test base-install book clean
 
 setup:
 	bash scripts/setup.sh $(VENV) cpu,test
@@ -12,6 +12,10 @@ quickstart: setup
 
 test:
 	$(PY) -m pytest -q tests
+
+# `pip install .` without extras in a fresh virtualenv, then the commands that need no engine on a fixture
+base-install:
+	bash scripts/base_install.sh .venv-base
 
 # execute every notebook on the small built-in model and build the book offline (book/_build/html)
 book: setup

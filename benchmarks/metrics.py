@@ -42,7 +42,7 @@ def build(tokens: int, seed: int = 0):
     lengths = rng.integers(mean_len // 2, 3 * mean_len // 2 + 1, size=n)
     total = int(lengths.sum())
     mu = -rng.exponential(1.0, total)  # log mu of the sampled tokens
-    pi = mu + rng.normal(0, 0.05, total)  # trainer: a small mismatch
+    pi = np.minimum(mu + rng.normal(0, 0.05, total), 0.0)  # trainer: a small mismatch, still a log-probability
     raw = pi - rng.exponential(0.1, total)
     cut = np.cumsum(lengths)[:-1]
     trace = from_rollouts(prompt_token_ids=[[1, 2, 3]] * n,

@@ -40,13 +40,14 @@ n_prompts = 32
 max_tokens = 32
 temperatures = [0.5, 0.7, 1.0, 1.3]
 top_k = 20
-tol = 0.02                 # RMS of d (nats) under which two sides count as matched
+tol = None                 # RMS of d (nats) under which two sides count as matched (None: defaults().tol)
 min_raw_offset_range = 0.05  # the raw-mode offset must move by at least this over the sweep
 out_dir = "artifacts/01_semantic"
 
 # %%
 from pathlib import Path
 
+from rlparity.config import defaults
 from rlparity.config.provenance import write_json
 from rlparity.datasets import list_examples, load_example
 from rlparity.diagnose import diagnose, semantic
@@ -59,6 +60,7 @@ from rlparity.score import Scorer
 from rlparity.trace import save
 
 init_notebook()
+tol = defaults().tol if tol is None else tol
 if ci:
     n_prompts, max_tokens, temperatures = 8, 16, [0.5, 1.0, 1.5]
 model = model or str(make_model(size, progress=False))

@@ -55,8 +55,8 @@ knobs = None               # None: every built-in knob; or a list of names
 batch_sizes = [1, 2, 4, 8]
 gpu_memory_utilization = None
 engine_log_level = "ERROR"  # vLLM's log level in this notebook (engine logs are long)
-tol_reference = 0.0        # max |d_ref| (nats) above which a setting "changes the numerics" (0: bitwise)
-tol_trainer = 1e-3         # change of mean |d| vs trainer (nats) above which a setting "moves the gap"
+tol_reference = None       # max |d_ref| (nats) above which a setting "changes the numerics" (None: defaults(); 0: bitwise)
+tol_trainer = None         # change of mean |d| vs trainer (nats) above which a setting "moves the gap" (None: defaults())
 max_reference_gap = 1e-4   # the pinned reference must match the fp32 trainer this closely (mean |d|)
 out_dir = "artifacts/02_inference_path"
 
@@ -69,7 +69,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", engine_log_level)  # before vLLM is 
 import rlparity
 from rlparity.capture import SamplingSettings, audit
 from rlparity.capture.pool import shared_pool
-from rlparity.config import profiles
+from rlparity.config import defaults, profiles
 from rlparity.config.provenance import write_json
 from rlparity.diagnose import diagnose
 from rlparity.diagnose.path import moved_settings
@@ -82,6 +82,8 @@ from rlparity.plot import path as ppath
 from rlparity.score import Scorer
 
 init_notebook()
+tol_reference = defaults().tol_reference if tol_reference is None else tol_reference
+tol_trainer = defaults().tol_trainer if tol_trainer is None else tol_trainer
 if ci:
     n_prompts, max_tokens, batch_sizes = 4, 8, [1, 4]  # every knob still runs, at small size
 knobs = list(knobs or abl.DEFAULT_KNOBS)

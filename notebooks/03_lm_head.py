@@ -46,7 +46,7 @@ seed = 0
 body_dtype = "bfloat16"    # pinned on both sides, so only the head differs between cells
 control_body_dtype = "float32"  # a second matrix with this body dtype (None to skip; skipped in CI)
 gpu_memory_utilization = None   # engine memory share (None: rlparity/vLLM default; e.g. 0.3 on a GPU)
-eps = 0.2                  # PPO clip range for the clip fraction
+eps = None                 # PPO clip range for the clip fraction (None: defaults().eps)
 tol = 0.05                 # RMS of d (nats) under which two sides count as matched (a bf16 body alone
                            # gives about 0.02 on the tiny model; see the control below)
 min_rms_ratio = 1.0        # mismatched RMS / matched fp32 RMS must exceed this in every cell
@@ -58,6 +58,7 @@ from pathlib import Path
 import rlparity
 from rlparity.capture import SamplingSettings
 from rlparity.capture.pool import shared_pool
+from rlparity.config import defaults
 from rlparity.config.provenance import write_json
 from rlparity.diagnose import diagnose
 from rlparity.experiments.head import head_matrix
@@ -67,6 +68,7 @@ from rlparity.plot import head as phead
 from rlparity.plot import init_notebook
 
 init_notebook()
+eps = defaults().eps if eps is None else eps
 if ci:
     n_prompts, max_tokens, control_body_dtype = 16, 24, None
 model = model or str(make_model(size, progress=False))

@@ -176,22 +176,23 @@ def _finish(model, tokenizer, finish: Finish, rng: random.Random, device: str):
     the model never predicts (logits well below the typical ones)."""
     import torch
 
-    g = torch.Generator().manual_seed(rng.randrange(2 ** 31))
+    g = torch.Generator().manual_seed(rng.randrange(2 ** 31))  # on the CPU: the same draws on any device
     with torch.no_grad():
         head = model.get_output_embeddings()
+        dev = head.weight.device  # the model's device (``device``), where every tensor below lives
         head.weight.mul_(finish.logit_scale)
         if finish.vocab_to is not None and finish.vocab_to > head.weight.shape[0]:
             # the direction of typical final hidden states: the new rows point against it
-            batch = _training_batch(rng, tokenizer, 16, 64).to(device)
+            batch = _training_batch(rng, tokenizer, 16, 64).to(dev)
             hidden = model.model(input_ids=batch).last_hidden_state.reshape(-1, head.weight.shape[1])
             mean = hidden.mean(dim=0)
             unit = mean / mean.norm()
             typical = (hidden @ head.weight.T).mean().item()
             n_new = finish.vocab_to - head.weight.shape[0]
-            below = 10.0 + 15.0 * torch.rand(n_new, generator=g)  # 10-25 below the typical logit
-            proj = float(hidden @ unit @ torch.ones(hidden.shape[0]) / hidden.shape[0])
+            below = (10.0 + 15.0 * torch.rand(n_new, generator=g)).to(dev)  # 10-25 below the typical logit
+            proj = float(hidden @ unit @ torch.ones(hidden.shape[0], dtype=hidden.dtype, device=dev) / hidden.shape[0])
             rows = ((typical - below) / proj).unsqueeze(1) * unit.unsqueeze(0)
-            rows += 0.02 * head.weight.std() * torch.randn(n_new, head.weight.shape[1], generator=g)
+            rows += 0.02 * head.weight.std() * torch.randn(n_new, head.weight.shape[1], generator=g).to(dev)
             old = head.weight.shape[0]
             model.resize_token_embeddings(finish.vocab_to, mean_resizing=False)
             model.get_output_embeddings().weight[old:] = rows.to(head.weight.dtype)

@@ -8,7 +8,9 @@ Tests that run notebooks (another process) must call ``release_engines()`` first
 
 from __future__ import annotations
 
+import hashlib
 import os
+from pathlib import Path
 
 import pytest
 
@@ -34,6 +36,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _engines_need_the_engine_marker(request, monkeypatch):
+    """A test that starts a vLLM engine in this process without ``@pytest.mark.engine`` fails at
+    the start, so ``-m "not engine"`` really leaves every engine out (a marker is not a comment)."""
+    if request.node.get_closest_marker("engine") is not None:
+        yield
+        return
+    from rlparity.capture import lifecycle, server
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError(f"{request.node.nodeid} starts a vLLM engine but is not marked @pytest.mark.engine")
+
+    monkeypatch.setattr(lifecycle, "engine_session", refuse)
+    monkeypatch.setattr(server.Server, "start", refuse)
+    yield
+
+
 class CliResult:
     """What one ``rlparity`` invocation did: exit code, stdout, stderr (``output`` = both)."""
 
@@ -43,16 +62,48 @@ class CliResult:
 
 
 def run_cli(*args) -> CliResult:
-    """Run ``rlparity ARGS`` in-process through the real entry point (exit-code contract included)."""
+    """Run ``rlparity ARGS`` in-process through the real entry point (exit-code contract included).
+    The engines' logging choice the CLI makes for its process is undone after the call, so later
+    engines of the test process do not log under this call's working directory."""
     import contextlib
     import io
 
     from rlparity.cli import main
+    from rlparity.config import logs
 
+    keys = ("VLLM_CONFIGURE_LOGGING", "VLLM_LOGGING_STREAM", *logs.QUIET_ENV)
+    choice, ours, env = dict(logs._CHOICE), set(logs._OURS), {k: os.environ.get(k) for k in keys}
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in args])
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(a) for a in args])
+    finally:
+        logs._CHOICE.clear()
+        logs._CHOICE.update(choice)
+        logs._OURS.clear()
+        logs._OURS.update(ours)
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return CliResult(code, out.getvalue(), err.getvalue())
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every entry under ``root`` with a hash of its content (links by their target)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(root))
+            if p.is_symlink():
+                out[rel] = "link:" + os.readlink(p)
+            elif p.is_dir():
+                out[rel] = "dir"
+            else:
+                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
 
 
 @pytest.fixture(scope="session")

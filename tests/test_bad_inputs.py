@@ -8,16 +8,14 @@ unchanged. Rows that are not errors (recovery, legal values, the engine lock's f
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
 import os
 import re
 import shutil
-import signal
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +24,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from conftest import snapshot
 from rlparity import trace as T
 from rlparity.capture import lock as L
 from rlparity.testing import synthetic_trace
@@ -37,6 +36,21 @@ NOISY = synthetic_trace(seed=4, noise=0.6)
 MASK = BASE["response_mask"].values
 N_REAL = int(MASK.sum())
 FIX_RESCORE = r"re-run `rlparity score"
+
+
+@contextlib.contextmanager
+def spawned(code: str, *args: str, ready: str):
+    """``python -c code ARGS`` (this checkout importable) once it printed ``ready``; killed (SIGKILL)
+    when the block ends."""
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == ready
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
 
 
 def edit(ds: xr.Dataset, name: str, where, value) -> xr.Dataset:
@@ -235,6 +249,50 @@ def nested_tree():
     return xr.DataTree.from_dict({"/a": BASE, "/a/b": BASE})
 
 
+def encoded(ds: xr.Dataset, name: str, **encoding) -> xr.Dataset:
+    """A copy of ``ds`` whose variable ``name`` carries a zarr ``encoding`` (as a user's or xarray's)."""
+    out = ds.copy(deep=True)
+    out[name].encoding = dict(encoding)
+    return out
+
+
+def float16_exact(ds: xr.Dataset, name: str) -> xr.Dataset:
+    """``name`` rounded to float16 values (still float64), encoded as float16: nothing changes on the
+    way, but the store would hold float16 log-probabilities."""
+    out = ds.copy(deep=True)
+    v = out[name].values
+    out[name] = (out[name].dims, v.astype(np.float16).astype(v.dtype))
+    out[name].encoding = {"dtype": "float16"}
+    return out
+
+
+def in_data(ctx: Ctx, call):
+    """Run ``call`` with the data folder as the working directory."""
+    ctx.monkeypatch.chdir(ctx.data)
+    return call
+
+
+def yaml_file(ctx: Ctx, name: str, text: str | bytes) -> Path:
+    p = ctx.data / name
+    p.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return p
+
+
+def broken_defaults(ctx: Ctx, text: str | None):
+    """RLPARITY_DEFAULTS naming a file holding ``text`` (None: a missing file), read afresh."""
+    import importlib
+
+    D = importlib.import_module("rlparity.config.defaults")
+    path = ctx.data / "missing.yaml" if text is None else yaml_file(ctx, "defaults.yaml", text)
+    ctx.monkeypatch.setenv("RLPARITY_DEFAULTS", str(path))
+    ctx.monkeypatch.setattr(D, "_BASE", [])
+    return D.defaults
+
+
+EXECUTED = "executed.txt"  # a !!python tag below would create this file in the data folder if it ran
+
+
+
 # ----------------------------------------------------------------------------- the table
 
 
@@ -392,6 +450,81 @@ ROWS = [
     Row("arm names differing in case", lambda ctx: (lambda: T.add_arm(BASE, ctx.keep, "KEEP")), SE,
         (r"'keep' and 'KEEP' differ only in case", r"rename one")),
     Row("arm name not text", lambda ctx: (lambda: T.save({3: BASE}, ctx.keep)), SE, (r"arm name 3 is not text \(int\)", r"use 1-100 letters")),
+    # issue 22: encodings that cannot be read back never replace a good store
+    Row("save with a float16 encoding", save_bad(lambda: encoded(BASE, "trainer_processed_logprob", dtype="float16")), SE,
+        (r"saving would change trainer_processed_logprob by up to 0\.00\d+ \(encoding \{'dtype': 'float16'\}\)",
+         r"nothing was written", r"drop the encoding")),
+    Row("save with an int16 + scale_factor encoding", save_bad(lambda: encoded(
+        BASE, "trainer_processed_logprob", dtype="int16", scale_factor=0.05, _FillValue=-32768)), SE,
+        (r"saving would change trainer_processed_logprob by up to 0\.02", r"scale_factor", r"drop the encoding")),
+    Row("save with a float32 encoding of float64 logprobs", save_bad(lambda: encoded(BASE, "rollout_logprob",
+                                                                                    dtype="float32")), SE,
+        (r"saving would change rollout_logprob by up to \d", r"rlparity stores values exactly")),
+    Row("save with an int8 encoding of token ids", save_bad(lambda: encoded(BASE, "token_id", dtype="int8",
+                                                                           scale_factor=0.1)), SE,
+        (r"saving would change token_id", r"drop the encoding")),
+    Row("add_arm with a lossy encoding", lambda ctx: (lambda: T.add_arm(encoded(NOISY, "trainer_logprob",
+                                                                                 dtype="float16"), ctx.keep, "more")),
+        SE, (r"arm 'more': saving would change trainer_logprob", r"nothing was written")),
+    Row("save float16-exact values with a float16 encoding", save_bad(lambda: float16_exact(
+        BASE, "trainer_processed_logprob")), TVE,
+        (r"as it would read back", r"trainer_processed_logprob is float16", r"store float32 or float64")),
+    # metadata that lies about the store: refused at once, the check bounded by the files on disk
+    Row(".zmetadata claiming 1e10 chunks", lambda ctx: edit_meta(ctx, lambda m: m[
+        "v/trainer_processed_logprob/.zarray"].update(shape=[10 ** 10, 23], chunks=[1, 23])), SDE,
+        (r"99999999\d\d of 10000000000 chunks of 'v/trainer_processed_logprob' are missing", r"restore")),
+    Row(".zmetadata claiming 1e10 x 1e10 chunks of token_id", lambda ctx: edit_meta(ctx, lambda m: m[
+        "v/token_id/.zarray"].update(shape=[10 ** 10, 10 ** 10], chunks=[1, 1])), SDE,
+        (r"chunks of 'v/token_id' are missing", r"restore the store")),
+    Row(".zmetadata with a shape that is not integers", lambda ctx: edit_meta(ctx, lambda m: m[
+        "v/rollout_logprob/.zarray"].update(shape=["many", 23])), SDE,
+        (r"'v/rollout_logprob'", r"not integers", r"restore")),
+    Row(".zmetadata with shape and chunks of other ranks", lambda ctx: edit_meta(ctx, lambda m: m[
+        "v/rollout_logprob/.zarray"].update(chunks=[2])), SDE, (r"claims shape \[16, 23\] in chunks \[2\]", r"restore")),
+    Row(".zmetadata with a negative shape", lambda ctx: edit_meta(ctx, lambda m: m[
+        "v/rollout_logprob/.zarray"].update(shape=[-16, 23])), SDE, (r"claims shape \[-16, 23\]", r"restore")),
+    Row(".zmetadata claiming 1e10 rows in one chunk", lambda ctx: edit_meta(ctx, lambda m: m[
+        "v/trainer_processed_logprob/.zarray"].update(shape=[10 ** 10, 23], chunks=[10 ** 10, 23])), SDE,
+        (r"the store is damaged", r"restore it from a copy")),
+    # store paths that name no store of their own
+    Row("save to '.'", lambda ctx: in_data(ctx, lambda: T.save(BASE, ".")), SE,
+        (r"'\.' names a folder", r"give the store a name of its own")),
+    Row("save to '..'", lambda ctx: in_data(ctx, lambda: T.save(BASE, "..")), SE, (r"'\.\.' names a folder",
+                                                                                  r"runs/traces\.zarr")),
+    Row("save to '/'", lambda ctx: (lambda: T.save(BASE, "/")), SE, (r"'/' names a folder", r"a name of its own")),
+    Row("save to the working directory", lambda ctx: in_data(ctx, lambda: T.save(BASE, ctx.data)), SE,
+        (r"is the working directory or a folder above it", r"a name of its own")),
+    Row("add_arm to the folder above the working directory", lambda ctx: (
+        (ctx.data / "sub").mkdir(), ctx.monkeypatch.chdir(ctx.data / "sub"),
+        lambda: T.add_arm(BASE, ctx.data, "x"))[-1], SE, (r"working directory or a folder above it",)),
+    Row("load '.'", lambda ctx: in_data(ctx, lambda: T.load(".")), SE, (r"'\.' names a folder",)),
+    Row("an importer writing to '.'", lambda ctx: in_data(ctx, lambda: __import__(
+        "rlparity.io.store", fromlist=["write_store"]).write_store(iter([("a", BASE)]), ".", final_attrs=dict,
+                                                                   overwrite=True)), SE,
+        (r"'\.' names a folder", r"a name of its own")),
+    # the YAML files rlparity reads: one reader, one line naming the file and the fix
+    Row("check thresholds: a folder", lambda ctx: (lambda: __import__("rlparity.diagnose.check", fromlist=["x"])
+                                                   .load_thresholds(ctx.data)), ValueError,
+        (r"thresholds file .*: is a folder, not a YAML file", r"start from .*check\.yaml")),
+    Row("check thresholds: a !!python tag", lambda ctx: (lambda p: lambda: __import__(
+        "rlparity.diagnose.check", fromlist=["x"]).load_thresholds(p))(yaml_file(
+        ctx, "t.yaml", f'x: !!python/object/apply:os.system ["touch {ctx.data / EXECUTED}"]\n')), ValueError,
+        (r"uses a YAML tag rlparity does not execute", r"start from")),
+    Row("profile: a YAML list", lambda ctx: (lambda p: lambda: __import__("rlparity.config", fromlist=["x"])
+                                             .load_profile(p))(yaml_file(ctx, "p.yaml", "- a\n- b\n")), ValueError,
+        (r"profile .*p\.yaml: holds a YAML list", r"rlparity profiles pipelinerl-parity")),
+    Row("profile: not UTF-8", lambda ctx: (lambda p: lambda: __import__("rlparity.config", fromlist=["x"])
+                                           .load_profile(p))(yaml_file(ctx, "p.yaml", b"\xff\xfe\x00")), ValueError,
+        (r"is not UTF-8 text",)),
+    Row("RLPARITY_DEFAULTS: a missing file", lambda ctx: broken_defaults(ctx, None), ValueError,
+        (r"RLPARITY_DEFAULTS=.*missing\.yaml: no such file", r"unset RLPARITY_DEFAULTS")),
+    Row("RLPARITY_DEFAULTS: a !!python tag", lambda ctx: broken_defaults(
+        ctx, f'tol: !!python/object/apply:os.system ["touch {ctx.data / EXECUTED}"]\n'), ValueError,
+        (r"uses a YAML tag rlparity does not execute", r"unset RLPARITY_DEFAULTS")),
+    Row("RLPARITY_DEFAULTS: a YAML list", lambda ctx: broken_defaults(ctx, "- tol\n"), ValueError,
+        (r"holds a YAML list, not a mapping", r"fields: profile, temperature")),
+    Row("RLPARITY_DEFAULTS: an unknown key", lambda ctx: broken_defaults(ctx, "tolerance: 0.1\n"), ValueError,
+        (r"unknown default\(s\) \['tolerance'\]", r"valid: \[.*'tol'")),
     # the engine lock
     Row("engine lock: symlink planted at the lock path", plant_lock_symlink, L.EngineLockError,
         (r"engine.lock is a symbolic link", r"target is left untouched", r"remove the link")),
@@ -697,22 +830,6 @@ def test_importer_rows_count():
     assert len(DUMPS) >= 20 and len({d.id for d in DUMPS}) == len(DUMPS)
 
 
-def snapshot(root: Path) -> dict[str, str]:
-    """Every entry under ``root`` with a hash of its content (links by their target)."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            p = Path(dirpath) / name
-            rel = str(p.relative_to(root))
-            if p.is_symlink():
-                out[rel] = "link:" + os.readlink(p)
-            elif p.is_dir():
-                out[rel] = "dir"
-            else:
-                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
-
-
 @pytest.fixture(scope="module")
 def saved_store(tmp_path_factory) -> Path:
     return T.save({"keep": BASE}, tmp_path_factory.mktemp("saved") / "keep.zarr")
@@ -736,6 +853,7 @@ def test_refused(row: Row, tmp_path, saved_store, monkeypatch, capfd):
             assert re.search(pattern, msg), f"{pattern!r} not in: {msg}"
         assert len(msg) < 1200 and "Traceback" not in msg
         assert snapshot(data) == before, "the refused call changed or removed files"
+        assert not (data / EXECUTED).exists(), "a YAML tag was executed"
         while ctx.cleanup:
             ctx.cleanup.pop()()
         got = T.load(keep)
@@ -749,7 +867,7 @@ def test_refused(row: Row, tmp_path, saved_store, monkeypatch, capfd):
 
 def test_table_counts():
     """The report's numbers: every row is an error with its message checked (see test_refused)."""
-    assert len(ROWS) >= 60
+    assert len(ROWS) >= 60 + 27  # issue 22 added 27
     assert len({r.id for r in ROWS}) == len(ROWS)
 
 
@@ -848,6 +966,56 @@ def test_a_live_writers_temp_store_is_not_cleaned(tmp_path):
     assert _leftovers(tmp_path) == []
 
 
+def test_a_killed_imports_staging_folders_are_cleaned_and_a_live_one_is_kept(tmp_path):
+    """An import killed (SIGKILL) while staging leaves .NAME.staging-* and .NAME.tmp-*: the next save
+    or open of the store removes both; a staging folder of a live writer (this process) is kept."""
+    target = tmp_path / "imported.zarr"
+    code = ("import sys, time\nfrom rlparity.io.store import write_store\nfrom rlparity.testing import synthetic_trace\n"
+            "def chunks():\n    yield 'a', synthetic_trace(seed=3)\n    print('staged', flush=True)\n    time.sleep(60)\n"
+            "write_store(chunks(), sys.argv[1], final_attrs=dict)\n")
+    with spawned(code, str(target), ready="staged"):
+        pass  # killed while staging
+    left = _leftovers(tmp_path)
+    assert any(".staging-" in n for n in left) and any(".tmp-" in n for n in left), left
+    staged = next(tmp_path / n for n in left if ".staging-" in n)
+    assert any(staged.rglob("*")), "the killed import had staged a chunk"
+    T.save(BASE, target)  # the next write (an import, a save) recovers first
+    assert _leftovers(tmp_path) == []
+    with T.temp_store(target, kind="staging") as live:
+        (live / "chunk").write_text("being written")
+        (tmp_path / ".imported.zarr.staging-1-dead").mkdir()
+        T.load(target)  # recovery on open: the dead one goes, the live one stays
+        assert live.exists() and not (tmp_path / ".imported.zarr.staging-1-dead").exists()
+    assert _leftovers(tmp_path) == []
+    with pytest.raises(ValueError, match="kind must be 'tmp' or 'staging'"):
+        with T.temp_store(target, kind="old"):
+            pass
+
+
+def test_lossless_encodings_still_save(tmp_path):
+    """An encoding that changes no value is legal: int32 token ids, a float64 dtype named again, and
+    a scale_factor that is exact on these values all read back the same."""
+    ds = encoded(encoded(BASE, "token_id", dtype="int32"), "rollout_logprob", dtype="float64")
+    ds["temperature"] = ("sequence", np.full(ds.sizes["sequence"], 1.5))  # exact in steps of 0.5
+    ds["temperature"].encoding = {"dtype": "int32", "scale_factor": 0.5, "_FillValue": -1}
+    got = T.load(T.save(ds, tmp_path / "s.zarr"))
+    assert dataset_digests(got) == {**dataset_digests(ds), "token_id": dataset_digests(got)["token_id"]}
+    assert np.array_equal(got["token_id"].values, BASE["token_id"].values)
+    assert np.array_equal(got["temperature"].values, ds["temperature"].values)
+
+
+def test_arms_are_labelled_with_their_store_names(tmp_path):
+    """Traces saved with an `arm` attribute other than their arm's name (copied traces, renamed
+    arms) read back labelled with the store's names, which the summary blocks then show."""
+    from rlparity.metrics import format_summary
+
+    store = T.save({"alpha": BASE.assign_attrs(arm="same"), "beta": NOISY.assign_attrs(arm="same")}, tmp_path / "s.zarr")
+    arms = T.open_arms(store)
+    assert {k: v.attrs["arm"] for k, v in arms.items()} == {"alpha": "alpha", "beta": "beta"}
+    assert [format_summary(ds).split()[2] for ds in arms.values()] == ["arm=alpha", "arm=beta"]
+    assert T.as_arms({"gamma": BASE.assign_attrs(arm="same")})["gamma"].attrs["arm"] == "gamma"
+
+
 def test_install_store_records_integrity_for_a_streaming_writer(tmp_path):
     target = tmp_path / "stream.zarr"
     with T.temp_store(target) as tmp:
@@ -916,22 +1084,17 @@ def test_engine_lock_switch_is_not_a_path(tmp_path, monkeypatch):
 
 def test_engine_lock_waits_then_proceeds(tmp_path, monkeypatch, capfd):
     lock = tmp_path / "engine.lock"
+    done = tmp_path / "holder-done"
     monkeypatch.setenv("RLPARITY_ENGINE_LOCK_PATH", str(lock))
-    code = ("import time; from rlparity.capture.lock import engine_lock\n"
-            "with engine_lock(enabled=True):\n    print('held', flush=True); time.sleep(1.0)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "held"
-        t0 = time.monotonic()
+    code = ("import sys, time; from pathlib import Path; from rlparity.capture.lock import engine_lock\n"
+            "with engine_lock(enabled=True):\n    print('held', flush=True); time.sleep(1.0)\n"
+            "    Path(sys.argv[1]).write_text('done')\n")
+    with spawned(code, str(done), ready="held") as proc:
+        assert not done.exists()
         with L.engine_lock(enabled=True, timeout=30):
-            waited = time.monotonic() - t0
+            # we hold it only after the holder's last step under it (an order, not a clock reading)
+            assert done.exists()
             assert lock.read_text().strip() == str(os.getpid())
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        proc.stdout.close()
-    assert 0.2 < waited < 10
     err = capfd.readouterr().err
     assert err.count("waiting for the vLLM engine lock held by pid") == 1 and str(proc.pid) in err
 

@@ -357,11 +357,15 @@ def test_options_are_checked():
         as_dashboard(synthetic_trace(), "verl", policy="theta")
 
 
-def test_report_max_abs_diffs():
-    """Runs last: print the largest difference seen per peer metric (pytest -s)."""
+def test_every_peer_metric_was_checked_against_its_formula():
+    """Runs last: every peer's dashboard took part in the comparisons above, and every metric name
+    it reports (default options) was compared with the peer's own formula at least once."""
     if not DIFFS:
         pytest.skip("run with the other tests of this module")
-    for peer, diffs in DIFFS.items():
-        print(f"\n{peer}: {len(diffs)} metrics, max abs diff {max(diffs.values()):.3g}")
-        for k, v in sorted(diffs.items()):
-            print(f"  {k:<60} {v:.3g}")
+    from rlparity.metrics.dashboard import DASHBOARDS
+
+    assert set(DIFFS) == set(DASHBOARDS), sorted(set(DASHBOARDS) ^ set(DIFFS))
+    t = make_trace("parity")
+    for peer in DASHBOARDS:
+        unchecked = sorted(set(as_dashboard(t, peer)) - set(DIFFS[peer]))
+        assert not unchecked, f"{peer}: metrics never compared with a formula: {unchecked}"

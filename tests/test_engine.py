@@ -167,3 +167,46 @@ def test_semantic_finding_on_real_captures(processed, raw):
 
     assert logprob_semantics(raw).name == "raw_logprobs_used_as_processed"
     assert logprob_semantics(processed).name == "logprobs_processed"
+
+
+def test_a_short_model_starts_and_each_start_gets_its_own_logging(tiny_model, tmp_path, monkeypatch):
+    """A checkpoint whose max_position_embeddings (256) is below the default max_model_len (1024)
+    starts: the default is lowered to the model's (vLLM refuses a longer context). vLLM's log lines
+    go to the chosen file through a logging config made for this start: nothing exists before the
+    engine starts, and the config is gone after its shutdown."""
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from rlparity.capture import Engine
+    from rlparity.config import logs
+
+    short = tmp_path / "short"
+    short.mkdir()
+    for f in Path(tiny_model).iterdir():
+        if f.suffix == ".safetensors":
+            (short / f.name).symlink_to(f)
+        else:
+            shutil.copy(f, short / f.name)
+    cfg = json.loads((short / "config.json").read_text())
+    cfg["max_position_embeddings"] = 256
+    (short / "config.json").write_text(json.dumps(cfg))
+
+    monkeypatch.setattr(logs, "_CHOICE", {"file": None})
+    monkeypatch.setattr(logs, "_OURS", set())
+    for k in ("VLLM_LOGGING_CONFIG_PATH", "VLLM_CONFIGURE_LOGGING", "VLLM_LOGGING_STREAM", *logs.QUIET_ENV):
+        monkeypatch.setenv(k, "")  # recorded, so the test's changes are undone after it
+        monkeypatch.delenv(k)
+    log_file = logs.engine_logs_to_file(tmp_path / "logs")
+    assert not (tmp_path / "logs").exists()
+
+    with Engine(short, EngineSettings(dtype="float32", head_dtype="float32")) as eng:
+        trace = eng.capture(["1+1="], SamplingSettings(max_tokens=4, temperature=0.0), progress=False)
+        cfg_path = Path(os.environ["VLLM_LOGGING_CONFIG_PATH"])
+        assert cfg_path.exists() and json.loads(cfg_path.read_text())["handlers"]["file"]["filename"] == str(log_file)
+    assert not cfg_path.exists() and "VLLM_LOGGING_CONFIG_PATH" not in os.environ
+    assert not list(Path(tempfile.gettempdir()).glob(cfg_path.name))  # (other processes may have their own)
+    assert trace.attrs["engine_requested"]["max_model_len"] == 256
+    assert trace.attrs["engine_effective"]["max_model_len"] == 256
+    assert log_file.exists() and log_file.stat().st_size > 0

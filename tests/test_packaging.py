@@ -18,7 +18,17 @@ def test_environment_yml_installs_the_pyproject_extras():
         asked = set(line[len("-e .["):-1].split(","))
         assert asked <= extras, f"extras {asked - extras} not in pyproject.toml"
     py = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python"))
-    assert py.split("=")[1] >= project["requires-python"].lstrip(">=")
+    assert version_tuple(py.split("=")[1]) >= version_tuple(project["requires-python"].lstrip(">="))
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """``"3.10"`` -> ``(3, 10)``: versions compare as numbers (as strings "3.9" >= "3.10")."""
+    return tuple(int(part) for part in text.strip().split("."))
+
+
+def test_version_tuple_orders_as_numbers():
+    assert version_tuple("3.10") > version_tuple("3.9")
+    assert version_tuple("3.11") >= version_tuple("3.10")
 
 
 def test_cpu_extra_pins_the_checked_stack():

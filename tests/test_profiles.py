@@ -47,6 +47,7 @@ def test_compare_synthetic_effective():
     assert compare(eff, "vllm-v1-defaults").names() == []  # nothing fixed except seed / length
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("profile", ["vllm-v1-defaults", "pipelinerl-parity"])
 def test_audit_real_engine(pool, tiny_model, profile):
     """Every difference of vllm-v1-defaults from pipelinerl-parity, read from a running engine."""

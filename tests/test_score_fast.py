@@ -3,9 +3,10 @@
 ``rlparity.score.head.head_stats`` (one fused full-vocabulary pass, processed statistics from a
 top-k window) against ``head_stats_reference`` (the implementation before issue 16) on the same
 hidden states and weights: every statistic within 1e-5 nats, the same ``-inf`` tokens, the same
-ranks and max logits, ties at the top-k boundary kept as vLLM keeps them. Also a known answer for
-the ties, a float64 check of the accuracy, the Scorer end to end on the tiny model, and the
-summary's fast scalar path against its general path.
+ranks and max logits, ties at the top-k boundary kept as vLLM keeps them. Both are also compared
+with an independent float64 computation (``tests/head_reference.py``: numpy, top-p included),
+since they share helpers. Also a known answer for the ties, a float64 check of the accuracy, the
+Scorer end to end on the tiny model, and the summary's fast scalar path against its general path.
 """
 
 from __future__ import annotations
@@ -17,35 +18,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rlparity.score import head as H
+from head_reference import rows_case  # noqa: E402
+from rlparity.score import head as H  # noqa: E402
 
 TOL = 1e-5  # nats, float32 head
-
-
-def rows_case(vocab: int, n: int = 600, hidden: int = 32, scale: float = 0.6, seed: int = 0):
-    """Hidden states, an LM head and per-row settings covering every branch: greedy rows,
-    temperatures 0.7 / 1 / 1.3, top-k off / 1 / 5 / 50 / >= vocab, top-p off / 0.9 / 0.5, ties at
-    the k-th value (duplicated head rows: identical logits, more of them than the window's
-    slack), sampled tokens at the top, at the k-th place and anywhere."""
-    g = torch.Generator().manual_seed(seed)
-    h = torch.randn(n, hidden, generator=g)
-    w = torch.randn(vocab, hidden, generator=g) * scale  # logits up to about 20: a trained model's range
-    w[100:112] = w[5]  # 13 identical logits
-    w[200:240] = w[7]  # 41 identical logits
-    rng = np.random.default_rng(seed)
-    temp = torch.tensor(rng.choice([0.0, 0.7, 1.0, 1.3], n), dtype=torch.float32)
-    k = torch.tensor(rng.choice([0, 1, 5, 50, vocab, vocab + 3], n))
-    p = torch.tensor(rng.choice([1.0, 1.0, 0.9, 0.5], n), dtype=torch.float32)
-    logits = h @ w.T
-    tok = torch.randint(0, vocab, (n,), generator=g)
-    order = logits.argsort(dim=1, descending=True)
-    tok[0::4] = order[0::4, 0]  # the top token
-    tok[1::4] = order[1::4, 49]  # the 50th
-    tok[2::8] = 5  # a tied token
-    # rows whose k-th value is a tie: the hidden state points at the duplicated rows
-    h[3::8] = w[5] * 3 + 0.01 * h[3::8]
-    k[3::8] = 5
-    return h, w, tok, temp, k, p
 
 
 def assert_same(new: dict, ref: dict, tol: float = TOL) -> dict[str, float]:
@@ -126,6 +102,67 @@ def test_ties_at_the_kth_value_are_kept_known_answer():
     assert np.allclose(new["trainer_log_kept_mass"], lse - lse_full, atol=1e-6)
     assert new["trainer_token_rank"].tolist() == [2, 0, 22]
     assert_same(new, H.head_stats_reference(h, w, None, tok, temp, k, p, "float32"))
+
+
+def _logits(h, w, bias, head_dtype):
+    """The LM head's logits as both implementations compute them on the CPU (16-bit inputs cast to the head
+    dtype, float32 result): the float64 reference then starts from the very same numbers."""
+    hd = getattr(torch, head_dtype)
+    return torch.nn.functional.linear(h.to(hd), w.to(hd), None if bias is None else bias.to(hd)).float()
+
+
+@pytest.mark.parametrize("case", ["fp32 head", "bf16 head, bias", "fp32 head over bf16, bias"])
+def test_both_implementations_equal_an_independent_float64_computation(case):
+    """``head_stats`` and ``head_stats_reference`` share helpers (processed_logits, project, ...), so
+    their agreement alone could hide a shared mistake: both are compared with
+    ``tests/head_reference.py`` (numpy float64, one row at a time, vLLM's rules restated, top-p
+    included) on the same float32 logits, every statistic within 1e-5 nats."""
+    from head_reference import compare, head_stats_float64
+
+    h, w, tok, temp, k, p = rows_case(4096 if case == "fp32 head" else 5000, seed=7)
+    bias = None if case == "fp32 head" else torch.randn(w.shape[0], generator=torch.Generator().manual_seed(8))
+    hd = "bfloat16" if case.startswith("bf16") else "float32"
+    if case != "fp32 head":
+        h, w = h.bfloat16(), w.bfloat16()
+    ref = head_stats_float64(_logits(h, w, bias, hd).numpy(), tok.numpy(), temp.numpy(), k.numpy(), p.numpy(),
+                             margin=1e-5)
+    stable = ref["stable"]
+    assert stable.mean() > 0.8, stable.mean()  # the comparison covers most rows (bf16 logits tie often at the top-p cut)
+    has_p = (p.numpy() < 1) & (temp.numpy() > 0)
+    assert (stable & has_p).sum() > 100 and np.isneginf(ref["trainer_processed_logprob"][stable]).sum() > 20
+    for impl in (H.head_stats(h, w, bias, tok, temp, k, p, hd, chunk_tokens=100, compile=False),
+                 H.head_stats_reference(h, w, bias, tok, temp, k, p, hd, chunk_tokens=128)):
+        compare(impl, ref, TOL)
+
+
+def test_the_float64_reference_can_fail():
+    """The comparison is not vacuous: 2e-5 nats of error on the top-p rows, a top-k one smaller
+    than asked, or a top-p a little wider than asked are each caught."""
+    from head_reference import compare, head_stats_float64
+
+    h, w, tok, temp, k, p = rows_case(4096, n=200, seed=9)
+    logits = _logits(h, w, None, "float32").numpy()
+    ref = head_stats_float64(logits, tok.numpy(), temp.numpy(), k.numpy(), p.numpy(), margin=1e-5)
+    good = H.head_stats(h, w, None, tok, temp, k, p, "float32", compile=False)
+    compare(good, ref, TOL)
+    bad = dict(good)
+    bad["trainer_processed_entropy"] = good["trainer_processed_entropy"] + 2e-5 * (p.numpy() < 1)
+    with pytest.raises(AssertionError, match="trainer_processed_entropy"):
+        compare(bad, ref, TOL)
+    for k2, p2 in ((torch.where(k > 1, k - 1, k), p), (k, torch.where(p < 1, p + 0.02, p))):
+        with pytest.raises(AssertionError, match="trainer_processed|trainer_log_kept_mass|trainer_cut_margin"):
+            compare(H.head_stats(h, w, None, tok, temp, k2, p2, "float32", compile=False), ref, TOL)
+
+
+def test_fp32_gemm_auto_is_cast_off_cuda():
+    """``fp32_gemm="auto"`` only changes the GEMM on CUDA over 16-bit inputs: elsewhere it is
+    bit-for-bit ``"cast"`` (the GPU side is in tests/test_gpu.py)."""
+    h, w, tok, temp, k, p = rows_case(4096, n=200, seed=10)
+    h, w = h.bfloat16(), w.bfloat16()
+    a = H.head_stats(h, w, None, tok, temp, k, p, "float32", compile=False, fp32_gemm="auto")
+    b = H.head_stats(h, w, None, tok, temp, k, p, "float32", compile=False, fp32_gemm="cast")
+    for name in H.STATS:
+        assert np.array_equal(a[name], b[name], equal_nan=True), name
 
 
 def test_head_stats_is_closer_to_float64_than_the_reference():

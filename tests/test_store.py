@@ -198,39 +198,35 @@ def test_unlocked_readers_are_caught_not_fooled(tmp_path, monkeypatch):
 
 def test_store_lock_excludes_writers_across_processes(tmp_path):
     store = T.save(synthetic_trace(seed=1), tmp_path / "s.zarr")
+    done = tmp_path / "holder-done"
     holder = child("""
+        from pathlib import Path
         from rlparity.trace import store_lock
         with store_lock(sys.argv[1]):
             print("held", flush=True)
             time.sleep(1.0)
-    """, str(store))
+            Path(sys.argv[2]).write_text("done")  # the last thing done under the lock
+    """, str(store), str(done))
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(TimeoutError, match="held by another process"):
             with T.store_lock(store, timeout=0.2):
                 pass
-        t0 = time.monotonic()
         T.add_arm(synthetic_trace(seed=2), store, "second")  # waits for the holder, then writes
-        assert time.monotonic() - t0 > 0.3
+        assert done.exists()  # it got the lock only after the holder's last step under it (no clock involved)
     finally:
         stop(holder)
     assert set(T.open_arms(store)) == {"synthetic", "second"}
     assert leftovers(tmp_path) == []
 
 
-def test_large_store_integrity_cost(tmp_path):
-    """The chunk check and CRC-32 on ~0.8M tokens stay a small share of the load."""
+def test_large_store_integrity_check_finds_nothing_on_a_good_store(tmp_path):
+    """The chunk check and the CRC-32 on ~0.8M tokens pass on an intact store and load the same
+    values (their cost relative to the load is a benchmark: benchmarks/store_integrity.py)."""
     ds = tiled(128, seed=3)
     store = T.save(ds, tmp_path / "s.zarr")
     meta = S._read_meta(store)
-    t0 = time.perf_counter()
-    S.check_chunks(store, meta)
-    t_chunks = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    assert S.missing_chunks(store, meta) == []
     got = T.load(store)
-    t_load = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    dataset_digests(got)
-    t_crc = time.perf_counter() - t0
-    assert t_chunks < 0.2 and t_crc < 0.35 * t_load, (t_chunks, t_crc, t_load)
+    assert dataset_digests(got) == dataset_digests(ds)
     assert isinstance(got, xr.Dataset) and np.array_equal(got["token_id"].values, ds["token_id"].values)

@@ -87,6 +87,34 @@ def resolved_attention_backend(vllm_config: Any) -> str | None:
         return None
 
 
+def model_max_positions(model: str | os.PathLike) -> int | None:
+    """``max_position_embeddings`` of a local checkpoint's ``config.json`` (or its ``text_config``);
+    None for a hub id or a config without it."""
+    import json
+    from pathlib import Path
+
+    try:
+        cfg = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for c in (cfg, cfg.get("text_config") if isinstance(cfg, dict) else None):
+        n = c.get("max_position_embeddings") if isinstance(c, dict) else None
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            return n
+    return None
+
+
+def fit_to_model(model: str | os.PathLike, settings: EngineSettings) -> EngineSettings:
+    """``settings`` with the default ``max_model_len`` (1024) lowered to the model's
+    ``max_position_embeddings`` when the model is shorter: vLLM refuses a context longer than the
+    model's. Any other value is the user's and passes as given."""
+    default = EngineSettings.model_fields["max_model_len"].default
+    n = model_max_positions(model)
+    if n is not None and settings.max_model_len == default and n < default:
+        return settings.replace(max_model_len=n)
+    return settings
+
+
 def cpu_engine_kwargs(settings: EngineSettings) -> dict[str, Any]:
     """Engine kwargs that make vLLM's CPU build usable on a small machine (a query: nothing is
     changed). Empty on other platforms. The KV-cache size comes from the environment: see

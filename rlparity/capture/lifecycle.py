@@ -7,9 +7,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from rlparity.capture.engine_config import cpu_engine_env
+from rlparity.capture.engine_config import cpu_engine_env, fit_to_model
 from rlparity.capture.lock import engine_lock
 from rlparity.config.env import scoped_env
+from rlparity.config.logs import engine_logging
 from rlparity.config.settings import EngineSettings
 
 
@@ -21,9 +22,10 @@ def engine_env(settings: EngineSettings) -> dict[str, str]:
 
 @contextlib.contextmanager
 def engine_session(settings: EngineSettings) -> Iterator[None]:
-    """The engine lock plus :func:`engine_env` for as long as an in-process engine lives; the
-    environment is restored on exit."""
-    with engine_lock(), scoped_env(engine_env(settings)):
+    """The engine lock plus :func:`engine_env` and this start's logging
+    (:func:`rlparity.config.logs.engine_logging`) for as long as an in-process engine lives; the
+    environment is restored and the logging config removed on exit."""
+    with engine_lock(), engine_logging() as log_env, scoped_env({**engine_env(settings), **log_env}):
         yield
 
 
@@ -47,6 +49,7 @@ class EngineLifecycle:
     def start(self):
         if self._llm is not None:
             return self
+        self.settings = fit_to_model(self.model, self.settings)  # a model shorter than the default context
         self._session = contextlib.ExitStack()
         self._session.enter_context(engine_session(self.settings))
         try:

@@ -36,11 +36,12 @@ from typing import Any
 import xarray as xr
 
 from rlparity.capture.build import CaptureInfo, Completion, build_trace, capture_attrs
-from rlparity.capture.engine_config import cpu_engine_kwargs
+from rlparity.capture.engine_config import cpu_engine_kwargs, fit_to_model
 from rlparity.capture.lifecycle import engine_env
 from rlparity.capture.lock import engine_lock
 from rlparity.capture.requests import Prompt, Request, make_requests, render_chat
 from rlparity.config.env import scoped_env
+from rlparity.config.logs import subprocess_logging_env
 from rlparity.config.settings import EngineSettings, SamplingSettings
 
 TOKEN_ID_PREFIX = "token_id:"
@@ -325,7 +326,7 @@ class Server:
                  port: int | None = None, host: str = "127.0.0.1", startup_timeout: float = 600.0,
                  extra_args: Sequence[str] = (), log_dir: str | os.PathLike | None = None):
         self.model = str(model)
-        self.settings = settings or EngineSettings()
+        self.settings = fit_to_model(self.model, settings or EngineSettings())
         self.host = host
         self._port = port
         self.startup_timeout = float(startup_timeout)
@@ -360,7 +361,7 @@ class Server:
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1"),
-                **engine_env(self.settings)}
+                **engine_env(self.settings), **subprocess_logging_env()}  # its log: server.log
 
     def effective_config(self) -> dict[str, Any]:
         """The configuration vLLM resolves from the command line (no second engine started)."""

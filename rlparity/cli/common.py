@@ -103,6 +103,19 @@ def select_arms(arms: Mapping[str, Any], wanted: Sequence[str] | None, store: Pa
     return {k: v for k, v in arms.items() if k in wanted}
 
 
+def output_store(out: Path, flag: str = "--out") -> Path:
+    """``out`` if a store may be written there, checked before any model loads or engine starts:
+    missing, an empty folder or an rlparity store; '.', '..', '/', the working directory, a file or
+    a folder of other files is a :class:`BadInput` naming the flag."""
+    from rlparity.trace.store import StoreError, check_target
+
+    try:
+        check_target(out, overwrite=True)
+    except StoreError as err:
+        raise BadInput(f"{flag} {out}: {err}") from None
+    return out
+
+
 def model_path(model: str) -> str:
     """``tiny`` / ``small`` build (or reuse) the built-in model; anything else is a path or hub id."""
     from rlparity.models import SIZES, make_model
@@ -117,5 +130,5 @@ def echo_json(value: Any) -> None:
     typer.echo(to_json(value))
 
 
-__all__ = ["TrainerSide", "echo_json", "engine_settings", "model_path", "read_prompts", "sampling_settings",
-           "select_arms", "validation_message"]
+__all__ = ["TrainerSide", "echo_json", "engine_settings", "model_path", "output_store", "read_prompts",
+           "sampling_settings", "select_arms", "validation_message"]

@@ -56,12 +56,14 @@ def floor_cmd(
         raise typer.Exit(EXIT_OK)
     if path.exists() and path.is_file():
         raise BadInput(f"{source} is a file: pass a model (checkpoint folder, hub id or built-in name) or a store")
-    from rlparity.cli.common import model_path
+    from rlparity.cli.common import model_path, output_store
     from rlparity.config.settings import SamplingSettings
     from rlparity.experiments.floors import REFERENCE, SHAPES, floor_run
     from rlparity.metrics.floors import floor_table
     from rlparity.models import make_prompts
 
+    if out is not None:
+        output_store(out)  # before the run, not after it
     chosen = SHAPES
     if shapes:
         bad = [s for s in shapes.split(",") if s not in SHAPES]

@@ -8,11 +8,10 @@ from typing import Any, Optional
 
 import typer
 
-from rlparity.cli.common import echo_json, engine_settings, model_path, sampling_settings, select_arms
-from rlparity.cli.main import EXIT_FAIL, EXIT_OK, BadInput, app
-from rlparity.config.defaults import defaults
+from rlparity.cli.common import echo_json, engine_settings, model_path, output_store, sampling_settings, select_arms
+from rlparity.cli.main import EXIT_FAIL, EXIT_OK, BadInput, app, option_defaults
 
-_D = defaults()
+_D = option_defaults()
 
 
 class FailOn(str, Enum):
@@ -70,6 +69,8 @@ def check_cmd(
     th = load_thresholds(thresholds)
     if (trace is None) == (model is None):
         raise BadInput("give either a TRACE store or --model to capture one")
+    if out is not None:
+        output_store(out)
     data: Any = trace if trace is not None else _capture(model, engine, profile, num_prompts, max_tokens,
                                                          temperature, top_k, out)
     result = check(data, th)

@@ -65,7 +65,7 @@ def run_cmd(
     scored arms with their profiles, and print where each one starts to diverge."""
     import xarray as xr
 
-    from rlparity.cli.common import model_path
+    from rlparity.cli.common import model_path, output_store
     from rlparity.config.provenance import jsonable
     from rlparity.experiments.layers import SCENARIOS, LayerSettings, run_layers
     from rlparity.trace import save
@@ -74,8 +74,7 @@ def run_cmd(
     bad = [s for s in chosen or [] if s not in SCENARIOS]
     if bad:
         raise BadInput(f"--scenarios: unknown {bad}; choose from {', '.join(SCENARIOS)}")
-    if out.exists() and not (out / ".zattrs").exists() and not (out / "zarr.json").exists():
-        raise BadInput(f"--out {out} exists and is not a zarr store: pass a new path")
+    output_store(out)
     if model is not None and not Path(model).is_dir():
         raise BadInput(f"--model {model}: no such checkpoint directory (the scenarios write new versions beside it)")
     path = model or model_path(size)

@@ -15,8 +15,9 @@ from __future__ import annotations
 import sys
 import traceback
 
-import click
 import typer
+
+from rlparity.config.defaults import Defaults, defaults
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_CODES_HELP = ("Exit codes: 0 pass/ok; 1 parity broken or settings differ; 2 bad input (one line says what "
@@ -32,18 +33,31 @@ class BadInput(ValueError):
     """Raised by a command for input it refuses; printed as one line, exit code 2."""
 
 
-@app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="show the traceback of an internal error (exit 3)"),
-          engine_logs: bool = typer.Option(False, "--engine-logs", help="show vLLM's log lines on stderr (default: "
-                                                                         "a file under runs/logs)"),
-          version: bool = typer.Option(False, "--version", help="print the version and exit",
-                                       is_eager=True)) -> None:
-    _STATE["debug"] = debug
-    if version:
+def _print_version(value: bool) -> None:
+    if value:
         from rlparity import __version__
 
         typer.echo(f"rlparity {__version__}")
         raise typer.Exit(0)
+
+
+@app.callback()
+def _root(debug: bool = typer.Option(False, "--debug", help="show the traceback of an internal error (exit 3)"),
+          engine_logs: bool = typer.Option(False, "--engine-logs", help="show vLLM's log lines on stderr (default: "
+                                                                         "a file under runs/logs, made when an "
+                                                                         "engine starts)"),
+          version: bool = typer.Option(False, "--version", help="print the version and exit", is_eager=True,
+                                       callback=_print_version)) -> None:
+    _STATE["debug"] = debug
+
+
+def option_defaults() -> Defaults:
+    """The defaults the commands' options show (read when the CLI is imported). A broken
+    ``RLPARITY_DEFAULTS`` is not raised here, at import, but by :func:`main` (one line, exit 2)."""
+    try:
+        return defaults()
+    except ValueError:
+        return Defaults()
 
 
 def _bad_input_types() -> tuple[type[BaseException], ...]:
@@ -67,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = sys.argv[1:] if argv is None else list(argv)
     # stdout carries the command's result (text or --json); the engines' log lines go to a file
-    # under runs/logs (--engine-logs: to stderr), before anything imports vLLM
+    # under runs/logs (--engine-logs: to stderr), chosen before anything imports vLLM and made only
+    # when a command starts an engine
     show = "--engine-logs" in args
     log_file = engine_logs_to_file("runs/logs", show=show)
     _STATE["engine_log"] = str(log_file) if log_file else None
@@ -76,14 +91,15 @@ def main(argv: list[str] | None = None) -> int:
         warnings.filterwarnings("ignore", category=FutureWarning)
 
     try:
+        defaults()  # RLPARITY_DEFAULTS is read here, under the exit-code contract
         code = app(args=args, prog_name="rlparity", standalone_mode=False)
         return int(code or 0) if isinstance(code, int) else 0
-    except (typer.Exit, click.exceptions.Exit) as e:  # raised by commands in non-standalone mode too
+    except typer.Exit as e:  # raised by commands in non-standalone mode too
         return int(e.exit_code)
-    except (typer.Abort, click.exceptions.Abort):
+    except typer.Abort:
         typer.echo("aborted", err=True)
         return 130
-    except (typer.TyperException, click.ClickException) as e:  # usage: unknown option, bad choice, ...
+    except typer.TyperException as e:  # usage: unknown option, bad choice, ... (typer >= 0.26 has its own click)
         if type(e).__name__ == "NoArgsIsHelpError":  # `rlparity` alone: the help, not an error
             ctx = getattr(e, "ctx", None)
             typer.echo(ctx.get_help() if ctx is not None else str(e))
@@ -104,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def engine_log_file() -> str | None:
-    """Where this invocation sends vLLM's log lines (None with --engine-logs)."""
+    """Where this invocation sends vLLM's log lines (None with --engine-logs); the file exists once
+    an engine has logged."""
     return _STATE.get("engine_log")
 
 
@@ -112,4 +129,4 @@ def run() -> None:  # console-script entry point
     sys.exit(main())
 
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_FAIL", "EXIT_INTERNAL", "EXIT_OK", "BadInput", "app", "main", "run"]
+__all__ = ["EXIT_BAD_INPUT", "EXIT_FAIL", "EXIT_INTERNAL", "EXIT_OK", "BadInput", "app", "main", "option_defaults", "run"]

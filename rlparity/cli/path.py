@@ -7,11 +7,10 @@ from typing import Optional
 
 import typer
 
-from rlparity.cli.common import echo_json, model_path, sampling_settings
-from rlparity.cli.main import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, app
-from rlparity.config.defaults import defaults
+from rlparity.cli.common import echo_json, model_path, output_store, sampling_settings
+from rlparity.cli.main import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, app, option_defaults
 
-_D = defaults()
+_D = option_defaults()
 
 
 @app.command("profiles")
@@ -89,6 +88,7 @@ def ablate_cmd(
     from rlparity.score import Scorer
     from rlparity.trace import save
 
+    output_store(out)
     path = model_path(model)
     prompts = shared_prefix_prompts(num_prompts)
     sampling = sampling_settings(temperature=temperature, top_k=top_k, max_tokens=max_tokens, seed=0)

@@ -8,11 +8,10 @@ from typing import Optional
 
 import typer
 
-from rlparity.cli.common import echo_json, model_path, sampling_settings
-from rlparity.cli.main import BadInput, app
-from rlparity.config.defaults import defaults
+from rlparity.cli.common import echo_json, model_path, output_store, sampling_settings
+from rlparity.cli.main import BadInput, app, option_defaults
 
-_D = defaults()
+_D = option_defaults()
 _R = _D.rl
 
 
@@ -63,6 +62,7 @@ def rl_run_cmd(
 
     if lr <= 0:
         raise BadInput(f"--lr {lr}: the learning rate must be positive, e.g. --lr 1e-3")
+    output_store(out)
     sampling = sampling_settings(temperature=temperature, top_k=top_k, seed=seed)
     olds = [o.value for o in old_policy] if old_policy else None
     arms = rl_run(model_path(model), profile or None, steps, loss=loss.value, old_policy=olds,

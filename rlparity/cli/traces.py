@@ -12,15 +12,15 @@ from rlparity.cli.common import (
     TrainerSide,
     echo_json,
     engine_settings,
+    output_store,
     read_prompts,
     sampling_settings,
     select_arms,
 )
-from rlparity.cli.main import app
-from rlparity.config.defaults import defaults
+from rlparity.cli.main import app, option_defaults
 from rlparity.metrics.dashboard import DASHBOARDS
 
-_D = defaults()
+_D = option_defaults()
 Dashboard = Enum("Dashboard", {n.replace("-", "_"): n for n in DASHBOARDS}, type=str)
 
 
@@ -65,6 +65,7 @@ def capture_cmd(
     from rlparity.cli.common import model_path
     from rlparity.trace import add_arm
 
+    output_store(out)
     settings = engine_settings(engine, profile)
     sampling = sampling_settings(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, n=n,
                                  seed=seed)
@@ -163,9 +164,10 @@ def run_cmd(
     from rlparity.score import Scorer
     from rlparity.trace import add_arm
 
+    output_store(out)
+    sampling = sampling_settings(temperature=temperature, top_k=top_k, max_tokens=max_tokens)
     model = make_model(size)
     prompts = make_prompts(num_prompts)
-    sampling = sampling_settings(temperature=temperature, top_k=top_k, max_tokens=max_tokens)
     typer.echo(f"rlparity run: {size} model, {num_prompts} prompts x {max_tokens} tokens, temperature "
                f"{temperature}, top-k {top_k}; rollout and trainer LM head in float32")
     scorer = Scorer(model, dtype="float32", head_dtype="float32")

@@ -10,7 +10,7 @@
 ``diagnose()``'s options, ``rlparity check``'s thresholds, the CLI's option defaults and the
 notebooks all read from here, so a number is written once. Each threshold says what it was
 calibrated on. ``RLPARITY_DEFAULTS=path.yaml`` (a mapping of fields) overrides the built-in
-values at import time.
+values; it is read on the first call of :func:`defaults`, never at import.
 """
 
 from __future__ import annotations
@@ -216,25 +216,43 @@ class Defaults(BaseModel):
 
 
 def _from_env() -> Defaults:
+    """The built-in defaults with ``RLPARITY_DEFAULTS`` (a YAML mapping of fields) applied; any
+    problem with that file is a ``ValueError`` of one line naming the file and the fix."""
     path = os.environ.get("RLPARITY_DEFAULTS")
     if not path:
         return Defaults()
-    import yaml
+    from rlparity.config.files import read_yaml_mapping
 
+    where = f"RLPARITY_DEFAULTS={path}"
+    fix = f"fix the file or unset RLPARITY_DEFAULTS (fields: {', '.join(Defaults.model_fields)})"
     try:
-        with open(path) as fh:
-            data = yaml.safe_load(fh) or {}
+        data = read_yaml_mapping(path, where=where, fix=fix)
+    except FileNotFoundError as err:
+        raise ValueError(str(err)) from None
+    try:
         return Defaults().replace(**data)
-    except (OSError, ValueError, ValidationError, yaml.YAMLError) as err:
-        raise ValueError(f"RLPARITY_DEFAULTS={path}: {err}".splitlines()[0]) from None
+    except ValidationError as err:
+        parts = [f"{'.'.join(str(x) for x in e.get('loc', ())) or '(value)'}: {e['msg']} (got {e.get('input')!r})"
+                 for e in err.errors()]
+        raise ValueError(f"{where}: " + "; ".join(parts)[:600] + ": fix the file or unset RLPARITY_DEFAULTS") from None
+    except ValueError as err:  # unknown field (the message lists the valid ones)
+        raise ValueError(f"{where}: {str(err).splitlines()[0]}: fix the file or unset RLPARITY_DEFAULTS") from None
 
 
-_CURRENT: contextvars.ContextVar[Defaults] = contextvars.ContextVar("rlparity_defaults", default=_from_env())
+_BASE: list[Defaults] = []  # the built-in defaults with RLPARITY_DEFAULTS applied, read on first use
+_CURRENT: contextvars.ContextVar[Defaults | None] = contextvars.ContextVar("rlparity_defaults", default=None)
 
 
 def defaults() -> Defaults:
-    """The defaults in effect (inside :func:`defaults_context`, the changed ones)."""
-    return _CURRENT.get()
+    """The defaults in effect (inside :func:`defaults_context`, the changed ones). ``RLPARITY_DEFAULTS``
+    is read on the first call, not at import; a broken file raises ``ValueError`` (one line) on
+    every call until it is fixed."""
+    current = _CURRENT.get()
+    if current is not None:
+        return current
+    if not _BASE:
+        _BASE.append(_from_env())
+    return _BASE[0]
 
 
 def set_defaults(**changes: Any) -> Defaults:

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from rlparity.config.files import read_yaml_mapping
 from rlparity.config.settings import EngineSettings
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "data" / "profiles"
@@ -54,15 +55,14 @@ def settings_from_mapping(data: dict[str, Any], *, where: str = "profile") -> En
 def read_profile(name_or_path: str | os.PathLike) -> dict[str, Any]:
     """``{"name", "description", "settings": EngineSettings, "path"}`` of a profile."""
     path = _path(name_or_path)
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: a profile is a YAML mapping, got {type(data).__name__}")
+    data = read_yaml_mapping(path, where=f"profile {path}", fix="a profile holds 'settings:' (engine settings) "
+                             "and 'description:'; `rlparity profiles pipelinerl-parity` prints one")
     if "settings" in data:
         extra = [k for k in data if k not in _TOP_KEYS]
         if extra:
             raise ValueError(f"{path}: unknown top-level key(s) {', '.join(map(repr, extra))}; "
                              f"valid: {', '.join(sorted(_TOP_KEYS))}")
-        settings = data["settings"] or {}
+        settings = {} if data["settings"] is None else data["settings"]
         desc = str(data.get("description", ""))
     else:
         settings, desc = data, ""

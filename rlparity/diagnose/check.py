@@ -14,6 +14,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from rlparity.config.defaults import CheckThresholds, defaults
+from rlparity.config.files import read_yaml_mapping
 from rlparity.diagnose import diagnose
 from rlparity.diagnose.findings import Report, Severity
 from rlparity.metrics import summary, trainer_side, zero_prob_tokens
@@ -30,20 +31,10 @@ def default_thresholds_path() -> Path:
 def load_thresholds(path: str | os.PathLike | None = None) -> Thresholds:
     """Thresholds from YAML; without a path, the defaults in effect (:func:`rlparity.config.defaults`,
     which the shipped ``check.yaml`` mirrors). Errors name the bad key."""
-    import yaml
-
     if path is None:
         return defaults().check
     p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"no thresholds file at {p}; start from {default_thresholds_path()}")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ValueError(f"{p} is not valid YAML: {str(err).splitlines()[0]} (fix the syntax; start from "
-                         f"{default_thresholds_path()})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{p}: expected a mapping of threshold names to values")
+    data = read_yaml_mapping(p, where=f"thresholds file {p}", fix=f"start from {default_thresholds_path()}")
     try:
         return Thresholds(**data)
     except ValidationError as err:

@@ -67,7 +67,7 @@ from typing import Any
 
 import xarray as xr
 
-from rlparity.config.defaults import default_sampling, defaults
+from rlparity.config.defaults import RLDefaults, default_sampling, defaults
 from rlparity.config.settings import EngineSettings, SamplingSettings
 from rlparity.metrics.rl import step_arm
 
@@ -75,7 +75,7 @@ from rlparity.metrics.rl import step_arm
 DERIVED_PROFILES: dict[str, tuple[str, dict[str, Any]]] = {
     "parity-bf16-head": ("pipelinerl-parity", {"head_dtype": "bfloat16"}),
 }
-RL_PROFILES = tuple(defaults().rl.profiles)
+RL_PROFILES = tuple(RLDefaults().profiles)  # the built-in ones (RLPARITY_DEFAULTS is read when a run starts)
 
 
 def rl_profile(name: str | EngineSettings) -> EngineSettings:

@@ -11,8 +11,6 @@ target as it was.
 from __future__ import annotations
 
 import os
-import shutil
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +20,7 @@ import numpy as np
 import xarray as xr
 
 from rlparity.trace import ALL_VARS, annotate, install_store, temp_store
+from rlparity.trace.store import check_target
 
 ZARR = {"zarr_format": 2}
 
@@ -67,19 +66,14 @@ def write_store(chunks: Iterable[tuple[str, xr.Dataset]], path: str | os.PathLik
     Nothing half-written remains on failure: the target is untouched and the temporary folders
     beside it are removed.
     """
-    path = Path(path)
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} exists; pass overwrite=True (--overwrite) or choose another path")
+    path = check_target(path, overwrite=overwrite)  # refused before anything is read or written
     path.parent.mkdir(parents=True, exist_ok=True)
-    token = uuid.uuid4().hex[:8]
-    staging = path.with_name(f".{path.name}.staging-{token}")
     layout: dict[str, _ArmLayout] = {}
-    with temp_store(path) as tmp:
-        try:
-            _assemble_into(chunks, tmp, staging, layout, final_attrs)
-            install_store(tmp, path, overwrite=overwrite)  # validated, marked, swapped in under the store lock
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+    # both folders are guarded while this process lives and removed on exit; a killed import's are
+    # removed by the next open or save of the store (rlparity.trace.store.recover)
+    with temp_store(path) as tmp, temp_store(path, kind="staging") as staging:
+        _assemble_into(chunks, tmp, staging, layout, final_attrs)
+        install_store(tmp, path, overwrite=overwrite)  # validated, marked, swapped in under the store lock
     return path
 
 

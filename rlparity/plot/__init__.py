@@ -17,8 +17,8 @@ def init_notebook(*, engine_logs: bool = False) -> str:
     * Registers and selects the ``plotly_mimetype+rlparity_html`` renderer (interactive figures in
       Jupyter and in the offline book).
     * Sends the engines' log lines to a file (:func:`rlparity.config.logs.engine_logs_to_file`,
-      ``$RLPARITY_CACHE/logs``) unless ``engine_logs``, so the notebook shows prose, tables, figures
-      and findings; call it before anything imports vLLM.
+      ``$RLPARITY_CACHE/logs``, made when an engine starts) unless ``engine_logs``, so the notebook
+      shows prose, tables, figures and findings; call it before anything imports vLLM.
     * Silences tqdm's "IProgress not found" warning (no ipywidgets needed).
     """
     import warnings

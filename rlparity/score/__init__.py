@@ -16,9 +16,20 @@ For every response token the trainer computes, from the same prompt + response i
 The LM head runs in ``head_dtype`` (``float32`` as trainers do, or ``bfloat16``) and is applied in
 chunks of ``chunk_tokens`` rows, so peak memory is ``chunk_tokens x vocab`` whatever the sequence
 length. The statistics come from :func:`rlparity.score.head.head_stats` (one fused pass over the
-vocabulary and a top-k window; within 1e-5 nats of the reference ``head_stats_reference``): on an
-H200 the float32 head rescoring runs at 0.88x the throughput of a bare bf16 forward
+vocabulary and a top-k window): on the same logits they are within 1e-5 nats of the reference
+``head_stats_reference`` and of an independent float64 computation (``tests/test_score_fast.py``).
+On an H200 the float32 head rescoring runs at 0.88x the throughput of a bare bf16 forward
 (``benchmarks/README.md``).
+
+The logits themselves depend on ``fp32_gemm``. With ``"auto"`` (the default) a float32 head over a
+bf16/fp16 body on CUDA multiplies the 16-bit values on the tensor cores with float32 accumulation:
+the logits differ from a float32 SGEMM's in the order of the additions (about 3e-5 on logits of
+size 13, as close to the exact product), and where a token sits at an exact tie with the k-th
+logit, or at the top-p edge, such a difference moves it in or out of the kept set: that row's
+processed statistics then change by up to about 1/k (2e-2 nats seen on a random-weight model on an
+H200). ``"cast"`` keeps cuBLAS's float32 SGEMM (the reference's logits; 0.46x instead of 0.88x
+throughput there). Elsewhere (CPU, or a float32 body) the two are the same computation
+(``tests/test_gpu.py`` checks both on CUDA against float64).
 """
 
 from __future__ import annotations

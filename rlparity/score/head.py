@@ -28,7 +28,9 @@ How it stays at the speed of a bare forward (issue 16):
 * every statistic stays on the device until one host copy per call.
 
 :func:`head_stats_reference` is the straightforward implementation (several full-vocabulary
-passes per statistic); the tests check that both agree to 1e-5 nats.
+passes per statistic); the tests check that both agree, on the same logits, to 1e-5 nats with each
+other and with an independent float64 computation. The logits can differ with ``fp32_gemm`` (see
+:func:`project`).
 
 This module imports nothing from rlparity, so a benchmark can load it on a machine that has only
 torch and numpy.
@@ -144,7 +146,10 @@ def project(hidden, weight, bias, head_dtype, fp32_gemm: str = "auto"):
     the 16-bit values (exact in float32) on the tensor cores with float32 accumulation and a
     float32 result, without a float32 copy of the weight. The result differs from cuBLAS's
     float32 GEMM only by the order of the float32 additions (about 3e-5 on logits of size 13,
-    as far from the float64 product as that GEMM's own error; benchmarks/README.md).
+    as far from the float64 product as that GEMM's own error; benchmarks/README.md). That is
+    enough to move a token at an exact top-k tie (or at the top-p edge) in or out of the kept set:
+    such a row's processed statistics then differ from the SGEMM's by up to about 1/k nats (2e-2
+    seen on an H200); every other statistic stays within float32 rounding.
     ``"cast"`` (and anything not covered above) casts both to ``head_dtype`` first, as the
     reference and most trainers do.
     """
@@ -359,8 +364,10 @@ def head_stats(hidden, weight, bias, token_ids, temperature, top_k, top_p, head_
     tensors on ``hidden``'s device. ``compile`` fuses the full-vocabulary reduction and the
     per-row arithmetic with ``torch.compile`` (default: on CUDA, and on CPU from a 32k
     vocabulary, where the one-time compile pays for itself within a few chunks). ``fp32_gemm``:
-    see :func:`project`. Agrees with :func:`head_stats_reference` to 1e-5 nats in float32
-    (``tests/test_score_fast.py``).
+    see :func:`project`. On the same logits (``head_stats_reference(..., fp32_gemm=fp32_gemm)``)
+    it agrees with :func:`head_stats_reference` to 1e-5 nats in float32 (``tests/test_score_fast.py``);
+    against the reference's default SGEMM logits, ``fp32_gemm="auto"`` on CUDA can differ more at
+    rows with a top-k tie or a top-p edge (:func:`project`).
     """
     import torch
 

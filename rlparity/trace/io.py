@@ -37,6 +37,7 @@ from rlparity.trace.store import (
     install_store,
     link_tree,
     recover_if_needed,
+    round_trip_changes,
     store_kind,
     store_lock,
     store_path,
@@ -103,9 +104,17 @@ def _write(arms: dict[str, xr.Dataset], p: Path, *, overwrite: bool, root_attrs:
             ds.to_zarr(tmp, group=name, mode="w-", consolidated=False, **_WRITE)
             if _lossless(ds):
                 record[name] = dataset_digests(ds)
-            else:  # encodings that change values on the way: digest what a reader will see
-                record[name] = dataset_digests(
-                    xr.open_dataset(tmp, group=name, engine="zarr", consolidated=False, zarr_format=2).load())
+            else:  # encodings that may change values on the way: read back before anything is replaced
+                back = xr.open_dataset(tmp, group=name, engine="zarr", consolidated=False, zarr_format=2).load()
+                changed = round_trip_changes(ds, back)
+                if changed:
+                    var, how = next(iter(changed.items()))
+                    more = f" (and {len(changed) - 1} more variables)" if len(changed) > 1 else ""
+                    raise StoreError(
+                        f"arm {name!r}: saving would change {var} {how}{more}; rlparity stores values exactly, "
+                        f"so nothing was written: drop the encoding (ds[{var!r}].encoding = {{}}) and save again")
+                validate(back, where=f"arm {name!r} as it would read back")
+                record[name] = dataset_digests(back)
         src, meta, old = carry if carry is not None else (None, None, {})
         for name, digests in old.items():
             link_tree(src / name, tmp / name)
@@ -222,10 +231,17 @@ def open_experiment(path: str | os.PathLike) -> xr.DataTree:
     return tree
 
 
+def named_arms(arms: Mapping[str, xr.Dataset]) -> dict[str, xr.Dataset]:
+    """``arms`` with each trace's ``arm`` attribute set to its name: the name in the store (or the
+    mapping) is the arm's name, whatever attribute the trace was saved with."""
+    return {name: ds.assign_attrs(arm=name) if isinstance(ds, xr.Dataset) and ds.attrs.get("arm") != name else ds
+            for name, ds in arms.items()}
+
+
 def open_arms(path: str | os.PathLike) -> dict[str, xr.Dataset]:
-    """All arms of a store as ``{arm: Dataset}`` in stored order."""
+    """All arms of a store as ``{arm: Dataset}`` in stored order, each labelled with its arm name."""
     tree = open_experiment(path)
-    return {name: node.to_dataset() for name, node in tree.children.items()}
+    return named_arms({name: node.to_dataset() for name, node in tree.children.items()})
 
 
 def load(path: str | os.PathLike, arm: str | None = None) -> xr.Dataset:
@@ -242,14 +258,14 @@ def load(path: str | os.PathLike, arm: str | None = None) -> xr.Dataset:
 
 def as_arms(data) -> dict[str, xr.Dataset]:
     """``{arm: trace}`` from one trace, a mapping, a DataTree or a store path (what every
-    multi-arm function accepts)."""
+    multi-arm function accepts); each trace's ``arm`` attribute is its name (:func:`named_arms`)."""
     if isinstance(data, xr.Dataset):
         return {data.attrs.get("arm", "default"): data}
     if isinstance(data, (str, os.PathLike)):
         return open_arms(data)
     if isinstance(data, xr.DataTree):
-        return {k: v.to_dataset() for k, v in data.children.items()}
+        return named_arms({k: v.to_dataset() for k, v in data.children.items()})
     if isinstance(data, Mapping):
-        return dict(data)
+        return named_arms(data)
     raise TypeError(f"expected a trace Dataset, a {{arm: trace}} mapping, a DataTree or a store path, "
                     f"not {type(data).__name__}")

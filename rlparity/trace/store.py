@@ -12,6 +12,10 @@ it, in ``DIR``, rlparity uses three kinds of names, all hidden:
     orphan (its writer died) is told apart from a live write.
 ``.NAME.old-<pid>-<id>``
     the previous store during a swap (a few microseconds in a normal run).
+``.NAME.staging-<pid>-<id>``
+    an importer's chunks before they are assembled into ``.NAME.tmp-*``; guarded like it.
+
+Recovery removes every one of these whose writer has died (no ``flock`` on it), never a live one.
 
 The root attributes of a store written here carry ``rlparity_store`` (the store format, 1) and
 ``rlparity_integrity`` (a CRC-32 of every variable's values per arm, recorded at save). Opening a
@@ -33,6 +37,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import math
 import os
 import re
 import shutil
@@ -96,9 +101,19 @@ def check_arm_name(name: Any) -> str:
 def store_path(path: str | os.PathLike) -> Path:
     """The absolute path a store is handled at: symbolic links resolved, so every name of one store
     shares one lock and one set of temporary names."""
-    p = Path(os.path.realpath(os.fspath(path)))
-    if p.name in ("", ".", ".."):
-        raise StoreError(f"{os.fspath(path)!r} cannot name a store: give a path such as run/traces.zarr")
+    raw = os.fspath(path)
+    if isinstance(raw, bytes):
+        raw = os.fsdecode(raw)
+    fix = "give the store a name of its own, such as runs/traces.zarr"
+    if os.path.basename(raw.rstrip("/")) in ("", ".", ".."):
+        raise StoreError(f"{raw!r} names a folder ('.', '..' or '/'), not a store: {fix}")
+    p = Path(os.path.realpath(raw))
+    try:
+        cwd = Path(os.getcwd())
+    except OSError:
+        cwd = None
+    if cwd is not None and (p == cwd or p in cwd.parents):
+        raise StoreError(f"{raw!r} is the working directory or a folder above it, not a store: {fix}")
     return p
 
 
@@ -108,13 +123,21 @@ def lock_file(path: str | os.PathLike) -> Path:
     return p.parent / f".{p.name}.lock"
 
 
+_KINDS = ("tmp", "old", "staging")
+
+
+def _leftover_kind(path: Path, d: Path) -> str | None:
+    """``"tmp"``, ``"old"`` or ``"staging"`` for a leftover ``.NAME.<kind>-*`` of the store ``path``."""
+    return next((k for k in _KINDS if d.name.startswith(f".{path.name}.{k}-")), None)
+
+
 def _leftovers(path: Path) -> list[Path]:
-    """``.NAME.tmp-*`` and ``.NAME.old-*`` beside the store."""
+    """``.NAME.tmp-*``, ``.NAME.old-*`` and ``.NAME.staging-*`` beside the store."""
     try:
         names = os.listdir(path.parent)
     except OSError:
         return []
-    pre = (f".{path.name}.tmp-", f".{path.name}.old-")
+    pre = tuple(f".{path.name}.{k}-" for k in _KINDS)
     return sorted(path.parent / n for n in names if n.startswith(pre))
 
 
@@ -319,7 +342,8 @@ def check_target(path: str | os.PathLike, *, overwrite: bool) -> Path:
             f"{p} exists and is not an rlparity store ({_describe(p)}): rlparity replaces only stores it "
             "wrote, or an empty directory; choose another path, or move those files away yourself")
     if kind == "rlparity" and not overwrite:
-        raise FileExistsError(f"{p} exists; pass overwrite=True or choose another path")
+        raise FileExistsError(f"{p} exists; pass overwrite=True (--overwrite on the command line) or choose "
+                              "another path")
     return p
 
 
@@ -371,6 +395,32 @@ def _lossless(ds: xr.Dataset) -> bool:
     return True
 
 
+def round_trip_changes(saved: xr.Dataset, back: xr.Dataset) -> dict[str, str]:
+    """``{variable: how it changed}`` for every variable of ``saved`` that reads back from the store
+    (``back``) with other values: a lossy encoding (``scale_factor``, a narrower ``dtype``)."""
+    out = {}
+    for name, var in saved.variables.items():
+        got = back.variables.get(name)
+        if got is None:
+            out[str(name)] = "is missing"
+            continue
+        if var.equals(got):
+            continue
+        x, y = np.asarray(var.values), np.asarray(got.values)
+        how = "to other values"
+        if x.shape == y.shape and x.dtype.kind in "iufb" and y.dtype.kind in "iufb":
+            with np.errstate(invalid="ignore", over="ignore"):
+                d = np.abs(x.astype(np.float64) - y.astype(np.float64))
+            moved = int(np.count_nonzero(np.isnan(x.astype(np.float64)) != np.isnan(y.astype(np.float64))))
+            finite = d[np.isfinite(d)]
+            how = (f"by up to {float(finite.max()):.3g}" if finite.size else "") + \
+                  (f"{' and ' if finite.size else ''}NaN at {moved} other places" if moved else "")
+            how = how or "to other values"
+        enc = {k: v for k, v in var.encoding.items() if k in ("dtype", "scale_factor", "add_offset", "units")}
+        out[str(name)] = f"{how} (encoding {enc})" if enc else how
+    return out
+
+
 def integrity_record(arms: Mapping[str, xr.Dataset]) -> dict[str, Any]:
     """The ``rlparity_integrity`` root attribute for ``{arm: Dataset}``."""
     return {"algorithm": DIGEST_ALGORITHM, "arms": {name: dataset_digests(ds) for name, ds in arms.items()}}
@@ -401,32 +451,78 @@ def verify_integrity(path: Path, arms: Mapping[str, xr.Dataset], record: Mapping
                 "restore it from a copy or re-create it")
 
 
+def _present_chunks(d: Path, grid: list[int], sep: str) -> set[tuple[int, ...]]:
+    """The chunk indices inside ``grid`` that have a file under ``d`` (one directory listing, or one
+    walk for nested keys): bounded by what is on disk, whatever the metadata claims."""
+    ndim = len(grid)
+    found: set[tuple[int, ...]] = set()
+    if sep == ".":
+        try:
+            keys = [n for n in os.listdir(d) if not n.startswith(".")]
+        except OSError:
+            return found
+    else:
+        keys = []
+        for dirpath, dirnames, filenames in os.walk(d):
+            dirnames[:] = [n for n in dirnames if not n.startswith(".")]
+            rel = os.path.relpath(dirpath, d)
+            keys += [n if rel == "." else f"{Path(rel).as_posix()}/{n}" for n in filenames if not n.startswith(".")]
+    for key in keys:
+        parts = key.split(sep)
+        if ndim == 0:
+            if key == "0":
+                found.add(())
+            continue
+        if len(parts) != ndim or not all(x.isdigit() for x in parts):
+            continue
+        ix = tuple(int(x) for x in parts)
+        if all(i < g for i, g in zip(ix, grid)):
+            found.add(ix)
+    return found
+
+
+def _indices(grid: list[int], n: int) -> Iterator[tuple[int, ...]]:
+    """The first ``n`` chunk indices of ``grid`` in C order (lazily: a grid may claim 10^10)."""
+    ix = [0] * len(grid)
+    for _ in range(n):
+        yield tuple(ix)
+        for d in reversed(range(len(grid))):
+            ix[d] += 1
+            if ix[d] < grid[d]:
+                break
+            ix[d] = 0
+        else:
+            return
+
+
 def missing_chunks(p: Path, meta: Mapping[str, Any]) -> list[tuple[str, int, int, str]]:
     """``(array, n_missing, n_expected, example key)`` for every array of the store with chunk files
-    missing. Stores written here hold every chunk (``write_empty_chunks=True``)."""
+    missing. Stores written here hold every chunk (``write_empty_chunks=True``). The work is bounded
+    by the files on disk, not by the shapes the metadata claims (a damaged ``.zmetadata`` claiming
+    10^10 chunks is reported at once)."""
     out = []
     for key, zarray in meta.items():
         if not key.endswith("/.zarray") or not isinstance(zarray, dict):
             continue
         arr = key[: -len("/.zarray")]
-        shape, chunks = zarray.get("shape", []), zarray.get("chunks", [])
         sep = zarray.get("dimension_separator") or "."
-        grid = [(-(-int(s) // int(c)) if int(c) else 0) for s, c in zip(shape, chunks)]
+        try:
+            shape, chunks = [int(x) for x in zarray.get("shape", [])], [int(x) for x in zarray.get("chunks", [])]
+        except (TypeError, ValueError):
+            out.append((arr, 1, 1, "(its .zarray has a shape or chunks that are not integers)"))
+            continue
+        if len(shape) != len(chunks) or any(x < 0 for x in shape + chunks):
+            out.append((arr, 1, 1, f"(its .zarray claims shape {shape} in chunks {chunks})"))
+            continue
+        grid = [(-(-s // c) if c else 0) for s, c in zip(shape, chunks)]
         if any(g == 0 for g in grid):
             continue
-        expected = int(np.prod(grid)) if grid else 1
-        if sep == ".":
-            try:
-                present = set(os.listdir(p / arr))
-            except OSError:
-                present = set()
-            names = (".".join(map(str, ix)) for ix in np.ndindex(*grid)) if grid else iter(["0"])
-            miss = [n for n in names if n not in present]
-        else:
-            names = ("/".join(map(str, ix)) for ix in np.ndindex(*grid)) if grid else iter(["0"])
-            miss = [n for n in names if not (p / arr / n).is_file()]
-        if miss:
-            out.append((arr, len(miss), expected, miss[0]))
+        expected = math.prod(grid)
+        present = _present_chunks(p / arr, grid, sep)
+        if len(present) < expected:
+            # the first missing index lies within the first len(present) + 1 in order: bounded
+            first = next(ix for ix in _indices(grid, len(present) + 1) if ix not in present)
+            out.append((arr, expected - len(present), expected, sep.join(map(str, first)) or "0"))
     return out
 
 
@@ -512,14 +608,17 @@ def _open_tree(p: Path) -> xr.DataTree:
 
 
 @contextlib.contextmanager
-def temp_store(path: str | os.PathLike) -> Iterator[Path]:
+def temp_store(path: str | os.PathLike, *, kind: str = "tmp") -> Iterator[Path]:
     """A fresh empty directory ``DIR/.NAME.tmp-<pid>-<id>`` beside the store ``path``, guarded (a
     ``flock`` on it) so that no recovery cleans it while this process lives. Write the store into it
     with ``mode="w-"`` (``mode="w"`` would replace the directory and drop the guard), then call
-    :func:`install_store`. Removed on exit unless installed."""
+    :func:`install_store`. Removed on exit unless installed. ``kind="staging"`` gives a guarded
+    ``.NAME.staging-*`` scratch folder instead (an importer's chunks), always removed on exit."""
+    if kind not in ("tmp", "staging"):
+        raise ValueError(f"kind must be 'tmp' or 'staging', not {kind!r}")
     p = store_path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.parent / f".{p.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = p.parent / f".{p.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     os.mkdir(tmp)
     fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -568,7 +667,7 @@ def recover(path: str | os.PathLike, *, keep: Path | None = None) -> list[str]:
     Takes the store lock. If the store is missing and a complete new copy (``.NAME.tmp-*`` with its
     integrity record, the swap had begun) or the previous store (``.NAME.old-*``) is beside it, that
     copy is put back (the newest complete new copy first). Leftovers whose writer is alive are kept;
-    the rest are removed. Returns what was done, one line each. Called by every open and save.
+    the rest (``.tmp-``, ``.old-`` and an importer's ``.staging-`` folders) are removed. Returns what was done, one line each. Called by every open and save.
     """
     p = store_path(path)
     done: list[str] = []
@@ -583,8 +682,8 @@ def recover(path: str | os.PathLike, *, keep: Path | None = None) -> list[str]:
                     claimed.append((d, fd))
             if not os.path.lexists(p):
                 real = [d for d, _ in claimed if d.is_dir() and not d.is_symlink()]  # never a planted link
-                tmps = [d for d in real if ".tmp-" in d.name and _complete(d)]
-                olds = [d for d in real if ".old-" in d.name]
+                tmps = [d for d in real if _leftover_kind(p, d) == "tmp" and _complete(d)]
+                olds = [d for d in real if _leftover_kind(p, d) == "old"]  # never a staging folder
                 pick = max(tmps, key=lambda d: d.stat().st_mtime) if tmps else \
                     (max(olds, key=lambda d: d.stat().st_mtime) if olds else None)
                 if pick is not None:
