@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlparity.capture.routing import RoutingCaptureExtension
+
 EXTENSION = "rlparity.capture.weights.WeightUpdateExtension"
 LOAD_METHOD = "rlparity_load_weights"
 PROGRESS_METHOD = "rlparity_request_progress"
@@ -105,7 +107,7 @@ def _request_progress(model_runner: Any) -> dict[str, list[int]]:
     return out
 
 
-class WeightUpdateExtension:
+class WeightUpdateExtension(RoutingCaptureExtension):
     """Methods added to every vLLM worker (``worker_extension_cls``), called by name through
     ``collective_rpc``. Names carry the ``rlparity_`` prefix so they never clash with vLLM's own."""
 
