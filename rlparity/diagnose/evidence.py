@@ -36,6 +36,7 @@ import xarray as xr
 from rlparity.config.defaults import defaults
 from rlparity.metrics import TRAINER_VARIABLE, core, log_ratio, trainer_readings, trainer_side
 from rlparity.metrics import inflight as mi
+from rlparity.metrics import routing as mr
 from rlparity.trace import has_trainer, trace_versions
 
 
@@ -222,12 +223,45 @@ def observed_claims(ev: ArmEvidence) -> None:
     if len(versions) > 1 and scored_by != "policy_version":
         pv = trace["policy_version"].values
         ev.claim("mixed_versions", pv != max(versions), "tokens of older versions scored with one weight set")
+    if mr.has_routes(trace):
+        flipped = mr.flips(trace).any("moe_layer").values
+        if flipped.any():
+            ev.claim(routing_cause(trace), flipped, "tokens routed to other experts by the engine and the trainer "
+                     "(a routing flip in at least one MoE layer)")
     settings = (trace.attrs.get("trainer") or {}).get("settings") or {}
     if settings.get("prompt_ids") == "retokenize":
         bad = prompt_mismatch_sequences(trace)
         if bad.any():
             ev.claim("prompt_token_mismatch", bad[:, None] & ev.mask,
                      "responses the trainer scored after other prompt ids than the engine's")
+
+
+def router_dtypes(trace: xr.Dataset) -> dict[str, str | None]:
+    """The precision of each side's MoE router projection: the engine's is its body dtype (vLLM's router
+    GEMM runs on the body's operands; vLLM 0.26's ``enable_bf16x3_router_gemm`` asked in the engine
+    settings makes it float32-accurate), the trainer's what its scorer recorded (``trainer_router``)."""
+    eff = trace.attrs.get("engine_effective") or {}
+    req = trace.attrs.get("engine_requested") or {}
+    engine = eff.get("dtype") or req.get("dtype")
+    if ((req.get("extra") or {}).get("enable_bf16x3_router_gemm")):
+        engine = "float32"
+    trainer = (trace.attrs.get("trainer_router") or {}).get("router_dtype")
+    return {"engine": str(engine) if engine else None, "trainer": str(trainer) if trainer else None}
+
+
+_BITS = {"float32": 24, "float16": 11, "bfloat16": 8}
+
+
+def routing_cause(trace: xr.Dataset) -> str:
+    """The cause routing flips are claimed under: the side whose router runs in the lower precision
+    (``trainer_bf16_router`` / ``rollout_bf16_router``), else ``moe_routing_disagreement``."""
+    dt = router_dtypes(trace)
+    e, t = _BITS.get(dt["engine"] or "", 0), _BITS.get(dt["trainer"] or "", 0)
+    if e and t and t < e:
+        return "trainer_bf16_router"
+    if e and t and e < t:
+        return "rollout_bf16_router"
+    return "moe_routing_disagreement"
 
 
 def prompt_mismatch_sequences(trace: xr.Dataset) -> np.ndarray:
@@ -300,4 +334,4 @@ def build(trace: xr.Dataset, *, trainer: str | None = None, semantic_tol: float 
 
 
 __all__ = ["ArmEvidence", "build", "identity_sampling", "observed_claims", "prompt_mismatch_sequences",
-           "residual_for", "semantic_fit", "trainer_floor", "version_excess"]
+           "residual_for", "router_dtypes", "routing_cause", "semantic_fit", "trainer_floor", "version_excess"]
