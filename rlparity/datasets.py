@@ -29,7 +29,10 @@ KEEP = tuple(ROLLOUT_VARS) + ("reward", "cached_prompt_tokens", "trainer_logprob
                               "trainer_max_logit", "trainer_updated_logprob", "trainer_updated_processed_logprob",
                               "trainer_latest_processed_logprob", "advantage",
                               # inflight weight updates: token times, attempts, prefix-cache generations
-                              "token_time", "submit_time", "attempt", "prefix_cache_generation", "prefix_cache_stale")
+                              "token_time", "submit_time", "attempt", "prefix_cache_generation", "prefix_cache_stale",
+                              # mixture of experts: both sides' routes, the trainer's margins, the replayed readings
+                              "routed_experts", "prompt_routed_experts", "trainer_routed_experts",
+                              "trainer_router_margin", "trainer_replay_logprob", "trainer_replay_processed_logprob")
 
 
 def examples_dir() -> Path:
@@ -83,4 +86,16 @@ def compact(trace: xr.Dataset, *, keep: tuple[str, ...] = KEEP, float_dtype: str
     return out
 
 
-__all__ = ["KEEP", "compact", "example_attrs", "example_path", "examples_dir", "list_examples", "load_example"]
+def save_example(arms: dict[str, xr.Dataset], path: str | Path, attrs: dict[str, Any], *,
+                 float_dtype: str | None = "float32") -> Path:
+    """Write ``arms`` as an example store: each arm :func:`compact`-ed, ``attrs`` (description,
+    device, vLLM, date, model, command) as the root's ``example`` attrs."""
+    from rlparity.trace import save
+
+    tree = xr.DataTree.from_dict({f"/{k}": compact(v, float_dtype=float_dtype) for k, v in arms.items()})
+    tree.attrs = {"example": attrs}
+    return save(tree, path)
+
+
+__all__ = ["KEEP", "compact", "example_attrs", "example_path", "examples_dir", "list_examples", "load_example",
+           "save_example"]

@@ -238,13 +238,11 @@ def observed_claims(ev: ArmEvidence) -> None:
 
 def router_dtypes(trace: xr.Dataset) -> dict[str, str | None]:
     """The precision of each side's MoE router projection: the engine's is its body dtype (vLLM's router
-    GEMM runs on the body's operands; vLLM 0.26's ``enable_bf16x3_router_gemm`` asked in the engine
-    settings makes it float32-accurate), the trainer's what its scorer recorded (``trainer_router``)."""
+    GEMM runs on the body's operands; its fp32-accurate ``enable_bf16x3_router_gemm`` needs float32
+    router weights on an SM100 GPU), the trainer's what its scorer recorded (``trainer_router``)."""
     eff = trace.attrs.get("engine_effective") or {}
     req = trace.attrs.get("engine_requested") or {}
     engine = eff.get("dtype") or req.get("dtype")
-    if ((req.get("extra") or {}).get("enable_bf16x3_router_gemm")):
-        engine = "float32"
     trainer = (trace.attrs.get("trainer_router") or {}).get("router_dtype")
     return {"engine": str(engine) if engine else None, "trainer": str(trainer) if trainer else None}
 

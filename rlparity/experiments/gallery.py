@@ -59,12 +59,9 @@ def provenance(device: str, model: str, command: str, description: str) -> dict[
 
 
 def _save(arms: dict[str, xr.Dataset], path: Path, attrs: dict[str, Any], *, float_dtype: str | None) -> Path:
-    from rlparity.datasets import compact
-    from rlparity.trace import save
+    from rlparity.datasets import save_example
 
-    tree = xr.DataTree.from_dict({f"/{k}": compact(v, float_dtype=float_dtype) for k, v in arms.items()})
-    tree.attrs = {"example": attrs}
-    return save(tree, path)
+    return save_example(arms, path, attrs, float_dtype=float_dtype)
 
 
 def _verdicts(arms: dict[str, xr.Dataset]) -> dict[str, Any]:

@@ -100,15 +100,29 @@ def moe_run(model: str | os.PathLike, dense: str | os.PathLike | None = None, se
         out[arm] = scored
         log(f"  {arm}: scored")
     if dense is not None:
-        eng = pool.get(str(dense), engine_settings(s))
-        cap = eng.capture(prompts, sampling, arm=DENSE_ARM, progress=False)
-        scored = Scorer(str(dense), dtype=s.dtype, head_dtype="float32", device=s.device, batch_size=s.batch_size,
-                        progress=False).score(cap)
-        scored.attrs.update({"arm": DENSE_ARM, "faults": {"causes": [], "platform": platform},
-                             "moe_experiment": s.model_dump()})
-        out[DENSE_ARM] = scored
+        out[DENSE_ARM] = dense_arm(dense, s, pool=pool)
         log(f"  {DENSE_ARM}: scored")
     return out
+
+
+def dense_arm(dense: str | os.PathLike, settings: MoESettings | None = None, *, pool=None) -> xr.Dataset:
+    """The dense comparison: ``dense`` captured and scored under the MoE arms' settings
+    (``capture_routing=True`` captures nothing on a dense model)."""
+    from rlparity.capture.pool import shared_pool
+    from rlparity.models import make_prompts
+    from rlparity.score import Scorer
+
+    s = settings or MoESettings()
+    pool = pool or shared_pool()
+    sampling = SamplingSettings(temperature=s.temperature, top_k=s.top_k, max_tokens=s.max_tokens, seed=s.seed)
+    cap = pool.get(str(dense), engine_settings(s)).capture(make_prompts(s.n_prompts, seed=s.seed), sampling,
+                                                          arm=DENSE_ARM, progress=False)
+    scored = Scorer(str(dense), dtype=s.dtype, head_dtype="float32", device=s.device, batch_size=s.batch_size,
+                    progress=False).score(cap)
+    platform = "cuda" if s.device.startswith("cuda") else "cpu"
+    scored.attrs.update({"arm": DENSE_ARM, "faults": {"causes": [], "platform": platform},
+                         "moe_experiment": s.model_dump()})
+    return scored
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -132,17 +146,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--n-prompts", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=24)
     a = p.parse_args(argv)
+    from rlparity.capture.pool import shared_pool
+
     model = a.model or str(make_model(a.size, progress=False, device=a.device))
     dense = str(make_model(a.dense, progress=False, device=a.device)) if a.dense else None
     s = MoESettings(n_prompts=a.n_prompts, max_tokens=a.max_tokens, dtype=a.dtype, device=a.device)
     arms = moe_run(model, dense, s)
+    shared_pool().close()
     save(arms, a.out)
     print(json.dumps({k: routing_record(v) for k, v in arms.items() if has_routes(v)}, indent=1))
     print(diagnose(arms))
     return 0
 
 
-__all__ = ["DENSE_ARM", "MOE_ARM", "MoESettings", "engine_settings", "main", "moe_run"]
+__all__ = ["DENSE_ARM", "MOE_ARM", "MoESettings", "dense_arm", "engine_settings", "main", "moe_run"]
 
 
 if __name__ == "__main__":

@@ -204,6 +204,43 @@ def routing_record(trace: xr.Dataset, trainer: TrainerSide | None = None) -> dic
     return {"per_layer": per_layer, **{k: _num(summ[k]) for k in summ.data_vars}}
 
 
+def token_points(trace: xr.Dataset, trainer: TrainerSide | None = None) -> xr.Dataset:
+    """Per real token (dim ``token``): the trainer's smallest router margin over the MoE layers
+    (logit units), ``|d|`` (nats), ``|d_replay|`` when scored with replay, and whether it flipped in
+    any layer: the points of a margin-vs-mismatch scatter."""
+    _require(trace)
+    side = trainer_side(trace, trainer)
+    mask = trace["response_mask"].values.astype(bool)
+    margin = trace["trainer_router_margin"].values.astype(np.float64) if "trainer_router_margin" in trace \
+        else np.full(mask.shape + (trace.sizes["moe_layer"],), np.nan)
+    with np.errstate(invalid="ignore"):
+        low = np.nanmin(np.where(np.isfinite(margin), margin, np.inf), axis=-1)
+    data = {"min_router_margin": low[mask], "abs_d": np.abs(log_ratio(trace, side).values[mask]),
+            "flipped": flips(trace).any("moe_layer").values[mask]}
+    rvar = REPLAY_VARIABLE[side]
+    if rvar in trace:
+        data["abs_d_replay"] = np.abs(trace[rvar].values - trace["rollout_logprob"].values)[mask]
+    return xr.Dataset({k: ("token", v) for k, v in data.items()},
+                      attrs=make_attrs(pair=BACKEND_PAIR, trainer_side=side, margin_units="router logit"))
+
+
+def format_routing(trace: xr.Dataset, trainer: TrainerSide | None = None) -> str:
+    """The routing numbers of one arm as text: per MoE layer, then the flipped tokens' mismatch."""
+    rec = routing_record(trace, trainer)
+    fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731
+    lines = ["MoE routing (engine routed_experts vs trainer top-k)",
+             f"  {'layer':>6} {'agreement':>10} {'flip rate':>10} {'margin med':>11} {'at flips':>10}"]
+    for layer, r in rec["per_layer"].items():
+        lines.append(f"  {layer:>6} {fmt(r['topk_agreement'], '.4f'):>10} {fmt(r['flip_rate'], '.4f'):>10} "
+                     f"{fmt(r.get('margin_median'), '.3g'):>11} {fmt(r.get('margin_at_flips_median'), '.3g'):>10}")
+    lines.append(f"  tokens with a flip: {rec['n_flipped']} of {rec['n_tokens']} ({fmt(rec['token_flip_rate'], '.2%')}); "
+                 f"mean |d| flipped {fmt(rec['abs_d_flipped'], '.3g')} vs unflipped {fmt(rec['abs_d_unflipped'], '.3g')} nats")
+    if "replay_ratio" in rec:
+        lines.append(f"  with the engine's routes replayed: flipped {fmt(rec['abs_d_flipped_replay'], '.3g')} nats "
+                     f"({fmt(rec['replay_ratio'], '.3g')}x less)")
+    return "\n".join(lines)
+
+
 def _num(x) -> float | int | None:
     v = x.item() if hasattr(x, "item") else x
     if isinstance(v, (int, np.integer)):
@@ -212,5 +249,5 @@ def _num(x) -> float | int | None:
     return None if not np.isfinite(v) else v
 
 
-__all__ = ["FLIP_VARIABLES", "REPLAY_VARIABLE", "expert_overlap", "flip_summary", "flips", "has_routes",
+__all__ = ["FLIP_VARIABLES", "REPLAY_VARIABLE", "expert_overlap", "flip_summary", "flips", "format_routing", "has_routes", "token_points",
            "layer_flips", "route_agree", "route_valid", "routing_record", "routing_table", "share", "token_flips"]
