@@ -125,6 +125,18 @@ def test_replay_forces_the_routes(moe_model, moe_trace):
         Scorer(moe_model, progress=False, settings=TrainerSettings(routing_replay="on")).score(moe_trace)
 
 
+def test_score_versions_keeps_the_router_variables(moe_model, moe_trace):
+    from rlparity.config.settings import TrainerSettings
+    from rlparity.score import Scorer, score_versions
+
+    sc = Scorer(moe_model, progress=False, settings=TrainerSettings(**FAST))
+    one = sc.score(moe_trace)
+    per = score_versions(moe_trace, {0: sc})
+    np.testing.assert_array_equal(per["trainer_routed_experts"].values, one["trainer_routed_experts"].values)
+    np.testing.assert_array_equal(per["trainer_router_margin"].values, one["trainer_router_margin"].values)
+    assert per.attrs["trainer_router"]["layers"] == [0, 1]
+
+
 def test_dense_model_has_no_router_and_refuses_router_options(tiny_model):
     from rlparity.config.settings import TrainerSettings
     from rlparity.score import Scorer
