@@ -43,6 +43,21 @@ def write(out: Path, results: dict) -> None:
 
 
 def main(argv=None) -> int:
+    """Parse the arguments and run :func:`run`; an exception is written into ``results.json`` first."""
+    ap = parser()
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict = {"issue": 26, "argv": sys.argv, "steps": {}, "errors": []}
+    try:
+        return run(a, out, results)
+    except Exception as err:
+        results["errors"].append({"step": "fatal", "error": repr(err), "traceback": traceback.format_exc()})
+        write(out, results)
+        raise
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="folder for results.json and moe.tar.gz")
     ap.add_argument("--device", default="cuda")
@@ -55,19 +70,20 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     ap.add_argument("--budget-s", type=float, default=150.0,
                     help="skip the dense comparison when the MoE part ended past this many seconds")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def run(a: argparse.Namespace, out: Path, results: dict) -> int:
+    """The steps of the module docstring."""
     t0 = time.perf_counter()
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     ci = a.ci
     size = a.size or ("tiny-moe" if ci else "small-moe")
     dense_size = a.dense if a.dense is not None else ("tiny" if ci else "small")
     dtype = a.dtype or ("float32" if ci else "bfloat16")
-    n_prompts = a.n_prompts or (16 if ci else 256)
+    n_prompts = a.n_prompts or (16 if ci else 128)
     max_tokens = a.max_tokens or (16 if ci else 64)
     device = "cpu" if ci else a.device
     faults = ("trainer_bf16_router",) if device == "cpu" else ("rollout_bf16_router",)
-    results: dict = {"issue": 26, "argv": sys.argv, "steps": {}, "errors": []}
 
     def step(name: str, t: float) -> None:
         results["steps"][name] = {"seconds": round(time.perf_counter() - t, 1),

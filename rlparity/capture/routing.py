@@ -85,9 +85,11 @@ class _StepRoutes:
             return
         if self.layout is None:
             batch = runner.input_batch
-            ids = [r for r in list(batch.req_ids) if r is not None]
+            ids = list(batch.req_ids)[: getattr(batch, "num_reqs", None)]
             computed = batch.num_computed_tokens_cpu
-            self.layout = [(r, int(computed[i]), int(self.scheduled.get(r, 0))) for i, r in enumerate(ids)]
+            # rows follow the batch order, each request's scheduled tokens from its computed position on
+            self.layout = [(r, int(computed[i]), int(self.scheduled.get(r, 0))) for i, r in enumerate(ids)
+                           if r is not None]
         self.step[layer] = topk_ids.detach().to("cpu").numpy().astype(np.int16, copy=True)
 
     def end(self) -> None:
