@@ -318,3 +318,24 @@ def test_notebook_routes_are_the_engines_and_its_numbers_recompute(executed_note
     assert agree[m].all()
     fault = results["routing"]["moe+trainer_bf16_router"]
     assert fault["n_flipped"] >= 1 and fault["replay_ratio"] >= 3 and fault["flipped_over_unflipped"] >= 3
+
+
+def test_flips_on_tokens_another_cause_explains_are_not_claimed_by_routing():
+    """Routing flips on tokens whose weights differ between the sides (as after a broken MoE weight
+    update) belong to that cause; routing claims only the rest."""
+    from rlparity.diagnose.evidence import ArmEvidence, routing_claims
+    from rlparity.metrics import log_ratio
+    from rlparity.testing import synthetic_trace
+
+    base = synthetic_trace(noise=0.002, seed=4, arm="moe")
+    mask = base["response_mask"].values
+    flips = np.zeros(mask.shape, bool)
+    flips[:, :6] = True
+    tr = _routed(base, flips & mask, 0.3)
+    ev = ArmEvidence(tr, "processed", mask, log_ratio(tr, "processed").values)
+    other = np.zeros(mask.shape, bool)
+    other[:4] = True  # the first sequences: explained by another cause
+    ev.claim("weights_differ", other, "tokens of policy version 1")
+    assert routing_claims(ev)
+    got = ev.claims["moe_routing_disagreement"]
+    np.testing.assert_array_equal(got, flips & mask & ~other)

@@ -18,7 +18,11 @@ built in this order, and every layer judges on it:
 3. **Tokens explained by numbers**: the tokens of a policy version whose residual stands far
    above the other versions' (``weights_differ``: the engine and the trainer held different
    weights for it); then the semantic fit is repeated without them.
-4. **The floors**: the background (mean ``|r|`` of the tokens no cause explains), and the
+4. **Tokens routed to other experts**: a mixture-of-experts model's tokens whose top-k experts differ
+   between the engine's and the trainer's records, unless another cause already explains them
+   (``moe_routing_disagreement``, or the router-precision cause that makes the flips); then the
+   semantic fit is repeated without them.
+5. **The floors**: the background (mean ``|r|`` of the tokens no cause explains), and the
    trainer's own floor (what its self-check measured: batch shape, run to run).
 
 The localized checks of every layer measure their tokens' residual against the background, and
@@ -223,11 +227,6 @@ def observed_claims(ev: ArmEvidence) -> None:
     if len(versions) > 1 and scored_by != "policy_version":
         pv = trace["policy_version"].values
         ev.claim("mixed_versions", pv != max(versions), "tokens of older versions scored with one weight set")
-    if mr.has_routes(trace):
-        flipped = mr.flips(trace).any("moe_layer").values
-        if flipped.any():
-            ev.claim(routing_cause(trace), flipped, "tokens routed to other experts by the engine and the trainer "
-                     "(a routing flip in at least one MoE layer)")
     settings = (trace.attrs.get("trainer") or {}).get("settings") or {}
     if settings.get("prompt_ids") == "retokenize":
         bad = prompt_mismatch_sequences(trace)
@@ -260,6 +259,20 @@ def routing_cause(trace: xr.Dataset) -> str:
     if e and t and e < t:
         return "rollout_bf16_router"
     return "moe_routing_disagreement"
+
+
+def routing_claims(ev: ArmEvidence) -> bool:
+    """Claim the tokens a MoE model routed to other experts on the two sides (a routing flip in at
+    least one layer) that no other cause explains: flips on the tokens of a version whose weights
+    differ are that mismatch's doing. Whether anything was claimed."""
+    if not mr.has_routes(ev.trace):
+        return False
+    flipped = mr.flips(ev.trace).any("moe_layer").values & ~ev.claimed()
+    if not flipped.any():
+        return False
+    ev.claim(routing_cause(ev.trace), flipped, "tokens routed to other experts by the engine and the trainer "
+             "(a routing flip in at least one MoE layer)")
+    return True
 
 
 def prompt_mismatch_sequences(trace: xr.Dataset) -> np.ndarray:
@@ -328,8 +341,12 @@ def build(trace: xr.Dataset, *, trainer: str | None = None, semantic_tol: float 
         ev.version_excess = version_excess(ev, ratio=ratio) or ev.version_excess
         if set(ev.claims) == before:
             break
+    if routing_claims(ev):  # after the versions: flips where the weights differ are not routing's
+        ev.fit = semantic_fit(trace, ev.unclaimed(), semantic_tol=semantic_tol)
+        ev.reading = ev.fit["reading"]
+        ev.residual = residual_for(trace, ev.fit, side)
     return ev
 
 
 __all__ = ["ArmEvidence", "build", "identity_sampling", "observed_claims", "prompt_mismatch_sequences",
-           "residual_for", "router_dtypes", "routing_cause", "semantic_fit", "trainer_floor", "version_excess"]
+           "residual_for", "router_dtypes", "routing_cause", "routing_claims", "semantic_fit", "trainer_floor", "version_excess"]

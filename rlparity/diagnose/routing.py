@@ -12,7 +12,8 @@ router-precision cause when one side's router runs in a lower precision (``train
 :func:`routing_finding`: ``moe_routing_disagreement`` with the flip rate (per layer and per token),
 the router margins at the flips, the mismatch ``|d|`` of flipped vs unflipped tokens and, when the
 trainer also scored with the engine's routes forced, how much routing replay removes from the
-flipped tokens. A warning when the flipped tokens' residual stands above the tokens no cause
+flipped tokens. Flips on tokens another cause explains (the tokens of a version whose weights differ
+between the two sides) are that cause's, not routing's. A warning when the flipped tokens' residual stands above the tokens no cause
 explains (:meth:`ArmEvidence.localized_test`) or replay removes at least half of their mismatch;
 information when the routes agree or the flips barely move their tokens. Nothing on a trace without
 both sides' routes (a dense model, or a capture without ``capture_routing``).
@@ -73,6 +74,12 @@ def routing_finding(trace: xr.Dataset, *, evidence: ArmEvidence | None = None, t
                        f"the engine and the trainer route every one of {evid['n_tokens']} tokens to the same "
                        f"experts in all {len(layers)} MoE layers", evid, "", arm)
     cause = routing_cause(trace)
+    if cause not in ev.claims:  # every flipped token is explained by another cause (weights that differ)
+        by = sorted(c for c in ev.claims if c != cause)
+        return Finding(Layer.INFERENCE_PATH, "moe_routing_disagreement", Severity.INFO,
+                       f"{n_flip} of {evid['n_tokens']} tokens are routed to other experts by the engine and the trainer, "
+                       f"all of them tokens another cause explains ({', '.join(by)})", evid, "", arm,
+                       explained_by=by[0] if by else None)
     t = ev.localized_test(cause, ratio=ratio, tol=tol)
     evid.update({"flipped_abs_residual_mean": t.get("abs_residual_mean"),
                  "background_abs_residual_mean": t.get("background_abs_residual_mean"),
