@@ -158,7 +158,10 @@ class RoutingCaptureExtension:
 
     def rlparity_routing_take(self) -> dict[str, Any]:
         """The routes gathered since the last call: ``{"requests": {request id: {"positions",
-        "experts"}}, "steps", "unplaced_steps"}`` (plain lists), then forget them."""
+        "experts"}}, "steps", "unplaced_steps", "router_calls", "outside_steps"}`` (plain lists; the
+        counts say how many scheduler steps were recorded, how many had fewer router rows than
+        scheduled tokens, how often the routers called back, and how often outside a step), then
+        forget them."""
         state = getattr(self.model_runner, "_rlparity_routes", None)  # type: ignore[attr-defined]
         if state is None:
             return {"requests": {}, "steps": 0, "unplaced_steps": 0}
