@@ -40,7 +40,7 @@ def moe_trace(moe_model):
 
     tok = AutoTokenizer.from_pretrained(moe_model)
     rng = random.Random(1)
-    prompts = [tok(p)["input_ids"] for p in make_prompts(12, seed=3)]
+    prompts = [tok(p)["input_ids"] for p in make_prompts(64, seed=3)]
     resp = [tok(make_problem(rng) + make_problem(rng), add_special_tokens=False)["input_ids"][:20] for _ in prompts]
     return from_rollouts(prompt_token_ids=prompts, token_ids=resp, rollout_logprobs=[[-1.0] * len(r) for r in resp],
                          temperature=0.7, top_k=20, attrs={"model": moe_model})
@@ -116,8 +116,7 @@ def test_replay_forces_the_routes(moe_model, moe_trace):
     forced["routed_experts"] = bf["trainer_routed_experts"]
     rep = Scorer(moe_model, progress=False, settings=TrainerSettings(routing_replay="also", **FAST)).score(forced)
     flipped = mr.layer_flips(bf["trainer_routed_experts"].values, fp["trainer_routed_experts"].values, m).any(-1)
-    if not flipped.any():
-        pytest.skip("the bf16 router flips no token on this trace")
+    assert flipped.sum() >= 3, "the bf16 router should flip a few of these tokens"
     before = np.abs(fp["trainer_logprob"].values - bf["trainer_logprob"].values)[flipped]
     after = np.abs(rep["trainer_replay_logprob"].values - bf["trainer_logprob"].values)[flipped]
     assert after.mean() < 0.2 * before.mean(), (before, after)
