@@ -33,7 +33,9 @@ KEEP = tuple(ROLLOUT_VARS) + ("reward", "cached_prompt_tokens", "trainer_logprob
                               # what each side applied: penalties, the trainer's sampling, prompt tokenization
                               "repetition_penalty", "presence_penalty", "frequency_penalty", "trainer_temperature",
                               "trainer_top_k", "trainer_top_p", "trainer_prompt_token_id", "trainer_prompt_length",
-                              "prompt_text")
+                              "prompt_text",
+                              "routed_experts", "prompt_routed_experts", "trainer_routed_experts",
+                              "trainer_router_margin", "trainer_replay_logprob", "trainer_replay_processed_logprob")
 
 
 def examples_dir() -> Path:

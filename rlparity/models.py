@@ -1,4 +1,5 @@
-"""Small models built locally: a character tokenizer plus a standard Llama, briefly trained.
+"""Small models built locally: a character tokenizer plus a standard Llama (or a Qwen3-MoE
+mixture-of-experts: ``tiny-moe``, ``small-moe``), briefly trained.
 
 Nothing is downloaded. :func:`make_model` writes a checkpoint with ``save_pretrained`` that
 loads through exactly the path a hub model takes (``AutoModelForCausalLM.from_pretrained``,
@@ -40,6 +41,16 @@ class ModelSize:
     batch_size: int
     seq_len: int
     lr: float = 3e-3
+    # mixture of experts (Qwen3-MoE, every decoder layer sparse); 0 experts = a dense Llama
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    router_aux_loss: float = 0.01  # load balancing while training, so every expert is used
+
+    @property
+    def moe(self) -> bool:
+        """Whether the size is a mixture-of-experts model (Qwen3-MoE)."""
+        return self.num_experts > 0
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,14 @@ SIZES: dict[str, ModelSize] = {
     # for the GPU host: same task, more capacity and training; head_dim 64
     "small": ModelSize(512, 8, 8, 1408, train_steps=1500, batch_size=64, seq_len=128, lr=1e-3),
     "small-bf16": ModelSize(512, 8, 8, 1408, train_steps=1500, batch_size=64, seq_len=128, lr=1e-3),
+    # mixture of experts (Qwen3-MoE, as vLLM and transformers load it): CI, 8 experts, top-2 per token
+    # in both layers; 300 steps (its expert loop makes a step ~3x a dense one): about 1.5 min on 2 CPU cores
+    "tiny-moe": ModelSize(128, 2, 4, 256, train_steps=300, batch_size=32, seq_len=64,
+                          num_experts=8, experts_per_token=2, moe_intermediate_size=64),
+    # for the GPU host: 8 sparse layers of 64 experts, top-8 per token (the shape of Qwen3-30B-A3B's
+    # routing, 128 experts top-8, scaled down); head_dim 64
+    "small-moe": ModelSize(512, 8, 8, 1408, train_steps=600, batch_size=64, seq_len=128, lr=1e-3,
+                           num_experts=64, experts_per_token=8, moe_intermediate_size=128),
 }
 
 MODEL_MARKER = "rlparity_model.json"
@@ -229,7 +248,7 @@ def make_model(
     force: bool = False,
     progress: bool = True,
 ) -> Path:
-    """Build, briefly train and save a small Llama checkpoint; return its path.
+    """Build, briefly train and save a small Llama (or Qwen3-MoE) checkpoint; return its path.
 
     Deterministic for a given ``size``, ``seed`` and ``vocab_pad_to`` on one device. An existing
     checkpoint at ``out`` built with the same recipe is reused unless ``force``.
@@ -243,7 +262,7 @@ def make_model(
     if finish is not None:
         dtype = finish.dtype
     recipe = {"size": size, "seed": seed, "vocab_pad_to": vocab_pad_to, "dtype": dtype,
-              "spec": asdict(spec), "recipe_version": 1}
+              "spec": _spec_record(spec), "recipe_version": 1, **_recipe_extra(spec, device)}
     if finish is not None:
         recipe["finish"] = asdict(finish)
     marker = out / MODEL_MARKER
@@ -260,25 +279,11 @@ def make_model(
 
     import torch
     from tqdm.auto import tqdm
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     rng = random.Random(seed)
     tokenizer = build_tokenizer(vocab_pad_to)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_heads,
-        max_position_embeddings=2048,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(config).to(device)
+    model = _new_model(spec, tokenizer, device)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=spec.lr, total_steps=spec.train_steps,
                                                 pct_start=0.1)
@@ -287,7 +292,8 @@ def make_model(
     bar = tqdm(range(spec.train_steps), desc=f"training {size} model", disable=not progress)
     for _ in bar:
         batch = _training_batch(rng, tokenizer, spec.batch_size, spec.seq_len).to(device)
-        loss = model(input_ids=batch, labels=batch).loss
+        loss = (model(input_ids=batch, labels=batch, output_router_logits=True).loss if spec.moe
+                else model(input_ids=batch, labels=batch).loss)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -299,6 +305,63 @@ def make_model(
     _save(model, tokenizer, out, dtype, {"recipe": recipe, "final_loss": sum(losses[-20:]) / min(20, len(losses)),
                                          "vocab_size": len(tokenizer)})
     return out
+
+
+def _spec_record(spec: ModelSize) -> dict:
+    """The spec as recorded in a checkpoint's recipe; a dense size leaves the MoE fields out, so the
+    recipes (and cached checkpoints) of sizes built before the MoE fields existed stay valid."""
+    d = asdict(spec)
+    if not spec.moe:
+        for k in ("num_experts", "experts_per_token", "moe_intermediate_size", "router_aux_loss"):
+            d.pop(k)
+    return d
+
+
+def _recipe_extra(spec: ModelSize, device: str) -> dict:
+    """What else a MoE build depends on: the experts' implementation while training."""
+    return {"experts_implementation": experts_implementation(device)} if spec.moe else {}
+
+
+def _new_model(spec: ModelSize, tokenizer, device: str):
+    """A freshly initialised Llama (dense sizes) or Qwen3-MoE (``spec.moe``) for the tokenizer."""
+    common = dict(vocab_size=len(tokenizer), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+                  num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+                  num_key_value_heads=spec.num_heads, max_position_embeddings=2048,
+                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                  pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
+    if not spec.moe:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        return LlamaForCausalLM(LlamaConfig(**common)).to(device)
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(**common, head_dim=spec.hidden_size // spec.num_heads, num_experts=spec.num_experts,
+                            num_experts_per_tok=spec.experts_per_token,
+                            moe_intermediate_size=spec.moe_intermediate_size, norm_topk_prob=True,
+                            router_aux_loss_coef=spec.router_aux_loss, decoder_sparse_step=1)
+    model = Qwen3MoeForCausalLM(config)
+    # the loop over experts on CPU (transformers' default there is ~6x slower to train), grouped GEMMs on a GPU
+    if hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation(experts_implementation(device))
+    return model.to(device)
+
+
+def experts_implementation(device: str) -> str:
+    """How transformers computes a MoE model's experts while :func:`make_model` trains it."""
+    return "grouped_mm" if device.startswith("cuda") else "eager"
+
+
+def is_moe(model) -> bool:
+    """Whether a checkpoint (path or hub id, read from its ``config.json``) or a loaded transformers
+    model is a mixture of experts (it declares routed experts)."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        p = Path(str(model)) / "config.json"
+        if not p.exists():
+            return False
+        cfg = json.loads(p.read_text())
+    get = cfg.get if isinstance(cfg, dict) else (lambda k, d=None: getattr(cfg, k, d))
+    return any((get(k) or 0) > 0 for k in ("num_experts", "num_local_experts", "n_routed_experts"))
 
 
 def _save(model, tokenizer, out: Path, dtype: str, info: dict) -> None:

@@ -7,6 +7,8 @@ new weights through rlparity's worker extension (:mod:`~rlparity.capture.weights
 every token carries the version of the weights that sampled it) and :class:`~rlparity.capture.server.ServerClient` /
 :class:`~rlparity.capture.server.Server` (a running ``vllm serve``). Settings
 (:class:`EngineSettings`, :class:`SamplingSettings`) and profiles live in :mod:`rlparity.config`.
+``EngineSettings(capture_routing=True)`` also records a mixture-of-experts model's routes
+(:mod:`~rlparity.capture.routing`).
 """
 
 from rlparity.capture.async_engine import AsyncEngine

@@ -41,6 +41,9 @@ from rlparity.capture.engine_config import cpu_engine_kwargs, effective_config
 from rlparity.capture.lifecycle import EngineLifecycle
 from rlparity.capture.offline import completion_from_vllm
 from rlparity.capture.requests import Prompt, Request, make_requests, render_chat
+from rlparity.capture.routing import (
+    START_METHOD, TAKE_METHOD, RouteStore, engine_routes, routing_engine_kwargs, routing_mode, start_info,
+)
 from rlparity.capture.weights import (
     EXTENSION, LOAD_METHOD, PROGRESS_METHOD, UpdateRecord, WeightState, checkpoint_checksums, pause_call,
     resolve_source, versions_for,
@@ -87,6 +90,7 @@ class AsyncEngine(EngineLifecycle):
         self.model = str(model)
         self.settings = settings or EngineSettings()
         self.weights = WeightState()
+        self.routes = RouteStore()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._first_token = threading.Event()
@@ -113,8 +117,16 @@ class AsyncEngine(EngineLifecycle):
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        kwargs = with_extension({**cpu_engine_kwargs(self.settings), **self.settings.to_engine_kwargs()})
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(model=self.model, **kwargs))
+        mode = routing_mode(self.settings.capture_routing, self.model)
+        kwargs = with_extension({**cpu_engine_kwargs(self.settings), **self.settings.to_engine_kwargs(),
+                                 **routing_engine_kwargs(mode, self.settings.enforce_eager)})
+        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=self.model, **kwargs))
+        if mode is not None:
+            worker = (await llm.collective_rpc(START_METHOD))[0] if mode == "hooks" else None
+            self.routes = RouteStore(start_info(self.model, mode, worker))
+        elif self.settings.capture_routing:
+            self.routes = RouteStore({"mode": None, "why": "the model has no mixture-of-experts layer"})
+        return llm
 
     @staticmethod
     async def _cancel(task) -> None:
@@ -346,12 +358,20 @@ class AsyncEngine(EngineLifecycle):
             for r in requests))
         elapsed = time.perf_counter() - t0
         completions = [c for group in per_request for c in group]
+        extra: dict[str, Any] = {}
+        if self.routes.info:
+            if self.routes.info.get("mode") == "hooks":
+                self.routes.absorb((await llm.collective_rpc(TAKE_METHOD))[0])
+                for c in completions:
+                    if c.routes is None:
+                        c.routes = self.routes.pop(c.request_id, c.sample_index, c.request.sampling.n)
+            extra["routing_capture"] = self.routes.info
         info = CaptureInfo(self.backend, self.settings.model_dump(), self.effective_config(),
                            {"generate_s": round(elapsed, 3), "startup_s": self.startup_s,
                             "latest_policy_version": self.policy_version,
                             "weight_updates": self.weights.log(t_start, self.clock()),
                             "engine_weight_checksums": self.weights.checksum_attrs(),
-                            "engine_clock": "seconds since the engine object was made (time.monotonic)"})
+                            "engine_clock": "seconds since the engine object was made (time.monotonic)", **extra})
         return build_trace(completions, attrs=capture_attrs(info, self.model, requests, arm))
 
     async def _attempts(self, llm, req: Request, request_id: str, resubmit: bool, max_attempts: int):
@@ -397,6 +417,9 @@ class AsyncEngine(EngineLifecycle):
             comp.attempt = attempt
             comp.prefix_cache_generation = generation
             comp.prefix_cache_stale = bool(maybe_stale and (comp.cached_prompt_tokens or 0) > 0)
+            comp.request_id = request_id
+            if self.routes.info.get("mode") == "engine":
+                comp.routes = engine_routes(final, c, self.routes.info["layers"])
             comps.append(comp)
         return comps
 

@@ -36,6 +36,10 @@ class Completion:
     attempt: int | None = None
     prefix_cache_generation: int | None = None
     prefix_cache_stale: bool | None = None
+    # mixture of experts: the experts the engine routed each input token to, (input positions, MoE layers,
+    # top_k), -1 where not computed (rlparity.capture.routing)
+    routes: np.ndarray | None = None
+    request_id: str | None = None  # the id the request was submitted with (AsyncEngine)
 
 
 def build_trace(completions: Sequence[Completion], *, attrs: Mapping[str, Any]) -> xr.Dataset:
@@ -68,7 +72,40 @@ def build_trace(completions: Sequence[Completion], *, attrs: Mapping[str, Any]) 
                               for c in completions],
         attrs=jsonable(dict(attrs)),
     )
-    return _with_penalties(_with_inflight(ds, completions), completions)
+    ds = _with_penalties(_with_inflight(ds, completions), completions)
+    return _with_routing(ds, completions, ds.attrs.get("routing_capture"))
+
+
+def _with_routing(ds: xr.Dataset, completions: Sequence[Completion], info: Mapping[str, Any] | None
+                  ) -> xr.Dataset:
+    """``routed_experts`` (the experts of the input token that predicts each response token:
+    position ``j`` is input position ``prompt_length - 1 + j``) and ``prompt_routed_experts`` (the
+    prompt tokens; -1 where the engine served them from its prefix cache or did not record them),
+    when the capture recorded routes."""
+    if not info or not info.get("layers") or not any(c.routes is not None for c in completions):
+        return ds
+    n_layers, k = len(info["layers"]), int(info.get("top_k") or 0)
+    if not k:
+        k = max(c.routes.shape[2] for c in completions if c.routes is not None)
+    n, width, pwidth = ds.sizes["sequence"], ds.sizes["position"], ds.sizes["prompt_position"]
+    resp = np.full((n, width, n_layers, k), -1, dtype=np.int16)
+    prompt = np.full((n, pwidth, n_layers, k), -1, dtype=np.int16)
+    for i, c in enumerate(completions):
+        r = c.routes
+        if r is None or r.ndim != 3:
+            continue
+        r = r[:, :n_layers, :k]
+        P, R = len(c.prompt_token_ids), len(c.token_ids)
+        cached = min(max(c.cached_prompt_tokens or 0, 0), max(P - 1, 0))  # never recomputed by the engine
+        m = min(P, r.shape[0])
+        prompt[i, cached:m] = r[cached:m]
+        m = min(R, max(r.shape[0] - (P - 1), 0))
+        resp[i, :m] = r[P - 1: P - 1 + m]
+    coords = {"moe_layer": np.asarray(info["layers"], dtype=np.int64), "expert_slot": np.arange(k)}
+    ds = ds.assign_coords(coords)
+    ds["routed_experts"] = (("sequence", "position", "moe_layer", "expert_slot"), resp)
+    ds["prompt_routed_experts"] = (("sequence", "prompt_position", "moe_layer", "expert_slot"), prompt)
+    return annotate(ds)
 
 
 PENALTIES = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}

@@ -15,6 +15,9 @@ from rlparity.capture.build import CaptureInfo, Completion, build_trace, capture
 from rlparity.capture.engine_config import cpu_engine_kwargs, effective_config
 from rlparity.capture.lifecycle import EngineLifecycle
 from rlparity.capture.requests import Prompt, make_requests, render_chat
+from rlparity.capture.routing import (
+    START_METHOD, TAKE_METHOD, RouteStore, engine_routes, routing_engine_kwargs, routing_mode, start_info,
+)
 from rlparity.capture.weights import (
     EXTENSION, LOAD_METHOD, UpdateRecord, WeightState, checkpoint_checksums, resolve_source,
 )
@@ -40,15 +43,24 @@ class Engine(EngineLifecycle):
         self._llm = llm
         self._owns = llm is None
         self.weights = WeightState()
+        self.routes = RouteStore()
         self._t0 = time.monotonic()
 
     def _start_llm(self):
         from vllm import LLM
 
-        kwargs = {**cpu_engine_kwargs(self.settings), **self.settings.to_engine_kwargs()}
+        mode = routing_mode(self.settings.capture_routing, self.model)
+        kwargs = {**cpu_engine_kwargs(self.settings), **self.settings.to_engine_kwargs(),
+                  **routing_engine_kwargs(mode, self.settings.enforce_eager)}
         if not kwargs.get("worker_extension_cls"):
             kwargs["worker_extension_cls"] = EXTENSION
-        return LLM(model=self.model, **kwargs)
+        llm = LLM(model=self.model, **kwargs)
+        if mode is not None:
+            worker = llm.collective_rpc(START_METHOD)[0] if mode == "hooks" else None
+            self.routes = RouteStore(start_info(self.model, mode, worker))
+        elif self.settings.capture_routing:
+            self.routes = RouteStore({"mode": None, "why": "the model has no mixture-of-experts layer"})
+        return llm
 
     @property
     def policy_version(self) -> int:
@@ -133,17 +145,26 @@ class Engine(EngineLifecycle):
         t0 = time.perf_counter()
         outputs = llm.generate(inputs, params, use_tqdm=progress)
         elapsed = time.perf_counter() - t0
+        routing = self.routes.info.get("mode")
+        if routing == "hooks":
+            self.routes.absorb(llm.collective_rpc(TAKE_METHOD)[0])
         completions = []
         for req, out in zip(requests, outputs):
             for j, c in enumerate(out.outputs):
                 comp = completion_from_vllm(req, j, out.prompt_token_ids, c, policy_version)
                 comp.cached_prompt_tokens = getattr(out, "num_cached_tokens", None)
+                if routing == "hooks":
+                    comp.routes = self.routes.pop(str(out.request_id), c.index, len(out.outputs))
+                elif routing == "engine":
+                    comp.routes = engine_routes(out, c, self.routes.info["layers"])
                 if self.weights.tracked:
                     comp.prefix_cache_generation = generation
                     comp.prefix_cache_stale = bool(maybe_stale and (comp.cached_prompt_tokens or 0) > 0)
                 completions.append(comp)
         extra: dict[str, Any] = {"generate_s": round(elapsed, 3), "startup_s": self.startup_s,
                                  "engine_weight_checksums": self.weights.checksum_attrs()}
+        if self.routes.info:
+            extra["routing_capture"] = self.routes.info
         if self.weights.tracked:
             extra.update(latest_policy_version=self.policy_version, weight_updates=self.weights.log())
         info = CaptureInfo(self.backend, self.settings.model_dump(), self.effective_config(), extra)

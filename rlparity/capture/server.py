@@ -327,6 +327,9 @@ class Server:
                  extra_args: Sequence[str] = (), log_dir: str | os.PathLike | None = None):
         self.model = str(model)
         self.settings = fit_to_model(self.model, settings or EngineSettings())
+        if self.settings.capture_routing:
+            raise ValueError("capture_routing is not supported through vllm serve (the OpenAI API returns no routes): "
+                             "capture with rlparity.capture.Engine or AsyncEngine")
         self.host = host
         self._port = port
         self.startup_timeout = float(startup_timeout)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from rlparity.capture.layers import LayerCaptureExtension
+from rlparity.capture.routing import RoutingCaptureExtension
 
 EXTENSION = "rlparity.capture.weights.WeightUpdateExtension"
 LOAD_METHOD = "rlparity_load_weights"
@@ -107,7 +108,7 @@ def _request_progress(model_runner: Any) -> dict[str, list[int]]:
     return out
 
 
-class WeightUpdateExtension(LayerCaptureExtension):
+class WeightUpdateExtension(LayerCaptureExtension, RoutingCaptureExtension):
     """Methods added to every vLLM worker (``worker_extension_cls``), called by name through
     ``collective_rpc``. Names carry the ``rlparity_`` prefix so they never clash with vLLM's own."""
 

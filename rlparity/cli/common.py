@@ -20,6 +20,35 @@ class TrainerSide(str, Enum):
     raw = "raw"
 
 
+def json_object(text: str, flag: str, what: str, example: str) -> dict[str, Any]:
+    """A JSON object given on the command line; anything else is a :class:`BadInput` with an example."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise BadInput(f"{flag} is not JSON ({err.msg} at character {err.pos}): pass an object such as "
+                       f"'{example}'") from None
+    if not isinstance(value, dict):
+        raise BadInput(f"{flag} must be a JSON object of {what}, got {type(value).__name__} {text!r}: e.g. '{example}'")
+    return value
+
+
+def trainer_settings(trainer_json: str | None):
+    """:class:`~rlparity.config.settings.TrainerSettings` from ``--trainer JSON`` (how the trainer computes:
+    e.g. routing replay, its MoE routers' dtype); a bad value is a :class:`BadInput` naming the field."""
+    from pydantic import ValidationError
+
+    from rlparity.config.settings import TrainerSettings
+
+    if not trainer_json:
+        return None
+    data = json_object(trainer_json, "--trainer", "trainer settings", '{"routing_replay": "also"}')
+    try:
+        return TrainerSettings(**data)
+    except ValidationError as err:
+        raise BadInput("trainer settings (--trainer): " + validation_message(err, flags=False)
+                       + f" (valid keys: {', '.join(TrainerSettings.model_fields)})") from None
+
+
 def engine_settings(engine_json: str | None, profile: str | None):
     """:class:`~rlparity.config.EngineSettings` from ``--profile`` and ``--engine JSON`` (the JSON
     overrides the profile); a bad value is a :class:`BadInput` naming the field."""
@@ -31,15 +60,7 @@ def engine_settings(engine_json: str | None, profile: str | None):
     if profile:
         base = load_profile(profile).model_dump()
     if engine_json:
-        try:
-            extra = json.loads(engine_json)
-        except json.JSONDecodeError as err:
-            raise BadInput(f"--engine is not JSON ({err.msg} at character {err.pos}): pass an object such as "
-                           "'{\"logprobs_mode\": \"processed_logprobs\"}'") from None
-        if not isinstance(extra, dict):
-            raise BadInput(f"--engine must be a JSON object of engine settings, got {type(extra).__name__} "
-                           f"{engine_json!r}: e.g. '{{\"logprobs_mode\": \"processed_logprobs\"}}'")
-        base.update(extra)
+        base.update(json_object(engine_json, "--engine", "engine settings", '{"logprobs_mode": "processed_logprobs"}'))
     try:
         return EngineSettings(**base)
     except ValidationError as err:

@@ -25,7 +25,7 @@ def list_cmd():
 
     for name, f in FAULTS.items():
         where = ", ".join(f.platforms) + (f" (not on CPU: {f.not_on})" if f.not_on else "")
-        pairs = " [pairs]" if name in PAIR_CAUSES else ""
+        pairs = (" [pairs]" if name in PAIR_CAUSES else "") + (" [MoE models only]" if f.moe else "")
         typer.echo(f"{name:<24} {CAUSES[name].layer.value:<15} {f.what}; runs on {where}{pairs}")
     raise typer.Exit(EXIT_OK)
 

@@ -59,14 +59,18 @@ def capture_cmd(
     score: bool = typer.Option(True, help="also rescore with the trainer (transformers)"),
     trainer_dtype: str = "float32",
     trainer_head_dtype: str = "float32",
+    trainer: Optional[str] = typer.Option(None, help="how the trainer computes, as JSON (TrainerSettings), e.g. "
+                                                     "'{\"routing_replay\": \"also\"}' for a MoE capture with "
+                                                     "--engine '{\"capture_routing\": true}'"),
 ):
     """Sample prompts with real vLLM, rescore with the trainer, add the arm to a zarr store."""
     from rlparity.capture import Engine
-    from rlparity.cli.common import model_path
+    from rlparity.cli.common import model_path, trainer_settings
     from rlparity.trace import add_arm
 
     output_store(out)
     settings = engine_settings(engine, profile)
+    how = trainer_settings(trainer)
     sampling = sampling_settings(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, n=n,
                                  seed=seed)
     items = read_prompts(prompts, num_prompts, seed)
@@ -77,7 +81,7 @@ def capture_cmd(
     if score:
         from rlparity.score import score as _score
 
-        trace = _score(trace, model, dtype=trainer_dtype, head_dtype=trainer_head_dtype)
+        trace = _score(trace, model, dtype=trainer_dtype, head_dtype=trainer_head_dtype, settings=how)
         add_arm(trace, out, arm)
     typer.echo(f"wrote arm {arm!r} ({trace.sizes['sequence']} sequences) to {out}")
 
@@ -90,11 +94,17 @@ def score_cmd(
     head_dtype: str = "float32",
     device: str = "cpu",
     arm: Optional[list[str]] = typer.Option(None, help="arms to rescore (default: all)"),
+    trainer: Optional[str] = typer.Option(None, help="how the trainer computes, as JSON (TrainerSettings), e.g. "
+                                                     "'{\"routing_replay\": \"also\", \"router_dtype\": "
+                                                     "\"float32\"}' (routing replay needs routed_experts)"),
 ):
-    """Rescore the arms of a store with transformers, in place (atomically)."""
+    """Rescore the arms of a store with transformers, in place (atomically). A mixture-of-experts
+    model's routers are recorded too (top-k and margins, beside the engine's routes)."""
+    from rlparity.cli.common import trainer_settings
     from rlparity.score import Scorer
     from rlparity.trace import open_arms, save
 
+    how = trainer_settings(trainer)
     arms = open_arms(trace)
     chosen = select_arms(arms, arm, trace)
     scorers: dict[str, Scorer] = {}
@@ -103,7 +113,7 @@ def score_cmd(
         if not m:
             raise ValueError(f"arm {name!r} names no model: pass --model PATH_OR_HUB_ID")
         if m not in scorers:
-            scorers[m] = Scorer(m, dtype=dtype, head_dtype=head_dtype, device=device)
+            scorers[m] = Scorer(m, dtype=dtype, head_dtype=head_dtype, device=device, settings=how)
         arms[name] = scorers[m].score(ds)
     save(arms, trace)
     typer.echo(f"rescored {len(chosen)} arm(s) in {trace}: {', '.join(chosen)}")
@@ -136,11 +146,17 @@ def summary_cmd(
             for k, v in d.items():
                 typer.echo(f"  {k:<48} {v:>14.6g}")
         return
+    from rlparity.metrics.routing import format_routing, has_routes, routing_record
+
     if as_json:
-        echo_json({name: scalars(summary(ds, trainer.value)) for name, ds in arms.items()})
+        echo_json({name: {**scalars(summary(ds, trainer.value)),
+                          **({"routing": routing_record(ds, trainer.value)} if has_routes(ds) else {})}
+                   for name, ds in arms.items()})
         return
     for ds in arms.values():
         typer.echo(format_summary(ds, trainer.value))
+        if has_routes(ds):
+            typer.echo(format_routing(ds, trainer.value))
 
 
 @app.command("run")

@@ -123,6 +123,9 @@ class EngineSettings(BaseModel):
     seed: int | None = 0
     max_model_len: int | None = 1024
     gpu_memory_utilization: float | None = None
+    capture_routing: bool | Literal["engine", "hooks"] | None = Field(
+        None, description="record the experts every MoE router selects per token (routed_experts): True = vLLM's "
+        "enable_return_routed_experts where it works (GPU), else router hooks through the worker extension (eager)")
     extra: dict[str, Any] = Field(default_factory=dict, description="other vLLM EngineArgs, passed as is")
 
     def to_engine_kwargs(self) -> dict[str, Any]:
@@ -213,6 +216,13 @@ class TrainerSettings(BaseModel):
     self_check: int = Field(8, ge=0, description="sequences rescored alone (batch 1), twice, after each "
                             "scoring: the trainer's own floor (batch-shape and run-to-run differences); 0 = off")
     fingerprint: bool = Field(True, description="record per-tensor checksums of the weights scored with")
+    router_dtype: Literal["float32", "bfloat16"] | None = Field(
+        None, description="precision of the MoE routers' projection (None: the model's; 'bfloat16' imitates a trainer "
+        "whose router GEMM runs in bf16; 'float32' casts hidden states and router weights to float32)")
+    routing_replay: Literal["off", "also", "on"] = Field(
+        "off", description="routing replay (R3) with the engine's routes (needs routed_experts in the trace): 'also' "
+        "adds trainer_replay_logprob / trainer_replay_processed_logprob beside the usual readings, 'on' computes the "
+        "usual readings with the engine's routes forced (an R3 trainer's pi_old)")
 
     @field_validator("top_k")
     @classmethod

@@ -13,7 +13,8 @@ its share of the mismatch:
   tokens sampled on KV of older weights, tokens of one policy version); its share is their excess
   over the tokens no cause explains;
 * ``global``: noise on every token (a lower-precision head, dropout); its share is the excess of
-  the unexplained tokens over the floor.
+  the unexplained tokens over the floor. A lower-precision MoE router is global too (it moves every
+  token's expert weights) and also claims the tokens it routes to other experts: it gets both parts.
 """
 
 from __future__ import annotations
@@ -70,6 +71,13 @@ CAUSES: dict[str, Cause] = {c.key: c for c in (
           "the engine's kernels give logprobs that depend on the batch a request runs in"),
     Cause("trainer_batch_variance", Layer.INFERENCE_PATH, "global", "trainer",
           "the trainer's kernels give logprobs that depend on the batch shape it scores in"),
+    # mixture of experts: the tokens the engine and the trainer route to different experts
+    Cause("moe_routing_disagreement", Layer.INFERENCE_PATH, "localized", "both",
+          "the engine and the trainer route some tokens to different experts (routing flips at small router margins)"),
+    Cause("trainer_bf16_router", Layer.INFERENCE_PATH, "global", "trainer",
+          "the trainer computes its MoE routers in a lower precision (bf16) than the engine: routing flips"),
+    Cause("rollout_bf16_router", Layer.INFERENCE_PATH, "global", "engine",
+          "the engine computes its MoE routers in a lower precision (bf16) than the trainer: routing flips"),
 )}
 
 

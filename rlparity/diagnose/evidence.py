@@ -18,7 +18,11 @@ built in this order, and every layer judges on it:
 3. **Tokens explained by numbers**: the tokens of a policy version whose residual stands far
    above the other versions' (``weights_differ``: the engine and the trainer held different
    weights for it); then the semantic fit is repeated without them.
-4. **The floors**: the background (mean ``|r|`` of the tokens no cause explains), and the
+4. **Tokens routed to other experts**: a mixture-of-experts model's tokens whose top-k experts differ
+   between the engine's and the trainer's records, unless another cause already explains them
+   (``moe_routing_disagreement``, or the router-precision cause that makes the flips); then the
+   semantic fit is repeated without them.
+5. **The floors**: the background (mean ``|r|`` of the tokens no cause explains), and the
    trainer's own floor (what its self-check measured: batch shape, run to run).
 
 The localized checks of every layer measure their tokens' residual against the background, and
@@ -37,6 +41,7 @@ from rlparity.config.defaults import defaults
 from rlparity.metrics import TRAINER_VARIABLE, core, log_ratio, trainer_readings, trainer_side
 from rlparity.metrics import inflight as mi
 from rlparity.metrics.floors import recorded_floors as trainer_floor
+from rlparity.metrics import routing as mr
 from rlparity.trace import has_trainer, trace_versions
 from rlparity.trace.weights import versions_that_differ
 
@@ -231,6 +236,46 @@ def observed_claims(ev: ArmEvidence) -> None:
                      "responses the trainer scored after other prompt ids than the engine's")
 
 
+def router_dtypes(trace: xr.Dataset) -> dict[str, str | None]:
+    """The precision of each side's MoE router projection: the engine's is its body dtype (vLLM's router
+    GEMM runs on the body's operands; its fp32-accurate ``enable_bf16x3_router_gemm`` needs float32
+    router weights on an SM100 GPU), the trainer's what its scorer recorded (``trainer_router``)."""
+    eff = trace.attrs.get("engine_effective") or {}
+    req = trace.attrs.get("engine_requested") or {}
+    engine = eff.get("dtype") or req.get("dtype")
+    trainer = (trace.attrs.get("trainer_router") or {}).get("router_dtype")
+    return {"engine": str(engine) if engine else None, "trainer": str(trainer) if trainer else None}
+
+
+_BITS = {"float32": 24, "float16": 11, "bfloat16": 8}
+
+
+def routing_cause(trace: xr.Dataset) -> str:
+    """The cause routing flips are claimed under: the side whose router runs in the lower precision
+    (``trainer_bf16_router`` / ``rollout_bf16_router``), else ``moe_routing_disagreement``."""
+    dt = router_dtypes(trace)
+    e, t = _BITS.get(dt["engine"] or "", 0), _BITS.get(dt["trainer"] or "", 0)
+    if e and t and t < e:
+        return "trainer_bf16_router"
+    if e and t and e < t:
+        return "rollout_bf16_router"
+    return "moe_routing_disagreement"
+
+
+def routing_claims(ev: ArmEvidence) -> bool:
+    """Claim the tokens a MoE model routed to other experts on the two sides (a routing flip in at
+    least one layer) that no other cause explains: flips on the tokens of a version whose weights
+    differ are that mismatch's doing. Whether anything was claimed."""
+    if not mr.has_routes(ev.trace):
+        return False
+    flipped = mr.flips(ev.trace).any("moe_layer").values & ~ev.claimed()
+    if not flipped.any():
+        return False
+    ev.claim(routing_cause(ev.trace), flipped, "tokens routed to other experts by the engine and the trainer "
+             "(a routing flip in at least one MoE layer)")
+    return True
+
+
 def prompt_mismatch_sequences(trace: xr.Dataset) -> np.ndarray:
     """Per sequence: the engine's prompt ids differ from the trainer's tokenization of the prompt."""
     n = trace.sizes["sequence"]
@@ -299,8 +344,13 @@ def build(trace: xr.Dataset, *, trainer: str | None = None, semantic_tol: float 
         ev.version_excess = version_excess(ev, ratio=ratio) or ev.version_excess
         if set(ev.claims) == before:
             break
+    if routing_claims(ev):  # after the versions: flips where the weights differ are not routing's
+        ev.fit = semantic_fit(trace, ev.unclaimed(), semantic_tol=semantic_tol)
+        ev.reading = ev.fit["reading"]
+        ev.residual = residual_for(trace, ev.fit, side)
     return ev
 
 
 __all__ = ["ArmEvidence", "build", "floor_mean_abs", "identity_sampling", "observed_claims", "prompt_mismatch_sequences",
-           "residual_for", "semantic_fit", "trainer_floor", "version_excess"]
+           "residual_for", "router_dtypes", "routing_cause", "routing_claims", "semantic_fit", "trainer_floor",
+           "version_excess"]

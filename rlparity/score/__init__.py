@@ -53,6 +53,7 @@ from rlparity.score.head import (
     project,
 )
 from rlparity.config.settings import TrainerSettings
+from rlparity.score.routing import RouterControl, forced_rows
 from rlparity.trace import latest_version, sequences, token_checksum, trace_versions, validate
 from rlparity.trace.floor import spread
 from rlparity.trace.prompts import chat_token_ids
@@ -125,6 +126,8 @@ class Scorer:
         head = self.module.get_output_embeddings()
         self.head_weight = head.weight
         self.head_bias = getattr(head, "bias", None)
+        # the MoE routers (None for a dense model): recorded at every forward, changed when the settings ask
+        self.router = RouterControl.attach(self.module, self.settings.router_dtype)
         self._tokenizer = None
         self._checksums: dict[str, str] | None = None
 
@@ -144,12 +147,21 @@ class Scorer:
         return str(getattr(self.model, "name_or_path", self.model))
 
     def weight_checksums(self) -> dict[str, str]:
-        """Per-tensor checksums of the weights it scores with (:mod:`rlparity.trace.weights`); a
-        model loaded here is fingerprinted once, a model passed in (it may train) at every call."""
+        """Per-tensor checksums of the weights it scores with (:mod:`rlparity.trace.weights`), keyed
+        by checkpoint names (transformers' load-time conversions, e.g. a MoE model's per-expert tensors
+        fused into one, reverted as ``save_pretrained`` does); a model loaded here is fingerprinted
+        once, a model passed in (it may train) at every call."""
         from rlparity.trace.weights import checksums
 
         if self._checksums is None or not self._loaded_here:
-            self._checksums = checksums(self.module.state_dict().items())
+            state = dict(self.module.state_dict())
+            try:
+                from transformers.core_model_loading import revert_weight_conversion
+
+                state = revert_weight_conversion(self.module, state)
+            except ImportError:  # transformers without load-time conversions: names are the checkpoint's
+                pass
+            self._checksums = checksums(state.items())
         return self._checksums
 
     def batches(self, seqs: list[tuple[list[int], list[int]]]) -> Iterator[list[int]]:
@@ -229,10 +241,12 @@ class Scorer:
             out.append((own if own else p, r))
         return out
 
-    def _stats(self, seqs, batches, sampling: dict[str, np.ndarray], progress: bool = False
-               ) -> dict[str, np.ndarray]:
+    def _stats(self, seqs, batches, sampling: dict[str, np.ndarray], progress: bool = False,
+               replay: tuple[np.ndarray | None, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """The head statistics of every sequence in ``batches`` (one forward per batch), as
-        ``(n, width)`` arrays (NaN / -1 elsewhere)."""
+        ``(n, width)`` arrays (NaN / -1 elsewhere); for a MoE model also the routers' own top-k and
+        margins (``(n, width, layer[, k])``). ``replay``: the engine's ``(prompt routes, routes)``
+        forced in the routers (routing replay)."""
         import torch
         from tqdm.auto import tqdm
 
@@ -240,9 +254,23 @@ class Scorer:
         width = max((len(r) for _, r in seqs), default=0)
         result = {k: (np.full((n, width), -1, dtype=np.int64) if k == "trainer_token_rank"
                       else np.full((n, width), np.nan)) for k in STATS}
+        router = self.router
+        if router is not None:
+            n_layers, top_k = len(router.layers), router.top_k
+            result["trainer_routed_experts"] = np.full((n, width, n_layers, top_k), -1, dtype=np.int16)
+            result["trainer_router_margin"] = np.full((n, width, n_layers), np.nan, dtype=np.float32)
         temp, topk, topp = (sampling[k] for k in ("trainer_temperature", "trainer_top_k", "trainer_top_p"))
         for batch in tqdm(batches, desc="trainer rescoring", disable=not progress):
+            length = max(len(seqs[i][0]) + len(seqs[i][1]) for i in batch)
+            if router is not None:
+                forced = None
+                if replay is not None:
+                    forced = torch.from_numpy(forced_rows(seqs, batch, length, replay[0], replay[1],
+                                                                   n_layers, top_k))
+                router.begin(forced)
             hidden = self.response_hidden(seqs, batch)
+            if router is not None:
+                self._router_stats(router.end(), seqs, batch, length, result)
             rows, toks, tt, tk, tp, where = [], [], [], [], [], []
             for r, i in enumerate(batch):
                 rlen = len(seqs[i][1])
@@ -268,7 +296,41 @@ class Scorer:
                 off += rlen
         return result
 
-    def _self_check(self, seqs, sampling, result) -> dict[str, Any] | None:
+    @staticmethod
+    def _router_stats(records, seqs, batch, length: int, result: dict[str, np.ndarray]) -> None:
+        """The routers' own top-k and margins at the input tokens that predict each response token."""
+        for n_layer, (own, margin) in records.items():
+            own = own.numpy().reshape(len(batch), length, -1)
+            margin = margin.numpy().reshape(len(batch), length)
+            for r, i in enumerate(batch):
+                P, R = len(seqs[i][0]), len(seqs[i][1])
+                if R and P:
+                    result["trainer_routed_experts"][i, :R, n_layer] = own[r, P - 1: P - 1 + R]
+                    result["trainer_router_margin"][i, :R, n_layer] = margin[r, P - 1: P - 1 + R]
+
+    def _replay_routes(self, trace: xr.Dataset, seqs) -> tuple[tuple[np.ndarray | None, np.ndarray], list[int]]:
+        """The engine's routes to force (``routed_experts``, ``prompt_routed_experts``), with the
+        sequences whose scored prompt differs from the engine's left out (their rows would be shifted:
+        they keep the trainer's own routes)."""
+        if self.router is None:
+            raise ValueError("routing replay needs a mixture-of-experts model: this model has no router")
+        if "routed_experts" not in trace:
+            raise ValueError("routing replay needs the engine's routes (routed_experts): capture with "
+                             "EngineSettings(capture_routing=True)")
+        have = [int(x) for x in trace["moe_layer"].values]
+        if have != self.router.layers:
+            raise ValueError(f"the trace's routes cover MoE layers {have}, the trainer's model has routers in "
+                             f"layers {self.router.layers}: score with the model that sampled the trace")
+        routes = trace["routed_experts"].values.copy()
+        prompt = trace["prompt_routed_experts"].values.copy() if "prompt_routed_experts" in trace else None
+        engine = sequences(trace)
+        skipped = [i for i, ((p, _), (q, _)) in enumerate(zip(engine, seqs)) if p != q]
+        routes[skipped] = -1
+        if prompt is not None:
+            prompt[skipped] = -1
+        return (prompt, routes), skipped
+
+    def _self_check(self, seqs, sampling, result, replay=None) -> dict[str, Any] | None:
         """The trainer's own floor on a few sequences: each rescored alone (batch 1), twice.
         ``batch_shape``: |batch scoring - alone| (what the batch shape moves); ``run_to_run``:
         |alone - alone again| (nondeterminism: dropout, atomics); both on the raw and processed
@@ -277,8 +339,8 @@ class Scorer:
         pick = [i for i in range(len(seqs)) if seqs[i][1]][:k]
         if not pick:
             return None
-        first = self._stats(seqs, [[i] for i in pick], sampling)
-        again = self._stats(seqs, [[i] for i in pick], sampling)
+        first = self._stats(seqs, [[i] for i in pick], sampling, replay=replay)
+        again = self._stats(seqs, [[i] for i in pick], sampling, replay=replay)
         out: dict[str, Any] = {"sequences": pick, "shape_main": f"batches of up to {self.batch_size}, "
                                "right-padded, similar lengths together", "shape_check": "batch 1, twice"}
         for name, a, b in (("batch_shape", result, first), ("run_to_run", first, again)):
@@ -298,21 +360,32 @@ class Scorer:
         width = trace.sizes["position"]
         t0 = time.perf_counter()
         batches = list(self.batches(seqs))
+        mode = self.settings.routing_replay
+        replay, skipped = self._replay_routes(trace, seqs) if mode != "off" else (None, [])
         training = self.module.training
         # eval unless the trainer imitated scores in train mode (dropout active)
         self.module.train(self.settings.train_mode)
         with torch.inference_mode():
-            result = self._stats(seqs, batches, sampling, progress=self.progress)
+            result = self._stats(seqs, batches, sampling, progress=self.progress,
+                                 replay=replay if mode == "on" else None)
+            if mode == "also":
+                again = self._stats(seqs, batches, sampling, replay=replay)
+                result["trainer_replay_logprob"] = again["trainer_logprob"]
+                result["trainer_replay_processed_logprob"] = again["trainer_processed_logprob"]
             if self.device.startswith("cuda"):
                 torch.cuda.synchronize()
             elapsed = time.perf_counter() - t0  # the scoring itself, not the self-check
-            check = self._self_check(seqs, sampling, result) if self.settings.self_check else None
+            check = (self._self_check(seqs, sampling, result, replay if mode == "on" else None)
+                     if self.settings.self_check else None)
         self.module.train(training)
         out = trace.copy()
+        router = {k: result.pop(k) for k in ("trainer_routed_experts", "trainer_router_margin") if k in result}
         for k, v in result.items():
             full = np.full((v.shape[0], width), -1 if k == "trainer_token_rank" else np.nan, dtype=v.dtype)
             full[:, : v.shape[1]] = v[:, :width]
             out[k] = (TOKEN_DIMS, full)
+        if router:
+            out = self._with_router(out, router, width, skipped)
         for k, v in sampling.items():
             out[k] = (("sequence",), v)
         if self.tokenize_prompts:
@@ -337,6 +410,32 @@ class Scorer:
                 "gradient_checkpointing": bool(getattr(self.module, "is_gradient_checkpointing", False)),
                 "mode": "train" if s.train_mode else "eval", "dtype": self.dtype, "head_dtype": self.head_dtype,
                 "chunk_tokens": self.chunk_tokens, "device": self.device}
+
+    def _with_router(self, out: xr.Dataset, router: dict[str, np.ndarray], width: int, skipped: list[int]
+                     ) -> xr.Dataset:
+        """The routers' variables and coordinates on the scored trace, and what was done in attrs."""
+        assert self.router is not None
+        layers = np.asarray(self.router.layers, dtype=np.int64)
+        if "moe_layer" in out.coords and [int(x) for x in out["moe_layer"].values] != layers.tolist():
+            raise ValueError(f"the trace's routes cover MoE layers {out['moe_layer'].values.tolist()}, the trainer's "
+                             f"model has routers in layers {layers.tolist()}: score with the model that sampled it")
+        out = out.assign_coords(moe_layer=layers, expert_slot=np.arange(self.router.top_k))
+        ids, margin = router["trainer_routed_experts"], router["trainer_router_margin"]
+        full_ids = np.full((ids.shape[0], width, *ids.shape[2:]), -1, dtype=ids.dtype)
+        full_ids[:, : ids.shape[1]] = ids[:, :width]
+        full_m = np.full((margin.shape[0], width, margin.shape[2]), np.nan, dtype=margin.dtype)
+        full_m[:, : margin.shape[1]] = margin[:, :width]
+        out["trainer_routed_experts"] = (("sequence", "position", "moe_layer", "expert_slot"), full_ids)
+        out["trainer_router_margin"] = (("sequence", "position", "moe_layer"), full_m)
+        out.attrs["trainer_router"] = {
+            "layers": layers.tolist(), "top_k": self.router.top_k,
+            "router_dtype": self.settings.router_dtype or self.dtype,
+            "router_dtype_source": "settings" if self.settings.router_dtype else "the model's dtype",
+            "routing_replay": self.settings.routing_replay,
+            "replay_sequences_left_out": skipped,
+            "selection": "topk of softmax(router logits) per token, as the MoE block selects",
+            "margin": "k-th minus (k+1)-th largest router logit (float32)"}
+        return out
 
     def attrs(self, trace: xr.Dataset, elapsed: float, self_check: dict[str, Any] | None = None) -> dict[str, Any]:
         from rlparity.config.provenance import jsonable
@@ -440,6 +539,9 @@ def tokenize_prompts(trace: xr.Dataset, tokenizer, *, add_special_tokens: bool =
 TOKEN_TRAINER_VARS = ("trainer_logprob", "trainer_processed_logprob", "trainer_entropy",
                       "trainer_processed_entropy", "trainer_max_logit", "trainer_log_kept_mass", "trainer_token_rank",
                       "trainer_cut_margin")
+# a MoE trainer's variables over (sequence, position[, moe_layer[, expert_slot]]), merged per version too
+ROUTED_VARS = ("trainer_routed_experts", "trainer_router_margin", "trainer_replay_logprob",
+               "trainer_replay_processed_logprob")
 LATEST_VARS = {"trainer_logprob": "trainer_latest_logprob",
                "trainer_processed_logprob": "trainer_latest_processed_logprob"}
 
@@ -486,6 +588,7 @@ def score_versions(trace: xr.Dataset, checkpoints: Any, *, latest: bool | int = 
     result = {k: np.full((n, width), -1 if k == "trainer_token_rank" else np.nan,
                          dtype=np.int64 if k == "trainer_token_rank" else np.float64) for k in TOKEN_TRAINER_VARS}
     latest_arrays: dict[str, np.ndarray] = {}
+    routed: dict[str, np.ndarray] = {}  # a MoE trainer's router variables and replay readings
     base: xr.Dataset | None = None
     names: dict[str, str] = {}
     sums: dict[str, Any] = {}
@@ -513,11 +616,24 @@ def score_versions(trace: xr.Dataset, checkpoints: Any, *, latest: bool | int = 
                 block = result[k][rows]
                 block[own] = scored[k].values[own]
                 result[k][rows] = block
+            for k in ROUTED_VARS:
+                if k in scored:
+                    if k not in routed:
+                        fill = -1 if scored[k].dtype.kind == "i" else np.nan
+                        routed[k] = np.full((n, width, *scored[k].shape[2:]), fill, dtype=scored[k].dtype)
+                    block = routed[k][rows]
+                    block[own] = scored[k].values[own]
+                    routed[k][rows] = block
         del sc
     assert base is not None
     out = trace.copy()
     for k, arr in {**result, **latest_arrays}.items():
         out[k] = (TOKEN_DIMS, arr)
+    if routed:
+        out = out.assign_coords(moe_layer=base["moe_layer"].values, expert_slot=base["expert_slot"].values)
+        for k, arr in routed.items():
+            out[k] = (base[k].dims, arr)
+        out.attrs["trainer_router"] = base.attrs.get("trainer_router")
     assert first is not None
     for k, arr in first.applied_sampling(trace).items():
         out[k] = (("sequence",), arr)

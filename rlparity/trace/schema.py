@@ -4,6 +4,8 @@ Dims
     ``sequence``          one sampled completion (prompt x sample)
     ``position``          response token index, 0-based, padded to the longest response
     ``prompt_position``   prompt token index, padded to the longest prompt
+    ``moe_layer``         a mixture-of-experts decoder layer (coordinate: its decoder-layer index)
+    ``expert_slot``       one of the top-k experts a router selects per token (0 .. k-1; unordered)
 
 Rollout side (from the engine): ``token_id``, ``response_mask``, ``rollout_logprob``,
 ``policy_version``, plus per-sequence ``prompt_token_id``, ``prompt_length``,
@@ -32,6 +34,9 @@ SCHEMA_VERSION = 1
 TOKEN_DIMS = ("sequence", "position")
 SEQ_DIMS = ("sequence",)
 PROMPT_DIMS = ("sequence", "prompt_position")
+ROUTE_DIMS = ("sequence", "position", "moe_layer", "expert_slot")
+PROMPT_ROUTE_DIMS = ("sequence", "prompt_position", "moe_layer", "expert_slot")
+ROUTER_DIMS = ("sequence", "position", "moe_layer")
 
 NATS = "nats"
 
@@ -68,6 +73,11 @@ OPTIONAL_ROLLOUT_VARS: dict[str, tuple[tuple[str, ...], str, str | None, str]] =
     "repetition_penalty": (SEQ_DIMS, "f", None, "repetition penalty of the request (1 = off)"),
     "presence_penalty": (SEQ_DIMS, "f", None, "presence penalty of the request (0 = off)"),
     "frequency_penalty": (SEQ_DIMS, "f", None, "frequency penalty of the request (0 = off)"),
+    # mixture of experts (rlparity.capture.routing): the experts the engine's router selected
+    "routed_experts": (ROUTE_DIMS, "i", None, "experts the engine's router selected for the input token that predicts "
+                       "the response token (input position prompt_length - 1 + position), per MoE layer (-1 = none)"),
+    "prompt_routed_experts": (PROMPT_ROUTE_DIMS, "i", None, "experts the engine's router selected for each prompt "
+                              "token, per MoE layer (-1 = not computed: served from the prefix cache, or padding)"),
 }
 TRAINER_VARS: dict[str, tuple[tuple[str, ...], str, str | None, str]] = {
     "trainer_logprob": (TOKEN_DIMS, "f", NATS, "trainer log-probability of the sampled token, full vocabulary, temperature 1 (pi_old, raw)"),
@@ -87,6 +97,15 @@ TRAINER_VARS: dict[str, tuple[tuple[str, ...], str, str | None, str]] = {
     "trainer_temperature": (SEQ_DIMS, "f", None, "temperature the trainer applied for its processed reading (the engine's unless the trainer was set otherwise)"),
     "trainer_top_k": (SEQ_DIMS, "i", None, "top-k the trainer applied for its processed reading (0 = off)"),
     "trainer_top_p": (SEQ_DIMS, "f", None, "top-p the trainer applied for its processed reading (1 = off)"),
+    # mixture of experts (rlparity.score.routing): the trainer's router on the same input tokens
+    "trainer_routed_experts": (ROUTE_DIMS, "i", None, "experts the trainer's router selects for the input token that "
+                               "predicts the response token, per MoE layer (-1 = padding)"),
+    "trainer_router_margin": (ROUTER_DIMS, "f", "logit", "the trainer's k-th largest router logit minus its (k+1)-th "
+                              "(router logit units; small = a routing decision near its boundary)"),
+    "trainer_replay_logprob": (TOKEN_DIMS, "f", NATS, "trainer log-probability with the engine's routes forced in every "
+                               "MoE layer (routing replay, R3), full vocabulary, temperature 1 (raw)"),
+    "trainer_replay_processed_logprob": (TOKEN_DIMS, "f", NATS, "trainer log-probability with the engine's routes "
+                                         "forced (routing replay, R3), temperature/top-k/top-p applied and renormalised"),
     "advantage": (SEQ_DIMS, "f", None, "sequence advantage used by the optimizer step (reward normalised within its group; NaN = not trained)"),
 }
 ALL_VARS = {**ROLLOUT_VARS, **OPTIONAL_ROLLOUT_VARS, **TRAINER_VARS}
