@@ -37,11 +37,22 @@ PARTS: dict[str, tuple[str, int]] = {
     "floors": (f"{PY} -m rlparity.experiments.floors --out {{out}}/small --size small --dtype bfloat16 --device cuda "
                "--n-prompts 64 --max-tokens 64 --example h200-floors-small && "
                f"{PY} -m rlparity.experiments.floors --out {{out}}/1p5b --shape 1.5b --dtype bfloat16 --device cuda "
-               "--n-prompts 64 --max-tokens 64 --gpu-memory-utilization 0.6 --example h200-floors-1p5b", 420),
+               "--n-prompts 64 --max-tokens 64 --gpu-memory-utilization 0.6 --example h200-floors-1p5b", 330),
+    # the arms with KV carried over an update again, with requests long enough to be in flight at the pause
+    "faults_kv": (f"{PY} -m rlparity.experiments.faults --out {{out}} --size small --dtype bfloat16 --device cuda "
+                  "--sigma 0.2 --n-prompts 8 --max-tokens 32 --inflight-tokens 128 --update-after 0.1 --example "
+                  "h200-faults-kv --arms clean,kv_carried_over,raw_logprobs+kv_carried_over,trainer_temperature"
+                  "+kv_carried_over,sampling_penalty+kv_carried_over,trainer_bf16_head+kv_carried_over,"
+                  "stale_prefix_cache+kv_carried_over,kv_carried_over+partial_weight_sync,"
+                  "kv_carried_over+trainer_dropout && rm -rf {out}/checkpoints", 240),
     # the CUDA paths of the Scorer, compile_head, train_step, make_model (issue 22)
-    "gpu_tests": (f"{PY} -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py", 300),
-    "layers": (f"{PY} scripts/gpu_layers.py --out {{out}} --device cuda", 300),
-    "moe": (f"{PY} scripts/gpu_moe.py --out {{out}} --device cuda", 300),
+    "gpu_tests": (f"{PY} -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py", 150),
+    # per-layer divergence (issue 25): the scenarios located on the bf16 `small`, shipped as h200-layers
+    "layers": (f"{PY} scripts/gpu_layers.py --out {{out}} --device cuda", 270),
+    "layers_bench": (f"{PY} benchmarks/layer_capture.py --shape 1.5b --device cuda --out {{out}}/layer_capture_h200.json",
+                     150),
+    # mixture of experts (issue 26): small-moe's routes on vLLM 0.26, replay, the dense comparison
+    "moe": (f"{PY} scripts/gpu_moe.py --out {{out}} --device cuda", 290),
 }
 
 
