@@ -77,6 +77,19 @@ def load_example(name: str, arm: str | None = None) -> dict[str, xr.Dataset] | x
     return arms[arm]
 
 
+def load_result(name: str) -> dict[str, Any]:
+    """A shipped result that is a table rather than traces (``examples/<name>.json``: e.g.
+    ``h200-floors-small``, the floor table of an H200 run whose store did not come back); an unknown
+    name is an error listing the shipped ones."""
+    import json
+
+    path = examples_dir() / f"{name}.json"
+    if not path.exists():
+        names = ", ".join(sorted(p.stem for p in examples_dir().glob("*.json"))) or "none"
+        raise ValueError(f"no shipped result {name!r}; shipped results: {names}")
+    return json.loads(path.read_text())
+
+
 def compact(trace: xr.Dataset, *, keep: tuple[str, ...] = KEEP, float_dtype: str | None = "float32") -> xr.Dataset:
     """A smaller copy of ``trace`` for shipping: only the ``keep`` variables (and any ``batch_*``
     data of an ablation), floats cast to ``float_dtype`` (None keeps them), provenance attrs kept."""
@@ -101,4 +114,4 @@ def save_example(arms: dict[str, xr.Dataset], path: str | Path, provenance: dict
     return save(tree, path)
 
 
-__all__ = ["KEEP", "compact", "save_example", "example_attrs", "example_path", "examples_dir", "list_examples", "load_example"]
+__all__ = ["KEEP", "compact", "load_result", "save_example", "example_attrs", "example_path", "examples_dir", "list_examples", "load_example"]

@@ -9,6 +9,9 @@ names (findings at WARNING or above, ``Finding.cause``) and with the arm's headl
 * per arm: **headline right** (the headline's cause is one of the arm's causes; for a clean arm,
   no problem at all), the causes missed, the causes named that are absent, and problems that name
   no cause (``(unattributed)``);
+* a recipe the engine's records show did not take effect (:func:`not_injected`: no request in
+  flight at the update, no stale cache hit) is left out of the arm's truth and listed; a platform
+  floor is scored apart.
 * a **confusion matrix** (dims ``true_cause`` x ``named_cause``): for every arm, every true cause
   (``clean`` for none) against every cause named (``(nothing)`` when none is).
 
@@ -41,6 +44,25 @@ def truth(trace: xr.Dataset) -> tuple[str, ...] | None:
     if not isinstance(f, Mapping) or "causes" not in f:
         return None
     return tuple(str(c) for c in f["causes"])
+
+
+def not_injected(trace: xr.Dataset, causes: tuple[str, ...]) -> dict[str, str]:
+    """The recipes of ``causes`` that did not take effect on this capture, from the engine's own
+    records (never from the diagnosis), with why: KV carried over an update needs a request in
+    flight at the pause (on a fast GPU short requests finish before it lands), a stale prefix cache
+    needs a prompt that hit it after the update. A platform floor (the engine's batch variance) is
+    present on every arm of a GPU run: it is scored apart, not as an injected cause."""
+    from rlparity.metrics import inflight as mi
+
+    out = {}
+    if "kv_carried_over" in causes and not mi.carried_tokens(trace).any():
+        out["kv_carried_over"] = "no request was in flight at the update: no token was sampled on older KV"
+    if "stale_prefix_cache" in causes and not mi.stale_sequences(trace).any():
+        out["stale_prefix_cache"] = "no prompt hit the prefix cache after the update"
+    for c in causes:
+        if c in FLOOR_CAUSES:
+            out[c] = "a floor of the platform (the batch variance every GPU arm has), scored apart"
+    return out
 
 
 def _resolve(named: set[str], true: tuple[str, ...]) -> set[str]:
@@ -79,11 +101,14 @@ def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
     for name, ds in arms.items():
         t = truth(ds)
         if t is not None:
-            rows.append(arm_score(report, name, t))
+            skip = not_injected(ds, t)
+            row = arm_score(report, name, tuple(c for c in t if c not in skip))
+            row["not_injected"] = sorted(skip)
+            rows.append(row)
     if not rows:
         raise ValueError("no arm carries a ground truth (attrs['faults']['causes']): score a fault matrix "
                          "(rlparity faults run)")
-    causes = [c for c in CAUSES if any(c in r["true"] or c in r["named"] for r in rows)]
+    causes = [c for c in CAUSES if any(c in r["true"] or (c in r["named"] and c not in FLOOR_CAUSES) for r in rows)]
     named_all = sorted({c for r in rows for c in r["named"]} | ({UNATTRIBUTED} if any(r["unattributed"] for r in rows)
                                                                 else set()))
     true_axis = [CLEAN, *[c for c in causes if any(c in r["true"] for r in rows)]]
@@ -111,7 +136,8 @@ def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
          "missed": ("arm", np.array([", ".join(r["missed"]) for r in rows], dtype=str)),
          "false_named": ("arm", np.array([", ".join(r["false"]) for r in rows], dtype=str)),
          "unattributed": ("arm", np.array([", ".join(r["unattributed"]) for r in rows], dtype=str)),
-         "floors": ("arm", np.array([", ".join(r["floors"]) for r in rows], dtype=str))},
+         "floors": ("arm", np.array([", ".join(r["floors"]) for r in rows], dtype=str)),
+         "not_injected": ("arm", np.array([", ".join(r["not_injected"]) for r in rows], dtype=str))},
         coords={"cause": causes, "arm": [r["arm"] for r in rows], "true_cause": true_axis, "named_cause": named_axis})
     ds["recall"].attrs = {"long_name": "share of the arms with the cause where a finding at WARNING or above names it"}
     ds["false_alarms"].attrs = {"long_name": "arms without the cause where a finding at WARNING or above names it"}
@@ -130,6 +156,7 @@ def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
         clean_arms=int(clean.sum()), clean_arms_with_problems=int((~right[clean]).sum()) if clean.any() else 0,
         unattributed_problems=int(sum(bool(r["unattributed"]) for r in rows)), n_arms=len(rows),
         arms_with_floor_findings=int(sum(bool(r["floors"]) for r in rows)),
+        recipes_not_injected=int(sum(len(r["not_injected"]) for r in rows)),
         platforms=sorted({str((arms[r["arm"]].attrs.get("faults") or {}).get("platform")) for r in rows}))
     return ds
 
@@ -141,7 +168,7 @@ def format_scores(scores: xr.Dataset) -> str:
     lines = [f"fault matrix: {a['n_arms']} arms; headline right: single causes {a['headline_right_single']:.0%}, "
              f"pairs {a['headline_right_pairs']:.0%}; recall {a['recall_overall']:.0%}; "
              f"false alarms {a['false_alarms_total']}; clean arms with a problem {a['clean_arms_with_problems']} of "
-             f"{a['clean_arms']}"]
+             f"{a['clean_arms']}; recipes that did not take effect {a['recipes_not_injected']}"]
     lines.append(f"{'cause':<26} {'present':>7} {'recall':>7} {'false':>6} {'headline':>8}")
     for c in scores["cause"].values.tolist():
         r = scores.sel(cause=c)
@@ -154,8 +181,10 @@ def format_scores(scores: xr.Dataset) -> str:
         lines.append(f"  {x}: headline {r['headline'].item() or '-'} ({'right' if bool(r['headline_right']) else 'WRONG'})"
                      + (f"; missed {r['missed'].item()}" if r["missed"].item() else "")
                      + (f"; named but absent {r['false_named'].item()}" if r["false_named"].item() else "")
-                     + (f"; unattributed {r['unattributed'].item()}" if r["unattributed"].item() else ""))
+                     + (f"; unattributed {r['unattributed'].item()}" if r["unattributed"].item() else "")
+                     + (f"; not injected {r['not_injected'].item()}" if r["not_injected"].item() else ""))
     return "\n".join(lines)
 
 
-__all__ = ["CLEAN", "EQUIVALENT", "NOTHING", "UNATTRIBUTED", "arm_score", "format_scores", "score_matrix", "truth"]
+__all__ = ["CLEAN", "EQUIVALENT", "NOTHING", "UNATTRIBUTED", "arm_score", "format_scores", "not_injected", "score_matrix",
+           "truth"]

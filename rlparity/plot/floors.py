@@ -28,7 +28,7 @@ def plot_floor_table(tables: Mapping[str, xr.Dataset]) -> go.Figure:
         fig.add_trace(go.Bar(x=shapes, y=vals, name=label, marker_color=c, customdata=share,
                              hovertemplate="%{x}: %{y:.3g} nats (%{customdata:.0%} of the gap)<extra>" + label
                              + "</extra>"))
-        gap = float(t["gap_mean_abs_d"])
+        gap = float(np.ravel(t["gap_mean_abs_d"].values)[0])  # one gap (a table read back may repeat it per shape)
         fig.add_hline(y=gap, line_dash="dash", line_color=c, annotation_text=f"gap {label}",
                       annotation_position="top left")
         eng = ((t.attrs.get("engine_floor") or {}).get("batch_shape") or {}).get("mean_abs")
