@@ -63,9 +63,10 @@ def trainer_determinism(trace: xr.Dataset, *, evidence: ArmEvidence | None = Non
 FIX_ENGINE_BATCH = ("run the engine with batch-invariant kernels (VLLM_BATCH_INVARIANT=1 with an attention backend "
                     "that supports it), or accept the spread as part of the floor and rescore every rollout with the "
                     "trainer (pi_old recomputed, not mu)")
-FIX_TRAINER_BATCH = ("score with a batch-invariant trainer (rlparity: Scorer(batch_invariant=True); in a trainer: one "
-                     "row at a time or fixed padded shapes, deterministic kernels), or read the backend gap against this "
-                     "floor: what the batch shape alone moves is no backend mismatch")
+FIX_TRAINER_BATCH = ("score with a batch-invariant trainer (rlparity: "
+                     "Scorer(settings=TrainerSettings(batch_invariant=True)); in a trainer: one row at a time or fixed "
+                     "padded shapes, deterministic kernels), or read the backend gap against this floor: what the "
+                     "batch shape alone moves is no backend mismatch")
 # a floor that is at least this share of the measured gap (mean |d|) is worth a warning, when the gap
 # itself matters (above tol_trainer nats)
 FLOOR_SHARE = 0.25
