@@ -54,6 +54,8 @@ def effective_config(vllm_config: Any) -> dict[str, Any]:
         "seed": get(mc, "seed"),
         "max_model_len": get(mc, "max_model_len"),
         "block_size": get(cc, "block_size"),
+        "tensor_parallel_size": get(get(vllm_config, "parallel_config"), "tensor_parallel_size"),
+        "data_parallel_size": get(get(vllm_config, "parallel_config"), "data_parallel_size"),
         "device": str(get(get(vllm_config, "device_config"), "device_type", None)
                       or get(get(vllm_config, "device_config"), "device", None)),
     })

@@ -97,6 +97,9 @@ def score_cmd(
     trainer: Optional[str] = typer.Option(None, help="how the trainer computes, as JSON (TrainerSettings), e.g. "
                                                      "'{\"routing_replay\": \"also\", \"router_dtype\": "
                                                      "\"float32\"}' (routing replay needs routed_experts)"),
+    nproc: int = typer.Option(1, min=1, help="processes (torchrun; one GPU each with --device cuda, gloo on the "
+                                             "CPU): each scores a share of the micro-batches, the result equals one "
+                                             "process's"),
 ):
     """Rescore the arms of a store with transformers, in place (atomically). A mixture-of-experts
     model's routers are recorded too (top-k and margins, beside the engine's routes)."""
@@ -105,6 +108,19 @@ def score_cmd(
     from rlparity.trace import open_arms, save
 
     how = trainer_settings(trainer)
+    if nproc > 1:
+        import subprocess
+        import sys
+
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m",
+               "rlparity.score.distributed", str(trace), "--dtype", dtype, "--head-dtype", head_dtype,
+               "--device", device]
+        cmd += (["--model", model] if model else []) + [x for a in (arm or []) for x in ("--arm", a)]
+        cmd += ["--trainer", how.model_dump_json()] if trainer else []
+        rc = subprocess.run(cmd).returncode
+        if rc != 0:
+            raise RuntimeError(f"the distributed rescoring failed (torchrun exit {rc}); its output is above")
+        return
     arms = open_arms(trace)
     chosen = select_arms(arms, arm, trace)
     scorers: dict[str, Scorer] = {}

@@ -123,6 +123,10 @@ class EngineSettings(BaseModel):
     seed: int | None = 0
     max_model_len: int | None = 1024
     gpu_memory_utilization: float | None = None
+    tensor_parallel_size: int | None = Field(None, ge=1, description="GPUs one engine's model is sharded over "
+                                             "(vLLM tensor parallelism)")
+    data_parallel_size: int | None = Field(None, ge=1, description="engine replicas sharing the requests "
+                                           "(vLLM data parallelism)")
     capture_routing: bool | Literal["engine", "hooks"] | None = Field(
         None, description="record the experts every MoE router selects per token (routed_experts): True = vLLM's "
         "enable_return_routed_experts where it works (GPU), else router hooks through the worker extension (eager)")
@@ -134,7 +138,7 @@ class EngineSettings(BaseModel):
         for name in ("logprobs_mode", "enable_prefix_caching", "async_scheduling", "dtype",
                      "attention_backend", "enforce_eager", "max_num_seqs", "enable_chunked_prefill",
                      "disable_cascade_attn", "generation_config", "seed", "max_model_len",
-                     "gpu_memory_utilization"):
+                     "gpu_memory_utilization", "tensor_parallel_size", "data_parallel_size"):
             value = getattr(self, name)
             if value is not None:
                 kw[name] = value

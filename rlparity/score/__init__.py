@@ -350,6 +350,15 @@ class Scorer:
 
     def score(self, trace: xr.Dataset) -> xr.Dataset:
         """Return a copy of ``trace`` with the trainer variables added."""
+        return self.assemble(trace, self.compute(trace))
+
+    def compute(self, trace: xr.Dataset, shard: tuple[int, int] | None = None, *, self_check: bool = True
+                ) -> dict[str, Any]:
+        """The trainer's statistics of ``trace`` (the arrays :meth:`assemble` turns into variables),
+        of every micro-batch, or with ``shard=(rank, world)`` of every ``world``-th micro-batch from
+        ``rank`` (the others stay NaN / -1): the same micro-batches and shapes as a single process
+        scores, so the shards of a distributed run (:mod:`rlparity.score.distributed`) merge into
+        exactly its result."""
         import torch
 
         validate(trace)
@@ -357,9 +366,10 @@ class Scorer:
         check_vocabulary(trace, min(rows, int(self.head_weight.shape[0])), self.model_name)
         seqs = self.scored_sequences(trace)
         sampling = self.applied_sampling(trace)
-        width = trace.sizes["position"]
         t0 = time.perf_counter()
         batches = list(self.batches(seqs))
+        if shard is not None:
+            batches = batches[shard[0]:: shard[1]]
         mode = self.settings.routing_replay
         replay, skipped = self._replay_routes(trace, seqs) if mode != "off" else (None, [])
         training = self.module.training
@@ -376,8 +386,15 @@ class Scorer:
                 torch.cuda.synchronize()
             elapsed = time.perf_counter() - t0  # the scoring itself, not the self-check
             check = (self._self_check(seqs, sampling, result, replay if mode == "on" else None)
-                     if self.settings.self_check else None)
+                     if self.settings.self_check and self_check else None)
         self.module.train(training)
+        return {"result": result, "sampling": sampling, "skipped": skipped, "elapsed": elapsed, "check": check}
+
+    def assemble(self, trace: xr.Dataset, parts: dict[str, Any]) -> xr.Dataset:
+        """The scored trace from :meth:`compute`'s parts: trainer variables, what the trainer
+        applied, its tokenization of the prompts and the provenance attrs."""
+        width = trace.sizes["position"]
+        result = dict(parts["result"])
         out = trace.copy()
         router = {k: result.pop(k) for k in ("trainer_routed_experts", "trainer_router_margin") if k in result}
         for k, v in result.items():
@@ -385,12 +402,12 @@ class Scorer:
             full[:, : v.shape[1]] = v[:, :width]
             out[k] = (TOKEN_DIMS, full)
         if router:
-            out = self._with_router(out, router, width, skipped)
-        for k, v in sampling.items():
+            out = self._with_router(out, router, width, parts["skipped"])
+        for k, v in parts["sampling"].items():
             out[k] = (("sequence",), v)
         if self.tokenize_prompts:
             out = tokenize_prompts(out, self.tokenizer, add_special_tokens=self.special_tokens(trace))
-        out.attrs.update(self.attrs(trace, elapsed, check))
+        out.attrs.update(self.attrs(trace, parts["elapsed"], parts["check"]))
         return validate(annotate(out))
 
     def special_tokens(self, trace: xr.Dataset) -> bool:
