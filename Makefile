@@ -11,7 +11,7 @@ quickstart: setup
 	$(VENV)/bin/rlparity run --out runs/quickstart.zarr
 
 test:
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=40 tests
 
 # `pip install .` without extras in a fresh virtualenv, then the commands that need no engine on a fixture
 base-install:

@@ -55,9 +55,10 @@ def not_injected(trace: xr.Dataset, causes: tuple[str, ...]) -> dict[str, str]:
     from rlparity.metrics import inflight as mi
 
     out = {}
-    if "kv_carried_over" in causes and not mi.carried_tokens(trace).any():
+    recorded = "sequence" in trace.dims and "policy_version" in trace  # no token records: nothing to show
+    if recorded and "kv_carried_over" in causes and not mi.carried_tokens(trace).any():
         out["kv_carried_over"] = "no request was in flight at the update: no token was sampled on older KV"
-    if "stale_prefix_cache" in causes and not mi.stale_sequences(trace).any():
+    if recorded and "stale_prefix_cache" in causes and not mi.stale_sequences(trace).any():
         out["stale_prefix_cache"] = "no prompt hit the prefix cache after the update"
     for c in causes:
         if c in FLOOR_CAUSES:
