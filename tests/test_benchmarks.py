@@ -24,6 +24,9 @@ SMOKE = {
     "rescoring.py": (["--vocab", "1024", "--sequences", "4", "--length", "48", "--prompt", "16", "--batch", "2",
                       "--repeats", "1", "--no-memory", "--out", "{out}"],
                      lambda r: r["tokens"] == 4 * 48 and {row["method"] for row in r["rows"]} >= {"bare", "scorer_fp32_new"}),
+    "lazy_summary.py": (["--tokens", "100000", "--block", "32", "--repeats", "1", "--out", "{out}"],
+                        lambda r: r["same_count"] and r["same_mean_abs"] < 1e-9 and r["q99_diff"] < 1e-9
+                        and r["peak_rss_mb"]["lazy"] > 0),
     "store_integrity.py": (["--tokens", "20000", "--repeats", "1", "--out", "{out}"],
                            lambda r: r["same_values"] and r["tokens"] > 10000),
     # starts one vLLM engine (the engine tests' lane)

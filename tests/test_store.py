@@ -181,9 +181,9 @@ def test_unlocked_readers_are_caught_not_fooled(tmp_path, monkeypatch):
     real, real_read = S._open_lock_file, io._read
     caught = []
 
-    def counting_read(p, shown):
+    def counting_read(p, shown, chunks=None):
         try:
-            return real_read(p, shown)
+            return real_read(p, shown, chunks)
         except T.StoreDamagedError as err:
             caught.append(str(err))
             raise

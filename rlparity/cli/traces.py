@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -144,13 +146,30 @@ def summary_cmd(
                                                          "(verl rollout_corr/*, PipelineRL, prime-rl, slime, TRL, "
                                                          "NeMo-RL), to put beside yours"),
     as_json: bool = typer.Option(False, "--json", help="print strict JSON instead of text"),
+    chunks: Optional[int] = typer.Option(None, min=1, help="read the store lazily, this many sequences at a "
+                                                          "time (traces larger than memory; needs dask)"),
 ):
     """Print the parity summary (per-token log-ratio stats, mean ratio, probability-0 tokens), or
-    with --names the peers' dashboard metrics (same formulas as theirs)."""
+    with --names the peers' dashboard metrics (same formulas as theirs). With --chunks the store
+    is read block by block (memory: one block) and only the scalars are printed."""
     from rlparity.metrics import as_dashboard, format_summary, scalars, summary
     from rlparity.trace import open_arms
 
-    arms = select_arms(open_arms(trace), arm, trace)
+    arms = select_arms(open_arms(trace, chunks=chunks), arm, trace)
+    if chunks is not None and names is not None:
+        raise typer.BadParameter("the peers' dashboards read the trace in memory: drop --chunks", param_hint="--names")
+    if chunks is not None:
+        import functools
+
+        from tqdm import tqdm
+
+        bar = functools.partial(tqdm, unit="block", disable=None, file=sys.stderr)
+        if as_json:
+            echo_json({name: scalars(summary(ds, trainer.value, progress=bar)) for name, ds in arms.items()})
+        else:
+            for ds in arms.values():
+                typer.echo(format_summary(ds, trainer.value))
+        return
     if names is not None:
         dash = {name: as_dashboard(ds, names.value, trainer=trainer.value) for name, ds in arms.items()}
         if as_json:

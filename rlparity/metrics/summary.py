@@ -18,7 +18,8 @@ import xarray as xr
 from rlparity.config.provenance import make_attrs
 from rlparity.config.defaults import TrainerSide, defaults
 from rlparity.metrics import core
-from rlparity.trace import TraceValidationError, has_trainer
+from rlparity.metrics.stream import summary_stream
+from rlparity.trace import TraceValidationError, has_trainer, is_lazy
 
 TRAINER_VARIABLE = {"processed": "trainer_processed_logprob", "raw": "trainer_logprob"}
 BACKEND_PAIR = "backend (pi_old, mu)"
@@ -134,15 +135,30 @@ def log_ratio(trace: xr.Dataset, trainer: TrainerSide | None = None) -> xr.DataA
 
 
 def summary(trace: xr.Dataset, trainer: TrainerSide | None = None, eps: float | None = None, *,
-            dim: str | Sequence[str] | None = None) -> xr.Dataset:
+            dim: str | Sequence[str] | None = None, progress: Callable | None = None) -> xr.Dataset:
     """Parity summary of one trace, reduced over ``dim`` (default: every token, scalars).
 
     Token stats of d (mean, ``|d|`` mean / RMS / max, quantiles), mean ratio, Schulman's KL
     estimators, clip fraction at ``eps``, token ESS, probability differences and their Pearson
     correlation; ``n_tokens`` real tokens, ``n_used`` of them with a finite d, ``n_zero_prob``
     excluded because the trainer gives them probability 0 (counted, never averaged away).
+
+    A lazy trace (``rlparity.trace.open_arms(store, chunks=N)``) is read one block of sequences at a
+    time (:mod:`rlparity.metrics.stream`; memory is one block; ``progress`` wraps the blocks, e.g.
+    ``tqdm.tqdm``): every statistic is exact except the five quantiles beyond 5M tokens, which
+    come from a fine histogram (within one bin, 3.7%, of the order statistics they fall between).
     """
     eps = defaults().eps if eps is None else float(eps)
+    if is_lazy(trace):  # a trace larger than memory (open_arms(..., chunks=)): one block at a time
+        if dim is not None:
+            raise ValueError(f"a lazy trace (opened with chunks=) is summarised over every token only (dim=None), "
+                             f"not dim={dim!r}: open it without chunks=, or select fewer sequences and .load()")
+        var = trainer_variable(trainer)
+        _require_trainer(trace, var)
+        values = summary_stream(trace, var, eps, progress=progress)
+        streamed = xr.Dataset({k: ((), values[k] if k.startswith("n_") else np.float64(values[k]))
+                               for k in SUMMARY_VARIABLES})
+        return _finish(streamed, trace, trainer, eps, dim)
     if dim is None:
         fast = scalar_summary(trace, trainer, eps)
         if fast is not None:
@@ -337,18 +353,25 @@ def format_summary_table(arms, trainer: TrainerSide | None = None, eps: float | 
     return "\n".join(lines)
 
 
+def _scalar_lines(s: xr.Dataset) -> list[str]:
+    """The header and one line per scalar of a summary, as ``rlparity summary`` prints them."""
+    lines = [f"parity summary  arm={s.attrs.get('arm')}  pair={s.attrs['pair']}  "
+             f"d = {s.attrs['direction']} (nats)"]
+    for k in _TEXT_ORDER:
+        lines.append(f"  {k:<22} {s[k].item():>12.6g}   {s[k].attrs.get('long_name', '')}")
+    return lines
+
+
 def format_summary(trace: xr.Dataset, trainer: TrainerSide | None = None, eps: float | None = None, *,
                    top: int = 5) -> str:
     """A readable text block (what ``rlparity summary`` prints): the scalars, then where the
     probability-0 tokens are and the worst sequences and positions."""
     s = summary(trace, trainer, eps)
+    if is_lazy(trace):  # one streamed pass: the scalars only
+        return "\n".join(_scalar_lines(s) + ["  (a lazy trace: per-sequence and per-position views need it in memory)"])
     per_seq = summary(trace, trainer, eps, dim="position")
     per_pos = summary(trace, trainer, eps, dim="sequence")
-    lines = [f"parity summary  arm={s.attrs.get('arm')}  pair={s.attrs['pair']}  "
-             f"d = {s.attrs['direction']} (nats)"]
-    for k in _TEXT_ORDER:
-        v = s[k].item()
-        lines.append(f"  {k:<22} {v:>12.6g}   {s[k].attrs.get('long_name', '')}")
+    lines = _scalar_lines(s)
     zs = per_seq["n_zero_prob"].values
     if zs.sum():
         idx = np.flatnonzero(zs)[:top]

@@ -1,6 +1,7 @@
 """The trace data model (schema, construction, validation) and its zarr storage."""
 
 from rlparity.trace.io import add_arm, as_arms, load, open_arms, open_experiment, save
+from rlparity.trace.lazy import blocks, is_lazy
 from rlparity.trace.schema import (
     ALL_VARS,
     ROLLOUT_VARS,
@@ -33,7 +34,7 @@ from rlparity.trace.store import (
 __all__ = [
     "ROLLOUT_VARS",
     "ALL_VARS", "ARM_NAME_PATTERN", "SCHEMA_VERSION", "TRAINER_READINGS", "StoreDamagedError", "StoreError",
-    "TraceValidationError", "add_arm", "annotate", "as_arms", "check_arm_name", "concat_sequences",
+    "TraceValidationError", "add_arm", "annotate", "as_arms", "blocks", "is_lazy", "check_arm_name", "concat_sequences",
     "from_rollouts", "has_trainer", "install_store", "latest_version", "load", "open_arms", "open_experiment", "pad_rows",
     "recover", "save", "sequences", "store_lock", "temp_store", "token_checksum", "trace_versions", "validate", "with_trainer",
 ]

@@ -18,6 +18,7 @@ from typing import Any
 
 import xarray as xr
 
+from rlparity.trace.lazy import LAZY_RECORD, lazy_chunks, validate_structure
 from rlparity.trace.schema import validate
 from rlparity.trace.store import (
     DIGEST_ALGORITHM,
@@ -172,7 +173,7 @@ def add_arm(ds: xr.Dataset, path: str | os.PathLike, arm: str | None = None) -> 
         return _write(arms, p, overwrite=True, validated=kept_names)
 
 
-def _read(p: Path, shown: str) -> xr.DataTree:
+def _read(p: Path, shown: str, chunks: Any = None) -> xr.DataTree:
     meta = _read_meta(p)
     if meta is None:
         raise StoreError(f"{shown} is not a readable rlparity zarr store: it has no consolidated metadata "
@@ -186,7 +187,7 @@ def _read(p: Path, shown: str) -> xr.DataTree:
     if fmt is not None:
         check_chunks(p, meta)
     try:
-        tree = _open_tree(p)
+        tree = _open_tree(p, chunks)
     except Exception as err:  # zarr raises several kinds for a store that is not one, or a broken chunk
         if fmt is not None:
             raise StoreDamagedError(f"the store is damaged: reading {shown} failed ({type(err).__name__}: "
@@ -199,16 +200,27 @@ def _read(p: Path, shown: str) -> xr.DataTree:
         if not isinstance(record, Mapping):
             raise StoreDamagedError(f"the store is damaged: {shown} is marked as an rlparity store but has no "
                                     "integrity record: restore it from a copy or re-create it")
-        verify_integrity(p, {k: v.to_dataset() for k, v in tree.children.items()}, record)
+        if chunks is None:
+            verify_integrity(p, {k: v.to_dataset() for k, v in tree.children.items()}, record)
+        else:  # lazy: checked block by block as it is read (rlparity.trace.blocks)
+            tree.encoding[LAZY_RECORD] = {"path": str(p), "algorithm": record.get("algorithm"),
+                                       "arms": record.get("arms") or {}}
     return tree
 
 
-def open_experiment(path: str | os.PathLike) -> xr.DataTree:
+def open_experiment(path: str | os.PathLike, *, chunks: Any = None) -> xr.DataTree:
     """Open a store as a DataTree (one child per arm), loaded into memory and validated.
 
     Recovers an interrupted save first; reads under the shared store lock; a missing chunk or data
     that differs from what was saved raises :class:`~rlparity.trace.store.StoreDamagedError`.
+
+    ``chunks`` (sequences per block, or xarray's ``chunks=`` mapping) opens it lazily instead: dask
+    arrays over the zarr chunks, nothing loaded. The structure is checked now; the values (schema
+    and CRC-32 against the record made at save) as they are read, block by block
+    (:func:`blocks`), which is how :func:`rlparity.metrics.summary` reads a lazy trace.
     """
+    if chunks is not None:
+        chunks = lazy_chunks(chunks)
     p = store_path(path)
     recover_if_needed(p)
     if not os.path.lexists(p):
@@ -219,13 +231,16 @@ def open_experiment(path: str | os.PathLike) -> xr.DataTree:
     for attempt in range(tries):
         with store_lock(p, shared=True) as locked:
             try:
-                tree = _read(p, str(path))
+                tree = _read(p, str(path), chunks)
                 break
             except (StoreError, OSError):
                 # without a lock (read-only location) a writer may have swapped the store under us
                 if locked or attempt == tries - 1:
                     raise
         time.sleep(0.05 * (attempt + 1))
+    if chunks is not None:
+        validate_structure(tree, path)
+        return tree
     for name, node in tree.children.items():
         validate(node.to_dataset(), where=f"{path} arm {name!r}")
     return tree
@@ -238,10 +253,18 @@ def named_arms(arms: Mapping[str, xr.Dataset]) -> dict[str, xr.Dataset]:
             for name, ds in arms.items()}
 
 
-def open_arms(path: str | os.PathLike) -> dict[str, xr.Dataset]:
-    """All arms of a store as ``{arm: Dataset}`` in stored order, each labelled with its arm name."""
-    tree = open_experiment(path)
-    return named_arms({name: node.to_dataset() for name, node in tree.children.items()})
+def open_arms(path: str | os.PathLike, *, chunks: Any = None) -> dict[str, xr.Dataset]:
+    """All arms of a store as ``{arm: Dataset}`` in stored order, each labelled with its arm name;
+    lazy (dask) with ``chunks`` (sequences per block): see :func:`open_experiment`."""
+    tree = open_experiment(path, chunks=chunks)
+    arms = {name: node.to_dataset() for name, node in tree.children.items()}
+    if chunks is not None:  # each arm carries the record its blocks are checked against
+        rec = tree.encoding.get(LAZY_RECORD)
+        arms = named_arms(arms)
+        for k, v in arms.items():
+            v.encoding[LAZY_RECORD] = {"path": rec["path"], "digests": rec["arms"].get(k)} if rec else {}
+        return arms
+    return named_arms(arms)
 
 
 def load(path: str | os.PathLike, arm: str | None = None) -> xr.Dataset:

@@ -1,0 +1,114 @@
+"""Lazy traces: dask arrays over a store's zarr chunks, read and checked one block at a time.
+
+``rlparity.trace.open_arms(store, chunks=N)`` opens a store without loading it (N sequences per
+block). Nothing is trusted unread: :func:`blocks` loads one block of sequences at a time, validates
+it against the schema, and keeps a running CRC-32 per variable that equals the digest recorded at
+save (:class:`~rlparity.trace.store.StreamDigests`); after the last block a mismatch raises
+:class:`~rlparity.trace.store.StoreDamagedError`. Memory is one block, whatever the trace's size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from rlparity.trace.schema import TraceValidationError, validate
+from rlparity.trace.store import StreamDigests
+
+LAZY_RECORD = "_rlparity_lazy_integrity"  # the record a lazy tree's arms are checked against as they are read
+
+
+def lazy_chunks(chunks: Any) -> dict[str, int]:
+    """xarray's ``chunks=`` for a lazy trace: an int is sequences per block (every position in one
+    block); a mapping passes through. Needs dask (``pip install 'rlparity[scale]'``)."""
+    try:
+        import dask.array  # noqa: F401
+    except ImportError as err:
+        raise ImportError("lazy traces (chunks=...) need dask: pip install 'rlparity[scale]' (or dask[array])") from err
+    if isinstance(chunks, bool) or not isinstance(chunks, (int, Mapping)):
+        raise TypeError(f"chunks must be sequences per block (an int) or a {{dim: size}} mapping, not {chunks!r}")
+    if isinstance(chunks, int):
+        if chunks < 1:
+            raise ValueError(f"chunks must be at least 1 sequence per block, not {chunks}")
+        return {"sequence": chunks, "position": -1}
+    return dict(chunks)
+
+
+def validate_structure(tree: xr.DataTree, path: Any) -> None:
+    """The schema checks that need no values (variables, dims, dtypes) on every arm of a lazy tree:
+    an empty block of each arm, validated (its values come block by block later)."""
+    for name, node in tree.children.items():
+        ds = node.to_dataset()
+        if "sequence" in ds.dims:
+            validate(_unchained(ds.isel(sequence=slice(0, 0)).load()), where=f"{path} arm {name!r}")
+
+
+def _unchained(block: xr.Dataset) -> xr.Dataset:
+    """A block without the whole trace's token checksum (checked over all blocks, :func:`blocks`)."""
+    if "scored_token_checksum" in block.attrs:
+        block = block.copy(deep=False)
+        block.attrs = {k: v for k, v in block.attrs.items() if k != "scored_token_checksum"}
+    return block
+
+
+def _scored_checksum(trace: xr.Dataset, size: int) -> str:
+    """:func:`rlparity.trace.token_checksum` of a lazy trace, its two token id variables read
+    block by block (the prompt ids, then the response ids: the order the checksum hashes them)."""
+    h = hashlib.sha256()
+    n = trace.sizes["sequence"]
+    for var in ("prompt_token_id", "token_id"):
+        for start in range(0, n, size):
+            h.update(np.ascontiguousarray(trace[var].isel(sequence=slice(start, start + size)).values,
+                                          dtype=np.int64).data)
+    return h.hexdigest()[:16]
+
+
+def arm_record(trace: xr.Dataset) -> tuple[str, dict[str, str] | None]:
+    """(store path, the CRC-32 record made at save) of a lazily opened arm, for checking it as it is read."""
+    rec = trace.encoding.get(LAZY_RECORD) or {}
+    return str(rec.get("path", "")), rec.get("digests")
+
+
+def is_lazy(trace: xr.Dataset) -> bool:
+    """Whether the trace's token arrays are lazy (dask), so a reduction must stream."""
+    return trace["rollout_logprob"].chunks is not None
+
+
+def block_size(trace: xr.Dataset, default: int = 4096) -> int:
+    """Sequences per block: the dask chunk along ``sequence`` where the trace has one."""
+    chunks = trace["rollout_logprob"].chunks
+    return int(chunks[0][0]) if chunks else default
+
+
+def blocks(trace: xr.Dataset, *, size: int | None = None, progress: Callable | None = None,
+           verify: bool = True) -> Iterator[xr.Dataset]:
+    """The trace one block of ``size`` sequences at a time (default: its chunk), each loaded and
+    validated; with ``verify`` (default) every variable's CRC-32 is checked against the record
+    made at save once the last block is read (a lazily opened arm: :func:`arm_record`).
+    ``progress`` wraps the block iterator (e.g. ``tqdm.tqdm``)."""
+    n = trace.sizes["sequence"]
+    size = int(size or block_size(trace))
+    where = f"trace arm {trace.attrs.get('arm', 'default')!r}"
+    path, want = arm_record(trace)
+    digests = StreamDigests(trace) if verify and want is not None else None
+    starts = range(0, n, max(size, 1))
+    for start in (progress(starts) if progress else starts):
+        part = trace.isel(sequence=slice(start, min(start + size, n))).load()
+        validate(_unchained(part), where=f"{where} sequences {start}:{min(start + size, n)}")
+        if digests is not None:
+            digests.add(part)
+        yield part
+    if digests is not None:
+        digests.verify(path, str(trace.attrs.get("arm")), want)
+    scored = trace.attrs.get("scored_token_checksum")
+    if scored is not None and scored != _scored_checksum(trace, size):
+        raise TraceValidationError(f"{where} is not a valid rlparity trace: token ids differ between rollout and "
+                                   "trainer: the trainer scored other tokens than the engine sampled (checksum "
+                                   "mismatch); re-run rlparity score on this trace")
+
+
+__all__ = ["LAZY_RECORD", "arm_record", "block_size", "blocks", "is_lazy", "lazy_chunks", "validate_structure"]

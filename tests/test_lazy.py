@@ -1,0 +1,115 @@
+"""Traces larger than memory: a lazy trace (``open_arms(store, chunks=N)``, dask over the zarr
+chunks) is summarised block by block, equal to a float64 numpy reference over the whole trace held
+in memory; its blocks are validated and checked against the store's CRC-32 record as they are read."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+
+from rlparity import trace as rt
+from rlparity.metrics import summary
+from rlparity.metrics.stream import SummaryAccumulator
+from rlparity.testing import synthetic_trace
+from rlparity.trace import StoreDamagedError
+
+pytest.importorskip("dask")
+
+
+def _reference(ds, eps=0.2):
+    """The summary statistics by their textbook formulas in float64 over every real token."""
+    m = ds["response_mask"].values.astype(bool)
+    lp = ds["trainer_processed_logprob"].values.astype(np.float64)[m]
+    lm = ds["rollout_logprob"].values.astype(np.float64)[m]
+    d = lp - lm
+    x = d[np.isfinite(d)]
+    r = np.exp(x)
+    pi, mu = np.exp(lp), np.exp(lm)
+    return {"n_tokens": m.sum(), "n_used": x.size, "n_zero_prob": np.isneginf(lp).sum(),
+            "log_ratio_mean": x.mean(), "abs_log_ratio_mean": np.abs(x).mean(),
+            "abs_log_ratio_rms": np.sqrt((x ** 2).mean()), "abs_log_ratio_max": np.abs(x).max(),
+            "log_ratio_q50": np.median(x), "log_ratio_q99": np.quantile(x, 0.99),
+            "kl_k1": -x.mean(), "kl_k2": (x ** 2 / 2).mean(), "kl_k3": (r - 1 - x).mean(),
+            "mean_ratio": r.mean(), "clip_fraction": ((r < 1 - eps) | (r > 1 + eps)).mean(),
+            "ess_token": r.sum() ** 2 / (r.size * (r ** 2).sum()),
+            "prob_diff_mean": np.abs(pi - mu).mean(), "prob_diff_max": np.abs(pi - mu).max(),
+            "prob_diff_std": np.abs(pi - mu).std(), "prob_pearson": np.corrcoef(pi, mu)[0, 1]}
+
+
+@pytest.fixture()
+def store(tmp_path):
+    ds = synthetic_trace(n_sequences=37, max_len=30, noise=0.05, seed=3, arm="big")
+    lp = ds["trainer_processed_logprob"].values.copy()
+    lp[2, 0] = -np.inf  # a token the trainer gives probability 0: counted, not averaged
+    ds["trainer_processed_logprob"].values[:] = lp
+    path = tmp_path / "t.zarr"
+    rt.save(ds, path)
+    return path, ds
+
+
+@pytest.mark.parametrize("chunks", [1, 5, 37, 100])
+def test_lazy_summary_equals_a_float64_reference(store, chunks):
+    path, ds = store
+    lazy = rt.open_arms(path, chunks=chunks)["big"]
+    assert rt.is_lazy(lazy) and not rt.is_lazy(rt.open_arms(path)["big"])
+    got = summary(lazy, trainer="processed", eps=0.2)
+    ref = _reference(ds)
+    assert ref["n_zero_prob"] == 1
+    for k, v in ref.items():
+        assert float(got[k]) == pytest.approx(float(v), rel=1e-9, abs=1e-12), k
+    assert got.attrs["arm"] == "big" and got["abs_log_ratio_mean"].attrs["units"] == "nats"
+
+
+def test_quantiles_beyond_memory_come_from_the_histogram_within_a_bin():
+    rng = np.random.default_rng(0)
+    d = np.concatenate([rng.normal(0, 0.01, 40_000), rng.standard_cauchy(2_000) * 1e-3])
+    lm = np.log(rng.uniform(0.05, 1.0, d.size))
+    acc = SummaryAccumulator(0.2, exact_quantiles_below=0)  # the histogram from the first block on
+    for part in np.array_split(np.arange(d.size), 7):
+        acc.add(lm[part] + d[part], lm[part])
+    assert acc.values is None
+    x = np.sort(d)
+    for q, got in zip((0.01, 0.05, 0.5, 0.95, 0.99), acc.quantiles()):
+        t = q * (x.size - 1)  # np.quantile's rank: between the order statistics lo and hi
+        lo, hi = x[int(np.floor(t))], x[int(np.ceil(t))]
+        assert lo - 0.037 * abs(lo) - 1e-9 <= got <= hi + 0.037 * abs(hi) + 1e-9, (q, got, lo, hi)
+        assert abs(got - np.quantile(d, q)) < 5e-3 * np.std(d)
+
+
+def test_a_changed_value_is_found_when_the_lazy_trace_is_read(store):
+    path, _ = store
+    arr = zarr.open_array(str(path / "big" / "rollout_logprob"), mode="r+")
+    arr[30, 1] = arr[30, 1] - 0.5  # a valid chunk with another value: only the CRC record can tell
+    lazy = rt.open_arms(path, chunks=8)["big"]  # opening reads no values
+    with pytest.raises(StoreDamagedError, match="rollout_logprob"):
+        summary(lazy)
+    with pytest.raises(StoreDamagedError):
+        rt.open_arms(path)  # the eager path agrees
+
+
+def test_lazy_traces_refuse_what_they_cannot_stream(store):
+    path, _ = store
+    lazy = rt.open_arms(path, chunks=8)["big"]
+    with pytest.raises(ValueError, match="dim=None"):
+        summary(lazy, dim="sequence")
+    with pytest.raises(ValueError, match="at least 1"):
+        rt.open_arms(path, chunks=0)
+    with pytest.raises(TypeError, match="sequences per block"):
+        rt.open_arms(path, chunks="big")
+
+
+def test_cli_summary_reads_in_blocks_the_same_numbers(store, cli):
+    import json
+
+    path, _ = store
+    whole = cli("summary", str(path), "--json")
+    lazy = cli("summary", str(path), "--json", "--chunks", "4")
+    assert whole.exit_code == 0 and lazy.exit_code == 0, lazy.stderr
+    a, b = json.loads(whole.stdout)["big"], json.loads(lazy.stdout)["big"]
+    assert set(b) <= set(a) and b["n_tokens"] == a["n_tokens"] > 500
+    for k, v in b.items():
+        if isinstance(v, float) and v == v:
+            assert v == pytest.approx(a[k], rel=1e-9, abs=1e-12), k
+    refused = cli("summary", str(path), "--chunks", "4", "--names", "verl")
+    assert refused.exit_code == 2 and "--chunks" in refused.output and "Traceback" not in refused.output
