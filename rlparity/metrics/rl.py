@@ -156,7 +156,7 @@ def step_metrics(trace: xr.Dataset, *, loss: str | None = None, trainer: Trainer
     pl = pipelinerl_metrics(old, mu, mask, policy_loss=_clip_level(loss))
     out.update({k: pl[f"rl/{k}"] for k in ("kl_new_old", "clamp_log_ratio_new_old_indicator", "ratio_new_old",
                                            "ess")})
-    d = mo.log_ratio(old, mu, mask)
+    d = mo.logprob_difference(old, mu, mask)
     u = mo.usable(d, mask)
     out["mean_ratio"] = mo.token_mean(np.exp(np.where(u, d, 0.0)), d, mask).value
     keep = mo.rejection_keep(d, mask, rule="token_band", threshold=mo.OBJECTIVE_DEFAULTS.band("token_band"))
