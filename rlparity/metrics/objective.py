@@ -43,11 +43,10 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 import xarray as xr
 
-from rlparity.config.defaults import TrainerSide, defaults
+from rlparity.config.defaults import Level, TrainerSide, defaults
 from rlparity.config.provenance import make_attrs
 from rlparity.metrics import core
 
-Level = Literal["token", "sequence"]
 Kind = Literal["product", "geometric"]
 PairName = Literal["backend", "update", "bypass"]
 KL_RULES = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",

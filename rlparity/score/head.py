@@ -338,6 +338,19 @@ def _window_stats_top_p(x, idx, k, top_p, has_p, tok, tok_x):
     return lp, ent, lse, keep[:, -1], edge
 
 
+def _window(vals, idx, t, k, top_p, has_p, tok, tok_x, with_p: bool, compile: bool):
+    """The processed statistics of top-k rows from their window (the largest logits ``vals``, at
+    vocabulary ids ``idx``; temperature ``t``): :func:`_window_stats_top_p` where ``with_p`` (some
+    row also has top-p), else :func:`_window_stats`; with the cut edge, the smallest kept logit
+    before the temperature (the k-th logit, ties kept, without top-p)."""
+    x = vals / t  # the same division as the reference: the same values, the same ties
+    if with_p:
+        lp, ent, lse, over, edge = _window_stats_top_p(x, idx, k, top_p, has_p, tok, tok_x)
+        return lp, ent, lse, over, edge * t.squeeze(1)
+    lp, ent, lse, over = _call(_window_stats, x, k, tok_x, compile=compile)
+    return lp, ent, lse, over, vals.gather(1, (k - 1).unsqueeze(1)).squeeze(1)
+
+
 def _chunk_stats(m, s1, u1, st, ut, rank, tok_logit, tok_x, mt, lp_k, ent_k, lse_k, has_k):
     """The seven statistics of a chunk ``(7, N)`` float64 from its reductions (see
     :func:`_vocab_sums`) and, for top-k rows (``has_k``), its window statistics."""
@@ -411,14 +424,8 @@ def head_stats(hidden, weight, bias, token_ids, temperature, top_k, top_p, head_
         tok_x = tok_logit.div(t).squeeze(1)
         hk = has_k[sl]
         if any_k:
-            x = vals / t  # the same division as the reference: the same values, the same ties
-            if (has_p_h[sl] & has_k_h[sl]).any():
-                lp_k, ent_k, lse_k, over, edge = _window_stats_top_p(x, idx, k[sl], top_p[sl], has_p[sl], tok,
-                                                                     tok_x)
-                edge_raw = edge * t.squeeze(1)
-            else:
-                lp_k, ent_k, lse_k, over = _call(_window_stats, x, k[sl], tok_x, compile=compile)
-                edge_raw = vals.gather(1, (k[sl] - 1).unsqueeze(1)).squeeze(1)  # the k-th logit (ties kept)
+            lp_k, ent_k, lse_k, over, edge_raw = _window(vals, idx, t, k[sl], top_p[sl], has_p[sl], tok, tok_x,
+                                                         bool((has_p_h[sl] & has_k_h[sl]).any()), compile)
             out[7, sl] = torch.where(hk, (edge_raw - tok_logit.squeeze(1)).double(), float("nan"))
             if width < vocab:
                 overflow[sl] = over & hk
@@ -452,14 +459,8 @@ def head_stats(hidden, weight, bias, token_ids, temperature, top_k, top_p, head_
         while True:
             width = min(4 * width, vocab)
             vals, ix = lg.topk(width, dim=1)
-            x = vals / t
-            if has_p_h[idx].any():
-                lp_k, ent_k, lse_k, over, edge = _window_stats_top_p(x, ix, k[rows], top_p[rows], has_p[rows], tok,
-                                                                     tok_x)
-                edge_raw = edge * t.squeeze(1)
-            else:
-                lp_k, ent_k, lse_k, over = _window_stats(x, k[rows], tok_x)
-                edge_raw = vals.gather(1, (k[rows] - 1).unsqueeze(1)).squeeze(1)
+            lp_k, ent_k, lse_k, over, edge_raw = _window(vals, ix, t, k[rows], top_p[rows], has_p[rows], tok, tok_x,
+                                                         bool(has_p_h[idx].any()), compile=False)
             if width >= vocab or not bool(over.any()):
                 break
         out[7, rows] = (edge_raw - lg.gather(1, tok.unsqueeze(1)).squeeze(1)).double()
