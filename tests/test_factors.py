@@ -101,3 +101,39 @@ def test_no_module_but_the_legacy_one_parses_arm_names():
             if any(pat in p.read_text() for pat in ("@step_(", "prefix_(?P", "_trainer-(?P", 'split("+")'))]
     assert hits == ["trace/legacy.py"]
     assert mrl.parse_step_arm("vllm-v1-defaults+mu@step_007") == ("vllm-v1-defaults+mu", 7)  # kept for old callers
+
+
+def test_head_matrix_records_each_cells_factors():
+    """The runner stamps the factors at capture time (a stand-in pool and scorers: no engine)."""
+    torch = pytest.importorskip("torch")
+    from rlparity.experiments.head import head_matrix
+
+    class Engine:
+        def __init__(self, settings):
+            self.settings = settings
+
+        def capture(self, prompts, sampling, arm, progress):
+            ds = synthetic_trace(4, 4, arm=arm)
+            ds.attrs["engine_effective"] = {**ds.attrs["engine_effective"], "head_dtype": self.settings.head_dtype,
+                                            "dtype": self.settings.dtype}
+            return ds
+
+    class Pool:
+        def get(self, model, settings):
+            return Engine(settings)
+
+    class Scorer:
+        def __init__(self, head):
+            self.dtype, self.head_dtype = "bfloat16", head
+            self.module = torch.nn.Linear(2, 2).to(torch.bfloat16)
+            self.head_weight = torch.zeros(2, 2, dtype=getattr(torch, head))
+
+        def score(self, rollout):
+            return rollout.copy()
+
+    heads = ("bfloat16", "float32")
+    arms = head_matrix("/nonexistent/model", ["1+1="], pool=Pool(), scorers={h: Scorer(h) for h in heads})
+    assert {name: ds.attrs["factors"] for name, ds in arms.items()} == {
+        H.arm_name(r, t): {"rollout_head": r, "trainer_head": t} for r in heads for t in heads}
+    assert by_factors(arms, "rollout_logprob").sel(rollout_head="float32", trainer_head="bfloat16")["arm"].item() == \
+        "rollout-float32_trainer-bfloat16"

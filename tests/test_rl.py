@@ -278,6 +278,8 @@ def test_async_rollouts_lag_one_step_and_are_scored_at_their_own_version(tiny_mo
         rec = ds.attrs["rl"]
         assert rec["versions_sampled"] == [max(k - 1, 0)] and rec["update"]["version"] == k + 1
         assert ds.attrs["trainer"]["scored_by"] == "policy_version"
+        # the runner records the factors; the arm name is a label
+        assert ds.attrs["factors"] == {"profile": "pipelinerl-parity", "old_policy": "pi_old", "step": k}
 
 
 @pytest.mark.engine
