@@ -24,7 +24,9 @@ def summary(*args, **kwargs):
     return _summary(*args, **kwargs)
 
 
-_SUBPACKAGES = ("config", "capture", "score", "trace", "metrics", "diagnose", "plot", "experiments")
+# every part of the package a user reaches as rlparity.<name> (not the CLI, nor the test helpers)
+_SUBPACKAGES = ("config", "capture", "score", "trace", "metrics", "diagnose", "plot", "experiments", "io", "train",
+                "datasets", "models")
 
 
 def __getattr__(name):

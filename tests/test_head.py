@@ -20,6 +20,7 @@ from rlparity.experiments.head import head_matrix
 from rlparity.metrics import head as H
 from rlparity.metrics import log_ratio, summary
 from rlparity.testing import synthetic_trace
+from rlparity.trace import arm_factors, with_factors
 
 CELLS = [("bfloat16", "bfloat16"), ("bfloat16", "float32"), ("float32", "bfloat16"), ("float32", "float32")]
 
@@ -28,7 +29,12 @@ def _cell(rollout_head, trainer_head, head_noise, seed=0, **kw):
     ds = synthetic_trace(24, 20, head_noise=head_noise, seed=seed, arm=H.arm_name(rollout_head, trainer_head), **kw)
     ds.attrs["engine_effective"] = {**ds.attrs["engine_effective"], "head_dtype": rollout_head, "dtype": "bfloat16"}
     ds.attrs["trainer"] = {**ds.attrs["trainer"], "head_dtype": trainer_head, "dtype": "bfloat16"}
-    return ds
+    return with_factors(ds, rollout_head=rollout_head, trainer_head=trainer_head)  # as head_matrix records them
+
+
+def _heads(ds) -> tuple[str, str]:
+    f = arm_factors(ds)
+    return f["rollout_head"], f["trainer_head"]
 
 
 def synthetic_matrix(noise=None, seed=0):
@@ -47,18 +53,15 @@ def rms_ratios(arms) -> dict[str, float]:
         return float(np.sqrt(np.mean(d[use] ** 2)))
 
     best = rms(arms[H.arm_name("float32", "float32")])
-    return {name: rms(ds) / best for name, ds in arms.items() if len(set(H.parse_arm(name))) == 2}
+    return {name: rms(ds) / best for name, ds in arms.items() if len(set(_heads(ds))) == 2}
 
 
 # -- names and input checks ----------------------------------------------------------------
 def test_dtype_names_and_arm_names():
     assert normalize_dtype("bf16") == "bfloat16" and normalize_dtype("torch.float32") == "float32"
     assert H.arm_name("fp32", "bf16") == "rollout-float32_trainer-bfloat16"
-    assert H.parse_arm("rollout-float32_trainer-bfloat16") == ("float32", "bfloat16")
     with pytest.raises(ValueError, match="unknown head dtype 'float64'"):
         normalize_dtype("float64", what="head dtype")
-    with pytest.raises(ValueError, match="not named"):
-        H.parse_arm("processed_logprobs")
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -95,7 +98,7 @@ def test_head_table_matches_per_arm_summary():
     assert list(table["rollout_head"].values) == ["bfloat16", "float32"]
     assert table["abs_log_ratio_rms"].attrs["units"] == "nats"
     for name, ds in arms.items():
-        r, t = H.parse_arm(name)
+        r, t = _heads(ds)
         s = summary(ds)
         cell = table.sel(rollout_head=r, trainer_head=t)
         assert str(cell["arm"].values) == name
@@ -175,7 +178,7 @@ def test_gap_by_logit_and_position_count_every_real_token():
     assert g.sizes["logit_bin"] == 5 and np.all(np.diff(g["logit_center"].values) > 0)
     p = H.gap_by_position(arms)
     for name, ds in arms.items():
-        r, t = H.parse_arm(name)
+        r, t = _heads(ds)
         n = int(summary(ds)["n_tokens"])
         assert int(g["n_tokens"].sel(rollout_head=r, trainer_head=t).sum()) == n
         assert int(p["n_tokens"].sel(rollout_head=r, trainer_head=t).sum()) == n
@@ -277,7 +280,7 @@ def test_notebook_03_measures_the_matrix_with_real_engines(nb03):
     assert set(arms) == {H.arm_name(r, t) for r, t in CELLS}
     tokens = {name: ds["token_id"].values for name, ds in arms.items()}
     for name, ds in arms.items():
-        r, t = H.parse_arm(name)
+        r, t = _heads(ds)
         eff = ds.attrs["engine_effective"]
         # the engine itself reported these (read back from vLLM's config), and the body is pinned
         assert (eff["head_dtype"], eff["dtype"], eff["logprobs_mode"]) == (r, "bfloat16", "processed_logprobs")
@@ -288,7 +291,7 @@ def test_notebook_03_measures_the_matrix_with_real_engines(nb03):
     # the numbers in results.json are the store's numbers
     table = H.head_table(arms)
     for name, cell in res["cells"].items():
-        r, t = H.parse_arm(name)
+        r, t = _heads(arms[name])
         assert cell["abs_log_ratio_rms"] == pytest.approx(
             float(table["abs_log_ratio_rms"].sel(rollout_head=r, trainer_head=t)), rel=1e-9)
         assert 0 < cell["abs_log_ratio_rms"] < 0.5 and 0.9 < cell["mean_ratio"] < 1.1

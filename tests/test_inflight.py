@@ -12,7 +12,7 @@ from rlparity.diagnose import diagnose
 from rlparity.diagnose import inflight as di
 from rlparity.metrics import core
 from rlparity.metrics import inflight as mi
-from rlparity.trace import from_rollouts, latest_version
+from rlparity.trace import from_rollouts, latest_version, with_factors
 
 T_UPDATE = 10.0  # the synthetic update pauses at t=10 s and resumes at t=10.2 s
 
@@ -76,8 +76,9 @@ def _stale_arm(stale_d=0.3, floor=1e-5, reset=False):
     versions = [[0, 0, 1, 1], [0, 0, 0, 1], [1, 1, 1], [1, 1, 1], [1, 1, 1]]
     stale = [False, False, not reset, not reset, not reset]
     d = [[floor, -floor, 0.05, -0.05], [floor, floor, -floor, 0.05]] + [[stale_d if not reset else floor] * 3] * 3
-    return _trace(versions, d=d, stale=stale, cached=[0, 0, 128, 128, 128], submit=[0, 0, 11, 11, 11], reset=reset,
-                  arm=mi.arm_name("keep", reset, True))
+    tr = _trace(versions, d=d, stale=stale, cached=[0, 0, 128, 128, 128], submit=[0, 0, 11, 11, 11], reset=reset,
+                arm=mi.arm_name("keep", reset, True))
+    return with_factors(tr, mode="keep", clear_cache=reset, prefix_caching=True)  # as inflight_matrix records them
 
 
 def test_stale_prefix_cache_finding_states_the_effect_against_the_noise_floor():
@@ -142,8 +143,12 @@ def test_diagnose_names_the_stale_arms_of_a_matrix():
     layers = [f.layer.value for f in report]
     assert "objective" not in layers or layers.index("objective") > max(
         i for i, f in enumerate(report) if f.name.startswith(("stale_", "kv_", "policy_lag")))
-    with pytest.raises(ValueError, match="not named"):
-        mi.parse_arm("keep-fresh")
+    # the cell is the recorded factors, not the label: a relabelled arm keeps its cell
+    relabelled = {"a": arms["keep-noclear-prefix_on"], "b": arms["keep-clear-prefix_on"]}
+    assert mi.reset_ratios(mi.inflight_table(relabelled))["a"]["reset_arm"] == "b"
+    assert not mi.is_inflight({"keep-fresh": _trace([[0, 1]], d=[[0.0, 0.0]])})
+    with pytest.raises(ValueError, match="records no inflight cell"):
+        mi.arm_cell(_trace([[0, 1]], d=[[0.0, 0.0]]), "keep-fresh")
 
 
 def test_figures_draw_the_tables():

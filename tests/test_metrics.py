@@ -46,7 +46,14 @@ def test_core_estimators():
     assert abs(kl["k1"]) < 1e-12 and kl["k3"] > 0
     assert core.ess(np.ones(10)) == 1.0
     assert core.ess(np.array([1.0, 0, 0, 0])) == 0.25
-    assert core.clip_fraction(np.array([[0.3, 0.0]]), np.ones((1, 2), bool)) == 0.5
+    from rlparity.metrics.objective import token_clip_fraction, weights_ess
+
+    assert token_clip_fraction(np.array([[0.3, 0.0]]), np.ones((1, 2), bool), eps_low=0.2, eps_high=0.2).value == 0.5
+    # one ESS: the objective layer's counts around the core's value
+    w = np.array([[1.0, 2.0, np.inf], [0.5, np.nan, 1.0]])
+    m = weights_ess(w, axis=-1)
+    np.testing.assert_array_equal(m.value, core.ess(w, axis=-1))
+    assert m.n_used.tolist() == [2, 2] and m.n_excluded.tolist() == [1, 1]
 
 
 def test_semantic_finding_on_synthetic_traces():

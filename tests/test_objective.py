@@ -106,8 +106,8 @@ def test_rejection_never_keeps_probability_zero_tokens():
 
 
 def test_ess():
-    assert ob.ess(np.ones(10)).value == pytest.approx(1.0)
-    assert ob.ess(np.array([1.0, 0, 0, 0])).value == pytest.approx(0.25)
+    assert ob.weights_ess(np.ones(10)).value == pytest.approx(1.0)
+    assert ob.weights_ess(np.array([1.0, 0, 0, 0])).value == pytest.approx(0.25)
     d = np.array([[800.0, 800.0, 799.0, 0.0], [0.0, 0.0, 0.0, 0.0]])  # exp(800) overflows float64
     m = np.array([[True, True, True, False], [False] * 4])
     w = np.exp(np.array([1.0, 1.0, 0.0]))
@@ -305,3 +305,21 @@ def test_correction_demo_on_one_step(tiny_model):
 def test_token_band_follows_the_cap():
     assert ObjectiveDefaults(is_cap=4.0).token_band == (0.25, 4.0)
     assert ObjectiveDefaults(is_cap=4.0, token_band=(0.2, 3.0)).token_band == (0.2, 3.0)
+
+
+def test_the_trainer_default_comes_from_defaults_in_every_objective_function():
+    """``defaults_context(trainer="raw")`` moves the objective layer as it moves ``summary`` (issue 23)."""
+    from rlparity.config import defaults_context
+    from rlparity.metrics import summary
+
+    t = synthetic_trace(n_sequences=12, max_len=16, top_k=8, seed=3)
+    processed, raw = ob.objective_summary(t), ob.objective_summary(t, trainer="raw")
+    assert float(processed["mean_log_ratio"].sel(pair="backend")) != float(raw["mean_log_ratio"].sel(pair="backend"))
+    with defaults_context(trainer="raw"):
+        s = ob.objective_summary(t)
+        assert s.attrs["trainer_side"] == "raw"
+        assert s["direction"].sel(pair="backend").item() == "trainer_logprob - rollout_logprob"
+        np.testing.assert_array_equal(s["mean_log_ratio"].values, raw["mean_log_ratio"].values)
+        assert ob.pair_log_ratio(t).attrs["direction"] == "trainer_logprob - rollout_logprob"
+        assert ob.clip_fraction(t, "backend").attrs["trainer_side"] == "raw"
+        assert summary(t).attrs["trainer_side"] == "raw"  # the same default as the summary's

@@ -10,7 +10,7 @@ import pytest
 from rlparity.metrics import rl as mrl
 from rlparity.metrics.dashboard import pipelinerl_metrics
 from rlparity.testing import synthetic_trace
-from rlparity.trace import check_arm_name, open_arms, save, with_trainer
+from rlparity.trace import check_arm_name, open_arms, save, with_factors, with_trainer
 
 PROFILES = {"parity": "processed_logprobs", "raw": "raw_logprobs"}
 
@@ -52,6 +52,13 @@ def test_step_arm_names_are_store_names_and_parse_back():
     with pytest.raises(ValueError, match="not an RL step"):
         mrl.parse_step_arm("keep-noclear-prefix_on")
     assert mrl.is_rl_run(_run(1)) and not mrl.is_rl_run({"parity": _step("parity", 0)})
+    # what the runner records, not the label, says which run and step an arm is
+    relabelled = {f"arm{i}": with_factors(ds.copy(), profile=ds.attrs["rl"]["profile"], old_policy="pi_old",
+                                          step=ds.attrs["rl"]["step"])
+                  for i, ds in enumerate(_run(2).values())}
+    assert mrl.is_rl_run(relabelled)
+    assert sorted(mrl.run_steps(relabelled).values()) == [("parity", 0), ("parity", 1), ("raw", 0), ("raw", 1)]
+    assert mrl.rl_curves(relabelled)["profile"].values.tolist() == ["parity", "raw"]
 
 
 def test_curves_have_profile_and_step_dims_and_separate_parity_from_raw_logprobs():
@@ -271,6 +278,8 @@ def test_async_rollouts_lag_one_step_and_are_scored_at_their_own_version(tiny_mo
         rec = ds.attrs["rl"]
         assert rec["versions_sampled"] == [max(k - 1, 0)] and rec["update"]["version"] == k + 1
         assert ds.attrs["trainer"]["scored_by"] == "policy_version"
+        # the runner records the factors; the arm name is a label
+        assert ds.attrs["factors"] == {"profile": "pipelinerl-parity", "old_policy": "pi_old", "step": k}
 
 
 @pytest.mark.engine

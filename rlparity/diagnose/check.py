@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from rlparity.config.defaults import CheckThresholds, defaults
 from rlparity.config.files import read_yaml_mapping
 from rlparity.diagnose import diagnose
-from rlparity.diagnose.findings import Report, Severity
+from rlparity.diagnose.findings import Report, Severity, _fmt
 from rlparity.metrics import summary, trainer_side, zero_prob_tokens
 from rlparity.trace import as_arms
 
@@ -78,10 +78,6 @@ class CheckResult:
                 "headlines": {a: (r.get("headline"), r.get("cause"), r.get("share"))
                               for a, r in self.report.attribution.items()},
                 "report": self.report.to_dict()}
-
-
-def _fmt(v: Any) -> str:
-    return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
 def check(data: Any, thresholds: Thresholds | None = None) -> CheckResult:

@@ -23,8 +23,8 @@ from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.config.defaults import defaults
 from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import BACKEND_PAIR_D, core, log_ratio, summary
-from rlparity.metrics.head import cell_dtypes, head_table, matched_advantage, parse_arm
-from rlparity.trace import has_trainer
+from rlparity.metrics.head import CELL_DIMS, cell_dtypes, head_table, matched_advantage
+from rlparity.trace import arm_factors, has_trainer
 
 PAIR = BACKEND_PAIR_D
 FIX_ROLLOUT_FP32 = ("run the rollout LM head in float32: LLM(..., hf_overrides={'head_dtype': 'float32'}) "
@@ -99,16 +99,11 @@ def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, pr
 
 
 def _matrix_arms(arms: Mapping[str, xr.Dataset]) -> dict[str, xr.Dataset]:
-    """The arms that belong to a head-dtype matrix (named by ``arm_name`` or stamped by
-    ``head_matrix``), one per cell."""
+    """The arms that belong to a head-dtype matrix (their factors are the two head dtypes, as
+    ``head_matrix`` records them), one per cell."""
     out, seen = {}, set()
     for name, ds in arms.items():
-        if "head_experiment" not in ds.attrs:
-            try:
-                parse_arm(name)
-            except ValueError:
-                continue
-        if not has_trainer(ds):
+        if not set(CELL_DIMS) <= set(arm_factors(ds, name)) or not has_trainer(ds):
             continue
         dt = cell_dtypes(ds)
         key = (dt["rollout_head"], dt["trainer_head"])

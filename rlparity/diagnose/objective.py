@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from rlparity.config.defaults import TrainerSide
 from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import objective as ob
@@ -44,11 +45,11 @@ def _pairs(trace, pairs, trainer) -> list[str]:
 
 
 def _ev(trace, pair, trainer) -> dict[str, Any]:
-    a = ob.pair_attrs(pair, trainer)
+    a = ob.pair_direction(pair, trainer)
     return {"pair": a["pair"], "direction": a["direction"]}
 
 
-def ess_collapse(trace: xr.Dataset, *, pairs: Iterable[str] | None = None, trainer: str = "processed",
+def ess_collapse(trace: xr.Dataset, *, pairs: Iterable[str] | None = None, trainer: TrainerSide | None = None,
                  ess_min: float | None = None, ess_collapse: float | None = None) -> list[Finding]:
     """Normalised ESS ``(sum w)^2 / (n sum w^2)`` of the raw weights of each pair (default backend
     and update, where present), token level and sequence level (product and geometric): a warning
@@ -82,7 +83,7 @@ def ess_collapse(trace: xr.Dataset, *, pairs: Iterable[str] | None = None, train
 
 
 def masked_fraction_high(trace: xr.Dataset, *, pair: str = "backend", rules: Iterable[str] | None = None,
-                         trainer: str = "processed", thresholds: Mapping[str, Any] | None = None,
+                         trainer: TrainerSide | None = None, thresholds: Mapping[str, Any] | None = None,
                          masked_fraction_max: float | None = None,
                          masked_fraction_error: float | None = None) -> list[Finding]:
     """The share of usable tokens each rejection rule drops on ``pair``: a warning above
@@ -121,7 +122,7 @@ def masked_fraction_high(trace: xr.Dataset, *, pair: str = "backend", rules: Ite
     return out
 
 
-def update_ratio_clipped_often(trace: xr.Dataset, *, trainer: str = "processed", eps: float | None = None,
+def update_ratio_clipped_often(trace: xr.Dataset, *, trainer: TrainerSide | None = None, eps: float | None = None,
                                gspo_eps: tuple[float, float] | None = None, clip_fraction_max: float | None = None,
                                sequence_clip_fraction_max: float | None = None) -> list[Finding]:
     """PPO token clip fraction (eps default 0.2) and GSPO sequence clip fraction (default 3e-4 /
@@ -153,7 +154,7 @@ def update_ratio_clipped_often(trace: xr.Dataset, *, trainer: str = "processed",
     return out
 
 
-def backend_ratio_not_centred(trace: xr.Dataset, *, trainer: str = "processed", backend_ratio_tol: float | None = None,
+def backend_ratio_not_centred(trace: xr.Dataset, *, trainer: TrainerSide | None = None, backend_ratio_tol: float | None = None,
                               backend_ratio_z: float | None = None) -> list[Finding]:
     """The mean backend ratio ``pi_old/mu`` over usable tokens. Under mu, ``E[pi_old/mu] = 1`` when
     both are distributions over the same tokens, so a mean further than ``backend_ratio_tol`` from 1
@@ -183,7 +184,7 @@ def backend_ratio_not_centred(trace: xr.Dataset, *, trainer: str = "processed", 
                     "correction weight built on it is biased", ev, FIX_BACKEND_FIRST, trace.attrs.get("arm"))]
 
 
-def corrected_health(trace: xr.Dataset, *, trainer: str = "processed", cap: float | None = None,
+def corrected_health(trace: xr.Dataset, *, trainer: TrainerSide | None = None, cap: float | None = None,
                      rollout_is: str = "token") -> dict[str, Any]:
     """The backend pair's corrected weights as a verl user sees them (``rollout_corr/*`` with token
     TIS at ``cap``) and whether they pass verl's docs' health rules (mean in [0.5, 2], ESS >= 0.3,
@@ -223,7 +224,7 @@ def _configured(trace: xr.Dataset, correction) -> Any:
 
 
 def correction_hides_backend_mismatch(trace: xr.Dataset, findings: Iterable[Finding] = (), *,
-                                      correction: Any = None, trainer: str = "processed",
+                                      correction: Any = None, trainer: TrainerSide | None = None,
                                       cap: float | None = None) -> list[Finding]:
     """An error when a correction is configured (``correction``, or the trace's
     ``objective_correction`` / ``train_step`` attrs) or the corrected backend weights look healthy
@@ -252,7 +253,7 @@ def correction_hides_backend_mismatch(trace: xr.Dataset, findings: Iterable[Find
                     trace.attrs.get("arm"))]
 
 
-def objective_findings(trace: xr.Dataset, findings: Iterable[Finding] = (), *, trainer: str = "processed",
+def objective_findings(trace: xr.Dataset, findings: Iterable[Finding] = (), *, trainer: TrainerSide | None = None,
                        correction: Any = None, **thresholds: Any) -> list[Finding]:
     """Every objective check on one trace; ``findings`` are the other layers' findings for it
     (for :func:`correction_hides_backend_mismatch`). ``thresholds`` go to the checks that name them;

@@ -103,6 +103,7 @@ def _capture_all(model: str, device: str, size_prompts: dict[str, Any], scorers:
     from rlparity.capture.pool import shared_pool
     from rlparity.experiments.semantic import sweep_sampling
     from rlparity.metrics.head import arm_name
+    from rlparity.trace import with_factors
 
     p = size_prompts
     sem_index, sem_sampling = sweep_sampling(len(p["semantic"]), p["temperatures"], top_k=20,
@@ -128,6 +129,7 @@ def _capture_all(model: str, device: str, size_prompts: dict[str, Any], scorers:
                 for th, sc in scorers.items():
                     scored = sc.score(tr)
                     name = arm_name(head, th)
+                    with_factors(scored, rollout_head=head, trainer_head=th)
                     scored.attrs.update(arm=name, head_experiment={"rollout_head": head, "trainer_head": th,
                                                                    "body_dtype": engine_base.dtype, "device": device})
                     stores["head"][name] = scored

@@ -23,6 +23,7 @@ import xarray as xr
 from rlparity.config.defaults import default_sampling
 from rlparity.config.settings import FLOAT_DTYPES, EngineSettings, SamplingSettings, dtype_name, normalize_dtype
 from rlparity.metrics.head import DEFAULT_HEADS, arm_name
+from rlparity.trace import with_factors
 
 HEAD_DTYPES = FLOAT_DTYPES
 
@@ -89,6 +90,7 @@ def head_matrix(model: str | os.PathLike, prompts: Sequence, sampling: SamplingS
             scored = sc.score(rollout)
             name = arm_name(rh, th)
             scored.attrs["arm"] = name
+            with_factors(scored, rollout_head=rh, trainer_head=th)
             scored.attrs["head_experiment"] = {
                 "rollout_head": rh, "trainer_head": th, "body_dtype": dtype, "device": device,
                 "trainer_body_dtype_effective": dtype_name(next(sc.module.parameters()).dtype),

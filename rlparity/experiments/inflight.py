@@ -19,8 +19,9 @@ deterministic perturbation of the model (:func:`rlparity.capture.weights.perturb
 any checkpoint directory (e.g. saved after :func:`rlparity.train.train_step`). One engine starts per
 prefix-caching setting; its arms reuse it.
 
-:func:`inflight_matrix` returns ``{arm: scored trace}`` (arms ``keep-noclear-prefix_on`` ...,
-:func:`rlparity.metrics.inflight.arm_name`); tables are in :mod:`rlparity.metrics.inflight`,
+:func:`inflight_matrix` returns ``{arm: scored trace}`` (arms labelled ``keep-noclear-prefix_on`` ...,
+:func:`rlparity.metrics.inflight.arm_name`; factors ``mode``, ``clear_cache``, ``prefix_caching`` in each trace's
+attrs, :func:`rlparity.trace.factors`); tables are in :mod:`rlparity.metrics.inflight`,
 findings in :mod:`rlparity.diagnose.inflight`, figures in :mod:`rlparity.plot.inflight`.
 
 Run it from a shell (one call, e.g. on a GPU host with ``RLPARITY_ENGINE_LOCK=off``)::
@@ -80,7 +81,7 @@ def inflight_matrix(model: str | os.PathLike, prompts: Sequence | None = None, a
     from rlparity.capture.weights import perturbed_checkpoint, safetensors_files
     from rlparity.experiments.ablation import shared_prefix_prompts
     from rlparity.score import Scorer, score_versions
-    from rlparity.trace import concat_sequences
+    from rlparity.trace import concat_sequences, with_factors
 
     modes = list(modes)
     bad = [m for m in modes if m not in PAUSE_MODES]
@@ -128,7 +129,8 @@ def inflight_matrix(model: str | os.PathLike, prompts: Sequence | None = None, a
                 update = eng.update_weights(str(v1), 1, mode=mode, clear_cache=bool(clear))
                 inflight = fut.result(timeout=1200)
                 after = eng.capture(list(after_prompts), sampling, arm=name)
-                trace = concat_sequences([inflight, after])
+                trace = with_factors(concat_sequences([inflight, after]), mode=mode, clear_cache=bool(clear),
+                                     prefix_caching=bool(prefix))
                 trace.attrs.update({
                     "arm": name, "latest_policy_version": 1,
                     "weight_updates": eng.weights.log(t_start, eng.clock()),

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from rlparity.config.defaults import TrainerSide
 from rlparity.diagnose.findings import Finding
 from rlparity.diagnose.objective import correction_hides_backend_mismatch, corrected_health
 from rlparity.metrics import objective as ob
@@ -45,7 +46,7 @@ def _other_findings(trace: xr.Dataset) -> list[Finding]:
 
 
 def correction_demo(raw_trace: xr.Dataset, parity_trace: xr.Dataset, model: Any, *,
-                    rewards: Callable | np.ndarray = arithmetic_reward, loss: str = "ppo", trainer: str = "processed",
+                    rewards: Callable | np.ndarray = arithmetic_reward, loss: str = "ppo", trainer: TrainerSide | None = None,
                     cap: float | None = None, mask_rule: str | None = "geometric_band", threshold: Any = None,
                     findings_raw: Iterable[Finding] | None = None, findings_parity: Iterable[Finding] | None = None,
                     **train_options: Any) -> dict[str, Any]:
@@ -108,7 +109,7 @@ def correction_demo(raw_trace: xr.Dataset, parity_trace: xr.Dataset, model: Any,
     masked_seq = ob.rejected_fraction(keep, d, level="sequence")
     return {
         "same_samples": same,
-        "pair": ob.pair_attrs("backend", trainer)["pair"],
+        "pair": ob.pair_direction("backend", trainer)["pair"],
         "correction": desc,
         "before": before,
         "after": after,

@@ -38,7 +38,8 @@ denominators run one after the other on each profile's engine, each from the ini
 (loaded back into the running engine, the prefix cache reset) with a fresh trainer and optimizer;
 their runs are named ``<profile>+<old_policy>``.
 
-:func:`rl_run` returns ``{"<run>@step_NNN": trace}`` (:func:`rlparity.metrics.rl.step_arm`),
+:func:`rl_run` returns ``{"<run>@step_NNN": trace}`` (labels by :func:`rlparity.metrics.rl.step_arm`;
+factors ``profile``, ``old_policy``, ``step`` in each trace's attrs),
 each trace scored (pi_old per version, pi_theta, ``reward``, ``advantage``) with what the runner
 did and its timings in ``attrs["rl"]``. The curves are computed from those traces by
 :func:`rlparity.metrics.rl.rl_curves`, drawn by :func:`rlparity.plot.rl.plot_rl_curves`.
@@ -70,6 +71,7 @@ import xarray as xr
 from rlparity.config.defaults import RLDefaults, default_sampling, defaults
 from rlparity.config.settings import EngineSettings, SamplingSettings
 from rlparity.metrics.rl import step_arm
+from rlparity.trace import with_factors
 
 # derived profiles: name -> (built-in profile, changes)
 DERIVED_PROFILES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -177,7 +179,7 @@ def _run_steps(eng, model: str, name: str, index: int, *, profile: str, steps: i
         write_state_dict(module.state_dict(), ckpt)
         update = eng.update_weights(str(ckpt), k + 1, mode=pause_mode, clear_cache=clear_cache)
         t_end = time.perf_counter()
-        stepped = result.trace
+        stepped = with_factors(result.trace, profile=profile, old_policy=old_policy, step=k)
         stepped.attrs["arm"] = arm
         stepped.attrs["rl"] = jsonable({
             "run": name, "profile": profile, "profile_index": index, "step": k, "loss": loss, "lr": lr,
@@ -317,10 +319,11 @@ def diagnose_first_steps(arms: Mapping[str, xr.Dataset]):
     """:func:`rlparity.diagnose.diagnose` of the first step of every run (any other step: pick its
     arms from the store the same way)."""
     from rlparity.diagnose import diagnose
-    from rlparity.metrics.rl import parse_step_arm
+    from rlparity.metrics.rl import run_steps
 
-    first = min(parse_step_arm(a)[1] for a in arms)
-    return diagnose({a: ds for a, ds in arms.items() if parse_step_arm(a)[1] == first},
+    steps = {a: step for a, (_, step) in run_steps(arms).items()}
+    first = min(steps.values())
+    return diagnose({a: ds for a, ds in arms.items() if steps[a] == first},
                     title=f"RL run: step {first} of every run")
 
 
@@ -393,7 +396,7 @@ def make_example(stores: Sequence[str | os.PathLike], path: str | os.PathLike, *
     if len(prints) != 1:
         raise ValueError(f"the runs start from different weights (model fingerprints {sorted(prints)}): "
                          "compare runs of one model only")
-    parsed = {a: mrl.parse_step_arm(a) for a in arms}
+    parsed = mrl.run_steps(arms)
     runs = list(dict.fromkeys(run for run, _ in parsed.values()))
     curves = mrl.rl_curves(arms, profiles=runs)
     last = {run: max(s for r, s in parsed.values() if r == run) for run in runs}
@@ -466,8 +469,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "max_tokens": a.max_tokens, "lr": a.lr, "loss": a.loss,
                           "old_policy": a.old_policy or list(d.old_policy), "dtype": a.dtype,
                           "async_rollouts": a.async_rollouts},
-                "engine_effective": {mrl.parse_step_arm(k)[0]: v.attrs.get("engine_effective")
-                                     for k, v in arms.items() if mrl.parse_step_arm(k)[1] == 0},
+                "engine_effective": {run: arms[k].attrs.get("engine_effective")
+                                     for k, (run, step) in mrl.run_steps(arms).items() if step == 0},
                 "store": "rl.zarr"})
     write_json(out / "rl.json", res)  # first: the numbers survive a missing store
     try:

@@ -1,4 +1,4 @@
-"""Mismatch metrics on plain numpy arrays (see ../shared/docs/metrics.md for the definitions).
+"""Mismatch metrics on plain numpy arrays (each definition in its function's docstring).
 
 Conventions: ``d = log pi - log mu`` per token (nats), ``mask`` marks real tokens, and every
 reduction takes ``axis`` (an int, a tuple, or ``None`` for all), as numpy does. Tokens where
@@ -105,13 +105,6 @@ def kl_estimators(d: np.ndarray, mask: np.ndarray, axis=None) -> dict[str, np.nd
             "k3": masked_mean(np.expm1(x) - x, m, axis=axis)}
 
 
-def clip_fraction(d: np.ndarray, mask: np.ndarray, eps: float = 0.2, axis=None) -> np.ndarray:
-    """Share of real finite tokens with rho outside [1 - eps, 1 + eps]."""
-    m = finite_mask(d, mask)
-    r = np.exp(np.where(m, d, 0.0))
-    return _ratio(count(m & ((r < 1 - eps) | (r > 1 + eps)), axis), count(m, axis))
-
-
 def ess(weights: np.ndarray, mask: np.ndarray | None = None, axis=None) -> np.ndarray:
     """Normalised effective sample size (sum w)^2 / (n sum w^2) of raw (untruncated) weights,
     over the finite (and ``mask``-ed) entries along ``axis``."""
@@ -148,14 +141,6 @@ def prob_stats(log_pi: np.ndarray, log_mu: np.ndarray, mask: np.ndarray, axis=No
     diff = np.abs(pi - mu)
     return {"prob_diff_mean": masked_mean(diff, m, axis=axis), "prob_diff_max": masked_max_abs(diff, m, axis=axis),
             "prob_diff_std": masked_std(diff, m, axis=axis), "prob_pearson": pearson(pi, mu, m, axis=axis)}
-
-
-def sequence_log_ratio(d: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
-    """Per sequence (last axis = positions): sum of d (log product ratio), mean of d (log
-    geometric ratio, GSPO) and the number of tokens used."""
-    m = finite_mask(d, mask)
-    return {"log_product_ratio": masked_sum(d, m, axis=-1), "log_geometric_ratio": masked_mean(d, m, axis=-1),
-            "n_tokens": count(m, axis=-1)}
 
 
 def reading_fit(y: np.ndarray, x: np.ndarray, mask: np.ndarray) -> dict[str, float]:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from rlparity.config.defaults import TrainerSide, defaults
 from rlparity.config.provenance import make_attrs
 from rlparity.metrics.floors import floors_beside_gap
 from rlparity.metrics.objective import (
@@ -460,7 +461,7 @@ _OPTIONS = {"verl": {"rollout_is", "rollout_is_threshold", "rollout_rs"},
             "nemo-rl": {"kl_type"}}
 
 
-def as_dashboard(trace: xr.Dataset, names: str = "verl", *, trainer: str = "processed", policy: str = "old",
+def as_dashboard(trace: xr.Dataset, names: str = "verl", *, trainer: TrainerSide | None = None, policy: str = "old",
                  as_dataset: bool = False, **options: Any) -> DashboardMetrics | xr.Dataset:
     """The trace's mismatch under one peer's dashboard names (``names`` one of :data:`DASHBOARDS`),
     with that peer's formulas (see each ``<peer>_metrics``). ``policy="old"`` compares pi_old
@@ -479,6 +480,7 @@ def as_dashboard(trace: xr.Dataset, names: str = "verl", *, trainer: str = "proc
         raise ValueError(f"{names} has no option {unknown}; its options: {sorted(_OPTIONS[names]) or 'none'}")
     if policy not in ("old", "theta"):
         raise ValueError(f"policy={policy!r}; use 'old' (pi_old, the backend pair) or 'theta' (pi_theta)")
+    trainer = trainer or defaults().trainer
     mask = trace["response_mask"].values.astype(bool)
     log_pi = policy_logprob(trace, policy, trainer)
     log_mu = policy_logprob(trace, "mu", trainer)

@@ -4,7 +4,7 @@ The backend gap ``d = log pi_old - log mu`` is judged against what each side pro
 
 * the **trainer floor**: the same tokens rescored under two trainer shapes (batch 1 vs 16 vs 64,
   padded vs packed, eval vs train, sdpa vs eager, gradient checkpointing; see
-  :class:`rlparity.config.TrainerSettings`), :func:`trainer_floor` with ``dim=``; every rescoring also
+  :class:`rlparity.config.settings.TrainerSettings`), :func:`trainer_floor` with ``dim=``; every rescoring also
   records a small self-check of its own (``attrs["trainer"]["self_check"]``);
 * the **engine floor**: the same requests sampled again in another batch composition
   (``attrs["engine_floor"]``, :func:`rlparity.capture.floor.engine_floor`);

@@ -2,7 +2,8 @@
 
 Each arm is one cell: the rollout engine's LM-head dtype x the trainer's. The dtypes are read from
 the trace attrs (the rollout's ``engine_effective``, read back from the running engine, and the
-trainer's ``head_dtype``), falling back to the arm name ``rollout-<dtype>_trainer-<dtype>``.
+trainer's ``head_dtype``), falling back to the arm's factors (:func:`rlparity.trace.arm_factors`,
+written by the runner). The arm name ``rollout-<dtype>_trainer-<dtype>`` is a label only.
 
 * :func:`head_table`: the per-cell parity table (dims ``rollout_head``, ``trainer_head``);
 * :func:`gap_by_logit` / :func:`gap_by_position`: the gap by the trainer's largest logit and by
@@ -13,7 +14,6 @@ trainer's ``head_dtype``), falling back to the arm name ``rollout-<dtype>_traine
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,11 +24,10 @@ from rlparity.config.defaults import TrainerSide, defaults
 from rlparity.config.settings import normalize_dtype
 from rlparity.metrics import core
 from rlparity.metrics.summary import SUMMARY_VARIABLES, log_ratio, pair_attrs, reduce, summary, trainer_variable
-from rlparity.trace import as_arms
+from rlparity.trace import arm_factors, as_arms, stack_cells
 
 DEFAULT_HEADS = ("bfloat16", "float32")
 CELL_DIMS = ("rollout_head", "trainer_head")
-_ARM = re.compile(r"^rollout-(?P<rollout>[a-z0-9]+)_trainer-(?P<trainer>[a-z0-9]+)$")
 # per-cell variables of head_table (summary variables)
 TABLE_VARIABLES = ("abs_log_ratio_rms", "abs_log_ratio_max", "abs_log_ratio_mean", "log_ratio_mean", "mean_ratio",
                    "prob_pearson", "prob_diff_mean", "clip_fraction", "kl_k3", "n_tokens", "n_zero_prob")
@@ -38,14 +37,6 @@ def arm_name(rollout_head: str, trainer_head: str) -> str:
     """``rollout-float32_trainer-bfloat16``: the arm of one cell."""
     return (f"rollout-{normalize_dtype(rollout_head, what='head dtype')}"
             f"_trainer-{normalize_dtype(trainer_head, what='head dtype')}")
-
-
-def parse_arm(name: str) -> tuple[str, str]:
-    """``(rollout_head, trainer_head)`` from an arm name made by :func:`arm_name`."""
-    m = _ARM.match(name)
-    if not m:
-        raise ValueError(f"arm {name!r} is not named rollout-<dtype>_trainer-<dtype>")
-    return normalize_dtype(m["rollout"], what="head dtype"), normalize_dtype(m["trainer"], what="head dtype")
 
 
 def cell_dtypes(trace: xr.Dataset) -> dict[str, str | None]:
@@ -76,17 +67,17 @@ def cell_dtypes(trace: xr.Dataset) -> dict[str, str | None]:
 
 def head_cells(data) -> dict[tuple[str, str], tuple[str, xr.Dataset]]:
     """``{(rollout_head, trainer_head): (arm, trace)}`` of a head matrix (``data``: arms, a
-    DataTree or a store path); two arms of the same cell are an error."""
+    DataTree or a store path): the dtypes the trace records (:func:`cell_dtypes`), else the arm's
+    factors; two arms of the same cell are an error."""
     cells: dict[tuple[str, str], tuple[str, xr.Dataset]] = {}
     for name, ds in as_arms(data).items():
         dt = cell_dtypes(ds)
         if dt["rollout_head"] is None or dt["trainer_head"] is None:
-            try:
-                r, t = parse_arm(name)
-            except ValueError:
+            f = arm_factors(ds, name)
+            if not set(CELL_DIMS) <= set(f):
                 raise ValueError(f"arm {name!r}: the trace records no rollout/trainer head dtype "
-                                 "(engine_effective.head_dtype, trainer.head_dtype)") from None
-            dt = {"rollout_head": dt["rollout_head"] or r, "trainer_head": dt["trainer_head"] or t}
+                                 "(engine_effective.head_dtype, trainer.head_dtype, factors)")
+            dt = {k: dt[k] or f[k] for k in CELL_DIMS}
         key = (dt["rollout_head"], dt["trainer_head"])
         if key in cells:
             raise ValueError(f"arms {cells[key][0]!r} and {name!r} are the same cell {key}")
@@ -105,8 +96,7 @@ def dtype_order(values) -> list[str]:
 def _grid(cells, per_cell) -> xr.Dataset:
     """Combine one Dataset per cell into a Dataset with dims (rollout_head, trainer_head, ...):
     missing cells are NaN."""
-    parts = [per_cell(ds).expand_dims(rollout_head=[r], trainer_head=[t]) for (r, t), (_, ds) in cells.items()]
-    out = xr.merge(parts, join="outer", compat="no_conflicts", combine_attrs="drop_conflicts")
+    out = stack_cells({key: per_cell(ds) for key, (_, ds) in cells.items()}, CELL_DIMS)
     return out.reindex(rollout_head=dtype_order(k[0] for k in cells), trainer_head=dtype_order(k[1] for k in cells))
 
 
@@ -232,13 +222,13 @@ def matched_advantage(table: xr.Dataset, *, variable: str = "abs_log_ratio_rms",
         for t in table["trainer_head"].values:
             if r != t and np.isfinite(float(v.sel(rollout_head=r, trainer_head=t))):
                 x = float(v.sel(rollout_head=r, trainer_head=t))
-                others[f"rollout-{r}_trainer-{t}"] = {
+                others[arm_name(r, t)] = {
                     "value": x, "ratio": x / best if best > 0 else float("inf"), "difference": x - best,
                     # the extra error on top of the matched cell's, if the two add independently
                     "excess_in_quadrature": float(np.sqrt(max(x ** 2 - best ** 2, 0.0)))}
     if not others:
         raise ValueError("the table has no mismatched cell to compare with")
-    return {"variable": variable, "matched_cell": f"rollout-{reference}_trainer-{reference}",
+    return {"variable": variable, "matched_cell": arm_name(reference, reference),
             "matched_value": best, "mismatched": others,
             "matched_is_lowest": all(best < o["value"] for o in others.values()),
             "min_ratio": min(o["ratio"] for o in others.values()),
@@ -262,5 +252,5 @@ def probability_pairs(trace: xr.Dataset, *, trainer: TrainerSide | None = None, 
 
 
 __all__ = ["CELL_DIMS", "DEFAULT_HEADS", "TABLE_VARIABLES", "arm_name", "cell_dtypes", "dtype_order", "gap_by_logit",
-           "gap_by_position", "head_cells", "head_table", "logit_edges", "matched_advantage", "parse_arm",
+           "gap_by_position", "head_cells", "head_table", "logit_edges", "matched_advantage",
            "probability_pairs"]

@@ -22,7 +22,6 @@ the latest weights for every token (``trainer_latest_*``).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,11 +31,11 @@ import xarray as xr
 from rlparity.config.defaults import TrainerSide
 from rlparity.metrics import core
 from rlparity.metrics.summary import log_ratio, pair_attrs, reduce, trainer_variable
-from rlparity.trace import as_arms, latest_version
+from rlparity.trace import arm_factors, as_arms, latest_version
 
 PAUSE_MODES = ("keep", "wait", "abort")
 LATEST_VARIABLE = {"processed": "trainer_latest_processed_logprob", "raw": "trainer_latest_logprob"}
-_ARM = re.compile(r"^(?P<mode>keep|wait|abort)-(?P<clear>clear|noclear)-prefix_(?P<prefix>on|off)$")
+CELL_FACTORS = ("mode", "clear_cache", "prefix_caching")
 
 
 # ------------------------------------------------------------------------------ arms
@@ -48,33 +47,20 @@ def arm_name(mode: str, clear_cache: bool, prefix_caching: bool) -> str:
     return f"{mode}-{'clear' if clear_cache else 'noclear'}-prefix_{'on' if prefix_caching else 'off'}"
 
 
-def parse_arm(name: str) -> dict[str, Any]:
-    """``{"mode", "clear_cache", "prefix_caching"}`` from an arm name made by :func:`arm_name`."""
-    m = _ARM.match(name)
-    if not m:
-        raise ValueError(f"arm {name!r} is not named <keep|wait|abort>-<clear|noclear>-prefix_<on|off>")
-    return {"mode": m["mode"], "clear_cache": m["clear"] == "clear", "prefix_caching": m["prefix"] == "on"}
-
-
 def arm_cell(trace: xr.Dataset, name: str | None = None) -> dict[str, Any]:
-    """The cell of an arm: from ``attrs["inflight"]`` (what the runner did), else from its name."""
-    rec = trace.attrs.get("inflight")
-    if isinstance(rec, dict) and {"mode", "clear_cache", "prefix_caching"} <= set(rec):
-        return {k: rec[k] for k in ("mode", "clear_cache", "prefix_caching")}
-    return parse_arm(name or str(trace.attrs.get("arm", "")))
+    """The cell of an arm, ``{"mode", "clear_cache", "prefix_caching"}``: its factors
+    (:func:`rlparity.trace.arm_factors`); an arm without them is an error."""
+    f = arm_factors(trace, name)
+    if not set(CELL_FACTORS) <= set(f):
+        raise ValueError(f"arm {name or trace.attrs.get('arm')!r} records no inflight cell (factors mode, "
+                         "clear_cache, prefix_caching): capture it with rlparity.experiments.inflight.inflight_matrix")
+    return {k: f[k] for k in CELL_FACTORS}
 
 
 def is_inflight(arms) -> bool:
-    """Whether ``arms`` come from an inflight matrix (every arm named or stamped as a cell)."""
+    """Whether ``arms`` come from an inflight matrix (every arm records an inflight cell)."""
     arms = as_arms(arms)
-    if not arms:
-        return False
-    for name, ds in arms.items():
-        try:
-            arm_cell(ds, name)
-        except ValueError:
-            return False
-    return True
+    return bool(arms) and all(set(CELL_FACTORS) <= set(arm_factors(ds, name)) for name, ds in arms.items())
 
 
 def updates(trace: xr.Dataset) -> list[dict[str, Any]]:
@@ -299,11 +285,12 @@ def reset_ratios(table: xr.Dataset, variable: str = "after_abs_log_ratio_mean") 
     cleared). With prefix caching on, the ratio is what the stale cache costs."""
     out: dict[str, dict[str, Any]] = {}
     arms = table["arm"].values.tolist()
+    cell = {a: (str(table["mode"].sel(arm=a).item()), bool(table["clear_cache"].sel(arm=a).item()),
+                bool(table["prefix_caching"].sel(arm=a).item())) for a in arms}
     for a in arms:
-        mode, clear, prefix = (str(table["mode"].sel(arm=a).item()), bool(table["clear_cache"].sel(arm=a).item()),
-                               bool(table["prefix_caching"].sel(arm=a).item()))
-        twin = arm_name(mode, True, prefix)
-        if clear or twin not in arms:
+        mode, clear, prefix = cell[a]
+        twin = next((b for b in arms if cell[b] == (mode, True, prefix)), None)
+        if clear or twin is None:
             continue
         x, y = float(table[variable].sel(arm=a)), float(table[variable].sel(arm=twin))
         out[a] = {"reset_arm": twin, "kept": x, "reset": y,
@@ -389,7 +376,7 @@ def lag_histogram(data, *, latest: int | None = None) -> xr.Dataset:
                       attrs={"long_name": "policy lag: latest version - version that sampled the token"})
 
 
-__all__ = ["LATEST_VARIABLE", "PAUSE_MODES", "TABLE_VARIABLES", "arm_cell", "arm_name", "carried_tokens",
+__all__ = ["CELL_FACTORS", "LATEST_VARIABLE", "PAUSE_MODES", "TABLE_VARIABLES", "arm_cell", "arm_name", "carried_tokens",
            "clean_tokens", "first_version", "gap_by_update_time", "inflight_table", "is_inflight", "lag",
-           "lag_histogram", "lag_summary", "parse_arm", "reset_ratios", "stale_evidence", "stale_sequences",
+           "lag_histogram", "lag_summary", "reset_ratios", "stale_evidence", "stale_sequences",
            "submitted_after_update", "updates"]

@@ -1,11 +1,12 @@
 """The objective layer: three policies, their ratios, the corrections trainers apply to them, and
-the health of the importance weights (definitions: ../shared/docs/metrics.md).
+the health of the importance weights (each definition in its function's docstring).
 
 Three policies per response token:
 
 * mu = ``rollout_logprob``: the engine that sampled the token (behaviour policy);
-* pi_old = the trainer at the rollout's weights: ``trainer_processed_logprob`` (default,
-  ``trainer="processed"``) or ``trainer_logprob`` (``trainer="raw"``);
+* pi_old = the trainer at the rollout's weights: ``trainer_processed_logprob``
+  (``trainer="processed"``) or ``trainer_logprob`` (``trainer="raw"``); ``trainer=None`` (every
+  function's default) is ``defaults().trainer``;
 * pi_theta = the trainer after an optimizer step: ``trainer_updated_processed_logprob`` /
   ``trainer_updated_logprob`` (written by :func:`rlparity.train.train_step`).
 
@@ -42,10 +43,10 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 import xarray as xr
 
-from rlparity.config.defaults import TrainerSide, defaults
+from rlparity.config.defaults import Level, TrainerSide, defaults
 from rlparity.config.provenance import make_attrs
+from rlparity.metrics import core
 
-Level = Literal["token", "sequence"]
 Kind = Literal["product", "geometric"]
 PairName = Literal["backend", "update", "bypass"]
 KL_RULES = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
@@ -89,7 +90,7 @@ class Measured(NamedTuple):
 # numpy core
 # ----------------------------------------------------------------------------------------------
 
-def log_ratio(log_num: np.ndarray, log_den: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+def logprob_difference(log_num: np.ndarray, log_den: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
     """``d = log_num - log_den`` per token (nats), NaN outside ``mask``; ``-inf`` where the
     numerator policy gives probability 0, ``+inf`` where the denominator does (NaN where both do)."""
     num = np.asarray(log_num, dtype=float)
@@ -309,17 +310,14 @@ def rejected_fraction(keep: np.ndarray, d: np.ndarray, mask: np.ndarray | None =
     return Measured(float(_share(hit, has)), int(has.sum()), int(excl.sum()))
 
 
-def ess(weights: np.ndarray, valid: np.ndarray | None = None, axis=None) -> Measured:
-    """Normalised effective sample size ``(sum w)^2 / (n sum w^2)`` in (0, 1] over the finite,
-    ``valid`` weights. Give it raw weights: truncation hides a collapse."""
+def weights_ess(weights: np.ndarray, valid: np.ndarray | None = None, axis=None) -> Measured:
+    """:func:`rlparity.metrics.core.ess` (``(sum w)^2 / (n sum w^2)`` in (0, 1] over the finite,
+    ``valid`` weights) with its counts: weights used, and valid weights left out as not finite.
+    Give it raw weights: truncation hides a collapse."""
     w = np.asarray(weights, dtype=float)
     ok = np.isfinite(w) & (True if valid is None else np.asarray(valid, bool))
-    n = ok.sum(axis=axis)
-    x = np.where(ok, w, 0.0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        v = np.where(n > 0, x.sum(axis=axis) ** 2 / (np.maximum(n, 1) * (x ** 2).sum(axis=axis)), np.nan)
     excl = ((~np.isfinite(w)) & (True if valid is None else np.asarray(valid, bool))).sum(axis=axis)
-    return Measured(v, n, excl)
+    return Measured(core.ess(w, valid, axis=axis), ok.sum(axis=axis), excl)
 
 
 def token_ess(d: np.ndarray, mask: np.ndarray | None = None, axis=None) -> Measured:
@@ -328,7 +326,7 @@ def token_ess(d: np.ndarray, mask: np.ndarray | None = None, axis=None) -> Measu
     top = np.max(np.where(u, d, -np.inf), axis=axis, keepdims=True)
     top = np.where(np.isfinite(top), top, 0.0)
     w = np.where(u, _safe_exp(d - top, u), np.nan)
-    out = ess(w, u, axis)
+    out = weights_ess(w, u, axis)
     return Measured(out.value, *token_counts(d, mask, axis))
 
 
@@ -340,7 +338,7 @@ def sequence_ess(d: np.ndarray, mask: np.ndarray | None = None, *, kind: Kind = 
     ok = np.isfinite(s.value)
     top = np.max(np.where(ok, s.value, -np.inf)) if ok.any() else 0.0
     w = np.where(ok, _safe_exp(s.value - top, ok), np.nan)
-    return Measured(float(ess(w, ok).value), *_sequence_counts(s))
+    return Measured(float(weights_ess(w, ok).value), *_sequence_counts(s))
 
 
 def decoupled_weights(log_mu: np.ndarray, log_old: np.ndarray, log_theta: np.ndarray,
@@ -352,11 +350,11 @@ def decoupled_weights(log_mu: np.ndarray, log_old: np.ndarray, log_theta: np.nda
     * ``weight`` = their product, the factor on the advantage;
     * ``bypass_ratio`` = pi_theta / mu (two-policy form; equals ``weight`` when ``cap`` is None).
     """
-    m = real(log_ratio(log_old, log_mu), mask) if mask is None else np.asarray(mask, bool)
-    corr = importance_weights(log_ratio(log_old, log_mu, m), m, cap=cap)
-    upd = importance_weights(log_ratio(log_theta, log_old, m), m)
+    m = real(logprob_difference(log_old, log_mu), mask) if mask is None else np.asarray(mask, bool)
+    corr = importance_weights(logprob_difference(log_old, log_mu, m), m, cap=cap)
+    upd = importance_weights(logprob_difference(log_theta, log_old, m), m)
     return {"correction_weight": corr, "update_ratio": upd, "weight": corr * upd,
-            "bypass_ratio": importance_weights(log_ratio(log_theta, log_mu, m), m)}
+            "bypass_ratio": importance_weights(logprob_difference(log_theta, log_mu, m), m)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -375,9 +373,10 @@ _NEEDS = {"old": "run rlparity.score(trace, model) first",
           "theta": "run rlparity.train.train_step(model, trace) first (it adds pi_theta)"}
 
 
-def policy_variable(policy: str, trainer: TrainerSide = "processed") -> str:
+def policy_variable(policy: str, trainer: TrainerSide | None = None) -> str:
     """The trace variable holding ``policy`` (``"mu"``, ``"old"``, ``"theta"``) on the ``trainer``
-    side (``"processed"`` or ``"raw"``)."""
+    side (``"processed"`` or ``"raw"``; default ``defaults().trainer``)."""
+    trainer = trainer or defaults().trainer
     if trainer not in POLICY_VARIABLES:
         raise ValueError(f"trainer={trainer!r}; use 'processed' or 'raw'")
     if policy not in POLICY_VARIABLES[trainer]:
@@ -385,7 +384,7 @@ def policy_variable(policy: str, trainer: TrainerSide = "processed") -> str:
     return POLICY_VARIABLES[trainer][policy]
 
 
-def policy_logprob(trace: xr.Dataset, policy: str, trainer: TrainerSide = "processed") -> np.ndarray:
+def policy_logprob(trace: xr.Dataset, policy: str, trainer: TrainerSide | None = None) -> np.ndarray:
     """The per-token log-probabilities of ``policy`` as a float array (NaN on padding)."""
     var = policy_variable(policy, trainer)
     if var not in trace:
@@ -393,30 +392,31 @@ def policy_logprob(trace: xr.Dataset, policy: str, trainer: TrainerSide = "proce
     return np.where(trace["response_mask"].values.astype(bool), trace[var].values.astype(float), np.nan)
 
 
-def available_pairs(trace: xr.Dataset, trainer: TrainerSide = "processed") -> list[str]:
+def available_pairs(trace: xr.Dataset, trainer: TrainerSide | None = None) -> list[str]:
     """The pairs whose two policies the trace holds."""
     have = {p for p in ("mu", "old", "theta") if policy_variable(p, trainer) in trace}
     return [name for name, (a, b) in PAIRS.items() if a in have and b in have]
 
 
-def pair_attrs(pair: str, trainer: TrainerSide = "processed") -> dict[str, str]:
+def pair_direction(pair: str, trainer: TrainerSide | None = None) -> dict[str, str]:
     """attrs naming a pair and its direction, e.g. ``pair="backend (pi_old, mu)"``,
     ``direction="trainer_processed_logprob - rollout_logprob"``."""
     if pair not in PAIRS:
         raise ValueError(f"pair={pair!r}; use one of {list(PAIRS)}")
+    trainer = trainer or defaults().trainer
     num, den = PAIRS[pair]
     return {"pair": f"{pair} ({POLICY_NAMES[num]}, {POLICY_NAMES[den]})",
             "direction": f"{policy_variable(num, trainer)} - {policy_variable(den, trainer)}",
             "trainer_side": trainer}
 
 
-def pair_log_ratio(trace: xr.Dataset, pair: PairName = "backend", trainer: TrainerSide = "processed"
+def pair_log_ratio(trace: xr.Dataset, pair: PairName = "backend", trainer: TrainerSide | None = None
                    ) -> xr.DataArray:
     """Per-token ``d`` of ``pair`` (nats), dims ``(sequence, position)``; NaN on padding."""
-    attrs = pair_attrs(pair, trainer)
+    attrs = pair_direction(pair, trainer)
     num, den = PAIRS[pair]
     mask = trace["response_mask"].values.astype(bool)
-    d = log_ratio(policy_logprob(trace, num, trainer), policy_logprob(trace, den, trainer), mask)
+    d = logprob_difference(policy_logprob(trace, num, trainer), policy_logprob(trace, den, trainer), mask)
     return xr.DataArray(d, dims=("sequence", "position"),
                         coords={"sequence": trace["sequence"], "position": trace["position"]},
                         name="log_ratio", attrs={**attrs, "units": "nats",
@@ -444,7 +444,7 @@ def _wrap(m: Measured, d: xr.DataArray, axes, name: str, attrs: dict, counts: st
 
 
 def ratio(trace: xr.Dataset, pair: PairName = "backend", *, level: Level = "token", kind: Kind = "geometric",
-          trainer: TrainerSide = "processed") -> xr.DataArray:
+          trainer: TrainerSide | None = None) -> xr.DataArray:
     """The pair's ratio: per token ``rho = exp(d)`` (0 or inf where a policy gives probability 0),
     or per sequence the geometric (GSPO, ``exp(mean_t d)``) or product ratio (NaN for an excluded
     sequence; coordinates ``n_used`` tokens and ``n_excluded`` tokens)."""
@@ -464,7 +464,7 @@ def ratio(trace: xr.Dataset, pair: PairName = "backend", *, level: Level = "toke
 
 def clip_fraction(trace: xr.Dataset, pair: PairName = "update", *, level: Level = "token",
                   eps_low: float | None = None, eps_high: float | None = None, dim=None,
-                  trainer: TrainerSide = "processed") -> xr.DataArray:
+                  trainer: TrainerSide | None = None) -> xr.DataArray:
     """PPO token clip fraction (``level="token"``, eps default 0.2, reduced over ``dim``) or GSPO
     sequence clip fraction (``"sequence"``, geometric ratio, eps default 3e-4 / 4e-4; one value)."""
     d = pair_log_ratio(trace, pair, trainer)
@@ -484,7 +484,7 @@ def clip_fraction(trace: xr.Dataset, pair: PairName = "update", *, level: Level 
 
 
 def is_weights(trace: xr.Dataset, pair: PairName = "backend", *, level: Level = "token", kind: Kind = "product",
-               cap: float | None = None, truncate: bool = True, trainer: TrainerSide = "processed") -> xr.DataArray:
+               cap: float | None = None, truncate: bool = True, trainer: TrainerSide | None = None) -> xr.DataArray:
     """Importance weights of ``pair`` per token, ``(sequence, position)``: token ``rho`` or the
     sequence's product / geometric ratio; truncated at ``cap`` (default ``is_cap``) unless
     ``truncate=False``. NaN at padding and at excluded tokens / sequences."""
@@ -497,25 +497,13 @@ def is_weights(trace: xr.Dataset, pair: PairName = "backend", *, level: Level = 
         "long_name": ("truncated " if c is not None else "raw ") + "importance weight"})
 
 
-def rejection_mask(trace: xr.Dataset, rule: str = "token_band", pair: PairName = "backend", *,
-                   threshold: Any = None, trainer: TrainerSide = "processed") -> xr.DataArray:
-    """The keep-mask of one rejection ``rule`` (see :func:`rejection_keep`), ``(sequence, position)``;
-    padding and excluded tokens are False."""
-    d = pair_log_ratio(trace, pair, trainer)
-    keep = rejection_keep(d.values, rule=rule, threshold=threshold)
-    return xr.DataArray(keep, dims=d.dims, coords=d.coords, name="keep", attrs={
-        **{k: d.attrs[k] for k in ("pair", "direction", "trainer_side")}, "rule": rule,
-        "threshold": str(threshold if threshold is not None else _default_threshold(rule)),
-        "long_name": f"tokens kept by {rule}"})
-
-
 def _default_threshold(rule: str):
     return OBJECTIVE_DEFAULTS.band(rule) if rule in BAND_RULES else OBJECTIVE_DEFAULTS.kl_thresholds[rule]
 
 
 def masked_fraction(trace: xr.Dataset, rule: str = "token_band", pair: PairName = "backend", *,
                     level: Level = "token", threshold: Any = None, dim=None,
-                    trainer: TrainerSide = "processed") -> xr.DataArray:
+                    trainer: TrainerSide | None = None) -> xr.DataArray:
     """Share of usable tokens (``level="token"``, reduced over ``dim``) or of sequences
     (``"sequence"``: losing at least one token) that ``rule`` rejects."""
     d = pair_log_ratio(trace, pair, trainer)
@@ -533,7 +521,7 @@ def masked_fraction(trace: xr.Dataset, rule: str = "token_band", pair: PairName 
 
 
 def effective_sample_size(trace: xr.Dataset, pair: PairName = "backend", *, level: Level = "token",
-                          kind: Kind = "product", dim=None, trainer: TrainerSide = "processed") -> xr.DataArray:
+                          kind: Kind = "product", dim=None, trainer: TrainerSide | None = None) -> xr.DataArray:
     """Normalised ESS of the raw (untruncated) weights of ``pair``: token weights reduced over
     ``dim``, or sequence weights (product / geometric) over all sequences."""
     d = pair_log_ratio(trace, pair, trainer)
@@ -546,10 +534,11 @@ def effective_sample_size(trace: xr.Dataset, pair: PairName = "backend", *, leve
     return _wrap(sequence_ess(d.values, kind=kind), d, (0, 1), "ess", {**attrs, "kind": kind}, "sequences")
 
 
-def decoupled(trace: xr.Dataset, *, cap: float | None = None, trainer: TrainerSide = "processed") -> xr.Dataset:
+def decoupled(trace: xr.Dataset, *, cap: float | None = None, trainer: TrainerSide | None = None) -> xr.Dataset:
     """The decoupled three-policy weights per token (see :func:`decoupled_weights`):
     ``correction_weight`` (pi_old/mu, truncated at ``cap`` when given), ``update_ratio``
     (pi_theta/pi_old), ``weight`` (their product) and ``bypass_ratio`` (pi_theta/mu)."""
+    trainer = trainer or defaults().trainer
     mask = trace["response_mask"].values.astype(bool)
     parts = decoupled_weights(policy_logprob(trace, "mu", trainer), policy_logprob(trace, "old", trainer),
                               policy_logprob(trace, "theta", trainer), mask, cap=cap)
@@ -558,7 +547,7 @@ def decoupled(trace: xr.Dataset, *, cap: float | None = None, trainer: TrainerSi
     ds = xr.Dataset(coords={"sequence": trace["sequence"], "position": trace["position"]})
     for k, v in parts.items():
         p = pairs[k]
-        attrs = pair_attrs(p, trainer) if p in PAIRS else {
+        attrs = pair_direction(p, trainer) if p in PAIRS else {
             "pair": "backend (pi_old, mu) x update (pi_theta, pi_old)",
             "direction": "exp(correction) * exp(update)", "trainer_side": trainer}
         ds[k] = (("sequence", "position"), v, {**attrs, "units": "1"})
@@ -567,7 +556,7 @@ def decoupled(trace: xr.Dataset, *, cap: float | None = None, trainer: TrainerSi
     return ds
 
 
-def objective_summary(trace: xr.Dataset, *, trainer: TrainerSide = "processed", pairs: list[str] | None = None
+def objective_summary(trace: xr.Dataset, *, trainer: TrainerSide | None = None, pairs: list[str] | None = None
                       ) -> xr.Dataset:
     """One row per pair the trace holds (dim ``pair``): mean ratio and log-ratio, PPO token and
     GSPO sequence clip fractions, mean truncated (TIS) weight, ESS of raw token / product /
@@ -575,6 +564,7 @@ def objective_summary(trace: xr.Dataset, *, trainer: TrainerSide = "processed", 
     the token and sequence counts used and excluded. Thresholds: :data:`OBJECTIVE_DEFAULTS` (change
     them with :func:`rlparity.config.defaults_context`)."""
     o = OBJECTIVE_DEFAULTS
+    trainer = trainer or defaults().trainer
     pairs = pairs or available_pairs(trace, trainer)
     if not pairs:
         raise ValueError("the trace holds no pair of policies: score it (rlparity.score) first")
@@ -622,8 +612,8 @@ def objective_summary(trace: xr.Dataset, *, trainer: TrainerSide = "processed", 
     }
     ds = xr.Dataset({k: ("pair", np.asarray(v), {"long_name": long.get(k, k.replace("_", " "))})
                      for k, v in rows.items()}, coords={"pair": list(pairs)})
-    ds = ds.assign_coords(pair_name=("pair", [pair_attrs(p, trainer)["pair"] for p in pairs]),
-                          direction=("pair", [pair_attrs(p, trainer)["direction"] for p in pairs]))
+    ds = ds.assign_coords(pair_name=("pair", [pair_direction(p, trainer)["pair"] for p in pairs]),
+                          direction=("pair", [pair_direction(p, trainer)["direction"] for p in pairs]))
     ds["mean_log_ratio"].attrs["units"] = "nats"
     ds.attrs = make_attrs(trainer_side=trainer, arm=trace.attrs.get("arm", "default"),
                           defaults={"eps": defaults().eps, **defaults().objective.model_dump(mode="json")})
@@ -633,9 +623,9 @@ def objective_summary(trace: xr.Dataset, *, trainer: TrainerSide = "processed", 
 __all__ = [
     "BAND_RULES", "KL_RULES", "OBJECTIVE_DEFAULTS", "PAIRS", "RULES", "Measured",
     "available_pairs", "band_keep", "clip_fraction", "decoupled", "decoupled_weights", "effective_sample_size",
-    "ess", "importance_weights", "is_weights", "kl_keep", "kl_statistic", "log_ratio", "masked_fraction",
-    "objective_summary", "pair_attrs", "pair_log_ratio", "policy_logprob",
-    "policy_variable", "ratio", "real", "rejected_fraction", "rejection_keep", "rejection_mask", "sequence_clip_fraction",
+    "importance_weights", "is_weights", "kl_keep", "kl_statistic", "logprob_difference", "masked_fraction",
+    "objective_summary", "pair_direction", "pair_log_ratio", "policy_logprob",
+    "policy_variable", "ratio", "real", "rejected_fraction", "rejection_keep", "sequence_clip_fraction",
     "sequence_ess", "sequence_log_ratio", "tis_weights", "token_clip_fraction", "token_counts", "token_ess",
-    "token_mean", "usable",
+    "token_mean", "usable", "weights_ess",
 ]

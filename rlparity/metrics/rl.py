@@ -1,8 +1,10 @@
 """The curves of an online RL run: one row of numbers per (profile, step), from the kept traces.
 
-:func:`rlparity.experiments.rl.rl_run` keeps every step's rollout trace in one store, arms named
+:func:`rlparity.experiments.rl.rl_run` keeps every step's rollout trace in one store, arms labelled
 ``<run>@step_003`` (:func:`step_arm`; a run is an engine profile, ``pipelinerl-parity``, or a
-profile and the loss's ratio denominator, ``pipelinerl-parity+mu``); each trace holds the rollout (mu = ``rollout_logprob``),
+profile and the loss's ratio denominator, ``pipelinerl-parity+mu``) with the factors ``profile``,
+``old_policy`` and ``step`` in their attrs (:func:`rlparity.trace.arm_factors`, read by
+:func:`run_steps`; the label is never parsed); each trace holds the rollout (mu = ``rollout_logprob``),
 pi_old (the trainer at the weights that sampled each token), pi_theta (after the step),
 ``reward`` and ``advantage`` (written by :func:`rlparity.train.train_step`), every token's
 ``policy_version`` and, in ``attrs["rl"]``, what the runner did and how long it took. Everything
@@ -40,10 +42,12 @@ from rlparity.metrics import objective as mo
 from rlparity.metrics.dashboard import pipelinerl_metrics
 from rlparity.metrics.inflight import lag_summary
 from rlparity.metrics.summary import trainer_side
-from rlparity.trace import as_arms
+from rlparity.trace import arm_factors, as_arms
+from rlparity.trace.legacy import legacy_run_profile, legacy_run_step
 
 STEP_WIDTH = 3
-_STEP_ARM = re.compile(r"^(?P<profile>[A-Za-z0-9_][A-Za-z0-9_.+=,-]*)@step_(?P<step>\d+)$")
+_PROFILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=,-]*$")  # checks a profile name; parses nothing
+STEP_FACTORS = ("profile", "old_policy", "step")
 ENTROPY_VARIABLE = {"processed": "trainer_processed_entropy", "raw": "trainer_entropy"}
 LATEST_VARIABLE = {"processed": "trainer_latest_processed_logprob", "raw": "trainer_latest_logprob"}
 
@@ -76,9 +80,9 @@ PAIR_NAMES = {"backend": "backend (pi_old, mu)", "update": "update (pi_theta, pi
 
 
 def step_arm(profile: str, step: int) -> str:
-    """``pipelinerl-parity@step_003``: the arm of one step of one profile (a valid store arm name:
-    no ``/``; the profile name may not contain ``@``)."""
-    if not _STEP_ARM.match(f"{profile}@step_0"):
+    """``pipelinerl-parity@step_003``: the label of one step of one run (a valid store arm name:
+    no ``/``; the run name may not contain ``@``)."""
+    if not _PROFILE_NAME.match(str(profile)):
         raise ValueError(f"profile name {profile!r} cannot name an arm: use letters, digits and _ . + = , - "
                          "(no '/' or '@'), starting with a letter, digit or _")
     if int(step) < 0:
@@ -87,18 +91,41 @@ def step_arm(profile: str, step: int) -> str:
 
 
 def parse_step_arm(name: str) -> tuple[str, int]:
-    """``(profile, step)`` of an arm made by :func:`step_arm`."""
-    m = _STEP_ARM.match(str(name))
-    if not m:
+    """LEGACY: ``(run, step)`` read from a label made by :func:`step_arm`, for stores without
+    factors; read :func:`run_steps` (or :func:`rlparity.trace.arm_factors`) instead."""
+    step = legacy_run_step(name)
+    if step is None:
         raise ValueError(f"arm {name!r} is not an RL step: expected <profile>@step_<NNN>, e.g. "
                          "pipelinerl-parity@step_003")
-    return m["profile"], int(m["step"])
+    return step
 
 
 def is_rl_run(arms) -> bool:
-    """Whether every arm of ``arms`` is named as an RL step (:func:`step_arm`)."""
+    """Whether every arm of ``arms`` is a step of an RL run (records the factors ``profile``,
+    ``old_policy``, ``step``)."""
     arms = as_arms(arms)
-    return bool(arms) and all(_STEP_ARM.match(a) for a in arms)
+    return bool(arms) and all(set(STEP_FACTORS) <= set(arm_factors(ds, a)) for a, ds in arms.items())
+
+
+def run_steps(arms) -> dict[str, tuple[str, int]]:
+    """``{arm: (run, step)}`` of an RL run's arms, from their factors: the run is what the runner
+    recorded (``attrs["rl"]["run"]``), else ``<profile>+<old_policy>`` where the arms hold several
+    ratio denominators, else the profile. An arm that is no RL step is an error."""
+    arms = as_arms(arms)
+    f = {}
+    for a, ds in arms.items():
+        f[a] = arm_factors(ds, a)
+        if not set(STEP_FACTORS) <= set(f[a]):
+            raise ValueError(f"arm {a!r} is not an RL step: it records no factors profile, old_policy, step "
+                             "(capture it with rlparity.experiments.rl.rl_run)")
+    several = len({x["old_policy"] for x in f.values()}) > 1
+    out = {}
+    for a, ds in arms.items():
+        run = (ds.attrs.get("rl") or {}).get("run")
+        if not run:
+            run = f"{f[a]['profile']}+{f[a]['old_policy']}" if several else str(f[a]["profile"])
+        out[a] = (str(run), int(f[a]["step"]))
+    return out
 
 
 def _mean(x: np.ndarray, m: np.ndarray) -> float:
@@ -129,7 +156,7 @@ def step_metrics(trace: xr.Dataset, *, loss: str | None = None, trainer: Trainer
     pl = pipelinerl_metrics(old, mu, mask, policy_loss=_clip_level(loss))
     out.update({k: pl[f"rl/{k}"] for k in ("kl_new_old", "clamp_log_ratio_new_old_indicator", "ratio_new_old",
                                            "ess")})
-    d = mo.log_ratio(old, mu, mask)
+    d = mo.logprob_difference(old, mu, mask)
     u = mo.usable(d, mask)
     out["mean_ratio"] = mo.token_mean(np.exp(np.where(u, d, 0.0)), d, mask).value
     keep = mo.rejection_keep(d, mask, rule="token_band", threshold=mo.OBJECTIVE_DEFAULTS.band("token_band"))
@@ -172,13 +199,13 @@ def rl_curves(arms, *, loss: str | None = None, trainer: TrainerSide | None = No
     cells: dict[tuple[str, int], xr.Dataset] = {}
     order: dict[str, float] = {}
     info: dict[str, tuple[str, str]] = {}
-    for name, ds in arms.items():
-        prof, step = parse_step_arm(name)
+    for name, (prof, step) in run_steps(arms).items():
+        ds = arms[name]
         cells[(prof, step)] = ds
-        rec = ds.attrs.get("rl") or {}
-        idx = rec.get("profile_index")
+        idx = (ds.attrs.get("rl") or {}).get("profile_index")
         order.setdefault(prof, float(idx) if idx is not None else len(order) + 1e6)
-        info.setdefault(prof, (str(rec.get("profile") or prof.split("+")[0]), str(rec.get("old_policy") or "")))
+        f = arm_factors(ds, name)
+        info.setdefault(prof, (str(f["profile"]), str(f["old_policy"])))
     names = sorted(order, key=lambda p: order[p])
     if profiles is not None:
         missing = [p for p in profiles if p not in order]
@@ -288,7 +315,7 @@ def curves_from_records(records: Mapping[str, Any]) -> xr.Dataset:
         raise ValueError(f"not a curves record ({err}): pass what rlparity.metrics.rl.curves_records returned") from err
     meta = records.get("runs") or {}
     ds = xr.Dataset(coords={"profile": runs, "step": steps,
-                            "engine_profile": ("profile", [meta.get(r, {}).get("engine_profile", r.split("+")[0])
+                            "engine_profile": ("profile", [meta.get(r, {}).get("engine_profile", legacy_run_profile(r)[0])
                                                            for r in runs]),
                             "old_policy": ("profile", [meta.get(r, {}).get("old_policy", "") for r in runs])})
     names = list(dict.fromkeys(k for r in runs for k in records["profiles"][r]))
@@ -300,5 +327,5 @@ def curves_from_records(records: Mapping[str, Any]) -> xr.Dataset:
     return ds
 
 
-__all__ = ["CURVE_VARIABLES", "PAIR_NAMES", "curves_from_records", "curves_records", "is_rl_run", "parse_step_arm",
-           "profile_contrast", "rl_curves", "step_arm", "step_metrics"]
+__all__ = ["CURVE_VARIABLES", "PAIR_NAMES", "STEP_FACTORS", "curves_from_records", "curves_records", "is_rl_run",
+           "parse_step_arm", "profile_contrast", "rl_curves", "run_steps", "step_arm", "step_metrics"]

@@ -18,6 +18,7 @@ import xarray as xr
 from rlparity.config.provenance import make_attrs
 from rlparity.config.defaults import TrainerSide, defaults
 from rlparity.metrics import core
+from rlparity.metrics.objective import token_clip_fraction
 from rlparity.metrics.stream import summary_stream
 from rlparity.trace import TraceValidationError, has_trainer, is_lazy
 
@@ -186,7 +187,8 @@ def summary(trace: xr.Dataset, trainer: TrainerSide | None = None, eps: float | 
     out["mean_ratio"] = red(core.mean_ratio, d, mask)
     for k in ("k1", "k2", "k3"):
         out[f"kl_{k}"] = red(lambda x, m, axis, k=k: core.kl_estimators(x, m, axis=axis)[k], d, mask)
-    out["clip_fraction"] = red(core.clip_fraction, d, mask, eps=eps)
+    out["clip_fraction"] = red(lambda x, m, axis: token_clip_fraction(x, m, eps_low=eps, eps_high=eps, axis=axis).value,
+                               d, mask)
     out["ess_token"] = red(lambda x, m, axis: core.ess(np.exp(np.where(m, x, 0.0)), m, axis=axis), d, finite)
     for k in ("prob_diff_mean", "prob_diff_max", "prob_diff_std", "prob_pearson"):
         out[k] = red(lambda a, b, m, axis, k=k: core.prob_stats(a, b, m, axis=axis)[k], log_pi, log_mu, mask)
@@ -236,7 +238,7 @@ def scalar_summary(trace: xr.Dataset, trainer: TrainerSide | None = None, eps: f
     same definitions as :mod:`rlparity.metrics.core` (finite entries only, ``-inf`` counted) and
     the five quantiles come from one ``np.quantile`` call. Returns the variables without attrs, or
     ``None`` when the trace's arrays are not float64 ``(sequence, position)`` (the general path
-    handles those). Equal to the general path to rounding (1e-12; ``tests/test_metrics_fast.py``).
+    handles those). Equal to the general path to rounding (1e-12; ``tests/test_score_fast.py``).
     """
     eps = defaults().eps if eps is None else float(eps)
     var = trainer_variable(trainer)

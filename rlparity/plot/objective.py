@@ -12,11 +12,12 @@ import plotly.graph_objects as go
 import xarray as xr
 from plotly.subplots import make_subplots
 
+from rlparity.config.defaults import TrainerSide
 from rlparity.metrics import objective as ob
 from rlparity.trace import as_arms
 
 
-def plot_backend_vs_update_ratio(arms, trainer: str = "processed", bins: int = 80) -> go.Figure:
+def plot_backend_vs_update_ratio(arms, trainer: TrainerSide | None = None, bins: int = 80) -> go.Figure:
     """Per-token log-ratios of the backend pair (log pi_old - log mu) and the update pair
     (log pi_theta - log pi_old), one panel each, every arm overlaid: the backend ratio should be
     a spike at 0 (parity); the update ratio is what the optimizer did."""
@@ -36,7 +37,7 @@ def plot_backend_vs_update_ratio(arms, trainer: str = "processed", bins: int = 8
     return fig
 
 
-def plot_weights_truncation(trace: xr.Dataset, *, cap: float | None = None, trainer: str = "processed",
+def plot_weights_truncation(trace: xr.Dataset, *, cap: float | None = None, trainer: TrainerSide | None = None,
                             bins: int = 60) -> go.Figure:
     """The backend importance weights pi_old/mu of one trace before and after token TIS at ``cap``
     (default :data:`~rlparity.metrics.objective.OBJECTIVE_DEFAULTS`), with the raw-weight ESS."""

@@ -71,7 +71,7 @@ class Scorer:
     ``dtype`` is the body's precision, ``head_dtype`` the LM head's. ``model`` is a local path or
     a hub id, loaded with ``from_pretrained`` exactly as a user's trainer would, or an already
     loaded model, used as it is (e.g. the trainer's after an optimizer step; ``dtype`` then reads
-    the model's own). ``settings`` (:class:`~rlparity.config.TrainerSettings`) says how the trainer
+    the model's own). ``settings`` (:class:`~rlparity.config.settings.TrainerSettings`) says how the trainer
     computes its reading: by default the correct way (the engine's sampling parameters, the ids
     the engine saw, eval mode); other values imitate a user's trainer (another temperature, no
     top-k cut, re-tokenized prompts, dropout on). Every scoring records what was applied

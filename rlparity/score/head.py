@@ -50,6 +50,21 @@ STATS = ("trainer_logprob", "trainer_processed_logprob", "trainer_entropy", "tra
          "trainer_max_logit", "trainer_token_rank", "trainer_log_kept_mass", "trainer_cut_margin")
 
 
+def _kth_largest(desc, k):
+    """The k-th largest value of each row of ``desc`` (largest first, at least ``k`` values), ``(N, 1)``:
+    vLLM's top-k keeps every value ``>=`` it (ties at the boundary survive)."""
+    return desc.gather(1, (k - 1).unsqueeze(1))
+
+
+def _top_p_cut(asc, top_p):
+    """vLLM's top-p on each row of ``asc`` (smallest first; ``-inf`` for what top-k dropped): the
+    entries cut, those whose float32 cumulative probability stays within ``1 - top_p``; never the
+    largest."""
+    cut = asc.softmax(dim=1).cumsum(dim=1) <= (1 - top_p).unsqueeze(1)
+    cut[:, -1] = False
+    return cut
+
+
 def processed_logits(logits, temperature, top_k, top_p):
     """vLLM's sampler transform on float32 logits ``(N, V)``: temperature, top-k, top-p.
 
@@ -66,15 +81,12 @@ def processed_logits(logits, temperature, top_k, top_p):
     k[(k <= 0) | (k >= vocab) | greedy] = vocab
     if bool((k < vocab).any()):
         # the k-th largest per row; topk up to the largest k is much cheaper than a full sort
-        kth = out.topk(int(k.max()), dim=1).values.gather(1, (k - 1).unsqueeze(1))
+        kth = _kth_largest(out.topk(int(k.max()), dim=1).values, k)
         out = out.masked_fill(out < kth, float("-inf"))  # ties at the boundary survive
     p = torch.where(greedy, torch.ones_like(top_p), top_p)
     if bool((p < 1.0).any()):
         srt, idx = out.sort(dim=1, descending=False)
-        cum = srt.softmax(dim=1).cumsum(dim=1)
-        mask = cum <= (1 - p).unsqueeze(1)
-        mask[:, -1] = False
-        srt = srt.masked_fill(mask, float("-inf"))
+        srt = srt.masked_fill(_top_p_cut(srt, p), float("-inf"))
         out = torch.empty_like(out).scatter_(1, idx, srt)
     return out
 
@@ -304,7 +316,7 @@ def _window_stats(x, k, tok_x):
     the window's end (then the window was too narrow)."""
     import torch
 
-    kth = x.gather(1, (k - 1).unsqueeze(1))
+    kth = _kth_largest(x, k)
     keep = x >= kth  # vLLM keeps every value equal to the k-th largest (a prefix of the window)
     xk = torch.where(keep, x, float("-inf")).double()
     lse = xk.logsumexp(dim=1)
@@ -320,14 +332,11 @@ def _window_stats_top_p(x, idx, k, top_p, has_p, tok, tok_x):
     reference's cut (ascending, float32 softmax and cumulative sum) inside the kept set."""
     import torch
 
-    kth = x.gather(1, (k - 1).unsqueeze(1))
+    kth = _kth_largest(x, k)
     keep = x >= kth
     ninf = torch.tensor(float("-inf"), device=x.device, dtype=x.dtype)
     asc = torch.where(keep, x, ninf).flip(1)
-    cum = asc.softmax(dim=1).cumsum(dim=1)
-    cut = cum <= (1 - top_p).unsqueeze(1)
-    cut[:, -1] = False
-    cut &= has_p.unsqueeze(1)
+    cut = _top_p_cut(asc, top_p) & has_p.unsqueeze(1)
     xk = torch.where(cut, ninf, asc).flip(1)
     tok_in = (tok_x >= kth.squeeze(1)) & ((idx == tok.unsqueeze(1)) & (xk > ninf)).any(dim=1)
     edge = torch.where(xk > ninf, xk, torch.full_like(xk, float("inf"))).amin(dim=1)  # smallest kept (scaled)
@@ -336,6 +345,19 @@ def _window_stats_top_p(x, idx, k, top_p, has_p, tok, tok_x):
     ent = _entropy(xk - lse.unsqueeze(1))
     lp = torch.where(tok_in, tok_x.double() - lse, float("-inf"))
     return lp, ent, lse, keep[:, -1], edge
+
+
+def _window(vals, idx, t, k, top_p, has_p, tok, tok_x, with_p: bool, compile: bool):
+    """The processed statistics of top-k rows from their window (the largest logits ``vals``, at
+    vocabulary ids ``idx``; temperature ``t``): :func:`_window_stats_top_p` where ``with_p`` (some
+    row also has top-p), else :func:`_window_stats`; with the cut edge, the smallest kept logit
+    before the temperature (the k-th logit, ties kept, without top-p)."""
+    x = vals / t  # the same division as the reference: the same values, the same ties
+    if with_p:
+        lp, ent, lse, over, edge = _window_stats_top_p(x, idx, k, top_p, has_p, tok, tok_x)
+        return lp, ent, lse, over, edge * t.squeeze(1)
+    lp, ent, lse, over = _call(_window_stats, x, k, tok_x, compile=compile)
+    return lp, ent, lse, over, _kth_largest(vals, k).squeeze(1)
 
 
 def _chunk_stats(m, s1, u1, st, ut, rank, tok_logit, tok_x, mt, lp_k, ent_k, lse_k, has_k):
@@ -411,14 +433,8 @@ def head_stats(hidden, weight, bias, token_ids, temperature, top_k, top_p, head_
         tok_x = tok_logit.div(t).squeeze(1)
         hk = has_k[sl]
         if any_k:
-            x = vals / t  # the same division as the reference: the same values, the same ties
-            if (has_p_h[sl] & has_k_h[sl]).any():
-                lp_k, ent_k, lse_k, over, edge = _window_stats_top_p(x, idx, k[sl], top_p[sl], has_p[sl], tok,
-                                                                     tok_x)
-                edge_raw = edge * t.squeeze(1)
-            else:
-                lp_k, ent_k, lse_k, over = _call(_window_stats, x, k[sl], tok_x, compile=compile)
-                edge_raw = vals.gather(1, (k[sl] - 1).unsqueeze(1)).squeeze(1)  # the k-th logit (ties kept)
+            lp_k, ent_k, lse_k, over, edge_raw = _window(vals, idx, t, k[sl], top_p[sl], has_p[sl], tok, tok_x,
+                                                         bool((has_p_h[sl] & has_k_h[sl]).any()), compile)
             out[7, sl] = torch.where(hk, (edge_raw - tok_logit.squeeze(1)).double(), float("nan"))
             if width < vocab:
                 overflow[sl] = over & hk
@@ -452,14 +468,8 @@ def head_stats(hidden, weight, bias, token_ids, temperature, top_k, top_p, head_
         while True:
             width = min(4 * width, vocab)
             vals, ix = lg.topk(width, dim=1)
-            x = vals / t
-            if has_p_h[idx].any():
-                lp_k, ent_k, lse_k, over, edge = _window_stats_top_p(x, ix, k[rows], top_p[rows], has_p[rows], tok,
-                                                                     tok_x)
-                edge_raw = edge * t.squeeze(1)
-            else:
-                lp_k, ent_k, lse_k, over = _window_stats(x, k[rows], tok_x)
-                edge_raw = vals.gather(1, (k[rows] - 1).unsqueeze(1)).squeeze(1)
+            lp_k, ent_k, lse_k, over, edge_raw = _window(vals, ix, t, k[rows], top_p[rows], has_p[rows], tok, tok_x,
+                                                         bool(has_p_h[idx].any()), compile=False)
             if width >= vocab or not bool(over.any()):
                 break
         out[7, rows] = (edge_raw - lg.gather(1, tok.unsqueeze(1)).squeeze(1)).double()

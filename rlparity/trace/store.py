@@ -279,11 +279,6 @@ def store_lock(path: str | os.PathLike, *, shared: bool = False,
             _release(fd, lf)
 
 
-def _holds_exclusive(p: Path) -> bool:
-    h = _held_locks().get(str(p))
-    return h is not None and not h[0]
-
-
 # ----------------------------------------------------------------------------- what is at a path
 
 

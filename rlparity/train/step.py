@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from rlparity.config.defaults import TrainerSide, defaults
 from rlparity.score import Scorer, processed_logits
 from rlparity.trace import sequences, validate, with_trainer
 from rlparity.train.losses import LOSSES, clip_range, sequence_terms
@@ -65,7 +66,7 @@ def _token_logprobs(scorer: Scorer, hidden, tokens, temperature, top_k, top_p, t
 
 def train_step(model: Any, trace: xr.Dataset, *, rewards: Sequence[float] | Callable | None = None,
                loss: str = "gspo", lr: float | None = None, optimizer: Any = None,
-               group_by: str = "prompt_index", trainer: str = "processed", eps_low: float | None = None,
+               group_by: str = "prompt_index", trainer: TrainerSide | None = None, eps_low: float | None = None,
                eps_high: float | None = None, token_weights: np.ndarray | None = None,
                keep: np.ndarray | None = None, old_logprob: np.ndarray | None = None,
                advantage_scale: str = "std", max_grad_norm: float | None = None,
@@ -103,6 +104,7 @@ def train_step(model: Any, trace: xr.Dataset, *, rewards: Sequence[float] | Call
 
     if loss not in LOSSES:
         raise ValueError(f"loss={loss!r}; use one of {LOSSES}")
+    trainer = trainer or defaults().trainer
     if trainer not in PI_OLD:
         raise ValueError(f"trainer={trainer!r}; use 'processed' or 'raw'")
     if optimizer is not None and lr is not None:

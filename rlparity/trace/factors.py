@@ -1,0 +1,145 @@
+"""Experiment factors: the settings an arm was captured under, kept as data and assembled into
+coordinates.
+
+Each arm of an experiment records its factors in ``attrs["factors"]`` when it is captured, e.g.
+``{"rollout_head": "float32", "trainer_head": "bfloat16"}`` (the LM-head matrix),
+``{"mode": "keep", "clear_cache": False, "prefix_caching": True}`` (inflight weight updates) or
+``{"profile": "vllm-v1-defaults", "old_policy": "mu", "step": 7}`` (an online RL run). The arm
+name stays a label; code that needs a factor reads it here, never from the name.
+
+* :func:`with_factors`: stamp an arm's factors (the runners call it);
+* :func:`arm_factors`: one arm's factors (stores written before factors were recorded: from
+  :mod:`rlparity.trace.legacy`, the one place that still reads the old names);
+* :func:`factors`: the factors of every arm, one coordinate each along ``arm``;
+* :func:`by_factors`: one variable (or anything computed per arm) with the factors as dims, so a
+  cell is ``.sel(mode="keep", clear_cache=False)``;
+* :func:`stack_cells`: the same from ``{(value, ...): Dataset}`` with the dims named.
+
+>>> from rlparity.datasets import load_example
+>>> from rlparity.trace import by_factors
+>>> lp = by_factors(load_example("h200-inflight"), "rollout_logprob")       # doctest: +SKIP
+>>> lp.sel(mode="keep", clear_cache=False, prefix_caching=True)             # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from rlparity.trace.io import as_arms
+from rlparity.trace.legacy import legacy_factors
+
+FACTORS_ATTR = "factors"
+
+
+def with_factors(trace: xr.Dataset, **factors: Any) -> xr.Dataset:
+    """``trace`` with ``factors`` recorded in ``attrs["factors"]`` (in place, and returned); values
+    must be JSON scalars (str, int, float, bool) so a store keeps them."""
+    for k, v in factors.items():
+        if not isinstance(v, (str, bool, int, float, np.generic)):
+            raise TypeError(f"factor {k}={v!r}: use a str, int, float or bool")
+    trace.attrs[FACTORS_ATTR] = {k: v.item() if isinstance(v, np.generic) else v for k, v in factors.items()}
+    return trace
+
+
+def arm_factors(trace: xr.Dataset, name: str | None = None) -> dict[str, Any]:
+    """The factors of one arm: ``attrs["factors"]``; for a store written before factors were
+    recorded, what :func:`rlparity.trace.legacy.legacy_factors` reads from its old records and
+    name (``name`` defaults to ``attrs["arm"]``). ``{}`` for an arm of no experiment."""
+    rec = trace.attrs.get(FACTORS_ATTR)
+    if isinstance(rec, Mapping):
+        return dict(rec)
+    return legacy_factors(str(name if name is not None else trace.attrs.get("arm", "")), trace.attrs)
+
+
+def _common_keys(per_arm: Mapping[str, Mapping[str, Any]], dims: Sequence[str] | None) -> list[str]:
+    if dims is not None:
+        return list(dims)
+    keys: list[str] = []
+    for f in per_arm.values():
+        keys += [k for k in f if k not in keys]
+    return [k for k in keys if all(k in f for f in per_arm.values())]
+
+
+def factors(data, dims: Sequence[str] | None = None) -> xr.Dataset:
+    """The factors of every arm of ``data`` (``{arm: trace}``, a DataTree or a store path): a
+    Dataset with dim ``arm`` and one coordinate per factor that every arm has (or ``dims``; an arm
+    without one of them is an error)."""
+    arms = as_arms(data)
+    per_arm = {name: arm_factors(ds, name) for name, ds in arms.items()}
+    keys = _common_keys(per_arm, dims)
+    for name, f in per_arm.items():
+        missing = [k for k in keys if k not in f]
+        if missing:
+            raise ValueError(f"arm {name!r} records no factor {', '.join(missing)} (it has {sorted(f) or 'none'})")
+    return xr.Dataset(coords={"arm": list(per_arm), **{k: ("arm", [f[k] for f in per_arm.values()]) for k in keys}})
+
+
+def stack_cells(cells: Mapping[tuple, xr.Dataset | xr.DataArray], dims: Sequence[str]) -> xr.Dataset:
+    """One Dataset from one part per cell, ``{(value of dims[0], value of dims[1], ...): part}``:
+    each part gets the dims ``dims`` (length 1) and the parts are merged (outer join: a missing cell
+    is NaN); each dim's values are sorted."""
+    dims = list(dims)
+    parts = []
+    for key, part in cells.items():
+        if len(key) != len(dims):
+            raise ValueError(f"cell {key!r} has {len(key)} values for the {len(dims)} dims {dims}")
+        if isinstance(part, xr.DataArray):
+            part = part.to_dataset(name=part.name if part.name is not None else "value")
+        parts.append(part.expand_dims({d: [v] for d, v in zip(dims, key)}))
+    if not parts:
+        raise ValueError("no cells given")
+    out = xr.merge(parts, join="outer", compat="no_conflicts", combine_attrs="drop_conflicts")
+    return out.reindex({d: _ordered(k[i] for k in cells) for i, d in enumerate(dims)})
+
+
+def _ordered(values) -> np.ndarray | list:
+    """The distinct values, sorted (first-seen order where they do not sort)."""
+    seen = list(dict.fromkeys(values))
+    try:
+        return np.asarray(sorted(seen))
+    except TypeError:
+        return seen
+
+
+def by_factors(data, per_arm: str | Callable[[xr.Dataset], xr.Dataset | xr.DataArray] | None = None, *,
+               dims: Sequence[str] | None = None) -> xr.Dataset | xr.DataArray:
+    """One value per arm with the arms' factors as dims: ``per_arm`` is a variable name (a
+    DataArray comes back), a function of one trace (its Dataset or DataArray gets the dims) or
+    ``None`` (every variable). ``dims``: the factors to use (default: those every arm has); two
+    arms of the same cell are an error. Coordinate ``arm`` names each cell's arm (``""`` where a cell
+    is missing); the arms' other dims (``sequence``, ``position``) are joined outer.
+
+    >>> by_factors(load_example("h200-head"), "rollout_logprob").sel(rollout_head="float32")  # doctest: +SKIP
+    """
+    arms = as_arms(data)
+    table = factors(arms, dims)
+    keys = [k for k in table.coords if k != "arm"]
+    if not keys:
+        raise ValueError("the arms share no factor: capture them with an experiment runner, or stamp each with "
+                         "rlparity.trace.with_factors")
+    cells: dict[tuple, xr.Dataset | xr.DataArray] = {}
+    owner: dict[tuple, str] = {}
+    for i, (name, ds) in enumerate(arms.items()):
+        key = tuple(table[k].values[i].item() for k in keys)
+        if key in cells:
+            raise ValueError(f"arms {owner[key]!r} and {name!r} are the same cell {dict(zip(keys, key))}")
+        part = ds if per_arm is None else ds[per_arm] if isinstance(per_arm, str) else per_arm(ds)
+        if isinstance(part, xr.DataArray):
+            part = part.to_dataset(name=part.name if part.name is not None else "value")
+        cells[key] = part
+        owner[key] = name
+    out = stack_cells(cells, keys)
+    names = np.full([out.sizes[k] for k in keys], "", dtype=object)
+    for key, name in owner.items():
+        names[tuple(out.indexes[k].get_loc(v) for k, v in zip(keys, key))] = name
+    out = out.assign_coords(arm=(keys, names.astype(str)))
+    if isinstance(per_arm, str):
+        return out[per_arm]
+    return out
+
+
+__all__ = ["FACTORS_ATTR", "arm_factors", "by_factors", "factors", "stack_cells", "with_factors"]
