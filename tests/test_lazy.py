@@ -113,3 +113,12 @@ def test_cli_summary_reads_in_blocks_the_same_numbers(store, cli):
             assert v == pytest.approx(a[k], rel=1e-9, abs=1e-12), k
     refused = cli("summary", str(path), "--chunks", "4", "--names", "verl")
     assert refused.exit_code == 2 and "--chunks" in refused.output and "Traceback" not in refused.output
+
+
+def test_a_lazy_trace_whose_trainer_scored_other_tokens_is_refused(tmp_path):
+    ds = synthetic_trace(n_sequences=9, max_len=12, seed=1, arm="x")
+    ds.attrs["scored_token_checksum"] = "0123456789abcdef"  # not these tokens' checksum
+    path = tmp_path / "x.zarr"
+    ds.to_zarr(path, group="x", mode="w", consolidated=True, zarr_format=2)  # written by hand: no CRC record
+    with pytest.raises(rt.TraceValidationError, match="checksum mismatch"):
+        summary(rt.open_arms(path, chunks=4)["x"])

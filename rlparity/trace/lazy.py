@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from rlparity.trace.schema import TraceValidationError, validate
+from rlparity.trace.schema import CHECKSUM_MISMATCH, TraceValidationError, validate
 from rlparity.trace.store import StreamDigests
 
 LAZY_RECORD = "_rlparity_lazy_integrity"  # the record a lazy tree's arms are checked against as they are read
@@ -106,9 +106,7 @@ def blocks(trace: xr.Dataset, *, size: int | None = None, progress: Callable | N
         digests.verify(path, str(trace.attrs.get("arm")), want)
     scored = trace.attrs.get("scored_token_checksum")
     if scored is not None and scored != _scored_checksum(trace, size):
-        raise TraceValidationError(f"{where} is not a valid rlparity trace: token ids differ between rollout and "
-                                   "trainer: the trainer scored other tokens than the engine sampled (checksum "
-                                   "mismatch); re-run rlparity score on this trace")
+        raise TraceValidationError(f"{where} is not a valid rlparity trace: {CHECKSUM_MISMATCH}")
 
 
 __all__ = ["LAZY_RECORD", "arm_record", "block_size", "blocks", "is_lazy", "lazy_chunks", "validate_structure"]

@@ -457,10 +457,7 @@ def validate(ds: xr.Dataset, *, require_trainer: bool = False, where: str = "tra
     if trainer_present:
         scored = ds.attrs.get("scored_token_checksum")
         if scored is not None and scored != token_checksum(ds):
-            problems.append(
-                "token ids differ between rollout and trainer: the trainer scored other tokens than "
-                "the engine sampled (checksum mismatch); re-run rlparity score on this trace"
-            )
+            problems.append(CHECKSUM_MISMATCH)
     if problems:
         _raise(where, problems)
     return ds
@@ -504,6 +501,10 @@ def latest_version(ds: xr.Dataset) -> int:
         return int(v)
     versions = trace_versions(ds)
     return max(versions) if versions else 0
+
+
+CHECKSUM_MISMATCH = ("token ids differ between rollout and trainer: the trainer scored other tokens than the engine "
+                     "sampled (checksum mismatch); re-run rlparity score on this trace")
 
 
 def token_checksum(ds: xr.Dataset) -> str:
