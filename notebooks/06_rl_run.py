@@ -57,6 +57,7 @@ n_samples = None           # samples per prompt: the group of the group-normalis
 max_tokens = None          # response tokens per sample
 lr = None                  # AdamW learning rate
 loss = "gspo"              # gspo (PipelineRL's clamp indicator is then GSPO's sequence clip), ppo or grpo
+profiles = None            # engine profiles to run (None: the defaults' three; with ci, parity and vllm-v1-defaults)
 old_policy = ["pi_old", "mu"]  # the loss's ratio denominator, one run each: pi_old recomputed, or the engine's mu
 async_rollouts = False     # generate step k+1 while step k trains (one step of lag)
 seed = 0
@@ -98,7 +99,9 @@ model = model or str(make_model(size, progress=False))
 out = Path(out_dir)
 out.mkdir(parents=True, exist_ok=True)
 engine = {"gpu_memory_utilization": gpu_memory_utilization} if gpu_memory_utilization else {}
-profiles = list(d.profiles)
+if ci and profiles is None:  # the contrast the asserts need; the bf16 head's runs are the H200 section's
+    profiles = ["pipelinerl-parity", "vllm-v1-defaults"]
+profiles = list(profiles or d.profiles)
 print(f"model {model}; profiles {profiles}; {steps} steps of {n_prompts} prompts x {n_samples} samples x "
       f"{max_tokens} tokens; {loss}, lr {lr}, ratio denominator {old_policy}, async rollouts {async_rollouts}")
 
@@ -146,7 +149,9 @@ plot_rl_curves(curves)
 # temperature-scaled top-k distribution, so every GSPO sequence ratio leaves GSPO's clip range
 # [1 - 3e-4, 1 + 4e-4]. The bf16 head keeps the mean ratio centred (its rounding is symmetric) but
 # its per-token noise, averaged over a sequence, is still larger than GSPO's clip range, so the
-# clamp indicator catches it. The parity runs clip nothing.
+# clamp indicator catches it. The parity runs clip nothing. (Built for the book with `ci=True`,
+# this page runs parity and `vllm-v1-defaults` only on the CPU; the bf16 head's runs are in the
+# H200 section below.)
 
 # %%
 contrast = mrl.profile_contrast(curves, "pipelinerl-parity")

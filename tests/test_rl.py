@@ -284,16 +284,16 @@ def test_async_rollouts_lag_one_step_and_are_scored_at_their_own_version(tiny_mo
 
 @pytest.mark.engine
 def test_notebook_06_measures_the_profiles_apart(executed_notebook):
-    """Notebook 06 ran every profile with a real AsyncLLM and a real trainer (ci=True sizes), once with
-    pi_old and once with mu as the loss's ratio denominator."""
+    """Notebook 06 ran parity and vllm-v1-defaults (ci=True; the bf16 head's runs are checked on the
+    H200 data in tests/test_examples.py) with a real AsyncLLM and a real trainer, once with pi_old
+    and once with mu as the loss's ratio denominator."""
     out = executed_notebook("06_rl_run")
     res = json.loads((out / "results.json").read_text())
     con = res["contrast"]
     steps = res["sizes"]["steps"]
-    assert set(con) == {f"{p}+{o}" for p in ("pipelinerl-parity", "vllm-v1-defaults", "parity-bf16-head")
-                        for o in ("pi_old", "mu")}
+    assert set(con) == {f"{p}+{o}" for p in ("pipelinerl-parity", "vllm-v1-defaults") for o in ("pi_old", "mu")}
     for old in ("pi_old", "mu"):
-        par, v1, bf16 = (con[f"{p}+{old}"] for p in ("pipelinerl-parity", "vllm-v1-defaults", "parity-bf16-head"))
+        par, v1 = (con[f"{p}+{old}"] for p in ("pipelinerl-parity", "vllm-v1-defaults"))
         assert v1["reference_run"] == f"pipelinerl-parity+{old}"
         # from step 0: raw logprobs move the backend ratio by more than 3% and clip nearly every GSPO sequence
         assert abs(v1["mean_ratio_step0"] - 1) > 0.03
@@ -301,16 +301,14 @@ def test_notebook_06_measures_the_profiles_apart(executed_notebook):
         assert v1["clamp_indicator_mean"] >= 3 * max(par["clamp_indicator_mean"], 1e-3)
         # parity holds on every step (fp32 on both sides: the gap is rounding)
         assert par["max_abs_mean_ratio_minus_1"] < 0.01
-        # a bf16 rollout head: the mean ratio stays centred but GSPO's tight clip catches the rounding
-        assert bf16["max_abs_mean_ratio_minus_1"] < 0.01 and bf16["clamp_indicator_mean"] > 0.2
     # with mu inside the clip, raw logprobs cost reward: only bad samples get a gradient, entropy stays high
     v1_mu = con["vllm-v1-defaults+mu"]
     assert v1_mu["reward_gap_mean"] < -0.1 and v1_mu["reward_first_to_last"] < -0.05
     assert v1_mu["entropy_last"] > con["pipelinerl-parity+mu"]["entropy_last"] + 0.2
     # every step pushed its weights into the running engine; one engine per profile
-    assert res["updates_pushed"] == 6 * steps and len(res["engine_startup_s"]) == 3
+    assert res["updates_pushed"] == 4 * steps and len(res["engine_startup_s"]) == 2
     arms = open_arms(out / "rl.zarr")
-    assert len(arms) == 6 * steps and mrl.is_rl_run(arms)
+    assert len(arms) == 4 * steps and mrl.is_rl_run(arms)
     again = mrl.rl_curves(arms)
     np.testing.assert_allclose(again["mean_ratio"].sel(profile="vllm-v1-defaults+mu").values,
                                res["curves"]["profiles"]["vllm-v1-defaults+mu"]["mean_ratio"], rtol=1e-9)
