@@ -46,6 +46,11 @@ def test_book_builds_with_interactive_figures_and_no_external_scripts(html):
             assert "<details>" in page
     api = (html / "reference" / "api.html").read_text()
     assert "rlparity.diagnose.diagnose" in api  # autodoc really documented the package
+    from rlparity.diagnose.catalogue import catalogue
+
+    # the findings catalogue: one anchor per code (reports link to them)
+    findings = (html / "reference" / "findings.html").read_text()
+    assert [c.code for c in catalogue().values() if f'id="{c.anchor}"' not in findings] == []
 
 
 def test_toc_lists_every_notebook():

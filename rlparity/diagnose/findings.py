@@ -15,6 +15,26 @@ from enum import Enum
 from typing import Any
 
 
+# where a rendered report links each finding code: the book's catalogue page, relative to a chapter
+# (book/notebooks/NN.html -> book/reference/findings.html); ``Report.to_html(catalogue=...)`` takes another
+CATALOGUE_URL = "../reference/findings.html"
+
+
+def catalogue_anchor(code: str) -> str:
+    """The anchor of a finding code on the catalogue page (a Sphinx label: lower case, ``-`` for ``_``)."""
+    return "finding-" + code.lower().replace("_", "-")
+
+
+def catalogue_link(code: str, catalogue: str | None = CATALOGUE_URL) -> str:
+    """``<a href=CATALOGUE#anchor><code>code</code></a>``: a finding code linked to its catalogue entry
+    (the code alone when ``catalogue`` is ``None``)."""
+    text = f"<code>{html.escape(code)}</code>"
+    if not catalogue:
+        return text
+    return (f"<a href='{html.escape(catalogue)}#{catalogue_anchor(code)}' "
+            f"title='what {html.escape(code)} means and how to fix it'>{text}</a>")
+
+
 class Layer(str, Enum):
     SEMANTIC = "semantic"
     INFERENCE_PATH = "inference_path"
@@ -252,7 +272,7 @@ class Report:
             rows.append(
                 f"<tr><td>{html.escape(a)}</td>"
                 f"<td style='color:{colors[head.severity.value]};font-weight:bold'>{head.severity.value}</td>"
-                f"<td>{head.layer.value}/<code>{html.escape(head.name)}</code>"
+                f"<td>{head.layer.value}/{catalogue_link(head.name)}"
                 f"{'<br><small>' + html.escape(head.attribution) + '</small>' if head.attribution else ''}</td>"
                 f"<td>{html.escape(head.fix)}</td><td><code>{html.escape(also)}</code></td></tr>")
         details = []
@@ -261,7 +281,7 @@ class Report:
             att = f" <small>({html.escape(f.attribution)})</small>" if f.attribution else ""
             details.append(
                 f"<details><summary><span style='color:{colors[f.severity.value]}'>{f.severity.value}</span> "
-                f"{f.layer.value}/<code>{html.escape(f.name)}</code>"
+                f"{f.layer.value}/{catalogue_link(f.name)}"
                 f"{' (arm ' + html.escape(f.arm) + ')' if f.arm else ''}: {html.escape(f.summary)}{att}</summary>"
                 f"<ul style='font-size:85%'>{ev}</ul>"
                 f"{'<p><b>fix:</b> ' + html.escape(f.fix) + '</p>' if f.fix else ''}</details>")
