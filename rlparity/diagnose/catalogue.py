@@ -92,8 +92,9 @@ _CODES: tuple[FindingCode, ...] = (
        rule="mu - raw = alpha (processed - raw) + noise, a robust fit on the tokens no other cause explains: "
             "alpha within `semantic_tol` of 0 (or 3 standard errors, if larger) reads raw",
        thresholds=("semantic_tol",), calibrated_on="dimensionless (a share of the gap between the two readings); "
-                                                   "checked on " + H200_BF16 + ": the parity arm at alpha ~1.0, the raw "
-                                                   "arm at ~0.0", causes=("raw_logprobs",)),
+                                                   "checked on " + H200_BF16 + " (example h200-semantic): the processed "
+                                                   "arms at alpha 1.000, the raw arms at 0.000",
+       causes=("raw_logprobs",)),
     _c("logprobs_processed", SEM, (I,),
        "The rollout's logprobs are the processed distribution the sampler drew from (the parity reading).",
        FIX_NONE, "semantic", rule="alpha within `semantic_tol` of 1; with one trainer reading, the mean offset of d "
@@ -166,8 +167,8 @@ _CODES: tuple[FindingCode, ...] = (
        "mask them out of the loss (pi_old = 0 makes the ratio infinite) or compute the cut in float32 on both sides",
        "semantic", rule="a flip is within `boundary_flip_ulps` bfloat16 ulps of the largest logit (or 3 noise RMS) "
                         "of the edge; a warning when their share of tokens exceeds `boundary_flip_share`",
-       thresholds=("boundary_flip_share", "boundary_flip_ulps"), calibrated_on=H200_BF16 + ": the parity arm has "
-                                                                                        "about 1e-4 flips per token"),
+       thresholds=("boundary_flip_share", "boundary_flip_ulps"),
+       calibrated_on="H200 bf16: the parity arm has about 1e-4 flips per token (the default's description)"),
     _c("zero_probability_tokens", SEM, (E,),
        "Sampled tokens clearly outside the trainer's top-k/top-p set (pi_old = 0: the ratio is infinite there): the "
        "two sides cut different sets (another top-k/top-p, ties at the k-th logit dropped).",
