@@ -91,9 +91,9 @@ _CODES: tuple[FindingCode, ...] = (
        semantic.FIX_PROCESSED, "semantic",
        rule="mu - raw = alpha (processed - raw) + noise, a robust fit on the tokens no other cause explains: "
             "alpha within `semantic_tol` of 0 (or 3 standard errors, if larger) reads raw",
-       thresholds=("semantic_tol",), calibrated_on="dimensionless (a share of the gap between the two readings); "
-                                                   "checked on " + H200_BF16 + " (example h200-semantic): the processed "
-                                                   "arms at alpha 1.000, the raw arms at 0.000",
+       thresholds=("semantic_tol",),
+       calibrated_on="dimensionless (a share of the gap between the two readings); checked on " + H200_BF16
+                     + " (example h200-semantic): the processed arms at alpha 1.000, the raw arms at 0.000",
        causes=("raw_logprobs",)),
     _c("logprobs_processed", SEM, (I,),
        "The rollout's logprobs are the processed distribution the sampler drew from (the parity reading).",
@@ -253,7 +253,8 @@ _CODES: tuple[FindingCode, ...] = (
        "kernel; a warning when the measured gap is above the tolerance.",
        head.FIX_ROLLOUT_FP32 + "; and " + head.FIX_TRAINER_FP32, "head", rule="RMS of d above `tol` nats",
        thresholds=("tol",), calibrated_on=CPU_TINY, causes=("rollout_bf16_head",)),
-    _c("head_precision_matched", PATH, (I,), "Both sides project to logits in float32: the LM head adds no precision mismatch.", FIX_NONE, "head",
+    _c("head_precision_matched", PATH, (I,),
+       "Both sides project to logits in float32: the LM head adds no precision mismatch.", FIX_NONE, "head",
        calibrated_on="exact (recorded dtypes)"),
     _c("head_precision_unrecorded", PATH, (I,),
        "The rollout's or the trainer's LM-head dtype is not recorded: the head precision cannot be compared.",

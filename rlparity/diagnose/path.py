@@ -229,5 +229,5 @@ def arms_findings(arms: Mapping[str, xr.Dataset], options: DiagnoseOptions | Non
     return ablation_findings(arms, options)
 
 
-__all__ = ["PATH_SETTINGS", "SETTING_DIFFERS", "ablation_findings", "arms_findings", "moved_settings", "path_settings", "setting_fix",
-           "trace_findings"]
+__all__ = ["PATH_SETTINGS", "SETTING_DIFFERS", "ablation_findings", "arms_findings", "moved_settings", "path_settings",
+           "setting_fix", "trace_findings"]
