@@ -121,7 +121,7 @@ rollout = arms["processed_logprobs"].drop_vars([v for v in arms["processed_logpr
                                                  if v.startswith("trainer_")])
 wrong_topk = scorer.score(rollout.assign(top_k=rollout["top_k"] * 0 + 2)).assign_attrs(arm="trainer-top-k-2")
 zero_finding = next(f for f in semantic.zero_probability_tokens(wrong_topk) if f.name == "zero_probability_tokens")
-print(zero_finding)
+display(zero_finding)  # the finding, compact: its fix, the evidence folded away
 psem.plot_zero_prob_map({"processed_logprobs": arms["processed_logprobs"], "trainer top-k 2": wrong_topk})
 
 # %% [markdown]
@@ -209,3 +209,13 @@ results = {
 write_json(out / "results.json", results)
 shared_pool().close()
 print(f"wrote {store.name} and results.json")
+
+# %% [markdown]
+# ## Versions and hardware
+#
+# The software and hardware behind the numbers on this page: this run, and the shipped example data from its own.
+
+# %%
+from rlparity.datasets import watermark
+
+watermark(model, device=device, examples=["h200-semantic"])

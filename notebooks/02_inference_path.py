@@ -242,3 +242,13 @@ results = {
 }
 write_json(out / "results.json", results)
 print(f"wrote {store.name} and results.json")
+
+# %% [markdown]
+# ## Versions and hardware
+#
+# The software and hardware behind the numbers on this page: this run, and no shipped example data.
+
+# %%
+from rlparity.datasets import watermark
+
+watermark(model, device=device)

@@ -12,7 +12,6 @@
 #     name: python3
 # ---
 
-
 # %% [markdown]
 # # 5. The objective layer: corrections come after backend parity
 #
@@ -184,3 +183,13 @@ write_json(out / "results.json", {
     "dashboards": {arm: dict(d) for arm, d in dash.items()}, "store": str(store),
     "sizes": {"n_prompts": n_prompts, "n_samples": n_samples, "max_tokens": max_tokens}})
 print(f"wrote {store.name} and results.json")
+
+# %% [markdown]
+# ## Versions and hardware
+#
+# The software and hardware behind the numbers on this page: this run, and no shipped example data.
+
+# %%
+from rlparity.datasets import watermark
+
+watermark(model, device=device)

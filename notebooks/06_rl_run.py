@@ -295,3 +295,13 @@ for old in ("pi_old", "mu"):
 v1_mu = h200_curves["reward"].sel(profile="vllm-v1-defaults+mu")
 par_mu = h200_curves["reward"].sel(profile="pipelinerl-parity+mu")
 assert float(par_mu.isel(step=slice(10, 30)).mean() - v1_mu.isel(step=slice(10, 30)).mean()) > min_reward_gap
+
+# %% [markdown]
+# ## Versions and hardware
+#
+# The software and hardware behind the numbers on this page: this run, and the shipped example data from its own.
+
+# %%
+from rlparity.datasets import watermark
+
+watermark(model, device=device, examples=["h200-rl"])

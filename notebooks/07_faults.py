@@ -173,3 +173,13 @@ results = {"summary": a, "h200_summary": h200_scores.attrs, "per_cause": table_r
            "store": str(store)}
 write_json(out / "results.json", results)
 print(f"{a['n_arms']} arms in {elapsed:.0f} s; wrote {store.name} and results.json")
+
+# %% [markdown]
+# ## Versions and hardware
+#
+# The software and hardware behind the numbers on this page: this run, and the shipped example data from its own.
+
+# %%
+from rlparity.datasets import watermark
+
+watermark(model, device=device, examples=["h200-faults"])

@@ -147,3 +147,13 @@ write_json(out / "results.json", {"table": table_records(table), "engine_floor":
                                   "h200": h200,
                                   "findings": report.to_dict()["findings"], "elapsed_s": round(elapsed, 1)})
 print(f"{len(arms)} trainer shapes in {elapsed:.0f} s; wrote {store.name} and results.json")
+
+# %% [markdown]
+# ## Versions and hardware
+#
+# The software and hardware behind the numbers on this page: this run, and the shipped example data from its own.
+
+# %%
+from rlparity.datasets import watermark
+
+watermark(model, device=device, examples=["h200-floors-small"])

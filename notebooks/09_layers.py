@@ -226,3 +226,13 @@ if "h200-layers" in list_examples():
 else:
     print("no h200-layers example shipped in this version: python scripts/gpu_layers.py --out DIR --device cuda")
 h200_figure
+
+# %% [markdown]
+# ## Versions and hardware
+#
+# The software and hardware behind the numbers on this page: this run, and the shipped example data from its own.
+
+# %%
+from rlparity.datasets import watermark
+
+watermark(model, device=device, examples=[n for n in ("h200-layers",) if n in list_examples()])

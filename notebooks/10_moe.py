@@ -194,3 +194,13 @@ results = {
 write_json(out / "results.json", results)
 shared_pool().close()
 print(f"wrote {store.name} and results.json")
+
+# %% [markdown]
+# ## Versions and hardware
+#
+# The software and hardware behind the numbers on this page: this run, and the shipped example data from its own.
+
+# %%
+from rlparity.datasets import watermark
+
+watermark(model, device=device, examples=[n for n in ("h200-moe",) if n in list_examples()])

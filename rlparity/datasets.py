@@ -13,6 +13,7 @@ GPU, vLLM version, date, model, command).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,34 @@ def load_result(name: str) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def example_provenance(name: str) -> dict[str, Any]:
+    """The watermark row of a shipped example (a store's ``example`` attrs) or result (a JSON table's
+    ``model`` / ``device`` fields): device, vLLM, torch, transformers, date, model; what the example
+    does not record is ``None``."""
+    from rlparity.config.provenance import short_model
+
+    if (examples_dir() / f"{name}.zarr").exists():
+        info = dict(example_attrs(name).get("example") or {})
+    else:
+        res = load_result(name)
+        info = {**{k: res.get(k) for k in ("model", "device", "vllm", "torch", "transformers", "date")},
+                **dict(res.get("example") or {})}
+    device = info.get("device_name") or {"cuda": "GPU (model not recorded)", "cpu": "CPU"}.get(
+        str(info.get("device")), info.get("device"))
+    return {"source": f"example {name}", "device": device, "vllm": info.get("vllm"), "torch": info.get("torch"),
+            "transformers": info.get("transformers"), "date": info.get("date"), "model": short_model(info.get("model"))}
+
+
+def watermark(model: Any = None, *, device: str | None = None, examples: Iterable[str] = ()):
+    """The watermark at the end of a notebook: a small table of the versions and hardware behind
+    its numbers, one row for this run (``model``, the trainer ``device``; see
+    :func:`rlparity.config.provenance.run_provenance`) and one per shipped example it shows
+    (:func:`example_provenance`)."""
+    from rlparity.config.provenance import Watermark, run_provenance
+
+    return Watermark([run_provenance(model, device=device), *(example_provenance(n) for n in examples)])
+
+
 def compact(trace: xr.Dataset, *, keep: tuple[str, ...] = KEEP, float_dtype: str | None = "float32") -> xr.Dataset:
     """A smaller copy of ``trace`` for shipping: only the ``keep`` variables (and any ``batch_*``
     data of an ablation), floats cast to ``float_dtype`` (None keeps them), provenance attrs kept."""
@@ -114,4 +143,5 @@ def save_example(arms: dict[str, xr.Dataset], path: str | Path, provenance: dict
     return save(tree, path)
 
 
-__all__ = ["KEEP", "compact", "load_result", "save_example", "example_attrs", "example_path", "examples_dir", "list_examples", "load_example"]
+__all__ = ["KEEP", "compact", "load_result", "save_example", "example_attrs", "example_path", "example_provenance",
+           "examples_dir", "list_examples", "load_example", "watermark"]

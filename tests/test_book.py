@@ -46,6 +46,17 @@ def test_book_builds_with_interactive_figures_and_no_external_scripts(html):
             assert "<details>" in page
     api = (html / "reference" / "api.html").read_text()
     assert "rlparity.diagnose.diagnose" in api  # autodoc really documented the package
+    from rlparity.diagnose.catalogue import catalogue
+
+    # the findings catalogue: one anchor per code (reports link to them)
+    findings = (html / "reference" / "findings.html").read_text()
+    assert [c.code for c in catalogue().values() if f'id="{c.anchor}"' not in findings] == []
+    import re
+
+    anchors = set(re.findall(r'id="(finding-[a-z0-9-]+)"', findings))
+    links = {m for p in notebook_paths() for m in re.findall(
+        r"\.\./reference/findings\.html#(finding-[a-z0-9-]+)", (html / "notebooks" / f"{p.stem}.html").read_text())}
+    assert links and links <= anchors, sorted(links - anchors)  # every report's code links to its entry
 
 
 def test_toc_lists_every_notebook():

@@ -1,5 +1,5 @@
-"""Build the Jupyter Book offline: execute (or copy) the notebooks, generate the CLI reference,
-serve plotly.js locally, run ``jupyter-book build -W --keep-going``.
+"""Build the Jupyter Book offline: execute (or copy) the notebooks, generate the CLI reference and
+the findings catalogue, serve plotly.js locally, run ``jupyter-book build -W --keep-going``.
 
 ``python -m rlparity.cli.book [--ci] [--executed DIR]`` is what ``make book`` runs.
 """
@@ -48,7 +48,10 @@ def cli_reference() -> str:
 
 
 def prepare(executed: str | os.PathLike | None = None, *, ci: bool = False, book: Path = BOOK) -> None:
-    """Put executed notebooks under ``book/notebooks``, plotly.js under ``_static``, the CLI page."""
+    """Put executed notebooks under ``book/notebooks``, plotly.js under ``_static``, the CLI page and the
+    findings catalogue (:func:`rlparity.diagnose.catalogue.catalogue_markdown`) under ``reference``."""
+    from rlparity.diagnose.catalogue import catalogue_markdown
+
     import plotly
 
     target = book / "notebooks"
@@ -69,6 +72,7 @@ def prepare(executed: str | os.PathLike | None = None, *, ci: bool = False, book
     shutil.copyfile(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", static / "plotly.min.js")
     (book / "reference").mkdir(exist_ok=True)
     (book / "reference" / "cli.md").write_text(cli_reference())
+    (book / "reference" / "findings.md").write_text(catalogue_markdown())
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

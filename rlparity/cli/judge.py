@@ -1,4 +1,5 @@
-"""Commands that judge traces: ``diagnose`` (findings with verdicts) and ``check`` (the CI gate)."""
+"""Commands that judge traces: ``diagnose`` (findings with verdicts), ``check`` (the CI gate) and
+``findings`` (the catalogue of finding codes)."""
 
 from __future__ import annotations
 
@@ -79,6 +80,27 @@ def check_cmd(
     else:
         typer.echo(str(result))
     raise typer.Exit(EXIT_OK if result.passed else EXIT_FAIL)
+
+
+@app.command("findings")
+def findings_cmd(
+    code: Optional[str] = typer.Argument(None, help="one finding code (default: list every code)"),
+    as_json: bool = typer.Option(False, "--json", help="print strict JSON"),
+):
+    """The catalogue of finding codes: every code with its layer, severities and meaning; with a CODE,
+    its rule, thresholds (current values, what they were calibrated on) and fix. Exit 2 for an
+    unknown code."""
+    from rlparity.diagnose.catalogue import catalogue, catalogue_text, lookup
+
+    try:
+        entries = [lookup(code)] if code is not None else list(catalogue().values())
+    except KeyError as err:
+        raise BadInput(err.args[0]) from None
+    if as_json:
+        echo_json([e.to_dict() for e in entries] if code is None else entries[0].to_dict())
+    else:
+        typer.echo(catalogue_text(code))
+    raise typer.Exit(EXIT_OK)
 
 
 def _capture(model, engine_json, profile, num_prompts, max_tokens, temperature, top_k, out):

@@ -42,6 +42,79 @@ def make_attrs(**extra: Any) -> dict[str, Any]:
     return attrs
 
 
+WATERMARK_FIELDS = ("device", "vllm", "torch", "transformers", "date", "model")
+
+
+def device_name(device: str | None = None) -> str:
+    """The hardware a run used, as the shipped examples name it: ``"NVIDIA H200"`` for ``cuda``
+    (``torch.cuda.get_device_name``), ``"CPU (x86_64)"`` for ``cpu``; ``None`` asks torch whether a
+    GPU is there."""
+    if device is None or str(device).startswith("cuda"):
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                return torch.cuda.get_device_name(0)
+        except ImportError:  # pragma: no cover
+            pass
+        if device is not None:
+            return f"{device} (not available)"
+    return f"CPU ({platform.machine()})"
+
+
+def short_model(model: Any) -> str | None:
+    """A model as a reader wants it: a local path by its folder name, a hub id as it is."""
+    if model is None:
+        return None
+    text = str(model)
+    if text.startswith(("/", ".", "~")) or "\\" in text:
+        return text.rstrip("/").replace("\\", "/").rsplit("/", 1)[-1]
+    return text
+
+
+def run_provenance(model: Any = None, *, device: str | None = None, source: str = "this run") -> dict[str, Any]:
+    """The watermark row of the current process: device, the vLLM / torch / transformers versions
+    installed, today's date (UTC) and the model."""
+    v = library_versions()
+    return {"source": source, "device": device_name(device), "vllm": v.get("vllm"), "torch": v.get("torch"),
+            "transformers": v.get("transformers"),
+            "date": _dt.datetime.now(_dt.timezone.utc).date().isoformat(), "model": short_model(model)}
+
+
+class Watermark:
+    """Versions and hardware behind a page's numbers, one row per source (this run, each example
+    data set it shows): a small table in a notebook (``_repr_html_``), aligned text in a terminal."""
+
+    columns = ("source", *WATERMARK_FIELDS)
+    labels = {"vllm": "vLLM"}
+
+    def __init__(self, rows: list[dict[str, Any]]):
+        self.rows = [{c: r.get(c) for c in self.columns} for r in rows]
+
+    def to_dict(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self.rows]
+
+    def _cell(self, value: Any) -> str:
+        return "not recorded" if value in (None, "") else str(value)
+
+    def __str__(self) -> str:
+        cells = [[self.labels.get(c, c) for c in self.columns]] + [[self._cell(r[c]) for c in self.columns] for r in self.rows]
+        widths = [max(len(row[i]) for row in cells) for i in range(len(self.columns))]
+        return "\n".join("  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip() for row in cells)
+
+    def __repr__(self) -> str:
+        return f"<Watermark {self.to_dict()}>"
+
+    def _repr_html_(self) -> str:
+        import html
+
+        head = "".join(f"<th>{self.labels.get(c, c)}</th>" for c in self.columns)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(self._cell(r[c]))}</td>" for c in self.columns) + "</tr>"
+                       for r in self.rows)
+        return (f"<table class='rlparity-watermark' style='font-size:85%'><thead><tr>{head}</tr></thead>"
+                f"<tbody>{body}</tbody></table>")
+
+
 def jsonable(value: Any, *, strict: bool = False) -> Any:
     """Turn settings, dtypes, enums and paths into JSON-friendly values for zarr attrs; with
     ``strict`` also NaN and infinities into ``None`` (strict JSON has no NaN)."""

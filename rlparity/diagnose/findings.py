@@ -15,6 +15,26 @@ from enum import Enum
 from typing import Any
 
 
+# where a rendered report links each finding code: the book's catalogue page, relative to a chapter
+# (book/notebooks/NN.html -> book/reference/findings.html); ``Report.to_html(catalogue=...)`` takes another
+CATALOGUE_URL = "../reference/findings.html"
+
+
+def catalogue_anchor(code: str) -> str:
+    """The anchor of a finding code on the catalogue page (a Sphinx label: lower case, ``-`` for ``_``)."""
+    return "finding-" + code.lower().replace("_", "-")
+
+
+def catalogue_link(code: str, catalogue: str | None = CATALOGUE_URL) -> str:
+    """``<a href=CATALOGUE#anchor><code>code</code></a>``: a finding code linked to its catalogue entry
+    (the code alone when ``catalogue`` is ``None``)."""
+    text = f"<code>{html.escape(code)}</code>"
+    if not catalogue:
+        return text
+    return (f"<a href='{html.escape(catalogue)}#{catalogue_anchor(code)}' "
+            f"title='what {html.escape(code)} means and how to fix it'>{text}</a>")
+
+
 class Layer(str, Enum):
     SEMANTIC = "semantic"
     INFERENCE_PATH = "inference_path"
@@ -79,6 +99,21 @@ class Finding:
         where = f" on {self.tokens['n_tokens']} tokens ({self.tokens.get('scope', '')})" if self.tokens else ""
         return f"explains {self.share:.0%} of the excess mismatch{where}"
 
+    def to_html(self, *, catalogue: str | None = CATALOGUE_URL) -> str:
+        """One finding as a notebook shows it: severity, the code linked to its catalogue entry,
+        the summary, the fix at full width and the evidence folded away in a small table."""
+        sev = self.severity.value
+        att = f" <small>({html.escape(self.attribution)})</small>" if self.attribution else ""
+        arm = f" (arm {html.escape(self.arm)})" if self.arm else ""
+        fix = f"<p><b>fix:</b> {html.escape(self.fix)}</p>" if self.fix else ""
+        ev = _evidence_html(self.evidence)
+        return (f"<div class='rlparity-finding'><p><b style='color:{_COLORS[sev]}'>{sev}</b> "
+                f"{self.layer.value}/{catalogue_link(self.name, catalogue)}{arm}: {html.escape(self.summary)}{att}</p>"
+                f"{fix}" + (f"<details><summary>evidence</summary>{ev}</details>" if ev else "") + "</div>")
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
     def __str__(self) -> str:
         head = f"[{self.severity.value.upper():7}] {self.layer.value}/{self.name}"
         if self.arm:
@@ -93,12 +128,32 @@ class Finding:
         return "\n".join(lines)
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: Any, limit: int = 8) -> str:
+    """A value as a reader wants it: floats to 6 significant digits, numpy scalars as plain numbers
+    (never ``np.float64(...)``), mappings as ``k=v``, sequences cut after ``limit`` items."""
+    if type(v).__module__ == "numpy" and hasattr(v, "item") and getattr(v, "ndim", 0) == 0:
+        v = v.item()
     if isinstance(v, float):
         return f"{v:.6g}"
     if isinstance(v, dict):
-        return ", ".join(f"{k}={_fmt(x)}" for k, x in v.items())
+        items = list(v.items())
+        more = f", ... ({len(items) - limit} more)" if len(items) > limit else ""
+        return ", ".join(f"{k}={_fmt(x, limit)}" for k, x in items[:limit]) + more
+    if isinstance(v, (list, tuple)) or (type(v).__module__ == "numpy" and hasattr(v, "tolist")):
+        v = list(v.tolist() if hasattr(v, "tolist") else v)
+        more = f", ... ({len(v) - limit} more)" if len(v) > limit else ""
+        return "[" + ", ".join(_fmt(x, limit) for x in v[:limit]) + more + "]"
     return str(v)
+
+
+_COLORS = {"error": "#c0392b", "warning": "#d68910", "info": "#2874a6", "ok": "#1e8449"}
+
+
+def _evidence_html(evidence: dict[str, Any]) -> str:
+    """The evidence as a small two-column table (values formatted by :func:`_fmt`)."""
+    rows = "".join(f"<tr><td><code>{html.escape(str(k))}</code></td><td>{html.escape(_fmt(v))}</td></tr>"
+                   for k, v in evidence.items())
+    return f"<table style='font-size:85%'><tbody>{rows}</tbody></table>" if rows else ""
 
 
 @dataclass
@@ -236,38 +291,93 @@ class Report:
                if heads else "")
         return f"{self.title}: {self.verdict}\n{top}{body}"
 
-    def _repr_html_(self) -> str:
-        """A compact verdict first (one row per arm: the headline cause with its share and fix, and
-        what else is wrong), every finding with its evidence folded away below it."""
-        colors = {"error": "#c0392b", "warning": "#d68910", "info": "#2874a6", "ok": "#1e8449"}
-        rows = []
-        for a in self._arms():
-            arm = None if a == "(all arms)" else a
-            head = self.headline(arm)
-            if head is None:
-                rows.append(f"<tr><td>{html.escape(a)}</td><td style='color:{colors['ok']};font-weight:bold'>ok</td>"
-                            "<td></td><td></td><td></td></tr>")
-                continue
-            also = ", ".join(dict.fromkeys(f.name for f in self.also(arm)))
-            rows.append(
-                f"<tr><td>{html.escape(a)}</td>"
-                f"<td style='color:{colors[head.severity.value]};font-weight:bold'>{head.severity.value}</td>"
-                f"<td>{head.layer.value}/<code>{html.escape(head.name)}</code>"
-                f"{'<br><small>' + html.escape(head.attribution) + '</small>' if head.attribution else ''}</td>"
-                f"<td>{html.escape(head.fix)}</td><td><code>{html.escape(also)}</code></td></tr>")
-        details = []
+    def groups(self, min_severity: Severity | str = Severity.WARNING) -> list[dict[str, Any]]:
+        """The problems at or above ``min_severity``, one group per code, severity and fix, in the order
+        to fix them (layers, then severity, then share): ``{"finding", "arms", "headline_arms"}``, the
+        finding being the group's first (the one with the largest share). The same fix on several arms
+        is one group."""
+        rank = Severity(min_severity).rank
+        heads = {a: self.headline(None if a == "(all arms)" else a) for a in self._arms()}
+        out: dict[tuple, dict[str, Any]] = {}
         for f in self._ordered():
-            ev = "".join(f"<li>{html.escape(k)}: {html.escape(_fmt(v))}</li>" for k, v in f.evidence.items())
-            att = f" <small>({html.escape(f.attribution)})</small>" if f.attribution else ""
-            details.append(
-                f"<details><summary><span style='color:{colors[f.severity.value]}'>{f.severity.value}</span> "
-                f"{f.layer.value}/<code>{html.escape(f.name)}</code>"
-                f"{' (arm ' + html.escape(f.arm) + ')' if f.arm else ''}: {html.escape(f.summary)}{att}</summary>"
-                f"<ul style='font-size:85%'>{ev}</ul>"
-                f"{'<p><b>fix:</b> ' + html.escape(f.fix) + '</p>' if f.fix else ''}</details>")
-        return (f"<div class='rlparity-report'><p><b>{html.escape(self.title)}</b>: {html.escape(self.verdict)}</p>"
-                "<table><thead><tr><th>arm</th><th>verdict</th><th>headline (what explains most of the mismatch)</th>"
-                "<th>fix</th><th>also</th></tr>"
-                f"</thead><tbody>{''.join(rows)}</tbody></table>"
-                f"<details><summary>all {len(self.findings)} findings with their evidence</summary>"
-                + "".join(details) + "</details></div>")
+            if f.severity.rank < rank:
+                continue
+            arm = f.arm or "(all arms)"
+            g = out.setdefault((f.layer, f.name, f.severity, f.fix), {"finding": f, "arms": [], "headline_arms": []})
+            if arm not in g["arms"]:
+                g["arms"].append(arm)
+            if heads.get(arm) is f:
+                g["headline_arms"].append(arm)
+        return list(out.values())
+
+    def info_counts(self) -> dict[str, int]:
+        """How many findings below WARNING (information and all-clears, not the verdicts another cause
+        explains: :meth:`explained_counts`) each code has: what a compact rendering collapses into one line."""
+        counts: dict[str, int] = {}
+        for f in self._ordered():
+            if f.severity.rank == 0 and not f.explained_by:
+                counts[f.name] = counts.get(f.name, 0) + 1
+        return counts
+
+    def explained_counts(self) -> dict[tuple[str, str], int]:
+        """How many verdicts of each code another cause explains (demoted to information by the
+        attribution), ``{(code, explaining cause): count}``."""
+        counts: dict[tuple[str, str], int] = {}
+        for f in self._ordered():
+            if f.explained_by:
+                counts[(f.name, f.explained_by)] = counts.get((f.name, f.explained_by), 0) + 1
+        return counts
+
+    def ok_arms(self) -> list[str]:
+        """The arms with no finding at WARNING or above (findings over all arms are no arm)."""
+        return [a for a in self._arms() if a != "(all arms)" and self.headline(a) is None]
+
+    def to_html(self, *, catalogue: str | None = CATALOGUE_URL, evidence: bool = True) -> str:
+        """The compact report a notebook shows (``_repr_html_``): the verdict; one row per problem
+        (the same code, severity and fix on several arms is one row naming the arms, the headline arms
+        marked), its fix on a full-width row below; the arms with no problem and the information
+        findings collapsed into counts; with ``evidence``, every finding with its evidence folded away.
+        Codes link to their entry in the findings catalogue (``catalogue``: the page's URL, ``None``
+        for no links)."""
+        rows = []
+        for g in self.groups():
+            f = g["finding"]
+            sev = f.severity.value
+            arms = ", ".join(html.escape(a) + (" &#9733;" if a in g["headline_arms"] else "") for a in g["arms"])
+            first = f"arm {html.escape(g['arms'][0])}: " if len(g["arms"]) > 1 else ""
+            att = f"<br><small>{html.escape(f.attribution)}</small>" if f.attribution else ""
+            rows.append(f"<tr><td style='color:{_COLORS[sev]};font-weight:bold'>{sev}</td>"
+                        f"<td>{f.layer.value}/{catalogue_link(f.name, catalogue)}<br>"
+                        f"<small>{first}{html.escape(f.summary)}</small>{att}</td><td>{arms}</td></tr>")
+            if f.fix:
+                rows.append(f"<tr><td></td><td colspan='2'><b>fix:</b> {html.escape(f.fix)}</td></tr>")
+        parts = [f"<div class='rlparity-report'><p><b>{html.escape(self.title)}</b>: {html.escape(self.verdict)}</p>"]
+        if rows:
+            parts.append("<table><thead><tr><th>severity</th><th>finding (&#9733; the arm's headline: the cause that "
+                         "explains most of its mismatch)</th><th>arms</th></tr></thead>"
+                         f"<tbody>{''.join(rows)}</tbody></table>")
+        ok = self.ok_arms()
+        if ok:
+            parts.append(f"<p><span style='color:{_COLORS['ok']};font-weight:bold'>ok</span> ({len(ok)} arm"
+                         f"{'s' if len(ok) > 1 else ''}, no problem): {html.escape(', '.join(ok))}</p>")
+        info = self.info_counts()
+        if info:
+            listed = ", ".join(f"{catalogue_link(k, catalogue)}" + (f" &times;{n}" if n > 1 else "")
+                               for k, n in info.items())
+            parts.append(f"<p><small>{sum(info.values())} information finding{'s' if sum(info.values()) > 1 else ''}"
+                         f": {listed}</small></p>")
+        explained = self.explained_counts()
+        if explained:
+            listed = ", ".join(f"{catalogue_link(k, catalogue)}" + (f" &times;{n}" if n > 1 else "")
+                               + f" (by {html.escape(by)})" for (k, by), n in explained.items())
+            parts.append(f"<p><small>{sum(explained.values())} verdict{'s' if sum(explained.values()) > 1 else ''} "
+                         f"another cause explains: {listed}</small></p>")
+        if evidence and self.findings:
+            details = "".join(f.to_html(catalogue=catalogue) for f in self._ordered())
+            parts.append(f"<details><summary>all {len(self.findings)} findings with their evidence</summary>"
+                         f"{details}</details>")
+        return "".join(parts) + "</div>"
+
+    def _repr_html_(self) -> str:
+        """The compact rendering (:meth:`to_html`)."""
+        return self.to_html()

@@ -30,7 +30,11 @@ from rlparity.metrics import BACKEND_PAIR_D
 from rlparity.metrics.ablation import REFERENCE, ablation_plan, ablation_table, is_ablation
 from rlparity.metrics.summary import REFERENCE_PAIR_D
 
-PATH_SETTINGS = ("enable_prefix_caching", "async_scheduling", "generation_config")
+# the path settings audited per arm, and the finding each gives when it differs from the profile
+SETTING_DIFFERS = {"enable_prefix_caching": "enable_prefix_caching_differs",
+                   "async_scheduling": "async_scheduling_differs",
+                   "generation_config": "generation_config_differs"}
+PATH_SETTINGS = tuple(SETTING_DIFFERS)
 PAIR_TRAINER = BACKEND_PAIR_D
 PAIR_REFERENCE = REFERENCE_PAIR_D
 
@@ -75,7 +79,7 @@ def path_settings(trace: xr.Dataset, profile: str | None = None) -> list[Finding
                 sev = Severity.WARNING
                 note = f" (this model's generation_config.json sets {model_defaults})"
         out.append(Finding(
-            Layer.INFERENCE_PATH, f"{d.setting}_differs", sev,
+            Layer.INFERENCE_PATH, SETTING_DIFFERS[d.setting], sev,
             f"{d.setting} is {d.effective!r} in the engine (profile {res.profile}: {d.expected!r}): {d.why}{note}",
             {"setting": d.setting, "effective": d.effective, "expected": d.expected, "profile": res.profile,
              "source": "engine_effective, read back from the running engine", **extra},
@@ -225,5 +229,5 @@ def arms_findings(arms: Mapping[str, xr.Dataset], options: DiagnoseOptions | Non
     return ablation_findings(arms, options)
 
 
-__all__ = ["PATH_SETTINGS", "ablation_findings", "arms_findings", "moved_settings", "path_settings", "setting_fix",
-           "trace_findings"]
+__all__ = ["PATH_SETTINGS", "SETTING_DIFFERS", "ablation_findings", "arms_findings", "moved_settings", "path_settings",
+           "setting_fix", "trace_findings"]

@@ -12,6 +12,7 @@ import xarray as xr
 from rlparity.metrics import core
 from rlparity.metrics.floors import trainer_floor
 from rlparity.metrics.summary import log_ratio
+from rlparity.plot.palette import color
 
 
 def plot_floor_table(tables: Mapping[str, xr.Dataset]) -> go.Figure:
@@ -19,12 +20,11 @@ def plot_floor_table(tables: Mapping[str, xr.Dataset]) -> go.Figure:
     axis), one colour per run (``tables``: ``{label: floor_table(...)}``); the dashed line of each run
     is its backend gap (mean |d|) and the dotted one the engine's batch spread."""
     fig = go.Figure()
-    colors = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
-    for k, (label, t) in enumerate(tables.items()):
+    for label, t in tables.items():
         shapes = [s for s in t["shape"].values.tolist() if s != t.attrs.get("reference")]
         vals = np.maximum(t["floor_mean_abs"].sel(shape=shapes).values, 1e-12)
         share = t["share_of_gap"].sel(shape=shapes).values
-        c = colors[k % len(colors)]
+        c = color(label)
         fig.add_trace(go.Bar(x=shapes, y=vals, name=label, marker_color=c, customdata=share,
                              hovertemplate="%{x}: %{y:.3g} nats (%{customdata:.0%} of the gap)<extra>" + label
                              + "</extra>"))

@@ -7,6 +7,8 @@ import numpy as np
 import plotly.graph_objects as go
 import xarray as xr
 
+from rlparity.plot.palette import color as arm_color
+
 _ZERO = 1e-9  # exact zero drawn here on log axes
 
 
@@ -16,10 +18,8 @@ def plot_layer_profile(table: xr.Dataset, *, title: str | None = None) -> go.Fig
     (``table``: :func:`rlparity.metrics.layers.profile_table`). Exact zeros are drawn at 1e-9."""
     fig = go.Figure()
     sites = table["site"].values.tolist()
-    palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-               "#bcbd22", "#17becf"]
-    for k, arm in enumerate(table["arm"].values.tolist()):
-        color = palette[k % len(palette)]
+    for arm in table["arm"].values.tolist():
+        color = arm_color(arm)
         y = table["relative_error"].sel(arm=arm).values
         comp = str(table["comparison"].sel(arm=arm).item())
         fig.add_trace(go.Scatter(x=sites, y=np.maximum(y, _ZERO), mode="lines+markers", name=f"{arm} (vs {comp})",

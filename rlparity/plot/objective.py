@@ -14,6 +14,7 @@ from plotly.subplots import make_subplots
 
 from rlparity.config.defaults import TrainerSide
 from rlparity.metrics import objective as ob
+from rlparity.plot.palette import color
 from rlparity.trace import as_arms
 
 
@@ -30,7 +31,7 @@ def plot_backend_vs_update_ratio(arms, trainer: TrainerSide | None = None, bins:
             d = ob.pair_log_ratio(ds, pair, trainer).values
             v = d[np.isfinite(d)]
             fig.add_trace(go.Histogram(x=v, nbinsx=bins, name=f"{arm}: {pair}", opacity=0.6,
-                                       legendgroup=arm), row=1, col=col)
+                                       legendgroup=arm, marker_color=color(arm)), row=1, col=col)
     fig.update_layout(barmode="overlay", title="Backend ratio vs update ratio (nats), kept apart",
                       legend_title="arm: pair")
     fig.update_yaxes(type="log", title_text="tokens")
@@ -71,7 +72,7 @@ def plot_objective_summary(tables: Mapping[str, xr.Dataset],
             if v not in t:
                 continue
             fig.add_trace(go.Bar(x=[f"{arm}<br>{p}" for p in t["pair"].values], y=t[v].values, name=arm,
-                                 showlegend=col == 1, legendgroup=arm,
+                                 showlegend=col == 1, legendgroup=arm, marker_color=color(arm),
                                  text=[f"{x:.3g}" for x in t[v].values], textposition="auto"), row=1, col=col)
     fig.update_layout(title="Importance-sampling health per arm and pair (ESS on raw weights)", barmode="group",
                       height=420, width=max(700, 260 * len(variables)))

@@ -10,9 +10,10 @@ import plotly.graph_objects as go
 import xarray as xr
 from plotly.subplots import make_subplots
 
+from rlparity.plot.palette import color
+
 DEFAULT_PANELS = ("reward", "kl_new_old", "clamp_log_ratio_new_old_indicator", "mean_ratio", "entropy", "ess",
                   "lag", "masked_fraction", "wall_s")
-_COLORS = ("#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 _REFERENCE_LINES = {"mean_ratio": 1.0, "ess": 1.0, "ratio_new_old": 1.0}
 _DASH = {"pi_old": "solid", "mu": "dot"}
 
@@ -43,7 +44,7 @@ def plot_rl_curves(curves: xr.Dataset, variables: Sequence[str] | None = None, *
     profiles = curves["profile"].values.tolist()
     engines = (curves["engine_profile"].values.tolist() if "engine_profile" in curves.coords else profiles)
     olds = curves["old_policy"].values.tolist() if "old_policy" in curves.coords else [""] * len(profiles)
-    palette = {e: _COLORS[i % len(_COLORS)] for i, e in enumerate(dict.fromkeys(engines))}
+    palette = {e: color(e) for e in dict.fromkeys(engines)}  # the shared palette: the same in every figure
     for i, var in enumerate(variables):
         r, c = i // cols + 1, i % cols + 1
         pair = curves[var].attrs.get("pair", "")

@@ -9,6 +9,8 @@ import numpy as np
 import plotly.graph_objects as go
 import xarray as xr
 
+from rlparity.plot.palette import color as arm_color
+
 _D = "|d| = |log pi_old - log mu| (nats)"
 
 
@@ -17,7 +19,7 @@ def plot_flip_rate_by_layer(tables: Mapping[str, xr.Dataset]) -> go.Figure:
     fig = go.Figure()
     for arm, t in tables.items():
         layers = [str(int(x)) for x in t["moe_layer"].values]
-        fig.add_trace(go.Bar(x=layers, y=t["flip_rate"].values, name=arm,
+        fig.add_trace(go.Bar(x=layers, y=t["flip_rate"].values, name=arm, marker_color=arm_color(arm),
                              customdata=np.stack([t["n_flips"].values, t["n_tokens"].values], axis=1),
                              hovertemplate="layer %{x}: flip rate %{y:.4f} (%{customdata[0]} of %{customdata[1]} "
                                            "tokens)<extra>" + arm + "</extra>"))

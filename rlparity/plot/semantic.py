@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 import xarray as xr
 
 from rlparity.metrics import log_ratio, summary, zero_prob_tokens
+from rlparity.plot.palette import color
 from rlparity.trace import as_arms
 
 _D = "d = log pi_old - log mu (nats)"
@@ -26,7 +27,7 @@ def plot_ratio_histogram(arms, trainer: str | None = None, bins: int = 80, *, lo
         n_inf = int(s["n_zero_prob"])
         name = f"{arm} (mean ratio {float(s['mean_ratio']):.4f}" + (f", {n_inf} at pi_old=0)" if n_inf else ")")
         values = d.values[np.isfinite(d.values)]
-        fig.add_trace(go.Histogram(x=values, nbinsx=bins, name=name, opacity=0.6))
+        fig.add_trace(go.Histogram(x=values, nbinsx=bins, name=name, opacity=0.6, marker_color=color(arm)))
     fig.update_layout(barmode="overlay", title=f"per-token log-ratio vs the trainer's {side} logprob",
                       xaxis_title=_D, yaxis_title="tokens", legend_title="arm")
     if log_y:
@@ -43,7 +44,7 @@ def plot_offset_vs_temperature(table: xr.Dataset) -> go.Figure:
         row = table.sel(arm=arm)
         fig.add_trace(go.Scatter(x=table["temperature"].values, y=row["log_ratio_mean"].values,
                                  error_y={"type": "data", "array": row["abs_log_ratio_rms"].values},
-                                 mode="lines+markers", name=arm))
+                                 mode="lines+markers", name=arm, line={"color": color(arm)}))
     fig.add_hline(y=0, line_dash="dot", line_color="grey")
     fig.update_layout(title="mean log-ratio by temperature (error bar: RMS of d)",
                       xaxis_title="sampling temperature", yaxis_title="mean " + _D, legend_title="arm")
@@ -56,9 +57,11 @@ def plot_ratio_by_position(arms, trainer: str | None = None) -> go.Figure:
     for arm, ds in as_arms(arms).items():
         s = summary(ds, trainer, dim="sequence")
         pos = s["position"].values
-        fig.add_trace(go.Scatter(x=pos, y=s["log_ratio_mean"].values, mode="lines", name=f"{arm}: mean d"))
-        fig.add_trace(go.Scatter(x=pos, y=s["abs_log_ratio_mean"].values, mode="lines", line_dash="dash",
-                                 name=f"{arm}: mean |d|"))
+        c = color(arm)
+        fig.add_trace(go.Scatter(x=pos, y=s["log_ratio_mean"].values, mode="lines", name=f"{arm}: mean d",
+                                 legendgroup=arm, line={"color": c}))
+        fig.add_trace(go.Scatter(x=pos, y=s["abs_log_ratio_mean"].values, mode="lines",
+                                 line={"color": c, "dash": "dash"}, name=f"{arm}: mean |d|", legendgroup=arm))
     fig.add_hline(y=0, line_dash="dot", line_color="grey")
     fig.update_layout(title="log-ratio by response position", xaxis_title="response position",
                       yaxis_title=_D, legend_title="arm / statistic")
@@ -74,7 +77,7 @@ def plot_zero_prob_map(arms, trainer: str | None = None) -> go.Figure:
         z = zero_prob_tokens(ds, trainer)
         counts.append(f"{arm}: {z.sizes['token']}")
         fig.add_trace(go.Scatter(x=z["position_index"].values, y=z["sequence_index"].values, mode="markers",
-                                 name=arm, text=[f"token {t}, rank {r}" for t, r in
+                                 name=arm, marker_color=color(arm), text=[f"token {t}, rank {r}" for t, r in
                                                  zip(z["token_id"].values, z["trainer_token_rank"].values)]))
     fig.update_layout(title="tokens the trainer gives probability 0 (" + ", ".join(counts) + ")",
                       xaxis_title="response position", yaxis_title="sequence")
