@@ -367,60 +367,6 @@ def _digest(values: Any) -> str | None:
     return f"{zlib.crc32(a.reshape(-1).view(np.uint8), crc):08x}"
 
 
-class StreamDigests:
-    """The CRC-32 of :func:`dataset_digests` for a trace read block by block along ``dim`` (its
-    first axis): a C-ordered array split along its first axis is the concatenation of its blocks'
-    bytes, so one running CRC per variable equals the digest of the whole. Variables without ``dim``
-    first are digested whole at the start (they are small: coordinates, per-position values).
-    :meth:`add` each block in order, then :meth:`verify` against the record made at save."""
-
-    def __init__(self, ds: xr.Dataset, dim: str = "sequence"):
-        self.running: dict[str, list] = {}
-        self.done: dict[str, str] = {}
-        for name in sorted(map(str, ds.variables)):
-            var = ds.variables[name]
-            kind = var.dtype.kind
-            if var.dims and var.dims[0] == dim and kind in "biufcUSO":
-                if kind in "UTOS":
-                    self.running[name] = ["str", zlib.crc32(f"str{tuple(var.shape)}".encode()), True]
-                else:
-                    itemsize = 1 if kind == "b" else var.dtype.itemsize
-                    k = "u" if kind == "b" else kind
-                    self.running[name] = ["num", zlib.crc32(f"{k}{itemsize}{tuple(var.shape)}".encode()), True]
-            else:
-                d = _digest(var.values)
-                if d is not None:
-                    self.done[name] = d
-
-    def add(self, block: xr.Dataset) -> None:
-        """The next block along ``dim`` (loaded), in order."""
-        for name, state in self.running.items():
-            a = np.asarray(block.variables[name].values)
-            if state[0] == "str":
-                for x in a.ravel().tolist():
-                    text = (x.decode("utf-8", "surrogateescape") if isinstance(x, bytes) else str(x))
-                    state[1] = zlib.crc32((text if state[2] else chr(0) + text).encode("utf-8", "surrogatepass"),
-                                          state[1])
-                    state[2] = False
-                continue
-            if a.dtype.kind == "b":
-                a = a.view(np.uint8)
-            a = np.ascontiguousarray(a)
-            if a.dtype.byteorder == ">":
-                a = a.astype(a.dtype.newbyteorder("<"))
-            state[1] = zlib.crc32(a.reshape(-1).view(np.uint8), state[1])
-
-    def result(self) -> dict[str, str]:
-        return {**self.done, **{k: f"{v[1]:08x}" for k, v in self.running.items()}}
-
-    def verify(self, path: Any, arm: str, want: Mapping[str, str] | None) -> None:
-        """Raise :class:`StoreDamagedError` unless every block read matches the record of ``arm``."""
-        if want is None:
-            return  # a store without a record (written by hand): nothing to check against
-        verify_integrity(Path(str(path)), {arm: None}, {"algorithm": DIGEST_ALGORITHM, "arms": {arm: want}},
-                         digests={arm: self.result()})
-
-
 def dataset_digests(ds: xr.Dataset) -> dict[str, str]:
     """``{variable: crc32}`` over every variable and coordinate of one arm (what
     ``rlparity_integrity`` records at save and :func:`verify_integrity` checks at load)."""
