@@ -10,7 +10,6 @@ save (:class:`StreamDigests`); after the last block a mismatch raises
 from __future__ import annotations
 
 import hashlib
-import zlib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import numpy as np
 import xarray as xr
 
 from rlparity.trace.schema import CHECKSUM_MISMATCH, TraceValidationError, validate
-from rlparity.trace.store import DIGEST_ALGORITHM, _digest, verify_integrity
+from rlparity.trace.store import DIGEST_ALGORITHM, _digest, digest_start, digest_update, verify_integrity
 
 LAZY_RECORD = "_rlparity_lazy_integrity"  # the record a lazy tree's arms are checked against as they are read
 
@@ -83,18 +82,13 @@ class StreamDigests:
     :meth:`add` each block in order, then :meth:`verify` against the record made at save."""
 
     def __init__(self, ds: xr.Dataset, dim: str = "sequence"):
-        self.running: dict[str, list] = {}
+        self.running: dict[str, list[int]] = {}  # name -> [crc so far, items read so far]
         self.done: dict[str, str] = {}
         for name in sorted(map(str, ds.variables)):
             var = ds.variables[name]
-            kind = var.dtype.kind
-            if var.dims and var.dims[0] == dim and kind in "biufcUSO":
-                if kind in "UTOS":
-                    self.running[name] = ["str", zlib.crc32(f"str{tuple(var.shape)}".encode()), True]
-                else:
-                    itemsize = 1 if kind == "b" else var.dtype.itemsize
-                    k = "u" if kind == "b" else kind
-                    self.running[name] = ["num", zlib.crc32(f"{k}{itemsize}{tuple(var.shape)}".encode()), True]
+            start = digest_start(var.dtype, var.shape) if var.dims and var.dims[0] == dim else None
+            if start is not None:
+                self.running[name] = [start, 0]
             else:
                 d = _digest(var.values)
                 if d is not None:
@@ -103,23 +97,12 @@ class StreamDigests:
     def add(self, block: xr.Dataset) -> None:
         """The next block along ``dim`` (loaded), in order."""
         for name, state in self.running.items():
-            a = np.asarray(block.variables[name].values)
-            if state[0] == "str":
-                for x in a.ravel().tolist():
-                    text = (x.decode("utf-8", "surrogateescape") if isinstance(x, bytes) else str(x))
-                    state[1] = zlib.crc32((text if state[2] else chr(0) + text).encode("utf-8", "surrogatepass"),
-                                          state[1])
-                    state[2] = False
-                continue
-            if a.dtype.kind == "b":
-                a = a.view(np.uint8)
-            a = np.ascontiguousarray(a)
-            if a.dtype.byteorder == ">":
-                a = a.astype(a.dtype.newbyteorder("<"))
-            state[1] = zlib.crc32(a.reshape(-1).view(np.uint8), state[1])
+            values = block.variables[name].values
+            state[0] = digest_update(state[0], values, first=state[1] == 0)
+            state[1] += values.size
 
     def result(self) -> dict[str, str]:
-        return {**self.done, **{k: f"{v[1]:08x}" for k, v in self.running.items()}}
+        return {**self.done, **{k: f"{v[0]:08x}" for k, v in self.running.items()}}
 
     def verify(self, path: Any, arm: str, want: Mapping[str, str] | None) -> None:
         """Raise :class:`StoreDamagedError` unless every block read matches the record of ``arm``."""

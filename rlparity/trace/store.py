@@ -346,25 +346,47 @@ def check_target(path: str | os.PathLike, *, overwrite: bool) -> Path:
 # ----------------------------------------------------------------------------- integrity
 
 
+def _canonical_dtype(dtype: Any) -> np.dtype | None:
+    """The numeric dtype a variable's values are digested as (None for text and unstored kinds)."""
+    kind = np.dtype(dtype).kind
+    if kind == "b":
+        return np.dtype(np.uint8)
+    if kind in "Mm":
+        return np.dtype(np.int64)
+    return np.dtype(dtype).newbyteorder("<") if kind in "iufc" else None
+
+
+def digest_start(dtype: Any, shape: tuple[int, ...]) -> int | None:
+    """The CRC-32 of a variable's header (its kind and whole shape), where :func:`digest_update`
+    continues (None for kinds rlparity does not store)."""
+    if np.dtype(dtype).kind in "UTOS":
+        return zlib.crc32(f"str{tuple(shape)}".encode())
+    canon = _canonical_dtype(dtype)
+    return None if canon is None else zlib.crc32(f"{canon.kind}{canon.itemsize}{tuple(shape)}".encode())
+
+
+def digest_update(crc: int, values: Any, *, first: bool = True) -> int:
+    """``crc`` continued over ``values`` in their canonical form: numbers as little-endian bytes in C
+    order, text as UTF-8 items joined by NUL (``first``: no NUL before the first item). Blocks of a
+    variable along its first axis, fed in order, give the digest of the whole."""
+    a = np.asarray(values)
+    if a.dtype.kind in "UTOS":
+        items = [x.decode("utf-8", "surrogateescape") if isinstance(x, bytes) else str(x) for x in a.ravel().tolist()]
+        text = chr(0).join(items)
+        if items and not first:
+            text = chr(0) + text
+        return zlib.crc32(text.encode("utf-8", "surrogatepass"), crc)
+    a = np.ascontiguousarray(a.view(_canonical_dtype(a.dtype)) if a.dtype.kind in "bMm" else a)
+    if a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
+    return zlib.crc32(a.reshape(-1).view(np.uint8), crc)
+
+
 def _digest(values: Any) -> str | None:
     """CRC-32 of a variable's values in a canonical form (None for kinds rlparity does not store)."""
     a = np.asarray(values)
-    kind = a.dtype.kind
-    if kind in "UTOS":
-        items = [x.decode("utf-8", "surrogateescape") if isinstance(x, bytes) else str(x) for x in a.ravel().tolist()]
-        crc = zlib.crc32(f"str{a.shape}".encode())
-        return f"{zlib.crc32(chr(0).join(items).encode('utf-8', 'surrogatepass'), crc):08x}"
-    if kind == "b":
-        a = a.view(np.uint8)
-    elif kind in "Mm":
-        a = a.view(np.int64)
-    elif kind not in "iufc":
-        return None
-    a = np.ascontiguousarray(a)
-    if a.dtype.byteorder == ">":
-        a = a.astype(a.dtype.newbyteorder("<"))
-    crc = zlib.crc32(f"{a.dtype.kind}{a.dtype.itemsize}{a.shape}".encode())
-    return f"{zlib.crc32(a.reshape(-1).view(np.uint8), crc):08x}"
+    crc = digest_start(a.dtype, a.shape)
+    return None if crc is None else f"{digest_update(crc, a):08x}"
 
 
 def dataset_digests(ds: xr.Dataset) -> dict[str, str]:
