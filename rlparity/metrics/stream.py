@@ -24,7 +24,6 @@ import xarray as xr
 from rlparity.metrics import core
 from rlparity.trace import blocks
 
-EXP_SAFE = 700.0
 # histogram edges for the quantiles of d: 0, then +-10^k for k in [-9, 3] at 64 per decade
 _POS = np.logspace(-9, 3, 12 * 64 + 1)
 EDGES = np.concatenate([-_POS[::-1], [0.0], _POS])
