@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -35,9 +36,10 @@ PARTS: dict[str, tuple[str, int]] = {
     # floors (issue 24): one rollout rescored under every trainer shape, the engine's batch spread; the
     # trained bf16 `small` and a random model of Qwen2-1.5B's shape built on the device
     "floors": (f"{PY} -m rlparity.experiments.floors --out {{out}}/small --size small --dtype bfloat16 --device cuda "
-               "--n-prompts 64 --max-tokens 64 --example h200-floors-small && "
-               f"{PY} -m rlparity.experiments.floors --out {{out}}/1p5b --shape 1.5b --dtype bfloat16 --device cuda "
-               "--n-prompts 64 --max-tokens 64 --gpu-memory-utilization 0.6 --example h200-floors-1p5b", 330),
+               "--n-prompts 64 --max-tokens 64 --example h200-floors-small", 200),
+    # the 1.5B shape alone (with the small model in one part it ran past 330 s in the batch-invariant rows)
+    "floors_1p5b": (f"{PY} -m rlparity.experiments.floors --out {{out}}/1p5b --shape 1.5b --dtype bfloat16 --device cuda "
+                    "--n-prompts 64 --max-tokens 64 --gpu-memory-utilization 0.6 --example h200-floors-1p5b", 370),
     # the arms with KV carried over an update again, with requests long enough to be in flight at the pause
     "faults_kv": (f"{PY} -m rlparity.experiments.faults --out {{out}} --size small --dtype bfloat16 --device cuda "
                   "--sigma 0.2 --n-prompts 8 --max-tokens 32 --inflight-tokens 128 --update-after 0.1 --example "
@@ -50,9 +52,9 @@ PARTS: dict[str, tuple[str, int]] = {
     # per-layer divergence (issue 25): the scenarios located on the bf16 `small`, shipped as h200-layers
     "layers": (f"{PY} scripts/gpu_layers.py --out {{out}} --device cuda", 270),
     "layers_bench": (f"{PY} benchmarks/layer_capture.py --shape 1.5b --device cuda --out {{out}}/layer_capture_h200.json",
-                     150),
+                     170),
     # mixture of experts (issue 26): small-moe's routes on vLLM 0.26, replay, the dense comparison
-    "moe": (f"{PY} scripts/gpu_moe.py --out {{out}} --device cuda", 290),
+    "moe": (f"{PY} scripts/gpu_moe.py --out {{out}} --device cuda --budget-s 330", 560),
 }
 
 
@@ -78,10 +80,15 @@ def main() -> int:
         log = out / f"{name}.log"
         t0 = time.perf_counter()
         with open(log, "w") as fh:
+            # its own process group, so a part past its limit takes its engine's processes with it (the
+            # next part needs the GPU memory)
+            proc = subprocess.Popen(cmd.format(out=part_dir), shell=True, stdout=fh, stderr=subprocess.STDOUT,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
             try:
-                rc = subprocess.run(cmd.format(out=part_dir), shell=True, stdout=fh, stderr=subprocess.STDOUT,
-                                    timeout=limit, env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
+                rc = proc.wait(timeout=limit)
             except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
                 rc = 124
         tail = log.read_text(errors="replace")[-3000:]
         record["parts"][name] = {"rc": rc, "seconds": round(time.perf_counter() - t0, 1), "log_tail": tail}
