@@ -74,10 +74,21 @@ def test_trainer_floor_finding_fires_on_a_batch_variant_trainer_only(bf16_arms):
         scored = Scorer(model, dtype="bfloat16", progress=False, settings=TrainerSettings(layout=layout)).score(trace)
         f = recorded_floors(scored)
         report = diagnose({layout: scored})
-        found[layout] = (f, [x for x in report if x.name == "trainer_not_batch_invariant"])
-    f, none = found["padded"]
+        found[layout] = (f, [x for x in report if x.name == "trainer_not_batch_invariant"], scored)
+    f, none, _ = found["padded"]
     assert f["batch_shape_mean_abs"] == 0 and none == []
-    f, fired = found["left_padded"]
+    f, fired, scored = found["left_padded"]
     assert f["batch_shape_mean_abs"] > 1e-3 and len(fired) == 1, fired
     assert fired[0].severity == Severity.WARNING and fired[0].evidence["share_of_gap"] >= FLOOR_SHARE
     assert fired[0].cause == "trainer_batch_variance" and "batch_invariant=True" in fired[0].fix
+    # a floor lies under the excess (share 0): its line says how much of mean |d| the floor is, not
+    # "explains 0%"; checked against mean |d| taken from the arrays here
+    import numpy as np
+
+    d = scored["trainer_processed_logprob"].values - scored["rollout_logprob"].values
+    ok = scored["response_mask"].values.astype(bool) & np.isfinite(d)
+    floor = max(v for v in (f["batch_shape_mean_abs"], f["engine_batch_mean_abs"]) if np.isfinite(v))
+    expected = floor / np.abs(d[ok]).mean()
+    assert fired[0].share == 0 and fired[0].attribution.startswith("the floor: ")
+    assert fired[0].evidence["floor_share_of_mean_abs_d"] == pytest.approx(expected, rel=0.02)
+    assert f"{fired[0].evidence['floor_share_of_mean_abs_d']:.0%} of mean |d|" in fired[0].attribution

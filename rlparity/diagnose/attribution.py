@@ -204,11 +204,16 @@ def attribute(findings: list[Finding], ev: ArmEvidence | None) -> tuple[list[Fin
     energy = energies(out, ev, dec)
     total = dec.excess
     shares = {c: (e / total if total > 0 else 0.0) for c, e in energy.items()}
+    # a floor cause lies under the excess by construction (its share of it is 0): say instead how much
+    # of mean |d| the floor itself is, so a floor headline does not read "explains 0%"
+    floor_share = dec.floor / (dec.total / dec.n_tokens) if dec.n_tokens and dec.total > 0 else None
     for i, f in enumerate(out):
         if f.severity.rank < 1 or not f.cause:
             continue
         tokens = f.tokens or ev.token_scope(CLAIM_OF.get(f.cause, f.cause))
-        out[i] = f.with_(share=float(shares.get(f.cause, 0.0)), tokens=tokens)
+        extra = {"evidence": {**f.evidence, "floor_share_of_mean_abs_d": floor_share}} \
+            if f.cause in FLOOR_CAUSES and floor_share is not None else {}
+        out[i] = f.with_(share=float(shares.get(f.cause, 0.0)), tokens=tokens, **extra)
     problems = [f for f in out if f.severity.rank >= 1]
     order = {Layer.SEMANTIC: 0, Layer.INFERENCE_PATH: 1, Layer.OBJECTIVE: 2}
     head = None
@@ -222,6 +227,7 @@ def attribute(findings: list[Finding], ev: ArmEvidence | None) -> tuple[list[Fin
               "share": head.share if head else None,
               "also": [f.name for f in out if f.severity.rank >= 1 and f is not head],
               "shares": {c: float(s) for c, s in sorted(shares.items(), key=lambda kv: -kv[1])},
+              "floor_share_of_mean_abs_d": floor_share,
               "decomposition": dec.to_dict(), "semantic_reading": ev.reading,
               "tokens_explained": {c: int((t & ev.usable).sum()) for c, t in ev.claims.items()}}
     return out, record

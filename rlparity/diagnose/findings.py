@@ -97,6 +97,9 @@ class Finding:
         if self.share is None:
             return ""
         where = f" on {self.tokens['n_tokens']} tokens ({self.tokens.get('scope', '')})" if self.tokens else ""
+        floor = self.evidence.get("floor_share_of_mean_abs_d")
+        if floor is not None and not self.share:  # a floor cause: the excess is measured above it
+            return f"the floor: {floor:.0%} of mean |d|{where}; the excess mismatch is measured above it"
         return f"explains {self.share:.0%} of the excess mismatch{where}"
 
     def to_html(self, *, catalogue: str | None = CATALOGUE_URL) -> str:
