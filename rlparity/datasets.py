@@ -91,6 +91,25 @@ def load_result(name: str) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def load_floor_table(name: str, reference: str = "batch1") -> xr.Dataset:
+    """A shipped floor table (``h200-floors-small``, ``h200-floors-1p5b``: the JSON
+    ``rlparity.experiments.floors`` writes) as the Dataset :func:`rlparity.metrics.floors.floor_table`
+    gives for a run here: one row per trainer ``shape``, the engine's floor, the batch-invariant mode's
+    own floor, the model and the example's provenance in attrs."""
+    res = load_result(name)
+    if "table" not in res:
+        raise ValueError(f"shipped result {name!r} holds no floor table (keys: {sorted(res)}); "
+                         "floor tables: the h200-floors-* results")
+    shapes = list(res["table"])
+    cols = sorted({k for row in res["table"].values() for k in row})
+    ds = xr.Dataset({c: ("shape", np.array([float(res["table"][s].get(c, np.nan)) for s in shapes]))
+                     for c in cols}, coords={"shape": shapes})
+    ds.attrs = {"reference": reference, "engine_floor": res.get("engine_floor"),
+                "batch_invariant_mode_floor": res.get("batch_invariant_mode_floor"),
+                "model": res.get("model"), "dtype": res.get("dtype"), "example": res.get("example") or {}}
+    return ds
+
+
 def example_provenance(name: str) -> dict[str, Any]:
     """The watermark row of a shipped example (a store's ``example`` attrs) or result (a JSON table's
     ``model`` / ``device`` fields): device, vLLM, torch, transformers, date, model; what the example

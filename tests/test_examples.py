@@ -291,3 +291,55 @@ def test_h200_fault_matrix_is_scored_from_the_stored_arms():
         assert scores["headline_cause"].sel(arm=pair).item() == "raw_logprobs", pair
     conf = scores["confusion"]
     assert int(conf.sel(true_cause="partial_weight_sync", named_cause="partial_weight_sync")) == 4
+
+
+@pytest.mark.parametrize("name", ["h200-floors-small", "h200-floors-1p5b"])
+def test_h200_floor_tables_load_as_the_run_wrote_them(name):
+    """The shipped floor tables (issue 24) as Datasets: every number as the JSON holds it (read here
+    with the json module), the share of the gap recomputed from its two parts, the batch-invariant
+    mode's own floor under 1e-6 nats."""
+    import json
+
+    import numpy as np
+
+    from rlparity.datasets import examples_dir, load_floor_table
+
+    raw = json.loads((examples_dir() / f"{name}.json").read_text())
+    t = load_floor_table(name)
+    assert list(t["shape"].values) == list(raw["table"]) and t.attrs["reference"] == "batch1"
+    for shape, row in raw["table"].items():
+        for k, v in row.items():
+            assert float(t[k].sel(shape=shape)) == v
+    share = t["floor_mean_abs"] / t["gap_mean_abs_d"]
+    assert np.allclose(share, t["share_of_gap"], rtol=1e-12)
+    assert t.attrs["batch_invariant_mode_floor"]["floor_max_abs"] <= 1e-6
+    assert t.attrs["example"]["device_name"] == "NVIDIA H200" and t.attrs["example"]["vllm"] == "0.26.0"
+    # the trainer's own batch shape is a real share of the backend gap on the H200; at the 1.5B shape most of it
+    assert float(t["share_of_gap"].sel(shape="batch16")) > (0.5 if name.endswith("1p5b") else 0.1)
+    with pytest.raises(ValueError, match="no shipped result"):
+        load_floor_table("h200-floors-none")
+
+
+def test_h200_moe_flips_are_frequent_and_cheap_and_said_so():
+    """The H200 MoE run (issue 26): the routing flip rate recomputed from the two sides' expert ids
+    (numpy here, not rlparity.metrics.routing) equals the reported one; the flips barely move their
+    tokens, the finding says so as information, and the dense arm has no routes."""
+    import numpy as np
+
+    from rlparity.metrics.routing import routing_record
+
+    arms = load_example("h200-moe")
+    assert set(arms) == {"moe", "moe+rollout_bf16_router", "dense"} and "routed_experts" not in arms["dense"]
+    report = diagnose(arms)
+    for arm in ("moe", "moe+rollout_bf16_router"):
+        ds = arms[arm]
+        e, t = ds["routed_experts"].values, ds["trainer_routed_experts"].values
+        real = ds["response_mask"].values & (e >= 0).all(-1).all(-1) & (t >= 0).all(-1).all(-1)
+        flipped = (np.sort(e, -1) != np.sort(t, -1)).any(-1).any(-1)
+        rate = flipped[real].mean()
+        rec = routing_record(ds)
+        assert rec["token_flip_rate"] == pytest.approx(rate, rel=1e-12) and 0.05 < rate < 0.5
+        assert rec["flipped_over_unflipped"] < 3 and rec["replay_ratio"] < 1.5
+        f = next(f for f in report if f.arm == arm and f.name == "moe_routing_disagreement")
+        assert f.severity == Severity.INFO and "barely move" in f.summary
+    assert not [f for f in report if f.arm == "dense" and "rout" in f.name]

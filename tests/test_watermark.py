@@ -27,8 +27,9 @@ def test_example_rows_come_from_the_examples_own_provenance():
     row = example_provenance("h200-semantic")
     assert (row["device"], row["vllm"], row["torch"], row["date"], row["model"]) == (
         info["device_name"], info["vllm"], info["torch"], info["date"], info["model"])
-    floors = example_provenance("h200-floors-small")  # a JSON result: model and device only
-    assert floors["model"] == "small" and floors["vllm"] is None and floors["device"].startswith("GPU")
+    floors = example_provenance("h200-floors-small")  # a JSON result: its own "example" record
+    assert (floors["model"], floors["vllm"], floors["device"]) == ("small", "0.26.0", "NVIDIA H200")
+    assert floors["transformers"] is None  # not recorded by that run
     with pytest.raises(ValueError, match="no shipped result"):
         example_provenance("no-such-example")
 
