@@ -55,6 +55,10 @@ SHAPES = {
     "1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
              "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
              "sequences": 256, "length": 577, "prompt": 64, "batch": 16, "dtype": "bfloat16"},
+    # Qwen2-7B's shape as a Llama (untied head), random weights: about 15 GiB in bf16
+    "7b": {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+           "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False,
+           "sequences": 128, "length": 577, "prompt": 64, "batch": 8, "dtype": "bfloat16"},
 }
 METHODS = ("bare", "naive_fp32", "scorer_fp32_new", "scorer_fp32_new_cast", "scorer_fp32_ref", "scorer_bf16_new",
            "scorer_bf16_ref")
