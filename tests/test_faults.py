@@ -159,3 +159,24 @@ def test_headline_reaches_check_the_summary_lines_and_the_html():
     html = res.report._repr_html_()
     assert html.index("stale_prefix_cache_after_update") < html.index("all ")  # the headline row comes first
     assert "explains" in html
+
+
+def test_tokens_outside_the_set_do_not_take_the_global_excess():
+    """Two causes together: an engine with a bf16 LM head and top-k 3 (cpu-boundary) puts some
+    sampled tokens outside the trainer's kept set. Those tokens are evidence about themselves, not a
+    trainer that cuts another set: the bf16 head (acting on every token) takes the excess and heads
+    the arm, the zero-probability finding stays an error with share 0. A trainer that really cuts
+    another top-k (h200-faults `trainer_top_k`, trainer_cut_differs) still takes the whole excess."""
+    from rlparity.datasets import load_example
+
+    arm = "bf16-engine-topk3"
+    report = diagnose({arm: load_example("cpu-boundary", arm)})
+    rec = report.attribution[arm]
+    assert (rec["headline"], rec["cause"]) == ("head_precision_mismatch", "rollout_bf16_head"), rec
+    assert rec["shares"]["rollout_bf16_head"] == pytest.approx(1.0)
+    zero = next(f for f in report if f.arm == arm and f.name == "zero_probability_tokens")
+    assert zero.severity == Severity.ERROR and zero.share == 0.0  # still reported, never averaged away
+    top_k = load_example("h200-faults", "trainer_top_k")
+    rep = diagnose({"trainer_top_k": top_k})
+    assert rep.attribution["trainer_top_k"]["cause"] == "trainer_top_k"
+    assert rep.attribution["trainer_top_k"]["shares"]["trainer_top_k"] == pytest.approx(1.0)

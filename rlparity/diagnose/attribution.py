@@ -40,6 +40,8 @@ CLAIM_OF = {"partial_weight_sync": "weights_differ", "trainer_stale_weights": "w
 SAMPLING_CAUSES = ("trainer_temperature", "trainer_top_k", "sampling_penalty")
 HEAD_CAUSES = ("rollout_bf16_head", "trainer_bf16_head")
 NOISY_TRAINER = ("trainer_dropout",)
+# findings that name a global cause from evidence on a few tokens only (see _global_estimates)
+LOCAL_EVIDENCE = ("zero_probability_tokens",)
 BACKEND_OBJECTIVE = ("backend_ratio_not_centred", "ess_collapse", "masked_fraction_high",
                      "correction_hides_backend_mismatch")
 
@@ -92,8 +94,13 @@ def decompose(ev: ArmEvidence) -> Decomposition:
 
 def _global_estimates(findings: list[Finding], ev: ArmEvidence, dec: Decomposition) -> dict[str, float]:
     """How the global part is split among the causes acting on every token."""
+    # tokens outside the trainer's kept set are evidence about those tokens only: without a finding
+    # that the two sides' cuts differ (trainer_cut_differs), they do not show a cause acting on every
+    # token, and must not take the global excess (seen on a 1.5B-shape bf16 model on the H200: one
+    # token outside the set took "100% of the excess", which was the bf16 body's noise)
     causes = [f.cause for f in findings if f.cause and f.severity.rank >= 1 and CAUSES.get(f.cause)
-              and CAUSES[f.cause].kind == "global" and f.cause not in FLOOR_CAUSES]
+              and CAUSES[f.cause].kind == "global" and f.cause not in FLOOR_CAUSES
+              and f.name not in LOCAL_EVIDENCE]
     causes = list(dict.fromkeys(causes))
     if not causes or dec.global_ <= 0:
         return {}
