@@ -176,6 +176,7 @@ def test_tokens_outside_the_set_do_not_take_the_global_excess():
     assert rec["shares"]["rollout_bf16_head"] == pytest.approx(1.0)
     zero = next(f for f in report if f.arm == arm and f.name == "zero_probability_tokens")
     assert zero.severity == Severity.ERROR and zero.share == 0.0  # still reported, never averaged away
+    assert "pi_old = 0: infinite |d|" in zero.attribution and "explains 0%" not in zero.attribution
     top_k = load_example("h200-faults", "trainer_top_k")
     rep = diagnose({"trainer_top_k": top_k})
     assert rep.attribution["trainer_top_k"]["cause"] == "trainer_top_k"

@@ -220,6 +220,9 @@ def attribute(findings: list[Finding], ev: ArmEvidence | None) -> tuple[list[Fin
         tokens = f.tokens or ev.token_scope(CLAIM_OF.get(f.cause, f.cause))
         extra = {"evidence": {**f.evidence, "floor_share_of_mean_abs_d": floor_share}} \
             if f.cause in FLOOR_CAUSES and floor_share is not None else {}
+        if f.name in LOCAL_EVIDENCE and not shares.get(f.cause):
+            # its tokens have pi_old = 0: |d| is infinite there, outside the sum the shares divide
+            extra = {"evidence": {**f.evidence, "outside_abs_d_sum": True}}
         out[i] = f.with_(share=float(shares.get(f.cause, 0.0)), tokens=tokens, **extra)
     problems = [f for f in out if f.severity.rank >= 1]
     order = {Layer.SEMANTIC: 0, Layer.INFERENCE_PATH: 1, Layer.OBJECTIVE: 2}

@@ -97,6 +97,10 @@ class Finding:
         if self.share is None:
             return ""
         where = f" on {self.tokens['n_tokens']} tokens ({self.tokens.get('scope', '')})" if self.tokens else ""
+        if self.evidence.get("outside_abs_d_sum") and not self.share:
+            n = self.tokens.get("n_tokens") if self.tokens else None
+            return (f"{n if n is not None else 'its'} tokens with pi_old = 0: infinite |d|, outside the mean |d| "
+                    "the shares divide")
         floor = self.evidence.get("floor_share_of_mean_abs_d")
         if floor is not None and not self.share:  # a floor cause: the excess is measured above it
             return f"the floor: {floor:.0%} of mean |d|{where}; the excess mismatch is measured above it"
