@@ -148,9 +148,9 @@ report
 # dense `small` under the same settings.
 #
 # What it shows is not the CPU picture. On the GPU the flips are frequent (about 15% of tokens flip
-# in at least one of the 8 layers, 1.6-2.1% per layer), because the hidden states that reach the
+# in at least one of the 8 layers, 1.6-2.7% per layer), because the hidden states that reach the
 # router already differ between vLLM's and the trainer's bf16 kernels, and they sit at margins of a
-# few bf16 steps (median 0.004-0.008 against 0.06-0.12 for all tokens). Computing the trainer's routers
+# few bf16 steps (median 0.002-0.008 against 0.05-0.12 for all tokens). Computing the trainer's routers
 # in float32 changes nothing (the same flip rate), and on this model a flip moves its token little:
 # the flipped tokens' mean |d| is 1.5x the others', and replaying the engine's routes removes under
 # a tenth of it. The diagnosis says so (`moe_routing_disagreement` as information, "the flips barely
