@@ -72,7 +72,7 @@ print(f"model {Path(model).name} on {device}: {n_prompts} prompts x {max_tokens}
 
 # %% [markdown]
 # ## On the H200
-# `python -m rlparity.experiments.floors --device cuda --dtype bfloat16 --size small` (vLLM 0.26, the
+# `rlparity experiment floors --device cuda --dtype bfloat16 --size small` (vLLM 0.26, the
 # trained `small` model with a bf16 body, fp32 LM head on both sides; 64 prompts x 64 tokens,
 # shipped as the table `h200-floors-small`): the backend gap is about 0.001 nats mean |d|, and the
 # trainer's batch shape alone moves a fifth to two thirds of that.

@@ -30,7 +30,7 @@ def _root(debug: bool = typer.Option(False, "--debug", help="show the traceback 
 
 def build_app() -> typer.Typer:
     """The root app with every command, in the order ``rlparity --help`` lists them."""
-    from rlparity.cli import book, data, faults, floors, judge, layers, path, rl, traces
+    from rlparity.cli import book, data, experiment, faults, floors, judge, layers, path, rl, traces
 
     app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                       help="Capture vLLM rollouts, rescore them with the trainer, and diagnose parity. "
@@ -50,6 +50,7 @@ def build_app() -> typer.Typer:
     app.command("floor")(floors.floor_cmd)
     app.add_typer(layers.build_app(), name="layers")
     app.command("verify-weights")(layers.verify_weights_cmd)
+    app.add_typer(experiment.build_app(), name="experiment")
     app.command("book")(book.book_cmd)
     return app
 
