@@ -19,7 +19,7 @@ base-install:
 
 # execute every notebook on the small built-in model and build the book offline (book/_build/html)
 book: setup
-	$(PY) -m rlparity.cli.book
+	$(PY) -m rlparity --debug book  # --debug: a failed build shows its whole log (the traceback), not one line
 
 clean:
 	rm -rf runs artifacts .cache book/_build

@@ -189,7 +189,7 @@ report
 
 # %% [markdown]
 # ## The same matrix on an H200 (vLLM 0.26, bf16 body)
-# Shipped example data (`python -m rlparity.experiments.inflight --device cuda --dtype bfloat16
+# Shipped example data (`rlparity experiment inflight --device cuda --dtype bfloat16
 # --sigma 0.2`): with a bf16 body the noise floor is higher than on this float32 CPU run, and the
 # stale cache still stands far above it.
 

@@ -75,7 +75,7 @@ print(f"model {Path(model).name} on {device}; {n_prompts} prompts per phase x {m
 
 # %% [markdown]
 # ## On the H200
-# Shipped example data `h200-faults` (`python -m rlparity.experiments.faults --size small --dtype
+# Shipped example data `h200-faults` (`rlparity experiment faults --size small --dtype
 # bfloat16 --device cuda --sigma 0.2`: vLLM 0.26, the trained `small` model, bf16 body, fp32 LM head;
 # the clean arm, every single cause and 12 pairs; 24 sequences x 32 tokens per arm). Two recipes did
 # not take effect there and are left out of those arms' truth (the table says which): the 32-token

@@ -72,7 +72,7 @@ print(f"model {Path(model).name} on {device}: {n_prompts} prompts x {max_tokens}
 
 # %% [markdown]
 # ## On the H200
-# `python -m rlparity.experiments.floors --device cuda --dtype bfloat16` (vLLM 0.26, bf16 body and
+# `rlparity experiment floors --device cuda --dtype bfloat16` (vLLM 0.26, bf16 body and
 # fp32 LM head on both sides, 64 prompts x 64 tokens), on two models shipped as the tables
 # `h200-floors-small` (the trained `small` built-in model) and `h200-floors-1p5b` (a random model of
 # Qwen2-1.5B's shape: hidden 1536, 28 layers, a 151936-token vocabulary, built on the device).

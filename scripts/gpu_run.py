@@ -25,23 +25,27 @@ import time
 from pathlib import Path
 
 PY = sys.executable
+# the experiments run through the CLI with tracebacks (--debug) and vLLM's log lines in the part's log
+# (--engine-logs: on stderr, not in a file under runs/logs)
+CLI = "--debug --engine-logs"
 PARTS: dict[str, tuple[str, int]] = {
     # the H200 fault matrix (issue 21): the bf16 `small` model, every single cause and every pair of
     # eight, shipped as example data h200-faults
     # (requests in flight across the update run 128 tokens and the update lands after 10% of them: with
     # the default 32 tokens every request had finished before the pause on the H200, nothing carried)
-    "faults": (f"{PY} -m rlparity.experiments.faults --out {{out}} --size small --dtype bfloat16 --device cuda "
+    "faults": (f"{PY} -m rlparity {CLI} experiment faults --out {{out}} --size small --dtype bfloat16 --device cuda "
                "--sigma 0.2 --n-prompts 8 --max-tokens 32 --inflight-tokens 128 --update-after 0.1 "
                "--example h200-faults && rm -rf {out}/checkpoints", 400),
     # floors (issue 24): one rollout rescored under every trainer shape, the engine's batch spread; the
     # trained bf16 `small` and a random model of Qwen2-1.5B's shape built on the device
-    "floors": (f"{PY} -m rlparity.experiments.floors --out {{out}}/small --size small --dtype bfloat16 --device cuda "
-               "--n-prompts 64 --max-tokens 64 --example h200-floors-small", 200),
+    "floors": (f"{PY} -m rlparity {CLI} experiment floors --out {{out}}/small --size small --dtype bfloat16 "
+               "--device cuda --n-prompts 64 --max-tokens 64 --example h200-floors-small", 200),
     # the 1.5B shape alone (with the small model in one part it ran past 330 s in the batch-invariant rows)
-    "floors_1p5b": (f"{PY} -m rlparity.experiments.floors --out {{out}}/1p5b --shape 1.5b --dtype bfloat16 --device cuda "
-                    "--n-prompts 64 --max-tokens 64 --gpu-memory-utilization 0.6 --example h200-floors-1p5b", 370),
+    "floors_1p5b": (f"{PY} -m rlparity {CLI} experiment floors --out {{out}}/1p5b --shape 1.5b --dtype bfloat16 "
+                    "--device cuda --n-prompts 64 --max-tokens 64 --gpu-memory-utilization 0.6 "
+                    "--example h200-floors-1p5b", 370),
     # the arms with KV carried over an update again, with requests long enough to be in flight at the pause
-    "faults_kv": (f"{PY} -m rlparity.experiments.faults --out {{out}} --size small --dtype bfloat16 --device cuda "
+    "faults_kv": (f"{PY} -m rlparity {CLI} experiment faults --out {{out}} --size small --dtype bfloat16 --device cuda "
                   "--sigma 0.2 --n-prompts 8 --max-tokens 32 --inflight-tokens 128 --update-after 0.1 --example "
                   "h200-faults-kv --arms clean,kv_carried_over,raw_logprobs+kv_carried_over,trainer_temperature"
                   "+kv_carried_over,sampling_penalty+kv_carried_over,trainer_bf16_head+kv_carried_over,"

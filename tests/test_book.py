@@ -15,11 +15,14 @@ pytestmark = pytest.mark.engine
 def html(executed_notebook):
     from conftest import ARTIFACTS
 
+    import typer
+
+    from rlparity.cli import build_app
     from rlparity.cli.book import build, prepare
 
     for p in notebook_paths():
         executed_notebook(p.stem)
-    prepare(ARTIFACTS)
+    prepare(ARTIFACTS, cli_root=typer.main.get_command(build_app()))
     return build()
 
 

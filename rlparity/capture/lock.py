@@ -21,6 +21,13 @@ stderr names the holder.
 
 from __future__ import annotations
 
+# Not filelock's FileLock: it opens the lock file itself, by path, while the checks here (a private
+# 0700 directory of ours, no link, a regular 0600 file) are made on the very descriptor that is then
+# locked and that names the holder's pid while another process waits (nothing can be swapped in
+# between). It would replace only the polling loop; a second engine in the same thread must still
+# fail at once here (or first stop the pool's idle engine: :func:`set_idle_release`), where a second
+# FileLock waits out its timeout.
+
 import contextlib
 import errno
 import fcntl

@@ -1,3 +1,6 @@
+"""``python -m rlparity.cli ARGS`` = ``rlparity ARGS``."""
+
 from rlparity.cli.main import run
 
-run()
+if __name__ == "__main__":
+    run()

@@ -1,12 +1,11 @@
 """Build the Jupyter Book offline: execute (or copy) the notebooks, generate the CLI reference and
 the findings catalogue, serve plotly.js locally, run ``jupyter-book build -W --keep-going``.
 
-``python -m rlparity.cli.book [--ci] [--executed DIR]`` is what ``make book`` runs.
+``rlparity book [--ci] [--executed DIR]`` is what ``make book`` runs (it needs the ``book`` extra).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -14,6 +13,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Optional
+
+import typer
 
 from rlparity.cli.notebooks import NOTEBOOKS, notebook_paths, run_notebook
 from rlparity.config.env import scoped_env
@@ -21,11 +23,9 @@ from rlparity.config.env import scoped_env
 BOOK = NOTEBOOKS.parent / "book"
 
 
-def cli_reference() -> str:
-    """Markdown of ``rlparity --help`` and every command's help (generated, never hand-kept)."""
-    import typer
-
-    from rlparity.cli import app
+def cli_reference(cmd) -> str:
+    """Markdown of ``rlparity --help`` and every command's help (generated, never hand-kept) from the
+    root click command (``typer.main.get_command(rlparity.cli.build_app())``)."""
 
     def plain_help(command, ctx) -> str:
         # typer renders help with rich and prints it; capture it without colours at a fixed width
@@ -37,7 +37,6 @@ def cli_reference() -> str:
             text = command.get_help(ctx)
         return "\n".join(line.rstrip() for line in ((text or "") + buf.getvalue()).strip("\n").splitlines())
 
-    cmd = typer.main.get_command(app)
     ctx = cmd.make_context("rlparity", [], resilient_parsing=True)
     parts = ["# Command line\n", "Generated from the commands' own help.\n", "```text", plain_help(cmd, ctx), "```\n"]
     for name in sorted(cmd.list_commands(ctx)):  # type: ignore[attr-defined]
@@ -47,9 +46,10 @@ def cli_reference() -> str:
     return "\n".join(parts)
 
 
-def prepare(executed: str | os.PathLike | None = None, *, ci: bool = False, book: Path = BOOK) -> None:
-    """Put executed notebooks under ``book/notebooks``, plotly.js under ``_static``, the CLI page and the
-    findings catalogue (:func:`rlparity.diagnose.catalogue.catalogue_markdown`) under ``reference``."""
+def prepare(executed: str | os.PathLike | None = None, *, cli_root, ci: bool = False, book: Path = BOOK) -> None:
+    """Put executed notebooks under ``book/notebooks``, plotly.js under ``_static``, the CLI page (the
+    help of ``cli_root``, the root click command: :func:`cli_reference`) and the findings catalogue
+    (:func:`rlparity.diagnose.catalogue.catalogue_markdown`) under ``reference``."""
     from rlparity.diagnose.catalogue import catalogue_markdown
 
     import plotly
@@ -71,7 +71,7 @@ def prepare(executed: str | os.PathLike | None = None, *, ci: bool = False, book
     static.mkdir(exist_ok=True)
     shutil.copyfile(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", static / "plotly.min.js")
     (book / "reference").mkdir(exist_ok=True)
-    (book / "reference" / "cli.md").write_text(cli_reference())
+    (book / "reference" / "cli.md").write_text(cli_reference(cli_root))
     (book / "reference" / "findings.md").write_text(catalogue_markdown())
 
 
@@ -164,15 +164,11 @@ def plotly_figures(page: str | os.PathLike) -> int:
     return Path(page).read_text(errors="replace").count("Plotly.newPlot(")
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m rlparity.cli.book", description=__doc__)
-    ap.add_argument("--ci", action="store_true", help="execute the notebooks with ci=True (small sizes)")
-    ap.add_argument("--executed", help="folder of already executed notebooks to publish instead")
-    args = ap.parse_args(argv)
-    prepare(args.executed, ci=args.ci)
-    html = build()
-    print(f"book built: {html / 'index.html'}")
-
-
-if __name__ == "__main__":
-    main()
+def book_cmd(ctx: typer.Context,
+             ci: bool = typer.Option(False, "--ci", help="execute the notebooks with ci=True (small sizes)"),
+             executed: Optional[Path] = typer.Option(None, help="folder of already executed notebooks to publish "
+                                                                "instead")):
+    """Build the Jupyter Book offline (needs the book extra): execute (or copy) the notebooks,
+    generate the CLI reference and the findings catalogue, run ``jupyter-book build -W``."""
+    prepare(executed, cli_root=ctx.find_root().command, ci=ci)
+    typer.echo(f"book built: {build() / 'index.html'}")

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from rlparity.cli.main import BadInput
+from rlparity.cli.contract import BadInput
 
 
 class TrainerSide(str, Enum):
@@ -144,6 +144,14 @@ def model_path(model: str) -> str:
     return str(make_model(model, progress=False)) if model in SIZES else model
 
 
+def command_group(help: str, commands: Mapping[str, Callable]) -> typer.Typer:
+    """A group of commands (``rlparity GROUP COMMAND``) with ``commands`` in this order."""
+    group = typer.Typer(no_args_is_help=True, add_completion=False, help=help)
+    for name, command in commands.items():
+        group.command(name)(command)
+    return group
+
+
 def echo_json(value: Any) -> None:
     """Print strict JSON (NaN and infinities as ``null``)."""
     from rlparity.config.provenance import to_json
@@ -151,5 +159,5 @@ def echo_json(value: Any) -> None:
     typer.echo(to_json(value))
 
 
-__all__ = ["TrainerSide", "echo_json", "engine_settings", "model_path", "output_store", "read_prompts",
+__all__ = ["TrainerSide", "command_group", "echo_json", "engine_settings", "model_path", "output_store", "read_prompts",
            "sampling_settings", "select_arms", "validation_message"]

@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from rlparity.cli.common import echo_json
-from rlparity.cli.main import BadInput, app
+from rlparity.cli.contract import BadInput, engine_logs
 
 
 class Reading(str, Enum):
@@ -19,7 +19,6 @@ class Reading(str, Enum):
     none = "none"
 
 
-@app.command("import")
 def import_cmd(
     format: str = typer.Argument(..., help="prime-rl, nemo-rl, slime, pipelinerl or generic (verl and custom loops)"),
     path: Path = typer.Argument(..., help="a dump file or a folder of them"),
@@ -47,7 +46,6 @@ def import_cmd(
     typer.echo(str(res))
 
 
-@app.command("gallery")
 def gallery_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="folder for the stores and gallery.json"),
     device: str = typer.Option("cuda", help="cuda (the GPU gallery) or cpu"),
@@ -56,14 +54,22 @@ def gallery_cmd(
     n_head_prompts: int = 256,
     max_tokens: int = 32,
     parts: str = typer.Option("semantic,head,fresh,ablation", help="comma-separated parts to run"),
+    ablation_prompts: int = typer.Option(8, help="prompts of the ablation part"),
+    ablation_knobs: str = typer.Option("", help="comma-separated knobs of the ablation (default: the built-in "
+                                                "ones)"),
+    fresh_size: Optional[str] = typer.Option(None, help="another built-in model for the fresh capture (default: "
+                                                         "--size)"),
 ):
     """Capture every diagnosis of the method on one device (semantic arms with a temperature sweep,
     the LM-head matrix, a fresh capture, the inference-path ablation) and write compact stores
     (what rlparity ships as example data) and gallery.json with every verdict."""
+    engine_logs()
     from rlparity.experiments.gallery import gallery
 
     res = gallery(out, device=device, size=size, n_prompts=n_prompts, n_head_prompts=n_head_prompts,
-                  max_tokens=max_tokens, parts=[p for p in parts.split(",") if p], progress=False)
+                  max_tokens=max_tokens, parts=[p for p in parts.split(",") if p], ablation_prompts=ablation_prompts,
+                  ablation_knobs=[k for k in ablation_knobs.split(",") if k] or None, progress=False,
+                  fresh_size=fresh_size)
     errors = {k: v.splitlines()[-1] for k, v in res.items() if k.startswith("error")}
     for part in ("semantic", "head", "fresh"):
         for arm, v in (res.get(part) or {}).items():
@@ -74,7 +80,6 @@ def gallery_cmd(
         raise RuntimeError(f"gallery parts failed: {errors}")
 
 
-@app.command("examples")
 def examples_cmd(name: Optional[str] = typer.Argument(None, help="show this example's arms"),
                  as_json: bool = typer.Option(False, "--json", help="print strict JSON")):
     """List the example data shipped with rlparity (H200 and CPU captures) with their provenance."""

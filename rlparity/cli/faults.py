@@ -8,16 +8,10 @@ from typing import Optional
 
 import typer
 
-from rlparity.cli.common import echo_json
-from rlparity.cli.main import EXIT_OK, BadInput, app
-
-faults_app = typer.Typer(no_args_is_help=True, add_completion=False,
-                         help="Inject named causes of a mismatch into real engines and trainers (alone and in "
-                              "pairs) and score how often the diagnosis names each one.")
-app.add_typer(faults_app, name="faults")
+from rlparity.cli.common import command_group, echo_json
+from rlparity.cli.contract import EXIT_OK, BadInput, engine_logs
 
 
-@faults_app.command("list")
 def list_cmd():
     """Every fault: what it changes, and where it can run."""
     from rlparity.diagnose.causes import CAUSES
@@ -30,14 +24,13 @@ def list_cmd():
     raise typer.Exit(EXIT_OK)
 
 
-@faults_app.command("run")
 def run_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="zarr store to write (one arm per set of causes)"),
     model: Optional[str] = typer.Option(None, help="local checkpoint directory (version 0); default: --size"),
     size: str = typer.Option("tiny", help="built-in model when --model is not given (tiny, tiny-bf16, small)"),
     arms: Optional[str] = typer.Option(None, help="'single', 'pairs', or arms like 'clean,raw_logprobs+"
-                                                  "stale_prefix_cache' (default: clean, every single cause, "
-                                                  "every pair of the pair causes)"),
+                                           "stale_prefix_cache' (default: clean, every single cause, "
+                                           "every pair of the pair causes)"),
     device: str = typer.Option("cpu", help="the trainer's device (cuda on a GPU host)"),
     n_prompts: int = typer.Option(4, min=2, help="prompts per phase (before, across and after the update)"),
     max_tokens: int = typer.Option(16, min=4),
@@ -45,6 +38,7 @@ def run_cmd(
     as_json: bool = typer.Option(False, "--json", help="print the scores as strict JSON"),
 ):
     """Run the fault matrix on real engines, save it, and print how often the diagnosis is right."""
+    engine_logs()
     from rlparity.cli.common import model_path
     from rlparity.diagnose import diagnose
     from rlparity.diagnose.scoring import format_scores, score_matrix
@@ -64,7 +58,6 @@ def run_cmd(
     raise typer.Exit(EXIT_OK)
 
 
-@faults_app.command("score")
 def score_cmd(
     store: Path = typer.Argument(..., help="a fault-matrix store (rlparity faults run)"),
     as_json: bool = typer.Option(False, "--json", help="print the scores as strict JSON"),
@@ -89,7 +82,7 @@ def _show(scores, as_json: bool) -> None:
         echo_json({"summary": scores.attrs,
                    "causes": table_records(scores[["n_present", "recall", "false_alarms", "n_headline"]], "cause"),
                    "arms": table_records(scores[["n_true_causes", "headline", "headline_cause", "headline_right",
-                                                 "missed", "false_named", "unattributed"]], "arm"),
+                                          "missed", "false_named", "unattributed"]], "arm"),
                    "confusion": {"true_cause": scores["true_cause"].values.tolist(),
                                  "named_cause": scores["named_cause"].values.tolist(),
                                  "counts": scores["confusion"].values.tolist()}})
@@ -97,4 +90,11 @@ def _show(scores, as_json: bool) -> None:
         typer.echo(format_scores(scores))
 
 
-__all__ = ["faults_app"]
+def build_app() -> typer.Typer:
+    """The ``rlparity faults`` sub-app with its commands."""
+    return command_group("Inject named causes of a mismatch into real engines and trainers (alone and in "
+                         "pairs) and score how often the diagnosis names each one.",
+                         {"list": list_cmd, "run": run_cmd, "score": score_cmd})
+
+
+__all__ = ["build_app"]

@@ -9,10 +9,9 @@ from typing import Optional
 import typer
 
 from rlparity.cli.common import echo_json
-from rlparity.cli.main import EXIT_OK, BadInput, app
+from rlparity.cli.contract import EXIT_OK, BadInput, engine_logs
 
 
-@app.command("floor")
 def floor_cmd(
     source: str = typer.Argument(..., help="a model (built-in name, path or hub id: captures and rescores under "
                                             "every trainer shape) or a scored store (reads the floors it recorded)"),
@@ -56,6 +55,7 @@ def floor_cmd(
         raise typer.Exit(EXIT_OK)
     if path.exists() and path.is_file():
         raise BadInput(f"{source} is a file: pass a model (checkpoint folder, hub id or built-in name) or a store")
+    engine_logs()
     from rlparity.cli.common import model_path, output_store
     from rlparity.config.settings import SamplingSettings
     from rlparity.experiments.floors import REFERENCE, SHAPES, floor_run

@@ -10,7 +10,7 @@ from typing import Any, Optional
 import typer
 
 from rlparity.cli.common import echo_json, engine_settings, model_path, output_store, sampling_settings, select_arms
-from rlparity.cli.main import EXIT_FAIL, EXIT_OK, BadInput, app, option_defaults
+from rlparity.cli.contract import EXIT_FAIL, EXIT_OK, BadInput, engine_logs, option_defaults
 
 _D = option_defaults()
 
@@ -20,7 +20,6 @@ class FailOn(str, Enum):
     warning = "warning"
 
 
-@app.command("diagnose")
 def diagnose_cmd(
     trace: Path = typer.Argument(..., help="zarr store written by rlparity (one or more arms)"),
     arm: Optional[list[str]] = typer.Option(None, help="only these arms (default: all)"),
@@ -49,7 +48,6 @@ def diagnose_cmd(
     raise typer.Exit(EXIT_FAIL if report.problems(Severity(fail_on.value)) else EXIT_OK)
 
 
-@app.command("check")
 def check_cmd(
     trace: Optional[Path] = typer.Argument(None, help="scored zarr store; omit to capture with --model"),
     thresholds: Optional[Path] = typer.Option(None, help="thresholds YAML (default: the shipped defaults, "
@@ -82,7 +80,6 @@ def check_cmd(
     raise typer.Exit(EXIT_OK if result.passed else EXIT_FAIL)
 
 
-@app.command("findings")
 def findings_cmd(
     code: Optional[str] = typer.Argument(None, help="one finding code (default: list every code)"),
     as_json: bool = typer.Option(False, "--json", help="print strict JSON"),
@@ -104,6 +101,7 @@ def findings_cmd(
 
 
 def _capture(model, engine_json, profile, num_prompts, max_tokens, temperature, top_k, out):
+    engine_logs()
     from rlparity.capture import Engine
     from rlparity.models import make_prompts
     from rlparity.score import score

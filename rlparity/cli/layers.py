@@ -9,13 +9,8 @@ from typing import Optional
 
 import typer
 
-from rlparity.cli.common import echo_json
-from rlparity.cli.main import EXIT_FAIL, EXIT_OK, BadInput, app
-
-layers_app = typer.Typer(no_args_is_help=True, add_completion=False,
-                         help="Per-layer divergence: the first layer and module where the engine's hidden states "
-                              "leave their floor against the trainer's (or another arm's engine).")
-app.add_typer(layers_app, name="layers")
+from rlparity.cli.common import command_group, echo_json
+from rlparity.cli.contract import EXIT_FAIL, EXIT_OK, BadInput, engine_logs
 
 
 def profile_rows(arms) -> list[dict]:
@@ -47,14 +42,13 @@ def _show_rows(rows: list[dict], as_json: bool) -> None:
                    f"{(f'{ratio:.3g}' if ratio == ratio else '-'):>9}  {r['cause']}")
 
 
-@layers_app.command("run")
 def run_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="zarr store to write (one arm per scenario)"),
     model: Optional[str] = typer.Option(None, help="local checkpoint directory (version 0); default: --size"),
     size: str = typer.Option("tiny", help="built-in model when --model is not given"),
     scenarios: Optional[str] = typer.Option(None, help="comma list of scenarios (default: all this platform runs): "
-                                                       "clean, partial_weight_sync, stale_prefix_cache, "
-                                                       "trainer_bf16_head, rollout_bf16_head, batch_variant_attention"),
+                                                "clean, partial_weight_sync, stale_prefix_cache, "
+                                                "trainer_bf16_head, rollout_bf16_head, batch_variant_attention"),
     device: str = typer.Option("cpu", help="the trainer's device (cuda on a GPU host)"),
     n_prompts: int = typer.Option(4, min=1, help="probe sequences"),
     max_tokens: int = typer.Option(16, min=1),
@@ -63,6 +57,7 @@ def run_cmd(
     """Run the scenarios that must be located (a partial weight sync, a bf16 head on either side, a
     stale prefix cache, another attention backend) on real engines with the layer hooks on, save the
     scored arms with their profiles, and print where each one starts to diverge."""
+    engine_logs()
     import xarray as xr
 
     from rlparity.cli.common import model_path, output_store
@@ -90,7 +85,6 @@ def run_cmd(
     raise typer.Exit(EXIT_OK)
 
 
-@layers_app.command("show")
 def show_cmd(
     store: Path = typer.Argument(..., help="a store whose arms carry layer profiles (rlparity layers run)"),
     arm: Optional[list[str]] = typer.Option(None, "--arm", help="only these arms (repeatable)"),
@@ -110,13 +104,12 @@ def show_cmd(
     raise typer.Exit(EXIT_FAIL if any(r["finding"] == "divergence_starts_at" for r in rows) else EXIT_OK)
 
 
-@app.command("verify-weights")
 def verify_weights_cmd(
     model: str = typer.Argument(..., help="the checkpoint the engine starts from (path, hub id, or tiny/small)"),
     update: Optional[Path] = typer.Option(None, help="a checkpoint (directory or .safetensors) to load into the "
-                                                     "running engine first, as an RL weight update does"),
+                                              "running engine first, as an RL weight update does"),
     trainer: Optional[Path] = typer.Option(None, help="the trainer's weights (checkpoint directory or .safetensors); "
-                                                      "default: --update, else the model"),
+                                               "default: --update, else the model"),
     engine: Optional[str] = typer.Option(None, help="engine settings as JSON"),
     profile: Optional[str] = typer.Option(None, help="engine profile (name or YAML)"),
     as_json: bool = typer.Option(False, "--json", help="print the comparison as strict JSON"),
@@ -124,6 +117,7 @@ def verify_weights_cmd(
     """Read the weights the engine holds in its workers (fused qkv/gate_up split back into checkpoint
     names) and compare every tensor with the trainer's (checksums of bf16-rounded values). Exit 1
     naming each tensor and layer that differs."""
+    engine_logs()
     from rlparity.capture import Engine
     from rlparity.cli.common import engine_settings, model_path
     from rlparity.experiments.layers import verify_weights
@@ -162,4 +156,11 @@ def verify_weights_cmd(
     raise typer.Exit(EXIT_OK if res["equal"] else EXIT_FAIL)
 
 
-__all__ = ["layers_app", "profile_rows"]
+def build_app() -> typer.Typer:
+    """The ``rlparity layers`` sub-app with its commands."""
+    return command_group("Per-layer divergence: the first layer and module where the engine's hidden states "
+                         "leave their floor against the trainer's (or another arm's engine).",
+                         {"run": run_cmd, "show": show_cmd})
+
+
+__all__ = ["build_app", "profile_rows"]

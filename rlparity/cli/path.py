@@ -8,12 +8,11 @@ from typing import Optional
 import typer
 
 from rlparity.cli.common import echo_json, model_path, output_store, sampling_settings
-from rlparity.cli.main import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, app, option_defaults
+from rlparity.cli.contract import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, engine_logs, option_defaults
 
 _D = option_defaults()
 
 
-@app.command("profiles")
 def profiles_cmd(name: Optional[str] = typer.Argument(None, help="show this profile's settings")):
     """List the built-in engine profiles, or print one as YAML."""
     import yaml
@@ -29,7 +28,6 @@ def profiles_cmd(name: Optional[str] = typer.Argument(None, help="show this prof
                                "settings": p["settings"].model_dump(exclude_none=True)}, sort_keys=False))
 
 
-@app.command("audit")
 def audit_cmd(
     source: str = typer.Argument(..., help="a trace (zarr), a YAML/JSON file of vLLM engine kwargs, a vLLM "
                                           "command line in quotes, or 'start' to start an engine"),
@@ -46,6 +44,7 @@ def audit_cmd(
     --engine-profile vllm-v1-defaults`` starts a real engine on the tiny model. Exit 1 when
     something differs, 2 on bad input or when the source records none of the profile's settings.
     """
+    engine_logs()
     from rlparity.capture.audit import audit
 
     if source == "start":
@@ -67,7 +66,6 @@ def audit_cmd(
     raise typer.Exit(EXIT_OK if res.ok else EXIT_FAIL)
 
 
-@app.command("ablate")
 def ablate_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="zarr store for every arm"),
     model: str = typer.Option("tiny", help="'tiny' (built-in) or a model path"),
@@ -81,6 +79,7 @@ def ablate_cmd(
 ):
     """One-knob-at-a-time inference-path ablation from a reference profile, same prompts and
     seeds; every arm lands in one store; prints the table and the findings."""
+    engine_logs()
     from rlparity.capture.pool import shared_pool
     from rlparity.diagnose.path import ablation_findings
     from rlparity.experiments.ablation import DEFAULT_KNOBS, ablation, shared_prefix_prompts

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from rlparity.cli.common import echo_json, model_path, output_store, sampling_settings
-from rlparity.cli.main import BadInput, app, option_defaults
+from rlparity.cli.contract import BadInput, engine_logs, option_defaults
 
 _D = option_defaults()
 _R = _D.rl
@@ -26,7 +26,6 @@ class OldPolicy(str, Enum):
     mu = "mu"
 
 
-@app.command("rl-run")
 def rl_run_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="zarr store for every step's trace (arms <profile>@step_NNN)"),
     model: str = typer.Option("tiny", help="'tiny' (built-in) or a local checkpoint: the initial weights"),
@@ -56,6 +55,7 @@ def rl_run_cmd(
     ticks once per step. Prints, per run, the backend ratio pi_old/mu, PipelineRL's clamp indicator
     and the reward against the first profile's run of the same ratio denominator.
     """
+    engine_logs()
     from rlparity.config.provenance import write_json
     from rlparity.experiments.rl import rl_run, summarize
     from rlparity.trace import save

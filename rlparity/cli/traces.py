@@ -19,14 +19,13 @@ from rlparity.cli.common import (
     sampling_settings,
     select_arms,
 )
-from rlparity.cli.main import app, option_defaults
+from rlparity.cli.contract import engine_logs, option_defaults
 from rlparity.metrics.dashboard import DASHBOARDS
 
 _D = option_defaults()
 Dashboard = Enum("Dashboard", {n.replace("-", "_"): n for n in DASHBOARDS}, type=str)
 
 
-@app.command("make-model")
 def make_model_cmd(
     size: str = typer.Option("tiny", help="built-in size: tiny (CPU/CI) or small (GPU)"),
     out: Optional[Path] = typer.Option(None, help="where to save (default: the rlparity cache)"),
@@ -41,7 +40,6 @@ def make_model_cmd(
     typer.echo(make_model(size, out, seed=seed, vocab_pad_to=vocab_pad_to, device=device, force=force))
 
 
-@app.command("capture")
 def capture_cmd(
     model: str = typer.Argument(..., help="local path or hub id ('tiny' = the built-in model)"),
     out: Path = typer.Option(..., "--out", "-o", help="zarr store to write"),
@@ -66,6 +64,7 @@ def capture_cmd(
                                                      "--engine '{\"capture_routing\": true}'"),
 ):
     """Sample prompts with real vLLM, rescore with the trainer, add the arm to a zarr store."""
+    engine_logs()
     from rlparity.capture import Engine
     from rlparity.cli.common import model_path, trainer_settings
     from rlparity.trace import add_arm
@@ -88,7 +87,6 @@ def capture_cmd(
     typer.echo(f"wrote arm {arm!r} ({trace.sizes['sequence']} sequences) to {out}")
 
 
-@app.command("score")
 def score_cmd(
     trace: Path = typer.Argument(..., help="zarr store written by rlparity"),
     model: Optional[str] = typer.Option(None, help="trainer model (default: each arm's own model)"),
@@ -137,7 +135,6 @@ def score_cmd(
     typer.echo(f"rescored {len(chosen)} arm(s) in {trace}: {', '.join(chosen)}")
 
 
-@app.command("summary")
 def summary_cmd(
     trace: Path = typer.Argument(..., help="zarr store written by rlparity"),
     trainer: TrainerSide = typer.Option(TrainerSide(_D.trainer), help="trainer reading: processed or raw"),
@@ -194,7 +191,6 @@ def summary_cmd(
             typer.echo(format_routing(ds, trainer.value))
 
 
-@app.command("run")
 def run_cmd(
     out: Path = typer.Option(Path("runs/quickstart.zarr"), "--out", "-o"),
     size: str = "tiny",
@@ -207,8 +203,8 @@ def run_cmd(
     """The main job: build the small model, capture raw and processed logprobs with real vLLM,
     rescore with the trainer (fp32 head on both sides), print the parity summary and one verdict
     per arm with its fix, write the trace."""
+    log = engine_logs()
     from rlparity.capture import Engine, EngineSettings
-    from rlparity.cli.main import engine_log_file
     from rlparity.diagnose import diagnose
     from rlparity.metrics import format_summary_table
     from rlparity.models import make_model, make_prompts
@@ -238,6 +234,5 @@ def run_cmd(
     for line in report.summary_lines():
         typer.echo(f"  {line}")
     typer.echo("")
-    log = engine_log_file()
     typer.echo(f"wrote {out} (arms: {', '.join(arms)})" + (f"; vLLM's log: {log}" if log else ""))
     typer.echo(f"next: rlparity diagnose {out}   |   rlparity check {out}")

@@ -23,7 +23,8 @@ The ground truth is in each arm's ``attrs["faults"]`` (``causes``, the recipe); 
 reads it. :func:`rlparity.diagnose.scoring.score_matrix` compares the report with it.
 
 From a shell: ``rlparity faults run --size tiny --out runs/faults.zarr`` and
-``rlparity faults score runs/faults.zarr`` (or ``python -m rlparity.experiments.faults``).
+``rlparity faults score runs/faults.zarr`` (or ``rlparity experiment faults --out DIR``: the store, the scores
+in ``DIR/faults.json``, ``--example NAME`` for a compact example store).
 """
 
 from __future__ import annotations
@@ -369,71 +370,6 @@ def _checkpoint_dtype(model: Path) -> str:
     return dt if dt in ("float32", "bfloat16", "float16") else "float32"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m rlparity.experiments.faults --out DIR``: run the default matrix on a built-in
-    model (or ``--model PATH``), write ``DIR/faults.zarr`` (every arm, or with ``--example NAME`` a
-    compact example store ``DIR/NAME.zarr`` with its provenance) and ``DIR/faults.json`` (the scores,
-    the headline of every arm), and print the scores. On a GPU host (one call, e.g. with
-    ``RLPARITY_ENGINE_LOCK=off``): ``--size small --dtype bfloat16 --device cuda --sigma 0.2``."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m rlparity.experiments.faults", description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True, help="folder for the store and faults.json")
-    p.add_argument("--model", default=None, help="local checkpoint (version 0); default: the built-in --size")
-    p.add_argument("--size", default="tiny", help="built-in model when --model is not given")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default=None, help="body dtype on both sides (default: the checkpoint's)")
-    p.add_argument("--arms", default=None, help="'single', 'pairs' or a comma list of arms like raw_logprobs+stale_prefix_cache")
-    p.add_argument("--n-prompts", type=int, default=4)
-    p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--sigma", type=float, default=0.05)
-    p.add_argument("--inflight-tokens", type=int, default=None, help="max_tokens of the requests in flight across "
-                   "the update (default: --max-tokens; a GPU needs more, e.g. 128)")
-    p.add_argument("--update-after", type=float, default=1 / 3, help="share of the in-flight tokens before the update")
-    p.add_argument("--gpu-memory-utilization", type=float, default=None)
-    p.add_argument("--example", default=None, help="save a compact example store DIR/NAME.zarr with provenance")
-    a = p.parse_args(argv)
-    from rlparity.config.provenance import write_json
-    from rlparity.diagnose import diagnose
-    from rlparity.diagnose.scoring import format_scores, score_matrix
-    from rlparity.experiments.gallery import provenance
-    from rlparity.metrics import table_records
-    from rlparity.models import make_model
-    from rlparity.trace import save
-
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    model = a.model or str(make_model(a.size, progress=False, **({"device": a.device} if a.device != "cpu" else {})))
-    engine = {"gpu_memory_utilization": a.gpu_memory_utilization} if a.gpu_memory_utilization else {}
-    settings = MatrixSettings(n_prompts=a.n_prompts, max_tokens=a.max_tokens, sigma=a.sigma, device=a.device,
-                              dtype=a.dtype, engine=engine, inflight_tokens=a.inflight_tokens,
-                              update_after=a.update_after)
-    arms_ = parse_arms(a.arms, platform="cuda" if a.device.startswith("cuda") else "cpu")
-    t0 = time.perf_counter()
-    traces = run_matrix(model, arms_, settings, workdir=out / "checkpoints")
-    elapsed = time.perf_counter() - t0
-    report = diagnose(traces)
-    scores = score_matrix(traces, report)
-    write_json(out / "faults.json", {
-        "summary": scores.attrs, "elapsed_s": round(elapsed, 1), "settings": settings.model_dump(), "model": model,
-        "per_cause": table_records(scores[["n_present", "recall", "false_alarms", "n_headline"]], "cause"),
-        "per_arm": table_records(scores[["headline", "headline_cause", "headline_right", "missed", "false_named",
-                                         "unattributed"]], "arm"),
-        "headlines": report.summary_lines(), "attribution": report.attribution})
-    if a.example:
-        from rlparity.datasets import save_example
-
-        cmd = "python -m rlparity.experiments.faults " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
-        prov = provenance(a.device, Path(model).name, cmd, "the fault matrix: every cause of the fault library alone "
-                          "and in pairs, on real engines, with the ground truth in each arm's attrs")
-        store = save_example(traces, out / f"{a.example}.zarr", prov)
-    else:
-        store = save(traces, out / "faults.zarr")
-    print(format_scores(scores))
-    print(f"wrote {store} and {out / 'faults.json'} in {elapsed:.0f} s")
-    return 0
-
-
 def parse_arms(spec: str | None, platform: str = "cpu") -> list[tuple[str, ...]] | None:
     """``None``/``"all"``: the default matrix; ``"single"``: clean + every single cause; ``"pairs"``:
     clean + the pairs; else a comma list of arms, each causes joined by ``+`` (``clean`` = none)."""
@@ -454,8 +390,4 @@ def parse_arms(spec: str | None, platform: str = "cpu") -> list[tuple[str, ...]]
 
 
 __all__ = ["ARM_SEP", "CLEAN", "FAULTS", "PAIR_CAUSES", "Fault", "MatrixSettings", "Plan", "compose", "default_arms",
-           "main", "parse_arms", "partial_checkpoint", "run_matrix"]
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+           "parse_arms", "partial_checkpoint", "run_matrix"]

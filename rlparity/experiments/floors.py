@@ -8,7 +8,7 @@ is the same rollout with the trainer side of one shape; :func:`rlparity.metrics.
 puts each shape's floor beside the backend gap, and the diagnosis reads the floors of every arm
 (``trainer_not_batch_invariant``, ``engine_not_batch_invariant``).
 
-From a shell: ``rlparity floor MODEL`` (or ``python -m rlparity.experiments.floors --out DIR``; on a GPU
+From a shell: ``rlparity floor MODEL`` (or ``rlparity experiment floors --out DIR``; on a GPU
 host ``--device cuda --dtype bfloat16``, with ``--shape 1.5b`` for a random model of Qwen2-1.5B's
 shape built on the device).
 """
@@ -85,82 +85,4 @@ def floor_run(model: str | os.PathLike, prompts: Sequence, sampling: SamplingSet
     return arms
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m rlparity.experiments.floors --out DIR``: the floor run, ``DIR/floors.json`` (the
-    table, the findings) and the store (``--example NAME``: a compact example store)."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m rlparity.experiments.floors", description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--model", default=None, help="local checkpoint; default: --shape, else the built-in --size")
-    p.add_argument("--size", default="tiny", help="built-in trained model (tiny, tiny-bf16, small)")
-    p.add_argument("--shape", default=None, help="a random model of a real shape built on the device (1.5b, 7b)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", help="body dtype on both sides")
-    p.add_argument("--n-prompts", type=int, default=64)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--shapes", default=None, help="comma list of shapes (default: all of SHAPES)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=None)
-    p.add_argument("--example", default=None, help="save a compact example store DIR/NAME.zarr")
-    a = p.parse_args(argv)
-    from rlparity.config.provenance import write_json
-    from rlparity.diagnose import diagnose
-    from rlparity.experiments.gallery import provenance
-    from rlparity.metrics import table_records
-    from rlparity.metrics.floors import floor_table
-    from rlparity.models import make_model, make_prompts, make_shape_model
-    from rlparity.trace import save
-
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    dev = {"device": a.device} if a.device != "cpu" else {}
-    if a.model:
-        model = a.model
-    elif a.shape:
-        model = str(make_shape_model(a.shape, dtype=a.dtype, **dev))  # under $RLPARITY_CACHE, not in --out
-    else:
-        model = str(make_model(a.size, progress=False, **dev))
-    shapes = {k: SHAPES[k] for k in a.shapes.split(",")} if a.shapes else SHAPES
-    if REFERENCE not in shapes:
-        shapes = {REFERENCE: SHAPES[REFERENCE], **shapes}
-    engine = EngineSettings(logprobs_mode="processed_logprobs", head_dtype="float32", dtype=a.dtype,
-                            generation_config="vllm", enable_prefix_caching=False,
-                            **({"gpu_memory_utilization": a.gpu_memory_utilization} if a.gpu_memory_utilization else {}))
-    t0 = time.perf_counter()
-    arms = floor_run(model, make_prompts(a.n_prompts), SamplingSettings(temperature=0.7, top_k=20,
-                     max_tokens=a.max_tokens, seed=0), shapes=shapes, engine=engine, dtype=a.dtype, device=a.device)
-    table = floor_table(arms, REFERENCE)
-    invariant = None
-    if {"batch_invariant", "batch_invariant_shuffled"} <= set(arms):
-        from rlparity.metrics.floors import trainer_floor
-
-        f = trainer_floor(arms["batch_invariant"], arms["batch_invariant_shuffled"])
-        invariant = {k: float(f[k]) for k in f.data_vars}
-    report = diagnose(arms, title="floors")
-    label = a.shape or Path(model).name
-    write_json(out / "floors.json", {"model": label, "device": a.device, "dtype": a.dtype,
-                                     "table": table_records(table), "engine_floor": table.attrs.get("engine_floor"),
-                                     "batch_invariant_mode_floor": invariant,
-                                     "shapes": table.attrs["shapes"], "headlines": report.summary_lines(),
-                                     "findings": [f.to_dict() for f in report if f.name.endswith("batch_invariant")],
-                                     "elapsed_s": round(time.perf_counter() - t0, 1)})
-    if a.example:
-        from rlparity.datasets import save_example
-
-        cmd = "python -m rlparity.experiments.floors " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
-        store = save_example(arms, out / f"{a.example}.zarr", provenance(a.device, label, cmd, "floors: one rollout "
-                             "rescored under the trainer shapes real trainers use, with the engine's batch spread"))
-    else:
-        store = save(arms, out / "floors.zarr")
-    print(table[["floor_mean_abs", "floor_max_abs", "share_of_gap", "relative_throughput"]].to_dataframe().round(6))
-    print(f"backend gap (mean |d|, {REFERENCE}): {float(table['gap_mean_abs_d']):.4g}; engine batch spread: "
-          f"{(table.attrs.get('engine_floor') or {}).get('batch_shape')}")
-    print(f"wrote {store} and {out / 'floors.json'}")
-    return 0
-
-
-__all__ = ["REFERENCE", "SHAPES", "floor_run", "main", "scorer_for"]
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+__all__ = ["REFERENCE", "SHAPES", "floor_run", "scorer_for"]

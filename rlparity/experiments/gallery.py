@@ -1,6 +1,6 @@
 """The gallery: every diagnosis of the method captured on one device, written as compact stores.
 
-``rlparity gallery --device cuda --out DIR`` (or ``python -m rlparity.experiments.gallery``) runs,
+``rlparity gallery --device cuda --out DIR`` runs,
 on the ``small`` built-in model with a bf16 body:
 
 * ``semantic``: ``raw_logprobs`` and ``processed_logprobs`` x LM head bf16 / fp32, each at several
@@ -19,9 +19,7 @@ Each store is compacted (:func:`rlparity.datasets.compact`) and stamped with pro
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
-import json
 import os
 import time
 import traceback
@@ -228,35 +226,6 @@ def gallery(out_dir: str | os.PathLike, *, device: str = "cuda", size: str = "sm
     results["seconds"] = round(time.time() - t0, 1)
     write_json(out / "gallery.json", results)
     return results
-
-
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m rlparity.experiments.gallery", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--size", default="small")
-    ap.add_argument("--n-prompts", type=int, default=128)
-    ap.add_argument("--n-head-prompts", type=int, default=256)
-    ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--parts", default=",".join(PARTS))
-    ap.add_argument("--ablation-prompts", type=int, default=8)
-    ap.add_argument("--ablation-knobs", default="")
-    ap.add_argument("--fresh-size", default=None)
-    a = ap.parse_args(argv)
-    res = gallery(a.out, device=a.device, size=a.size, n_prompts=a.n_prompts, n_head_prompts=a.n_head_prompts,
-                  max_tokens=a.max_tokens, parts=[p for p in a.parts.split(",") if p],
-                  ablation_prompts=a.ablation_prompts,
-                  ablation_knobs=[k for k in a.ablation_knobs.split(",") if k] or None, progress=False,
-                  fresh_size=a.fresh_size)
-    print(json.dumps({k: v for k, v in res.items() if not k.startswith("error")}, indent=1, default=str)[:6000])
-    for k, v in res.items():
-        if k.startswith("error"):
-            print(k, v)
-
-
-if __name__ == "__main__":
-    main()
 
 
 __all__ = ["HEADS", "PARTS", "TEMPERATURES", "gallery", "provenance"]

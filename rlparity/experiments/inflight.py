@@ -26,7 +26,7 @@ findings in :mod:`rlparity.diagnose.inflight`, figures in :mod:`rlparity.plot.in
 
 Run it from a shell (one call, e.g. on a GPU host with ``RLPARITY_ENGINE_LOCK=off``)::
 
-    python -m rlparity.experiments.inflight --out DIR [--model PATH | --size tiny] [--device cuda] [--ci]
+    rlparity experiment inflight --out DIR [--model PATH | --size tiny] [--device cuda] [--ci]
 
 which writes ``DIR/inflight.zarr`` (every arm) and ``DIR/inflight.json`` (tables, ratios, findings).
 """
@@ -171,62 +171,4 @@ def summarize(arms: Mapping[str, xr.Dataset], *, trainer: str | None = None) -> 
             "findings": report.to_dict()["findings"], "verdict": report.verdict}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m rlparity.experiments.inflight --out DIR``: run the matrix, write the store and
-    a JSON of the numbers."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m rlparity.experiments.inflight", description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True, help="folder for inflight.zarr and inflight.json")
-    p.add_argument("--model", default=None, help="local checkpoint (version 0); default: the built-in model")
-    p.add_argument("--size", default="tiny", help="built-in model size when --model is not given")
-    p.add_argument("--new-weights", default=None, help="checkpoint of version 1 (default: a perturbation)")
-    p.add_argument("--sigma", type=float, default=0.05, help="relative noise of the default perturbation")
-    p.add_argument("--device", default="cpu", help="the trainer's device (cuda on a GPU host)")
-    p.add_argument("--dtype", default="float32", help="body dtype on both sides")
-    p.add_argument("--n-prompts", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=48)
-    p.add_argument("--gpu-memory-utilization", type=float, default=None)
-    p.add_argument("--ci", action="store_true", help="small sizes (4 prompts, 32 tokens)")
-    a = p.parse_args(argv)
-    from rlparity.config.provenance import write_json
-    from rlparity.models import make_model
-    from rlparity.trace import save
-
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    model = a.model or str(make_model(a.size, progress=False))
-    n, mt = (4, 32) if a.ci else (a.n_prompts, a.max_tokens)
-    engine = {"gpu_memory_utilization": a.gpu_memory_utilization} if a.gpu_memory_utilization else {}
-    t0 = time.perf_counter()
-    arms = inflight_matrix(model, new_weights=a.new_weights, sigma=a.sigma, n_prompts=n, max_tokens=mt,
-                           dtype=a.dtype, device=a.device, engine=engine, checkpoint_dir=out / "v1")
-    elapsed = time.perf_counter() - t0
-    res = summarize(arms)
-    res.update({"model": model, "device": a.device, "dtype": a.dtype, "sizes": {"n_prompts": n, "max_tokens": mt},
-                "elapsed_s": round(elapsed, 1), "store": str(out / "inflight.zarr"),
-                "engine_effective": next(iter(arms.values())).attrs.get("engine_effective"),
-                "weight_loading": {k: next(iter(arms.values())).attrs["inflight"]["update"].get(k)
-                                   for k in ("boundary_source", "stream_behind", "pause_kwargs", "load_method")}})
-    write_json(out / "inflight.json", res)  # first: the numbers survive a missing zarr
-    try:
-        store = save(arms, out / "inflight.zarr")
-    except ImportError as err:
-        store = f"not written ({err}: install zarr to save the store)"
-        print(store)
-    for arm, r in res["reset_ratios"].items():
-        print(f"{arm}: mean |d| after the update {r['kept']:.3g} nats vs {r['reset']:.3g} with the cache reset "
-              f"({r['ratio']:.3g}x)")
-    print(f"stale arms flagged: {res['flagged_stale_arms']}")
-    for m, v in res["lag_by_mode"].items():
-        print(f"lag {m}: mean {v['lag_mean']:.3f}, off-policy share {v['offpolicy_share']:.2f}, "
-              f"pause {v['pause_s']:.2f} s, aborted tokens {v['aborted_tokens']:.0f}")
-    print(f"wrote {store} and {out / 'inflight.json'} in {elapsed:.0f} s")
-    return 0
-
-
-__all__ = ["base_settings", "inflight_matrix", "main", "summarize"]
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+__all__ = ["base_settings", "inflight_matrix", "summarize"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import xarray as xr
@@ -125,42 +125,4 @@ def dense_arm(dense: str | os.PathLike, settings: MoESettings | None = None, *, 
     return scored
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m rlparity.experiments.moe --out STORE``: the experiment on the built-in models,
-    the store saved, the routing numbers and the diagnosis printed."""
-    import argparse
-    import json
-
-    from rlparity.diagnose import diagnose
-    from rlparity.metrics.routing import has_routes, routing_record
-    from rlparity.models import make_model
-    from rlparity.trace import save
-
-    p = argparse.ArgumentParser(prog="python -m rlparity.experiments.moe", description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True, help="the zarr store to write (one arm per setting)")
-    p.add_argument("--size", default="tiny-moe", help="built-in MoE model (or --model PATH)")
-    p.add_argument("--model", default=None)
-    p.add_argument("--dense", default="tiny", help="built-in dense model for the comparison ('' = none)")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--n-prompts", type=int, default=16)
-    p.add_argument("--max-tokens", type=int, default=24)
-    a = p.parse_args(argv)
-    from rlparity.capture.pool import shared_pool
-
-    model = a.model or str(make_model(a.size, progress=False, device=a.device))
-    dense = str(make_model(a.dense, progress=False, device=a.device)) if a.dense else None
-    s = MoESettings(n_prompts=a.n_prompts, max_tokens=a.max_tokens, dtype=a.dtype, device=a.device)
-    arms = moe_run(model, dense, s)
-    shared_pool().close()
-    save(arms, a.out)
-    print(json.dumps({k: routing_record(v) for k, v in arms.items() if has_routes(v)}, indent=1))
-    print(diagnose(arms))
-    return 0
-
-
-__all__ = ["DENSE_ARM", "MOE_ARM", "MoESettings", "dense_arm", "engine_settings", "main", "moe_run"]
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+__all__ = ["DENSE_ARM", "MOE_ARM", "MoESettings", "dense_arm", "engine_settings", "moe_run"]

@@ -46,7 +46,7 @@ did and its timings in ``attrs["rl"]``. The curves are computed from those trace
 
 From a shell (one call on a GPU host with ``RLPARITY_ENGINE_LOCK=off``)::
 
-    python -m rlparity.experiments.rl --out DIR [--device cuda] [--steps N] [--async-rollouts] [--flat]
+    rlparity experiment rl --out DIR [--device cuda] [--steps N] [--async-rollouts] [--flat]
 
 writes ``DIR/rl.json`` (the curves and the contrast with the parity profile; first), then
 ``DIR/rl.zarr`` (every step's trace) and the same store as flat files, ``DIR/rl.zarr.tar.gz`` (or
@@ -370,8 +370,8 @@ def pack(store: str | os.PathLike, out: str | os.PathLike, *, max_part_bytes: in
 def make_example(stores: Sequence[str | os.PathLike], path: str | os.PathLike, *, keep_steps: str = "ends",
                  description: str | None = None, command: str | None = None,
                  device_name: str | None = None) -> Path:
-    """One example store from the stores of one or more runs (e.g. one ``python -m
-    rlparity.experiments.rl --profile P`` call per profile on a GPU host): the curves of every step of
+    """One example store from the stores of one or more runs (e.g. one ``rlparity
+    experiment rl --profile P`` call per profile on a GPU host): the curves of every step of
     every run (:func:`rlparity.metrics.rl.rl_curves` on all of them, kept as the root attr
     ``rl_curves``, read back with :func:`rlparity.metrics.rl.curves_from_records`) and the contrast
     with the first store's profile (``contrast``), while only the first and last step of each run
@@ -412,95 +412,12 @@ def make_example(stores: Sequence[str | os.PathLike], path: str | os.PathLike, *
             **{k: versions.get(k) for k in ("vllm", "torch", "transformers")},
             "date": str(first.attrs.get("created_at", ""))[:10], "model": str(first.attrs.get("model", "")),
             "model_fingerprint": prints.pop(), "sizes": (first.attrs.get("rl") or {}).get("sizes", {}),
-            "command": command or "python -m rlparity.experiments.rl --out DIR --profile P (one call per profile)"}
+            "command": command or "rlparity experiment rl --out DIR --profile P (one call per profile)"}
     tree = xr.DataTree.from_dict({f"/{k}": compact(v) for k, v in kept.items()})
     tree.attrs = jsonable({"example": prov, "rl_curves": mrl.curves_records(curves),
                            "contrast": mrl.profile_contrast(curves)}, strict=True)
     return save(tree, path)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m rlparity.experiments.rl --out DIR``: run every profile, write the JSON of the
-    curves first, then the store of every step's trace, then the curves as CSV."""
-    import argparse
-
-    d = defaults().rl
-    p = argparse.ArgumentParser(prog="python -m rlparity.experiments.rl", description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True, help="folder for rl.json, rl.zarr and rl_curves.csv")
-    p.add_argument("--model", default=None, help="local checkpoint (initial weights); default: the built-in model")
-    p.add_argument("--size", default="tiny", help="built-in model size when --model is not given")
-    p.add_argument("--device", default="cpu", help="the trainer's device (cuda on a GPU host)")
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--loss", default=d.loss, choices=["gspo", "ppo", "grpo"])
-    p.add_argument("--old-policy", action="append", default=None, choices=list(OLD_POLICIES),
-                   help="the loss's ratio denominator, one run each (repeat): pi_old recomputed by the trainer, or "
-                        "mu (PipelineRL); default: " + " and ".join(d.old_policy))
-    p.add_argument("--n-prompts", type=int, default=d.n_prompts)
-    p.add_argument("--n-samples", type=int, default=d.n_samples)
-    p.add_argument("--max-tokens", type=int, default=d.max_tokens)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--seed", type=int, default=defaults().seed)
-    p.add_argument("--profile", action="append", default=None, help="a profile (repeat); default: the three")
-    p.add_argument("--async-rollouts", action="store_true", help="generate step k+1 while step k trains (lag 1)")
-    p.add_argument("--dtype", default=d.dtype, help="body dtype pinned on the engine and the trainer alike")
-    p.add_argument("--gpu-memory-utilization", type=float, default=None)
-    p.add_argument("--flat", action="store_true", help="leave only flat files in --out: the store as tar parts "
-                                                       "(rl.zarr removed once packed)")
-    p.add_argument("--no-progress", action="store_true")
-    a = p.parse_args(argv)
-    from rlparity.config.provenance import write_json
-    from rlparity.metrics import rl as mrl
-    from rlparity.models import make_model
-    from rlparity.trace import save
-
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    model = a.model or str(make_model(a.size, progress=False, device=a.device))
-    engine = {"gpu_memory_utilization": a.gpu_memory_utilization} if a.gpu_memory_utilization else {}
-    t0 = time.perf_counter()
-    arms = rl_run(model, a.profile, a.steps, loss=a.loss, old_policy=a.old_policy, n_prompts=a.n_prompts,
-                  n_samples=a.n_samples,
-                  max_tokens=a.max_tokens, lr=a.lr, async_rollouts=a.async_rollouts, device=a.device, seed=a.seed,
-                  dtype=a.dtype, engine=engine, progress=not a.no_progress)
-    elapsed = time.perf_counter() - t0
-    res = summarize(arms, findings=False)
-    res.update({"model": model, "device": a.device, "elapsed_s": round(elapsed, 1),
-                "sizes": {"steps": a.steps, "n_prompts": a.n_prompts, "n_samples": a.n_samples,
-                          "max_tokens": a.max_tokens, "lr": a.lr, "loss": a.loss,
-                          "old_policy": a.old_policy or list(d.old_policy), "dtype": a.dtype,
-                          "async_rollouts": a.async_rollouts},
-                "engine_effective": {run: arms[k].attrs.get("engine_effective")
-                                     for k, (run, step) in mrl.run_steps(arms).items() if step == 0},
-                "store": "rl.zarr"})
-    write_json(out / "rl.json", res)  # first: the numbers survive a missing store
-    try:
-        store = save(arms, out / "rl.zarr")
-        res["archive"] = [p.name for p in pack(store, out)]
-        res["unpack"] = f"cat {res['archive'][0].split('.part')[0]}* | tar xz  # gives rl.zarr"
-        if a.flat:
-            shutil.rmtree(store)
-            res["store"] = "rl.zarr (packed: see archive and unpack)"
-    except ImportError as err:
-        res["store"] = f"not written ({err}: install zarr to save the store)"
-    try:
-        report = diagnose_first_steps(arms)
-        res.update({"findings": report.to_dict()["findings"], "verdict": report.verdict})
-    except Exception as err:  # noqa: BLE001 - the curves and the store are written; say why the findings are not
-        res["findings_error"] = f"{type(err).__name__}: {err}"
-    write_json(out / "rl.json", res)
-    mrl.rl_curves(arms).to_dataframe().to_csv(out / "rl_curves.csv")
-    for prof, c in res["contrast"].items():
-        print(f"{prof}: mean ratio at step 0 {c['mean_ratio_step0']:.4f}, max |mean ratio - 1| "
-              f"{c['max_abs_mean_ratio_minus_1']:.4f}, clamp indicator {c['clamp_indicator_mean']:.4f} "
-              f"({c['clamp_indicator_vs_reference']:.3g}x the reference), reward {c['reward_mean']:.3f} "
-              f"(first to last {c['reward_first_to_last']:+.3f})")
-    print(f"wrote {', '.join(sorted(p.name for p in out.iterdir()))} in {out} ({elapsed:.0f} s of runs)")
-    return 0
-
-
-__all__ = ["DERIVED_PROFILES", "OLD_POLICIES", "RL_PROFILES", "diagnose_first_steps", "main", "make_example", "pack",
+__all__ = ["DERIVED_PROFILES", "OLD_POLICIES", "RL_PROFILES", "diagnose_first_steps", "make_example", "pack",
            "rl_profile", "rl_run", "run_name", "step_prompts", "step_sampling", "summarize"]
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

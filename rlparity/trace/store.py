@@ -156,6 +156,10 @@ def _fsync_dir(d: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- the store lock
+# Not filelock's: its FileLock is exclusive only (readers here share the lock), and its ReadWriteLock
+# is an SQLite database file, not the ``flock`` on ``.NAME.lock`` that every rlparity version writing
+# the same store must take to exclude the others. A read-only location here reads under a shared lock
+# or none, and the last holder removes the file, so an idle store has nothing beside it.
 
 _held = threading.local()
 
@@ -344,6 +348,14 @@ def check_target(path: str | os.PathLike, *, overwrite: bool) -> Path:
 
 
 # ----------------------------------------------------------------------------- integrity
+# Our own digest, not zarr's ``crc32c`` codec (format 3; numcodecs' ``CRC32C`` filter in format 2):
+# a checksum codec is part of each array's encoding, so using it would change the on-disk format of
+# new stores and leave the shipped examples (rlparity/data/examples, written without it, which must
+# keep loading) unchecked. It would also check each chunk's bytes only; the record here is one CRC-32
+# per variable over its decoded values in a canonical form, kept in the root attrs: it catches a lossy
+# encoding (a save reads its arms back against it), a read torn by a concurrent writer or a chunk file
+# swapped for another intact one, and any reader can check it without zarr, block by block as the lazy
+# reader does (:func:`digest_start` / :func:`digest_update`), whatever the chunking.
 
 
 def _canonical_dtype(dtype: Any) -> np.dtype | None:

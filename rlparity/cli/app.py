@@ -1,0 +1,58 @@
+"""The ``rlparity`` root app, built by :func:`build_app`: the root options and every command,
+added here and nowhere else (importing a command module registers nothing; no command module
+imports this one or :mod:`rlparity.cli.main`).
+"""
+
+from __future__ import annotations
+
+import typer
+
+from rlparity.cli.contract import EXIT_CODES_HELP, INVOCATION
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from rlparity import __version__
+
+        typer.echo(f"rlparity {__version__}")
+        raise typer.Exit(0)
+
+
+def _root(debug: bool = typer.Option(False, "--debug", help="show the traceback of an internal error (exit 3)"),
+          engine_logs: bool = typer.Option(False, "--engine-logs", help="show vLLM's log lines on stderr (default: "
+                                                                         "a file under runs/logs, made when an "
+                                                                         "engine starts)"),
+          version: bool = typer.Option(False, "--version", help="print the version and exit", is_eager=True,
+                                       callback=_print_version)) -> None:
+    INVOCATION["debug"] = debug
+    INVOCATION["engine_logs"] = engine_logs
+
+
+def build_app() -> typer.Typer:
+    """The root app with every command, in the order ``rlparity --help`` lists them."""
+    from rlparity.cli import book, data, experiment, faults, floors, judge, layers, path, rl, traces
+
+    app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                      help="Capture vLLM rollouts, rescore them with the trainer, and diagnose parity. "
+                           + EXIT_CODES_HELP)
+    app.callback()(_root)
+    commands = {
+        "make-model": traces.make_model_cmd, "capture": traces.capture_cmd, "score": traces.score_cmd,
+        "summary": traces.summary_cmd, "run": traces.run_cmd,
+        "diagnose": judge.diagnose_cmd, "check": judge.check_cmd, "findings": judge.findings_cmd,
+        "profiles": path.profiles_cmd, "audit": path.audit_cmd, "ablate": path.ablate_cmd,
+        "import": data.import_cmd, "gallery": data.gallery_cmd, "examples": data.examples_cmd,
+        "rl-run": rl.rl_run_cmd,
+    }
+    for name, command in commands.items():
+        app.command(name)(command)
+    app.add_typer(faults.build_app(), name="faults")
+    app.command("floor")(floors.floor_cmd)
+    app.add_typer(layers.build_app(), name="layers")
+    app.command("verify-weights")(layers.verify_weights_cmd)
+    app.add_typer(experiment.build_app(), name="experiment")
+    app.command("book")(book.book_cmd)
+    return app
+
+
+__all__ = ["build_app"]

@@ -1,0 +1,333 @@
+"""``rlparity experiment NAME --out DIR``: run one of the project's experiments on real engines and
+write its folder (the store, a JSON of the numbers; ``--example NAME``: a compact example store
+with its provenance, what rlparity ships as example data). One command per experiment module of
+:mod:`rlparity.experiments`: ``faults``, ``floors``, ``inflight``, ``moe``, ``rl``. On a GPU host
+(one call, e.g. with ``RLPARITY_ENGINE_LOCK=off``): ``--device cuda --dtype bfloat16``.
+"""
+
+from __future__ import annotations
+
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from rlparity.cli.common import command_group
+from rlparity.cli.contract import BadInput, engine_logs, invocation_command, option_defaults
+
+_D = option_defaults()
+_R = _D.rl
+_GPU_MEMORY = typer.Option(None, help="vLLM's gpu_memory_utilization (default: the engine settings')")
+_SIZE = typer.Option("tiny", help="built-in model when --model is not given")
+_DEVICE = typer.Option("cpu", help="the trainer's device (cuda on a GPU host)")
+
+
+class Loss(str, Enum):
+    gspo = "gspo"
+    ppo = "ppo"
+    grpo = "grpo"
+
+
+def _engine(gpu_memory_utilization: Optional[float]) -> dict:
+    return {"gpu_memory_utilization": gpu_memory_utilization} if gpu_memory_utilization else {}
+
+
+def faults_cmd(
+    out: Path = typer.Option(..., "--out", help="folder for the store and faults.json"),
+    model: Optional[str] = typer.Option(None, help="local checkpoint (version 0); default: the built-in --size"),
+    size: str = _SIZE,
+    device: str = _DEVICE,
+    dtype: Optional[str] = typer.Option(None, help="body dtype on both sides (default: the checkpoint's)"),
+    arms: Optional[str] = typer.Option(None, help="'single', 'pairs' or a comma list of arms like "
+                                                  "raw_logprobs+stale_prefix_cache"),
+    n_prompts: int = 4,
+    max_tokens: int = 16,
+    sigma: float = 0.05,
+    inflight_tokens: Optional[int] = typer.Option(None, help="max_tokens of the requests in flight across the "
+                                                             "update (default: --max-tokens; a GPU needs more, "
+                                                             "e.g. 128)"),
+    update_after: float = typer.Option(1 / 3, help="share of the in-flight tokens before the update"),
+    gpu_memory_utilization: Optional[float] = _GPU_MEMORY,
+    example: Optional[str] = typer.Option(None, help="save a compact example store DIR/NAME.zarr with provenance"),
+):
+    """The fault matrix on a built-in model (or --model): DIR/faults.zarr (every arm; with --example
+    NAME a compact example store DIR/NAME.zarr), DIR/faults.json (the scores, every arm's headline);
+    prints the scores."""
+    engine_logs()
+    from rlparity.config.provenance import write_json
+    from rlparity.diagnose import diagnose
+    from rlparity.diagnose.scoring import format_scores, score_matrix
+    from rlparity.experiments.faults import MatrixSettings, parse_arms, run_matrix
+    from rlparity.experiments.gallery import provenance
+    from rlparity.metrics import table_records
+    from rlparity.models import make_model
+    from rlparity.trace import save
+
+    chosen = parse_arms(arms, platform="cuda" if device.startswith("cuda") else "cpu")
+    out.mkdir(parents=True, exist_ok=True)
+    model = model or str(make_model(size, progress=False, **({"device": device} if device != "cpu" else {})))
+    settings = MatrixSettings(n_prompts=n_prompts, max_tokens=max_tokens, sigma=sigma, device=device, dtype=dtype,
+                              engine=_engine(gpu_memory_utilization), inflight_tokens=inflight_tokens,
+                              update_after=update_after)
+    t0 = time.perf_counter()
+    traces = run_matrix(model, chosen, settings, workdir=out / "checkpoints")
+    elapsed = time.perf_counter() - t0
+    report = diagnose(traces)
+    scores = score_matrix(traces, report)
+    write_json(out / "faults.json", {
+        "summary": scores.attrs, "elapsed_s": round(elapsed, 1), "settings": settings.model_dump(), "model": model,
+        "per_cause": table_records(scores[["n_present", "recall", "false_alarms", "n_headline"]], "cause"),
+        "per_arm": table_records(scores[["headline", "headline_cause", "headline_right", "missed", "false_named",
+                                         "unattributed"]], "arm"),
+        "headlines": report.summary_lines(), "attribution": report.attribution})
+    if example:
+        from rlparity.datasets import save_example
+
+        prov = provenance(device, Path(model).name, invocation_command(), "the fault matrix: every cause of the "
+                          "fault library alone and in pairs, on real engines, with the ground truth in each arm's "
+                          "attrs")
+        store = save_example(traces, out / f"{example}.zarr", prov)
+    else:
+        store = save(traces, out / "faults.zarr")
+    typer.echo(format_scores(scores))
+    typer.echo(f"wrote {store} and {out / 'faults.json'} in {elapsed:.0f} s")
+
+
+def floors_cmd(
+    out: Path = typer.Option(..., "--out", help="folder for the store and floors.json"),
+    model: Optional[str] = typer.Option(None, help="local checkpoint; default: --shape, else the built-in --size"),
+    size: str = typer.Option("tiny", help="built-in trained model (tiny, tiny-bf16, small)"),
+    shape: Optional[str] = typer.Option(None, help="a random model of a real shape built on the device (1.5b, 7b)"),
+    device: str = _DEVICE,
+    dtype: str = typer.Option("float32", help="body dtype on both sides"),
+    n_prompts: int = 64,
+    max_tokens: int = 64,
+    shapes: Optional[str] = typer.Option(None, help="comma list of trainer shapes (default: all of SHAPES)"),
+    gpu_memory_utilization: Optional[float] = _GPU_MEMORY,
+    example: Optional[str] = typer.Option(None, help="save a compact example store DIR/NAME.zarr"),
+):
+    """The floor run: one rollout rescored under every trainer shape, the engine's batch spread;
+    DIR/floors.json (the table, the findings) and the store (--example NAME: a compact example
+    store)."""
+    engine_logs()
+    from rlparity.config.provenance import write_json
+    from rlparity.config.settings import EngineSettings, SamplingSettings
+    from rlparity.diagnose import diagnose
+    from rlparity.experiments.floors import REFERENCE, SHAPES, floor_run
+    from rlparity.experiments.gallery import provenance
+    from rlparity.metrics import table_records
+    from rlparity.metrics.floors import floor_table, trainer_floor
+    from rlparity.models import make_model, make_prompts, make_shape_model
+    from rlparity.trace import save
+
+    unknown = [s for s in (shapes or "").split(",") if s and s not in SHAPES]
+    if unknown:
+        raise BadInput(f"--shapes: unknown {unknown}; choose from {', '.join(SHAPES)}")
+    out.mkdir(parents=True, exist_ok=True)
+    dev = {"device": device} if device != "cpu" else {}
+    if not model:
+        model = str(make_shape_model(shape, dtype=dtype, **dev)) if shape else str(make_model(size, progress=False,
+                                                                                             **dev))
+    chosen = {k: SHAPES[k] for k in shapes.split(",")} if shapes else SHAPES
+    if REFERENCE not in chosen:
+        chosen = {REFERENCE: SHAPES[REFERENCE], **chosen}
+    engine = EngineSettings(logprobs_mode="processed_logprobs", head_dtype="float32", dtype=dtype,
+                            generation_config="vllm", enable_prefix_caching=False, **_engine(gpu_memory_utilization))
+    t0 = time.perf_counter()
+    arms = floor_run(model, make_prompts(n_prompts), SamplingSettings(temperature=0.7, top_k=20, max_tokens=max_tokens,
+                     seed=0), shapes=chosen, engine=engine, dtype=dtype, device=device)
+    table = floor_table(arms, REFERENCE)
+    invariant = None
+    if {"batch_invariant", "batch_invariant_shuffled"} <= set(arms):
+        f = trainer_floor(arms["batch_invariant"], arms["batch_invariant_shuffled"])
+        invariant = {k: float(f[k]) for k in f.data_vars}
+    report = diagnose(arms, title="floors")
+    label = shape or Path(model).name
+    write_json(out / "floors.json", {"model": label, "device": device, "dtype": dtype,
+                                     "table": table_records(table), "engine_floor": table.attrs.get("engine_floor"),
+                                     "batch_invariant_mode_floor": invariant,
+                                     "shapes": table.attrs["shapes"], "headlines": report.summary_lines(),
+                                     "findings": [f.to_dict() for f in report if f.name.endswith("batch_invariant")],
+                                     "elapsed_s": round(time.perf_counter() - t0, 1)})
+    if example:
+        from rlparity.datasets import save_example
+
+        store = save_example(arms, out / f"{example}.zarr", provenance(device, label, invocation_command(), "floors: "
+                             "one rollout rescored under the trainer shapes real trainers use, with the engine's "
+                             "batch spread"))
+    else:
+        store = save(arms, out / "floors.zarr")
+    typer.echo(str(table[["floor_mean_abs", "floor_max_abs", "share_of_gap", "relative_throughput"]]
+                   .to_dataframe().round(6)))
+    typer.echo(f"backend gap (mean |d|, {REFERENCE}): {float(table['gap_mean_abs_d']):.4g}; engine batch spread: "
+               f"{(table.attrs.get('engine_floor') or {}).get('batch_shape')}")
+    typer.echo(f"wrote {store} and {out / 'floors.json'}")
+
+
+def inflight_cmd(
+    out: Path = typer.Option(..., "--out", help="folder for inflight.zarr and inflight.json"),
+    model: Optional[str] = typer.Option(None, help="local checkpoint (version 0); default: the built-in model"),
+    size: str = _SIZE,
+    new_weights: Optional[str] = typer.Option(None, help="checkpoint of version 1 (default: a perturbation)"),
+    sigma: float = typer.Option(0.05, help="relative noise of the default perturbation"),
+    device: str = _DEVICE,
+    dtype: str = typer.Option("float32", help="body dtype on both sides"),
+    n_prompts: int = 8,
+    max_tokens: int = 48,
+    gpu_memory_utilization: Optional[float] = _GPU_MEMORY,
+    ci: bool = typer.Option(False, "--ci", help="small sizes (4 prompts, 32 tokens)"),
+):
+    """The in-flight weight-update matrix (pause mode x cache clearing x prefix caching):
+    DIR/inflight.zarr (every arm) and DIR/inflight.json (tables, ratios, findings)."""
+    engine_logs()
+    from rlparity.config.provenance import write_json
+    from rlparity.experiments.inflight import inflight_matrix, summarize
+    from rlparity.models import make_model
+    from rlparity.trace import save
+
+    out.mkdir(parents=True, exist_ok=True)
+    model = model or str(make_model(size, progress=False))
+    n, mt = (4, 32) if ci else (n_prompts, max_tokens)
+    t0 = time.perf_counter()
+    arms = inflight_matrix(model, new_weights=new_weights, sigma=sigma, n_prompts=n, max_tokens=mt, dtype=dtype,
+                           device=device, engine=_engine(gpu_memory_utilization), checkpoint_dir=out / "v1")
+    elapsed = time.perf_counter() - t0
+    res = summarize(arms)
+    first = next(iter(arms.values()))
+    res.update({"model": model, "device": device, "dtype": dtype, "sizes": {"n_prompts": n, "max_tokens": mt},
+                "elapsed_s": round(elapsed, 1), "store": str(out / "inflight.zarr"),
+                "engine_effective": first.attrs.get("engine_effective"),
+                "weight_loading": {k: first.attrs["inflight"]["update"].get(k)
+                                   for k in ("boundary_source", "stream_behind", "pause_kwargs", "load_method")}})
+    write_json(out / "inflight.json", res)  # first: the numbers survive a store that cannot be written
+    store = save(arms, out / "inflight.zarr")
+    for arm, r in res["reset_ratios"].items():
+        typer.echo(f"{arm}: mean |d| after the update {r['kept']:.3g} nats vs {r['reset']:.3g} with the cache reset "
+                   f"({r['ratio']:.3g}x)")
+    typer.echo(f"stale arms flagged: {res['flagged_stale_arms']}")
+    for m, v in res["lag_by_mode"].items():
+        typer.echo(f"lag {m}: mean {v['lag_mean']:.3f}, off-policy share {v['offpolicy_share']:.2f}, "
+                   f"pause {v['pause_s']:.2f} s, aborted tokens {v['aborted_tokens']:.0f}")
+    typer.echo(f"wrote {store} and {out / 'inflight.json'} in {elapsed:.0f} s")
+
+
+def moe_cmd(
+    out: Path = typer.Option(..., "--out", help="the zarr store to write (one arm per setting)"),
+    size: str = typer.Option("tiny-moe", help="built-in MoE model (or --model PATH)"),
+    model: Optional[str] = None,
+    dense: str = typer.Option("tiny", help="built-in dense model for the comparison ('' = none)"),
+    dtype: str = "float32",
+    device: str = "cpu",
+    n_prompts: int = 16,
+    max_tokens: int = 24,
+):
+    """The mixture-of-experts experiment on the built-in models: the store saved, the routing
+    numbers and the diagnosis printed."""
+    engine_logs()
+    import json
+
+    from rlparity.capture.pool import shared_pool
+    from rlparity.diagnose import diagnose
+    from rlparity.experiments.moe import MoESettings, moe_run
+    from rlparity.metrics.routing import has_routes, routing_record
+    from rlparity.models import make_model
+    from rlparity.trace import save
+
+    model = model or str(make_model(size, progress=False, device=device))
+    dense_model = str(make_model(dense, progress=False, device=device)) if dense else None
+    try:
+        arms = moe_run(model, dense_model, MoESettings(n_prompts=n_prompts, max_tokens=max_tokens, dtype=dtype,
+                                                       device=device))
+    finally:
+        shared_pool().close()
+    save(arms, out)
+    typer.echo(json.dumps({k: routing_record(v) for k, v in arms.items() if has_routes(v)}, indent=1))
+    typer.echo(str(diagnose(arms)))
+
+
+def rl_cmd(
+    out: Path = typer.Option(..., "--out", help="folder for rl.json, rl.zarr and rl_curves.csv"),
+    model: Optional[str] = typer.Option(None, help="local checkpoint (initial weights); default: the built-in model"),
+    size: str = _SIZE,
+    device: str = _DEVICE,
+    steps: int = _R.steps,
+    loss: Loss = Loss(_R.loss),
+    old_policy: Optional[list[str]] = typer.Option(None, help="the loss's ratio denominator, one run each (repeat): "
+                                                              "pi_old recomputed by the trainer, or mu (PipelineRL); "
+                                                              "default: " + " and ".join(_R.old_policy)),
+    n_prompts: int = _R.n_prompts,
+    n_samples: int = _R.n_samples,
+    max_tokens: int = _R.max_tokens,
+    lr: float = _R.lr,
+    seed: int = _D.seed,
+    profile: Optional[list[str]] = typer.Option(None, help="a profile (repeat); default: the three"),
+    async_rollouts: bool = typer.Option(False, "--async-rollouts", help="generate step k+1 while step k trains "
+                                                                        "(lag 1)"),
+    dtype: str = typer.Option(_R.dtype, help="body dtype pinned on the engine and the trainer alike"),
+    gpu_memory_utilization: Optional[float] = _GPU_MEMORY,
+    flat: bool = typer.Option(False, "--flat", help="leave only flat files in --out: the store as tar parts "
+                                                    "(rl.zarr removed once packed)"),
+    no_progress: bool = typer.Option(False, "--no-progress"),
+):
+    """Online RL under every profile: DIR/rl.json (the curves, written first), DIR/rl.zarr (every
+    step's trace, packed into tar parts), DIR/rl_curves.csv."""
+    engine_logs()
+    import shutil
+
+    from rlparity.config.provenance import write_json
+    from rlparity.experiments.rl import OLD_POLICIES, diagnose_first_steps, pack, rl_run, summarize
+    from rlparity.metrics import rl as mrl
+    from rlparity.models import make_model
+    from rlparity.trace import save
+
+    bad = [o for o in old_policy or [] if o not in OLD_POLICIES]
+    if bad:
+        raise BadInput(f"--old-policy: unknown {bad}; choose from {', '.join(OLD_POLICIES)}")
+    out.mkdir(parents=True, exist_ok=True)
+    model = model or str(make_model(size, progress=False, device=device))
+    t0 = time.perf_counter()
+    arms = rl_run(model, profile or None, steps, loss=loss.value, old_policy=old_policy or None, n_prompts=n_prompts,
+                  n_samples=n_samples, max_tokens=max_tokens, lr=lr, async_rollouts=async_rollouts, device=device,
+                  seed=seed, dtype=dtype, engine=_engine(gpu_memory_utilization), progress=not no_progress)
+    elapsed = time.perf_counter() - t0
+    res = summarize(arms, findings=False)
+    res.update({"model": model, "device": device, "elapsed_s": round(elapsed, 1),
+                "sizes": {"steps": steps, "n_prompts": n_prompts, "n_samples": n_samples, "max_tokens": max_tokens,
+                          "lr": lr, "loss": loss.value, "old_policy": old_policy or list(_R.old_policy),
+                          "dtype": dtype, "async_rollouts": async_rollouts},
+                "engine_effective": {run: arms[k].attrs.get("engine_effective")
+                                     for k, (run, step) in mrl.run_steps(arms).items() if step == 0},
+                "store": "rl.zarr"})
+    write_json(out / "rl.json", res)  # first: the numbers survive a store that cannot be written
+    store = save(arms, out / "rl.zarr")
+    res["archive"] = [p.name for p in pack(store, out)]
+    res["unpack"] = f"cat {res['archive'][0].split('.part')[0]}* | tar xz  # gives rl.zarr"
+    if flat:
+        shutil.rmtree(store)
+        res["store"] = "rl.zarr (packed: see archive and unpack)"
+    try:
+        report = diagnose_first_steps(arms)
+        res.update({"findings": report.to_dict()["findings"], "verdict": report.verdict})
+    except Exception as err:  # noqa: BLE001 - the curves and the store are written; say why the findings are not
+        res["findings_error"] = f"{type(err).__name__}: {err}"
+    write_json(out / "rl.json", res)
+    mrl.rl_curves(arms).to_dataframe().to_csv(out / "rl_curves.csv")
+    for prof, c in res["contrast"].items():
+        typer.echo(f"{prof}: mean ratio at step 0 {c['mean_ratio_step0']:.4f}, max |mean ratio - 1| "
+                   f"{c['max_abs_mean_ratio_minus_1']:.4f}, clamp indicator {c['clamp_indicator_mean']:.4f} "
+                   f"({c['clamp_indicator_vs_reference']:.3g}x the reference), reward {c['reward_mean']:.3f} "
+                   f"(first to last {c['reward_first_to_last']:+.3f})")
+    typer.echo(f"wrote {', '.join(sorted(p.name for p in out.iterdir()))} in {out} ({elapsed:.0f} s of runs)")
+
+
+def build_app() -> typer.Typer:
+    """The ``rlparity experiment`` sub-app with its commands."""
+    return command_group("Run one of the project's experiments on real engines into a folder (the store and a "
+                         "JSON of its numbers; --example NAME: a compact example store with provenance).",
+                         {"faults": faults_cmd, "floors": floors_cmd, "inflight": inflight_cmd, "moe": moe_cmd,
+                          "rl": rl_cmd})
+
+
+__all__ = ["build_app"]
