@@ -174,7 +174,9 @@ _CODES: tuple[FindingCode, ...] = (
        "two sides cut different sets (another top-k/top-p, ties at the k-th logit dropped).",
        "make the trainer apply the engine's exact top-k/top-p (vLLM keeps ties at the k-th logit) with the same "
        "sampling parameters, or mask these tokens out of the loss; do not average log 0 away", "semantic",
-       rule="any sampled token with trainer probability 0 beyond the boundary-flip margin",
+       rule="any sampled token with trainer probability 0 beyond the boundary-flip margin; its tokens have "
+            "infinite |d|, so it takes a share of the excess only together with trainer_cut_differs (a trainer "
+            "that cuts another set acts on every token); alone it is evidence about those tokens",
        thresholds=("boundary_flip_ulps",), calibrated_on="bfloat16 rounding (2^-7 relative)",
        causes=("trainer_top_k",)),
     _c("prompt_token_mismatch", SEM, (E,),
