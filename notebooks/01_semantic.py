@@ -170,11 +170,11 @@ h200_report
 # %%
 psem.plot_offset_vs_temperature(temperature_table(h200))
 
-# %% [markdown]
+# %% [markdown] tags=["remove-cell"]
 # ## What this notebook asserts
 # These checks are what CI enforces on every change (`ci=True`).
 
-# %%
+# %% tags=["remove-cell"]
 raw_f = {f.name: f for f in report if f.arm == "raw_logprobs"}
 proc_problems = [f for f in report.problems() if f.arm == "processed_logprobs"]
 offsets = table["log_ratio_mean"]
@@ -194,7 +194,7 @@ assert not [f for f in h200_report.problems() if f.layer.value == "semantic" and
 assert parity == {"prompt-ids-without-bos": "prompt_token_mismatch", "chat-messages": "prompt_tokens_match"}, parity
 print(f"raw offset moves by {raw_range:.3f} nats over T={temperatures}; processed stays within {proc_max:.4f}")
 
-# %%
+# %% tags=["remove-cell"]
 store = save({**arms, "trainer-top-k-2": wrong_topk, "prompt-ids-without-bos": no_bos,
                              "chat-messages": chat}, out / "semantic.zarr")
 results = {

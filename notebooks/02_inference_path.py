@@ -202,11 +202,11 @@ ppath.plot_batch_composition(batch)
 report = diagnose(arms, tol_reference=tol_reference, tol_trainer=tol_trainer, title="Inference-path ablation")
 report
 
-# %% [markdown]
+# %% [markdown] tags=["remove-cell"]
 # ## What this notebook asserts
 # These checks are what CI enforces on every change (`ci=True`).
 
-# %%
+# %% tags=["remove-cell"]
 names = {(f.arm, f.name) for f in report}
 ran = [s for s in table["setting"].values if table["status"].sel(setting=s).item() == "ran"]
 ref_gap = float(table["trainer_abs_log_ratio_mean"].sel(setting="reference"))
@@ -229,7 +229,7 @@ assert float(table["trainer_abs_log_ratio_mean"].max()) < max_reference_gap * 10
 print(f"reference mean |d| vs trainer {ref_gap:.3g} nats; {len(ran) - 1} setting(s) ran, "
       f"{len(table['setting']) - len(ran)} not applicable here; moved: {moved}")
 
-# %%
+# %% tags=["remove-cell"]
 store = rlparity.trace.save(arms, out / "ablation.zarr")
 results = {
     "settings": table_records(table), "moved": moved, "batch": table_records(batch),

@@ -189,11 +189,11 @@ h200_table = head.head_table(h200_arms)
 h200_adv = head.matched_advantage(h200_table)
 phead.plot_matrix_heatmap(h200_table)
 
-# %% [markdown]
+# %% [markdown] tags=["remove-cell"]
 # ## What this notebook asserts
 # These checks are what CI enforces on every change (`ci=True`).
 
-# %%
+# %% tags=["remove-cell"]
 by_name = {(f.arm, f.name) for f in report}
 assert engine_starts == 2, engine_starts
 assert adv["matched_is_lowest"], adv
@@ -209,7 +209,7 @@ assert h200_adv["matched_is_lowest"] and h200_adv["min_ratio"] > 2, h200_adv
 print(f"fp32/fp32 beats every mismatched cell: RMS |d| at least {adv['min_ratio']:.3f}x lower "
       f"(by {adv['min_difference']:.5f} nats or more)")
 
-# %%
+# %% tags=["remove-cell"]
 store = rlparity.trace.save(arms, out / "lm_head.zarr")
 results = {
     "cells": {str(table["arm"].sel(rollout_head=r, trainer_head=t).values): {

@@ -207,11 +207,11 @@ h200_flagged = sorted({f.arm for f in h200_report if f.name == "stale_prefix_cac
 print("H200 stale arms:", h200_flagged, {a: round(v["ratio"], 1) for a, v in h200_ratios.items()})
 pin.plot_inflight_bars(h200_table)
 
-# %% [markdown]
+# %% [markdown] tags=["remove-cell"]
 # ## What this notebook asserts
 # These checks are what CI enforces on every change (`ci=True`).
 
-# %%
+# %% tags=["remove-cell"]
 stale_arm, reset_arm = "keep-noclear-prefix_on", "keep-clear-prefix_on"
 if stale_arm in ratios:
     assert ratios[stale_arm]["reset_arm"] == reset_arm
@@ -235,7 +235,7 @@ assert h200_flagged == ["abort-noclear-prefix_on", "keep-noclear-prefix_on", "wa
 assert h200_ratios["keep-noclear-prefix_on"]["ratio"] >= min_reset_ratio, h200_ratios
 print(f"{len(arms)} arms on {engine_starts} engines in {elapsed:.0f} s; stale arms {flagged}")
 
-# %%
+# %% tags=["remove-cell"]
 store = rlparity.trace.save(arms, out / "inflight.zarr")
 results = {
     "table": table_records(table), "reset_ratios": ratios, "flagged_stale_arms": flagged,

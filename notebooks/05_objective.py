@@ -154,10 +154,10 @@ correction = f"token_tis, {mask_rule}"
 report = diagnose(arms, correction=correction, title="objective layer: raw vs parity, correction configured")
 report
 
-# %% [markdown]
+# %% [markdown] tags=["remove-cell"]
 # ## What this notebook asserts
 
-# %%
+# %% tags=["remove-cell"]
 raw_obj = {f.name for f in report.by_layer(Layer.OBJECTIVE) if f.arm == "raw"}
 par_problems = [f for f in report.problems() if f.arm == "parity"]
 order = [f.layer for f in report.findings if f.arm == "raw" and f.severity.value == "error"]
@@ -175,7 +175,7 @@ print(f"raw: mean ratio {demo['before']['mean_ratio']:.4f} -> {demo['after']['me
       f"{demo['corrected_health']['looks_healthy']}; gradient cosine with the parity update "
       f"{demo['cosine_raw_corrected_vs_parity']:.3f}")
 
-# %%
+# %% tags=["remove-cell"]
 store = rlparity.trace.save({"parity": stepped, "raw": arms["raw"]}, out / "objective.zarr")
 write_json(out / "results.json", {
     "findings": report.to_dict()["findings"], "demo": demo, "train_step": step.metrics,

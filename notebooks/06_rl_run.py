@@ -195,10 +195,10 @@ first = {a: ds for a, ds in arms.items() if mrl.parse_step_arm(a)[1] == 0}
 report = diagnose(first, title="RL run: step 0 of every run")
 report
 
-# %% [markdown]
+# %% [markdown] tags=["remove-cell"]
 # ## What this notebook asserts
 
-# %%
+# %% tags=["remove-cell"]
 def curve(profile, old):
     return curves.sel(profile=ex.run_name(profile, old, len(old_policy) > 1))
 
@@ -236,7 +236,7 @@ else:
 v1_first = mrl.step_arm(ex.run_name("vllm-v1-defaults", old_policy[0], len(old_policy) > 1), 0)
 assert any(f.name == "raw_logprobs_used_as_processed" and f.arm == v1_first for f in report), report.names()
 
-# %%
+# %% tags=["remove-cell"]
 store = rlparity.trace.save(arms, out / "rl.zarr")
 write_json(out / "results.json", {
     "curves": mrl.curves_records(curves), "contrast": contrast, "findings": report.to_dict()["findings"],
@@ -285,7 +285,7 @@ h200_reward = h200_curves["reward"].coarsen(step=10).mean().to_pandas()
 h200_reward.columns = [f"steps {10 * i}-{10 * i + 9}" for i in range(h200_reward.shape[1])]
 h200_reward.round(3)
 
-# %%
+# %% tags=["remove-cell"]
 for old in ("pi_old", "mu"):
     par, v1 = (h200_curves.sel(profile=f"{p}+{old}") for p in ("pipelinerl-parity", "vllm-v1-defaults"))
     assert float(abs(par["mean_ratio"] - 1).max()) < max_parity_ratio_dev

@@ -144,11 +144,11 @@ one
 per_arm = scores[["headline", "headline_right", "missed", "false_named"]].to_dataframe()
 per_arm[per_arm.index.str.contains(r"\+")].head(12)
 
-# %% [markdown]
+# %% [markdown] tags=["remove-cell"]
 # ## What this notebook asserts
 # The bars of the issue that introduced the attribution, on this machine's matrix.
 
-# %%
+# %% tags=["remove-cell"]
 for sc in (scores, h200_scores):
     assert sc.attrs["false_alarms_total"] == 0 and sc.attrs["clean_arms_with_problems"] == 0, format_scores(sc)
 assert h200_scores.attrs["headline_right_pairs"] >= min_headline_pairs, format_scores(h200_scores)
@@ -159,7 +159,7 @@ if a["headline_right_pairs"] == a["headline_right_pairs"]:  # NaN when the matri
 assert a["recall_overall"] >= min_recall, format_scores(scores)
 assert a["clean_arms_with_problems"] == 0, format_scores(scores)
 
-# %%
+# %% tags=["remove-cell"]
 store = rlparity.trace.save(arms, out / "faults.zarr")
 results = {"summary": a, "h200_summary": h200_scores.attrs, "per_cause": table_records(scores[["n_present", "recall", "false_alarms", "n_headline"]], "cause"),
            "per_arm": table_records(scores[["headline", "headline_cause", "headline_right", "missed", "false_named"]],

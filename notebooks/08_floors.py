@@ -137,10 +137,10 @@ report = diagnose(arms, title="floors")
 [(f.arm, f.name, f.severity.value, round(f.evidence["share_of_gap"], 3)) for f in report
  if f.name.endswith("batch_invariant")]
 
-# %% [markdown]
+# %% [markdown] tags=["remove-cell"]
 # ## What this notebook asserts
 
-# %%
+# %% tags=["remove-cell"]
 inv = trainer_floor(arms["batch_invariant"], arms["batch_invariant_shuffled"])
 assert float(inv["floor_max_abs"]) == 0.0  # the batch-invariant mode does not depend on the batch
 assert float(table["floor_max_abs"].max()) < 1e-4, table["floor_max_abs"].values  # float32 on a CPU

@@ -177,10 +177,10 @@ for f in report:
         print(f"{f.arm:36} {f.name:22} {str(e.get('site', '')):14} {str(f.cause or ''):20}")
 report
 
-# %% [markdown]
+# %% [markdown] tags=["remove-cell"]
 # ## The checks this notebook makes
 
-# %%
+# %% tags=["remove-cell"]
 clean = ml.within_floor(arms["clean"], floor_ratio=floor_ratio)
 expect = {"partial_weight_sync": (f"L{partial_layer}.attention", "partial_weight_sync"),
           "stale_prefix_cache": ("L0.attention", "stale_prefix_cache"),
@@ -198,7 +198,7 @@ assert fingerprints["partial_weight_sync"]["mean_abs_d"] > 10 * fingerprints["cl
 print(f"clean arm: largest ratio to its floor {clean['max_ratio_to_floor']:.3g} at {clean['at_site']} "
       f"(largest relative error {clean['max_relative_error']:.3g})")
 
-# %%
+# %% tags=["remove-cell"]
 save(arms, out / "layers.zarr")
 write_json(out / "results.json", {
     "findings": [f.to_dict() for f in report if f.name in ("divergence_starts_at", "layers_within_floor",

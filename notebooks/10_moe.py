@@ -178,10 +178,10 @@ if h200 is not None:
     h200_report = diagnose(h200, title="MoE routing on the H200")
     display(h200_report)
 
-# %% [markdown]
+# %% [markdown] tags=["remove-cell"]
 # ## What this notebook asserts
 
-# %%
+# %% tags=["remove-cell"]
 by = {(f.arm, f.name): f for f in report}
 fault, clean = summaries["moe+trainer_bf16_router"], summaries["moe"]
 assert engine_starts == (3 if bf16_arm else 2), engine_starts
@@ -208,7 +208,7 @@ if h200 is not None:  # the H200's reading (see above): frequent flips that bare
 print(f"trainer bf16 router: {int(fault['n_flipped'])} flipped tokens, |d| {float(fault['flipped_over_unflipped']):.1f}x "
       f"the others', {float(fault['replay_ratio']):.0f}x less with replay")
 
-# %%
+# %% tags=["remove-cell"]
 store = rlparity.trace.save(arms, out / "moe.zarr")
 results = {
     "routing": {a: routing.routing_record(ds) for a, ds in moe_arms.items()},
