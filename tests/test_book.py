@@ -47,6 +47,16 @@ def test_book_builds_with_interactive_figures_and_no_external_scripts(html):
         assert "injected-parameters" not in page and "out_dir = \"/" not in page
         if "rlparity-report" in page:  # a report renders as a compact verdict, evidence folded away
             assert "<details>" in page
+    import re
+
+    for p in notebook_paths():  # issue 28: results first, asserts off the page
+        page = (html / "notebooks" / f"{p.stem}.html").read_text()
+        assert re.search(r'<div class="[^"]*\badmonition\b[^"]*">\s*<p class="admonition-title">Results</p>', page), \
+            f"{p.stem}: no results box"
+        assert "What this notebook asserts" not in page, p.stem
+        inputs = re.findall(r'<div class="cell_input[^"]*">(.*?)</div>\s*</div>', page, re.S)
+        code = [re.sub(r"<[^>]+>", "", i) for i in inputs]
+        assert not [c for c in code if re.search(r"^\s*assert ", c, re.M)], f"{p.stem}: an assert cell is on the page"
     api = (html / "reference" / "api.html").read_text()
     assert "rlparity.diagnose.diagnose" in api  # autodoc really documented the package
     from rlparity.diagnose.catalogue import catalogue

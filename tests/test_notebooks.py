@@ -27,6 +27,20 @@ def test_there_are_notebooks_with_a_parameters_cell():
             f"{p.name} is committed with outputs: clear them"
 
 
+def test_every_chapter_opens_with_results_and_hides_its_asserts():
+    """Issue 28: a results box (a MyST ``{admonition} Results``) before the parameters cell, and
+    every cell that asserts is tagged ``remove-cell`` (papermill runs it, the book hides it)."""
+    for p in notebook_paths():
+        nb = nbformat.read(p, as_version=4)
+        params = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+        assert any(c.cell_type == "markdown" and "{admonition} Results" in c.source for c in nb.cells[:params]), \
+            f"{p.name}: no results box before the parameters cell"
+        shown = [c.source.splitlines()[0] for c in nb.cells if c.cell_type == "code" and "assert " in c.source
+                 and "remove-cell" not in c.metadata.get("tags", [])]
+        assert not shown, f"{p.name}: cells that assert must be tagged remove-cell: {shown}"
+        assert not [c for c in nb.cells if "What this notebook asserts" in c.source
+                    and "remove-cell" not in c.metadata.get("tags", [])], p.name
+
 THRESHOLDS = ("tol", "eps", "semantic_tol", "tol_reference", "tol_trainer", "offset_z", "boundary_flip_share",
               "stale_ratio")
 
