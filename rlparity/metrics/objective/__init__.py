@@ -93,7 +93,8 @@ from rlparity.metrics.objective.traces import (
 )
 
 __all__ = [
-    "BAND_RULES", "KL_RULES", "OBJECTIVE_DEFAULTS", "PAIRS", "RULES", "Measured",
+    "BAND_RULES", "KL_RULES", "OBJECTIVE_DEFAULTS", "PAIRS", "POLICY_NAMES", "POLICY_VARIABLES", "RULES", "Kind",
+    "Measured", "PairName",
     "available_pairs", "band_keep", "clip_fraction", "decoupled", "decoupled_weights", "effective_sample_size",
     "importance_weights", "is_weights", "kl_keep", "kl_statistic", "logprob_difference", "masked_fraction",
     "objective_summary", "pair_direction", "pair_log_ratio", "policy_logprob",
