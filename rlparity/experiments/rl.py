@@ -73,7 +73,7 @@ from rlparity.experiments.rl_profiles import (
     step_prompts,
     step_sampling,
 )
-from rlparity.experiments.rl_runner import rl_run
+from rlparity.experiments.rl_runner import RLRunSettings, rl_run
 from rlparity.experiments.rl_summary import diagnose_first_steps, summarize
 
 
@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["DERIVED_PROFILES", "OLD_POLICIES", "RL_PROFILES", "diagnose_first_steps", "main", "make_example", "pack",
+__all__ = ["DERIVED_PROFILES", "OLD_POLICIES", "RL_PROFILES", "RLRunSettings", "diagnose_first_steps", "main", "make_example", "pack",
            "rl_profile", "rl_run", "run_name", "step_prompts", "step_sampling", "summarize"]
 
 

@@ -5,18 +5,20 @@ engine); see :mod:`rlparity.experiments.rl` for the loop."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import xarray as xr
 
 from rlparity.config.defaults import defaults
-from rlparity.config.settings import EngineSettings, SamplingSettings
+from rlparity.config.settings import EngineSettings, SamplingSettings, with_overrides
 from rlparity.experiments.rl_profiles import (
     OLD_POLICIES,
     _profile_name,
@@ -28,12 +30,70 @@ from rlparity.experiments.rl_profiles import (
 from rlparity.metrics.rl import step_arm
 from rlparity.trace import with_factors
 
-def _run_steps(eng, model: str, name: str, index: int, *, profile: str, steps: int, loss: str, old_policy: str,
-               n_prompts: int, n_samples: int, max_tokens: int, lr: float, async_rollouts: bool, device: str,
-               seed: int, dtype: str, sampling: SamplingSettings | None, pause_mode: str, clear_cache: bool,
-               ckpt: Path, batch_size: int, bar) -> dict[str, xr.Dataset]:
+@dataclass(frozen=True)
+class RLRunSettings:
+    """The settings of :func:`rl_run`, one place for their defaults: ``None`` is
+    ``rlparity.config.defaults().rl``'s value (``seed``: ``defaults().seed``), read when the run
+    starts. ``old_policy``: one ratio denominator (``"pi_old"`` or ``"mu"``) or several, one run
+    each; ``async_rollouts``: step k+1's rollouts sampled while step k trains (lag 1); ``device``
+    and ``batch_size``: the trainer's."""
+
+    steps: int | None = None
+    loss: str | None = None
+    old_policy: str | Sequence[str] | None = None
+    n_prompts: int | None = None
+    n_samples: int | None = None
+    max_tokens: int | None = None
+    lr: float | None = None
+    seed: int | None = None
+    dtype: str | None = None
+    pause_mode: str | None = None
+    clear_cache: bool | None = None
+    async_rollouts: bool = False
+    device: str = "cpu"
+    batch_size: int = 64
+
+    def resolved(self) -> RLRunSettings:
+        """Every ``None`` filled in from the defaults, numbers as numbers, ``old_policy`` a tuple;
+        a value out of range is a :class:`ValueError` that says what to give."""
+        from rlparity.train import LOSSES
+
+        d = defaults().rl
+        steps = d.steps if self.steps is None else int(self.steps)
+        loss = self.loss or d.loss
+        old_policy = self.old_policy
+        olds = list(d.old_policy if old_policy is None else [old_policy] if isinstance(old_policy, str) else old_policy)
+        bad = [o for o in olds if o not in OLD_POLICIES]
+        if bad or not olds or len(set(olds)) != len(olds):
+            raise ValueError(f"old_policy={old_policy!r}; use 'pi_old' (recomputed by the trainer), 'mu' (the "
+                             "engine's logprobs, PipelineRL) or both, each once")
+        n_prompts = d.n_prompts if self.n_prompts is None else int(self.n_prompts)
+        n_samples = d.n_samples if self.n_samples is None else int(self.n_samples)
+        max_tokens = d.max_tokens if self.max_tokens is None else int(self.max_tokens)
+        lr = d.lr if self.lr is None else float(self.lr)
+        seed = defaults().seed if self.seed is None else int(self.seed)
+        dtype = self.dtype or d.dtype
+        pause_mode = self.pause_mode or d.pause_mode
+        clear_cache = d.clear_cache if self.clear_cache is None else bool(self.clear_cache)
+        if loss not in LOSSES:
+            raise ValueError(f"loss={loss!r}; use one of {', '.join(LOSSES)}")
+        if steps < 1 or n_prompts < 1 or max_tokens < 1:
+            raise ValueError(f"steps={steps}, n_prompts={n_prompts}, max_tokens={max_tokens}: each must be >= 1")
+        if n_samples < 2:
+            raise ValueError(f"n_samples={n_samples}: the advantage is normalised over each prompt's samples, "
+                             "so take at least 2")
+        return RLRunSettings(steps=steps, loss=loss, old_policy=tuple(olds), n_prompts=n_prompts, n_samples=n_samples,
+                             max_tokens=max_tokens, lr=lr, seed=seed, dtype=dtype, pause_mode=pause_mode,
+                             clear_cache=clear_cache, async_rollouts=self.async_rollouts, device=self.device,
+                             batch_size=self.batch_size)
+
+
+
+def _run_steps(eng, model: str, name: str, index: int, *, profile: str, old_policy: str, settings: RLRunSettings,
+               sampling: SamplingSettings | None, ckpt: Path, bar) -> dict[str, xr.Dataset]:
     """The steps of one run on its profile's running engine (at version 0, the initial weights),
-    with a fresh trainer and optimizer; returns ``{arm: trace}``."""
+    with a fresh trainer and optimizer; returns ``{arm: trace}``. ``settings``: resolved
+    (:meth:`RLRunSettings.resolved`)."""
     import torch
 
     from rlparity.capture.weights import write_state_dict
@@ -41,6 +101,10 @@ def _run_steps(eng, model: str, name: str, index: int, *, profile: str, steps: i
     from rlparity.score import Scorer, score_versions
     from rlparity.train import arithmetic_reward, train_step
 
+    s = settings
+    steps, loss, n_prompts, n_samples, max_tokens, lr = s.steps, s.loss, s.n_prompts, s.n_samples, s.max_tokens, s.lr
+    dtype, pause_mode, clear_cache, seed = s.dtype, s.pause_mode, s.clear_cache, s.seed
+    async_rollouts, device, batch_size = s.async_rollouts, s.device, s.batch_size
     trainer = Scorer(model, dtype=dtype, head_dtype="float32", device=device, batch_size=batch_size,
                      progress=False)
     module = trainer.module
@@ -101,13 +165,9 @@ def _run_steps(eng, model: str, name: str, index: int, *, profile: str, steps: i
 
 
 def rl_run(model: str | os.PathLike, profiles: Sequence[str | EngineSettings] | None = None,
-           steps: int | None = None, *, loss: str | None = None, old_policy: str | Sequence[str] | None = None,
-           n_prompts: int | None = None, n_samples: int | None = None, max_tokens: int | None = None,
-           lr: float | None = None, async_rollouts: bool = False, device: str = "cpu", seed: int | None = None,
-           dtype: str | None = None, sampling: SamplingSettings | None = None, pause_mode: str | None = None,
-           clear_cache: bool | None = None, engine: Mapping[str, Any] | None = None,
-           checkpoint_dir: str | os.PathLike | None = None, batch_size: int = 64, progress: bool = False,
-           log: Callable[[str], Any] = print) -> dict[str, xr.Dataset]:
+           steps: int | None = None, *, settings: RLRunSettings | None = None, sampling: SamplingSettings | None = None,
+           engine: Mapping[str, Any] | None = None, checkpoint_dir: str | os.PathLike | None = None,
+           progress: bool = False, log: Callable[[str], Any] = print, **overrides: Any) -> dict[str, xr.Dataset]:
     """Online RL on the tiny model's arithmetic task under each profile; return every step's trace.
 
     ``model``: a local checkpoint (the initial weights of every run). ``profiles``: names
@@ -130,43 +190,26 @@ def rl_run(model: str | os.PathLike, profiles: Sequence[str | EngineSettings] | 
     weights are written before the engine reads them (default a temporary folder, removed at the
     end). ``progress``: one tqdm bar per run, one tick per step.
 
+    Those settings (every keyword but ``sampling``, ``engine``, ``checkpoint_dir``, ``progress`` and
+    ``log``) are the fields of :class:`RLRunSettings`: give them one by one as keywords, or as
+    ``settings=RLRunSettings(...)`` (keywords given beside it replace its fields).
+
     Returns ``{"<run>@step_NNN": trace}`` in run order; curves: :func:`rlparity.metrics.rl.rl_curves`.
     Starts one engine per profile, each closed before the next (closing the shared pool first).
     """
     from rlparity.capture.async_engine import AsyncEngine
     from rlparity.capture.pool import shared_pool
-    from rlparity.train import LOSSES
 
-    d = defaults().rl
-    profiles = list(d.profiles if profiles is None else profiles)
-    steps = d.steps if steps is None else int(steps)
-    loss = loss or d.loss
-    olds = list(d.old_policy if old_policy is None else [old_policy] if isinstance(old_policy, str) else old_policy)
-    bad = [o for o in olds if o not in OLD_POLICIES]
-    if bad or not olds or len(set(olds)) != len(olds):
-        raise ValueError(f"old_policy={old_policy!r}; use 'pi_old' (recomputed by the trainer), 'mu' (the "
-                         "engine's logprobs, PipelineRL) or both, each once")
-    n_prompts = d.n_prompts if n_prompts is None else int(n_prompts)
-    n_samples = d.n_samples if n_samples is None else int(n_samples)
-    max_tokens = d.max_tokens if max_tokens is None else int(max_tokens)
-    lr = d.lr if lr is None else float(lr)
-    seed = defaults().seed if seed is None else int(seed)
-    dtype = dtype or d.dtype
-    pause_mode = pause_mode or d.pause_mode
-    clear_cache = d.clear_cache if clear_cache is None else bool(clear_cache)
-    if loss not in LOSSES:
-        raise ValueError(f"loss={loss!r}; use one of {', '.join(LOSSES)}")
-    if steps < 1 or n_prompts < 1 or max_tokens < 1:
-        raise ValueError(f"steps={steps}, n_prompts={n_prompts}, max_tokens={max_tokens}: each must be >= 1")
-    if n_samples < 2:
-        raise ValueError(f"n_samples={n_samples}: the advantage is normalised over each prompt's samples, "
-                         "so take at least 2")
+    given = with_overrides(settings or RLRunSettings(), overrides, "rl_run")
+    rs = (given if steps is None else dataclasses.replace(given, steps=steps)).resolved()
+    profiles = list(defaults().rl.profiles if profiles is None else profiles)
+    steps, olds, dtype = rs.steps, list(rs.old_policy), rs.dtype
     if not profiles:
         raise ValueError("no profiles: pass names such as ('pipelinerl-parity', 'vllm-v1-defaults')")
     names = [_profile_name(p, i) for i, p in enumerate(profiles)]
     if len(set(names)) != len(names):
         raise ValueError(f"profiles {names} repeat a name: each profile runs once")
-    settings = {n: rl_profile(p).replace(dtype=dtype, **dict(engine or {})) for n, p in zip(names, profiles)}
+    engines = {n: rl_profile(p).replace(dtype=dtype, **dict(engine or {})) for n, p in zip(names, profiles)}
     several = len(olds) > 1
     for n in names:
         step_arm(run_name(n, olds[-1], several), 0)  # names must make valid arm names, before any engine starts
@@ -182,7 +225,7 @@ def rl_run(model: str | os.PathLike, profiles: Sequence[str | EngineSettings] | 
     try:
         for i, name in enumerate(names):
             t0 = time.perf_counter()
-            with AsyncEngine(model, settings[name]) as eng:
+            with AsyncEngine(model, engines[name]) as eng:
                 log(f"{name}: engine started in {eng.startup_s:.1f} s ({time.perf_counter() - t0:.1f} s "
                     "with the wait for the engine lock)")
                 for j, op in enumerate(olds):
@@ -196,12 +239,8 @@ def rl_run(model: str | os.PathLike, profiles: Sequence[str | EngineSettings] | 
                         bar = tqdm(total=steps, desc=run, unit="step", leave=True)
                     t_run = time.perf_counter()
                     try:
-                        arms.update(_run_steps(
-                            eng, model, run, i * len(olds) + j, profile=name, steps=steps, loss=loss, old_policy=op,
-                            n_prompts=n_prompts, n_samples=n_samples, max_tokens=max_tokens, lr=lr,
-                            async_rollouts=async_rollouts, device=device, seed=seed, dtype=dtype, sampling=sampling,
-                            pause_mode=pause_mode, clear_cache=clear_cache, ckpt=root / run, batch_size=batch_size,
-                            bar=bar))
+                        arms.update(_run_steps(eng, model, run, i * len(olds) + j, profile=name, old_policy=op,
+                                               settings=rs, sampling=sampling, ckpt=root / run, bar=bar))
                     finally:
                         if bar is not None:
                             bar.close()
