@@ -235,7 +235,8 @@ def test_matrix_settings_are_checked_before_any_engine_starts(tmp_path):
         inflight_matrix(tmp_path, settings=InflightSettings(update_after=1.5))
     with pytest.raises(ValueError, match=r"modes \[\]"):  # a keyword beside settings= replaces its field
         inflight_matrix(tmp_path, settings=InflightSettings(modes=("keep",)), modes=[])
-    with pytest.raises(TypeError, match="unexpected keyword argument 'mode'; its settings are modes, clear_cache"):
+    with pytest.raises(TypeError, match="unexpected keyword argument "
+                       "'mode'; use one of the fields of InflightSettings: modes, clear_cache"):
         inflight_matrix(tmp_path, mode="keep")
 
 

@@ -225,7 +225,8 @@ def test_runner_refuses_bad_arguments_before_any_engine_starts(tiny_model):
         rl_run(tiny_model, settings=RLRunSettings(n_samples=1, steps=1))
     with pytest.raises(ValueError, match="loss='dpo'"):
         rl_run(tiny_model, settings=RLRunSettings(loss="gspo"), loss="dpo")
-    with pytest.raises(TypeError, match="unexpected keyword argument 'n_prompt'; its settings are steps, loss"):
+    with pytest.raises(TypeError, match="unexpected keyword argument "
+                       "'n_prompt'; use one of the fields of RLRunSettings: steps, loss"):
         rl_run(tiny_model, n_prompt=4)
     with defaults_context(rl={"n_prompts": 3}, seed=7):
         rs = RLRunSettings(old_policy="mu", lr=1).resolved()

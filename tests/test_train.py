@@ -130,7 +130,8 @@ def test_bad_input_is_refused(sampled, tiny_model):
         train_step(tiny_model, sampled, rewards=split_rewards, loss="dpo")
     with pytest.raises(ValueError, match="loss='dpo'"):  # a keyword beside settings= replaces its field
         train_step(tiny_model, sampled, rewards=split_rewards, settings=StepSettings(loss="ppo"), loss="dpo")
-    with pytest.raises(TypeError, match="unexpected keyword argument 'eps'; its settings are loss, lr"):
+    with pytest.raises(TypeError, match="unexpected keyword argument "
+                       "'eps'; use one of the fields of StepSettings: loss, lr"):
         train_step(tiny_model, sampled, rewards=split_rewards, eps=0.2)
     with pytest.raises(ValueError, match="one reward per sequence"):
         train_step(tiny_model, sampled, rewards=[1.0, 0.0])

@@ -40,8 +40,8 @@ def with_overrides(settings: _S, overrides: Mapping[str, Any], where: str) -> _S
     names = [f.name for f in dataclasses.fields(settings)]
     bad = sorted(set(overrides) - set(names))
     if bad:
-        raise TypeError(f"{where}() got an unexpected keyword argument {bad[0]!r}; its settings are "
-                        f"{', '.join(names)}")
+        raise TypeError(f"{where}() got an unexpected keyword argument {bad[0]!r}; use one of the fields of "
+                        f"{type(settings).__name__}: {', '.join(names)}")
     return dataclasses.replace(settings, **overrides) if overrides else settings
 
 
