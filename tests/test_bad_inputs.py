@@ -1033,17 +1033,17 @@ def test_install_store_records_integrity_for_a_streaming_writer(tmp_path):
 
 def test_read_only_location_still_reads(tmp_path, monkeypatch):
     """No lock file can be made (simulated: root ignores permissions): the load goes ahead."""
-    from rlparity.trace import store as S
+    from rlparity.trace import store_locking
 
     store = T.save(BASE, tmp_path / "s.zarr")
-    real = S._open_lock_file
+    real = store_locking._open_lock_file
 
     def read_only(lf, shared):
         if shared and not lf.exists():
             return None
         return real(lf, shared)
 
-    monkeypatch.setattr(S, "_open_lock_file", read_only)
+    monkeypatch.setattr(store_locking, "_open_lock_file", read_only)
     assert dataset_digests(T.load(store)) == dataset_digests(BASE)
 
 

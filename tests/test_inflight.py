@@ -224,6 +224,22 @@ def test_weight_sources_and_pause_arguments_are_checked(tmp_path, tiny_model):
     assert (v1 / "config.json").exists() and (v1 / "tokenizer.json").exists()
 
 
+def test_matrix_settings_are_checked_before_any_engine_starts(tmp_path):
+    """inflight_matrix's settings, as keywords or as one InflightSettings, are checked before any
+    weights are read or an engine starts; an unknown keyword names the settings."""
+    from rlparity.experiments.inflight import InflightSettings, inflight_matrix
+
+    with pytest.raises(ValueError, match=r"modes \['pause'\]"):
+        inflight_matrix(tmp_path, modes=["pause"])
+    with pytest.raises(ValueError, match="update_after=1.5"):
+        inflight_matrix(tmp_path, settings=InflightSettings(update_after=1.5))
+    with pytest.raises(ValueError, match=r"modes \[\]"):  # a keyword beside settings= replaces its field
+        inflight_matrix(tmp_path, settings=InflightSettings(modes=("keep",)), modes=[])
+    with pytest.raises(TypeError, match="unexpected keyword argument "
+                       "'mode'; use one of the fields of InflightSettings: modes, clear_cache"):
+        inflight_matrix(tmp_path, mode="keep")
+
+
 def test_score_versions_takes_each_token_from_its_own_weights(tiny_model, tmp_path):
     """Without an engine: a trace whose sequences switch from version 0 to 1 mid-way is scored
     per version; each token equals the full forward of its own version's weights, and the

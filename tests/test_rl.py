@@ -204,7 +204,15 @@ def test_plot_rl_curves_draws_one_panel_per_metric_and_one_line_per_profile():
 
 
 def test_runner_refuses_bad_arguments_before_any_engine_starts(tiny_model):
-    from rlparity.experiments.rl import DERIVED_PROFILES, rl_profile, rl_run, step_prompts, step_sampling
+    from rlparity.config import defaults, defaults_context
+    from rlparity.experiments.rl import (
+        DERIVED_PROFILES,
+        RLRunSettings,
+        rl_profile,
+        rl_run,
+        step_prompts,
+        step_sampling,
+    )
 
     for kw, msg in [({"loss": "dpo"}, "loss='dpo'"), ({"n_samples": 1}, "at least 2"),
                     ({"old_policy": "x"}, "old_policy='x'"), ({"old_policy": ["mu", "mu"]}, "each once"), ({"profiles": []}, "no profiles"),
@@ -212,6 +220,17 @@ def test_runner_refuses_bad_arguments_before_any_engine_starts(tiny_model):
                     ({"profiles": ["pipelinerl-parity", "pipelinerl-parity"]}, "repeat a name")]:
         with pytest.raises(ValueError, match=msg):
             rl_run(tiny_model, steps=1, **kw)
+    # the settings as one object, keywords beside it replacing its fields; an unknown keyword names the fields
+    with pytest.raises(ValueError, match="at least 2"):
+        rl_run(tiny_model, settings=RLRunSettings(n_samples=1, steps=1))
+    with pytest.raises(ValueError, match="loss='dpo'"):
+        rl_run(tiny_model, settings=RLRunSettings(loss="gspo"), loss="dpo")
+    with pytest.raises(TypeError, match="unexpected keyword argument "
+                       "'n_prompt'; use one of the fields of RLRunSettings: steps, loss"):
+        rl_run(tiny_model, n_prompt=4)
+    with defaults_context(rl={"n_prompts": 3}, seed=7):
+        rs = RLRunSettings(old_policy="mu", lr=1).resolved()
+    assert (rs.n_prompts, rs.seed, rs.old_policy, rs.lr, rs.loss) == (3, 7, ("mu",), 1.0, defaults().rl.loss)
     bf16 = rl_profile("parity-bf16-head")
     assert bf16.head_dtype == "bfloat16" and bf16.logprobs_mode == "processed_logprobs"
     assert bf16 == rl_profile("pipelinerl-parity").replace(head_dtype="bfloat16")

@@ -18,6 +18,7 @@ import xarray as xr
 from rlparity import trace as T
 from rlparity.testing import synthetic_trace
 from rlparity.trace import store as S
+from rlparity.trace import store_locking, store_paths
 from rlparity.trace.store import dataset_digests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,7 +179,7 @@ def test_unlocked_readers_are_caught_not_fooled(tmp_path, monkeypatch):
     by a swap: the load retries, and raises rather than return mixed data."""
     from rlparity.trace import io
 
-    real, real_read = S._open_lock_file, io._read
+    real, real_read = store_locking._open_lock_file, io._read
     caught = []
 
     def counting_read(p, shown, chunks=None):
@@ -188,7 +189,7 @@ def test_unlocked_readers_are_caught_not_fooled(tmp_path, monkeypatch):
             caught.append(str(err))
             raise
 
-    monkeypatch.setattr(S, "_open_lock_file", lambda lf, shared: None if shared else real(lf, shared))
+    monkeypatch.setattr(store_locking, "_open_lock_file", lambda lf, shared: None if shared else real(lf, shared))
     monkeypatch.setattr(io, "_read", counting_read)
     seen = _reader_during_swaps(tmp_path, 60, min_swaps=3)
     assert seen["A"] + seen["B"] + seen["damaged"] == 60
@@ -225,7 +226,7 @@ def test_large_store_integrity_check_finds_nothing_on_a_good_store(tmp_path):
     values (their cost relative to the load is a benchmark: benchmarks/store_integrity.py)."""
     ds = tiled(128, seed=3)
     store = T.save(ds, tmp_path / "s.zarr")
-    meta = S._read_meta(store)
+    meta = store_paths._read_meta(store)
     assert S.missing_chunks(store, meta) == []
     got = T.load(store)
     assert dataset_digests(got) == dataset_digests(ds)

@@ -82,3 +82,18 @@ def test_policy_version_and_reward_have_room():
     assert ds["policy_version"].values[0].tolist() == [0, 0, 1]
     assert ds["reward"].item() == 1.0
     assert isinstance(ds, xr.Dataset)
+
+
+def test_optional_columns_as_one_object_or_as_keywords():
+    """from_rollouts' optional columns: RolloutColumns and keywords build the same trace; a keyword
+    beside columns= replaces its field; an unknown column is named with the ones there are."""
+    base = dict(prompt_token_ids=[[1, 2], [1]], token_ids=[[5, 6], [7]], rollout_logprobs=[[-0.1, -0.2], [-0.3]])
+    cols = T.RolloutColumns(temperature=[0.7, 1.0], top_k=20, rewards=[1.0, 0.0], response_texts=["a", "b"])
+    ds = T.from_rollouts(**base, columns=cols)
+    kw = T.from_rollouts(**base, temperature=[0.7, 1.0], top_k=20, rewards=[1.0, 0.0], response_texts=["a", "b"])
+    assert ds.drop_attrs().identical(kw.drop_attrs())
+    assert ds["temperature"].values.tolist() == [0.7, 1.0] and ds["top_k"].values.tolist() == [20, 20]
+    assert ds["top_p"].values.tolist() == [1.0, 1.0] and ds["cached_prompt_tokens"].values.tolist() == [-1, -1]
+    assert T.from_rollouts(**base, columns=cols, top_k=5)["top_k"].values.tolist() == [5, 5]
+    with pytest.raises(TypeError, match="'reward'; use one of the fields of RolloutColumns: finish_reasons"):
+        T.from_rollouts(**base, reward=[1.0, 0.0])

@@ -8,6 +8,7 @@ import pytest
 from rlparity.metrics import objective as ob
 from rlparity.trace import from_rollouts, validate
 from rlparity.train import (
+    StepSettings,
     arithmetic_reward,
     clip_range,
     generate_trace,
@@ -73,8 +74,10 @@ def test_zero_lr_leaves_pi_theta_equal_to_pi_old(sampled, tiny_model):
     assert res.metrics["step0_consistent"] and res.metrics["step0_max_abs_diff"] == 0.0
     assert res.metrics["pi_old_max_abs_diff_vs_trace"] < 1e-5
     # a loaded model is trained in place and handed back for the next step
-    again = train_step(res.model, res.trace, loss="ppo", lr=0.0)
+    # (the settings as one object this time: the same as the keywords)
+    again = train_step(res.model, res.trace, settings=StepSettings(loss="ppo", lr=0.0))
     assert again.model is res.model and again.metrics["pi_old_max_abs_diff_vs_trace"] < 1e-5
+    assert again.metrics["loss"] == "ppo" and again.metrics["lr"] == 0.0
 
 
 @pytest.mark.parametrize("loss", ["gspo", "ppo", "grpo"])
@@ -125,6 +128,11 @@ def test_corrections_enter_the_loss(sampled, tiny_model):
 def test_bad_input_is_refused(sampled, tiny_model):
     with pytest.raises(ValueError, match="loss="):
         train_step(tiny_model, sampled, rewards=split_rewards, loss="dpo")
+    with pytest.raises(ValueError, match="loss='dpo'"):  # a keyword beside settings= replaces its field
+        train_step(tiny_model, sampled, rewards=split_rewards, settings=StepSettings(loss="ppo"), loss="dpo")
+    with pytest.raises(TypeError, match="unexpected keyword argument "
+                       "'eps'; use one of the fields of StepSettings: loss, lr"):
+        train_step(tiny_model, sampled, rewards=split_rewards, eps=0.2)
     with pytest.raises(ValueError, match="one reward per sequence"):
         train_step(tiny_model, sampled, rewards=[1.0, 0.0])
     with pytest.raises(ValueError, match="not both"):

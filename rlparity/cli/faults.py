@@ -41,7 +41,7 @@ def run_cmd(
     engine_logs()
     from rlparity.cli.common import model_path
     from rlparity.diagnose import diagnose
-    from rlparity.diagnose.scoring import format_scores, score_matrix
+    from rlparity.diagnose.scoring import score_matrix
     from rlparity.experiments.faults import MatrixSettings, parse_arms, run_matrix
     from rlparity.trace import save
 

@@ -7,7 +7,9 @@ what a user's engine really did, not what was asked.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -26,6 +28,21 @@ def normalize_dtype(name: Any, *, what: str = "dtype") -> str:
         raise ValueError(f"unknown {what} {name!r}; use one of {', '.join(FLOAT_DTYPES)} "
                          f"(aliases: {', '.join(sorted(_DTYPE_ALIASES))})")
     return key
+
+
+_S = TypeVar("_S")
+
+
+def with_overrides(settings: _S, overrides: Mapping[str, Any], where: str) -> _S:
+    """``settings`` (a dataclass of a function's settings) with the fields named in ``overrides``
+    replaced, unchecked (the function checks the values it uses); a name that is no field is a
+    :class:`TypeError` that lists the fields, as Python's own for an unknown keyword."""
+    names = [f.name for f in dataclasses.fields(settings)]
+    bad = sorted(set(overrides) - set(names))
+    if bad:
+        raise TypeError(f"{where}() got an unexpected keyword argument {bad[0]!r}; use one of the fields of "
+                        f"{type(settings).__name__}: {', '.join(names)}")
+    return dataclasses.replace(settings, **overrides) if overrides else settings
 
 
 def dtype_name(value: Any) -> str | None:

@@ -30,7 +30,6 @@ from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import BACKEND_PAIR_D
 from rlparity.metrics import inflight as mi
-from rlparity.metrics.summary import log_ratio
 from rlparity.trace import has_trainer, trace_versions
 
 PAIR = BACKEND_PAIR_D

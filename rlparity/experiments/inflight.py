@@ -37,13 +37,14 @@ import itertools
 import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import xarray as xr
 
 from rlparity.config.defaults import default_sampling
-from rlparity.config.settings import EngineSettings, SamplingSettings
+from rlparity.config.settings import EngineSettings, SamplingSettings, with_overrides
 from rlparity.metrics.inflight import PAUSE_MODES, arm_name
 
 
@@ -54,14 +55,34 @@ def base_settings(dtype: str = "float32", **changes: Any) -> EngineSettings:
                           generation_config="vllm", **changes)
 
 
+@dataclass(frozen=True)
+class InflightSettings:
+    """The settings of :func:`inflight_matrix`, with their defaults: the arms (``modes`` x
+    ``clear_cache`` on one engine per ``prefix_caching`` setting), version 1's perturbation
+    (``sigma``, ``seed``; ``seed`` also picks the default prompts), the sizes (``n_prompts`` each
+    across and after the update, ``max_tokens``), when the update comes (``update_after``: the share
+    of the first capture's tokens streamed before it), whether aborted requests are resubmitted, the
+    body ``dtype`` pinned on both sides, and the trainer's ``device`` and ``batch_size``."""
+
+    modes: Sequence[str] = PAUSE_MODES
+    clear_cache: Sequence[bool] = (False, True)
+    prefix_caching: Sequence[bool] = (True, False)
+    sigma: float = 0.05
+    seed: int = 0
+    n_prompts: int = 8
+    max_tokens: int = 48
+    update_after: float = 1 / 3
+    resubmit_aborted: bool = True
+    dtype: str = "float32"
+    device: str = "cpu"
+    batch_size: int = 16
+
+
 def inflight_matrix(model: str | os.PathLike, prompts: Sequence | None = None, after_prompts: Sequence | None = None,
-                    sampling: SamplingSettings | None = None, *, modes: Sequence[str] = PAUSE_MODES,
-                    clear_cache: Sequence[bool] = (False, True), prefix_caching: Sequence[bool] = (True, False),
-                    new_weights: str | os.PathLike | None = None, sigma: float = 0.05, seed: int = 0,
-                    checkpoint_dir: str | os.PathLike | None = None, n_prompts: int = 8, max_tokens: int = 48,
-                    update_after: float = 1 / 3, resubmit_aborted: bool = True, dtype: str = "float32",
-                    device: str = "cpu", engine: Mapping[str, Any] | None = None, scorers: Mapping[int, Any] | None = None,
-                    batch_size: int = 16, progress: bool = False, log=print) -> dict[str, xr.Dataset]:
+                    sampling: SamplingSettings | None = None, *, new_weights: str | os.PathLike | None = None,
+                    checkpoint_dir: str | os.PathLike | None = None, engine: Mapping[str, Any] | None = None,
+                    scorers: Mapping[int, Any] | None = None, settings: InflightSettings | None = None,
+                    progress: bool = False, log=print, **overrides: Any) -> dict[str, xr.Dataset]:
     """Run every (mode, clear_cache) arm on one engine per prefix-caching setting; return
     ``{arm: trace}`` scored per version.
 
@@ -74,6 +95,10 @@ def inflight_matrix(model: str | os.PathLike, prompts: Sequence | None = None, a
     (``len(prompts) x max_tokens``) streamed before the update. ``engine``: other
     :class:`EngineSettings` fields; ``dtype`` pins the body on both sides; ``device`` is the trainer's.
     ``scorers``: ready :class:`rlparity.score.Scorer` per version (else made here, fp32 head).
+    The settings (``modes``, ``clear_cache``, ``prefix_caching``, ``sigma``, ``seed``, ``n_prompts``,
+    ``max_tokens``, ``update_after``, ``resubmit_aborted``, ``dtype``, ``device``, ``batch_size``) are
+    the fields of :class:`InflightSettings`: give them as keywords, or as ``settings=`` (keywords
+    beside it replace its fields).
     Starts engines itself (closing the shared pool first: one engine at a time).
     """
     from rlparity.capture.async_engine import AsyncEngine
@@ -83,6 +108,10 @@ def inflight_matrix(model: str | os.PathLike, prompts: Sequence | None = None, a
     from rlparity.score import Scorer, score_versions
     from rlparity.trace import concat_sequences, with_factors
 
+    st = with_overrides(settings or InflightSettings(), overrides, "inflight_matrix")
+    modes, clear_cache, prefix_caching = st.modes, st.clear_cache, st.prefix_caching
+    sigma, seed, n_prompts, max_tokens, update_after = st.sigma, st.seed, st.n_prompts, st.max_tokens, st.update_after
+    resubmit_aborted, dtype, device, batch_size = st.resubmit_aborted, st.dtype, st.device, st.batch_size
     modes = list(modes)
     bad = [m for m in modes if m not in PAUSE_MODES]
     if bad or not modes:
@@ -114,9 +143,9 @@ def inflight_matrix(model: str | os.PathLike, prompts: Sequence | None = None, a
     threshold = max(1, int(update_after * len(prompts) * sampling.max_tokens))
     arms: dict[str, xr.Dataset] = {}
     for k, prefix in enumerate(prefix_caching):
-        settings = base_settings(dtype, enable_prefix_caching=bool(prefix)).replace(**dict(engine or {}))
+        engine_settings = base_settings(dtype, enable_prefix_caching=bool(prefix)).replace(**dict(engine or {}))
         t0 = time.perf_counter()
-        with AsyncEngine(str(v0), settings) as eng:
+        with AsyncEngine(str(v0), engine_settings) as eng:
             log(f"engine prefix_caching={prefix} started in {eng.startup_s:.1f} s")
             for i, (mode, clear) in enumerate(itertools.product(modes, clear_cache)):
                 name = arm_name(mode, bool(clear), bool(prefix))
@@ -171,4 +200,4 @@ def summarize(arms: Mapping[str, xr.Dataset], *, trainer: str | None = None) -> 
             "findings": report.to_dict()["findings"], "verdict": report.verdict}
 
 
-__all__ = ["base_settings", "inflight_matrix", "summarize"]
+__all__ = ["InflightSettings", "base_settings", "inflight_matrix", "summarize"]

@@ -7,6 +7,7 @@ from rlparity.trace.schema import (
     ALL_VARS,
     ROLLOUT_VARS,
     SCHEMA_VERSION,
+    RolloutColumns,
     TRAINER_READINGS,
     TraceValidationError,
     annotate,
@@ -33,7 +34,7 @@ from rlparity.trace.store import (
 )
 
 __all__ = [
-    "ROLLOUT_VARS",
+    "ROLLOUT_VARS", "RolloutColumns",
     "ALL_VARS", "ARM_NAME_PATTERN", "FACTORS_ATTR", "SCHEMA_VERSION", "TRAINER_READINGS", "StoreDamagedError", "StoreError",
     "TraceValidationError", "add_arm", "annotate", "arm_factors", "as_arms", "blocks", "by_factors", "check_arm_name", "concat_sequences",
     "factors", "from_rollouts", "has_trainer", "install_store", "is_lazy", "latest_version", "load", "open_arms", "open_experiment", "pad_rows",

@@ -27,9 +27,6 @@ from rlparity.trace.store import (
     STORE_MARKER,
     StoreDamagedError,
     StoreError,
-    _lossless,
-    _open_tree,
-    _read_meta,
     check_arm_name,
     check_chunks,
     check_target,
@@ -46,6 +43,9 @@ from rlparity.trace.store import (
     verify_integrity,
     write_root,
 )
+from rlparity.trace.store_files import _open_tree
+from rlparity.trace.store_integrity import _lossless
+from rlparity.trace.store_paths import _read_meta
 
 _ARM_ATTR = "rlparity_arm"
 _WRITE = {"zarr_format": 2, "write_empty_chunks": True}

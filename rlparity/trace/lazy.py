@@ -18,7 +18,8 @@ import numpy as np
 import xarray as xr
 
 from rlparity.trace.schema import CHECKSUM_MISMATCH, TraceValidationError, validate
-from rlparity.trace.store import DIGEST_ALGORITHM, _digest, digest_start, digest_update, verify_integrity
+from rlparity.trace.store import DIGEST_ALGORITHM, digest_start, digest_update, verify_integrity
+from rlparity.trace.store_integrity import _digest
 
 LAZY_RECORD = "_rlparity_lazy_integrity"  # the record a lazy tree's arms are checked against as they are read
 

@@ -23,12 +23,14 @@ All log-probabilities and entropies are in nats. Padding is ``-1`` for ids and N
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
 from rlparity.config.provenance import make_attrs
+from rlparity.config.settings import with_overrides
 
 SCHEMA_VERSION = 1
 TOKEN_DIMS = ("sequence", "position")
@@ -142,31 +144,54 @@ def annotate(ds: xr.Dataset) -> xr.Dataset:
     return ds
 
 
+@dataclass(frozen=True)
+class RolloutColumns:
+    """The optional per-sequence columns of :func:`from_rollouts`, with what a trace holds when one
+    is not given: ``finish_reasons`` (``"unknown"``), ``policy_versions`` per token (0),
+    ``prompt_index`` (0, 1, ...), ``sample_index`` (0), the sampling parameters ``temperature``,
+    ``top_k``, ``top_p``, ``request_seed`` (one value for all or one per sequence; default 1, 0, 1,
+    -1), ``prompt_texts``, ``prompt_messages``, ``response_texts`` (empty), ``rewards`` (NaN) and
+    ``cached_prompt_tokens`` (-1: not reported)."""
+
+    finish_reasons: Sequence[str] | None = None
+    policy_versions: Sequence[Sequence[int]] | None = None
+    prompt_index: Sequence[int] | None = None
+    sample_index: Sequence[int] | None = None
+    temperature: Sequence[float] | float = 1.0
+    top_k: Sequence[int] | int = 0
+    top_p: Sequence[float] | float = 1.0
+    request_seed: Sequence[int] | int = -1
+    prompt_texts: Sequence[str] | None = None
+    prompt_messages: Sequence[str] | None = None
+    response_texts: Sequence[str] | None = None
+    rewards: Sequence[float] | None = None
+    cached_prompt_tokens: Sequence[int] | None = None
+
+
 def from_rollouts(
     *,
     prompt_token_ids: Sequence[Sequence[int]],
     token_ids: Sequence[Sequence[int]],
     rollout_logprobs: Sequence[Sequence[float]],
-    finish_reasons: Sequence[str] | None = None,
-    policy_versions: Sequence[Sequence[int]] | None = None,
-    prompt_index: Sequence[int] | None = None,
-    sample_index: Sequence[int] | None = None,
-    temperature: Sequence[float] | float = 1.0,
-    top_k: Sequence[int] | int = 0,
-    top_p: Sequence[float] | float = 1.0,
-    request_seed: Sequence[int] | int = -1,
-    prompt_texts: Sequence[str] | None = None,
-    prompt_messages: Sequence[str] | None = None,
-    response_texts: Sequence[str] | None = None,
-    rewards: Sequence[float] | None = None,
-    cached_prompt_tokens: Sequence[int] | None = None,
+    columns: RolloutColumns | None = None,
     attrs: Mapping[str, Any] | None = None,
+    **optional: Any,
 ) -> xr.Dataset:
     """Build a rollout trace from plain per-sequence lists (the ``from_dict`` of rlparity).
 
     Every capture backend and every importer of another framework's logs ends here, so all of
-    them produce the same schema.
+    them produce the same schema. The optional columns (``finish_reasons``, ``policy_versions``,
+    ``prompt_index``, ``sample_index``, ``temperature``, ``top_k``, ``top_p``, ``request_seed``,
+    ``prompt_texts``, ``prompt_messages``, ``response_texts``, ``rewards``, ``cached_prompt_tokens``)
+    are the fields of :class:`RolloutColumns`: give them as keywords, or as ``columns=`` (keywords
+    beside it replace its fields).
     """
+    c = with_overrides(columns or RolloutColumns(), optional, "from_rollouts")
+    finish_reasons, policy_versions, prompt_index, sample_index = (c.finish_reasons, c.policy_versions,
+                                                                    c.prompt_index, c.sample_index)
+    temperature, top_k, top_p, request_seed = c.temperature, c.top_k, c.top_p, c.request_seed
+    prompt_texts, prompt_messages, response_texts = c.prompt_texts, c.prompt_messages, c.response_texts
+    rewards, cached_prompt_tokens = c.rewards, c.cached_prompt_tokens
     n = len(token_ids)
     if len(prompt_token_ids) != n or len(rollout_logprobs) != n:
         raise TraceValidationError(

@@ -11,7 +11,7 @@
 from rlparity.train.losses import LOSSES, clip_range, sequence_terms
 from rlparity.train.reward import arithmetic_reward, group_advantages, open_problem
 from rlparity.train.sample import generate_trace
-from rlparity.train.step import StepResult, train_step
+from rlparity.train.step import StepResult, StepSettings, train_step
 
-__all__ = ["LOSSES", "StepResult", "arithmetic_reward", "clip_range", "generate_trace", "group_advantages",
+__all__ = ["LOSSES", "StepResult", "StepSettings", "arithmetic_reward", "clip_range", "generate_trace", "group_advantages",
            "open_problem", "sequence_terms", "train_step"]

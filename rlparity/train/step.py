@@ -17,6 +17,7 @@ import numpy as np
 import xarray as xr
 
 from rlparity.config.defaults import TrainerSide, defaults
+from rlparity.config.settings import with_overrides
 from rlparity.score import Scorer, processed_logits
 from rlparity.trace import sequences, validate, with_trainer
 from rlparity.train.losses import LOSSES, clip_range, sequence_terms
@@ -64,14 +65,35 @@ def _token_logprobs(scorer: Scorer, hidden, tokens, temperature, top_k, top_p, t
     return logits.log_softmax(dim=-1).gather(1, tokens.unsqueeze(1)).squeeze(1)
 
 
+@dataclass(frozen=True)
+class StepSettings:
+    """The settings of :func:`train_step`, with their defaults: the ``loss`` (``"gspo"``, ``"ppo"``,
+    ``"grpo"``) and its clip (``eps_low`` / ``eps_high``, None: the loss's usual), the reading it is
+    computed on (``trainer``, None: ``defaults().trainer``), the advantage's groups (``group_by``)
+    and scale (``advantage_scale``), the default optimizer's ``lr`` (None: 1e-5) and the gradient
+    clip (``max_grad_norm``), the model's ``dtype``, ``head_dtype``, ``device`` and ``batch_size``,
+    and whether to return the gradient (``return_gradient``) and to step (``step``)."""
+
+    loss: str = "gspo"
+    lr: float | None = None
+    group_by: str = "prompt_index"
+    trainer: TrainerSide | None = None
+    eps_low: float | None = None
+    eps_high: float | None = None
+    advantage_scale: str = "std"
+    max_grad_norm: float | None = None
+    dtype: str = "float32"
+    head_dtype: str = "float32"
+    device: str = "cpu"
+    batch_size: int = 16
+    return_gradient: bool = False
+    step: bool = True
+
+
 def train_step(model: Any, trace: xr.Dataset, *, rewards: Sequence[float] | Callable | None = None,
-               loss: str = "gspo", lr: float | None = None, optimizer: Any = None,
-               group_by: str = "prompt_index", trainer: TrainerSide | None = None, eps_low: float | None = None,
-               eps_high: float | None = None, token_weights: np.ndarray | None = None,
-               keep: np.ndarray | None = None, old_logprob: np.ndarray | None = None,
-               advantage_scale: str = "std", max_grad_norm: float | None = None,
-               dtype: str = "float32", head_dtype: str = "float32", device: str = "cpu", batch_size: int = 16,
-               return_gradient: bool = False, step: bool = True) -> StepResult:
+               optimizer: Any = None, token_weights: np.ndarray | None = None, keep: np.ndarray | None = None,
+               old_logprob: np.ndarray | None = None, settings: StepSettings | None = None,
+               **overrides: Any) -> StepResult:
     """One optimizer step of ``model`` on ``trace``; returns the trace with pi_theta.
 
     ``model`` is a path / hub id (loaded in ``dtype``) or a loaded transformers causal LM (trained
@@ -99,9 +121,19 @@ def train_step(model: Any, trace: xr.Dataset, *, rewards: Sequence[float] | Call
     pi_old (scored first if the trace had none), ``reward`` and ``advantage``; ``metrics`` the
     step's numbers (pairs named: the in-step clip fraction is the update pair at the start of the
     step, 0 on a first step).
+
+    The settings (``loss``, ``lr``, ``group_by``, ``trainer``, ``eps_low``, ``eps_high``,
+    ``advantage_scale``, ``max_grad_norm``, ``dtype``, ``head_dtype``, ``device``, ``batch_size``,
+    ``return_gradient``, ``step``) are the fields of :class:`StepSettings`: give them as keywords, or
+    as ``settings=`` (keywords beside it replace its fields).
     """
     import torch
 
+    st = with_overrides(settings or StepSettings(), overrides, "train_step")
+    loss, lr, group_by, trainer, eps_low, eps_high = st.loss, st.lr, st.group_by, st.trainer, st.eps_low, st.eps_high
+    advantage_scale, max_grad_norm = st.advantage_scale, st.max_grad_norm
+    return_gradient, step = st.return_gradient, st.step
+    dtype, head_dtype, device, batch_size = st.dtype, st.head_dtype, st.device, st.batch_size
     if loss not in LOSSES:
         raise ValueError(f"loss={loss!r}; use one of {LOSSES}")
     trainer = trainer or defaults().trainer
@@ -287,4 +319,4 @@ def _with_readings(trace: xr.Dataset, scored: xr.Dataset, names: dict[str, str])
     return with_trainer(trace, {new: scored[old].values for new, old in names.items()}, attrs)
 
 
-__all__ = ["StepResult", "train_step"]
+__all__ = ["StepResult", "StepSettings", "train_step"]

@@ -1,0 +1,85 @@
+"""Shipping an RL run: its store packed as flat files of bounded size (:func:`pack`) and the compact
+example store made from the stores of one or more runs (:func:`make_example`)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import xarray as xr
+
+def pack(store: str | os.PathLike, out: str | os.PathLike, *, max_part_bytes: int = 15 * 2**20) -> list[Path]:
+    """``store`` as one gzipped tar in ``out`` (``rl.zarr.tar.gz``), split into parts of at most
+    ``max_part_bytes`` (``rl.zarr.tar.gz.part00``, ...; ``cat rl.zarr.tar.gz.part* | tar xz`` joins
+    them) so a transfer that takes a few flat files of bounded size carries the whole store."""
+    import tarfile
+
+    store, out = Path(store), Path(out)
+    whole = out / f"{store.name}.tar.gz"
+    for old in out.glob(f"{whole.name}.part*"):
+        old.unlink()
+    with tarfile.open(whole, "w:gz") as tar:
+        tar.add(store, arcname=store.name)
+    if whole.stat().st_size <= max_part_bytes:
+        return [whole]
+    parts = []
+    with whole.open("rb") as fh:
+        while chunk := fh.read(max_part_bytes):
+            part = out / f"{whole.name}.part{len(parts):02d}"
+            part.write_bytes(chunk)
+            parts.append(part)
+    whole.unlink()
+    return parts
+
+
+def make_example(stores: Sequence[str | os.PathLike], path: str | os.PathLike, *, keep_steps: str = "ends",
+                 description: str | None = None, command: str | None = None,
+                 device_name: str | None = None) -> Path:
+    """One example store from the stores of one or more runs (e.g. one ``rlparity
+    experiment rl --profile P`` call per profile on a GPU host): the curves of every step of
+    every run (:func:`rlparity.metrics.rl.rl_curves` on all of them, kept as the root attr
+    ``rl_curves``, read back with :func:`rlparity.metrics.rl.curves_from_records`) and the contrast
+    with the first store's profile (``contrast``), while only the first and last step of each run
+    are kept as compact traces (``keep_steps="ends"``; ``"all"`` keeps every step), so the example
+    stays small enough to ship. The runs must start from the same weights (the same
+    ``model_fingerprint``) or the store is refused."""
+    from rlparity.config.provenance import jsonable
+    from rlparity.datasets import compact
+    from rlparity.metrics import rl as mrl
+    from rlparity.trace import open_arms, save
+
+    if keep_steps not in ("ends", "all"):
+        raise ValueError(f"keep_steps={keep_steps!r}: use 'ends' (first and last step of each run) or 'all'")
+    arms: dict[str, xr.Dataset] = {}
+    for store in stores:
+        got = open_arms(store)
+        clash = sorted(set(got) & set(arms))
+        if clash:
+            raise ValueError(f"{store} repeats run steps already read ({clash[:3]}...): give each run once")
+        arms.update(got)
+    prints = {str(ds.attrs.get("model_fingerprint")) for ds in arms.values()}
+    if len(prints) != 1:
+        raise ValueError(f"the runs start from different weights (model fingerprints {sorted(prints)}): "
+                         "compare runs of one model only")
+    parsed = mrl.run_steps(arms)
+    runs = list(dict.fromkeys(run for run, _ in parsed.values()))
+    curves = mrl.rl_curves(arms, profiles=runs)
+    last = {run: max(s for r, s in parsed.values() if r == run) for run in runs}
+    kept = {a: ds for a, ds in arms.items() if keep_steps == "all" or parsed[a][1] in (0, last[parsed[a][0]])}
+    first = next(iter(arms.values()))
+    versions = first.attrs.get("versions") or {}
+    prov = {"description": description or (
+                f"online GSPO on the tiny model's arithmetic task, {len(curves['step'])} steps per run, runs "
+                f"{', '.join(runs)}; curves of every step in the root attr rl_curves, traces of the first and "
+                "last step of each run"),
+            "device": str((first.attrs.get("trainer") or {}).get("device", "")),
+            "device_name": device_name or "",
+            **{k: versions.get(k) for k in ("vllm", "torch", "transformers")},
+            "date": str(first.attrs.get("created_at", ""))[:10], "model": str(first.attrs.get("model", "")),
+            "model_fingerprint": prints.pop(), "sizes": (first.attrs.get("rl") or {}).get("sizes", {}),
+            "command": command or "rlparity experiment rl --out DIR --profile P (one call per profile)"}
+    tree = xr.DataTree.from_dict({f"/{k}": compact(v) for k, v in kept.items()})
+    tree.attrs = jsonable({"example": prov, "rl_curves": mrl.curves_records(curves),
+                           "contrast": mrl.profile_contrast(curves)}, strict=True)
+    return save(tree, path)

@@ -1,0 +1,36 @@
+"""The RL run's numbers as plain data: the curves, the contrast between profiles and the findings of
+every run's first step."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import xarray as xr
+
+def diagnose_first_steps(arms: Mapping[str, xr.Dataset]):
+    """:func:`rlparity.diagnose.diagnose` of the first step of every run (any other step: pick its
+    arms from the store the same way)."""
+    from rlparity.diagnose import diagnose
+    from rlparity.metrics.rl import run_steps
+
+    steps = {a: step for a, (_, step) in run_steps(arms).items()}
+    first = min(steps.values())
+    return diagnose({a: ds for a, ds in arms.items() if steps[a] == first},
+                    title=f"RL run: step {first} of every run")
+
+
+def summarize(arms: Mapping[str, xr.Dataset], *, reference: str | None = None, findings: bool = True
+              ) -> dict[str, Any]:
+    """The run's numbers as plain data: the curves (:func:`rlparity.metrics.rl.curves_records`),
+    each run against the ``reference`` profile's run of the same ratio denominator (default the
+    first profile; :func:`rlparity.metrics.rl.profile_contrast`) and, with ``findings``, the findings
+    of the first step of every run (:func:`diagnose_first_steps`)."""
+    from rlparity.metrics import rl as mrl
+
+    curves = mrl.rl_curves(arms)
+    res = {"curves": mrl.curves_records(curves), "contrast": mrl.profile_contrast(curves, reference)}
+    if findings:
+        report = diagnose_first_steps(arms)
+        res.update({"findings": report.to_dict()["findings"], "verdict": report.verdict})
+    return res

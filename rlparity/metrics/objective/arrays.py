@@ -1,0 +1,289 @@
+"""The objective layer's numpy core: functions of ``d`` (any shape, response positions along
+``axis``, default the last) and a boolean ``mask`` of real tokens (``None``: every non-NaN entry);
+every reduction returns :class:`Measured` (value, entries used, entries excluded)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from rlparity.config.defaults import Level
+from rlparity.metrics import core
+from rlparity.metrics.objective.settings import BAND_RULES, KL_RULES, OBJECTIVE_DEFAULTS, RULES, Kind
+
+class Measured(NamedTuple):
+    """A reduction and what it rests on: ``value``, ``n_used`` entries, ``n_excluded`` entries
+    (tokens or sequences, as the function says) left out because a policy gives probability 0."""
+
+    value: Any
+    n_used: Any
+    n_excluded: Any
+
+
+
+def logprob_difference(log_num: np.ndarray, log_den: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    """``d = log_num - log_den`` per token (nats), NaN outside ``mask``; ``-inf`` where the
+    numerator policy gives probability 0, ``+inf`` where the denominator does (NaN where both do)."""
+    num = np.asarray(log_num, dtype=float)
+    den = np.asarray(log_den, dtype=float)
+    with np.errstate(invalid="ignore"):
+        d = num - den
+    return d if mask is None else np.where(np.asarray(mask, bool), d, np.nan)
+
+
+def real(d: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    """The real-token mask: ``mask``, or every non-NaN entry of ``d`` when ``mask`` is None."""
+    return ~np.isnan(d) if mask is None else np.asarray(mask, bool)
+
+
+def usable(d: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    """Real tokens with a finite ``d`` (the ones averages use)."""
+    return real(d, mask) & np.isfinite(d)
+
+
+def token_counts(d: np.ndarray, mask: np.ndarray | None = None, axis=None) -> tuple[Any, Any]:
+    """(tokens used, tokens excluded because ``d`` is not finite) over ``axis``."""
+    m = real(d, mask)
+    u = m & np.isfinite(d)
+    return u.sum(axis=axis), (m & ~u).sum(axis=axis)
+
+
+def _share(hit: np.ndarray, used: np.ndarray, axis=None):
+    n = used.sum(axis=axis)
+    k = (hit & used).sum(axis=axis)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, k / np.maximum(n, 1), np.nan)
+
+
+def _safe_exp(x: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return np.exp(np.where(ok, x, 0.0))
+
+
+def token_mean(x: np.ndarray, d: np.ndarray, mask: np.ndarray | None = None, axis=None) -> Measured:
+    """Mean of ``x`` over the usable tokens of ``d`` (real, finite d)."""
+    u = usable(d, mask) & np.isfinite(x)
+    n = u.sum(axis=axis)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        v = np.where(n > 0, np.where(u, x, 0.0).sum(axis=axis) / np.maximum(n, 1), np.nan)
+    return Measured(v, *token_counts(d, mask, axis))
+
+
+def sequence_log_ratio(d: np.ndarray, mask: np.ndarray | None = None, *, kind: Kind = "geometric",
+                       axis: int = -1) -> Measured:
+    """Per sequence (``axis`` reduced): ``sum_t d`` (log of the product ratio) or ``mean_t d`` (log
+    of the geometric ratio, GSPO's ``log s_i``). NaN for a sequence without tokens or with a
+    non-finite token; ``n_used`` = its real tokens, ``n_excluded`` = its non-finite tokens."""
+    if kind not in ("product", "geometric"):
+        raise ValueError(f"kind={kind!r}; use 'product' or 'geometric'")
+    m = real(d, mask)
+    u = m & np.isfinite(d)
+    n_tok = m.sum(axis=axis)
+    n_bad = (m & ~u).sum(axis=axis)
+    total = np.where(u, d, 0.0).sum(axis=axis)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        val = total if kind == "product" else total / np.maximum(n_tok, 1)
+    return Measured(np.where((n_tok > 0) & (n_bad == 0), val, np.nan), n_tok, n_bad)
+
+
+def _sequence_counts(s: Measured) -> tuple[int, int]:
+    ok = np.isfinite(s.value)
+    return int(ok.sum()), int((np.asarray(s.n_excluded) > 0).sum())
+
+
+def token_clip_fraction(d: np.ndarray, mask: np.ndarray | None = None, *, eps_low: float | None = None,
+                        eps_high: float | None = None, axis=None) -> Measured:
+    """PPO clip fraction: share of usable tokens with ``rho = exp(d)`` outside
+    ``[1 - eps_low, 1 + eps_high]`` (default ``OBJECTIVE_DEFAULTS.ppo_eps``)."""
+    lo, hi = _eps(eps_low, eps_high, "token")
+    u = usable(d, mask)
+    r = _safe_exp(d, u)
+    return Measured(_share((r < lo) | (r > hi), u, axis), *token_counts(d, mask, axis))
+
+
+def sequence_clip_fraction(d: np.ndarray, mask: np.ndarray | None = None, *, eps_low: float | None = None,
+                           eps_high: float | None = None, kind: Kind = "geometric", axis: int = -1) -> Measured:
+    """GSPO clip fraction: share of sequences with ``s_i = exp(mean_t d)`` (``kind="geometric"``)
+    outside ``[1 - eps_low, 1 + eps_high]`` (default the GSPO paper's 3e-4 / 4e-4).
+    Counts are sequences."""
+    lo, hi = _eps(eps_low, eps_high, "sequence")
+    s = sequence_log_ratio(d, mask, kind=kind, axis=axis)
+    ok = np.isfinite(s.value)
+    r = _safe_exp(s.value, ok)
+    return Measured(float(_share((r < lo) | (r > hi), ok)), *_sequence_counts(s))
+
+
+def _eps(eps_low, eps_high, level):
+    dl, dh = OBJECTIVE_DEFAULTS.eps(level)
+    return 1.0 - (dl if eps_low is None else eps_low), 1.0 + (dh if eps_high is None else eps_high)
+
+
+def importance_weights(d: np.ndarray, mask: np.ndarray | None = None, *, level: Level = "token",
+                       kind: Kind = "product", cap: float | None = None, axis: int = -1) -> np.ndarray:
+    """Importance weights shaped like ``d``: token ``w_t = exp(d_t)``; sequence ``w_i = exp(sum_t d)``
+    (``kind="product"``) or ``exp(mean_t d)`` (``"geometric"``) on every token of the sequence.
+    With ``cap`` the weights are truncated, ``min(w, cap)`` (TIS). NaN at padding, at excluded
+    tokens and on every token of an excluded sequence."""
+    if level == "token":
+        u = usable(d, mask)
+        w = np.where(u, _safe_exp(d, u), np.nan)
+    elif level == "sequence":
+        s = sequence_log_ratio(d, mask, kind=kind, axis=axis)
+        ok = np.isfinite(s.value)
+        ws = np.where(ok, _safe_exp(s.value, ok), np.nan)
+        w = np.where(real(d, mask), np.expand_dims(ws, axis), np.nan)
+    else:
+        raise ValueError(f"level={level!r}; use 'token' or 'sequence'")
+    return w if cap is None else np.minimum(w, cap)
+
+
+def tis_weights(d: np.ndarray, mask: np.ndarray | None = None, *, cap: float | None = None) -> np.ndarray:
+    """Token truncated importance sampling: ``w = min(rho, C)`` (``C`` default
+    ``OBJECTIVE_DEFAULTS.is_cap``)."""
+    return importance_weights(d, mask, level="token", cap=OBJECTIVE_DEFAULTS.is_cap if cap is None else cap)
+
+
+def band_keep(d: np.ndarray, mask: np.ndarray | None = None, *, band: tuple[float, float],
+              level: Level = "token", kind: Kind = "geometric", axis: int = -1) -> np.ndarray:
+    """Rejection by a ratio band: keep a usable token whose ``rho`` (``level="token"``), or every
+    token of a sequence whose product / geometric ratio (``"sequence"``), lies in ``band``.
+    Excluded tokens and padding are never kept."""
+    lo, hi = band
+    w = importance_weights(d, mask, level=level, kind=kind, axis=axis)
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(w) & (w >= lo) & (w <= hi) & usable(d, mask)
+
+
+def kl_statistic(d: np.ndarray, estimator: str) -> np.ndarray:
+    """Schulman's estimators per token with ``r = exp(d)``: ``k1 = -d``, ``k2 = d^2 / 2``,
+    ``k3 = r - 1 - d`` (samples from the denominator policy; k1 and k3 estimate
+    KL(denominator || numerator))."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        if estimator == "k1":
+            return -d
+        if estimator == "k2":
+            return 0.5 * d ** 2
+        if estimator == "k3":
+            return np.expm1(d) - d
+    raise ValueError(f"estimator={estimator!r}; use 'k1', 'k2' or 'k3'")
+
+
+def kl_keep(d: np.ndarray, mask: np.ndarray | None = None, *, rule: str = "token_k3",
+            threshold: float | tuple[float, float] | None = None, axis: int = -1) -> np.ndarray:
+    """Rejection by a KL estimator (verl's ``rollout_rs`` options): ``rule`` is
+    ``<level>_<k>`` with level ``token`` | ``seq_sum`` | ``seq_mean`` | ``seq_max``. The statistic
+    is the token's k value, or its sum / mean / max over the sequence. ``k1`` keeps a statistic
+    inside the band ``threshold = (low, high)``; ``k2`` / ``k3`` keep it ``<= threshold``.
+    Defaults: ``OBJECTIVE_DEFAULTS.kl_thresholds[rule]``. Excluded tokens are never kept, and a
+    sequence rule drops every token of a sequence with an excluded token."""
+    if rule not in KL_RULES:
+        raise ValueError(f"rule={rule!r}; use one of {list(KL_RULES)}")
+    level, est = rule.rsplit("_", 1)
+    thr = OBJECTIVE_DEFAULTS.kl_thresholds[rule] if threshold is None else threshold
+    if est == "k1":
+        if np.ndim(thr) != 1 or len(thr) != 2:
+            raise ValueError(f"{rule}: threshold must be a (low, high) band on k1 = -d in nats, got {thr!r}")
+        lo, hi = thr
+    else:
+        if np.ndim(thr) != 0:
+            raise ValueError(f"{rule}: threshold must be one upper bound (nats), got {thr!r}")
+        lo, hi = -np.inf, float(thr)
+    m = real(d, mask)
+    u = m & np.isfinite(d)
+    k = np.where(u, kl_statistic(np.where(u, d, 0.0), est), np.nan)
+    if level == "token":
+        stat = k
+    else:
+        bad = (m & ~u).any(axis=axis)
+        if level == "seq_sum":
+            s = np.where(u, k, 0.0).sum(axis=axis)
+        elif level == "seq_mean":
+            n = m.sum(axis=axis)
+            s = np.where(u, k, 0.0).sum(axis=axis) / np.maximum(n, 1)
+        else:
+            s = np.where(u, k, -np.inf).max(axis=axis)
+        s = np.where(bad | (m.sum(axis=axis) == 0), np.nan, s)
+        stat = np.expand_dims(s, axis)
+    with np.errstate(invalid="ignore"):
+        return u & np.isfinite(stat) & (stat >= lo) & (stat <= hi)
+
+
+def rejection_keep(d: np.ndarray, mask: np.ndarray | None = None, *, rule: str = "token_band",
+                   threshold: Any = None, axis: int = -1) -> np.ndarray:
+    """One rejection rule: ``token_band`` (rho in ``[1/C, C]``), ``geometric_band`` and
+    ``product_band`` (sequence ratio in a band), or a KL rule of :func:`kl_keep`. ``threshold`` is
+    the band or bound (default from :data:`OBJECTIVE_DEFAULTS`)."""
+    if rule in BAND_RULES:
+        band = OBJECTIVE_DEFAULTS.band(rule) if threshold is None else tuple(threshold)
+        level: Level = "token" if rule == "token_band" else "sequence"
+        kind: Kind = "product" if rule == "product_band" else "geometric"
+        return band_keep(d, mask, band=band, level=level, kind=kind, axis=axis)
+    if rule in KL_RULES:
+        return kl_keep(d, mask, rule=rule, threshold=threshold, axis=axis)
+    raise ValueError(f"rule={rule!r}; use one of {list(RULES)}")
+
+
+def rejected_fraction(keep: np.ndarray, d: np.ndarray, mask: np.ndarray | None = None, *,
+                      level: Level = "token", axis=None, position_axis: int = -1) -> Measured:
+    """Share rejected. ``level="token"``: usable tokens not kept (over ``axis``). ``"sequence"``:
+    sequences (with a usable token) that lose at least one usable token; counts are sequences.
+    Excluded tokens are reported in ``n_excluded``, not as rejected; the other tokens of a
+    sequence that a sequence rule drops because its ratio is undefined do count as rejected."""
+    u = usable(d, mask)
+    dropped = u & ~np.asarray(keep, bool)
+    if level == "token":
+        return Measured(_share(dropped, u, axis), *token_counts(d, mask, axis))
+    if level != "sequence":
+        raise ValueError(f"level={level!r}; use 'token' or 'sequence'")
+    has = u.any(axis=position_axis)
+    hit = dropped.any(axis=position_axis)
+    excl = (real(d, mask) & ~u).any(axis=position_axis)
+    return Measured(float(_share(hit, has)), int(has.sum()), int(excl.sum()))
+
+
+def weights_ess(weights: np.ndarray, valid: np.ndarray | None = None, axis=None) -> Measured:
+    """:func:`rlparity.metrics.core.ess` (``(sum w)^2 / (n sum w^2)`` in (0, 1] over the finite,
+    ``valid`` weights) with its counts: weights used, and valid weights left out as not finite.
+    Give it raw weights: truncation hides a collapse."""
+    w = np.asarray(weights, dtype=float)
+    ok = np.isfinite(w) & (True if valid is None else np.asarray(valid, bool))
+    excl = ((~np.isfinite(w)) & (True if valid is None else np.asarray(valid, bool))).sum(axis=axis)
+    return Measured(core.ess(w, valid, axis=axis), ok.sum(axis=axis), excl)
+
+
+def token_ess(d: np.ndarray, mask: np.ndarray | None = None, axis=None) -> Measured:
+    """ESS of the raw token weights ``exp(d)`` (scale-free: computed as ``exp(d - max d)``)."""
+    u = usable(d, mask)
+    top = np.max(np.where(u, d, -np.inf), axis=axis, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    w = np.where(u, _safe_exp(d - top, u), np.nan)
+    out = weights_ess(w, u, axis)
+    return Measured(out.value, *token_counts(d, mask, axis))
+
+
+def sequence_ess(d: np.ndarray, mask: np.ndarray | None = None, *, kind: Kind = "product",
+                 axis: int = -1) -> Measured:
+    """ESS over sequences of the raw sequence weights (product or geometric ratio), computed in
+    log space so a long sequence cannot overflow it. Counts are sequences."""
+    s = sequence_log_ratio(d, mask, kind=kind, axis=axis)
+    ok = np.isfinite(s.value)
+    top = np.max(np.where(ok, s.value, -np.inf)) if ok.any() else 0.0
+    w = np.where(ok, _safe_exp(s.value - top, ok), np.nan)
+    return Measured(float(weights_ess(w, ok).value), *_sequence_counts(s))
+
+
+def decoupled_weights(log_mu: np.ndarray, log_old: np.ndarray, log_theta: np.ndarray,
+                      mask: np.ndarray | None = None, *, cap: float | None = None) -> dict[str, np.ndarray]:
+    """The decoupled (three-policy) token weight and its parts, shaped like the inputs:
+
+    * ``correction_weight`` = pi_old / mu (backend pair), truncated at ``cap`` when given;
+    * ``update_ratio`` = pi_theta / pi_old (update pair, what PPO clips);
+    * ``weight`` = their product, the factor on the advantage;
+    * ``bypass_ratio`` = pi_theta / mu (two-policy form; equals ``weight`` when ``cap`` is None).
+    """
+    m = real(logprob_difference(log_old, log_mu), mask) if mask is None else np.asarray(mask, bool)
+    corr = importance_weights(logprob_difference(log_old, log_mu, m), m, cap=cap)
+    upd = importance_weights(logprob_difference(log_theta, log_old, m), m)
+    return {"correction_weight": corr, "update_ratio": upd, "weight": corr * upd,
+            "bypass_ratio": importance_weights(logprob_difference(log_theta, log_mu, m), m)}
