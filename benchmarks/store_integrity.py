@@ -51,11 +51,12 @@ def main() -> None:
 
     from rlparity import trace as T
     from rlparity.trace import store as S
+    from rlparity.trace.store_paths import _read_meta
 
     ds = build(a.tokens)
     with tempfile.TemporaryDirectory() as d:
         store = T.save(ds, Path(d) / "s.zarr")
-        meta = S._read_meta(store)
+        meta = _read_meta(store)
         times: dict[str, list[float]] = {"check_chunks": [], "load": [], "crc": []}
         got = None
         for _ in range(a.repeats):

@@ -61,3 +61,4 @@ def _profile_name(p: str | EngineSettings, i: int) -> str:
 def run_name(profile: str, old_policy: str, several: bool) -> str:
     """The name of one run in the curves and the store: the profile's name, or
     ``<profile>+<old_policy>`` when one call runs several ratio denominators (``vllm-v1-defaults+mu``)."""
+    return f"{profile}+{old_policy}" if several else profile
