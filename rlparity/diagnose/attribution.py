@@ -63,6 +63,12 @@ class Decomposition:
         """The mismatch the causes share: semantic + global + every localized part."""
         return self.semantic + self.global_ + sum(self.localized.values())
 
+    @property
+    def floor_share(self) -> float | None:
+        """The floor as a share of mean ``|d|`` (a floor cause lies under the excess, so its share of
+        that is 0 by construction); ``None`` without a mismatch."""
+        return self.floor / (self.total / self.n_tokens) if self.n_tokens and self.total > 0 else None
+
     def to_dict(self) -> dict[str, Any]:
         n = max(self.n_tokens, 1)
         return {"n_tokens": self.n_tokens, "mean_abs_d": self.total / n, "excess_mean_abs_d": self.excess / n,
@@ -211,9 +217,8 @@ def attribute(findings: list[Finding], ev: ArmEvidence | None) -> tuple[list[Fin
     energy = energies(out, ev, dec)
     total = dec.excess
     shares = {c: (e / total if total > 0 else 0.0) for c, e in energy.items()}
-    # a floor cause lies under the excess by construction (its share of it is 0): say instead how much
-    # of mean |d| the floor itself is, so a floor headline does not read "explains 0%"
-    floor_share = dec.floor / (dec.total / dec.n_tokens) if dec.n_tokens and dec.total > 0 else None
+    # a floor cause: say how much of mean |d| the floor is, so its line does not read "explains 0%"
+    floor_share = dec.floor_share
     for i, f in enumerate(out):
         if f.severity.rank < 1 or not f.cause:
             continue
