@@ -59,6 +59,21 @@ PARTS: dict[str, tuple[str, int]] = {
                      170),
     # mixture of experts (issue 26): small-moe's routes on vLLM 0.26, replay, the dense comparison
     "moe": (f"{PY} scripts/gpu_moe.py --out {{out}} --device cuda --budget-s 330", 560),
+    # chapter 2 (issue 28): the one-knob ablation on the bf16 `small` with the knobs the CPU build cannot run
+    # (async scheduling, cascade attention, another attention kernel, batch-invariant kernels), shipped as
+    # h100-ablation (named after the card that ran it); knobs whose engine would start after 430 s keep their row, marked as not run
+    "ablation": (f"{PY} -m rlparity {CLI} experiment ablation --out {{out}} --size small --dtype bfloat16 "
+                 "--device cuda --knobs async_scheduling,cascade_attention,attention_backend,batch_invariant,eager,"
+                 "prefix_caching,max_num_seqs,chunked_prefill --n-prompts 32 --max-tokens 64 --batch-sizes 1,2,4,8,16,32 "
+                 "--budget-s 430 "
+                 "--gpu-memory-utilization 0.5 --example h100-ablation", 560),
+    # chapter 5 (issue 28): raw vs processed captures, one step, token TIS + a mask on the raw trace, shipped
+    # as h100-objective: the tiny model of the CPU section (the trained `small` solves 99.9% of its prompts at
+    # T=0.7, which left one group of eight with an advantage), the body in float32 on both sides as in the
+    # h200-rl run (a bf16 step at a small lr rounds away)
+    "objective": (f"{PY} -m rlparity {CLI} experiment objective --out {{out}} --size tiny --dtype float32 "
+                  "--device cuda --n-prompts 64 --n-samples 8 --max-tokens 48 --lr 1e-4 "
+                  "--gpu-memory-utilization 0.5 --example h100-objective", 400),
 }
 
 

@@ -295,11 +295,36 @@ def test_correction_demo_on_one_step(tiny_model):
     assert out["effective_batch"]["kept_tokens"] < int(par["response_mask"].sum())
     assert out["cosine_raw_uncorrected_vs_parity"] == pytest.approx(1.0, abs=1e-9)
     assert out["cosine_raw_corrected_vs_parity"] < 0.95
+    # a ratio against mu (PipelineRL, prime-rl) lets the raw logprobs into the uncorrected update itself
+    assert out["cosine_raw_vs_parity_mu_denominator"] < 0.99
+    m = par["response_mask"].values.astype(bool)
+    w = np.exp(par["trainer_processed_logprob"].values[m] - par["trainer_logprob"].values[m])
+    assert out["truncated_fraction"] == pytest.approx((w > 2.0).mean())
+    assert not out["uncorrected_health"]["looks_healthy"] or out["corrected_health"]["looks_healthy"]
     assert [f.name for f in out["findings_raw"]] == ["correction_hides_backend_mismatch"]
     assert out["findings_parity"] == [] and out["other_errors_parity"] == []
     # the paper's geometric band rejects the whole raw batch: no update at all
     strict = correction_demo(raw, par, tiny_model, rewards=rewards, findings_raw=[], findings_parity=[])
     assert strict["masked_fraction"]["tokens"] == 1.0 and math.isnan(strict["cosine_raw_corrected_vs_parity"])
+
+
+def test_quantile_cap_truncates_the_asked_share():
+    """The cap at which token TIS truncates a share of the tokens, against numpy's quantile of
+    exp(pi_old - mu) over the real, finite tokens; a trace with no usable token is refused."""
+    from rlparity.experiments.objective import quantile_cap
+
+    t = synthetic_trace(n_sequences=24, max_len=32, top_k=8, seed=5)
+    noise = np.random.default_rng(0).normal(0.0, 0.2, t["rollout_logprob"].shape)  # a spread of weights
+    t["rollout_logprob"] = t["trainer_processed_logprob"] - noise
+    m = t["response_mask"].values.astype(bool)
+    d = (t["trainer_processed_logprob"].values - t["rollout_logprob"].values)[m]
+    w = np.exp(d[np.isfinite(d)].astype(np.float64))
+    for share in (0.05, 0.1, 0.3):
+        c = quantile_cap(t, share)
+        assert c == pytest.approx(max(np.quantile(w, 1 - share), 1.0), rel=1e-9)
+        assert (w > c).mean() == pytest.approx(share, abs=2 / w.size)
+    with pytest.raises(ValueError, match="no usable token"):
+        quantile_cap(t.assign(response_mask=t["response_mask"] * 0), 0.1)
 
 
 def test_token_band_follows_the_cap():

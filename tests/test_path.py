@@ -201,6 +201,9 @@ def test_batch_determinism_is_judged_against_the_reference_arm():
     assert found[("reference", "batch_composition_nondeterminism")].severity.value == "warning"
     better = found[("knob", "batch_determinism_better")]
     assert better.severity.value == "info" and "enforce_eager=True" in better.fix
+    # the reference's fix names the setting that removed the spread here, with its spread, from the data
+    ref_fix = found[("reference", "batch_composition_nondeterminism")].fix
+    assert "enforce_eager=True (0 nats)" in ref_fix and "0.04" in ref_fix and "did not remove" not in ref_fix
     # the same knob making it worse is the warning, with the reference value as the fix
     arms["knob"] = _with_batch(arms["knob"], [[-0.1, -0.2], [-0.1, -0.3]]).assign_attrs(ablation=plan)
     worse = {(f.arm, f.name): f for f in ablation_findings(arms)}[("knob", "batch_determinism_worse")]

@@ -1,7 +1,8 @@
 """``rlparity experiment NAME --out DIR``: run one of the project's experiments on real engines and
 write its folder (the store, a JSON of the numbers; ``--example NAME``: a compact example store
 with its provenance, what rlparity ships as example data). One command per experiment module of
-:mod:`rlparity.experiments`: ``faults``, ``floors``, ``inflight``, ``moe``, ``rl``. On a GPU host
+:mod:`rlparity.experiments`: ``ablation``, ``faults``, ``floors``, ``inflight``, ``moe``,
+``objective``, ``rl``. On a GPU host
 (one call, e.g. with ``RLPARITY_ENGINE_LOCK=off``): ``--device cuda --dtype bfloat16``.
 """
 
@@ -322,12 +323,156 @@ def rl_cmd(
     typer.echo(f"wrote {', '.join(sorted(p.name for p in out.iterdir()))} in {out} ({elapsed:.0f} s of runs)")
 
 
+def objective_cmd(
+    out: Path = typer.Option(..., "--out", help="folder for the store and objective.json"),
+    model: Optional[str] = typer.Option(None, help="local checkpoint; default: the built-in --size"),
+    size: str = _SIZE,
+    device: str = _DEVICE,
+    dtype: str = typer.Option("float32", help="body dtype on both sides"),
+    n_prompts: int = 16,
+    n_samples: int = 4,
+    max_tokens: int = 24,
+    lr: float = 1e-4,
+    cap: Optional[float] = typer.Option(None, help="the TIS cap C (default: the quantile that truncates "
+                                                   "--truncate-share of the tokens)"),
+    truncate_share: float = 0.1,
+    gpu_memory_utilization: Optional[float] = _GPU_MEMORY,
+    example: Optional[str] = typer.Option(None, help="save a compact example store DIR/NAME.zarr"),
+):
+    """Chapter 5's experiment: parity and raw captures of the same samples, one optimizer step
+    (pi_theta), and a correction (token TIS + a geometric sequence mask) applied to the raw trace
+    against the parity update: DIR/objective.json (the demonstration's numbers, the objective tables,
+    verl's dashboard) and the store (--example NAME: a compact example store with the numbers in
+    its attrs)."""
+    engine_logs()
+    from rlparity.config.provenance import write_json
+    from rlparity.experiments.gallery import provenance
+    from pydantic import ValidationError
+
+    from rlparity.cli.common import validation_message
+    from rlparity.experiments.objective import ObjectiveSettings, run_objective
+    from rlparity.metrics import table_records
+    from rlparity.models import make_model
+    from rlparity.trace import save
+
+    try:
+        settings = ObjectiveSettings(n_prompts=n_prompts, n_samples=n_samples, max_tokens=max_tokens, lr=lr, cap=cap,
+                                     truncate_share=truncate_share, device=device, dtype=dtype,
+                                     engine=_engine(gpu_memory_utilization))
+    except ValidationError as err:
+        raise BadInput(validation_message(err)) from None
+    out.mkdir(parents=True, exist_ok=True)
+    model = model or str(make_model(size, progress=False, **({"device": device} if device != "cpu" else {})))
+    t0 = time.perf_counter()
+    res = run_objective(model, settings)
+    elapsed = time.perf_counter() - t0
+    numbers = {"demo": res["demo"], "cap": res["cap"], "same_samples": res["same_samples"], "train_step": res["step"],
+               "objective_summary": {k: table_records(t) for k, t in res["tables"].items()},
+               "dashboards": res["dashboards"], "settings": res["settings"], "elapsed_s": round(elapsed, 1),
+               "model": model}
+    write_json(out / "objective.json", numbers)
+    if example:
+        from rlparity.config.provenance import jsonable
+        from rlparity.datasets import save_example
+
+        prov = provenance(device, Path(model).name, invocation_command(), "the objective layer: parity and raw "
+                          "captures of the same samples, one optimizer step (pi_theta), and token TIS + a sequence "
+                          "mask applied to the raw trace against the parity update")
+        store = save_example(res["arms"], out / f"{example}.zarr", prov, objective=jsonable(numbers))
+    else:
+        store = save(res["arms"], out / "objective.zarr")
+    d = res["demo"]
+    typer.echo(f"raw mean ratio {d['before']['mean_ratio']:.4f} -> {d['after']['mean_ratio']:.4f} after TIS at "
+               f"C={res['cap']:.3g} ({d['truncated_fraction']:.1%} of tokens truncated) and the mask "
+               f"({d['masked_fraction']['tokens']:.1%} masked); verl health rules pass: "
+               f"{d['corrected_health']['looks_healthy']}; gradient cosine with the parity update: corrected "
+               f"{d['cosine_raw_corrected_vs_parity']:.3f}, uncorrected {d['cosine_raw_uncorrected_vs_parity']:.3f} "
+               f"(mu as the denominator: {d['cosine_raw_vs_parity_mu_denominator']:.3f})")
+    typer.echo(f"wrote {store} and {out / 'objective.json'} in {elapsed:.0f} s")
+
+
+def ablation_cmd(
+    out: Path = typer.Option(..., "--out", help="folder for the store and ablation.json"),
+    model: Optional[str] = typer.Option(None, help="local checkpoint; default: the built-in --size"),
+    size: str = _SIZE,
+    device: str = _DEVICE,
+    dtype: str = typer.Option("float32", help="body dtype pinned on both sides"),
+    knobs: Optional[str] = typer.Option(None, help="comma list of knobs (default: every built-in knob)"),
+    n_prompts: int = 8,
+    max_tokens: int = 16,
+    batch_sizes: str = typer.Option("1,2,4,8", help="batch sizes of the batch-composition test"),
+    budget_s: Optional[float] = typer.Option(None, help="start no knob's engine after this many seconds (the rest "
+                                                        "stay as rows saying so)"),
+    gpu_memory_utilization: Optional[float] = _GPU_MEMORY,
+    example: Optional[str] = typer.Option(None, help="save a compact example store DIR/NAME.zarr"),
+):
+    """Chapter 2's one-knob ablation from pipelinerl-parity with the batch-composition test:
+    DIR/ablation.json (the table, what moved, the batch table, the findings) and the store
+    (--example NAME: a compact example store with provenance). ``rlparity ablate`` is the same
+    ablation into a store of the user's choosing."""
+    engine_logs()
+    from rlparity.capture import SamplingSettings
+    from rlparity.capture.pool import shared_pool
+    from rlparity.config.provenance import write_json
+    from rlparity.diagnose import diagnose
+    from rlparity.diagnose.path import moved_settings
+    from rlparity.experiments import ablation as abl
+    from rlparity.experiments.gallery import provenance
+    from rlparity.metrics import ablation as mab
+    from rlparity.metrics import table_records
+    from rlparity.models import make_model
+    from rlparity.score import Scorer
+    from rlparity.trace import save
+
+    chosen = [k.strip() for k in knobs.split(",") if k.strip()] if knobs else list(abl.DEFAULT_KNOBS)
+    unknown = [k for k in chosen if k not in abl.KNOBS]
+    if unknown:
+        raise BadInput(f"unknown knob {unknown[0]!r}; use a comma list of {', '.join(abl.KNOBS)}")
+    try:
+        sizes = [int(b) for b in batch_sizes.split(",") if b.strip()]
+    except ValueError:
+        raise BadInput(f"--batch-sizes {batch_sizes!r}: give a comma list of positive integers, e.g. 1,2,4,8") from None
+    out.mkdir(parents=True, exist_ok=True)
+    model = model or str(make_model(size, progress=False, **({"device": device} if device != "cpu" else {})))
+    prompts = abl.shared_prefix_prompts(n_prompts)
+    sampling = SamplingSettings(temperature=_D.temperature, top_k=_D.top_k, max_tokens=max_tokens, seed=0)
+    scorer = Scorer(model, dtype=dtype, head_dtype="float32", device=device, progress=False)
+    t0 = time.perf_counter()
+    try:
+        arms = abl.ablation(model, prompts, sampling, reference=_D.profile, knobs=chosen,
+                            engine={"dtype": dtype, **_engine(gpu_memory_utilization)}, scorer=scorer,
+                            batch_sizes=sizes, batch_max_tokens=max_tokens, budget_s=budget_s)
+    finally:
+        shared_pool().close()
+    elapsed = time.perf_counter() - t0
+    table, batch = mab.ablation_table(arms), mab.batch_table(arms)
+    report = diagnose(arms, title="Inference-path ablation")
+    numbers = {"settings": table_records(table), "moved": moved_settings(table), "batch": table_records(batch),
+               "findings": report.to_dict()["findings"], "knobs": chosen, "elapsed_s": round(elapsed, 1),
+               "sizes": {"n_prompts": n_prompts, "max_tokens": max_tokens, "batch_sizes": sizes}, "model": model,
+               "dtype": dtype}
+    write_json(out / "ablation.json", numbers)
+    if example:
+        from rlparity.datasets import save_example
+
+        prov = provenance(device, Path(model).name, invocation_command(), "the inference-path ablation: from "
+                          "pipelinerl-parity, one engine setting changed at a time on the same prompts and seeds, "
+                          "each arm rescored by the same trainer, with the batch-composition test per engine")
+        store = save_example(arms, out / f"{example}.zarr", prov)
+    else:
+        store = save(arms, out / "ablation.zarr")
+    typer.echo(table.drop_vars("reason").to_dataframe().to_string())
+    for s, what in numbers["moved"].items():
+        typer.echo(f"{s}: {', '.join(what) if what else 'nothing (bitwise equal to the reference)'}")
+    typer.echo(f"wrote {store} and {out / 'ablation.json'} in {elapsed:.0f} s")
+
+
 def build_app() -> typer.Typer:
     """The ``rlparity experiment`` sub-app with its commands."""
     return command_group("Run one of the project's experiments on real engines into a folder (the store and a "
                          "JSON of its numbers; --example NAME: a compact example store with provenance).",
-                         {"faults": faults_cmd, "floors": floors_cmd, "inflight": inflight_cmd, "moe": moe_cmd,
-                          "rl": rl_cmd})
+                         {"ablation": ablation_cmd, "faults": faults_cmd, "floors": floors_cmd,
+                          "inflight": inflight_cmd, "moe": moe_cmd, "objective": objective_cmd, "rl": rl_cmd})
 
 
 __all__ = ["build_app"]

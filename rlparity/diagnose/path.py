@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import xarray as xr
@@ -131,6 +132,30 @@ def moved_settings(table: xr.Dataset, *, tol_reference: float | None = None, tol
     return out
 
 
+def _batch_fix(table: xr.Dataset, reference: str, ref: Mapping[str, Any]) -> str:
+    """The fix of a reference that is not batch-invariant, from what the ablation measured: the
+    settings that cut the greedy spread to half the reference's or less (best first), and whether
+    batch-invariant kernels removed it."""
+    ran = [str(s) for s in table["setting"].values if s != reference and table["status"].sel(setting=s).item() == "ran"]
+    spread = {s: float(table["batch_logprob_spread"].sel(setting=s)) for s in ran}
+    outs = {s: float(table["batch_distinct_outputs"].sel(setting=s)) for s in ran}
+    better = sorted((s for s in ran if np.isfinite(spread[s]) and spread[s] <= 0.5 * ref["batch_logprob_spread"]
+                     and outs[s] <= ref["batch_distinct_outputs"]), key=lambda s: spread[s])
+    generic = ("enable batch-invariant kernels (VLLM_BATCH_INVARIANT=1) where the platform supports them, or accept it "
+               "and rescore every rollout with the trainer")
+    if not better:
+        return generic
+    def name(s):
+        row = table.sel(setting=s)
+        return f"{row['field'].item()}={row['value'].item()} ({spread[s]:.2g} nats)"
+    text = ("in this ablation the spread fell to half or less with " + ", ".join(name(s) for s in better)
+            + f" against the reference's {ref['batch_logprob_spread']:.2g}")
+    bi = "batch_invariant"
+    if bi in spread and spread[bi] > 0:
+        text += "; batch-invariant kernels did not remove it here"
+    return text + ": pin the setting that removes it where its other effects are acceptable, or rescore every rollout with the trainer"
+
+
 def ablation_findings(arms: Mapping[str, xr.Dataset], options: DiagnoseOptions | None = None) -> list[Finding]:
     """One finding per setting of an ablation store (see the module docstring).
 
@@ -175,8 +200,7 @@ def ablation_findings(arms: Mapping[str, xr.Dataset], options: DiagnoseOptions |
                     f"the reference engine is not batch-invariant: one prompt at temperature 0 gives "
                     f"{int(ev['batch_distinct_outputs'])} distinct greedy output(s) and a logprob spread of "
                     f"{ev['batch_logprob_spread']:.2g} nats depending on the batch it runs in", ev,
-                    "enable batch-invariant kernels (VLLM_BATCH_INVARIANT=1) where the platform supports them, "
-                    "or accept it and rescore every rollout with the trainer", s))
+                    _batch_fix(table, reference, ev), s))
             continue
         what = moved.get(s, [])
         fix = (f"keep {field}={refv} as in the reference profile: " + setting_fix(field, plan[s]["reference_value"])

@@ -23,6 +23,7 @@ The tables (:func:`rlparity.metrics.ablation.ablation_table`, ...) and the findi
 from __future__ import annotations
 
 import os
+import time
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -165,7 +166,7 @@ def ablation(model: str | os.PathLike, prompts: Sequence, sampling: SamplingSett
              knobs: Sequence[str | Knob] = DEFAULT_KNOBS, engine: Mapping[str, Any] | None = None,
              scorer=None, pool=None, warmup: bool = True, batch_sizes: Sequence[int] | None = (1, 2, 4, 8),
              batch_prompt: str | None = None, batch_max_tokens: int = 16,
-             progress: bool = False) -> dict[str, xr.Dataset]:
+             progress: bool = False, budget_s: float | None = None) -> dict[str, xr.Dataset]:
     """Run the reference and one arm per knob; return ``{arm: scored trace}``.
 
     ``reference`` is a profile name, a YAML path or :class:`EngineSettings`; ``engine`` holds
@@ -174,6 +175,9 @@ def ablation(model: str | os.PathLike, prompts: Sequence, sampling: SamplingSett
     ``scorer`` is a :class:`rlparity.score.Scorer` (default: fp32 body and head). With
     ``batch_sizes``, every arm's engine also runs :func:`batch_composition` (stored in the arm as
     ``batch_*`` variables). Engines come from ``pool`` (default: the shared pool), one at a time.
+    With ``budget_s``, a knob whose engine would start after that many seconds of the run is not
+    started: it keeps its row as not applicable, the reason saying the budget ran out (a GPU call
+    with a hard time limit returns the arms that ran instead of nothing).
     """
     from rlparity.capture.pool import shared_pool
     from rlparity.config.profiles import load_profile
@@ -213,6 +217,7 @@ def ablation(model: str | os.PathLike, prompts: Sequence, sampling: SamplingSett
         return scorer.score(tr), tr.attrs["engine_effective"]
 
     arms: dict[str, xr.Dataset] = {}
+    t0 = time.perf_counter()
     ref_trace, ref_eff = run(REFERENCE, ref_settings)
     arms[REFERENCE] = ref_trace
     plan.append({"arm": REFERENCE, "knob": REFERENCE, "field": "", "value": "", "reference_value": "",
@@ -227,6 +232,8 @@ def ablation(model: str | os.PathLike, prompts: Sequence, sampling: SamplingSett
             continue
         entry["value"] = value
         pre = resolved_reason(str(model), knob, settings, value)
+        if pre is None and budget_s is not None and time.perf_counter() - t0 > budget_s:
+            pre = f"not run: the run's time budget of {budget_s:g} s ran out before this knob's engine started"
         if pre is not None:
             plan.append({**entry, "status": "not_applicable", "reason": pre})
             continue

@@ -14,10 +14,11 @@ It lives here, not in ``diagnose``, because it trains (``rlparity.train``) and m
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import xarray as xr
+from pydantic import BaseModel, ConfigDict, Field
 
 from rlparity.config.defaults import TrainerSide
 from rlparity.diagnose.findings import Finding
@@ -58,8 +59,13 @@ def correction_demo(raw_trace: xr.Dataset, parity_trace: xr.Dataset, model: Any,
     kept tokens after), ``masked_fraction`` (tokens and sequences), ``effective_batch`` (kept
     tokens and their weight-ESS, absolute and as a share of all usable tokens),
     ``cosine_raw_corrected_vs_parity`` and ``cosine_raw_uncorrected_vs_parity`` (policy-gradient
-    directions of one step on the same samples, before any optimizer step), ``corrected_health``
-    (the verl view of the corrected weights; the cosine is NaN when the mask rejects every token)
+    directions of one step on the same samples, before any optimizer step; the uncorrected one is 1
+    by construction when the ratio divides by the recomputed pi_old, which mu never enters),
+    ``cosine_raw_vs_parity_mu_denominator`` (the same, uncorrected, for a trainer whose ratio
+    divides by mu, as PipelineRL's and prime-rl's do), ``truncated_fraction`` (usable tokens whose
+    raw weight exceeds the cap; ``truncated_fraction_at_verl_cap`` at verl's default C),
+    ``uncorrected_health`` and ``corrected_health``
+    (the verl view of the raw and of the corrected weights; the cosine is NaN when the mask rejects every token)
     and the ``correction_hides_backend_mismatch``
     findings on each trace (the other layers' findings come from :func:`rlparity.diagnose.diagnose`
     unless given). ``model`` is a path or a loaded causal LM (not stepped); ``train_options`` go
@@ -87,6 +93,7 @@ def correction_demo(raw_trace: xr.Dataset, parity_trace: xr.Dataset, model: Any,
 
     before = stats(r, usable)
     after = stats(np.where(keep, w, 0.0), keep)
+    verl_cap = o.is_cap
     wk = w[keep]
     eff = float(wk.sum() ** 2 / (wk ** 2).sum()) if wk.size and (wk ** 2).sum() > 0 else 0.0
     desc = {"tis": "token", "cap": c, "masks": [mask_rule] if mask_rule else [],
@@ -96,6 +103,10 @@ def correction_demo(raw_trace: xr.Dataset, parity_trace: xr.Dataset, model: Any,
     common = dict(rewards=rw, loss=loss, trainer=trainer, step=False, return_gradient=True, **train_options)
     g_raw = train_step(model, raw, **common)
     g_par = train_step(model, par, **common)
+    # a trainer that never recomputes pi_old (PipelineRL, prime-rl) divides by mu: there the raw
+    # logprobs enter the uncorrected update itself
+    g_raw_mu = train_step(model, raw, old_logprob=raw["rollout_logprob"].values, **common)
+    g_par_mu = train_step(model, par, old_logprob=par["rollout_logprob"].values, **common)
     if (keep & usable).any():
         g_corr = train_step(model, raw, token_weights=np.where(keep, w, 0.0), keep=keep, **common)
         corr_grad, corr_norm = g_corr.gradient, g_corr.metrics["grad_norm"]
@@ -119,6 +130,10 @@ def correction_demo(raw_trace: xr.Dataset, parity_trace: xr.Dataset, model: Any,
                             "share_of_usable": eff / max(int(usable.sum()), 1)},
         "cosine_raw_corrected_vs_parity": _cos(corr_grad, g_par.gradient),
         "cosine_raw_uncorrected_vs_parity": _cos(g_raw.gradient, g_par.gradient),
+        "cosine_raw_vs_parity_mu_denominator": _cos(g_raw_mu.gradient, g_par_mu.gradient),
+        "truncated_fraction": float((r[usable] > c).mean()) if usable.any() else float("nan"),
+        "truncated_fraction_at_verl_cap": float((r[usable] > verl_cap).mean()) if usable.any() else float("nan"),
+        "uncorrected_health": corrected_health(raw, trainer=trainer, cap=float("inf")),
         "grad_norm": {"raw_corrected": corr_norm, "raw_uncorrected": g_raw.metrics["grad_norm"],
                       "parity": g_par.metrics["grad_norm"]},
         "corrected_health": corrected_health(raw, trainer=trainer, cap=c),
@@ -129,4 +144,85 @@ def correction_demo(raw_trace: xr.Dataset, parity_trace: xr.Dataset, model: Any,
     }
 
 
-__all__ = ["correction_demo"]
+class ObjectiveSettings(BaseModel):
+    """The settings of :func:`run_objective`: the capture (``n_prompts`` x ``n_samples`` x
+    ``max_tokens`` at ``temperature`` / ``top_k``), the step (``loss``, ``lr``), the correction
+    (``mask_rule`` with ``threshold``; the cap ``cap``, or None for the ``truncate_share`` upper
+    quantile of the raw weights, so that truncation acts on that share of tokens), and where it runs
+    (``device`` of the trainer, ``dtype`` of the body on both sides, ``engine``: more
+    :class:`~rlparity.config.settings.EngineSettings` fields such as ``gpu_memory_utilization``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    n_prompts: int = Field(16, ge=1)
+    n_samples: int = Field(4, ge=2, description="samples per prompt: the group of the advantage")
+    max_tokens: int = Field(24, ge=1)
+    temperature: float = Field(0.7, gt=0.0)
+    top_k: int = 20
+    prompt_seed: int = 3
+    loss: str = "ppo"
+    lr: float = Field(1e-4, gt=0.0)
+    mask_rule: Optional[str] = "geometric_band"
+    threshold: Optional[tuple[float, float]] = (0.9, 1.1)
+    cap: Optional[float] = Field(None, gt=1.0)
+    truncate_share: float = Field(0.1, gt=0.0, lt=1.0)
+    device: str = "cpu"
+    dtype: str = "float32"
+    engine: dict[str, Any] = Field(default_factory=dict)
+
+
+def quantile_cap(trace: xr.Dataset, share: float, trainer: TrainerSide | None = None) -> float:
+    """The cap C at which token TIS truncates ``share`` of the usable tokens of ``trace``: the
+    ``1 - share`` quantile of the raw backend weights pi_old/mu (at least just above 1)."""
+    d = ob.pair_log_ratio(trace, "backend", trainer).values
+    w = np.exp(d[ob.usable(d)])
+    if not w.size:
+        raise ValueError("no usable token to place a cap on: every token is masked or has probability 0")
+    return float(max(np.quantile(w, 1.0 - share), np.nextafter(1.0, 2.0)))
+
+
+def run_objective(model: Any, settings: ObjectiveSettings | None = None, *, pool=None) -> dict[str, Any]:
+    """The objective-layer experiment of chapter 5 on ``model`` (a path): two captures of the same
+    prompts and seeds with real vLLM, ``parity`` (processed logprobs) and ``raw`` (vLLM's default
+    raw logprobs), both with an fp32 head and the body in ``settings.dtype``; one optimizer step on
+    the parity trace (pi_theta); then :func:`correction_demo` on the raw trace.
+
+    Returns a dict: ``arms`` (``{"parity": stepped trace, "raw": raw trace}``), ``same_samples``,
+    ``step`` (the step's metrics), ``tables`` (:func:`rlparity.metrics.objective.objective_summary`
+    per arm), ``dashboards`` (verl's names per arm), ``cap`` and ``demo``."""
+    from rlparity.capture import EngineSettings, SamplingSettings
+    from rlparity.capture.pool import shared_pool
+    from rlparity.metrics import as_dashboard
+    from rlparity.models import make_prompts
+    from rlparity.score import Scorer
+
+    st = settings or ObjectiveSettings()
+    pool = pool or shared_pool()
+    prompts = make_prompts(st.n_prompts, seed=st.prompt_seed)
+    sampling = SamplingSettings(temperature=st.temperature, top_k=st.top_k, max_tokens=st.max_tokens,
+                                n=st.n_samples, seed=0)
+    scorer = Scorer(model, dtype=st.dtype, head_dtype="float32", device=st.device, progress=False)
+    arms: dict[str, xr.Dataset] = {}
+    try:
+        for name, mode in (("parity", "processed_logprobs"), ("raw", "raw_logprobs")):
+            eng = pool.get(model, EngineSettings(logprobs_mode=mode, head_dtype="float32", dtype=st.dtype,
+                                                 enable_prefix_caching=False, generation_config="vllm",
+                                                 **st.engine))
+            arms[name] = scorer.score(eng.capture(prompts, sampling, arm=name, progress=False))
+    finally:
+        pool.close()
+    same = bool((arms["parity"]["token_id"].values == arms["raw"]["token_id"].values).all())
+    train = {"device": st.device, "dtype": st.dtype}
+    rewards = arithmetic_reward(arms["parity"])
+    step = train_step(model, arms["parity"], rewards=rewards, loss=st.loss, lr=st.lr, **train)
+    cap = st.cap if st.cap is not None else quantile_cap(arms["raw"], st.truncate_share)
+    demo = correction_demo(arms["raw"], arms["parity"], model, rewards=rewards, loss=st.loss, cap=cap,
+                           mask_rule=st.mask_rule, threshold=st.threshold, **train)
+    out = {"parity": step.trace, "raw": arms["raw"]}
+    return {"arms": out, "same_samples": same, "step": step.metrics, "cap": cap, "demo": demo,
+            "tables": {k: ob.objective_summary(v) for k, v in out.items()},
+            "dashboards": {k: dict(as_dashboard(v, "verl")) for k, v in arms.items()},
+            "settings": st.model_dump()}
+
+
+__all__ = ["ObjectiveSettings", "correction_demo", "quantile_cap", "run_objective"]
