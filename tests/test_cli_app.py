@@ -111,7 +111,7 @@ def test_importing_the_cli_registers_nothing(tmp_path):
     assert names[:5] == ["make-model", "capture", "score", "summary", "run"]
     assert {"faults", "layers", "experiment", "book", "verify-weights", "floor", "rl-run"} <= set(names)
     experiment = first.get_command(ctx, "experiment")
-    assert sorted(experiment.list_commands(ctx)) == ["faults", "floors", "inflight", "moe", "rl"]
+    assert sorted(experiment.list_commands(ctx)) == ["ablation", "faults", "floors", "inflight", "moe", "objective", "rl"]
 
 
 def _parse(root, args: list[str]):
@@ -142,7 +142,11 @@ def test_gpu_run_command_lines_parse():
         argv = shlex.split(command.format(out="/tmp/out").split("&&")[0])
         if argv[1:3] == ["-m", "rlparity"]:
             parsed[name] = _parse(root, argv[3:])
-    assert set(parsed) == {"faults", "faults_kv", "floors", "floors_1p5b"}
+    assert set(parsed) == {"ablation", "faults", "faults_kv", "floors", "floors_1p5b", "objective"}
+    path, params = parsed["ablation"]
+    assert path == ["experiment", "ablation"] and params["budget_s"] == 430 and params["example"] == "h100-ablation"
+    assert {"async_scheduling", "cascade_attention", "attention_backend", "batch_invariant"} <= set(
+        params["knobs"].split(","))
     path, params = parsed["faults"]
     assert path == ["experiment", "faults"]
     assert (params["size"], params["dtype"], params["sigma"], params["inflight_tokens"], params["update_after"],
