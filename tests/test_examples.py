@@ -402,3 +402,27 @@ def test_h100_objective_demo_numbers_recomputed_from_the_arms():
     assert demo["cosine_raw_uncorrected_vs_parity"] == pytest.approx(1.0, abs=1e-9)
     assert demo["cosine_raw_vs_parity_mu_denominator"] < demo["cosine_raw_corrected_vs_parity"] < 1
     assert demo["other_errors_raw"] == ["semantic/raw_logprobs_used_as_processed"] and not demo["other_errors_parity"]
+
+
+def test_h100_objective_health_rules_recomputed_and_tabled():
+    """verl's four health metrics of the raw H100 trace, recomputed here with numpy from verl's
+    formulas (mean, ESS = 1 / mean((w / mean w)^2), std, chi2 = mean(w^2) - 1 on the uncorrected
+    weights) equal the stored ``uncorrected_health``; ``demo_table`` shows them with the verdict."""
+    import numpy as np
+
+    from rlparity.experiments.objective import demo_table
+
+    demo = example_attrs("h100-objective")["objective"]["demo"]
+    raw = load_example("h100-objective", "raw")
+    m = raw["response_mask"].values.astype(bool)
+    d = (raw["trainer_processed_logprob"].values.astype(np.float64) - raw["rollout_logprob"].values)[m]
+    w = np.exp(d[np.isfinite(d)])
+    ref = {"rollout_is_mean": w.mean(), "rollout_is_eff_sample_size": 1 / np.mean((w / w.mean()) ** 2),
+           "rollout_is_std": np.sqrt(np.mean(w ** 2) - w.mean() ** 2), "chi2_token": np.mean(w ** 2) - 1}
+    for k, v in ref.items():
+        assert demo["uncorrected_health"][k] == pytest.approx(v, rel=1e-4), k
+    table = demo_table(demo)
+    assert table.loc["passes verl's health rules", "uncorrected"] == "True"
+    assert table.loc["rollout_is_eff_sample_size (verl)", "healthy"] == ">= 0.3"
+    assert table.loc["gradient cosine with parity, ratio against mu", "uncorrected"] == \
+        f"{demo['cosine_raw_vs_parity_mu_denominator']:.3f}"

@@ -13,7 +13,7 @@ It lives here, not in ``diagnose``, because it trains (``rlparity.train``) and m
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Optional
 
 import numpy as np
@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rlparity.config.defaults import TrainerSide
 from rlparity.diagnose.findings import Finding
-from rlparity.diagnose.objective import correction_hides_backend_mismatch, corrected_health
+from rlparity.diagnose.objective import VERL_HEALTHY, correction_hides_backend_mismatch, corrected_health
 from rlparity.metrics import objective as ob
 from rlparity.train import arithmetic_reward, train_step
 
@@ -64,7 +64,7 @@ def correction_demo(raw_trace: xr.Dataset, parity_trace: xr.Dataset, model: Any,
     ``cosine_raw_vs_parity_mu_denominator`` (the same, uncorrected, for a trainer whose ratio
     divides by mu, as PipelineRL's and prime-rl's do), ``truncated_fraction`` (usable tokens whose
     raw weight exceeds the cap; ``truncated_fraction_at_verl_cap`` at verl's default C),
-    ``uncorrected_health`` and ``corrected_health``
+    ``uncorrected_health`` and ``corrected_health`` (against ``health_rules``)
     (the verl view of the raw and of the corrected weights; the cosine is NaN when the mask rejects every token)
     and the ``correction_hides_backend_mismatch``
     findings on each trace (the other layers' findings come from :func:`rlparity.diagnose.diagnose`
@@ -134,6 +134,7 @@ def correction_demo(raw_trace: xr.Dataset, parity_trace: xr.Dataset, model: Any,
         "truncated_fraction": float((r[usable] > c).mean()) if usable.any() else float("nan"),
         "truncated_fraction_at_verl_cap": float((r[usable] > verl_cap).mean()) if usable.any() else float("nan"),
         "uncorrected_health": corrected_health(raw, trainer=trainer, cap=float("inf")),
+        "health_rules": dict(VERL_HEALTHY),
         "grad_norm": {"raw_corrected": corr_norm, "raw_uncorrected": g_raw.metrics["grad_norm"],
                       "parity": g_par.metrics["grad_norm"]},
         "corrected_health": corrected_health(raw, trainer=trainer, cap=c),
@@ -225,4 +226,33 @@ def run_objective(model: Any, settings: ObjectiveSettings | None = None, *, pool
             "settings": st.model_dump()}
 
 
-__all__ = ["ObjectiveSettings", "correction_demo", "quantile_cap", "run_objective"]
+def demo_table(demo: Mapping[str, Any]):
+    """The demonstration's numbers as a small table (pandas, for a page): verl's four health
+    metrics uncorrected and corrected with the healthy range, the shares truncated and masked, and
+    the gradient cosines with the parity update (index: what; columns: uncorrected, corrected,
+    healthy)."""
+    import pandas as pd
+
+    rules = demo.get("health_rules") or VERL_HEALTHY
+    lo, hi = rules["rollout_is_mean"]
+    healthy = {"rollout_is_mean": f"{lo:g} to {hi:g}",
+               "rollout_is_eff_sample_size": f">= {rules['rollout_is_eff_sample_size_min']:g}",
+               "rollout_is_std": f"<= {rules['rollout_is_std_max']:g}", "chi2_token": f"<= {rules['chi2_token_max']:g}"}
+    rows = {f"{k} (verl)": (f"{demo['uncorrected_health'][k]:.4g}", f"{demo['corrected_health'][k]:.4g}", h)
+            for k, h in healthy.items()}
+    rows["passes verl's health rules"] = (str(demo["uncorrected_health"]["looks_healthy"]),
+                                          str(demo["corrected_health"]["looks_healthy"]), "True")
+    cap = demo["correction"]["cap"]
+    rows[f"tokens truncated at C = {cap:.3g}"] = ("", f"{demo['truncated_fraction']:.1%}", "")
+    rows["tokens above verl's C = 2"] = (f"{demo['truncated_fraction_at_verl_cap']:.1%}", "", "")
+    rows["tokens / sequences masked"] = ("", f"{demo['masked_fraction']['tokens']:.1%} / "
+                                             f"{demo['masked_fraction']['sequences']:.1%}", "")
+    rows["gradient cosine with parity, ratio against pi_old"] = (f"{demo['cosine_raw_uncorrected_vs_parity']:.3f}",
+                                                                 f"{demo['cosine_raw_corrected_vs_parity']:.3f}", "1")
+    if "cosine_raw_vs_parity_mu_denominator" in demo:
+        rows["gradient cosine with parity, ratio against mu"] = (f"{demo['cosine_raw_vs_parity_mu_denominator']:.3f}",
+                                                                 "", "1")
+    return pd.DataFrame.from_dict(rows, orient="index", columns=["uncorrected", "corrected", "healthy"])
+
+
+__all__ = ["ObjectiveSettings", "correction_demo", "demo_table", "quantile_cap", "run_objective"]

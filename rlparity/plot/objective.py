@@ -40,23 +40,35 @@ def plot_backend_vs_update_ratio(arms, trainer: TrainerSide | None = None, bins:
 
 def plot_weights_truncation(trace: xr.Dataset, *, cap: float | None = None, trainer: TrainerSide | None = None,
                             bins: int = 60) -> go.Figure:
-    """The backend importance weights pi_old/mu of one trace before and after token TIS at ``cap``
-    (default :data:`~rlparity.metrics.objective.OBJECTIVE_DEFAULTS`), with the raw-weight ESS."""
+    """The backend importance weights pi_old/mu of one trace with the cap C of token TIS
+    (default :data:`~rlparity.metrics.objective.OBJECTIVE_DEFAULTS`) drawn where it cuts: the
+    weights above it (truncated to C) in their own colour, the share they are in the title, with
+    the token ESS of the raw weights."""
     c = ob.OBJECTIVE_DEFAULTS.is_cap if cap is None else cap
     d = ob.pair_log_ratio(trace, "backend", trainer).values
     ok = ob.usable(d)
     raw = np.exp(d[ok])
-    tis = np.minimum(raw, c)
     ess = ob.token_ess(d).value
+    above = raw > c
+    edges = np.linspace(float(raw.min()), float(max(raw.max(), c)), bins + 1)
     fig = go.Figure()
-    fig.add_trace(go.Histogram(x=raw, nbinsx=bins, name="raw pi_old/mu", opacity=0.6))
-    fig.add_trace(go.Histogram(x=tis, nbinsx=bins, name=f"truncated at C={c:g}", opacity=0.6))
+    for sel, name, colour in ((~above, "kept as is", "#4c78a8"), (above, f"truncated to C = {c:.3g}", "#e45756")):
+        counts, _ = np.histogram(raw[sel], bins=edges)
+        fig.add_trace(go.Bar(x=0.5 * (edges[1:] + edges[:-1]), y=counts, width=np.diff(edges), name=name,
+                             marker_color=colour))
+    fig.add_vline(x=c, line_dash="dash", line_color="#e45756")
     fig.add_vline(x=1.0, line_dash="dot", line_color="grey")
-    fig.update_layout(barmode="overlay", title=f"{trace.attrs.get('arm', '')}: backend weights before/after "
-                                               f"truncation (token ESS of the raw weights {ess:.3f})",
-                      xaxis_title="weight pi_old/mu", yaxis_title="tokens")
-    fig.update_yaxes(type="log")
+    fig.update_layout(barmode="stack", bargap=0,
+                      title=f"{trace.attrs.get('arm', '')}: backend weights pi_old/mu<br>token TIS at C = {c:.3g} "
+                            f"truncates {above.mean():.1%} of tokens (token ESS {ess:.3f})", height=420,
+                      xaxis_title="weight pi_old/mu (a ratio: 1 = parity)", yaxis_title="tokens")
+    fig.update_yaxes(type="log", dtick=1)
     return fig
+
+
+_SUMMARY_LABELS = {"ess_token": "token ESS", "ess_sequence_geometric": "sequence ESS (geometric)",
+                   "masked_fraction_token_band": "masked: token band",
+                   "masked_fraction_geometric_band": "masked: geometric band", "token_clip_fraction": "PPO clip fraction"}
 
 
 def plot_objective_summary(tables: Mapping[str, xr.Dataset],
@@ -65,41 +77,72 @@ def plot_objective_summary(tables: Mapping[str, xr.Dataset],
                                                          "masked_fraction_geometric_band",
                                                          "token_clip_fraction")) -> go.Figure:
     """ESS, masked fractions and clip fraction per arm and pair (``tables``: ``{arm:
-    objective_summary(trace)}``); one panel per variable."""
-    fig = make_subplots(rows=1, cols=len(variables), subplot_titles=variables, shared_yaxes=True)
-    for col, v in enumerate(variables, start=1):
+    objective_summary(trace)}``); one panel per variable (three to a row), the pairs on the x axis,
+    one colour per arm."""
+    cols = min(3, len(variables))
+    rows = -(-len(variables) // cols)
+    fig = make_subplots(rows=rows, cols=cols, vertical_spacing=0.25, horizontal_spacing=0.08,
+                        subplot_titles=[_SUMMARY_LABELS.get(v, v) for v in variables])
+    for i, v in enumerate(variables):
+        r, c = divmod(i, cols)
         for arm, t in tables.items():
             if v not in t:
                 continue
-            fig.add_trace(go.Bar(x=[f"{arm}<br>{p}" for p in t["pair"].values], y=t[v].values, name=arm,
-                                 showlegend=col == 1, legendgroup=arm, marker_color=color(arm),
-                                 text=[f"{x:.3g}" for x in t[v].values], textposition="auto"), row=1, col=col)
-    fig.update_layout(title="Importance-sampling health per arm and pair (ESS on raw weights)", barmode="group",
-                      height=420, width=max(700, 260 * len(variables)))
+            fig.add_trace(go.Bar(x=[str(p) for p in t["pair"].values], y=t[v].values, name=arm,
+                                 showlegend=i == 0, legendgroup=arm, marker_color=color(arm),
+                                 hovertemplate=f"{arm}, %{{x}}: %{{y:.4g}}<extra></extra>"), row=r + 1, col=c + 1)
+        fig.update_yaxes(range=[0, 1.05], row=r + 1, col=c + 1)
+    fig.update_layout(title="Importance-sampling health per arm and pair (ESS on raw weights; shares of tokens)",
+                      barmode="group", template="plotly_white", height=260 * rows + 120, legend_title="arm")
     return fig
+
+
+_BEFORE, _AFTER = "#9d9da1", "#4c78a8"
 
 
 def plot_correction_demo(demo: Mapping[str, Any]) -> go.Figure:
     """What a correction applied to a raw-logprob trace does (``demo``: the result of
-    :func:`rlparity.experiments.objective.correction_demo`): the ratio statistics before/after,
-    the masked share, and the cosine of its policy-gradient direction with the parity update."""
-    fig = make_subplots(rows=1, cols=3, subplot_titles=(
-        "mean ratio and clip fraction (backend pair)", "masked share", "gradient cosine with the parity update"))
-    for name in ("before", "after"):
-        fig.add_trace(go.Bar(x=["mean ratio - 1", "clip fraction"],
-                             y=[demo[name]["mean_ratio"] - 1, demo[name]["clip_fraction"]],
-                             name=f"raw trace, {'uncorrected' if name == 'before' else 'corrected'}"), row=1, col=1)
-    fig.add_trace(go.Bar(x=["tokens", "sequences"], y=[demo["masked_fraction"]["tokens"],
-                                                        demo["masked_fraction"]["sequences"]],
-                         name="masked", showlegend=False), row=1, col=2)
-    fig.add_trace(go.Bar(x=["raw, uncorrected", "raw, corrected"],
-                         y=[demo["cosine_raw_uncorrected_vs_parity"], demo["cosine_raw_corrected_vs_parity"]],
-                         name="cosine", showlegend=False,
-                         text=[f"{demo['cosine_raw_uncorrected_vs_parity']:.3f}",
-                               f"{demo['cosine_raw_corrected_vs_parity']:.3f}"], textposition="auto"), row=1, col=3)
-    fig.update_yaxes(range=[0, 1.05], row=1, col=3)
-    fig.update_layout(title="A correction makes the ratios look fixed, yet the update is not the parity update",
-                      barmode="group", height=400)
+    :func:`rlparity.experiments.objective.correction_demo`). Top row and the first panel of the
+    second: verl's four health rules on the weights, uncorrected and corrected, each against its
+    healthy range (shaded); then the share of tokens the cap truncates (and at verl's C = 2) and the
+    mask drops; last, the cosine of the update's policy-gradient direction with the parity update's
+    on the same samples: with pi_old recomputed and no correction the raw logprobs never enter the
+    loss (cosine 1 by construction), the correction brings them in, and a ratio against mu (PipelineRL,
+    prime-rl) has them in the update from the start."""
+    rules = demo.get("health_rules") or {}
+    lo, hi = rules.get("rollout_is_mean", (0.5, 2.0))
+    panels = (("rollout_is_mean", f"weight mean ({lo:g} to {hi:g})", (lo, hi)),
+              ("rollout_is_eff_sample_size", f"ESS (>= {rules.get('rollout_is_eff_sample_size_min', 0.3):g})",
+               (rules.get("rollout_is_eff_sample_size_min", 0.3), 1.0)),
+              ("rollout_is_std", f"weight std (<= {rules.get('rollout_is_std_max', 1.0):g})",
+               (0.0, rules.get("rollout_is_std_max", 1.0))),
+              ("chi2_token", f"chi2 per token (<= {rules.get('chi2_token_max', 1.0):g})",
+               (0.0, rules.get("chi2_token_max", 1.0))))
+    fig = make_subplots(rows=2, cols=3, vertical_spacing=0.22, horizontal_spacing=0.1,
+                        subplot_titles=[p[1] for p in panels] + ["share of tokens", "cosine with the parity update"])
+    cells = [(1, 1), (1, 2), (1, 3), (2, 1)]
+    for (key, _, (a, b)), (r, c) in zip(panels, cells):
+        vals = [demo["uncorrected_health"][key], demo["corrected_health"][key]]
+        fig.add_trace(go.Bar(x=["uncorrected", "corrected"], y=vals, marker_color=[_BEFORE, _AFTER], showlegend=False,
+                             text=[f"{v:.3g}" for v in vals], textposition="auto"), row=r, col=c)
+        fig.add_hrect(y0=a, y1=b, fillcolor="#54a24b", opacity=0.25, line_width=0, layer="below", row=r, col=c)
+        fig.update_yaxes(range=[0, max(b, *vals) * 1.15], row=r, col=c)
+    cap = demo["correction"]["cap"]
+    shares = {f"truncated at C={cap:.3g}": demo["truncated_fraction"],
+              "truncated at C=2": demo["truncated_fraction_at_verl_cap"],
+              "masked tokens": demo["masked_fraction"]["tokens"],
+              "masked sequences": demo["masked_fraction"]["sequences"]}
+    fig.add_trace(go.Bar(x=list(shares), y=list(shares.values()), marker_color=_AFTER, showlegend=False,
+                         text=[f"{v:.1%}" for v in shares.values()], textposition="auto"), row=2, col=2)
+    fig.update_yaxes(range=[0, max(0.05, *shares.values()) * 1.2], tickformat=".0%", row=2, col=2)
+    cos = {"pi_old ratio, uncorrected": demo["cosine_raw_uncorrected_vs_parity"],
+           "pi_old ratio, corrected": demo["cosine_raw_corrected_vs_parity"],
+           "mu ratio, uncorrected": demo.get("cosine_raw_vs_parity_mu_denominator", float("nan"))}
+    fig.add_trace(go.Bar(x=list(cos), y=list(cos.values()), marker_color=[_BEFORE, _AFTER, "#f58518"], showlegend=False,
+                         text=[f"{v:.3f}" for v in cos.values()], textposition="auto"), row=2, col=3)
+    fig.update_yaxes(range=[0, 1.05], row=2, col=3)
+    fig.update_layout(title="Raw logprobs, corrected: verl's health rules (healthy range shaded) before and after,"
+                            "<br>and the update it gives", template="plotly_white", height=640, margin={"t": 110})
     return fig
 
 
