@@ -1,6 +1,6 @@
 """The fast trainer LM-head statistics (issue 16) equal the reference implementation.
 
-``rlparity.score.head.head_stats`` (one fused full-vocabulary pass, processed statistics from a
+``rlparity.score.lm_head_stats.head_stats`` (one fused full-vocabulary pass, processed statistics from a
 top-k window) against ``head_stats_reference`` (the implementation before issue 16) on the same
 hidden states and weights: every statistic within 1e-5 nats, the same ``-inf`` tokens, the same
 ranks and max logits, ties at the top-k boundary kept as vLLM keeps them. Both are also compared
@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from head_reference import rows_case  # noqa: E402
-from rlparity.score import head as H  # noqa: E402
+from rlparity.score import lm_head_stats as H  # noqa: E402
 
 TOL = 1e-5  # nats, float32 head
 

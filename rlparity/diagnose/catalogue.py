@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlparity.config.defaults import defaults
-from rlparity.diagnose import head, inflight, layers, objective, routing, semantic, sync, trainer
+from rlparity.diagnose import head_precision, inflight, layers, objective, routing, semantic, sync, trainer
 from rlparity.diagnose.findings import Layer, Severity, catalogue_anchor
 
 I, W, E = Severity.INFO, Severity.WARNING, Severity.ERROR
@@ -247,13 +247,13 @@ _CODES: tuple[FindingCode, ...] = (
     _c("head_precision_mismatch", PATH, (W,),
        "The rollout engine and the trainer project to logits in different precisions: they round every logit "
        "differently, so every token's probability disagrees (MiniMax-M1's mismatch).",
-       head.FIX_ROLLOUT_FP32 + " (a low-precision rollout head); or " + head.FIX_TRAINER_FP32
+       head_precision.FIX_ROLLOUT_FP32 + " (a low-precision rollout head); or " + head_precision.FIX_TRAINER_FP32
        + " (a low-precision trainer head)", "head", rule="the two recorded head dtypes differ",
        calibrated_on="exact (recorded dtypes)", causes=("rollout_bf16_head", "trainer_bf16_head")),
     _c("head_precision_low", PATH, (I, W),
        "Both sides project to logits in a low precision (e.g. bf16): matched, but each rounds its logits in its own "
        "kernel; a warning when the measured gap is above the tolerance.",
-       head.FIX_ROLLOUT_FP32 + "; and " + head.FIX_TRAINER_FP32, "head", rule="RMS of d above `tol` nats",
+       head_precision.FIX_ROLLOUT_FP32 + "; and " + head_precision.FIX_TRAINER_FP32, "head", rule="RMS of d above `tol` nats",
        thresholds=("tol",), calibrated_on=CPU_TINY, causes=("rollout_bf16_head",)),
     _c("head_precision_matched", PATH, (I,),
        "Both sides project to logits in float32: the LM head adds no precision mismatch.", FIX_NONE, "head",

@@ -100,7 +100,7 @@ def _capture_all(model: str, device: str, size_prompts: dict[str, Any], scorers:
     """One engine per (logprobs mode, rollout head); each serves every request that needs it."""
     from rlparity.capture.pool import shared_pool
     from rlparity.experiments.semantic import sweep_sampling
-    from rlparity.metrics.head import arm_name
+    from rlparity.metrics.head_precision import arm_name
     from rlparity.trace import with_factors
 
     p = size_prompts
@@ -194,7 +194,7 @@ def gallery(out_dir: str | os.PathLike, *, device: str = "cuda", size: str = "sm
                                  provenance(device, size, command, descriptions[part]), float_dtype=float_dtype)
                     results[f"{part}_store"] = str(path)
             if "head" in stores and stores["head"]:
-                from rlparity.metrics.head import head_table, matched_advantage
+                from rlparity.metrics.head_precision import head_table, matched_advantage
 
                 table = head_table(stores["head"])
                 results["head_table_rms"] = {str(table["arm"].values[i, j]): float(table["abs_log_ratio_rms"].values[i, j])

@@ -72,7 +72,7 @@ def correction_demo(raw_trace: xr.Dataset, parity_trace: xr.Dataset, model: Any,
     same = (raw["token_id"].shape == par["token_id"].shape
             and bool((raw["token_id"].values == par["token_id"].values).all()))
     d = ob.pair_log_ratio(raw, "backend", trainer).values
-    usable = ob.usable(d)
+    usable = ob.finite_tokens(d)
     w = ob.tis_weights(d, cap=c)
     keep = usable if mask_rule is None else ob.rejection_keep(d, rule=mask_rule, threshold=threshold)
     eps = o.ppo_eps

@@ -44,7 +44,7 @@ def plot_weights_truncation(trace: xr.Dataset, *, cap: float | None = None, trai
     (default :data:`~rlparity.metrics.objective.OBJECTIVE_DEFAULTS`), with the raw-weight ESS."""
     c = ob.OBJECTIVE_DEFAULTS.is_cap if cap is None else cap
     d = ob.pair_log_ratio(trace, "backend", trainer).values
-    ok = ob.usable(d)
+    ok = ob.finite_tokens(d)
     raw = np.exp(d[ok])
     tis = np.minimum(raw, c)
     ess = ob.token_ess(d).value

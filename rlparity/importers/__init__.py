@@ -1,6 +1,6 @@
 """Import the rollout logs other RL frameworks already write, as ordinary rlparity traces.
 
-Formats (``rlparity.io.formats()``):
+Formats (``rlparity.importers.formats()``):
 
 * ``prime-rl``: trainer token exports, ``token_exports/step_N/rank_R.jsonl`` (both sides);
 * ``nemo-rl``: ``train_data_step{N}.jsonl`` (both sides);
@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from rlparity.io.common import (
+from rlparity.importers.common import (
     SAMPLING_FIELDS,
     ImportFormatError,
     MissingSamplingError,
@@ -45,8 +45,8 @@ from rlparity.io.common import (
     require_sampling,
     sampling_unknown,
 )
-from rlparity.io.formats import FORMAT_MODULES, Format, get_format, stream_chunks
-from rlparity.io.store import assemble, write_store
+from rlparity.importers.formats import FORMAT_MODULES, Format, get_format, stream_chunks
+from rlparity.importers.store_writer import assemble, write_store
 
 #: sequences per chunk: memory holds one chunk (plus one record) whatever the file size
 DEFAULT_CHUNK_SIZE = 2048
@@ -104,7 +104,7 @@ class ImportResult:
             lines += [f"    warning: {w}" for w in a.get("warnings", [])]
         flags = sorted({f for a in self.arms.values() for f in a["sampling_unknown"]}, key=SAMPLING_FIELDS.index)
         if flags:
-            from rlparity.io.common import OPTION_FLAG
+            from rlparity.importers.common import OPTION_FLAG
 
             lines.append("  the dump does not record " + ", ".join(flags) + ": pass "
                          + " ".join(OPTION_FLAG[f] for f in flags) + " (the values your run used) to record them")
@@ -171,7 +171,7 @@ def import_to_store(format: str, path: str | os.PathLike, out: str | os.PathLike
                     chunk_size: int = DEFAULT_CHUNK_SIZE) -> ImportResult:
     """Import another framework's rollout dump into an rlparity zarr store.
 
-    FORMAT is one of prime-rl, nemo-rl, slime, pipelinerl, generic (``rlparity.io.formats()``);
+    FORMAT is one of prime-rl, nemo-rl, slime, pipelinerl, generic (``rlparity.importers.formats()``);
     PATH a dump file or a folder of them (prime-rl: ``token_exports/``; nemo-rl: the log dir with
     ``train_data_step*.jsonl``; slime: ``.pt`` files; pipelinerl: the experiment or ``streams/``;
     generic: ``.jsonl``, ``.parquet`` or ``.npz`` files). OUT is the zarr store to write: one arm
