@@ -9,7 +9,8 @@ times each (median):
   compressed to 1-d (mean, |d| mean / RMS / max, five quantiles from one ``np.quantile``, mean
   ratio, k1 / k2 / k3, clip fraction, ESS, |pi - mu| mean / max / std, Pearson): the baseline;
 * ``numpy+compress``: the same with the compression of the 2-d arrays by the response mask;
-* ``summary``: ``rlparity.metrics.summary(trace)`` (``dim=None``, the fast scalar path);
+* ``summary``: ``rlparity.metrics.summary(trace)`` (``dim=None``: the real tokens compressed, then
+  ``token_statistics``);
 * ``summary_general``: ``summary(trace, dim=("sequence", "position"))``, the same reduction
   through the general ``xr.apply_ufunc`` path (what ``dim=None`` did before issue 16).
 

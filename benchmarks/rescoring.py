@@ -8,8 +8,8 @@ Measures throughput (tokens per second over the whole set) and peak extra memory
   logprob and ``topk``;
 * ``scorer_fp32_new`` / ``scorer_fp32_ref``: what :class:`rlparity.score.Scorer` does per batch
   (``response_hidden``: one body forward with the attention mask, the response rows; then the LM
-  head statistics with a float32 head, one host copy) with :func:`rlparity.score.head.head_stats`
-  (new) or :func:`~rlparity.score.head.head_stats_reference` (the implementation before issue 16);
+  head statistics with a float32 head, one host copy) with :func:`rlparity.score.lm_head_stats.head_stats`
+  (new) or :func:`~rlparity.score.lm_head_stats.head_stats_reference` (the implementation before issue 16);
 * ``scorer_bf16_new`` / ``scorer_bf16_ref``: the same with a bf16 head.
 
 The model is a Llama built from a config with random weights (no download). Every sequence has
@@ -26,7 +26,7 @@ statistic, nats), for the float32 and the bf16 head.
     python benchmarks/rescoring.py --vocab 151936                    # CPU, the real vocabulary
     python benchmarks/rescoring.py --device cuda --shape 1.5b --out rescoring_h200.json
 
-Needs torch, transformers and numpy; it imports ``rlparity.score.head`` directly from the
+Needs torch, transformers and numpy; it imports ``rlparity.score.lm_head_stats`` directly from the
 checkout when the rest of rlparity's dependencies are missing (e.g. on a bare GPU machine).
 """
 
@@ -65,14 +65,14 @@ METHODS = ("bare", "naive_fp32", "scorer_fp32_new", "scorer_fp32_new_cast", "sco
 
 
 def load_head():
-    """``rlparity.score.head``, from the package or, without rlparity's other dependencies, from the file."""
+    """``rlparity.score.lm_head_stats``, from the package or, without rlparity's other dependencies, from the file."""
     sys.path.insert(0, str(ROOT))
     try:
-        from rlparity.score import head
+        from rlparity.score import lm_head_stats as head
         return head
     except ImportError as err:
-        print(f"# importing rlparity failed ({err}); loading rlparity/score/head.py on its own", file=sys.stderr)
-        spec = importlib.util.spec_from_file_location("rlparity_score_head", ROOT / "rlparity/score/head.py")
+        print(f"# importing rlparity failed ({err}); loading rlparity/score/lm_head_stats.py on its own", file=sys.stderr)
+        spec = importlib.util.spec_from_file_location("rlparity_score_head", ROOT / "rlparity/score/lm_head_stats.py")
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         return mod

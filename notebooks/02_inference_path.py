@@ -209,7 +209,7 @@ print(engine_audit)
 # %%
 starts_before = shared_pool().starts
 arms = abl.ablation(model, prompts, sampling, reference="pipelinerl-parity", knobs=knobs, engine=engine,
-                    scorer=scorer, batch_sizes=batch_sizes, batch_max_tokens=max_tokens)
+                    scorer=scorer, batch=abl.BatchProbe(sizes=batch_sizes, max_tokens=max_tokens))
 engine_starts = shared_pool().starts - starts_before
 shared_pool().close()
 table = mab.ablation_table(arms)

@@ -76,10 +76,10 @@ from rlparity.capture.pool import shared_pool
 from rlparity.config import defaults
 from rlparity.config.provenance import write_json
 from rlparity.diagnose import diagnose
-from rlparity.experiments.head import head_matrix
-from rlparity.metrics import head
+from rlparity.experiments.head_precision import head_matrix
+from rlparity.metrics import head_precision as head
 from rlparity.models import make_model, make_prompts
-from rlparity.plot import head as phead
+from rlparity.plot import head_precision as phead
 from rlparity.plot import init_notebook
 
 init_notebook()

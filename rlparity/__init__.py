@@ -25,7 +25,7 @@ def summary(*args, **kwargs):
 
 
 # every part of the package a user reaches as rlparity.<name> (not the CLI, nor the test helpers)
-_SUBPACKAGES = ("config", "capture", "score", "trace", "metrics", "diagnose", "plot", "experiments", "io", "train",
+_SUBPACKAGES = ("config", "capture", "score", "trace", "metrics", "diagnose", "plot", "experiments", "importers", "train",
                 "datasets", "models")
 
 
@@ -35,7 +35,7 @@ def __getattr__(name):
     The subpackages are modules, never shadowed by functions of the same name, so
     ``rlparity.capture.EngineSettings`` works whatever was imported before.
     """
-    if name in _SUBPACKAGES:
+    if name in _SUBPACKAGES or name == "io":  # io: the deprecated name of importers (warns), for one release
         import importlib
 
         return importlib.import_module(f"rlparity.{name}")

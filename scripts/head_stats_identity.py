@@ -6,6 +6,7 @@ bfloat16 heads, eager):
 """
 import importlib.util
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -14,8 +15,13 @@ def load(path, name):
     spec = importlib.util.spec_from_file_location(name, path)
     m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); return m
 
-a = load(f"{sys.argv[1]}/rlparity/score/head.py", "head_a")
-b = load(f"{sys.argv[2]}/rlparity/score/head.py", "head_b")
+def module_file(root):  # rlparity/score/head.py before issue 23 renamed it lm_head_stats.py
+    new = Path(root) / "rlparity/score/lm_head_stats.py"
+    return new if new.exists() else Path(root) / "rlparity/score/head.py"
+
+
+a = load(module_file(sys.argv[1]), "head_a")
+b = load(module_file(sys.argv[2]), "head_b")
 g = torch.Generator().manual_seed(0)
 n, h, v = 96, 16, 300
 hidden = torch.randn(n, h, generator=g)

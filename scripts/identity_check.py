@@ -42,9 +42,9 @@ def reports(out: Path) -> None:
 
 
 TABLES = {  # the experiment tables of rlparity.metrics, each tried on every example (an error is a result too)
-    "head_table": ("rlparity.metrics.head", "head_table"),
-    "head_gap_by_position": ("rlparity.metrics.head", "gap_by_position"),
-    "head_gap_by_logit": ("rlparity.metrics.head", "gap_by_logit"),
+    "head_table": ("rlparity.metrics.head_precision", "head_table"),
+    "head_gap_by_position": ("rlparity.metrics.head_precision", "gap_by_position"),
+    "head_gap_by_logit": ("rlparity.metrics.head_precision", "gap_by_logit"),
     "inflight_table": ("rlparity.metrics.inflight", "inflight_table"),
     "inflight_lag_histogram": ("rlparity.metrics.inflight", "lag_histogram"),
     "inflight_gap_by_update_time": ("rlparity.metrics.inflight", "gap_by_update_time"),

@@ -14,7 +14,7 @@ and commit) into scripts/peers/ and run with their heavy imports stubbed:
 * PipelineRL ``make_training_text`` and ``FileStreamWriter`` (58d3934; needs ``pip install orjson``);
 * verl ``_log_rollout_data`` / ``_dump_generations`` (b178a3c) and TRL ``GRPOTrainer.log``'s
   completions Parquet (f2cd577): text only;
-* the recipes of rlparity/io/GENERIC_FORMAT.md ("From verl", "From TRL"), executed as written on
+* the recipes of rlparity/importers/GENERIC_FORMAT.md ("From verl", "From TRL"), executed as written on
   tensors shaped as verl's ``batch.batch`` and TRL's ``_generate_and_score_completions`` output.
 
 Values come from rlparity's tiny model (``make_model("tiny")``, float32, CPU): prompts from
@@ -489,7 +489,7 @@ def pipelinerl(model: TinyModel, out: Path) -> None:
 
 
 def _snippet(title: str) -> str:
-    doc = (ROOT / "rlparity" / "io" / "GENERIC_FORMAT.md").read_text()
+    doc = (ROOT / "rlparity" / "importers" / "GENERIC_FORMAT.md").read_text()
     return doc.split(f"**{title}**")[1].split("```python")[1].split("```")[0]
 
 

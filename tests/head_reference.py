@@ -2,7 +2,7 @@
 :func:`rows_case`, the hidden states and head that cover every branch, built with torch).
 
 numpy only, one row at a time, written from vLLM's sampler rules and nothing of
-``rlparity.score.head`` (which holds both ``head_stats`` and ``head_stats_reference``): so both
+``rlparity.score.lm_head_stats`` (which holds both ``head_stats`` and ``head_stats_reference``): so both
 can be compared with it. Rules (vLLM's V1 sampler):
 
 * greedy rows (temperature < 1e-5) read the full-vocabulary log-softmax at temperature 1;

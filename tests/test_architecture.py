@@ -9,9 +9,12 @@
 from __future__ import annotations
 
 import ast
+import json
+import os
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -106,6 +109,45 @@ def test_every_part_of_the_package_is_reachable_as_an_attribute():
 
     parts = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     parts |= {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
-    assert set(rlparity._SUBPACKAGES) == parts - {"cli", "testing", "__main__"}
+    assert set(rlparity._SUBPACKAGES) == parts - {"cli", "testing", "__main__", "io"}  # io: deprecated alias
     for name in rlparity._SUBPACKAGES:
         assert getattr(rlparity, name).__name__ == f"rlparity.{name}"
+
+
+def test_the_old_name_rlparity_io_still_works_and_warns():
+    """``rlparity.io`` (renamed ``rlparity.importers``, issue 23 item 7) keeps working for one release:
+    importing it, the module or a submodule, warns once with a DeprecationWarning naming the new
+    name and gives the very same objects. In a fresh interpreter, where nothing is cached."""
+    code = textwrap.dedent("""
+        import json, warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import rlparity.io as old
+            import rlparity.io.generic as old_generic
+            from rlparity.io import read
+        import rlparity.importers as new
+        import rlparity.importers.generic as new_generic
+        print(json.dumps({"same": old is new, "generic": old_generic is new_generic, "read": read is new.read,
+                          "attr": __import__("rlparity").io is new,
+                          "warnings": [(w.category.__name__, str(w.message)) for w in caught]}))
+    """)
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["same"] and got["generic"] and got["read"] and got["attr"], got
+    assert [c for c, _ in got["warnings"]] == ["DeprecationWarning"], got
+    assert "rlparity.importers" in got["warnings"][0][1]
+
+
+@pytest.mark.parametrize("old, new", [("Measured", "ValueWithCounts"), ("real", "real_tokens"),
+                                      ("usable", "finite_tokens")])
+def test_renamed_objective_names_still_work_and_warn(old, new):
+    """The objective core's names before issue 23 (item 7) give the renamed objects, with a
+    DeprecationWarning naming the new name; an unknown name is still an AttributeError."""
+    import rlparity.metrics.objective as ob
+
+    with pytest.warns(DeprecationWarning, match=new):
+        assert getattr(ob, old) is getattr(ob, new)
+    with pytest.raises(AttributeError):
+        ob.no_such_name  # noqa: B018

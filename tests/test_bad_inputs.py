@@ -499,7 +499,7 @@ ROWS = [
         lambda: T.add_arm(BASE, ctx.data, "x"))[-1], SE, (r"working directory or a folder above it",)),
     Row("load '.'", lambda ctx: in_data(ctx, lambda: T.load(".")), SE, (r"'\.' names a folder",)),
     Row("an importer writing to '.'", lambda ctx: in_data(ctx, lambda: __import__(
-        "rlparity.io.store", fromlist=["write_store"]).write_store(iter([("a", BASE)]), ".", final_attrs=dict,
+        "rlparity.importers.store_writer", fromlist=["write_store"]).write_store(iter([("a", BASE)]), ".", final_attrs=dict,
                                                                    overwrite=True)), SE,
         (r"'\.' names a folder", r"a name of its own")),
     # the YAML files rlparity reads: one reader, one line naming the file and the fix
@@ -546,12 +546,12 @@ ROWS = [
 
 
 # ----------------------------------------------------------------------------- importers (issues 22 and 29)
-# Every bad dump below is refused by `rlparity import` (rlparity.io) with ImportFormatError, a
+# Every bad dump below is refused by `rlparity import` (rlparity.importers) with ImportFormatError, a
 # ValueError: one line naming the file and line (or sample / row) and the field, exit 2 on the
 # command line (test_bad_dumps_exit_2_on_the_command_line), nothing written.
 
-from rlparity import io as rio  # noqa: E402
-from rlparity.io.common import ImportFormatError, PickleRefusedError  # noqa: E402
+from rlparity import importers as rio  # noqa: E402
+from rlparity.importers.common import ImportFormatError, PickleRefusedError  # noqa: E402
 
 IO = ROOT / "tests" / "data" / "io"
 IO_CUSTOM = IO / "generic" / "custom" / "rows.jsonl"
@@ -970,7 +970,7 @@ def test_a_killed_imports_staging_folders_are_cleaned_and_a_live_one_is_kept(tmp
     """An import killed (SIGKILL) while staging leaves .NAME.staging-* and .NAME.tmp-*: the next save
     or open of the store removes both; a staging folder of a live writer (this process) is kept."""
     target = tmp_path / "imported.zarr"
-    code = ("import sys, time\nfrom rlparity.io.store import write_store\nfrom rlparity.testing import synthetic_trace\n"
+    code = ("import sys, time\nfrom rlparity.importers.store_writer import write_store\nfrom rlparity.testing import synthetic_trace\n"
             "def chunks():\n    yield 'a', synthetic_trace(seed=3)\n    print('staged', flush=True)\n    time.sleep(60)\n"
             "write_store(chunks(), sys.argv[1], final_attrs=dict)\n")
     with spawned(code, str(target), ready="staged"):

@@ -56,6 +56,9 @@ def stores(tmp_path_factory):
     out["yaml_folder"] = d / "a_folder.yaml"
     out["missing_yaml"] = d / "missing.yaml"
     out["user_file"] = user / "notes.txt"
+    (d / "rl_user").mkdir()
+    (d / "rl_user" / "rl.zarr").write_text("mine")  # a user's file where the store would go
+    out["rl_user"] = d / "rl_user"
     out["fixture"] = FIXTURE
     # damaged stores: each is refused, never read as data
     out["huge"] = _edited(d, "huge.zarr", lambda m: m["v/trainer_processed_logprob/.zarray"].update(
@@ -212,7 +215,9 @@ ROWS_22 = [
     ("check --model --out .", lambda s: ["check", "--model", "tiny", "--out", "."], 2, "--out .: '.' names a folder",
      None),
     ("ablate -o a folder of user files", lambda s: ["ablate", "-o", s["user"]], 2, "is not an rlparity store", None),
-    ("rl-run -o ..", lambda s: ["rl-run", "-o", ".."], 2, "'..' names a folder", None),
+    ("rl-run -o a user file", lambda s: ["rl-run", "-o", s["user_file"]], 2, "a file; give a folder", None),
+    ("experiment rl --out a folder holding a user file as rl.zarr",
+     lambda s: ["experiment", "rl", "--out", s["rl_user"]], 2, "is not an rlparity store (a file)", None),
     # stores that are not what they claim: refused at once, never read as data
     ("diagnose of a .zmetadata claiming 1e10 chunks", lambda s: ["diagnose", s["huge"]], 2,
      "9999999999 of 10000000000 chunks", None),

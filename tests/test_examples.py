@@ -87,7 +87,7 @@ def test_h200_bf16_rollout_head_is_the_path_layers_warning(semantic):
 
 @pytest.mark.data
 def test_h200_head_matrix_matched_fp32_cell_is_lowest():
-    from rlparity.metrics.head import head_table, matched_advantage
+    from rlparity.metrics.head_precision import head_table, matched_advantage
 
     arms = load_example("h200-head")
     adv = matched_advantage(head_table(arms))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rlparity.datasets import load_example
-from rlparity.metrics import head as H
+from rlparity.metrics import head_precision as H
 from rlparity.metrics import inflight as mi
 from rlparity.metrics import rl as mrl
 from rlparity.testing import synthetic_trace
@@ -106,7 +106,7 @@ def test_no_module_but_the_legacy_one_parses_arm_names():
 def test_head_matrix_records_each_cells_factors():
     """The runner stamps the factors at capture time (a stand-in pool and scorers: no engine)."""
     torch = pytest.importorskip("torch")
-    from rlparity.experiments.head import head_matrix
+    from rlparity.experiments.head_precision import head_matrix
 
     class Engine:
         def __init__(self, settings):

@@ -114,7 +114,7 @@ def test_head_stats_on_cuda_equal_float64_on_the_same_logits(compile_head, recwa
     """head_stats on CUDA (compiled: CUDA's default, and eager) on hidden states and a head covering
     every branch (ties at the k-th value, top-p, greedy): within 1e-5 nats of float64 on the same
     float32 logits; the compiled path really compiles (no fallback warning)."""
-    from rlparity.score import head as H
+    from rlparity.score import lm_head_stats as H
 
     h, w, tok, temp, k, p = rows_case(4096, seed=11)
     dev = [x.cuda() for x in (h, w, tok, temp, k, p)]
@@ -136,7 +136,7 @@ def test_fp32_head_over_a_bf16_body_on_cuda(cuda_model, fp32_gemm):
     1e-5 x (1 + |logit|) of the exact product of the same bf16 hidden states and weights, and the
     statistics are within 1e-5 nats of float64 on those logits (rows whose kept set is stable)."""
     from rlparity.score import Scorer
-    from rlparity.score import head as H
+    from rlparity.score import lm_head_stats as H
 
     cfg = json.loads((Path(cuda_model) / "config.json").read_text())
     trace, prompts, resp = _trace(cfg["vocab_size"], seed=1)

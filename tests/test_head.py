@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from rlparity.diagnose import diagnose
-from rlparity.diagnose import head as dhead
+from rlparity.diagnose import head_precision as dhead
 from rlparity.diagnose.findings import Layer, Severity
 from rlparity.config.settings import normalize_dtype
-from rlparity.experiments.head import head_matrix
-from rlparity.metrics import head as H
+from rlparity.experiments.head_precision import head_matrix
+from rlparity.metrics import head_precision as H
 from rlparity.metrics import log_ratio, summary
 from rlparity.testing import synthetic_trace
 from rlparity.trace import arm_factors, with_factors
@@ -250,7 +250,7 @@ def test_arms_findings_ignore_stores_that_are_not_a_matrix():
 
 # -- plots ---------------------------------------------------------------------------------
 def test_plots_return_figures_with_one_trace_per_cell():
-    from rlparity.plot import head as phead
+    from rlparity.plot import head_precision as phead
 
     arms = synthetic_matrix()
     heat = phead.plot_matrix_heatmap(H.head_table(arms))

@@ -1,4 +1,4 @@
-"""Importers of other frameworks' rollout dumps (rlparity.io), on the fixtures in tests/data/io.
+"""Importers of other frameworks' rollout dumps (rlparity.importers), on the fixtures in tests/data/io.
 
 The fixtures are written by each framework's own serialization code at a pinned commit
 (scripts/peers/, run by scripts/make_io_fixtures.py with their heavy imports stubbed), with values
@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from rlparity import io as rio
+from rlparity import importers as rio
 from rlparity.diagnose import Severity, diagnose
-from rlparity.io.common import ImportFormatError, MissingSamplingError, PickleRefusedError
+from rlparity.importers.common import ImportFormatError, MissingSamplingError, PickleRefusedError
 from rlparity.metrics import summary
 from rlparity.trace import open_arms, validate
 
@@ -498,7 +498,7 @@ def test_verl_and_trl_recipes_of_the_docs_write_importable_files(tmp_path, monke
 
 def test_text_only_dumps_are_recognised_and_pointed_to_the_recipe():
     with pytest.raises(ImportFormatError, match=r"5.jsonl:1: this is verl's rollout_data_dir dump.*'From verl' in "
-                                                r"rlparity/io/GENERIC_FORMAT.md"):
+                                                r"rlparity/importers/GENERIC_FORMAT.md"):
         rio.read("verl", DATA / "verl" / "rollout_data_dir")
     with pytest.raises(ImportFormatError, match=r"completions_00005.parquet \[row 0\]: this is TRL's completions "
                                                 r"log.*'From TRL'"):
@@ -593,7 +593,7 @@ def test_bad_lines_name_file_and_line(tmp_path):
 
 
 def test_small_chunks_give_the_same_store_as_one_chunk(tmp_path, monkeypatch):
-    from rlparity.io import generic
+    from rlparity.importers import generic
 
     monkeypatch.setattr(generic, "NPZ_ROWS", 3)  # .npz members read 3 rows at a time from the zip
     for fmt, path, opts in (("prime-rl", PRIME, {"temperature": 0.7}), ("generic", VERL, {}),
@@ -607,8 +607,8 @@ def test_small_chunks_give_the_same_store_as_one_chunk(tmp_path, monkeypatch):
             strip = ("created_at",)
             assert {k: v for k, v in a[arm].attrs.items() if k not in strip} == \
                    {k: v for k, v in b[arm].attrs.items() if k not in strip}
-    from rlparity.io.common import SamplingResolver
-    from rlparity.io.formats import get_format, stream_chunks
+    from rlparity.importers.common import SamplingResolver
+    from rlparity.importers.formats import get_format, stream_chunks
 
     chunks = list(stream_chunks(get_format("pipelinerl"), PIPE / "exp" / "streams" / "actor",
                                 sampling=SamplingResolver({}), trainer_reading=None, chunk_size=3, progress=False,

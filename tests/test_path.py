@@ -208,3 +208,18 @@ def test_batch_determinism_is_judged_against_the_reference_arm():
     arms["knob"] = _with_batch(arms["knob"], [[-0.1, -0.2], [-0.1, -0.3]]).assign_attrs(ablation=plan)
     worse = {(f.arm, f.name): f for f in ablation_findings(arms)}[("knob", "batch_determinism_worse")]
     assert worse.severity.value == "warning" and "enforce_eager=False" in worse.fix
+
+
+def test_gallery_takes_its_settings_as_one_object_or_as_keywords(tmp_path):
+    """``gallery(out, GallerySettings(...), **fields)`` (issue 23 item 4): keywords replace the
+    object's fields; a name that is no field is a TypeError listing the fields; an unknown part is
+    refused before any model is built or engine started (nothing written but the folder)."""
+    from rlparity.experiments.gallery import PARTS, GallerySettings, gallery
+
+    with pytest.raises(TypeError, match="unexpected keyword argument 'n_promts'.*n_prompts"):
+        gallery(tmp_path / "g", n_promts=4)
+    with pytest.raises(ValueError, match=r"unknown gallery part\(s\) \['nope'\]"):
+        gallery(tmp_path / "g", GallerySettings(device="cpu", size="tiny"), parts=["semantic", "nope"])
+    with pytest.raises(ValueError, match=r"unknown gallery part\(s\) \['x'\]"):
+        gallery(tmp_path / "g", GallerySettings(parts=("x",)))
+    assert GallerySettings().parts == PARTS and not (tmp_path / "g").exists()

@@ -177,7 +177,7 @@ def test_readers_never_see_a_torn_store(tmp_path):
 def test_unlocked_readers_are_caught_not_fooled(tmp_path, monkeypatch):
     """Where no lock can be taken (a read-only location), the integrity record catches a read torn
     by a swap: the load retries, and raises rather than return mixed data."""
-    from rlparity.trace import io
+    from rlparity.trace import zarr_io as io
 
     real, real_read = store_locking._open_lock_file, io._read
     caught = []

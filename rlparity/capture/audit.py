@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rlparity.capture.engine_config import cpu_engine_kwargs, effective_config
-from rlparity.config.audit import WHY, AuditResult, Difference, audit_json, compare
+from rlparity.config.profile_diff import WHY, AuditResult, Difference, audit_json, compare
 from rlparity.config.settings import EngineSettings
 
 # ------------------------------------------------------------------------------ sources

@@ -30,7 +30,7 @@ def _root(debug: bool = typer.Option(False, "--debug", help="show the traceback 
 
 def build_app() -> typer.Typer:
     """The root app with every command, in the order ``rlparity --help`` lists them."""
-    from rlparity.cli import book, data, experiment, faults, floors, judge, layers, path, rl, traces
+    from rlparity.cli import book, data_sources, diagnosis, experiment, faults, floors, layers, path, traces
 
     app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                       help="Capture vLLM rollouts, rescore them with the trainer, and diagnose parity. "
@@ -39,10 +39,9 @@ def build_app() -> typer.Typer:
     commands = {
         "make-model": traces.make_model_cmd, "capture": traces.capture_cmd, "score": traces.score_cmd,
         "summary": traces.summary_cmd, "run": traces.run_cmd,
-        "diagnose": judge.diagnose_cmd, "check": judge.check_cmd, "findings": judge.findings_cmd,
+        "diagnose": diagnosis.diagnose_cmd, "check": diagnosis.check_cmd, "findings": diagnosis.findings_cmd,
         "profiles": path.profiles_cmd, "audit": path.audit_cmd, "ablate": path.ablate_cmd,
-        "import": data.import_cmd, "gallery": data.gallery_cmd, "examples": data.examples_cmd,
-        "rl-run": rl.rl_run_cmd,
+        "import": data_sources.import_cmd, "gallery": data_sources.gallery_cmd, "examples": data_sources.examples_cmd,
     }
     for name, command in commands.items():
         app.command(name)(command)
@@ -51,6 +50,9 @@ def build_app() -> typer.Typer:
     app.add_typer(layers.build_app(), name="layers")
     app.command("verify-weights")(layers.verify_weights_cmd)
     app.add_typer(experiment.build_app(), name="experiment")
+    # one command, two names: `rl-run` (the name README used first) is `experiment rl`, same options and folder
+    app.command("rl-run", help="Alias of `rlparity experiment rl` (the same command: --out is its folder).")(
+        experiment.rl_cmd)
     app.command("book")(book.book_cmd)
     return app
 

@@ -249,54 +249,75 @@ def moe_cmd(
 
 
 def rl_cmd(
-    out: Path = typer.Option(..., "--out", help="folder for rl.json, rl.zarr and rl_curves.csv"),
-    model: Optional[str] = typer.Option(None, help="local checkpoint (initial weights); default: the built-in model"),
+    out: Path = typer.Option(..., "--out", "-o", help="folder for rl.json, rl.zarr and rl_curves.csv"),
+    model: Optional[str] = typer.Option(None, help="local checkpoint (initial weights); default: the built-in --size"),
     size: str = _SIZE,
     device: str = _DEVICE,
-    steps: int = _R.steps,
-    loss: Loss = Loss(_R.loss),
-    old_policy: Optional[list[str]] = typer.Option(None, help="the loss's ratio denominator, one run each (repeat): "
-                                                              "pi_old recomputed by the trainer, or mu (PipelineRL); "
-                                                              "default: " + " and ".join(_R.old_policy)),
-    n_prompts: int = _R.n_prompts,
-    n_samples: int = _R.n_samples,
-    max_tokens: int = _R.max_tokens,
-    lr: float = _R.lr,
+    profile: Optional[list[str]] = typer.Option(None, help="engine profile (repeat); default: "
+                                                           + ", ".join(_R.profiles)),
+    steps: int = typer.Option(_R.steps, min=1, help="optimizer steps per run"),
+    loss: Loss = typer.Option(Loss(_R.loss), help="the objective of every step"),
+    old_policy: Optional[list[str]] = typer.Option(
+        None, help="the loss's ratio denominator, one run each (repeat): pi_old recomputed by the trainer, or the "
+                   "engine's mu (PipelineRL); default: " + " and ".join(_R.old_policy)),
+    n_prompts: int = typer.Option(_R.n_prompts, min=1, help="prompts per step"),
+    n_samples: int = typer.Option(_R.n_samples, min=2, help="samples per prompt (the advantage's group)"),
+    max_tokens: int = typer.Option(_R.max_tokens, min=1),
+    lr: float = typer.Option(_R.lr, help="AdamW learning rate (> 0)"),
+    temperature: float = _D.temperature,
+    top_k: int = _D.top_k,
     seed: int = _D.seed,
-    profile: Optional[list[str]] = typer.Option(None, help="a profile (repeat); default: the three"),
-    async_rollouts: bool = typer.Option(False, "--async-rollouts", help="generate step k+1 while step k trains "
-                                                                        "(lag 1)"),
+    async_rollouts: bool = typer.Option(False, "--async-rollouts", help="generate step k+1's rollouts while step k "
+                                                                        "trains (lag 1)"),
     dtype: str = typer.Option(_R.dtype, help="body dtype pinned on the engine and the trainer alike"),
     gpu_memory_utilization: Optional[float] = _GPU_MEMORY,
     flat: bool = typer.Option(False, "--flat", help="leave only flat files in --out: the store as tar parts "
                                                     "(rl.zarr removed once packed)"),
     no_progress: bool = typer.Option(False, "--no-progress"),
+    as_json: bool = typer.Option(False, "--json", help="print rl.json (curves, contrast, findings) as strict JSON"),
 ):
-    """Online RL under every profile: DIR/rl.json (the curves, written first), DIR/rl.zarr (every
-    step's trace, packed into tar parts), DIR/rl_curves.csv."""
+    """Online RL on the built-in arithmetic task, one real AsyncLLM per engine profile: sample, rescore
+    pi_old with the trainer, one optimizer step, push the weights into the running engine (pause /
+    update / resume). One run per profile and ratio denominator (pi_old recomputed, or the engine's
+    mu as PipelineRL uses it), each from the same initial weights and seeds. Writes DIR/rl.json (the
+    curves, written first), DIR/rl.zarr (every step's trace, arms <run>@step_NNN, also packed into
+    tar parts), DIR/rl_curves.csv; prints each run against the first profile's run of the same
+    ratio denominator. ``rlparity rl-run`` is the same command."""
     engine_logs()
     import shutil
 
+    from rlparity.cli.common import echo_json, output_store, sampling_settings
     from rlparity.config.provenance import write_json
-    from rlparity.experiments.rl import OLD_POLICIES, diagnose_first_steps, pack, rl_run, summarize
+    from rlparity.experiments.rl import OLD_POLICIES, diagnose_first_steps, pack, rl_profile, rl_run, summarize
     from rlparity.metrics import rl as mrl
     from rlparity.models import make_model
     from rlparity.trace import save
 
+    # every refusal before a model is built or --out is made
+    if lr <= 0:
+        raise BadInput(f"--lr {lr}: the learning rate must be positive, e.g. --lr 1e-3")
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"--out {out}: a file; give a folder (rl.json, rl.zarr and rl_curves.csv go there)")
+    output_store(out / "rl.zarr")
     bad = [o for o in old_policy or [] if o not in OLD_POLICIES]
     if bad:
         raise BadInput(f"--old-policy: unknown {bad}; choose from {', '.join(OLD_POLICIES)}")
+    for name in profile or []:
+        rl_profile(name)
+    sampling = sampling_settings(temperature=temperature, top_k=top_k, seed=seed)
+    olds = old_policy or None
     out.mkdir(parents=True, exist_ok=True)
     model = model or str(make_model(size, progress=False, device=device))
     t0 = time.perf_counter()
-    arms = rl_run(model, profile or None, steps, loss=loss.value, old_policy=old_policy or None, n_prompts=n_prompts,
+    arms = rl_run(model, profile or None, steps, loss=loss.value, old_policy=olds, n_prompts=n_prompts,
                   n_samples=n_samples, max_tokens=max_tokens, lr=lr, async_rollouts=async_rollouts, device=device,
-                  seed=seed, dtype=dtype, engine=_engine(gpu_memory_utilization), progress=not no_progress)
+                  seed=seed, dtype=dtype, sampling=sampling, engine=_engine(gpu_memory_utilization),
+                  progress=not no_progress, log=lambda line: typer.echo(line, err=True))
     elapsed = time.perf_counter() - t0
     res = summarize(arms, findings=False)
     res.update({"model": model, "device": device, "elapsed_s": round(elapsed, 1),
                 "sizes": {"steps": steps, "n_prompts": n_prompts, "n_samples": n_samples, "max_tokens": max_tokens,
-                          "lr": lr, "loss": loss.value, "old_policy": old_policy or list(_R.old_policy),
+                          "lr": lr, "loss": loss.value, "old_policy": olds or list(_R.old_policy),
                           "dtype": dtype, "async_rollouts": async_rollouts},
                 "engine_effective": {run: arms[k].attrs.get("engine_effective")
                                      for k, (run, step) in mrl.run_steps(arms).items() if step == 0},
@@ -315,12 +336,16 @@ def rl_cmd(
         res["findings_error"] = f"{type(err).__name__}: {err}"
     write_json(out / "rl.json", res)
     mrl.rl_curves(arms).to_dataframe().to_csv(out / "rl_curves.csv")
+    if as_json:
+        echo_json(res)
+        return
     for prof, c in res["contrast"].items():
         typer.echo(f"{prof}: mean ratio at step 0 {c['mean_ratio_step0']:.4f}, max |mean ratio - 1| "
                    f"{c['max_abs_mean_ratio_minus_1']:.4f}, clamp indicator {c['clamp_indicator_mean']:.4f} "
                    f"({c['clamp_indicator_vs_reference']:.3g}x the reference), reward {c['reward_mean']:.3f} "
-                   f"(first to last {c['reward_first_to_last']:+.3f})")
+                   f"(first to last {c['reward_first_to_last']:+.3f}, gap {c['reward_gap_mean']:+.3f})")
     typer.echo(f"wrote {', '.join(sorted(p.name for p in out.iterdir()))} in {out} ({elapsed:.0f} s of runs)")
+    typer.echo(f"curves: rlparity.metrics.rl.rl_curves(rlparity.trace.open_arms({str(out / 'rl.zarr')!r}))")
 
 
 def objective_cmd(
@@ -441,7 +466,7 @@ def ablation_cmd(
     try:
         arms = abl.ablation(model, prompts, sampling, reference=_D.profile, knobs=chosen,
                             engine={"dtype": dtype, **_engine(gpu_memory_utilization)}, scorer=scorer,
-                            batch_sizes=sizes, batch_max_tokens=max_tokens, budget_s=budget_s)
+                            batch=abl.BatchProbe(sizes=sizes, max_tokens=max_tokens), budget_s=budget_s)
     finally:
         shared_pool().close()
     elapsed = time.perf_counter() - t0

@@ -7,7 +7,6 @@
 * :func:`defaults` / :func:`defaults_context`: every default of rlparity in one object.
 """
 
-from rlparity.config.audit import WHY, AuditResult, Difference, compare
 from rlparity.config.defaults import (
     CheckThresholds,
     Defaults,
@@ -19,6 +18,7 @@ from rlparity.config.defaults import (
     set_defaults,
 )
 from rlparity.config.env import scoped_env
+from rlparity.config.profile_diff import WHY, AuditResult, Difference, compare
 from rlparity.config.profiles import load_profile, profile_names, read_profile, save_profile
 from rlparity.config.settings import EngineSettings, SamplingSettings
 

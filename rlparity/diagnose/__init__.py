@@ -2,7 +2,7 @@
 
 ``diagnose(data, **options)`` runs every check of every layer module, in layer order, and returns
 a :class:`Report`. A layer module (:mod:`~rlparity.diagnose.semantic`,
-:mod:`~rlparity.diagnose.path`, :mod:`~rlparity.diagnose.head`, :mod:`~rlparity.diagnose.routing`,
+:mod:`~rlparity.diagnose.path`, :mod:`~rlparity.diagnose.head_precision`, :mod:`~rlparity.diagnose.routing`,
 :mod:`~rlparity.diagnose.inflight`,
 :mod:`~rlparity.diagnose.objective`)
 contributes
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlparity.diagnose import head, inflight, layers, objective, path, routing, semantic, sync, trainer
+from rlparity.diagnose import head_precision, inflight, layers, objective, path, routing, semantic, sync, trainer
 from rlparity.diagnose.attribution import attribute
 from rlparity.diagnose.causes import CAUSES
 from rlparity.diagnose.evidence import build as build_evidence
@@ -29,7 +29,7 @@ from rlparity.trace import as_arms, has_trainer, validate
 # in layer order: the backend (semantic, inference path: settings, LM head, MoE routing, inflight updates, weight
 # sync, the trainer's determinism) before the objective, which sees the backend's findings (a
 # correction must not hide a backend error)
-LAYERS = (semantic, path, head, routing, inflight, sync, layers, trainer, objective)
+LAYERS = (semantic, path, head_precision, routing, inflight, sync, layers, trainer, objective)
 
 
 def diagnose(data: Any, options: DiagnoseOptions | None = None, *, title: str = "rlparity findings",

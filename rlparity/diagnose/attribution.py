@@ -80,7 +80,7 @@ class Decomposition:
 
 def decompose(ev: ArmEvidence) -> Decomposition:
     """Split the arm's excess mismatch (see the module docstring)."""
-    u = ev.usable
+    u = ev.finite_tokens
     r = ev.residual if ev.residual is not None else -ev.d
     ok = u & np.isfinite(r)
     ad = np.abs(np.where(u, ev.d, 0.0))
@@ -244,7 +244,7 @@ def attribute(findings: list[Finding], ev: ArmEvidence | None) -> tuple[list[Fin
               "shares": {c: float(s) for c, s in sorted(shares.items(), key=lambda kv: -kv[1])},
               "floor_share_of_mean_abs_d": floor_share,
               "decomposition": dec.to_dict(), "semantic_reading": ev.reading,
-              "tokens_explained": {c: int((t & ev.usable).sum()) for c, t in ev.claims.items()}}
+              "tokens_explained": {c: int((t & ev.finite_tokens).sum()) for c, t in ev.claims.items()}}
     return out, record
 
 

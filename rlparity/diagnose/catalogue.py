@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlparity.config.defaults import defaults
-from rlparity.diagnose import head, inflight, layers, objective, routing, semantic, sync, trainer
+from rlparity.diagnose import head_precision, inflight, layers, objective, routing, semantic, sync, trainer
 from rlparity.diagnose.findings import Layer, Severity, catalogue_anchor
 
 I, W, E = Severity.INFO, Severity.WARNING, Severity.ERROR
@@ -250,27 +250,27 @@ _CODES: tuple[FindingCode, ...] = (
     _c("head_precision_mismatch", PATH, (W,),
        "The rollout engine and the trainer project to logits in different precisions: they round every logit "
        "differently, so every token's probability disagrees (MiniMax-M1's mismatch).",
-       head.FIX_ROLLOUT_FP32 + " (a low-precision rollout head); or " + head.FIX_TRAINER_FP32
-       + " (a low-precision trainer head)", "head", rule="the two recorded head dtypes differ",
+       head_precision.FIX_ROLLOUT_FP32 + " (a low-precision rollout head); or " + head_precision.FIX_TRAINER_FP32
+       + " (a low-precision trainer head)", "head_precision", rule="the two recorded head dtypes differ",
        calibrated_on="exact (recorded dtypes)", causes=("rollout_bf16_head", "trainer_bf16_head")),
     _c("head_precision_low", PATH, (I, W),
        "Both sides project to logits in a low precision (e.g. bf16): matched, but each rounds its logits in its own "
        "kernel; a warning when the measured gap is above the tolerance.",
-       head.FIX_ROLLOUT_FP32 + "; and " + head.FIX_TRAINER_FP32, "head", rule="RMS of d above `tol` nats",
+       head_precision.FIX_ROLLOUT_FP32 + "; and " + head_precision.FIX_TRAINER_FP32, "head_precision", rule="RMS of d above `tol` nats",
        thresholds=("tol",), calibrated_on=CPU_TINY, causes=("rollout_bf16_head",)),
     _c("head_precision_matched", PATH, (I,),
-       "Both sides project to logits in float32: the LM head adds no precision mismatch.", FIX_NONE, "head",
+       "Both sides project to logits in float32: the LM head adds no precision mismatch.", FIX_NONE, "head_precision",
        calibrated_on="exact (recorded dtypes)"),
     _c("head_precision_unrecorded", PATH, (I,),
        "The rollout's or the trainer's LM-head dtype is not recorded: the head precision cannot be compared.",
-       "capture with rlparity (it reads the engine's head dtype back) and record the trainer's head dtype", "head"),
+       "capture with rlparity (it reads the engine's head dtype back) and record the trainer's head dtype", "head_precision"),
     _c("head_fp32_matched_closest", PATH, (I,),
        "Over a head-dtype matrix: the matched float32 cell has the smallest gap; every mismatched cell is larger.",
-       FIX_NONE, "head", rule="the matched cell's RMS of d is the lowest of the matrix", across_arms=True),
+       FIX_NONE, "head_precision", rule="the matched cell's RMS of d is the lowest of the matrix", across_arms=True),
     _c("head_fp32_not_closest", PATH, (W,),
        "Over a head-dtype matrix: a mismatched cell is as close as the matched float32 one, so something other than "
        "the head (e.g. the body precision) limits parity.",
-       "pin the body dtype on both sides and compare the body's hidden states", "head",
+       "pin the body dtype on both sides and compare the body's hidden states", "head_precision",
        rule="some mismatched cell's RMS of d is not above the matched cell's", across_arms=True),
     # --- inference path: MoE routing -------------------------------------------------------------------------
     _c("moe_routing_disagreement", PATH, (I, W),

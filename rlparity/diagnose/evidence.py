@@ -63,7 +63,7 @@ class ArmEvidence:
 
     # --------------------------------------------------------------------------- tokens
     @property
-    def usable(self) -> np.ndarray:
+    def finite_tokens(self) -> np.ndarray:
         """Real tokens with a finite d (the trainer gives them a probability > 0)."""
         return self.mask & np.isfinite(self.d)
 
@@ -86,23 +86,23 @@ class ArmEvidence:
     def unclaimed(self) -> np.ndarray:
         """Usable tokens no identified cause explains: where the semantic fit and the background
         are measured."""
-        return self.usable & ~self.claimed()
+        return self.finite_tokens & ~self.claimed()
 
     def token_scope(self, cause: str) -> dict[str, Any]:
         """``{"scope", "n_tokens", "n_sequences"}`` of the tokens ``cause`` explains (every usable
         token for a cause that claims none)."""
         t = self.claims.get(cause)
         if t is None:
-            t, scope = self.usable, "every token"
+            t, scope = self.finite_tokens, "every token"
         else:
-            t, scope = t & self.usable, self.scopes.get(cause, cause)
+            t, scope = t & self.finite_tokens, self.scopes.get(cause, cause)
         return {"scope": scope, "n_tokens": int(t.sum()), "n_sequences": int(t.any(axis=1).sum())}
 
     # --------------------------------------------------------------------------- residual
     def abs_residual_mean(self, tokens: np.ndarray) -> float:
         """Mean ``|r|`` over ``tokens`` (NaN when none is usable)."""
         assert self.residual is not None
-        return float(core.masked_mean(np.abs(self.residual), tokens & self.usable))
+        return float(core.masked_mean(np.abs(self.residual), tokens & self.finite_tokens))
 
     def background(self) -> float:
         """Mean ``|r|`` of the tokens no cause explains (nats): what a localized cause's tokens are
@@ -118,7 +118,7 @@ class ArmEvidence:
         otherwise (another cause's mismatch on every token hides it: measure again after fixing that)."""
         assert self.residual is not None
         a = np.abs(self.residual)
-        tokens = self.claims.get(cause, np.zeros_like(self.mask)) & self.usable
+        tokens = self.claims.get(cause, np.zeros_like(self.mask)) & self.finite_tokens
         free = self.unclaimed()
         c, b = a[tokens], a[free]
         out: dict[str, Any] = {"n_tokens": int(c.size), "n_background_tokens": int(b.size)}

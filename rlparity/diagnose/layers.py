@@ -32,10 +32,10 @@ import xarray as xr
 
 from rlparity.config.defaults import defaults
 from rlparity.diagnose.findings import Finding, Layer, Severity
-from rlparity.diagnose.head import _BITS, FIX_ROLLOUT_FP32, FIX_TRAINER_FP32
+from rlparity.diagnose.head_precision import _BITS, FIX_ROLLOUT_FP32, FIX_TRAINER_FP32
 from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.diagnose.sync import FIX_ENGINE
-from rlparity.metrics.head import cell_dtypes
+from rlparity.metrics.head_precision import cell_dtypes
 from rlparity.metrics.layers import first_divergence, within_floor
 from rlparity.trace.layers import has_layers, site_tensors
 

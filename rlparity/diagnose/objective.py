@@ -166,7 +166,7 @@ def backend_ratio_not_centred(trace: xr.Dataset, *, trainer: TrainerSide | None 
     if "backend" not in ob.available_pairs(trace, trainer):
         return []
     d = ob.pair_log_ratio(trace, "backend", trainer).values
-    u = ob.usable(d)
+    u = ob.finite_tokens(d)
     n_used, n_excl = ob.token_counts(d)
     if u.sum() < 2:
         return []

@@ -4,7 +4,7 @@ Per arm (:func:`trace_findings`): the engine's effective settings, as the runnin
 reported them into the trace, audited against the ``pipelinerl-parity`` profile for the path
 settings (prefix caching, async scheduling, the model's generation config). ``logprobs_mode``
 and the LM head have their own checks (:mod:`~rlparity.diagnose.semantic`,
-:mod:`~rlparity.diagnose.head`).
+:mod:`~rlparity.diagnose.head_precision`).
 
 Over the arms of an ablation (:func:`arms_findings`, store from
 :func:`rlparity.experiments.ablation.ablation`): one finding per setting saying what it moves
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from rlparity.config.audit import compare
+from rlparity.config.profile_diff import compare
 from rlparity.config.settings import EngineSettings
 from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.diagnose.options import DiagnoseOptions

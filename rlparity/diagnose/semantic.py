@@ -216,7 +216,7 @@ def sampling_penalty(trace: xr.Dataset, *, evidence: ArmEvidence | None = None) 
     if has_trainer(trace):
         ev_ = evidence if evidence is not None else build(trace)
         seen = repeated_tokens(trace)
-        sel = mask & pen[:, None] & ev_.usable
+        sel = mask & pen[:, None] & ev_.finite_tokens
         r = ev_.residual
         if r is not None:
             ev.update({"mean_residual_repeated_tokens": float(core.masked_mean(r, sel & seen)),

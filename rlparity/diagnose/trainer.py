@@ -74,7 +74,7 @@ FLOOR_SHARE = 0.25
 
 def _gap(ev: ArmEvidence) -> float:
     """The measured backend gap: mean ``|d|`` over the usable tokens (nats)."""
-    return float(core.masked_mean(np.abs(ev.d), ev.usable))
+    return float(core.masked_mean(np.abs(ev.d), ev.finite_tokens))
 
 
 def floor_findings(trace: xr.Dataset, *, evidence: ArmEvidence | None = None, tol: float | None = None

@@ -156,6 +156,17 @@ def resolved_reason(model: str, knob: Knob, settings: EngineSettings, value: Any
     return None
 
 
+@dataclass(frozen=True)
+class BatchProbe:
+    """The batch-composition probe each arm's engine runs (:func:`batch_composition`): one
+    ``prompt`` (default: the first prompt of the ablation) at each batch size of ``sizes``, the
+    rest of each batch filled with the other prompts, ``max_tokens`` per request."""
+
+    sizes: Sequence[int] = (1, 2, 4, 8)
+    prompt: str | None = None
+    max_tokens: int = 16
+
+
 def _warm(engine, prompts, sampling: SamplingSettings) -> None:
     """A prefill-only pass over the prompts (fills the prefix cache, as an earlier RL step would)."""
     engine.capture(list(prompts), sampling.model_copy(update={"max_tokens": 1}), progress=False)
@@ -164,17 +175,17 @@ def _warm(engine, prompts, sampling: SamplingSettings) -> None:
 def ablation(model: str | os.PathLike, prompts: Sequence, sampling: SamplingSettings | None = None, *,
              reference: str | os.PathLike | EngineSettings | None = None,
              knobs: Sequence[str | Knob] = DEFAULT_KNOBS, engine: Mapping[str, Any] | None = None,
-             scorer=None, pool=None, warmup: bool = True, batch_sizes: Sequence[int] | None = (1, 2, 4, 8),
-             batch_prompt: str | None = None, batch_max_tokens: int = 16,
+             scorer=None, pool=None, warmup: bool = True, batch: BatchProbe | None = BatchProbe(),
              progress: bool = False, budget_s: float | None = None) -> dict[str, xr.Dataset]:
     """Run the reference and one arm per knob; return ``{arm: scored trace}``.
 
     ``reference`` is a profile name, a YAML path or :class:`EngineSettings`; ``engine`` holds
     overrides applied to it for every arm (e.g. ``{"dtype": "float32"}`` to pin the body to the
     trainer's precision so the path differences are not buried under the dtype gap).
-    ``scorer`` is a :class:`rlparity.score.Scorer` (default: fp32 body and head). With
-    ``batch_sizes``, every arm's engine also runs :func:`batch_composition` (stored in the arm as
-    ``batch_*`` variables). Engines come from ``pool`` (default: the shared pool), one at a time.
+    ``scorer`` is a :class:`rlparity.score.Scorer` (default: fp32 body and head). With ``batch``
+    (a :class:`BatchProbe`; ``None``: no probe), every arm's engine also runs
+    :func:`batch_composition` (stored in the arm as ``batch_*`` variables). Engines come from
+    ``pool`` (default: the shared pool), one at a time.
     With ``budget_s``, a knob whose engine would start after that many seconds of the run is not
     started: it keeps its row as not applicable, the reason saying the budget ran out (a GPU call
     with a hard time limit returns the arms that ran instead of nothing).
@@ -209,9 +220,9 @@ def ablation(model: str | os.PathLike, prompts: Sequence, sampling: SamplingSett
         if warmup:
             _warm(eng, prompts, sampling)
         tr = eng.capture(list(prompts), sampling, arm=arm, progress=progress)
-        if batch_sizes:
-            bc = batch_composition(eng, batch_prompt or prompts[0], batch_sizes=batch_sizes,
-                                   fillers=prompts[1:], max_tokens=batch_max_tokens)
+        if batch is not None and batch.sizes:
+            bc = batch_composition(eng, batch.prompt or prompts[0], batch_sizes=batch.sizes,
+                                   fillers=prompts[1:], max_tokens=batch.max_tokens)
             tr = tr.assign({f"batch_{k}": v for k, v in bc.data_vars.items()})
             tr = tr.assign_coords(bc.coords)
         return scorer.score(tr), tr.attrs["engine_effective"]
@@ -287,5 +298,5 @@ def batch_composition(engine, prompt, *, batch_sizes: Sequence[int] = (1, 2, 4, 
     )
 
 
-__all__ = ["DEFAULT_KNOBS", "KNOBS", "REFERENCE", "Knob", "ablation", "batch_composition", "knob_settings",
+__all__ = ["DEFAULT_KNOBS", "KNOBS", "REFERENCE", "BatchProbe", "Knob", "ablation", "batch_composition", "knob_settings",
            "resolved_reason", "shared_prefix_prompts"]

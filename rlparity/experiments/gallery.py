@@ -24,6 +24,7 @@ import os
 import time
 import traceback
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ import xarray as xr
 
 from rlparity.config.defaults import default_sampling
 from rlparity.config.provenance import library_versions, write_json
-from rlparity.config.settings import EngineSettings
+from rlparity.config.settings import EngineSettings, with_overrides
 
 PARTS = ("semantic", "head", "fresh", "ablation")
 TEMPERATURES = (0.5, 0.7, 1.0, 1.3)
@@ -100,7 +101,7 @@ def _capture_all(model: str, device: str, size_prompts: dict[str, Any], scorers:
     """One engine per (logprobs mode, rollout head); each serves every request that needs it."""
     from rlparity.capture.pool import shared_pool
     from rlparity.experiments.semantic import sweep_sampling
-    from rlparity.metrics.head import arm_name
+    from rlparity.metrics.head_precision import arm_name
     from rlparity.trace import with_factors
 
     p = size_prompts
@@ -144,46 +145,68 @@ def _capture_all(model: str, device: str, size_prompts: dict[str, Any], scorers:
     return stores
 
 
-def gallery(out_dir: str | os.PathLike, *, device: str = "cuda", size: str = "small", n_prompts: int = 128,
-            n_head_prompts: int = 256, max_tokens: int = 32, temperatures: Sequence[float] = TEMPERATURES,
-            parts: Sequence[str] = PARTS, ablation_prompts: int = 8, ablation_knobs: Sequence[str] | None = None,
-            gpu_memory_utilization: float | None = 0.3, progress: bool = False, name_prefix: str | None = None,
-            fresh_size: str | None = None) -> dict[str, Any]:
-    """Run the gallery on ``device``; write ``<prefix>-<part>.zarr`` stores and ``gallery.json`` into
-    ``out_dir``; return the results (verdicts, numbers, paths). Keeps going after a failed part
-    (its traceback lands in the results). ``fresh_size``: run the fresh capture on another built-in
-    model (e.g. ``small-bf16``: a different checkpoint, not only other prompts)."""
+@dataclass(frozen=True)
+class GallerySettings:
+    """What :func:`gallery` captures: on ``device`` with the built-in model ``size``, ``n_prompts``
+    prompts (``n_head_prompts`` for the LM-head matrix) of ``max_tokens`` at ``temperatures``,
+    the ``parts`` of :data:`PARTS`; the ablation on ``ablation_prompts`` shared-prefix prompts over
+    ``ablation_knobs`` (default: every default knob); ``gpu_memory_utilization`` of each engine on
+    a GPU; stores named ``<name_prefix>-<part>.zarr`` (default ``h200`` on CUDA, else ``cpu``);
+    ``fresh_size``: the fresh capture on another built-in model (e.g. ``small-bf16``: a different
+    checkpoint, not only other prompts)."""
+
+    device: str = "cuda"
+    size: str = "small"
+    n_prompts: int = 128
+    n_head_prompts: int = 256
+    max_tokens: int = 32
+    temperatures: Sequence[float] = TEMPERATURES
+    parts: Sequence[str] = PARTS
+    ablation_prompts: int = 8
+    ablation_knobs: Sequence[str] | None = None
+    gpu_memory_utilization: float | None = 0.3
+    name_prefix: str | None = None
+    fresh_size: str | None = None
+
+
+def gallery(out_dir: str | os.PathLike, settings: GallerySettings | None = None, *, progress: bool = False,
+            **overrides: Any) -> dict[str, Any]:
+    """Run the gallery (sizes, device and parts in :class:`GallerySettings`, or its fields as
+    keywords, which replace those of ``settings``); write ``<prefix>-<part>.zarr`` stores and
+    ``gallery.json`` into ``out_dir``; return the results (verdicts, numbers, paths). Keeps going
+    after a failed part (its traceback lands in the results)."""
+    s = with_overrides(settings or GallerySettings(), overrides, "gallery")
     from rlparity.models import make_model, make_prompts
     from rlparity.score import Scorer
 
-    unknown = sorted(set(parts) - set(PARTS))
+    unknown = sorted(set(s.parts) - set(PARTS))
     if unknown:
         raise ValueError(f"unknown gallery part(s) {unknown}; choose from {', '.join(PARTS)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    prefix = name_prefix or ("h200" if device.startswith("cuda") else "cpu")
+    prefix = s.name_prefix or ("h200" if s.device.startswith("cuda") else "cpu")
     t0 = time.time()
-    results: dict[str, Any] = {"device": device, "size": size, "parts": list(parts), "versions": library_versions()}
-    model = str(make_model(size, device=device, progress=progress))
+    results: dict[str, Any] = {"device": s.device, "size": s.size, "parts": list(s.parts), "versions": library_versions()}
+    model = str(make_model(s.size, device=s.device, progress=progress))
     results["model"] = model
-    command = (f"rlparity gallery --device {device} --size {size} --n-prompts {n_prompts} "
-               f"--max-tokens {max_tokens}")
-    gpu = device.startswith("cuda")
+    command = (f"rlparity gallery --device {s.device} --size {s.size} --n-prompts {s.n_prompts} "
+               f"--max-tokens {s.max_tokens}")
+    gpu = s.device.startswith("cuda")
     float_dtype = "float32" if gpu else None
-    engine_base = EngineSettings(dtype="bfloat16", gpu_memory_utilization=gpu_memory_utilization if gpu else None,
+    engine_base = EngineSettings(dtype="bfloat16", gpu_memory_utilization=s.gpu_memory_utilization if gpu else None,
                                  generation_config="vllm", enable_prefix_caching=False)
-    scorers = {h: Scorer(model, dtype="bfloat16", head_dtype=h, device=device, progress=False) for h in HEADS}
-    prompts = {"semantic": make_prompts(n_prompts, seed=0), "head": make_prompts(n_head_prompts, seed=0),
-               "fresh": make_prompts(n_prompts, seed=7), "temperatures": tuple(temperatures),
-               "max_tokens": max_tokens, "parts": tuple(parts),
-               "fresh_model": str(make_model(fresh_size, device=device, progress=progress))
-               if fresh_size and fresh_size != size else None}
+    scorers = {h: Scorer(model, dtype="bfloat16", head_dtype=h, device=s.device, progress=False) for h in HEADS}
+    prompts = {"semantic": make_prompts(s.n_prompts, seed=0), "head": make_prompts(s.n_head_prompts, seed=0),
+               "fresh": make_prompts(s.n_prompts, seed=7), "temperatures": tuple(s.temperatures),
+               "max_tokens": s.max_tokens, "parts": tuple(s.parts),
+               "fresh_model": str(make_model(s.fresh_size, device=s.device, progress=progress))
+               if s.fresh_size and s.fresh_size != s.size else None}
     try:
-        if set(parts) & {"semantic", "head", "fresh"}:
-            stores = _capture_all(model, device, prompts, scorers, engine_base, progress)
+        if set(s.parts) & {"semantic", "head", "fresh"}:
+            stores = _capture_all(model, s.device, prompts, scorers, engine_base, progress)
             descriptions = {
                 "semantic": "raw vs processed logprobs x LM head bf16/fp32 at temperatures "
-                            f"{', '.join(map(str, temperatures))} (top-k 20), trainer bf16 body + fp32 head",
+                            f"{', '.join(map(str, s.temperatures))} (top-k 20), trainer bf16 body + fp32 head",
                 "head": "LM-head precision matrix: rollout head x trainer head (bf16 body, T=0.7, top-k 20)"}
             for part, arms in stores.items():
                 if not arms:
@@ -191,10 +214,10 @@ def gallery(out_dir: str | os.PathLike, *, device: str = "cuda", size: str = "sm
                 results[part] = _verdicts(arms)
                 if part in descriptions:
                     path = _save(arms, out / f"{prefix}-{part}.zarr",
-                                 provenance(device, size, command, descriptions[part]), float_dtype=float_dtype)
+                                 provenance(s.device, s.size, command, descriptions[part]), float_dtype=float_dtype)
                     results[f"{part}_store"] = str(path)
             if "head" in stores and stores["head"]:
-                from rlparity.metrics.head import head_table, matched_advantage
+                from rlparity.metrics.head_precision import head_table, matched_advantage
 
                 table = head_table(stores["head"])
                 results["head_table_rms"] = {str(table["arm"].values[i, j]): float(table["abs_log_ratio_rms"].values[i, j])
@@ -203,22 +226,22 @@ def gallery(out_dir: str | os.PathLike, *, device: str = "cuda", size: str = "sm
                 results["head_matched_advantage"] = matched_advantage(table)
     except Exception:  # keep what was measured, say what broke
         results["error_capture"] = traceback.format_exc()
-    if "ablation" in parts:
+    if "ablation" in s.parts:
         try:
-            from rlparity.experiments.ablation import DEFAULT_KNOBS, ablation, shared_prefix_prompts
+            from rlparity.experiments.ablation import DEFAULT_KNOBS, BatchProbe, ablation, shared_prefix_prompts
             from rlparity.metrics.ablation import ablation_table
             from rlparity.metrics.summary import table_records
 
-            engine = {"dtype": "bfloat16", **({"gpu_memory_utilization": gpu_memory_utilization} if gpu else {})}
-            arms = ablation(model, shared_prefix_prompts(ablation_prompts),
-                            default_sampling(max_tokens=16, seed=0), knobs=list(ablation_knobs or DEFAULT_KNOBS),
-                            engine=engine, scorer=scorers["float32"], batch_max_tokens=16)
+            engine = {"dtype": "bfloat16", **({"gpu_memory_utilization": s.gpu_memory_utilization} if gpu else {})}
+            arms = ablation(model, shared_prefix_prompts(s.ablation_prompts),
+                            default_sampling(max_tokens=16, seed=0), knobs=list(s.ablation_knobs or DEFAULT_KNOBS),
+                            engine=engine, scorer=scorers["float32"], batch=BatchProbe(max_tokens=16))
             from rlparity.capture.pool import shared_pool
 
             shared_pool().close()
             results["ablation_table"] = table_records(ablation_table(arms))
             path = _save(arms, out / f"{prefix}-ablation.zarr",
-                         provenance(device, size, command, "inference-path ablation from pipelinerl-parity (bf16 "
+                         provenance(s.device, s.size, command, "inference-path ablation from pipelinerl-parity (bf16 "
                                     "body), one knob at a time, with batch composition"), float_dtype=float_dtype)
             results["ablation_store"] = str(path)
         except Exception:

@@ -78,7 +78,7 @@ def correction_demo(raw_trace: xr.Dataset, parity_trace: xr.Dataset, model: Any,
     same = (raw["token_id"].shape == par["token_id"].shape
             and bool((raw["token_id"].values == par["token_id"].values).all()))
     d = ob.pair_log_ratio(raw, "backend", trainer).values
-    usable = ob.usable(d)
+    usable = ob.finite_tokens(d)
     w = ob.tis_weights(d, cap=c)
     keep = usable if mask_rule is None else ob.rejection_keep(d, rule=mask_rule, threshold=threshold)
     eps = o.ppo_eps
@@ -176,7 +176,7 @@ def quantile_cap(trace: xr.Dataset, share: float, trainer: TrainerSide | None = 
     """The cap C at which token TIS truncates ``share`` of the usable tokens of ``trace``: the
     ``1 - share`` quantile of the raw backend weights pi_old/mu (at least just above 1)."""
     d = ob.pair_log_ratio(trace, "backend", trainer).values
-    w = np.exp(d[ob.usable(d)])
+    w = np.exp(d[ob.finite_tokens(d)])
     if not w.size:
         raise ValueError("no usable token to place a cap on: every token is masked or has probability 0")
     return float(max(np.quantile(w, 1.0 - share), np.nextafter(1.0, 2.0)))

@@ -1,6 +1,6 @@
 """Metrics: a numpy core over axes (:mod:`rlparity.metrics.core`), a thin xarray layer with
 ``dim=`` (:mod:`~rlparity.metrics.summary`), and the tables the diagnoses and plots read
-(:mod:`~rlparity.metrics.semantic`, :mod:`~rlparity.metrics.ablation`, :mod:`~rlparity.metrics.head`).
+(:mod:`~rlparity.metrics.semantic`, :mod:`~rlparity.metrics.ablation`, :mod:`~rlparity.metrics.head_precision`).
 
 Every metric names its pair and direction in its attrs: the backend pair is ``(pi_old, mu)`` =
 (trainer, rollout engine) and ``d = log pi_old - log mu`` (nats). Importing this package

@@ -215,7 +215,7 @@ def batch_table(data) -> xr.Dataset:
     arms = as_arms(data)
     rows = {k: batch_summary(v) for k, v in arms.items() if "batch_token_id" in v}
     if not rows:
-        raise ValueError("no arm has batch-composition data (run ablation(..., batch_sizes=...))")
+        raise ValueError("no arm has batch-composition data (run ablation(..., batch=BatchProbe(...)))")
     names = list(rows)
     out = xr.Dataset(
         {"distinct_outputs": ("setting", [rows[k]["distinct_outputs"] for k in names]),

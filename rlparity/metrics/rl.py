@@ -157,7 +157,7 @@ def step_metrics(trace: xr.Dataset, *, loss: str | None = None, trainer: Trainer
     out.update({k: pl[f"rl/{k}"] for k in ("kl_new_old", "clamp_log_ratio_new_old_indicator", "ratio_new_old",
                                            "ess")})
     d = mo.logprob_difference(old, mu, mask)
-    u = mo.usable(d, mask)
+    u = mo.finite_tokens(d, mask)
     out["mean_ratio"] = mo.token_mean(np.exp(np.where(u, d, 0.0)), d, mask).value
     keep = mo.rejection_keep(d, mask, rule="token_band", threshold=mo.OBJECTIVE_DEFAULTS.band("token_band"))
     out["masked_fraction"] = mo.rejected_fraction(keep, d, mask).value

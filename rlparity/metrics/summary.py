@@ -9,7 +9,7 @@ dataset attrs: the backend pair is ``(pi_old, mu)`` = (trainer, rollout engine) 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -150,49 +150,69 @@ def summary(trace: xr.Dataset, trainer: TrainerSide | None = None, eps: float | 
     come from a fine histogram (within one bin, 3.7%, of the order statistics they fall between).
     """
     eps = defaults().eps if eps is None else float(eps)
+    var = trainer_variable(trainer)
+    _require_trainer(trace, var)
     if is_lazy(trace):  # a trace larger than memory (open_arms(..., chunks=)): one block at a time
         if dim is not None:
             raise ValueError(f"a lazy trace (opened with chunks=) is summarised over every token only (dim=None), "
                              f"not dim={dim!r}: open it without chunks=, or select fewer sequences and .load()")
-        var = trainer_variable(trainer)
-        _require_trainer(trace, var)
         values = summary_stream(trace, var, eps, progress=progress)
         streamed = xr.Dataset({k: ((), values[k] if k.startswith("n_") else np.float64(values[k]))
                                for k in SUMMARY_VARIABLES})
         return _finish(streamed, trace, trainer, eps, dim)
-    if dim is None:
-        fast = scalar_summary(trace, trainer, eps)
-        if fast is not None:
-            return _finish(fast, trace, trainer, eps, dim)
-    d = log_ratio(trace, trainer)
-    mask = trace["response_mask"]
-    log_pi = trace[trainer_variable(trainer)]
-    log_mu = trace["rollout_logprob"]
-    finite = xr.apply_ufunc(core.finite_mask, d, mask)
+    arrays = [trace[var], trace["rollout_logprob"], trace["response_mask"]]
+    if dim is None and all(set(a.dims) == set(TOKEN_DIMS) for a in arrays) \
+            and arrays[0].dtype == arrays[1].dtype == np.float64:
+        # every token: the real ones compressed to 1-d once (padding costs nothing), then the same code.
+        # Float64 only: compressing changes the order of the sums, which float64 absorbs (1e-12) and a
+        # float32 trace would not (1e-7), so a float32 trace is reduced in place and its numbers stay
+        # what they were (the shipped CPU examples are float32).
+        mask = arrays[2].transpose(*TOKEN_DIMS).values.astype(bool)
+        lp, lm = (a.transpose(*TOKEN_DIMS).values[mask] for a in arrays[:2])
+        values = token_statistics(lp, lm, np.ones(lp.shape, bool), eps=eps)
+        out = xr.Dataset({k: ((), v) for k, v in values.items()})
+    else:
+        dims = list(reduce_dims(dim))
+        axis = tuple(range(-len(dims), 0))
+        names = list(SUMMARY_VARIABLES)
+        results = xr.apply_ufunc(lambda *a, axis: tuple(token_statistics(*a, eps=eps, axis=axis).values()), *arrays,
+                                 input_core_dims=[dims] * 3, output_core_dims=[[] for _ in names],
+                                 kwargs={"axis": axis})
+        out = xr.Dataset(dict(zip(names, results)))
+    return _finish(out, trace, trainer, eps, dim)
 
-    def red(func, *arrays, **kw):
-        return reduce(func, *arrays, dim=dim, **kw)
 
-    out: dict[Hashable, xr.DataArray] = {
-        "n_tokens": red(core.count, mask),
-        "n_used": red(core.count, finite),
-        "n_zero_prob": red(core.zero_prob_count, log_pi, mask),
-        "log_ratio_mean": red(core.masked_mean, d, mask),
-        "abs_log_ratio_mean": red(core.masked_mean, abs(d), mask),
-        "abs_log_ratio_rms": red(core.masked_rms, d, mask),
-        "abs_log_ratio_max": red(core.masked_max_abs, d, mask),
+def token_statistics(log_pi: np.ndarray, log_mu: np.ndarray, mask: np.ndarray, *, eps: float,
+                     axis=None) -> dict[str, Any]:
+    """Every statistic of :data:`SUMMARY_VARIABLES` (in that order) over ``axis``, from the numpy
+    core (:mod:`rlparity.metrics.core`): the one definition :func:`summary` uses for every ``dim``
+    (``dim=None`` on a float64 trace: on its real tokens compressed to 1-d). Computed in the
+    arrays' dtype (float32 traces accumulate in float32, as before issue 23); ``n_*`` are int64
+    counts, the rest float64."""
+    mask = np.asarray(mask, bool)
+    with np.errstate(invalid="ignore"):
+        d = np.where(mask, log_pi - log_mu, np.nan)
+    finite = core.finite_mask(d, mask)
+    out: dict[str, Any] = {
+        "n_tokens": core.count(mask, axis),
+        "n_used": core.count(finite, axis),
+        "n_zero_prob": core.zero_prob_count(log_pi, mask, axis),
+        "log_ratio_mean": core.masked_mean(d, mask, axis),
+        "abs_log_ratio_mean": core.masked_mean(np.abs(d), mask, axis),
+        "abs_log_ratio_rms": core.masked_rms(d, mask, axis),
+        "abs_log_ratio_max": core.masked_max_abs(d, mask, axis),
     }
-    for q in core.QUANTILES:
-        out[f"log_ratio_q{int(q * 100):02d}"] = red(core.masked_quantile, d, mask, q=q)
-    out["mean_ratio"] = red(core.mean_ratio, d, mask)
-    for k in ("k1", "k2", "k3"):
-        out[f"kl_{k}"] = red(lambda x, m, axis, k=k: core.kl_estimators(x, m, axis=axis)[k], d, mask)
-    out["clip_fraction"] = red(lambda x, m, axis: token_clip_fraction(x, m, eps_low=eps, eps_high=eps, axis=axis).value,
-                               d, mask)
-    out["ess_token"] = red(lambda x, m, axis: core.ess(np.exp(np.where(m, x, 0.0)), m, axis=axis), d, finite)
-    for k in ("prob_diff_mean", "prob_diff_max", "prob_diff_std", "prob_pearson"):
-        out[k] = red(lambda a, b, m, axis, k=k: core.prob_stats(a, b, m, axis=axis)[k], log_pi, log_mu, mask)
-    return _finish(xr.Dataset(out), trace, trainer, eps, dim)
+    qs = core.masked_quantile(d, mask, core.QUANTILES, axis=axis)
+    for k, q in enumerate(core.QUANTILES):
+        out[f"log_ratio_q{int(q * 100):02d}"] = qs[k]
+    out["mean_ratio"] = core.mean_ratio(d, mask, axis)
+    for k, v in core.kl_estimators(d, mask, axis=axis).items():
+        out[f"kl_{k}"] = v
+    out["clip_fraction"] = token_clip_fraction(d, mask, eps_low=eps, eps_high=eps, axis=axis).value
+    out["ess_token"] = core.ess(np.exp(np.where(finite, d, 0.0)), finite, axis=axis)
+    out.update(core.prob_stats(log_pi, log_mu, mask, axis=axis))
+    ints = {"n_tokens", "n_used", "n_zero_prob"}
+    return {k: np.asarray(out[k], np.int64 if k in ints else np.float64)[()] for k in SUMMARY_VARIABLES}
 
 
 def _finish(ds: xr.Dataset, trace: xr.Dataset, trainer: TrainerSide | None, eps: float,
@@ -210,105 +230,6 @@ def _finish(ds: xr.Dataset, trace: xr.Dataset, trainer: TrainerSide | None, eps:
     ds.attrs = pair_attrs(trainer, arm=trace.attrs.get("arm", "default"), eps=eps,
                           reduced_dims=list(reduce_dims(dim)))
     return ds
-
-
-def _finite_mean(v: np.ndarray, all_finite: bool = False) -> tuple[float, np.ndarray | None]:
-    """(mean over the finite entries of a 1-d array, or NaN; the finite mask, None when all are),
-    as :func:`rlparity.metrics.core.masked_mean` computes it (``all_finite``: known, skip the check)."""
-    f = None if all_finite else np.isfinite(v)
-    if f is None or f.all():
-        return (float(np.sum(v) / v.size) if v.size else np.nan), None
-    n = int(np.count_nonzero(f))
-    return (float(np.sum(v[f]) / n) if n else np.nan), f
-
-
-def _finite_max(v: np.ndarray) -> float:
-    """Largest entry of a 1-d array of finite values (NaN when empty)."""
-    return float(np.max(v)) if v.size else np.nan
-
-
-EXP_SAFE = 700.0  # |x| below this: exp, expm1 and x**2 of float64 stay finite
-
-
-def scalar_summary(trace: xr.Dataset, trainer: TrainerSide | None = None, eps: float | None = None
-                   ) -> xr.Dataset | None:
-    """:func:`summary` over every token (``dim=None``) in a few passes over 1-d arrays.
-
-    The real tokens are compressed once; every statistic is then computed on 1-d arrays with the
-    same definitions as :mod:`rlparity.metrics.core` (finite entries only, ``-inf`` counted) and
-    the five quantiles come from one ``np.quantile`` call. Returns the variables without attrs, or
-    ``None`` when the trace's arrays are not float64 ``(sequence, position)`` (the general path
-    handles those). Equal to the general path to rounding (1e-12; ``tests/test_score_fast.py``).
-    """
-    eps = defaults().eps if eps is None else float(eps)
-    var = trainer_variable(trainer)
-    _require_trainer(trace, var)
-    arrays = [trace[var], trace["rollout_logprob"], trace["response_mask"]]
-    if any(a.dims != TOKEN_DIMS for a in arrays) or arrays[0].dtype != np.float64 \
-            or arrays[1].dtype != np.float64 or arrays[2].dtype != bool:
-        return None
-    mask = arrays[2].values
-    lp, lm = arrays[0].values[mask], arrays[1].values[mask]  # the real tokens, in order
-    n_tokens = lp.size
-    d = lp - lm
-    fin = np.isfinite(d)
-    all_fin = bool(fin.all())  # then log pi and log mu are finite on every real token too
-    x = d if all_fin else d[fin]
-    n = x.size
-    nan = np.nan
-    zero_prob = 0 if all_fin else int(np.count_nonzero(np.isneginf(lp)))
-    out: dict[str, Any] = {"n_tokens": np.int64(n_tokens), "n_used": np.int64(n), "n_zero_prob": np.int64(zero_prob)}
-    sx = float(np.sum(x))
-    ax = np.abs(x)
-    out["log_ratio_mean"] = sx / n if n else nan
-    out["abs_log_ratio_mean"] = float(np.sum(ax)) / n if n else nan
-    out["abs_log_ratio_max"] = big = _finite_max(ax)
-    del ax
-    safe = n == 0 or big < EXP_SAFE
-    sq = x * x
-    out["abs_log_ratio_rms"] = float(np.sqrt(np.sum(sq) / n)) if n else nan
-    out["kl_k2"] = _finite_mean(np.multiply(sq, 0.5, out=sq), all_finite=safe)[0]
-    del sq
-    qs = np.quantile(x, core.QUANTILES) if n else np.full(len(core.QUANTILES), nan)
-    for q, v in zip(core.QUANTILES, qs):
-        out[f"log_ratio_q{int(q * 100):02d}"] = float(v)
-    out["kl_k1"] = -sx / n if n else nan
-    k3 = np.expm1(x)
-    out["kl_k3"] = _finite_mean(np.subtract(k3, x, out=k3), all_finite=safe)[0]
-    del k3
-    r = np.exp(x)
-    out["mean_ratio"], rfin = _finite_mean(r, all_finite=safe)
-    out["clip_fraction"] = float(np.count_nonzero((r < 1 - eps) | (r > 1 + eps))) / n if n else nan
-    w = r if rfin is None else r[rfin]
-    s1, s2 = float(np.sum(w)), float(np.sum(np.multiply(w, w, out=w)))
-    out["ess_token"] = s1 ** 2 / (w.size * s2) if w.size and s2 > 0 else nan
-    del r, w
-    # probabilities: every real token with a finite mu and a non-NaN pi (pi = 0 counts)
-    if all_fin:
-        pi, mu = np.exp(lp), np.exp(lm)
-    else:
-        pm = np.isfinite(lm) & ~np.isnan(lp)
-        pi, mu = np.exp(lp[pm]), np.exp(lm[pm])
-    diff = np.abs(pi - mu)
-    dfin = np.isfinite(diff)
-    dd = diff if dfin.all() else diff[dfin]
-    mean = float(np.sum(dd) / dd.size) if dd.size else nan
-    out["prob_diff_mean"] = mean
-    out["prob_diff_max"] = _finite_max(dd)
-    dev = np.subtract(dd, mean, out=dd)
-    out["prob_diff_std"] = float(np.sqrt(np.sum(np.multiply(dev, dev, out=dev)) / dd.size)) if dd.size else nan
-    del diff, dd, dev
-    both = np.isfinite(pi) & np.isfinite(mu)
-    if not both.all():
-        pi, mu = pi[both], mu[both]
-    if pi.size:
-        dx = np.subtract(pi, np.sum(pi) / pi.size, out=pi)
-        dy = np.subtract(mu, np.sum(mu) / mu.size, out=mu)
-        sxy, sxx, syy = float(np.sum(dx * dy)), float(np.sum(dx * dx)), float(np.sum(dy * dy))
-        out["prob_pearson"] = sxy / np.sqrt(sxx * syy) if pi.size > 1 and sxx > 0 and syy > 0 else nan
-    else:
-        out["prob_pearson"] = nan
-    return xr.Dataset({k: ((), out[k] if k.startswith("n_") else np.float64(out[k])) for k in SUMMARY_VARIABLES})
 
 
 def scalars(s: xr.Dataset) -> dict[str, float | int]:
@@ -393,5 +314,5 @@ def format_summary(trace: xr.Dataset, trainer: TrainerSide | None = None, eps: f
 
 
 __all__ = ["BACKEND_PAIR", "BACKEND_PAIR_D", "FLOOR_SUMMARY_VARIABLES", "REFERENCE_PAIR_D", "SUMMARY_VARIABLES", "TRAINER_VARIABLE",
-           "format_summary", "format_summary_table", "log_ratio", "pair_attrs", "reduce", "reduce_dims", "scalar_summary", "scalars", "summary",
-           "table_records", "trainer_readings", "trainer_side", "trainer_variable"]
+           "format_summary", "format_summary_table", "log_ratio", "pair_attrs", "reduce", "reduce_dims", "scalars", "summary",
+           "table_records", "token_statistics", "trainer_readings", "trainer_side", "trainer_variable"]

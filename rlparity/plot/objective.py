@@ -46,7 +46,7 @@ def plot_weights_truncation(trace: xr.Dataset, *, cap: float | None = None, trai
     the token ESS of the raw weights."""
     c = ob.OBJECTIVE_DEFAULTS.is_cap if cap is None else cap
     d = ob.pair_log_ratio(trace, "backend", trainer).values
-    ok = ob.usable(d)
+    ok = ob.finite_tokens(d)
     raw = np.exp(d[ok])
     ess = ob.token_ess(d).value
     above = raw > c

@@ -15,7 +15,7 @@ For every response token the trainer computes, from the same prompt + response i
 
 The LM head runs in ``head_dtype`` (``float32`` as trainers do, or ``bfloat16``) and is applied in
 chunks of ``chunk_tokens`` rows, so peak memory is ``chunk_tokens x vocab`` whatever the sequence
-length. The statistics come from :func:`rlparity.score.head.head_stats` (one fused pass over the
+length. The statistics come from :func:`rlparity.score.lm_head_stats.head_stats` (one fused pass over the
 vocabulary and a top-k window): on the same logits they are within 1e-5 nats of the reference
 ``head_stats_reference`` and of an independent float64 computation (``tests/test_score_fast.py``).
 On an H200 the float32 head rescoring runs at 0.88x the throughput of a bare bf16 forward
@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from rlparity.score.head import (
+from rlparity.score.lm_head_stats import (
     FP32_GEMMS,
     SAMPLING_EPS,
     STATS,
@@ -93,7 +93,7 @@ class Scorer:
     tokenize_prompts: bool = True
     add_special_tokens: bool = True
     compile_head: bool | None = None  # torch.compile the LM-head reductions (None: see head_stats)
-    fp32_gemm: str = "auto"  # how a float32 head multiplies 16-bit inputs (see rlparity.score.head.project)
+    fp32_gemm: str = "auto"  # how a float32 head multiplies 16-bit inputs (see rlparity.score.lm_head_stats.project)
     settings: TrainerSettings | None = None  # how the trainer computes its reading (None: the correct way)
 
     def __post_init__(self) -> None:

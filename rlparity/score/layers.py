@@ -4,7 +4,7 @@
 per sequence, no padding) with the same hooks as the engine's worker
 (:class:`rlparity.trace.layers.SiteHooks`, sites in the order of
 :func:`rlparity.trace.layers.sites`) and computes the logits at the same vocabulary columns with
-the trainer's LM head in its ``head_dtype`` (:func:`rlparity.score.head.project`, as the scorer
+the trainer's LM head in its ``head_dtype`` (:func:`rlparity.score.lm_head_stats.project`, as the scorer
 does). States come back as float32 numpy arrays, one sequence at a time.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rlparity.score.head import project
+from rlparity.score.lm_head_stats import project
 from rlparity.trace.layers import SiteHooks, decoder_stack, site_modules
 
 

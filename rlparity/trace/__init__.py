@@ -1,7 +1,7 @@
 """The trace data model (schema, construction, validation) and its zarr storage."""
 
 from rlparity.trace.factors import FACTORS_ATTR, arm_factors, by_factors, factors, stack_cells, with_factors
-from rlparity.trace.io import add_arm, as_arms, load, open_arms, open_experiment, save
+from rlparity.trace.zarr_io import add_arm, as_arms, load, open_arms, open_experiment, save
 from rlparity.trace.lazy import blocks, is_lazy
 from rlparity.trace.schema import (
     ALL_VARS,

@@ -1,4 +1,4 @@
-"""Store mechanics under :mod:`rlparity.trace.io`: the per-store lock, the crash-safe swap, the
+"""Store mechanics under :mod:`rlparity.trace.zarr_io`: the per-store lock, the crash-safe swap, the
 integrity record and the recovery of an interrupted save.
 
 A store ``DIR/NAME`` is a zarr (format 2, consolidated) group with one child group per arm. Beside

@@ -29,7 +29,7 @@ Tokens a policy gives probability 0 (``d = -inf`` or ``+inf``, or NaN where both
 averaged away. Token-level results leave such a token out and count it (``n_excluded``);
 sequence-level results leave out the whole sequence, whose product or geometric ratio is 0 or
 infinite, and count it. A rejection mask never keeps an excluded token. Every core reduction
-returns :class:`Measured` (value, how many entries it used, how many it excluded); the xarray
+returns :class:`ValueWithCounts` (value, how many entries it used, how many it excluded); the xarray
 layer puts ``n_used`` / ``n_excluded`` on the result as coordinates and names the pair and the
 direction in its attrs.
 
@@ -45,14 +45,15 @@ importable from here.
 from __future__ import annotations
 
 from rlparity.metrics.objective.arrays import (
-    Measured,
+    ValueWithCounts,
     band_keep,
     decoupled_weights,
+    finite_tokens,
     importance_weights,
     kl_keep,
     kl_statistic,
     logprob_difference,
-    real,
+    real_tokens,
     rejected_fraction,
     rejection_keep,
     sequence_clip_fraction,
@@ -63,7 +64,6 @@ from rlparity.metrics.objective.arrays import (
     token_counts,
     token_ess,
     token_mean,
-    usable,
     weights_ess,
 )
 from rlparity.metrics.objective.settings import (
@@ -92,13 +92,27 @@ from rlparity.metrics.objective.traces import (
     ratio,
 )
 
+# the names these had before issue 23 (item 7), kept for one release: each warns on use
+_RENAMED = {"Measured": "ValueWithCounts", "real": "real_tokens", "usable": "finite_tokens"}
+
+
+def __getattr__(name):
+    if name in _RENAMED:
+        import warnings
+
+        warnings.warn(f"rlparity.metrics.objective.{name} is renamed {_RENAMED[name]}; the old name goes in the "
+                      "next release", DeprecationWarning, stacklevel=2)
+        return globals()[_RENAMED[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "BAND_RULES", "KL_RULES", "OBJECTIVE_DEFAULTS", "PAIRS", "POLICY_NAMES", "POLICY_VARIABLES", "RULES", "Kind",
-    "Measured", "PairName",
-    "available_pairs", "band_keep", "clip_fraction", "decoupled", "decoupled_weights", "effective_sample_size",
+    "ValueWithCounts", "PairName",
+    "available_pairs", "band_keep", "clip_fraction", "decoupled", "decoupled_weights", "effective_sample_size", "finite_tokens",
     "importance_weights", "is_weights", "kl_keep", "kl_statistic", "logprob_difference", "masked_fraction",
     "objective_summary", "pair_direction", "pair_log_ratio", "policy_logprob",
-    "policy_variable", "ratio", "real", "rejected_fraction", "rejection_keep", "sequence_clip_fraction",
+    "policy_variable", "ratio", "real_tokens", "rejected_fraction", "rejection_keep", "sequence_clip_fraction",
     "sequence_ess", "sequence_log_ratio", "tis_weights", "token_clip_fraction", "token_counts", "token_ess",
-    "token_mean", "usable", "weights_ess",
+    "token_mean", "weights_ess",
 ]

@@ -1,6 +1,6 @@
 """The objective layer's numpy core: functions of ``d`` (any shape, response positions along
 ``axis``, default the last) and a boolean ``mask`` of real tokens (``None``: every non-NaN entry);
-every reduction returns :class:`Measured` (value, entries used, entries excluded)."""
+every reduction returns :class:`ValueWithCounts` (value, entries used, entries excluded)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from rlparity.config.defaults import Level
 from rlparity.metrics import core
 from rlparity.metrics.objective.settings import BAND_RULES, KL_RULES, OBJECTIVE_DEFAULTS, RULES, Kind
 
-class Measured(NamedTuple):
-    """A reduction and what it rests on: ``value``, ``n_used`` entries, ``n_excluded`` entries
-    (tokens or sequences, as the function says) left out because a policy gives probability 0."""
+class ValueWithCounts(NamedTuple):
+    """A reduction's value with the counts it rests on: ``value``, ``n_used`` entries,
+    ``n_excluded`` entries (tokens or sequences, as the function says) left out because a policy
+    gives probability 0. (Named ``Measured`` before issue 23.)"""
 
     value: Any
     n_used: Any
@@ -32,19 +33,19 @@ def logprob_difference(log_num: np.ndarray, log_den: np.ndarray, mask: np.ndarra
     return d if mask is None else np.where(np.asarray(mask, bool), d, np.nan)
 
 
-def real(d: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+def real_tokens(d: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
     """The real-token mask: ``mask``, or every non-NaN entry of ``d`` when ``mask`` is None."""
     return ~np.isnan(d) if mask is None else np.asarray(mask, bool)
 
 
-def usable(d: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+def finite_tokens(d: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
     """Real tokens with a finite ``d`` (the ones averages use)."""
-    return real(d, mask) & np.isfinite(d)
+    return real_tokens(d, mask) & np.isfinite(d)
 
 
 def token_counts(d: np.ndarray, mask: np.ndarray | None = None, axis=None) -> tuple[Any, Any]:
     """(tokens used, tokens excluded because ``d`` is not finite) over ``axis``."""
-    m = real(d, mask)
+    m = real_tokens(d, mask)
     u = m & np.isfinite(d)
     return u.sum(axis=axis), (m & ~u).sum(axis=axis)
 
@@ -61,49 +62,49 @@ def _safe_exp(x: np.ndarray, ok: np.ndarray) -> np.ndarray:
         return np.exp(np.where(ok, x, 0.0))
 
 
-def token_mean(x: np.ndarray, d: np.ndarray, mask: np.ndarray | None = None, axis=None) -> Measured:
+def token_mean(x: np.ndarray, d: np.ndarray, mask: np.ndarray | None = None, axis=None) -> ValueWithCounts:
     """Mean of ``x`` over the usable tokens of ``d`` (real, finite d)."""
-    u = usable(d, mask) & np.isfinite(x)
+    u = finite_tokens(d, mask) & np.isfinite(x)
     n = u.sum(axis=axis)
     with np.errstate(invalid="ignore", divide="ignore"):
         v = np.where(n > 0, np.where(u, x, 0.0).sum(axis=axis) / np.maximum(n, 1), np.nan)
-    return Measured(v, *token_counts(d, mask, axis))
+    return ValueWithCounts(v, *token_counts(d, mask, axis))
 
 
 def sequence_log_ratio(d: np.ndarray, mask: np.ndarray | None = None, *, kind: Kind = "geometric",
-                       axis: int = -1) -> Measured:
+                       axis: int = -1) -> ValueWithCounts:
     """Per sequence (``axis`` reduced): ``sum_t d`` (log of the product ratio) or ``mean_t d`` (log
     of the geometric ratio, GSPO's ``log s_i``). NaN for a sequence without tokens or with a
     non-finite token; ``n_used`` = its real tokens, ``n_excluded`` = its non-finite tokens."""
     if kind not in ("product", "geometric"):
         raise ValueError(f"kind={kind!r}; use 'product' or 'geometric'")
-    m = real(d, mask)
+    m = real_tokens(d, mask)
     u = m & np.isfinite(d)
     n_tok = m.sum(axis=axis)
     n_bad = (m & ~u).sum(axis=axis)
     total = np.where(u, d, 0.0).sum(axis=axis)
     with np.errstate(invalid="ignore", divide="ignore"):
         val = total if kind == "product" else total / np.maximum(n_tok, 1)
-    return Measured(np.where((n_tok > 0) & (n_bad == 0), val, np.nan), n_tok, n_bad)
+    return ValueWithCounts(np.where((n_tok > 0) & (n_bad == 0), val, np.nan), n_tok, n_bad)
 
 
-def _sequence_counts(s: Measured) -> tuple[int, int]:
+def _sequence_counts(s: ValueWithCounts) -> tuple[int, int]:
     ok = np.isfinite(s.value)
     return int(ok.sum()), int((np.asarray(s.n_excluded) > 0).sum())
 
 
 def token_clip_fraction(d: np.ndarray, mask: np.ndarray | None = None, *, eps_low: float | None = None,
-                        eps_high: float | None = None, axis=None) -> Measured:
+                        eps_high: float | None = None, axis=None) -> ValueWithCounts:
     """PPO clip fraction: share of usable tokens with ``rho = exp(d)`` outside
     ``[1 - eps_low, 1 + eps_high]`` (default ``OBJECTIVE_DEFAULTS.ppo_eps``)."""
     lo, hi = _eps(eps_low, eps_high, "token")
-    u = usable(d, mask)
+    u = finite_tokens(d, mask)
     r = _safe_exp(d, u)
-    return Measured(_share((r < lo) | (r > hi), u, axis), *token_counts(d, mask, axis))
+    return ValueWithCounts(_share((r < lo) | (r > hi), u, axis), *token_counts(d, mask, axis))
 
 
 def sequence_clip_fraction(d: np.ndarray, mask: np.ndarray | None = None, *, eps_low: float | None = None,
-                           eps_high: float | None = None, kind: Kind = "geometric", axis: int = -1) -> Measured:
+                           eps_high: float | None = None, kind: Kind = "geometric", axis: int = -1) -> ValueWithCounts:
     """GSPO clip fraction: share of sequences with ``s_i = exp(mean_t d)`` (``kind="geometric"``)
     outside ``[1 - eps_low, 1 + eps_high]`` (default the GSPO paper's 3e-4 / 4e-4).
     Counts are sequences."""
@@ -111,7 +112,7 @@ def sequence_clip_fraction(d: np.ndarray, mask: np.ndarray | None = None, *, eps
     s = sequence_log_ratio(d, mask, kind=kind, axis=axis)
     ok = np.isfinite(s.value)
     r = _safe_exp(s.value, ok)
-    return Measured(float(_share((r < lo) | (r > hi), ok)), *_sequence_counts(s))
+    return ValueWithCounts(float(_share((r < lo) | (r > hi), ok)), *_sequence_counts(s))
 
 
 def _eps(eps_low, eps_high, level):
@@ -126,13 +127,13 @@ def importance_weights(d: np.ndarray, mask: np.ndarray | None = None, *, level: 
     With ``cap`` the weights are truncated, ``min(w, cap)`` (TIS). NaN at padding, at excluded
     tokens and on every token of an excluded sequence."""
     if level == "token":
-        u = usable(d, mask)
+        u = finite_tokens(d, mask)
         w = np.where(u, _safe_exp(d, u), np.nan)
     elif level == "sequence":
         s = sequence_log_ratio(d, mask, kind=kind, axis=axis)
         ok = np.isfinite(s.value)
         ws = np.where(ok, _safe_exp(s.value, ok), np.nan)
-        w = np.where(real(d, mask), np.expand_dims(ws, axis), np.nan)
+        w = np.where(real_tokens(d, mask), np.expand_dims(ws, axis), np.nan)
     else:
         raise ValueError(f"level={level!r}; use 'token' or 'sequence'")
     return w if cap is None else np.minimum(w, cap)
@@ -152,7 +153,7 @@ def band_keep(d: np.ndarray, mask: np.ndarray | None = None, *, band: tuple[floa
     lo, hi = band
     w = importance_weights(d, mask, level=level, kind=kind, axis=axis)
     with np.errstate(invalid="ignore"):
-        return np.isfinite(w) & (w >= lo) & (w <= hi) & usable(d, mask)
+        return np.isfinite(w) & (w >= lo) & (w <= hi) & finite_tokens(d, mask)
 
 
 def kl_statistic(d: np.ndarray, estimator: str) -> np.ndarray:
@@ -189,7 +190,7 @@ def kl_keep(d: np.ndarray, mask: np.ndarray | None = None, *, rule: str = "token
         if np.ndim(thr) != 0:
             raise ValueError(f"{rule}: threshold must be one upper bound (nats), got {thr!r}")
         lo, hi = -np.inf, float(thr)
-    m = real(d, mask)
+    m = real_tokens(d, mask)
     u = m & np.isfinite(d)
     k = np.where(u, kl_statistic(np.where(u, d, 0.0), est), np.nan)
     if level == "token":
@@ -225,52 +226,52 @@ def rejection_keep(d: np.ndarray, mask: np.ndarray | None = None, *, rule: str =
 
 
 def rejected_fraction(keep: np.ndarray, d: np.ndarray, mask: np.ndarray | None = None, *,
-                      level: Level = "token", axis=None, position_axis: int = -1) -> Measured:
+                      level: Level = "token", axis=None, position_axis: int = -1) -> ValueWithCounts:
     """Share rejected. ``level="token"``: usable tokens not kept (over ``axis``). ``"sequence"``:
     sequences (with a usable token) that lose at least one usable token; counts are sequences.
     Excluded tokens are reported in ``n_excluded``, not as rejected; the other tokens of a
     sequence that a sequence rule drops because its ratio is undefined do count as rejected."""
-    u = usable(d, mask)
+    u = finite_tokens(d, mask)
     dropped = u & ~np.asarray(keep, bool)
     if level == "token":
-        return Measured(_share(dropped, u, axis), *token_counts(d, mask, axis))
+        return ValueWithCounts(_share(dropped, u, axis), *token_counts(d, mask, axis))
     if level != "sequence":
         raise ValueError(f"level={level!r}; use 'token' or 'sequence'")
     has = u.any(axis=position_axis)
     hit = dropped.any(axis=position_axis)
-    excl = (real(d, mask) & ~u).any(axis=position_axis)
-    return Measured(float(_share(hit, has)), int(has.sum()), int(excl.sum()))
+    excl = (real_tokens(d, mask) & ~u).any(axis=position_axis)
+    return ValueWithCounts(float(_share(hit, has)), int(has.sum()), int(excl.sum()))
 
 
-def weights_ess(weights: np.ndarray, valid: np.ndarray | None = None, axis=None) -> Measured:
+def weights_ess(weights: np.ndarray, valid: np.ndarray | None = None, axis=None) -> ValueWithCounts:
     """:func:`rlparity.metrics.core.ess` (``(sum w)^2 / (n sum w^2)`` in (0, 1] over the finite,
     ``valid`` weights) with its counts: weights used, and valid weights left out as not finite.
     Give it raw weights: truncation hides a collapse."""
     w = np.asarray(weights, dtype=float)
     ok = np.isfinite(w) & (True if valid is None else np.asarray(valid, bool))
     excl = ((~np.isfinite(w)) & (True if valid is None else np.asarray(valid, bool))).sum(axis=axis)
-    return Measured(core.ess(w, valid, axis=axis), ok.sum(axis=axis), excl)
+    return ValueWithCounts(core.ess(w, valid, axis=axis), ok.sum(axis=axis), excl)
 
 
-def token_ess(d: np.ndarray, mask: np.ndarray | None = None, axis=None) -> Measured:
+def token_ess(d: np.ndarray, mask: np.ndarray | None = None, axis=None) -> ValueWithCounts:
     """ESS of the raw token weights ``exp(d)`` (scale-free: computed as ``exp(d - max d)``)."""
-    u = usable(d, mask)
+    u = finite_tokens(d, mask)
     top = np.max(np.where(u, d, -np.inf), axis=axis, keepdims=True)
     top = np.where(np.isfinite(top), top, 0.0)
     w = np.where(u, _safe_exp(d - top, u), np.nan)
     out = weights_ess(w, u, axis)
-    return Measured(out.value, *token_counts(d, mask, axis))
+    return ValueWithCounts(out.value, *token_counts(d, mask, axis))
 
 
 def sequence_ess(d: np.ndarray, mask: np.ndarray | None = None, *, kind: Kind = "product",
-                 axis: int = -1) -> Measured:
+                 axis: int = -1) -> ValueWithCounts:
     """ESS over sequences of the raw sequence weights (product or geometric ratio), computed in
     log space so a long sequence cannot overflow it. Counts are sequences."""
     s = sequence_log_ratio(d, mask, kind=kind, axis=axis)
     ok = np.isfinite(s.value)
     top = np.max(np.where(ok, s.value, -np.inf)) if ok.any() else 0.0
     w = np.where(ok, _safe_exp(s.value - top, ok), np.nan)
-    return Measured(float(weights_ess(w, ok).value), *_sequence_counts(s))
+    return ValueWithCounts(float(weights_ess(w, ok).value), *_sequence_counts(s))
 
 
 def decoupled_weights(log_mu: np.ndarray, log_old: np.ndarray, log_theta: np.ndarray,
@@ -282,7 +283,7 @@ def decoupled_weights(log_mu: np.ndarray, log_old: np.ndarray, log_theta: np.nda
     * ``weight`` = their product, the factor on the advantage;
     * ``bypass_ratio`` = pi_theta / mu (two-policy form; equals ``weight`` when ``cap`` is None).
     """
-    m = real(logprob_difference(log_old, log_mu), mask) if mask is None else np.asarray(mask, bool)
+    m = real_tokens(logprob_difference(log_old, log_mu), mask) if mask is None else np.asarray(mask, bool)
     corr = importance_weights(logprob_difference(log_old, log_mu, m), m, cap=cap)
     upd = importance_weights(logprob_difference(log_theta, log_old, m), m)
     return {"correction_weight": corr, "update_ratio": upd, "weight": corr * upd,

@@ -10,6 +10,7 @@ from rlparity.config.provenance import make_attrs
 from rlparity.metrics.objective.arrays import (
     _safe_exp,
     _share,
+    finite_tokens,
     rejected_fraction,
     rejection_keep,
     sequence_clip_fraction,
@@ -20,7 +21,6 @@ from rlparity.metrics.objective.arrays import (
     token_counts,
     token_ess,
     token_mean,
-    usable,
 )
 from rlparity.metrics.objective.settings import BAND_RULES, OBJECTIVE_DEFAULTS
 from rlparity.metrics.objective.traces import available_pairs, pair_direction, pair_log_ratio
@@ -44,7 +44,7 @@ def objective_summary(trace: xr.Dataset, *, trainer: TrainerSide | None = None, 
 
     for p in pairs:
         d = pair_log_ratio(trace, p, trainer).values
-        u = usable(d)
+        u = finite_tokens(d)
         n_used, n_excl = token_counts(d)
         put("n_tokens", n_used)
         put("n_excluded_tokens", n_excl)

@@ -13,7 +13,7 @@ import xarray as xr
 from rlparity.config.defaults import Level, TrainerSide, defaults
 from rlparity.config.provenance import make_attrs
 from rlparity.metrics.objective.arrays import (
-    Measured,
+    ValueWithCounts,
     _safe_exp,
     decoupled_weights,
     importance_weights,
@@ -100,7 +100,7 @@ def _axes(dim, dims: tuple[str, ...]):
     return tuple(dims.index(n) for n in names)
 
 
-def _wrap(m: Measured, d: xr.DataArray, axes, name: str, attrs: dict, counts: str = "tokens") -> xr.DataArray:
+def _wrap(m: ValueWithCounts, d: xr.DataArray, axes, name: str, attrs: dict, counts: str = "tokens") -> xr.DataArray:
     keep = [n for i, n in enumerate(d.dims) if axes is not None and i not in axes]
     coords = {n: d[n] for n in keep}
     da = xr.DataArray(np.asarray(m.value, dtype=float), dims=keep, coords=coords, name=name)
@@ -124,7 +124,7 @@ def ratio(trace: xr.Dataset, pair: PairName = "backend", *, level: Level = "toke
         return out
     s = sequence_log_ratio(d.values, kind=kind)
     ok = np.isfinite(s.value)
-    m = Measured(np.where(ok, _safe_exp(s.value, ok), np.nan), s.n_used, s.n_excluded)
+    m = ValueWithCounts(np.where(ok, _safe_exp(s.value, ok), np.nan), s.n_used, s.n_excluded)
     return _wrap(m, d, (1,), "ratio", {"units": "1", "level": "sequence", "kind": kind,
                                       "long_name": f"{kind} sequence ratio, {d.attrs['pair']}"})
 

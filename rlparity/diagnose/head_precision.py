@@ -9,7 +9,7 @@ recorded it (``trainer["head_dtype"]``), and gives the measured gap as evidence.
 
 * :func:`head_precision`: one arm; a warning when the two sides differ, information otherwise.
 * :func:`head_matrix_finding`: over the arms of a head-dtype matrix
-  (:func:`rlparity.experiments.head.head_matrix`, tables in :mod:`rlparity.metrics.head`), whether the matched fp32 cell is the closest.
+  (:func:`rlparity.experiments.head_precision.head_matrix`, tables in :mod:`rlparity.metrics.head_precision`), whether the matched fp32 cell is the closest.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.config.defaults import defaults
 from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import BACKEND_PAIR_D, core, log_ratio, summary
-from rlparity.metrics.head import CELL_DIMS, cell_dtypes, head_table, matched_advantage
+from rlparity.metrics.head_precision import CELL_DIMS, cell_dtypes, head_table, matched_advantage
 from rlparity.trace import arm_factors, has_trainer
 
 PAIR = BACKEND_PAIR_D

@@ -36,7 +36,7 @@ def import_cmd(
     memory are fine); a malformed line stops with its file and line number and nothing half-written
     remains. Then: `rlparity diagnose OUT` (or `rlparity score OUT --model MODEL` first for dumps
     with the rollout side only)."""
-    import rlparity.io as rio
+    import rlparity.importers as rio
 
     if format not in rio.formats() and format != "verl":
         raise BadInput(f"unknown format {format!r}; choose one of {', '.join(rio.formats())}")

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from rlparity.io.common import ArmKey, ImportFormatError, Record, as_int, as_reward, floats, ints, need, safe_arm
-from rlparity.io.formats import Format, ReadContext
-from rlparity.io.jsonl import iter_jsonl, jsonl_files
+from rlparity.importers.common import ArmKey, ImportFormatError, Record, as_int, as_reward, floats, ints, need, safe_arm
+from rlparity.importers.formats import Format, ReadContext
+from rlparity.importers.jsonl import iter_jsonl, jsonl_files
 
 MASKED = -100
 NAMES = {"rollout": "logprobs", "trainer": "trainer logprob", "entropy": "entropy"}

@@ -1,6 +1,6 @@
 """Writing imported traces into a zarr store, chunk by chunk, all or nothing.
 
-:func:`write_store` is the only function of :mod:`rlparity.io` that writes zarr. Chunks of one
+:func:`write_store` is the only function of :mod:`rlparity.importers` that writes zarr. Chunks of one
 arm may differ in width (the longest response of each chunk), so each chunk is first staged as
 it comes (memory: one chunk), then the arms are assembled chunk by chunk into a temporary store
 beside the target (padded to the arm's widest chunk, appended along ``sequence``), and that store

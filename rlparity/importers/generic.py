@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from rlparity.io.common import (
+from rlparity.importers.common import (
     SAMPLING_FIELDS,
     ArmKey,
     ImportFormatError,
@@ -49,8 +49,8 @@ from rlparity.io.common import (
     need,
     safe_arm,
 )
-from rlparity.io.formats import Format, ReadContext
-from rlparity.io.jsonl import iter_jsonl
+from rlparity.importers.formats import Format, ReadContext
+from rlparity.importers.jsonl import iter_jsonl
 
 TRAINER = TrainerSpec(
     field="old_log_probs", applies=frozenset({"temperature"}),
@@ -84,10 +84,10 @@ def _text(row: Mapping[str, Any], name: str, where: str) -> str | None:
 
 TEXT_ONLY = {
     "verl": ("verl's rollout_data_dir dump ({step}.jsonl of RayPPOTrainer._dump_generations: decoded input/output "
-             "text and score)", "'From verl' in rlparity/io/GENERIC_FORMAT.md: five lines in RayPPOTrainer.fit save "
+             "text and score)", "'From verl' in rlparity/importers/GENERIC_FORMAT.md: five lines in RayPPOTrainer.fit save "
              "input_ids, attention_mask, response_mask, rollout_log_probs and old_log_probs as .npz"),
     "trl": ("TRL's completions log (completions_*.parquet of GRPOTrainer.log: decoded prompt/completion text, "
-            "rewards, advantage)", "'From TRL' in rlparity/io/GENERIC_FORMAT.md: a GRPOTrainer subclass saves "
+            "rewards, advantage)", "'From TRL' in rlparity/importers/GENERIC_FORMAT.md: a GRPOTrainer subclass saves "
             "prompt_ids, completion_ids, completion_mask, sampling_per_token_logps and old_per_token_logps as .npz"),
 }
 

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from rlparity.io.common import (
+from rlparity.importers.common import (
     ArmKey,
     ImportFormatError,
     PickleRefusedError,
@@ -54,7 +54,7 @@ from rlparity.io.common import (
     need,
     safe_arm,
 )
-from rlparity.io.formats import Format, ReadContext
+from rlparity.importers.formats import Format, ReadContext
 
 SOURCE = "THUDM/slime"
 TRAINER = TrainerSpec(
@@ -128,7 +128,7 @@ def load_weights_only(file: Path) -> Any:
             f"{file}: refused: it holds {what}, which only full pickle can rebuild, and unpickling runs code "
             "stored in the file. rlparity loads .pt files with torch.load(weights_only=True) only and never falls "
             "back to pickle. Save plain containers instead (dicts, lists, numbers, strings, tensors: slime's "
-            "Sample.to_dict()), or write the generic format (rlparity/io/GENERIC_FORMAT.md)")
+            "Sample.to_dict()), or write the generic format (rlparity/importers/GENERIC_FORMAT.md)")
 
     for mmap in (True, False):
         try:

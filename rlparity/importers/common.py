@@ -173,7 +173,7 @@ def require_sampling(trace: xr.Dataset, fields: Sequence[str] = SAMPLING_FIELDS,
     raise MissingSamplingError(
         f"{needed_for} needs {', '.join(missing)}, which {src} does not record: re-import with the values "
         f"your run used, e.g. `rlparity import {fmt} PATH -o STORE {flags}` "
-        f"(rlparity.io.read({fmt!r}, path, {kwargs}))")
+        f"(rlparity.importers.read({fmt!r}, path, {kwargs}))")
 
 
 # --------------------------------------------------------------------------- trainer reading

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlparity.io.common import (
+from rlparity.importers.common import (
     ArmKey,
     ImportFormatError,
     Record,
@@ -52,8 +52,8 @@ from rlparity.io.common import (
     safe_arm,
     same_length,
 )
-from rlparity.io.formats import Format, ReadContext
-from rlparity.io.jsonl import iter_jsonl, jsonl_files
+from rlparity.importers.formats import Format, ReadContext
+from rlparity.importers.jsonl import iter_jsonl, jsonl_files
 
 SOURCE = "PrimeIntellect-ai/prime-rl"
 TRAINER = TrainerSpec(

@@ -1,8 +1,8 @@
-"""The registry of dump formats and the streaming driver shared by :func:`rlparity.io.read` and
-:func:`rlparity.io.import_to_store`.
+"""The registry of dump formats and the streaming driver shared by :func:`rlparity.importers.read` and
+:func:`rlparity.importers.import_to_store`.
 
 One arm per (run, launch, split, step) of a dump: a format's reader gives every record an
-:class:`~rlparity.io.common.ArmKey` (run, split, step, from the record or the framework's own
+:class:`~rlparity.importers.common.ArmKey` (run, split, step, from the record or the framework's own
 layout) and the driver adds the launch, the folder a file came from (``exp_001`` and ``exp_002``
 of two NeMo-RL launches are two arms). The key is stored as the arm's coordinates; the arm name is
 only a label built from it, never parsed back. Two files that hold the same key are refused with
@@ -22,7 +22,7 @@ from typing import Any
 
 import xarray as xr
 
-from rlparity.io.common import ArmBuilder, ArmKey, ImportFormatError, Record, SamplingResolver, TrainerSpec, decide_reading
+from rlparity.importers.common import ArmBuilder, ArmKey, ImportFormatError, Record, SamplingResolver, TrainerSpec, decide_reading
 
 
 @dataclass
@@ -63,7 +63,7 @@ def get_format(name: str) -> Format:
         hint = (" (TRL's completions_*.parquet hold decoded text only: see 'From TRL' in GENERIC_FORMAT.md for "
                 "the dump that works, then import it as generic)") if key == "trl" else ""
         raise ValueError(f"unknown format {name!r}; rlparity imports {', '.join(FORMAT_MODULES)}{hint}")
-    return importlib.import_module(f"rlparity.io.{FORMAT_MODULES[key]}").FORMAT
+    return importlib.import_module(f"rlparity.importers.{FORMAT_MODULES[key]}").FORMAT
 
 
 def launch_labels(files: list[Path], launch_of: Callable[[Path], Path]) -> dict[Path, str]:

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from rlparity.io.common import (
+from rlparity.importers.common import (
     ArmKey,
     ImportFormatError,
     Record,
@@ -52,8 +52,8 @@ from rlparity.io.common import (
     safe_arm,
     same_length,
 )
-from rlparity.io.formats import Format, ReadContext
-from rlparity.io.jsonl import iter_jsonl, jsonl_files
+from rlparity.importers.formats import Format, ReadContext
+from rlparity.importers.jsonl import iter_jsonl, jsonl_files
 
 SOURCE = "NVIDIA-NeMo/RL"
 TRAINER = TrainerSpec(
@@ -118,7 +118,7 @@ def read_file(file: Path, ctx: ReadContext) -> Iterator[Record]:
                     if "input_lengths" in obj else "a text-only log (content, rewards)")
             raise ImportFormatError(f"{where}: this is {kind}: decoded text, no token ids or logprobs, so nothing to "
                                     "compare. Import the GRPO train_data_step*.jsonl (token_ids, generation_logprobs, "
-                                    "prev_logprobs), or write the generic format (rlparity/io/GENERIC_FORMAT.md)")
+                                    "prev_logprobs), or write the generic format (rlparity/importers/GENERIC_FORMAT.md)")
         ids = ints(_unbatch(need(obj, "token_ids", where, what), True), where, "token_ids")
         mask = ints(_unbatch(need(obj, "token_loss_mask", where, what), True), where, "token_loss_mask",
                     mask=True).astype(bool)

@@ -1,4 +1,4 @@
-"""Tables of the LM-head precision matrix (arms from :func:`rlparity.experiments.head.head_matrix`).
+"""Tables of the LM-head precision matrix (arms from :func:`rlparity.experiments.head_precision.head_matrix`).
 
 Each arm is one cell: the rollout engine's LM-head dtype x the trainer's. The dtypes are read from
 the trace attrs (the rollout's ``engine_effective``, read back from the running engine, and the
@@ -105,7 +105,7 @@ def head_table(data, *, trainer: TrainerSide | None = None, eps: float | None = 
     ratio, Pearson of token probabilities, clip fraction at ``eps``, k3 and token counts.
 
     ``data``: ``{arm: trace}``, a DataTree or a store path (arms from
-    :func:`rlparity.experiments.head.head_matrix`). Cells missing from ``data`` are NaN; ``arm``
+    :func:`rlparity.experiments.head_precision.head_matrix`). Cells missing from ``data`` are NaN; ``arm``
     holds each cell's arm name.
     """
     cells = head_cells(data)

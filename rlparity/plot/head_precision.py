@@ -1,5 +1,5 @@
 """Figures of the LM-head precision matrix. Each takes one kind of input, named in its
-signature: a table computed by :mod:`rlparity.metrics.head` (``head_table``, ``gap_by_logit``,
+signature: a table computed by :mod:`rlparity.metrics.head_precision` (``head_table``, ``gap_by_logit``,
 ``gap_by_position``) or the arms of a head-dtype matrix; each returns a plotly Figure (never shows
 it)."""
 
@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 import xarray as xr
 from plotly.subplots import make_subplots
 
-from rlparity.metrics.head import dtype_order, head_cells, head_table, probability_pairs
+from rlparity.metrics.head_precision import dtype_order, head_cells, head_table, probability_pairs
 
 _D = "d = log pi_old - log mu (nats)"
 _SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -29,7 +29,7 @@ def _label(cell: tuple[str, str]) -> str:
 
 def plot_matrix_heatmap(table: xr.Dataset, variables: Sequence[str] | str = HEATMAP_VARIABLES) -> go.Figure:
     """The rollout x trainer head-dtype matrix as heatmaps, one panel per variable, each cell
-    annotated with its value (``table``: :func:`rlparity.metrics.head.head_table`)."""
+    annotated with its value (``table``: :func:`rlparity.metrics.head_precision.head_table`)."""
     variables = (variables,) if isinstance(variables, str) else tuple(variables)
     for v in variables:
         if v not in table:
@@ -54,7 +54,7 @@ def plot_matrix_heatmap(table: xr.Dataset, variables: Sequence[str] | str = HEAT
 def plot_probability_scatter(arms, *, max_points: int = 1500, trainer: str | None = None,
                              seed: int = 0) -> go.Figure:
     """Token probabilities, rollout mu against trainer pi_old, one panel per cell (the
-    correlation MiniMax-M1 reports, from :func:`~rlparity.metrics.head.head_table`); ``arms``: the
+    correlation MiniMax-M1 reports, from :func:`~rlparity.metrics.head_precision.head_table`); ``arms``: the
     arms of a head matrix; ``max_points`` tokens per cell (seeded subsample)."""
     cells = head_cells(arms)
     table = head_table({name: ds for name, ds in cells.values()}, trainer=trainer)
@@ -88,7 +88,7 @@ def plot_probability_scatter(arms, *, max_points: int = 1500, trainer: str | Non
 
 def plot_gap_by_logit(g: xr.Dataset) -> go.Figure:
     """RMS of d per bin of the trainer's largest logit, one line per cell (``g``:
-    :func:`rlparity.metrics.head.gap_by_logit`). A low-precision head's error grows with logit
+    :func:`rlparity.metrics.head_precision.gap_by_logit`). A low-precision head's error grows with logit
     magnitude."""
     fig = go.Figure()
     x = g["logit_center"].values
@@ -110,7 +110,7 @@ def plot_gap_by_logit(g: xr.Dataset) -> go.Figure:
 
 def plot_gap_by_position(g: xr.Dataset) -> go.Figure:
     """RMS of d per response position, one line per cell (``g``:
-    :func:`rlparity.metrics.head.gap_by_position`)."""
+    :func:`rlparity.metrics.head_precision.gap_by_position`)."""
     fig = go.Figure()
     for r in g["rollout_head"].values:
         for t in g["trainer_head"].values:

@@ -8,8 +8,8 @@ projection to logits. Logprobs are ``processed_logprobs`` in every cell, so no s
 mixes in.
 
 :func:`head_matrix` runs the experiment and returns ``{arm: trace}`` with arms named
-``rollout-<dtype>_trainer-<dtype>`` (:func:`rlparity.metrics.head.arm_name`); the tables are in
-:mod:`rlparity.metrics.head`, the findings in :mod:`rlparity.diagnose.head`.
+``rollout-<dtype>_trainer-<dtype>`` (:func:`rlparity.metrics.head_precision.arm_name`); the tables are in
+:mod:`rlparity.metrics.head_precision`, the findings in :mod:`rlparity.diagnose.head_precision`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import xarray as xr
 
 from rlparity.config.defaults import default_sampling
 from rlparity.config.settings import FLOAT_DTYPES, EngineSettings, SamplingSettings, dtype_name, normalize_dtype
-from rlparity.metrics.head import DEFAULT_HEADS, arm_name
+from rlparity.metrics.head_precision import DEFAULT_HEADS, arm_name
 from rlparity.trace import with_factors
 
 HEAD_DTYPES = FLOAT_DTYPES

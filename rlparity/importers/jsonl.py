@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlparity.io.common import ImportFormatError
+from rlparity.importers.common import ImportFormatError
 
 
 def iter_jsonl(file: Path, advance=lambda n: None) -> Iterator[tuple[int, Any]]:
@@ -35,7 +35,7 @@ def iter_jsonl(file: Path, advance=lambda n: None) -> Iterator[tuple[int, Any]]:
 
 
 def jsonl_files(path: Path, pattern: str) -> list[Path]:
-    from rlparity.io.common import natural_key
+    from rlparity.importers.common import natural_key
 
     if path.is_file():
         return [path]
