@@ -357,7 +357,7 @@ def objective_cmd(
     n_prompts: int = 16,
     n_samples: int = 4,
     max_tokens: int = 24,
-    lr: float = 1e-4,
+    lr: float = 3e-5,
     cap: Optional[float] = typer.Option(None, help="the TIS cap C (default: the quantile that truncates "
                                                    "--truncate-share of the tokens)"),
     truncate_share: float = 0.1,

@@ -162,7 +162,7 @@ class ObjectiveSettings(BaseModel):
     top_k: int = 20
     prompt_seed: int = 3
     loss: str = "ppo"
-    lr: float = Field(1e-4, gt=0.0)
+    lr: float = Field(3e-5, gt=0.0)
     mask_rule: Optional[str] = "geometric_band"
     threshold: Optional[tuple[float, float]] = (0.9, 1.1)
     cap: Optional[float] = Field(None, gt=1.0)
