@@ -183,3 +183,52 @@ def test_lazy_dashboards_stream_in_one_dask_pass(store):
     with Callback(start=lambda dsk: computes.append(len(dsk))):
         as_dashboard(lazy, "verl", trainer="processed")
     assert len(computes) == 1, computes  # one dask.compute for every metric of the dashboard
+
+
+def _verdicts(report):
+    """What a diagnosis concluded, as comparable data (every finding, the attribution, headlines)."""
+    import json
+
+    d = report.to_dict()
+    d.pop("context", None)
+    return json.loads(json.dumps(d, sort_keys=True, default=str))
+
+
+@pytest.mark.parametrize("name", ["cpu-boundary", "cpu-head", "cpu-semantic", "h200-inflight"])
+def test_diagnose_of_a_shipped_example_opened_lazily_equals_the_eager_one(name):
+    from rlparity.datasets import example_path
+    from rlparity.diagnose import diagnose
+
+    path = example_path(name)
+    eager = diagnose(path)
+    lazy_arms = rt.open_arms(path, chunks=16)
+    assert all(rt.is_lazy(ds) for ds in lazy_arms.values())
+    lazy = diagnose(lazy_arms)
+    assert len(eager) > 0 and _verdicts(lazy) == _verdicts(eager)
+    assert "lazy_sample" not in lazy.context  # small enough to be judged whole
+
+
+def test_diagnose_of_a_large_lazy_trace_judges_a_recorded_sample(store, cli):
+    """Above the token budget a lazy arm is judged on every k-th sequence, said in the report;
+    the sample is exactly those sequences of the eager trace."""
+    from rlparity.diagnose import diagnose
+
+    path, ds = store
+    lazy = rt.open_arms(path, chunks=5)
+    tokens = int(ds["response_mask"].sum())
+    report = diagnose(lazy, lazy_tokens=-(-tokens // 4))
+    assert "one sequence in 4: 10 of 37 sequences" in report.context["lazy_sample"]["big"]
+    sample = rt.load_sample(lazy["big"], every=4)
+    want = ds.isel(sequence=slice(0, None, 4))
+    for var in ("token_id", "response_mask", "rollout_logprob", "trainer_processed_logprob"):
+        np.testing.assert_array_equal(sample[var].values, want[var].values)
+    want.attrs = {k: v for k, v in want.attrs.items() if k != "scored_token_checksum"}  # the whole trace's
+    assert _verdicts(report) == _verdicts(diagnose(want))
+    whole = cli("diagnose", str(path), "--json")
+    streamed = cli("diagnose", str(path), "--json", "--chunks", "6")
+    assert whole.exit_code == streamed.exit_code and whole.exit_code in (0, 1), streamed.stderr
+    import json
+
+    a, b = json.loads(whole.stdout), json.loads(streamed.stdout)
+    a.pop("context"), b.pop("context")
+    assert a == b and len(a["findings"]) > 0

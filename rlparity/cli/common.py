@@ -159,6 +159,17 @@ def echo_json(value: Any) -> None:
     typer.echo(to_json(value))
 
 
+def block_progress():
+    """The block reader's progress bar (``progress=`` of :func:`rlparity.trace.blocks`): tqdm on
+    stderr, shown on a terminal only."""
+    import functools
+    import sys
+
+    from tqdm import tqdm
+
+    return functools.partial(tqdm, unit="block", disable=None, file=sys.stderr)
+
+
 def dask_progress(on: bool):
     """A progress bar on stderr for the dask computations inside the block (a lazy trace's
     streamed reductions); shown on a terminal only, as the block reader's bar. Off: nothing."""
@@ -172,5 +183,5 @@ def dask_progress(on: bool):
     return TqdmCallback(desc="chunks", unit="task", disable=None, file=sys.stderr)
 
 
-__all__ = ["TrainerSide", "command_group", "dask_progress", "echo_json", "engine_settings", "model_path", "output_store", "read_prompts",
+__all__ = ["TrainerSide", "block_progress", "command_group", "dask_progress", "echo_json", "engine_settings", "model_path", "output_store", "read_prompts",
            "sampling_settings", "select_arms", "validation_message"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 
 from enum import Enum
 from pathlib import Path
@@ -12,6 +11,7 @@ import typer
 
 from rlparity.cli.common import (
     TrainerSide,
+    block_progress,
     dask_progress,
     echo_json,
     engine_settings,
@@ -156,11 +156,7 @@ def summary_cmd(
 
     arms = select_arms(open_arms(trace, chunks=chunks), arm, trace)
     if chunks is not None and names is None:
-        import functools
-
-        from tqdm import tqdm
-
-        bar = functools.partial(tqdm, unit="block", disable=None, file=sys.stderr)
+        bar = block_progress()
         if as_json:
             echo_json({name: scalars(summary(ds, trainer.value, progress=bar)) for name, ds in arms.items()})
         else:
