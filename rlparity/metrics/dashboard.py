@@ -18,6 +18,12 @@ for the peer's; the pair and direction are recorded on the result.
 Tokens a policy gives probability 0 are removed from the mask before any peer formula runs (the
 peers would turn them into infinities or clamp them silently) and counted on the result
 (``n_excluded``).
+
+A lazy trace (``open_arms(store, chunks=N)``) is streamed: every formula is written so dask can
+reduce it chunk by chunk (see the note above :func:`_masked_max`), and all the metrics of a
+dashboard, its counts and the gap beside the floors come from one ``dask.compute``. The chunks are
+read by dask straight from zarr: unlike :func:`rlparity.metrics.summary` and
+:func:`rlparity.diagnose.diagnose` (the block reader), this does not check the store's CRC record.
 """
 
 from __future__ import annotations
