@@ -47,14 +47,30 @@ def test_benchmark_runs_at_a_small_size(script, tmp_path, request):
     if script in ENGINE:
         request.getfixturevalue("release_engines")()  # the script's engine needs the engine lock
     args, holds = SMOKE[script]
+    res, out = _run(script, args, tmp_path)
+    if script == "head_chunking.py":
+        rows = json.loads(res.stdout)["rows"]
+        assert len(rows) == 2 and all(r["same_result"] for r in rows)  # chunked = unchunked
+    if holds is not None:
+        assert holds(json.loads(out.read_text())), out.read_text()[:2000]
+
+
+def test_lazy_benchmark_of_summary_dashboard_and_diagnose_runs_at_a_small_size(tmp_path):
+    """``lazy_summary.py --all``: the streamed summary + verl dashboard + diagnose agree with the
+    same calls in memory (a sample small enough that diagnose judges one sequence in 4)."""
+    _, out = _run("lazy_summary.py", ["--all", "--tokens", "60000", "--block", "16", "--repeats", "1",
+                                      "--sample-tokens", "16000", "--out", "{out}"], tmp_path)
+    r = json.loads(out.read_text())
+    assert r["same_count"] and r["same_findings"] and r["n_findings"] > 0, r
+    assert r["dashboard_max_rel_diff"] < 1e-9 and "one sequence in 4" in r["sample"], r
+    assert r["peak_rss_mb"]["lazy"] > 0 and set(r["parts_s"]["lazy"]) == {"summary", "dashboard", "diagnose"}
+
+
+def _run(script, args, tmp_path):
     out = tmp_path / "result.json"
     argv = [a.replace("{out}", str(out)) for a in args]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     res = subprocess.run([sys.executable, str(BENCH / script), *argv], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, f"{script} failed:\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
-    if script == "head_chunking.py":
-        rows = json.loads(res.stdout)["rows"]
-        assert len(rows) == 2 and all(r["same_result"] for r in rows)  # chunked = unchunked
-    if holds is not None:
-        assert holds(json.loads(out.read_text())), out.read_text()[:2000]
+    return res, out

@@ -159,5 +159,29 @@ def echo_json(value: Any) -> None:
     typer.echo(to_json(value))
 
 
-__all__ = ["TrainerSide", "command_group", "echo_json", "engine_settings", "model_path", "output_store", "read_prompts",
+def block_progress():
+    """The block reader's progress bar (``progress=`` of :func:`rlparity.trace.blocks`): tqdm on
+    stderr, shown on a terminal only."""
+    import functools
+    import sys
+
+    from tqdm import tqdm
+
+    return functools.partial(tqdm, unit="block", disable=None, file=sys.stderr)
+
+
+def dask_progress(on: bool):
+    """A progress bar on stderr for the dask computations inside the block (a lazy trace's
+    streamed reductions); shown on a terminal only, as the block reader's bar. Off: nothing."""
+    import contextlib
+    import sys
+
+    if not on:
+        return contextlib.nullcontext()
+    from tqdm.dask import TqdmCallback
+
+    return TqdmCallback(desc="chunks", unit="task", disable=None, file=sys.stderr)
+
+
+__all__ = ["TrainerSide", "block_progress", "command_group", "dask_progress", "echo_json", "engine_settings", "model_path", "output_store", "read_prompts",
            "sampling_settings", "select_arms", "validation_message"]

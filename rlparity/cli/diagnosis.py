@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import typer
 
-from rlparity.cli.common import echo_json, engine_settings, model_path, output_store, sampling_settings, select_arms
+from rlparity.cli.common import block_progress, echo_json, engine_settings, model_path, output_store, sampling_settings, select_arms
 from rlparity.cli.contract import EXIT_FAIL, EXIT_OK, BadInput, engine_logs, option_defaults
 
 _D = option_defaults()
@@ -32,15 +32,20 @@ def diagnose_cmd(
     profile: str = typer.Option(_D.profile, help="engine profile the path settings are audited against"),
     as_json: bool = typer.Option(False, "--json", help="print the report as strict JSON"),
     fail_on: FailOn = typer.Option(FailOn.error, help="lowest severity that makes the exit code 1"),
+    chunks: Optional[int] = typer.Option(None, min=1, help="read the store lazily, this many sequences at a "
+                                                          "time (traces larger than memory; needs dask)"),
 ):
     """Diagnose every arm (semantic, inference path, LM head). Exit 1 if a finding at
-    ``--fail-on`` severity or worse is present, 2 on bad input."""
+    ``--fail-on`` severity or worse is present, 2 on bad input. With --chunks the store is read
+    block by block (each block validated and CRC-checked); an arm of more than 2M real tokens is
+    judged on a systematic sample of its sequences (the report's context says which)."""
     from rlparity.diagnose import Severity, diagnose
     from rlparity.trace import open_arms
 
-    arms = select_arms(open_arms(trace), arm, trace)
+    arms = select_arms(open_arms(trace, chunks=chunks), arm, trace)
     report = diagnose(arms, title=f"rlparity diagnose {trace}", reference=reference, tol=tol,
-                      tol_reference=tol_reference, tol_trainer=tol_trainer, profile=profile)
+                      tol_reference=tol_reference, tol_trainer=tol_trainer, profile=profile,
+                      progress=block_progress())
     if as_json:
         echo_json(report.to_dict())
     else:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 
 from enum import Enum
 from pathlib import Path
@@ -12,6 +11,8 @@ import typer
 
 from rlparity.cli.common import (
     TrainerSide,
+    block_progress,
+    dask_progress,
     echo_json,
     engine_settings,
     output_store,
@@ -148,19 +149,14 @@ def summary_cmd(
 ):
     """Print the parity summary (per-token log-ratio stats, mean ratio, probability-0 tokens), or
     with --names the peers' dashboard metrics (same formulas as theirs). With --chunks the store
-    is read block by block (memory: one block) and only the scalars are printed."""
+    is read block by block (memory: a few blocks) and only the scalars are printed; with --names
+    too, the peer's formulas stream over the chunks (dask, one pass)."""
     from rlparity.metrics import as_dashboard, format_summary, scalars, summary
     from rlparity.trace import open_arms
 
     arms = select_arms(open_arms(trace, chunks=chunks), arm, trace)
-    if chunks is not None and names is not None:
-        raise typer.BadParameter("the peers' dashboards read the trace in memory: drop --chunks", param_hint="--names")
-    if chunks is not None:
-        import functools
-
-        from tqdm import tqdm
-
-        bar = functools.partial(tqdm, unit="block", disable=None, file=sys.stderr)
+    if chunks is not None and names is None:
+        bar = block_progress()
         if as_json:
             echo_json({name: scalars(summary(ds, trainer.value, progress=bar)) for name, ds in arms.items()})
         else:
@@ -168,7 +164,8 @@ def summary_cmd(
                 typer.echo(format_summary(ds, trainer.value))
         return
     if names is not None:
-        dash = {name: as_dashboard(ds, names.value, trainer=trainer.value) for name, ds in arms.items()}
+        with dask_progress(chunks is not None):
+            dash = {name: as_dashboard(ds, names.value, trainer=trainer.value) for name, ds in arms.items()}
         if as_json:
             echo_json({name: {"metrics": dict(d), **d.info} for name, d in dash.items()})
             return

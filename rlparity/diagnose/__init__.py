@@ -24,16 +24,36 @@ from rlparity.diagnose.causes import CAUSES
 from rlparity.diagnose.evidence import build as build_evidence
 from rlparity.diagnose.findings import Finding, Layer, Report, Severity
 from rlparity.diagnose.options import DiagnoseOptions
-from rlparity.trace import as_arms, has_trainer, validate
+from rlparity.trace import as_arms, has_trainer, is_lazy, load_sample, validate
 
 # in layer order: the backend (semantic, inference path: settings, LM head, MoE routing, inflight updates, weight
 # sync, the trainer's determinism) before the objective, which sees the backend's findings (a
 # correction must not hide a backend error)
 LAYERS = (semantic, path, head_precision, routing, inflight, sync, layers, trainer, objective)
 
+# a lazy arm is judged on at most about this many real tokens (the largest lazy arm sets the stride)
+LAZY_SAMPLE_TOKENS = 2_000_000
+
+
+def _in_memory(arms: dict[str, Any], max_tokens: int, progress: Any = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """Lazy arms (``open_arms(store, chunks=N)``) loaded for judging, with bounded memory: the
+    detectors need per-token arrays (robust fits, per-token evidence, attribution by token), so an
+    arm larger than ``max_tokens`` real tokens is judged on every k-th sequence, the same k (and so
+    the same sequences) in every lazy arm; smaller arms are loaded whole and judged exactly as
+    eagerly. Every block is read, validated and CRC-checked either way
+    (:func:`rlparity.trace.load_sample`). Returns the arms and, per sampled arm, what was kept."""
+    lazy = [name for name, ds in arms.items() if is_lazy(ds)]
+    if not lazy:
+        return arms, {}
+    tokens = max(int(arms[name]["response_mask"].sum()) for name in lazy)  # a dask reduction over the mask
+    every = max(1, -(-tokens // max(int(max_tokens), 1)))
+    loaded = {name: load_sample(ds, every=every, progress=progress) if name in lazy else ds
+              for name, ds in arms.items()}
+    return loaded, {name: loaded[name].attrs["lazy_sample"] for name in lazy if every > 1}
+
 
 def diagnose(data: Any, options: DiagnoseOptions | None = None, *, title: str = "rlparity findings",
-             **changes: Any) -> Report:
+             lazy_tokens: int = LAZY_SAMPLE_TOKENS, progress: Any = None, **changes: Any) -> Report:
     """Run every check on ``data`` (one trace, ``{arm: trace}``, a DataTree or a zarr path).
 
     Per arm, the evidence is built first (:mod:`rlparity.diagnose.evidence`: which tokens an
@@ -47,17 +67,28 @@ def diagnose(data: Any, options: DiagnoseOptions | None = None, *, title: str = 
     Options (see :class:`DiagnoseOptions`) are given as an object, as keywords, or both
     (keywords win): e.g. ``diagnose(store, reference="eager", tol_reference=1e-3)``. They reach
     every check; an unknown name is a ``ValueError``.
+
+    Lazy arms (``open_arms(store, chunks=N)``, traces larger than memory) are read block by block
+    (validated, CRC-checked; ``progress`` wraps the block iterator, e.g. ``tqdm``) and judged in
+    memory when they hold at most ``lazy_tokens`` real tokens (the same verdicts as eagerly);
+    a larger arm is judged on a systematic sample of its sequences (every k-th, at most about
+    ``lazy_tokens`` tokens), recorded in ``Report.context["lazy_sample"]``: the detectors need
+    per-token arrays, so their statistics are the sample's. For whole-trace numbers of a lazy
+    trace use :func:`rlparity.metrics.summary` and :func:`rlparity.metrics.as_dashboard`, which
+    stream every token.
     """
     opts = DiagnoseOptions.make(options, **changes)
     arms = {name: ds if ds.attrs.get("arm") == name else ds.assign_attrs(arm=name)
             for name, ds in as_arms(data).items()}
     if not arms:
         raise ValueError("no arms to diagnose: pass a trace, {arm: trace} or a store with at least one arm")
+    arms, sampled = _in_memory(arms, lazy_tokens, progress)
     for name, ds in arms.items():  # the judging boundary: scored, with tokens to judge
         validate(ds, require_trainer=True, where=f"arm {name!r}")
     if opts.reference is not None and opts.reference not in arms:
         raise ValueError(f"reference={opts.reference!r} is not an arm of the data; arms: {sorted(arms)}")
-    report = Report(title=title, context={"arms": list(arms), "options": opts.model_dump()})
+    report = Report(title=title, context={"arms": list(arms), "options": opts.model_dump(),
+                                          **({"lazy_sample": sampled} if sampled else {})})
     evidence = {name: build_evidence(ds, trainer=opts.trainer, semantic_tol=opts.semantic_tol,
                                      stale_ratio=opts.stale_ratio) if has_trainer(ds) else None
                 for name, ds in arms.items()}

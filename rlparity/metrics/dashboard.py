@@ -18,10 +18,17 @@ for the peer's; the pair and direction are recorded on the result.
 Tokens a policy gives probability 0 are removed from the mask before any peer formula runs (the
 peers would turn them into infinities or clamp them silently) and counted on the result
 (``n_excluded``).
+
+A lazy trace (``open_arms(store, chunks=N)``) is streamed: every formula is written so dask can
+reduce it chunk by chunk (see the note above :func:`_masked_max`), and all the metrics of a
+dashboard, its counts and the gap beside the floors come from one ``dask.compute``. The chunks are
+read by dask straight from zarr: unlike :func:`rlparity.metrics.summary` and
+:func:`rlparity.diagnose.diagnose` (the block reader), this does not check the store's CRC record.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -81,11 +88,64 @@ class DashboardMetrics(dict):
         return ds
 
 
+def _as(x, dtype):
+    """``x`` as ``dtype`` without reading it: a dask array stays lazy, a list becomes numpy."""
+    return x.astype(dtype) if hasattr(x, "astype") and hasattr(x, "ndim") else np.asarray(x, dtype)
+
+
 def _prep(log_train, log_rollout, mask):
-    m = np.asarray(mask, bool) & np.isfinite(log_train) & np.isfinite(log_rollout)
-    lt = np.where(m, np.asarray(log_train, float), 0.0)
-    lr = np.where(m, np.asarray(log_rollout, float), 0.0)
+    lt0, lr0 = _as(log_train, float), _as(log_rollout, float)
+    m = _as(mask, bool) & np.isfinite(lt0) & np.isfinite(lr0)
+    lt = np.where(m, lt0, 0.0)
+    lr = np.where(m, lr0, 0.0)
     return lt, lr, m
+
+
+# Every formula below is written so that dask can stream it over a lazy trace's chunks (and numpy
+# run it unchanged on a trace in memory): no boolean indexing (masked statistics are sums over the
+# mask / counts, masked extremes ``where(m, x, -inf).max()``), no Python branch on a value, no
+# second pass over the tokens (spreads from sums of squares). Each peer function builds its metrics
+# as 0-d arrays; :func:`_computed` evaluates them together (one ``dask.compute`` on a lazy trace).
+
+def _masked_max(x, m):
+    return np.where(m, x, -np.inf).max()
+
+
+def _masked_min(x, m):
+    return np.where(m, x, np.inf).min()
+
+
+def _masked_std(x, mf, n):
+    """The sample std (n - 1) of ``x`` over the mask from one pass of sums (NaN below 2 tokens)."""
+    s, s2 = (x * mf).sum(), (x * x * mf).sum()
+    return np.where(n > 1, np.sqrt(np.maximum(s2 - s * s / np.maximum(n, 1), 0.0) / np.maximum(n - 1, 1)), np.nan)
+
+
+def _computed(func):
+    """A peer function returning its metrics as (possibly lazy) 0-d arrays -> plain floats, all
+    evaluated at once. ``_lazy=True`` returns the arrays unevaluated (for :func:`as_dashboard`,
+    which adds its counts to the same computation)."""
+    @functools.wraps(func)
+    def wrapper(*args, _lazy: bool = False, **kwargs):
+        with np.errstate(divide="ignore", invalid="ignore"):  # empty masks give NaN, as the peers' code does
+            out = func(*args, **kwargs)
+        return out if _lazy else _evaluate(out)
+    return wrapper
+
+
+def _evaluate(out: Mapping[str, Any]) -> dict[str, float]:
+    if any(hasattr(v, "dask") for v in out.values()):
+        import dask
+
+        (out,) = dask.compute(dict(out))
+    out = {k: float(v) for k, v in out.items()}
+    if out.pop(_USABLE, 1.0) == 0:
+        raise ValueError("no usable token: every real token has a probability-0 side or the mask is empty")
+    return out
+
+
+_USABLE = "__usable_tokens"  # the count a peer needs at least one of, checked once the values are computed
+_N_TOKENS, _N_EXCLUDED, _GAP = "__n_tokens", "__n_excluded", "__gap"  # as_dashboard's own, beside the peer's
 
 
 # ----------------------------------------------------------------------------------------------
@@ -97,63 +157,66 @@ def _vmean(x, m, axis=None):
     return (x * m).sum(axis=axis) / (m.sum(axis=axis) + 1e-8)
 
 
+def _seq_fraction(cond, valid):
+    """The share of the ``valid`` sequences meeting ``cond`` (verl: ``cond[valid].mean()``)."""
+    return (cond & valid).sum() / np.maximum(valid.sum(), 1)
+
+
 def _verl_is_metrics(d, m, level, cap):
     mf = m.astype(float)
     if level == "token":
         raw = np.exp(np.clip(d, -SAFETY_BOUND, SAFETY_BOUND)) * mf
-        lr_for_metrics = d
     elif level == "sequence":
         s = (d * mf).sum(axis=-1, keepdims=True)
         raw = np.exp(np.clip(s, -SAFETY_BOUND, SAFETY_BOUND)) * mf
-        lr_for_metrics = s
     else:
         raise ValueError(f"rollout_is={level!r}; use 'token', 'sequence' or None")
     w = np.minimum(raw, cap)
     lower = 1.0 / cap
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
     if level == "sequence":
-        out["rollout_is_max"] = math.exp(min(float(lr_for_metrics.max()), SAFETY_BOUND))
-        out["rollout_is_min"] = math.exp(float(lr_for_metrics.min()))
-        out["rollout_is_mean"] = float(_vmean(w, mf))
-        out["rollout_is_ratio_fraction_high"] = float((lr_for_metrics > math.log(cap)).mean())
-        out["rollout_is_ratio_fraction_low"] = float((lr_for_metrics < math.log(lower)).mean())
+        out["rollout_is_max"] = np.exp(np.minimum(s.max(), SAFETY_BOUND))
+        out["rollout_is_min"] = np.exp(s.min())
+        out["rollout_is_mean"] = _vmean(w, mf)
+        out["rollout_is_ratio_fraction_high"] = (s > math.log(cap)).mean()
+        out["rollout_is_ratio_fraction_low"] = (s < math.log(lower)).mean()
     else:
-        out["rollout_is_mean"] = float(_vmean(w, mf))
-        out["rollout_is_ratio_fraction_high"] = float(_vmean((raw > cap).astype(float), mf))
-        out["rollout_is_ratio_fraction_low"] = float(_vmean((raw < lower).astype(float), mf))
-        out["rollout_is_max"] = float(w[m].max())
-        out["rollout_is_min"] = float(w[m].min())
+        out["rollout_is_mean"] = _vmean(w, mf)
+        out["rollout_is_ratio_fraction_high"] = _vmean((raw > cap).astype(float), mf)
+        out["rollout_is_ratio_fraction_low"] = _vmean((raw < lower).astype(float), mf)
+        out["rollout_is_max"] = _masked_max(w, m)
+        out["rollout_is_min"] = _masked_min(w, m)
     wc = np.clip(w, 0.0, cap)
-    if mf.sum() > 1:
-        mc = _vmean(wc, mf)
-        out["rollout_is_std"] = float(np.sqrt(max(_vmean(wc ** 2, mf) - mc ** 2, 0.0)))
-    else:
-        out["rollout_is_std"] = 0.0
-    wn = wc / (_vmean(wc, mf) + 1e-8)
-    out["rollout_is_eff_sample_size"] = float(1.0 / _vmean(wn ** 2, mf))
+    mc, mc2 = _vmean(wc, mf), _vmean(wc ** 2, mf)
+    out["rollout_is_std"] = np.where(mf.sum() > 1, np.sqrt(np.maximum(mc2 - mc ** 2, 0.0)), 0.0)
+    # 1 / mean((wc / (mean wc + 1e-8))^2), its mean of squares taken in the same pass as mean wc
+    out["rollout_is_eff_sample_size"] = (mc + 1e-8) ** 2 / mc2
     seq = _vmean(w, mf, axis=-1)
-    out["rollout_is_seq_mean"] = float(seq.mean())
-    out["rollout_is_seq_std"] = float(seq.std(ddof=1)) if seq.size > 1 else 0.0
-    out["rollout_is_seq_max"] = float(seq.max())
-    out["rollout_is_seq_min"] = float(seq.min())
-    out["rollout_is_seq_max_deviation"] = float(np.abs(seq - 1.0).max())
+    out["rollout_is_seq_mean"] = seq.mean()
+    out["rollout_is_seq_std"] = seq.std(ddof=1) if seq.size > 1 else 0.0
+    out["rollout_is_seq_max"] = seq.max()
+    out["rollout_is_seq_min"] = seq.min()
+    out["rollout_is_seq_max_deviation"] = np.abs(seq - 1.0).max()
     raw_seq = _vmean(raw, mf, axis=-1)
-    out["rollout_is_seq_fraction_high"] = float((raw_seq > cap).mean())
-    out["rollout_is_seq_fraction_low"] = float((raw_seq < lower).mean())
+    out["rollout_is_seq_fraction_high"] = (raw_seq > cap).mean()
+    out["rollout_is_seq_fraction_low"] = (raw_seq < lower).mean()
     return out
+
+
+_RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+               "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
 
 
 def _verl_rs(d, m, options: Mapping[str, Any]):
     mf = m.astype(float)
     ls = np.clip(d, -SAFETY_BOUND, SAFETY_BOUND)
-    tk = {"k1": -ls, "k2": 0.5 * ls ** 2, "k3": np.exp(ls) - 1.0 - ls}
+    tk = {"k1": lambda: -ls, "k2": lambda: 0.5 * ls ** 2, "k3": lambda: np.exp(ls) - 1.0 - ls}
     seq_valid = mf.sum(axis=-1) > 0
-    combined = np.ones_like(mf)
-    out: dict[str, float] = {}
+    combined = None
+    out: dict[str, Any] = {}
     for opt, thr in options.items():
         level, est = opt.rsplit("_", 1)
-        if opt not in ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
-                       "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3"):
+        if opt not in _RS_OPTIONS:
             raise ValueError(f"rollout_rs option {opt!r} is not one of verl's k1/k2/k3 options")
         is_k1 = est == "k1"
         if is_k1:
@@ -162,11 +225,17 @@ def _verl_rs(d, m, options: Mapping[str, Any]):
             lo_log, hi_log = math.log(thr[0]), math.log(thr[1])
         else:
             lo_log, hi_log = None, float(thr)
-        k = tk[est]
+        k = tk[est]()
+        up = hi_log
+        low = lo_log if is_k1 else 0.0
+        p = f"rollout_rs_{opt}"
         if level == "token":
             stat = k
             keep = (stat >= lo_log) & (stat <= hi_log) if is_k1 else stat <= hi_log
-            seq_stat = None
+            out[f"{p}_mean"] = _vmean(stat, mf)
+            out[f"{p}_max"], out[f"{p}_min"] = _masked_max(stat, m), _masked_min(stat, m)
+            out[f"{p}_fraction_high"] = _vmean((stat > up).astype(float), mf)
+            out[f"{p}_fraction_low"] = _vmean((stat < low).astype(float), mf) if is_k1 else 0.0
         else:
             if level == "seq_sum":
                 seq_stat = (k * mf).sum(axis=-1)
@@ -176,34 +245,24 @@ def _verl_rs(d, m, options: Mapping[str, Any]):
                 mx = np.where(m, k, -np.inf).max(axis=-1)
                 seq_stat = np.where(mx == -np.inf, 0.0, mx)
             keep_s = (seq_stat >= lo_log) & (seq_stat <= hi_log) if is_k1 else seq_stat <= hi_log
-            keep = np.broadcast_to(keep_s[:, None], m.shape)
-            stat = np.broadcast_to(seq_stat[:, None], m.shape)
+            keep = keep_s[:, None]  # broadcast over positions
+            out[f"{p}_mean"] = _vmean(seq_stat[:, None], mf)
+            out[f"{p}_max"], out[f"{p}_min"] = _masked_max(seq_stat, seq_valid), _masked_min(seq_stat, seq_valid)
+            out[f"{p}_fraction_high"] = _seq_fraction(seq_stat > up, seq_valid)
+            out[f"{p}_fraction_low"] = _seq_fraction(seq_stat < low, seq_valid) if is_k1 else 0.0
         kf = keep.astype(float)
-        combined = combined * kf
-        up = hi_log
-        low = lo_log if is_k1 else 0.0
-        p = f"rollout_rs_{opt}"
-        out[f"{p}_mean"] = float(_vmean(stat, mf))
-        if seq_stat is not None:
-            sv = seq_stat[seq_valid]
-            out[f"{p}_max"], out[f"{p}_min"] = float(sv.max()), float(sv.min())
-            out[f"{p}_fraction_high"] = float((sv > up).mean())
-            out[f"{p}_fraction_low"] = float((sv < low).mean()) if is_k1 else 0.0
-        else:
-            out[f"{p}_max"], out[f"{p}_min"] = float(stat[m].max()), float(stat[m].min())
-            out[f"{p}_fraction_high"] = float(_vmean((stat > up).astype(float), mf))
-            out[f"{p}_fraction_low"] = float(_vmean((stat < low).astype(float), mf)) if is_k1 else 0.0
-        out[f"{p}_masked_fraction"] = float(_vmean(1.0 - kf, mf))
+        combined = kf if combined is None else combined * kf
+        out[f"{p}_masked_fraction"] = _vmean(1.0 - kf, mf)
         seq_keep = (~(~keep & m)).all(axis=-1)
-        out[f"{p}_seq_masked_fraction"] = (float(((1.0 - seq_keep) * seq_valid).sum() / seq_valid.sum())
-                                           if seq_valid.sum() > 0 else 0.0)
+        out[f"{p}_seq_masked_fraction"] = ((1.0 - seq_keep) * seq_valid).sum() / np.maximum(seq_valid.sum(), 1)
     if options:
-        out["rollout_rs_masked_fraction"] = float(_vmean(1.0 - combined, mf))
+        out["rollout_rs_masked_fraction"] = _vmean(1.0 - combined, mf)
         final_keep = (combined > 0.5) & m
-        out["rollout_rs_seq_masked_fraction"] = float((~final_keep & m).any(axis=-1).mean())
+        out["rollout_rs_seq_masked_fraction"] = (~final_keep & m).any(axis=-1).mean()
     return out
 
 
+@_computed
 def verl_metrics(log_train, log_rollout, mask, *, rollout_is: str | None = "token",
                  rollout_is_threshold: float | None = None,
                  rollout_rs: Mapping[str, Any] | None = None) -> dict[str, float]:
@@ -240,16 +299,17 @@ def verl_metrics(log_train, log_rollout, mask, *, rollout_is: str | None = "toke
     * ``training/rollout_probs_diff_{max,mean,std}`` of ``|exp(log pi) - exp(log mu)|`` (std with
       n - 1) and ``training/rollout_actor_probs_pearson_corr`` of the probabilities.
 
-    verl's masked mean divides by ``count + 1e-8``; so does this.
+    verl's masked mean divides by ``count + 1e-8``; so does this. Every statistic is a whole-batch
+    one (``dim=`` makes no sense here); the arrays may be dask arrays (streamed chunk by chunk,
+    evaluated in one ``dask.compute``).
     """
     lt, lr, m = _prep(log_train, log_rollout, mask)
-    if not m.any():
-        raise ValueError("no usable token: every real token has a probability-0 side or the mask is empty")
     mf = m.astype(float)
+    n = mf.sum()
     d = lt - lr
     o = OBJECTIVE_DEFAULTS
     cap = o.is_cap if rollout_is_threshold is None else float(rollout_is_threshold)
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
     if rollout_is is not None:
         out.update(_verl_is_metrics(d, m, rollout_is, cap))
     rs = ({"token_k1": o.token_band, "seq_mean_k1": o.geometric_band, "seq_sum_k1": o.product_band}
@@ -257,29 +317,35 @@ def verl_metrics(log_train, log_rollout, mask, *, rollout_is: str | None = "toke
     out.update(_verl_rs(d, m, rs))
     mt = _vmean(lt, mf, axis=-1)
     mr = _vmean(lr, mf, axis=-1)
-    out["training_ppl"] = float(np.exp(-mt).mean())
-    out["training_log_ppl"] = float((-mt).mean())
-    out["kl"] = float(_vmean(lr - lt, mf))
-    out["k3_kl"] = float(_vmean(np.exp(d) - d - 1.0, mf))
-    out["rollout_ppl"] = float(np.exp(-mr).mean())
-    out["rollout_log_ppl"] = float((-mr).mean())
+    out["training_ppl"] = np.exp(-mt).mean()
+    out["training_log_ppl"] = (-mt).mean()
+    out["kl"] = _vmean(lr - lt, mf)
+    out["k3_kl"] = _vmean(np.exp(d) - d - 1.0, mf)
+    out["rollout_ppl"] = np.exp(-mr).mean()
+    out["rollout_log_ppl"] = (-mr).mean()
     lpd = mr - mt
-    out["log_ppl_diff"] = float(lpd.mean())
-    out["log_ppl_abs_diff"] = float(np.abs(lpd).mean())
-    out["log_ppl_diff_max"] = float(lpd.max())
-    out["log_ppl_diff_min"] = float(lpd.min())
-    out["ppl_ratio"] = float(np.exp(lpd).mean())
+    out["log_ppl_diff"] = lpd.mean()
+    out["log_ppl_abs_diff"] = np.abs(lpd).mean()
+    out["log_ppl_diff_max"] = lpd.max()
+    out["log_ppl_diff_min"] = lpd.min()
+    out["ppl_ratio"] = np.exp(lpd).mean()
     rho = np.exp(np.clip(d, -SAFETY_BOUND, SAFETY_BOUND))
-    out["chi2_token"] = float(_vmean(rho ** 2, mf) - 1.0)
+    out["chi2_token"] = _vmean(rho ** 2, mf) - 1.0
     s = np.clip((d * mf).sum(axis=-1), -SAFETY_BOUND, SAFETY_BOUND)
-    out["chi2_seq"] = float(np.exp(2.0 * s).mean() - 1.0)
+    out["chi2_seq"] = np.exp(2.0 * s).mean() - 1.0
     metrics = {f"rollout_corr/{k}": v for k, v in out.items()}
-    pt, pr = np.exp(lt[m]), np.exp(lr[m])
+    pt, pr = np.exp(lt), np.exp(lr)
     diff = np.abs(pt - pr)
-    metrics["training/rollout_probs_diff_max"] = float(diff.max())
-    metrics["training/rollout_probs_diff_mean"] = float(diff.mean())
-    metrics["training/rollout_probs_diff_std"] = float(diff.std(ddof=1)) if diff.size > 1 else float("nan")
-    metrics["training/rollout_actor_probs_pearson_corr"] = float(np.corrcoef(pt, pr)[0, 1])
+    nn = np.maximum(n, 1)
+    metrics["training/rollout_probs_diff_max"] = _masked_max(diff, m)
+    metrics["training/rollout_probs_diff_mean"] = (diff * mf).sum() / nn
+    metrics["training/rollout_probs_diff_std"] = _masked_std(diff, mf, n)
+    spt, spr = (pt * mf).sum(), (pr * mf).sum()
+    cxy = (pt * pr * mf).sum() - spt * spr / nn
+    cxx = (pt * pt * mf).sum() - spt * spt / nn
+    cyy = (pr * pr * mf).sum() - spr * spr / nn
+    metrics["training/rollout_actor_probs_pearson_corr"] = cxy / np.sqrt(cxx * cyy)
+    metrics[_USABLE] = n
     return metrics
 
 
@@ -291,9 +357,10 @@ def _per_seq_mean_then_batch(x, m):
     """PipelineRL / slime aggregation: sum_t x / L_i summed over sequences, divided by the
     number of sequences (a sequence without tokens contributes 0)."""
     mf = m.astype(float)
-    return float(((x * mf).sum(axis=-1) / np.maximum(mf.sum(axis=-1), 1)).sum() / m.shape[0])
+    return ((x * mf).sum(axis=-1) / np.maximum(mf.sum(axis=-1), 1)).sum() / m.shape[0]
 
 
+@_computed
 def pipelinerl_metrics(log_new, log_old, mask, *, policy_loss: str = "ppo", epsilon_low: float | None = None,
                        epsilon_high: float | None = None) -> dict[str, float]:
     """PipelineRL's ``rl/*`` statistics of ``rl_step`` (ServiceNow/PipelineRL
@@ -310,6 +377,8 @@ def pipelinerl_metrics(log_new, log_old, mask, *, policy_loss: str = "ppo", epsi
     * ``clamp_log_ratio_new_old_indicator``: ``policy_loss="ppo"``: tokens whose ratio is clamped
       to ``[1 - epsilon_low, 1 + epsilon_high]`` (default 0.2 / 0.2); ``"gspo"``: sequences whose
       geometric ratio ``exp(sum d / L)`` is clamped (default eps the GSPO paper's), same aggregation.
+
+    Whole-batch statistics (``dim=`` makes no sense here); the arrays may be dask arrays.
     """
     ln, lo, m = _prep(log_new, log_old, mask)
     mf = m.astype(float)
@@ -326,9 +395,8 @@ def pipelinerl_metrics(log_new, log_old, mask, *, policy_loss: str = "ppo", epsi
     else:
         n = mf.sum(axis=-1)
         g = np.exp((d * mf).sum(axis=-1) / np.maximum(n, 1e-6))
-        ind_s = ((np.clip(g, 1 - el, 1 + eh) != g) & (n > 0)).astype(float)
-        ind = np.broadcast_to(ind_s[:, None], m.shape)
-    rs, r2s, nt = float((r * mf).sum()), float((r * r * mf).sum()), float(mf.sum())
+        ind = ((np.clip(g, 1 - el, 1 + eh) != g) & (n > 0)).astype(float)[:, None]
+    rs, r2s, nt = (r * mf).sum(), (r * r * mf).sum(), mf.sum()
     return {
         "rl/kl_new_old": _per_seq_mean_then_batch(r - d - 1.0, m),
         "rl/ratio_new_old": _per_seq_mean_then_batch(r, m),
@@ -340,6 +408,7 @@ def pipelinerl_metrics(log_new, log_old, mask, *, policy_loss: str = "ppo", epsi
     }
 
 
+@_computed
 def prime_rl_metrics(log_trainer, log_inference, mask, *, advantages=None, dppo_mask_low: float = 0.2,
                      dppo_mask_high: float = 0.2) -> dict[str, float]:
     """prime-rl's mismatch statistics (PrimeIntellect-ai/prime-rl ``src/prime_rl/trainer/rl/loss.py``
@@ -355,35 +424,40 @@ def prime_rl_metrics(log_trainer, log_inference, mask, *, advantages=None, dppo_
       advantage is positive, or ``< -dppo_mask_low`` and its advantage is not positive
       (prime-rl's ``torch.where(A > 0, high, low)``); per sequence the token share, then mean / max
       over sequences. Needs per-sequence ``advantages`` (omitted without them).
+
+    Whole-batch statistics (``dim=`` makes no sense here); the arrays may be dask arrays.
     """
     lt, li, m = _prep(log_trainer, log_inference, mask)
+    mf = m.astype(float)
+    n = mf.sum()
     d = lt - li
-    k = (np.exp(d) - d - 1.0)[m]
-    out = {"mismatch_kl/all/mean": float(k.mean()), "mismatch_kl/all/std": float(k.std(ddof=1)) if k.size > 1
-           else float("nan"), "mismatch_kl/all/max": float(k.max())}
+    k = np.exp(d) - d - 1.0
+    out = {"mismatch_kl/all/mean": (k * mf).sum() / np.maximum(n, 1), "mismatch_kl/all/std": _masked_std(k, mf, n),
+           "mismatch_kl/all/max": _masked_max(k, m)}
     if advantages is not None:
-        a = np.broadcast_to(np.asarray(advantages, float)[:, None], m.shape)
+        a = _as(advantages, float)[:, None]
         pdiff = np.exp(lt) - np.exp(li)
         high, low = pdiff > dppo_mask_high, pdiff < -dppo_mask_low
         masked = np.where(a > 0, high, low)
-        mf = m.astype(float)
 
         def per_seq(x):
             return (x * mf).sum(axis=-1) / np.maximum(mf.sum(axis=-1), 1)
 
         im = per_seq(masked)
-        out.update({"is_masked/mean": float(im.mean()), "is_masked/max": float(im.max()),
-                    "is_masked_low/mean": float(per_seq((a < 0) & low).mean()),
-                    "is_masked_high/mean": float(per_seq((a > 0) & high).mean())})
+        out.update({"is_masked/mean": im.mean(), "is_masked/max": im.max(),
+                    "is_masked_low/mean": per_seq((a < 0) & low).mean(),
+                    "is_masked_high/mean": per_seq((a > 0) & high).mean()})
     return out
 
 
+@_computed
 def slime_metrics(log_train, log_rollout, mask) -> dict[str, float]:
     """slime's ``train/train_rollout_logprob_abs_diff`` (THUDM/slime
     ``slime/backends/megatron_utils/loss.py`` at 624b824a): ``sum_of_sample_mean(|old_log_probs -
     rollout_log_probs|)`` reported over the step's samples, i.e. the mean over sequences of the
     per-sequence token mean of ``|log pi_old - log mu|`` (default per-sample loss; pair: backend,
-    ``old_log_probs`` recomputed by the trainer). Its CI gate: <= 0.1."""
+    ``old_log_probs`` recomputed by the trainer). Its CI gate: <= 0.1. A whole-batch statistic
+    (``dim=`` makes no sense here); the arrays may be dask arrays."""
     lt, lr, m = _prep(log_train, log_rollout, mask)
     return {"train/train_rollout_logprob_abs_diff": _per_seq_mean_then_batch(np.abs(lt - lr), m)}
 
@@ -391,6 +465,7 @@ def slime_metrics(log_train, log_rollout, mask) -> dict[str, float]:
 TRL_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
+@_computed
 def trl_metrics(log_old, log_sampling, mask, *, vllm_importance_sampling_mode: str = "sequence_mask",
                 vllm_importance_sampling_clip_min: float | None = None,
                 vllm_importance_sampling_clip_max: float | None = 3.0) -> dict[str, float]:
@@ -406,14 +481,18 @@ def trl_metrics(log_old, log_sampling, mask, *, vllm_importance_sampling_mode: s
       ``exp(sum_t d)`` per sequence (``sequence_*``), then ``*_truncate`` clamps to
       ``[clip_min, clip_max]`` and ``*_mask`` sets ratios outside it to 0; statistics over the
       masked tokens (token modes) or over sequences (sequence modes), after that processing.
+
+    Whole-batch statistics (``dim=`` makes no sense here); the arrays may be dask arrays.
     """
     lo, ls, m = _prep(log_old, log_sampling, mask)
     if vllm_importance_sampling_mode not in TRL_MODES:
         raise ValueError(f"vllm_importance_sampling_mode={vllm_importance_sampling_mode!r}; use one of {TRL_MODES}")
-    delta = np.abs(lo - ls)[m]
+    mf = m.astype(float)
+    n = np.maximum(mf.sum(), 1)
+    delta = np.abs(lo - ls)
     diff = (lo - ls) * m
     seq = vllm_importance_sampling_mode.startswith("sequence")
-    r = np.exp(diff.sum(axis=-1, keepdims=True) if seq else diff)
+    r = np.exp(diff.sum(axis=-1) if seq else diff)
     cmin, cmax = vllm_importance_sampling_clip_min, vllm_importance_sampling_clip_max
     if vllm_importance_sampling_mode.endswith("truncate"):
         r = np.clip(r, -np.inf if cmin is None else cmin, np.inf if cmax is None else cmax)
@@ -421,14 +500,18 @@ def trl_metrics(log_old, log_sampling, mask, *, vllm_importance_sampling_mode: s
         lo_v = -math.inf if cmin is None else cmin
         hi_v = math.inf if cmax is None else cmax
         r = np.where((r < lo_v) | (r > hi_v), 0.0, r)
-    flat = r.ravel() if seq else r[m]
-    return {"sampling/sampling_logp_difference/mean": float(delta.mean()),
-            "sampling/sampling_logp_difference/max": float(delta.max()),
-            "sampling/importance_sampling_ratio/min": float(flat.min()),
-            "sampling/importance_sampling_ratio/mean": float(flat.mean()),
-            "sampling/importance_sampling_ratio/max": float(flat.max())}
+    if seq:
+        rmin, rmean, rmax = r.min(), r.mean(), r.max()
+    else:
+        rmin, rmean, rmax = _masked_min(r, m), (r * mf).sum() / n, _masked_max(r, m)
+    return {"sampling/sampling_logp_difference/mean": (delta * mf).sum() / n,
+            "sampling/sampling_logp_difference/max": _masked_max(delta, m),
+            "sampling/importance_sampling_ratio/min": rmin,
+            "sampling/importance_sampling_ratio/mean": rmean,
+            "sampling/importance_sampling_ratio/max": rmax}
 
 
+@_computed
 def nemo_rl_metrics(log_prev, log_generation, mask, *, kl_type: str = "k3") -> dict[str, float]:
     """NeMo-RL's generation-mismatch metrics of ``ClippedPGLossFn`` (NVIDIA-NeMo/RL
     ``nemo_rl/algorithms/loss/loss_functions.py`` at 7ea279ab), token means over the batch.
@@ -441,13 +524,17 @@ def nemo_rl_metrics(log_prev, log_generation, mask, *, kl_type: str = "k3") -> d
     * ``gen_kl_error`` = token mean of ``calculate_kl(logprobs=mu, logprobs_reference=pi_old)``
       without clamps: ``logr = log pi_old - log mu``, k3 = ``exp(logr) - 1 - logr`` (the default
       ``reference_policy_kl_type``; k1 = ``-logr``, k2 = ``logr^2 / 2``), KL(P_gen || P_train).
+
+    Whole-batch statistics (``dim=`` makes no sense here); the arrays may be dask arrays.
     """
     lp, lg, m = _prep(log_prev, log_generation, mask)
-    logr = (lp - lg)[m]
-    kl = {"k1": -logr, "k2": logr ** 2 / 2, "k3": np.exp(logr) - 1 - logr}.get(kl_type)
-    if kl is None:
+    if kl_type not in ("k1", "k2", "k3"):
         raise ValueError(f"kl_type={kl_type!r}; use 'k1', 'k2' or 'k3'")
-    return {"token_mult_prob_error": float(np.exp(np.abs(logr)).mean()), "gen_kl_error": float(kl.mean())}
+    mf = m.astype(float)
+    n = np.maximum(mf.sum(), 1)
+    logr = lp - lg
+    kl = {"k1": lambda: -logr, "k2": lambda: logr ** 2 / 2, "k3": lambda: np.exp(logr) - 1 - logr}[kl_type]()
+    return {"token_mult_prob_error": (np.exp(np.abs(logr)) * mf).sum() / n, "gen_kl_error": (kl * mf).sum() / n}
 
 
 _FUNCS = {"verl": verl_metrics, "pipelinerl": pipelinerl_metrics, "prime-rl": prime_rl_metrics,
@@ -481,25 +568,31 @@ def as_dashboard(trace: xr.Dataset, names: str = "verl", *, trainer: TrainerSide
     if policy not in ("old", "theta"):
         raise ValueError(f"policy={policy!r}; use 'old' (pi_old, the backend pair) or 'theta' (pi_theta)")
     trainer = trainer or defaults().trainer
-    mask = trace["response_mask"].values.astype(bool)
-    log_pi = policy_logprob(trace, policy, trainer)
-    log_mu = policy_logprob(trace, "mu", trainer)
+    # a lazy trace stays lazy: the peer's formulas, the counts and the gap below are dask
+    # reductions evaluated together in one pass over the chunks (in memory: numpy, as before)
+    mask = trace["response_mask"].data.astype(bool)
+    log_pi = policy_logprob(trace, policy, trainer, lazy=True)
+    log_mu = policy_logprob(trace, "mu", trainer, lazy=True)
     usable = mask & np.isfinite(log_pi) & np.isfinite(log_mu)
     if names == "prime-rl" and "advantages" not in options and "advantage" in trace:
-        adv = trace["advantage"].values
+        adv = trace["advantage"].values  # one value per sequence: small whatever the trace's size
         if np.isfinite(adv).all():
             options = {**options, "advantages": adv}
-    values = _FUNCS[names](log_pi, log_mu, mask, **options)
+    values = _FUNCS[names](log_pi, log_mu, mask, _lazy=True, **options)
+    n_used = usable.sum()
+    gap = np.where(usable, np.abs(log_pi - log_mu), 0.0).sum() / np.maximum(n_used, 1)
+    values = _evaluate({**values, _N_TOKENS: n_used, _N_EXCLUDED: (mask & ~usable).sum(),
+                        _GAP: np.where(n_used > 0, gap, np.nan)})
+    n_tokens, n_excluded, gap = int(values.pop(_N_TOKENS)), int(values.pop(_N_EXCLUDED)), values.pop(_GAP)
     pair = f"{'backend' if policy == 'old' else 'bypass'} ({POLICY_NAMES[policy]}, mu)"
     out = DashboardMetrics(values, peer=names, pair=pair,
                            direction=f"{policy_variable(policy, trainer)} - rollout_logprob",
-                           n_tokens=int(usable.sum()), n_excluded=int((mask & ~usable).sum()),
+                           n_tokens=n_tokens, n_excluded=n_excluded,
                            source=SOURCES[names], trainer_side=trainer,
                            options=str({k: v for k, v in options.items() if k != "advantages"}),
                            arm=trace.attrs.get("arm", "default"),
                            # beside the peer's numbers: the gap the trainer's own batch shape produces
-                           **floors_beside_gap(trace, float(np.mean(np.abs(log_pi[usable] - log_mu[usable])))
-                                               if usable.any() else float("nan"), trainer))
+                           **floors_beside_gap(trace, gap, trainer))
     return out.to_dataset() if as_dataset else out
 
 

@@ -149,4 +149,28 @@ def blocks(trace: xr.Dataset, *, size: int | None = None, progress: Callable | N
         raise TraceValidationError(f"{where} is not a valid rlparity trace: {CHECKSUM_MISMATCH}")
 
 
-__all__ = ["LAZY_RECORD", "StreamDigests", "arm_record", "block_size", "blocks", "is_lazy", "lazy_chunks", "validate_structure"]
+def load_sample(trace: xr.Dataset, *, every: int = 1, progress: Callable | None = None) -> xr.Dataset:
+    """A lazy trace in memory: every ``every``-th sequence (0, every, 2 every, ...; ``every=1``:
+    all of it, equal to the trace opened eagerly), read through :func:`blocks`, so every block is
+    validated and the store's CRC record checked over the whole trace, sampled or not. Memory:
+    the sample plus one block. A sample (``every > 1``) drops the whole trace's token checksum
+    (already checked) and says what it is in ``attrs["lazy_sample"]``."""
+    if every < 1:
+        raise ValueError(f"every must be at least 1 (every sequence), not {every}")
+    parts, start = [], 0
+    for part in blocks(trace, progress=progress):
+        n = part.sizes["sequence"]
+        parts.append(part if every == 1 else part.isel(sequence=np.arange(start, start + n) % every == 0))
+        start += n
+    out = xr.concat(parts, "sequence", data_vars="minimal", coords="minimal", compat="override",
+                    combine_attrs="override") if len(parts) > 1 else parts[0]
+    out.encoding = {k: v for k, v in out.encoding.items() if k != LAZY_RECORD}
+    if every > 1:
+        out = _unchained(out)
+        out.attrs["lazy_sample"] = (f"one sequence in {every}: {out.sizes['sequence']} of {start} sequences "
+                                    "(every block read and checked)")
+    return out
+
+
+__all__ = ["LAZY_RECORD", "StreamDigests", "arm_record", "block_size", "blocks", "is_lazy", "lazy_chunks", "load_sample",
+           "validate_structure"]

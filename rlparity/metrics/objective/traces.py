@@ -51,11 +51,15 @@ def policy_variable(policy: str, trainer: TrainerSide | None = None) -> str:
     return POLICY_VARIABLES[trainer][policy]
 
 
-def policy_logprob(trace: xr.Dataset, policy: str, trainer: TrainerSide | None = None) -> np.ndarray:
-    """The per-token log-probabilities of ``policy`` as a float array (NaN on padding)."""
+def policy_logprob(trace: xr.Dataset, policy: str, trainer: TrainerSide | None = None, *,
+                   lazy: bool = False) -> np.ndarray:
+    """The per-token log-probabilities of ``policy`` as a float array (NaN on padding).
+    ``lazy=True`` keeps a lazy trace lazy: a dask array (nothing read) for a formula that streams."""
     var = policy_variable(policy, trainer)
     if var not in trace:
         raise ValueError(f"the trace has no {var} ({POLICY_NAMES[policy]}): {_NEEDS.get(policy, '')}")
+    if lazy:
+        return np.where(trace["response_mask"].data.astype(bool), trace[var].data.astype(float), np.nan)
     return np.where(trace["response_mask"].values.astype(bool), trace[var].values.astype(float), np.nan)
 
 
