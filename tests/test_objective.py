@@ -227,6 +227,30 @@ def test_update_ratio_clipped_often():
     assert big[0].evidence["pair"] == "update (pi_theta, pi_old)" and big[0].evidence["ppo_token_clip_fraction"] > 0.2
 
 
+def test_update_ratio_is_judged_by_the_loss_of_the_recorded_step():
+    """A step of 0.02 nats per token leaves PPO's 0.2 trust region on no token but moves almost every
+    sequence's geometric ratio outside GSPO's 3e-4 band: a PPO step is judged by PPO's rule only, a
+    GSPO step by GSPO's (at its recorded clip), an unrecorded step by both. The fractions come from
+    numpy here, not from rlparity.metrics.objective."""
+    t = with_theta(synthetic_trace(seed=7, n_sequences=32), 0.02)
+    m = t["response_mask"].values.astype(bool)
+    d = t["trainer_updated_processed_logprob"].values - t["trainer_processed_logprob"].values
+    tok = (np.abs(np.exp(d[m]) - 1) > 0.2).mean()
+    geo = np.exp(np.where(m, d, 0).sum(1) / m.sum(1))
+    seq = ((geo < 1 - 3e-4) | (geo > 1 + 4e-4)).mean()
+    assert tok == 0 and seq > 0.5
+    assert [f.evidence["level"] for f in update_ratio_clipped_often(t)] == ["sequence"]
+    ppo = t.assign_attrs(train_step={"loss": "ppo", "eps_low": 0.2, "eps_high": 0.2})
+    assert update_ratio_clipped_often(ppo) == []
+    gspo = update_ratio_clipped_often(t.assign_attrs(train_step={"loss": "gspo", "eps_low": 3e-4, "eps_high": 4e-4}))
+    assert len(gspo) == 1 and gspo[0].evidence["gspo_sequence_clip_fraction"] == pytest.approx(seq)
+    assert gspo[0].evidence["loss"] == "gspo"
+    # a PPO step with a tight recorded clip is held to it, per token
+    tight = update_ratio_clipped_often(t.assign_attrs(train_step={"loss": "ppo", "eps_low": 0.01, "eps_high": 0.01}))
+    assert [f.evidence.get("level", "token") for f in tight] == ["token"]
+    assert tight[0].evidence["ppo_token_clip_fraction"] == pytest.approx((np.abs(np.exp(d[m]) - 1) > 0.01).mean())
+
+
 def test_correction_hides_backend_mismatch():
     raw, par = synthetic_trace(**RAW), synthetic_trace(temperature=0.6, n_sequences=32)
     f = correction_hides_backend_mismatch(raw, [semantic_error()])

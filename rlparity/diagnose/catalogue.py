@@ -392,7 +392,8 @@ _CODES: tuple[FindingCode, ...] = (
        "The update pair (pi_theta, pi_old) is clipped often: PPO's token clip or GSPO's sequence clip; the step "
        "leaves the trust region.", objective.FIX_UPDATE, "objective",
        rule="token clip fraction (ratio outside [1-eps, 1+eps]) above `objective.clip_fraction_max`, or GSPO "
-            "sequence clip fraction above `objective.sequence_clip_fraction_max`",
+            "sequence clip fraction above `objective.sequence_clip_fraction_max`; when the trace records the "
+            "step (`train_step`), only that loss's rule, at the step's own clip",
        thresholds=("eps", "objective.gspo_eps_low", "objective.gspo_eps_high", "objective.clip_fraction_max",
                    "objective.sequence_clip_fraction_max"), calibrated_on=LITERATURE),
     _c("correction_hides_backend_mismatch", OBJ, (E,),

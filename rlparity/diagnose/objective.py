@@ -127,12 +127,23 @@ def update_ratio_clipped_often(trace: xr.Dataset, *, trainer: TrainerSide | None
                                sequence_clip_fraction_max: float | None = None) -> list[Finding]:
     """PPO token clip fraction (eps default 0.2) and GSPO sequence clip fraction (default 3e-4 /
     4e-4) of the update pair (pi_theta, pi_old), each a warning above its threshold. Nothing
-    without pi_theta in the trace."""
+    without pi_theta in the trace.
+
+    When the trace records the step that made pi_theta (``attrs["train_step"]``, written by
+    :func:`rlparity.train.train_step`), only its own loss's rule is judged, at the step's own clip
+    (a PPO step is not held to GSPO's 3e-4 band, nor a GSPO step to PPO's token clip); an explicit
+    ``eps`` / ``gspo_eps`` wins over the recorded clip."""
     o = ob.OBJECTIVE_DEFAULTS
     if "update" not in ob.available_pairs(trace, trainer):
         return []
-    e = o.ppo_eps if eps is None else eps
-    gl, gh = (o.gspo_eps_low, o.gspo_eps_high) if gspo_eps is None else gspo_eps
+    step = trace.attrs.get("train_step") or {}
+    loss = str(step.get("loss") or "").lower()
+    recorded = (step.get("eps_low"), step.get("eps_high"))
+    has_clip = None not in recorded
+    judge_token, judge_sequence = loss in ("", "ppo", "grpo"), loss in ("", "gspo")
+    e = eps if eps is not None else (max(map(float, recorded)) if has_clip and loss in ("ppo", "grpo") else o.ppo_eps)
+    gl, gh = gspo_eps if gspo_eps is not None else (
+        tuple(map(float, recorded)) if has_clip and loss == "gspo" else (o.gspo_eps_low, o.gspo_eps_high))
     tmax = o.clip_fraction_max if clip_fraction_max is None else clip_fraction_max
     smax = o.sequence_clip_fraction_max if sequence_clip_fraction_max is None else sequence_clip_fraction_max
     tok = ob.clip_fraction(trace, "update", eps_low=e, eps_high=e, trainer=trainer)
@@ -141,12 +152,14 @@ def update_ratio_clipped_often(trace: xr.Dataset, *, trainer: TrainerSide | None
     base = {**_ev(trace, "update", trainer), "ppo_token_clip_fraction": float(tok), "ppo_eps": e,
             "gspo_sequence_clip_fraction": float(seq), "gspo_eps": (gl, gh),
             "n_tokens": int(tok.n_used), "n_excluded_tokens": int(tok.n_excluded), "n_sequences": int(seq.n_used)}
-    if float(tok) > tmax:
+    if loss:
+        base["loss"] = loss
+    if judge_token and float(tok) > tmax:
         out.append(Finding(Layer.OBJECTIVE, "update_ratio_clipped_often", Severity.WARNING,
                            f"{float(tok):.1%} of the tokens have pi_theta/pi_old outside [1-{e:g}, 1+{e:g}]: "
                            "the step leaves PPO's trust region", {**base, "threshold": tmax}, FIX_UPDATE,
                            trace.attrs.get("arm")))
-    if float(seq) > smax:
+    if judge_sequence and float(seq) > smax:
         out.append(Finding(Layer.OBJECTIVE, "update_ratio_clipped_often", Severity.WARNING,
                            f"{float(seq):.1%} of the sequences have a geometric pi_theta/pi_old outside "
                            f"[1-{gl:g}, 1+{gh:g}] (GSPO clip)", {**base, "threshold": smax, "level": "sequence"},
