@@ -924,6 +924,15 @@ def _leftovers(d: Path) -> list[str]:
     return sorted(p.name for p in d.iterdir() if p.name.startswith("."))
 
 
+def _dead_pid() -> int:
+    """The pid of a process that has exited (what a killed writer's folder names)."""
+    import subprocess
+
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
 def _crash_between_renames(tmp_path: Path, *, new_complete: bool) -> Path:
     """Leave what a save killed between its two renames leaves: the store renamed to .old-*, the
     new copy still at .tmp-*, nothing at the store's name."""
@@ -931,8 +940,9 @@ def _crash_between_renames(tmp_path: Path, *, new_complete: bool) -> Path:
     staging = T.save(NOISY, tmp_path / "staging.zarr")
     if not new_complete:
         (staging / ".zmetadata").unlink()  # the crash came before the new copy was complete
-    os.rename(staging, tmp_path / ".s.zarr.tmp-4242-deadbeef")
-    os.rename(store, tmp_path / ".s.zarr.old-4242-deadbeef")  # the first rename only
+    pid = _dead_pid()  # the killed writer's
+    os.rename(staging, tmp_path / f".s.zarr.tmp-{pid}-deadbeef")
+    os.rename(store, tmp_path / f".s.zarr.old-{pid}-deadbeef")  # the first rename only
     assert not store.exists()
     return store
 

@@ -231,3 +231,29 @@ def test_large_store_integrity_check_finds_nothing_on_a_good_store(tmp_path):
     got = T.load(store)
     assert dataset_digests(got) == dataset_digests(ds)
     assert isinstance(got, xr.Dataset) and np.array_equal(got["token_id"].values, ds["token_id"].values)
+
+def test_recovery_leaves_a_live_writers_folder_alone_before_its_lock(tmp_path):
+    """temp_store makes its folder, then locks it: a recovery between the two must not take it.
+    A .tmp- folder named by a live process (not locked) stays; one named by a process that has
+    exited is removed, as is an unlocked .old- folder (the pid in its name does not protect it)."""
+    import subprocess
+
+    store = T.save(synthetic_trace(seed=1), tmp_path / "s.zarr")
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    try:
+        mine = tmp_path / f".s.zarr.tmp-{live.pid}-0123abcd"
+        gone = tmp_path / f".s.zarr.tmp-{dead.pid}-0123abcd"
+        old = tmp_path / f".s.zarr.old-{live.pid}-0123abcd"
+        for d in (mine, gone, old):
+            d.mkdir()
+        done = T.recover(store)
+        assert mine.exists() and not gone.exists() and not old.exists(), done
+        assert f"removed orphan {gone.name}" in done
+        T.load(store)  # the store itself untouched
+    finally:
+        live.kill()
+        live.wait()
+    T.recover(store)
+    assert not mine.exists()  # its writer is gone now

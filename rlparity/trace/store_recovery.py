@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -55,8 +56,33 @@ def temp_store(path: str | os.PathLike, *, kind: str = "tmp") -> Iterator[Path]:
             os.close(fd)
 
 
-def _claim(d: Path) -> int | None:
-    """Lock a leftover directory if no live writer guards it; its fd, or None if it is live."""
+_CREATOR = re.compile(r"-(\d+)-[0-9a-f]{8}$")
+
+
+def _creator_alive(d: Path) -> bool:
+    """Whether the process named in a ``.NAME.tmp-<pid>-<id>`` / ``.staging-`` folder's name is
+    alive on this machine. :func:`temp_store` makes the folder, then locks it: between the two, only
+    the name says a writer owns it (a recovery that claimed it there removed a live writer's folder)."""
+    m = _CREATOR.search(d.name)
+    if m is None:
+        return False
+    pid = int(m.group(1))
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, another user's
+        return True
+    return True
+
+
+def _claim(d: Path, kind: str | None = None) -> int | None:
+    """Lock a leftover directory if no live writer guards it; its fd, or None if it is live. A
+    ``tmp`` / ``staging`` folder whose creating process is alive is live even before its lock."""
+    if kind in ("tmp", "staging") and _creator_alive(d):
+        return None
     try:
         fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -100,7 +126,7 @@ def recover(path: str | os.PathLike, *, keep: Path | None = None) -> list[str]:
             for d in _leftovers(p):
                 if keep is not None and d == keep:
                     continue
-                fd = _claim(d)
+                fd = _claim(d, _leftover_kind(p, d))
                 if fd is not None:
                     claimed.append((d, fd))
             if not os.path.lexists(p):
