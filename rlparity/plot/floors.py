@@ -16,9 +16,9 @@ from rlparity.plot.palette import color
 
 
 def plot_floor_table(tables: Mapping[str, xr.Dataset]) -> go.Figure:
-    """One group of bars per trainer shape (mean |delta| against the reference shape, nats, log
+    """One group of bars per trainer shape (mean ``|delta|`` against the reference shape, nats, log
     axis), one colour per run (``tables``: ``{label: floor_table(...)}``); the dashed line of each run
-    is its backend gap (mean |d|) and the dotted one the engine's batch spread."""
+    is its backend gap (mean ``|d|``) and the dotted one the engine's batch spread."""
     fig = go.Figure()
     for label, t in tables.items():
         shapes = [s for s in t["shape"].values.tolist() if s != t.attrs.get("reference")]
@@ -43,7 +43,7 @@ def plot_floor_table(tables: Mapping[str, xr.Dataset]) -> go.Figure:
 
 def plot_floor_by_position(a: xr.Dataset, b: xr.Dataset) -> go.Figure:
     """Per position: the floor between two rescorings ``a`` and ``b`` of one rollout (mean over
-    sequences of |log pi_a - log pi_b|) and the backend gap of ``a`` (mean |d|), nats, log axis."""
+    sequences of ``|log pi_a - log pi_b|``) and the backend gap of ``a`` (mean ``|d|``), nats, log axis."""
     f = trainer_floor(a, b, dim="sequence")
     d = log_ratio(a).values
     gap = core.masked_mean(np.abs(d), a["response_mask"].values, axis=0)
