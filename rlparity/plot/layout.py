@@ -136,4 +136,18 @@ def layout_problems(fig: Any, *, column: int = COLUMN_PX) -> list[str]:
     return problems
 
 
-__all__ = ["COLUMN_PX", "book_layout", "layout_problems"]
+def trace_colors(fig: Any) -> dict[str, str | None]:
+    """``{name: colour}`` of the named traces of ``fig`` (a dict or a ``Figure``): the line colour,
+    else the marker colour; ``None`` where plotly's colour cycle would pick one (so the same name
+    could change colour from one figure to the next), ``"per point"`` for a colour scale."""
+    out: dict[str, str | None] = {}
+    for trace in _as_dict(fig).get("data", []):
+        name = trace.get("name")
+        if not name:
+            continue
+        c = (trace.get("line") or {}).get("color") or (trace.get("marker") or {}).get("color")
+        out[str(name)] = c if c is None or isinstance(c, str) else "per point"
+    return out
+
+
+__all__ = ["COLUMN_PX", "book_layout", "layout_problems", "trace_colors"]
