@@ -290,7 +290,9 @@ from rlparity.datasets import example_attrs
 
 h200 = example_attrs("h200-rl")
 h200_curves = mrl.curves_from_records(h200["rl_curves"])
-print({k: h200["example"][k] for k in ("device_name", "vllm", "torch", "date", "sizes")})
+e = h200["example"]
+print(f"{e['device_name']}, vLLM {e['vllm']}, torch {e['torch']}, {e['date']}: "
+      + ", ".join(f"{k} {v}" for k, v in e["sizes"].items()))
 plot_rl_curves(h200_curves, ["reward", "entropy", "mean_ratio", "clamp_log_ratio_new_old_indicator"], cols=2)
 
 # %%
