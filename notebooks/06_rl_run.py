@@ -140,7 +140,8 @@ arms = ex.rl_run(model, profiles, steps, loss=loss, old_policy=old_policy, n_pro
 elapsed = time.perf_counter() - t0
 runs = list(dict.fromkeys(mrl.parse_step_arm(a)[0] for a in arms))
 engine_starts = {ds.attrs["rl"]["profile"]: ds.attrs["rl"]["engine_startup_s"] for ds in arms.values()}
-print(f"{len(arms)} steps in {elapsed:.0f} s; engine starts (s): {engine_starts}")
+print(f"{len(arms)} steps in {elapsed:.0f} s; engine start: "
+      + ", ".join(f"{p} {s:.1f} s" for p, s in engine_starts.items()))
 
 # %% [markdown]
 # ### The curves
@@ -155,7 +156,9 @@ print(f"{len(arms)} steps in {elapsed:.0f} s; engine starts (s): {engine_starts}
 
 # %%
 curves = mrl.rl_curves(arms)
-curves.to_dataframe().round(4).T
+# every step of every run is in results.json ("curves"); the page shows each run's first and last step
+(curves[["reward", "entropy", "mean_ratio", "clamp_log_ratio_new_old_indicator", "kl_new_old", "ess"]]
+ .isel(step=[0, -1]).reset_coords(drop=True).to_dataframe().round(4))
 
 # %%
 plot_rl_curves(curves)
