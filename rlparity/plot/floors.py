@@ -50,8 +50,10 @@ def plot_floor_by_position(a: xr.Dataset, b: xr.Dataset) -> go.Figure:
     pos = f["position"].values if "position" in f.coords else np.arange(f.sizes["position"])
     fig = go.Figure([
         go.Scatter(x=pos, y=np.maximum(f["floor_mean_abs"].values, 1e-12), mode="lines+markers",
-                   name="trainer floor (two shapes)", hovertemplate="position %{x}: %{y:.3g} nats<extra></extra>"),
-        go.Scatter(x=pos, y=gap, mode="lines", name="backend gap mean |d|", line={"dash": "dash"},
+                   name="trainer floor (two shapes)", line={"color": color("trainer floor (two shapes)")},
+                   hovertemplate="position %{x}: %{y:.3g} nats<extra></extra>"),
+        go.Scatter(x=pos, y=gap, mode="lines", name="backend gap mean |d|",
+                   line={"dash": "dash", "color": color("backend gap mean |d|")},
                    hovertemplate="position %{x}: %{y:.3g} nats<extra></extra>")])
     sa = (a.attrs.get("trainer") or {}).get("shape") or {}
     sb = (b.attrs.get("trainer") or {}).get("shape") or {}
