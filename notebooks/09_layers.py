@@ -139,7 +139,7 @@ t0 = time.perf_counter()
 with defaults_context(layer_floor_ratio=floor_ratio):
     arms, record = run_layers(model, scenarios, settings, workdir=out / "checkpoints")
 elapsed = time.perf_counter() - t0
-print(f"{len(arms)} arms in {elapsed:.0f} s; not run: {record['not_run'] or 'none'}")
+print(f"{len(arms)} arms in {elapsed:.0f} s; not run: " + ("; ".join(f"{k} ({v})" for k, v in record['not_run'].items()) or "none"))
 
 # %% [markdown]
 # ### The profile: error per site, one line per arm
