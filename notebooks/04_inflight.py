@@ -119,7 +119,8 @@ h200_ratios = mi.reset_ratios(h200_table)
 h200_report = diagnose(h200_arms, title="H200: inflight weight updates")
 h200_flagged = sorted({f.arm for f in h200_report if f.name == "stale_prefix_cache_after_update"
                        and f.severity.value == "error"})
-print("H200 stale arms:", h200_flagged, {a: round(v["ratio"], 1) for a, v in h200_ratios.items()})
+print("H200 stale arms (mean |d| after the update over the cache-reset arm's): "
+      + ", ".join(f"{a} {h200_ratios[a]['ratio']:.1f}x" for a in h200_flagged))
 pin.plot_inflight_bars(h200_table)
 
 # %% [markdown]
@@ -208,10 +209,13 @@ for m in modes:
 # folds the policy lag into d: the off-policy share of the mismatch.
 
 # %%
-{a: {"own version": float(table["inflight_abs_log_ratio_mean"].sel(arm=a)),
-     "latest weights": float(table["latest_abs_log_ratio_mean"].sel(arm=a)),
-     "lagged tokens at the latest weights": float(table["lagged_latest_abs_log_ratio_mean"].sel(arm=a))}
- for a in table["arm"].values if a.endswith("prefix_off")}
+import pandas as pd
+
+pd.DataFrame({"own version": table["inflight_abs_log_ratio_mean"].values,
+              "latest weights": table["latest_abs_log_ratio_mean"].values,
+              "lagged tokens at the latest weights": table["lagged_latest_abs_log_ratio_mean"].values},
+             index=pd.Index(table["arm"].values.astype(str), name="arm (mean |d|, nats)")
+             ).loc[lambda df: df.index.str.endswith("prefix_off")].map(lambda v: f"{v:.3g}")
 
 # %% [markdown]
 # ### What rlparity diagnoses
@@ -221,7 +225,7 @@ for m in modes:
 # %%
 report = diagnose(arms, title="Inflight weight updates")
 flagged = sorted({f.arm for f in report if f.name == "stale_prefix_cache_after_update" and f.severity.value == "error"})
-print("stale arms:", flagged)
+print("stale arms:", ", ".join(flagged) or "none")
 report
 
 # %% [markdown] tags=["remove-cell"]

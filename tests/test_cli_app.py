@@ -6,6 +6,7 @@ leave the working directory and the logging environment alone, and the command l
 from __future__ import annotations
 
 import ast
+import inspect
 import os
 import shlex
 import subprocess
@@ -156,3 +157,23 @@ def test_gpu_run_command_lines_parse():
     assert (params["shape"], params["gpu_memory_utilization"], params["n_prompts"]) == ("1.5b", 0.6, 64)
     with pytest.raises(typer.TyperException):  # an option that does not exist fails the parse
         _parse(root, ["experiment", "faults", "--out", "x", "--no-such-flag"])
+
+
+def test_experiment_progress_goes_to_the_log_file_not_the_page(tmp_path, monkeypatch, capsys):
+    """Issue 28: the runners' progress lines ("engine started in 28.3 s", one per arm) made 14 boxes
+    on notebook 04's page. Their default ``log`` appends them to the log file the notebook chose;
+    without a chosen file they go to stderr (which pages drop), never stdout."""
+    from rlparity.config import logs
+    from rlparity.experiments.inflight import inflight_matrix
+
+    assert inspect.signature(inflight_matrix).parameters["log"].default is logs.progress_log
+    monkeypatch.setattr(logs, "_CHOICE", {"file": None})
+    logs.progress_log("no file chosen")
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == "no file chosen\n"
+    monkeypatch.setattr(logs, "_CHOICE", {"file": tmp_path / "logs" / "vllm-x.log"})
+    logs.progress_log("engine started in 1.0 s")
+    logs.progress_log("  arm-a: pause 0.06 s")
+    assert capsys.readouterr() == ("", "")
+    lines = (tmp_path / "logs" / "vllm-x.log").read_text().splitlines()
+    assert [ln.split(" INFO rlparity: ")[1] for ln in lines] == ["engine started in 1.0 s", "  arm-a: pause 0.06 s"]

@@ -99,3 +99,34 @@ def test_notebook_runs_and_writes_its_dataset(name, executed_notebook):
         assert arms
         for arm, ds in arms.items():
             validate(ds, require_trainer=True, where=f"{store.name}/{arm}")
+
+
+def test_the_page_shows_the_parameters_that_ran(tmp_path):
+    """Issue 28: papermill injects ``ci=True`` in a hidden cell and the setup cell shrinks the sizes,
+    so the parameters cell alone misstates what ran. ``run_notebook`` adds a cell after the setup
+    cell that shows the values that differ from the cell's: run a real (engine-free) notebook."""
+    from rlparity.cli.notebooks import effective_parameters, run_notebook
+
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "language": "python",
+                                                           "display_name": "Python 3"}})
+    params = 'ci = False\nn_prompts = 32\ntemperatures = [0.5, 0.7]\ntol = None\nseed = 0\nout_dir = "a"\n'
+    nb.cells = [nbformat.v4.new_markdown_cell("# a chapter"),
+                nbformat.v4.new_code_cell(params, metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell("tol = 0.01 if tol is None else tol\n"
+                                          "if ci:\n    n_prompts, temperatures = 8, [1.0]\nprint(n_prompts)"),
+                nbformat.v4.new_code_cell("assert n_prompts == 8")]
+    src = tmp_path / "00_demo.ipynb"
+    nbformat.write(nb, str(src))
+    out = run_notebook(src, tmp_path / "run" / "00_demo.ipynb", tmp_path / "out")
+    ran = nbformat.read(str(out), as_version=4)
+    cell = next(c for c in ran.cells if "parameters-ran" in c.metadata.get("tags", []))
+    assert ran.cells.index(cell) == 4  # parameters, papermill's injected cell, setup, then this one
+    assert "remove-input" in cell.metadata["tags"]
+    html = cell.outputs[0]["data"]["text/html"]
+    for name, value, written in (("ci", "True", "False"), ("n_prompts", "8", "32"),
+                                 ("temperatures", "[1.0]", "[0.5, 0.7]"), ("tol", "0.01", "None")):
+        assert f"<td><code>{name}</code></td><td><code>{value}</code></td><td><code>{written}</code></td>" in html
+    assert "seed" not in html and "out_dir" not in html  # unchanged, and the run's temporary folder
+    assert not nbformat.read(str(src), as_version=4).cells[2].get("outputs")  # the source stays clean
+    same = effective_parameters({"ci": False, "n_prompts": 32}, "ci = False\nn_prompts = 32\n")
+    assert same.rows == [] and "ran with the parameters above" in repr(same)

@@ -6,6 +6,9 @@ the findings catalogue, serve plotly.js locally, run ``jupyter-book build -W --k
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import inspect
 import os
 import re
 import shutil
@@ -18,32 +21,148 @@ from typing import Optional
 import typer
 
 from rlparity.cli.notebooks import NOTEBOOKS, notebook_paths, run_notebook
-from rlparity.config.env import scoped_env
 
 BOOK = NOTEBOOKS.parent / "book"
 
 
+def _cell(text) -> str:
+    """One Markdown table cell: reStructuredText literals as Markdown code, pipes and newlines escaped."""
+    text = re.sub(r"``([^`]+)``", r"`\1`", " ".join(str(text).split()))
+    return text.replace("|", "\\|")
+
+
+def _subcommands(cmd, ctx):
+    if not hasattr(cmd, "list_commands"):
+        return []
+    return [(name, cmd.get_command(ctx, name)) for name in cmd.list_commands(ctx)]
+
+
 def cli_reference(cmd) -> str:
-    """Markdown of ``rlparity --help`` and every command's help (generated, never hand-kept) from the
-    root click command (``typer.main.get_command(rlparity.cli.build_app())``)."""
+    """Markdown of every command of the root click command ``cmd``
+    (``typer.main.get_command(rlparity.cli.build_app())``), generated, never hand-kept: one
+    section per command (an anchor ``cli-<command path>``), its help in full, a table of its
+    arguments and options (name, value, default, help) and links to its subcommands."""
 
-    def plain_help(command, ctx) -> str:
-        # typer renders help with rich and prints it; capture it without colours at a fixed width
-        import contextlib
-        import io
+    def default(p) -> str:
+        d = p.default
+        if d is None or d in ((), [], "") or p.required:
+            return "required" if p.required else ""
+        return f"`{getattr(d, 'value', d)}`"
 
-        buf = io.StringIO()
-        with scoped_env({"COLUMNS": "100", "NO_COLOR": "1", "TERM": "dumb"}), contextlib.redirect_stdout(buf):
-            text = command.get_help(ctx)
-        return "\n".join(line.rstrip() for line in ((text or "") + buf.getvalue()).strip("\n").splitlines())
+    def section(command, ctx, path: list[str], level: int) -> list[str]:
+        anchor = "cli-" + "-".join(path[1:] or ["rlparity"])
+        out = [f"({anchor})=", f"{'#' * level} `{' '.join(path)}`\n"]
+        helptext = re.sub(r"``([^`]+)``", r"`\1`", inspect.cleandoc(command.help or ""))
+        out.append(helptext + "\n")
+        params = [p for p in command.params if not getattr(p, "hidden", False)]
+        if params:
+            out += ["| argument or option | value | default | meaning |", "|---|---|---|---|"]
+            for p in params:
+                if p.param_type_name == "argument":
+                    name = f"`{p.name.upper()}`"
+                else:
+                    name = ", ".join(f"`{o}`" for o in [*p.opts, *p.secondary_opts])
+                value = "" if getattr(p, "is_flag", False) else _cell(p.display_type(ctx).strip("<>"))
+                out.append(f"| {name} | {value} | {default(p)} | {_cell(getattr(p, 'help', '') or '')} |")
+            out.append("")
+        subs = _subcommands(command, ctx)
+        if subs:
+            out.append("Commands: " + ", ".join(f"[`{n}`](#cli-{'-'.join([*path[1:], n])})" for n, _ in subs) + "\n")
+        for name, sub in subs:
+            sctx = sub.make_context(name, [], parent=ctx, resilient_parsing=True)
+            out += section(sub, sctx, [*path, name], min(level + 1, 3))
+        return out
 
     ctx = cmd.make_context("rlparity", [], resilient_parsing=True)
-    parts = ["# Command line\n", "Generated from the commands' own help.\n", "```text", plain_help(cmd, ctx), "```\n"]
-    for name in sorted(cmd.list_commands(ctx)):  # type: ignore[attr-defined]
-        sub = cmd.get_command(ctx, name)  # type: ignore[attr-defined]
-        sctx = sub.make_context(name, [], parent=ctx, resilient_parsing=True)
-        parts += [f"## `rlparity {name}`\n", "```text", plain_help(sub, sctx), "```\n"]
-    return "\n".join(parts)
+    parts = ["# Command line\n", "Generated from the command tree (`rlparity.cli.build_app()`): every command, "
+             "its arguments and options. `rlparity COMMAND --help` prints the same.\n"]
+    return "\n".join(parts + section(cmd, ctx, ["rlparity"], 2))
+
+
+#: subpackages without an API page: the command line has its own page (reference/cli)
+_NO_API_PAGE = ("cli", "data", "io")  # io: the deprecated alias of importers (one release), not documented
+
+
+def api_modules() -> dict[str, list[str]]:
+    """``{page: [module, ...]}`` for the API reference, read from the package itself (never a
+    hand-kept list): one page per subpackage of ``rlparity`` (its public modules, the subpackage
+    first), and one page ``rlparity`` for the top-level modules. A module whose name starts with
+    ``_`` is private and left out."""
+    import pkgutil
+
+    import rlparity
+
+    pages: dict[str, list[str]] = {"rlparity": []}
+    for info in sorted(pkgutil.iter_modules(rlparity.__path__), key=lambda i: i.name):
+        if info.name.startswith("_") or info.name in _NO_API_PAGE:
+            continue
+        if not info.ispkg:
+            pages["rlparity"].append(f"rlparity.{info.name}")
+            continue
+        package = importlib.import_module(f"rlparity.{info.name}")
+        pages[info.name] = [package.__name__] + sorted(
+            m.name for m in pkgutil.walk_packages(package.__path__, prefix=f"{package.__name__}.")
+            if not any(part.startswith("_") for part in m.name.split(".")))
+    return pages
+
+
+def module_members(module) -> list[str]:
+    """The public members ``module`` defines itself, in its ``__all__`` order (else every public
+    name): a name it re-exports from another module (a subpackage's ``__init__``) is documented
+    where it is defined, once; a submodule is documented as a module."""
+    listed = getattr(module, "__all__", None)
+    names = list(listed) if listed is not None else [n for n in vars(module) if not n.startswith("_")]
+    out = []
+    for n in names:
+        obj = getattr(module, n, None)
+        if obj is None or inspect.ismodule(obj):
+            continue
+        home = getattr(obj, "__module__", None)
+        if home is None and listed is None:  # a constant imported or computed: documented only when listed
+            continue
+        if home is not None and home != module.__name__ and not isinstance(obj, (int, float, str, tuple, dict)):
+            continue
+        out.append(n)
+    return out
+
+
+def api_page(page: str, modules: list[str]) -> str:
+    """The Markdown of one API page: per module its docstring and its public members (``__all__``
+    where the module defines it), parameters and return types from the signatures' annotations
+    (``autodoc_typehints = "description"``: a field list per function)."""
+    title = "rlparity (top-level modules)" if page == "rlparity" else f"rlparity.{page}"
+    out = [f"# {title}\n"]
+    for name in modules:
+        module = importlib.import_module(name)
+        members = module_members(module)
+        # a member named like a submodule (``rlparity.importers.formats()`` beside ``rlparity.importers.formats``) would
+        # take the module's name in the index: it is documented apart, unindexed
+        clash = [m for m in members if importlib.util.find_spec(f"{name}.{m}") is not None] \
+            if hasattr(module, "__path__") else []
+        members = [m for m in members if m not in clash]
+        out += ["```{eval-rst}", f".. automodule:: {name}"]
+        out += [f"   :members: {', '.join(members)}"] if members else []
+        for m in clash:
+            out += ["", f".. auto{'class' if inspect.isclass(getattr(module, m)) else 'function'}:: {name}.{m}",
+                    "   :no-index:"]
+        out += ["```\n"]
+    return "\n".join(out)
+
+
+def write_api_pages(book: Path = BOOK) -> list[Path]:
+    """Write ``reference/api/<page>.md`` for every page of :func:`api_modules` (the toc lists the
+    folder with a glob); remove pages of subpackages that no longer exist."""
+    folder = book / "reference" / "api"
+    folder.mkdir(parents=True, exist_ok=True)
+    pages = api_modules()
+    written = []
+    for page, modules in pages.items():
+        path = folder / f"{page}.md"
+        path.write_text(api_page(page, modules))
+        written.append(path)
+    for stale in set(folder.glob("*.md")) - set(written):
+        stale.unlink()
+    return written
 
 
 def prepare(executed: str | os.PathLike | None = None, *, cli_root, ci: bool = False, book: Path = BOOK) -> None:
@@ -73,6 +192,7 @@ def prepare(executed: str | os.PathLike | None = None, *, cli_root, ci: bool = F
     (book / "reference").mkdir(exist_ok=True)
     (book / "reference" / "cli.md").write_text(cli_reference(cli_root))
     (book / "reference" / "findings.md").write_text(catalogue_markdown())
+    write_api_pages(book)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

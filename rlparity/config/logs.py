@@ -101,9 +101,29 @@ def subprocess_logging_env() -> dict[str, str]:
     return {"VLLM_CONFIGURE_LOGGING": "1"} if _CHOICE["file"] is not None else {}
 
 
+def progress_log(message: str) -> None:
+    """The default ``log`` of the experiment runners: one progress line ("engine started in 28.3 s",
+    one per arm) appended to the log file :func:`engine_logs_to_file` chose (a notebook's page then
+    shows results, not a box per progress line), or to stderr where no file was chosen (``show``,
+    or logging left to the user). A file that cannot be written sends the line to stderr."""
+    import sys
+
+    log_file = _CHOICE["file"]
+    if log_file is not None:
+        try:
+            log_file.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_file, "a") as fh:
+                fh.write(f"{dt.datetime.now():%Y-%m-%d %H:%M:%S} {os.getpid()} INFO rlparity: {message}\n")
+            return
+        except OSError:
+            pass
+    print(message, file=sys.stderr, flush=True)
+
+
 def default_log_dir() -> Path:
     """``$RLPARITY_CACHE/logs`` (default ``~/.cache/rlparity/logs``): where notebooks' engine logs go."""
     return Path(os.environ.get("RLPARITY_CACHE", Path.home() / ".cache" / "rlparity")) / "logs"
 
 
-__all__ = ["QUIET_ENV", "default_log_dir", "engine_logging", "engine_logs_to_file", "subprocess_logging_env"]
+__all__ = ["QUIET_ENV", "default_log_dir", "engine_logging", "engine_logs_to_file", "progress_log",
+           "subprocess_logging_env"]

@@ -41,6 +41,7 @@ import xarray as xr
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlparity.capture.floor import engine_floor
+from rlparity.config.logs import progress_log
 from rlparity.config.settings import EngineSettings, SamplingSettings, TrainerSettings
 from rlparity.diagnose.causes import CAUSES
 
@@ -285,7 +286,7 @@ def _capture(eng, plan: Plan, phases: Mapping[str, list], sampling: SamplingSett
 
 def run_matrix(model: str | os.PathLike, arms: Sequence[Iterable[str]] | None = None,
                settings: MatrixSettings | None = None, *, workdir: str | os.PathLike | None = None,
-               log: Callable[[str], None] = print) -> dict[str, xr.Dataset]:
+               log: Callable[[str], None] = progress_log) -> dict[str, xr.Dataset]:
     """Capture and score every arm (a set of causes each; default :func:`default_arms`) on real
     engines; return ``{arm: scored trace}`` with the ground truth in ``attrs["faults"]``. ``model``
     is a local checkpoint directory (version 0; version 1 and the partial update are written to

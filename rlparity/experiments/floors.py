@@ -22,6 +22,7 @@ from typing import Any
 
 import xarray as xr
 
+from rlparity.config.logs import progress_log
 from rlparity.config.settings import EngineSettings, SamplingSettings, TrainerSettings
 
 # name -> Scorer batch size and TrainerSettings fields
@@ -55,7 +56,7 @@ def scorer_for(model: str, shape: Mapping[str, Any], *, dtype: str, device: str,
 def floor_run(model: str | os.PathLike, prompts: Sequence, sampling: SamplingSettings | None = None, *,
               shapes: Mapping[str, Mapping[str, Any]] | None = None, engine: EngineSettings | None = None,
               dtype: str = "float32", device: str = "cpu", probe: int = 4,
-              log: Callable[[str], None] = print) -> dict[str, xr.Dataset]:
+              log: Callable[[str], None] = progress_log) -> dict[str, xr.Dataset]:
     """Capture ``prompts`` once (an offline engine: processed logprobs, fp32 head, the body in
     ``dtype``), probe the engine's batch spread on ``probe`` of them, and rescore the rollout under
     every trainer shape; returns ``{shape: scored trace}`` (the engine floor in every arm's attrs)."""

@@ -44,6 +44,7 @@ from typing import Any
 import xarray as xr
 
 from rlparity.config.defaults import default_sampling
+from rlparity.config.logs import progress_log
 from rlparity.config.settings import EngineSettings, SamplingSettings, with_overrides
 from rlparity.metrics.inflight import PAUSE_MODES, arm_name
 
@@ -82,7 +83,7 @@ def inflight_matrix(model: str | os.PathLike, prompts: Sequence | None = None, a
                     sampling: SamplingSettings | None = None, *, new_weights: str | os.PathLike | None = None,
                     checkpoint_dir: str | os.PathLike | None = None, engine: Mapping[str, Any] | None = None,
                     scorers: Mapping[int, Any] | None = None, settings: InflightSettings | None = None,
-                    progress: bool = False, log=print, **overrides: Any) -> dict[str, xr.Dataset]:
+                    progress: bool = False, log=progress_log, **overrides: Any) -> dict[str, xr.Dataset]:
     """Run every (mode, clear_cache) arm on one engine per prefix-caching setting; return
     ``{arm: trace}`` scored per version.
 

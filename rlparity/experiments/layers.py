@@ -39,6 +39,7 @@ import numpy as np
 import xarray as xr
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlparity.config.logs import progress_log
 from rlparity.config.settings import EngineSettings, SamplingSettings
 from rlparity.metrics.layers import floor_from, site_errors
 from rlparity.trace.layers import layer_dataset, sites, vocab_columns, with_layers
@@ -331,7 +332,7 @@ class _Run:
 
 
 def run_layers(model: str | os.PathLike, scenarios: Sequence[str] | None = None, settings: LayerSettings | None = None,
-               *, workdir: str | os.PathLike | None = None, log: Callable[[str], None] = print,
+               *, workdir: str | os.PathLike | None = None, log: Callable[[str], None] = progress_log,
                on_arm: Callable[[str, xr.Dataset, dict[str, Any]], None] | None = None,
                deadline_s: float | None = None) -> tuple[dict[str, xr.Dataset], dict[str, Any]]:
     """Run ``scenarios`` (default: every one this platform can run) on real engines; return

@@ -26,6 +26,7 @@ from typing import Any
 import xarray as xr
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlparity.config.logs import progress_log
 from rlparity.config.settings import EngineSettings, SamplingSettings, TrainerSettings
 from rlparity.experiments.faults import FAULTS, compose
 
@@ -60,7 +61,7 @@ def engine_settings(s: MoESettings, **changes: Any) -> EngineSettings:
 
 
 def moe_run(model: str | os.PathLike, dense: str | os.PathLike | None = None, settings: MoESettings | None = None,
-            *, pool=None, log: Callable[[str], None] = print) -> dict[str, xr.Dataset]:
+            *, pool=None, log: Callable[[str], None] = progress_log) -> dict[str, xr.Dataset]:
     """Capture and score every arm (see the module docstring); return ``{arm: scored trace}``.
     Engines come from ``pool`` (default: the shared pool), one per engine setting."""
     from rlparity.capture.pool import shared_pool

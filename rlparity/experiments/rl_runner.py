@@ -18,6 +18,7 @@ from typing import Any
 import xarray as xr
 
 from rlparity.config.defaults import defaults
+from rlparity.config.logs import progress_log
 from rlparity.config.settings import EngineSettings, SamplingSettings, with_overrides
 from rlparity.experiments.rl_profiles import (
     OLD_POLICIES,
@@ -167,7 +168,7 @@ def _run_steps(eng, model: str, name: str, index: int, *, profile: str, old_poli
 def rl_run(model: str | os.PathLike, profiles: Sequence[str | EngineSettings] | None = None,
            steps: int | None = None, *, settings: RLRunSettings | None = None, sampling: SamplingSettings | None = None,
            engine: Mapping[str, Any] | None = None, checkpoint_dir: str | os.PathLike | None = None,
-           progress: bool = False, log: Callable[[str], Any] = print, **overrides: Any) -> dict[str, xr.Dataset]:
+           progress: bool = False, log: Callable[[str], Any] = progress_log, **overrides: Any) -> dict[str, xr.Dataset]:
     """Online RL on the tiny model's arithmetic task under each profile; return every step's trace.
 
     ``model``: a local checkpoint (the initial weights of every run). ``profiles``: names

@@ -3,8 +3,8 @@
 A trace opened lazily (``rlparity.trace.open_arms(store, chunks=...)``: dask arrays over the zarr
 chunks) is summarised by :func:`summary_stream`: the real tokens of one block of sequences at a time
 are loaded, and every statistic of :func:`rlparity.metrics.summary` is accumulated from sums that
-combine across blocks (:class:`SummaryAccumulator`): counts, sums of d, |d|, d^2, exp(d), expm1(d) - d,
-the clip count, the ESS sums, the probability differences and the Pearson sums, the largest |d|.
+combine across blocks (:class:`SummaryAccumulator`): counts, sums of d, ``|d|``, d^2, exp(d), expm1(d) - d,
+the clip count, the ESS sums, the probability differences and the Pearson sums, the largest ``|d|``.
 Memory is one block, whatever the trace's size.
 
 Everything is exact (to rounding) except the five quantiles of d: they come from a histogram of d

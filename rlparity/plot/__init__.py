@@ -14,8 +14,9 @@ _RENDERER = "rlparity_html"
 def init_notebook(*, engine_logs: bool = False) -> str:
     """Set a notebook up for rlparity; return the plotly renderer's name.
 
-    * Registers and selects the ``plotly_mimetype+rlparity_html`` renderer (interactive figures in
-      Jupyter and in the offline book).
+    * Registers and selects the ``rlparity_html`` renderer: plotly's own mime type (Jupyter) plus
+      an HTML fragment (the offline book), both of the figure after the book's layout rules
+      (:func:`rlparity.plot.layout.book_layout`: responsive width, no SI prefixes, titles that fit).
     * Sends the engines' log lines to a file (:func:`rlparity.config.logs.engine_logs_to_file`,
       ``$RLPARITY_CACHE/logs``, made when an engine starts) unless ``engine_logs``, so the notebook
       shows prose, tables, figures and findings; call it before anything imports vLLM.
@@ -44,14 +45,18 @@ def init_notebook(*, engine_logs: bool = False) -> str:
             self.include_plotlyjs = False
 
         def to_mimebundle(self, fig_dict):
+            import plotly.graph_objects as go
             import plotly.io as _pio
 
-            html = _pio.to_html(fig_dict, include_plotlyjs=False, full_html=False,
-                                config={"displaylogo": False})
-            return {"text/html": html}
+            from rlparity.plot.layout import book_layout
+
+            fig = book_layout(go.Figure(fig_dict))  # the book's layout rules, for every figure shown
+            html = _pio.to_html(fig, include_plotlyjs=False, full_html=False,
+                                config={"displaylogo": False, "responsive": True})
+            return {"application/vnd.plotly.v1+json": fig.to_plotly_json(), "text/html": html}
 
     pio.renderers[_RENDERER] = _BookHtml()
-    pio.renderers.default = f"plotly_mimetype+{_RENDERER}"
+    pio.renderers.default = _RENDERER
     return pio.renderers.default
 
 

@@ -16,9 +16,9 @@ from rlparity.plot.palette import color
 
 
 def plot_floor_table(tables: Mapping[str, xr.Dataset]) -> go.Figure:
-    """One group of bars per trainer shape (mean |delta| against the reference shape, nats, log
+    """One group of bars per trainer shape (mean ``|delta|`` against the reference shape, nats, log
     axis), one colour per run (``tables``: ``{label: floor_table(...)}``); the dashed line of each run
-    is its backend gap (mean |d|) and the dotted one the engine's batch spread."""
+    is its backend gap (mean ``|d|``) and the dotted one the engine's batch spread."""
     fig = go.Figure()
     for label, t in tables.items():
         shapes = [s for s in t["shape"].values.tolist() if s != t.attrs.get("reference")]
@@ -43,15 +43,17 @@ def plot_floor_table(tables: Mapping[str, xr.Dataset]) -> go.Figure:
 
 def plot_floor_by_position(a: xr.Dataset, b: xr.Dataset) -> go.Figure:
     """Per position: the floor between two rescorings ``a`` and ``b`` of one rollout (mean over
-    sequences of |log pi_a - log pi_b|) and the backend gap of ``a`` (mean |d|), nats, log axis."""
+    sequences of ``|log pi_a - log pi_b|``) and the backend gap of ``a`` (mean ``|d|``), nats, log axis."""
     f = trainer_floor(a, b, dim="sequence")
     d = log_ratio(a).values
     gap = core.masked_mean(np.abs(d), a["response_mask"].values, axis=0)
     pos = f["position"].values if "position" in f.coords else np.arange(f.sizes["position"])
     fig = go.Figure([
         go.Scatter(x=pos, y=np.maximum(f["floor_mean_abs"].values, 1e-12), mode="lines+markers",
-                   name="trainer floor (two shapes)", hovertemplate="position %{x}: %{y:.3g} nats<extra></extra>"),
-        go.Scatter(x=pos, y=gap, mode="lines", name="backend gap mean |d|", line={"dash": "dash"},
+                   name="trainer floor (two shapes)", line={"color": color("trainer floor (two shapes)")},
+                   hovertemplate="position %{x}: %{y:.3g} nats<extra></extra>"),
+        go.Scatter(x=pos, y=gap, mode="lines", name="backend gap mean |d|",
+                   line={"dash": "dash", "color": color("backend gap mean |d|")},
                    hovertemplate="position %{x}: %{y:.3g} nats<extra></extra>")])
     sa = (a.attrs.get("trainer") or {}).get("shape") or {}
     sb = (b.attrs.get("trainer") or {}).get("shape") or {}

@@ -13,6 +13,7 @@ import xarray as xr
 from plotly.subplots import make_subplots
 
 from rlparity.metrics.head_precision import dtype_order, head_cells, head_table, probability_pairs
+from rlparity.plot.palette import color
 
 _D = "d = log pi_old - log mu (nats)"
 _SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -34,20 +35,22 @@ def plot_matrix_heatmap(table: xr.Dataset, variables: Sequence[str] | str = HEAT
     for v in variables:
         if v not in table:
             raise ValueError(f"{v!r} is not a head_table variable; choose from {sorted(table.data_vars)}")
-    fig = make_subplots(rows=1, cols=len(variables), subplot_titles=[_TITLES.get(v, v) for v in variables],
-                        horizontal_spacing=0.08)
+    cols = min(2, len(variables))  # two panels a row: each keeps its cell labels readable in the book's column
+    rows = -(-len(variables) // cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[_TITLES.get(v, v) for v in variables],
+                        horizontal_spacing=0.16, vertical_spacing=0.22)
     x = [f"trainer {_SHORT.get(t, t)}" for t in table["trainer_head"].values]
     y = [f"rollout {_SHORT.get(r, r)}" for r in table["rollout_head"].values]
-    for k, v in enumerate(variables, start=1):
+    for k, v in enumerate(variables):
         z = table[v].values.astype(float)
         text = [[("" if not np.isfinite(c) else f"{c:.4g}") for c in row] for row in z]
         scale = "Viridis_r" if v == "prob_pearson" else "Viridis"
         fig.add_trace(go.Heatmap(z=z, x=x, y=y, text=text, texttemplate="%{text}", colorscale=scale,
                                  showscale=False, hovertemplate="%{y}, %{x}: %{z:.6g}<extra>" + v + "</extra>"),
-                      row=1, col=k)
+                      row=k // cols + 1, col=k % cols + 1)
     fig.update_layout(title=f"LM-head precision matrix ({table.attrs.get('direction', _D)}; "
                             f"body {table.attrs.get('body_dtype', 'pinned')} on both sides)",
-                      height=330, width=max(420, 300 * len(variables)))
+                      height=120 + 260 * rows)
     return fig
 
 
@@ -99,7 +102,8 @@ def plot_gap_by_logit(g: xr.Dataset) -> go.Figure:
                 continue
             n = g["n_tokens"].sel(rollout_head=r, trainer_head=t).values
             fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=_label((r, t)),
-                                     line={"dash": "solid" if r == t else "dash"}, customdata=n,
+                                     line={"dash": "solid" if r == t else "dash", "color": color(_label((r, t)))},
+                                     customdata=n,
                                      hovertemplate="max logit %{x:.3g}: RMS d %{y:.4g} (%{customdata} tokens)"
                                                    "<extra></extra>"))
     fig.update_layout(title="log-ratio vs logit magnitude (quantile bins of the trainer's largest logit)",
@@ -118,7 +122,7 @@ def plot_gap_by_position(g: xr.Dataset) -> go.Figure:
             if not np.isfinite(y).any():
                 continue
             fig.add_trace(go.Scatter(x=g["position"].values, y=y, mode="lines", name=_label((r, t)),
-                                     line={"dash": "solid" if r == t else "dash"}))
+                                     line={"dash": "solid" if r == t else "dash", "color": color(_label((r, t)))}))
     fig.update_layout(title="log-ratio by response position", xaxis_title="response position",
                       yaxis_title="RMS of " + _D, legend_title="cell")
     return fig

@@ -8,6 +8,8 @@ import plotly.graph_objects as go
 import xarray as xr
 from plotly.subplots import make_subplots
 
+from rlparity.plot.palette import color
+
 _NA = "#bbbbbb"
 
 
@@ -26,18 +28,26 @@ def plot_ablation_bars(table: xr.Dataset) -> go.Figure:
     hover = [str(r) if not ok else "" for r, ok in zip(t["reason"].values, ran)]
     panels = (("trainer_abs_log_ratio_mean", "#1f77b4"), ("reference_abs_log_ratio_max", "#d62728"),
               ("reference_identical_sequences", "#2ca02c"))
-    for col, (var, color) in enumerate(panels, start=1):
+    for col, (var, panel_color) in enumerate(panels, start=1):
         x = t[var].values.astype(float)
         fig.add_trace(go.Bar(
-            y=labels, x=np.where(ran, x, 0.0), orientation="h", marker_color=[color if ok else _NA for ok in ran],
-            text=[f"{v:.3g}" if ok else "not applicable" for v, ok in zip(x, ran)], textposition="auto",
-            customdata=hover, name=var, showlegend=False,
-            hovertemplate="%{y}: %{x:.4g}<br>%{customdata}<extra>" + var + "</extra>"), row=1, col=col)
+            y=labels, x=np.where(ran, x, np.nan), orientation="h", marker_color=panel_color,
+            text=[f"{v:.3g}" if ok else "" for v, ok in zip(x, ran)], textposition="auto",
+            name=var, showlegend=False, hovertemplate="%{y}: %{x:.4g}<extra>" + var + "</extra>"), row=1, col=col)
+        # a setting that could not run here: a hatched grey bar across the panel, labelled, the reason on hover
+        span = float(np.nanmax(np.where(ran, x, np.nan))) if ran.any() else 1.0
+        fig.add_trace(go.Bar(
+            y=labels, x=np.where(ran, np.nan, span or 1.0), orientation="h", marker_color=_NA,
+            marker_pattern_shape="/", opacity=0.5, text=["not applicable" if not ok else "" for ok in ran],
+            textposition="inside", insidetextanchor="start", textfont_color="black", customdata=hover,
+            name="not applicable", showlegend=False,
+            hovertemplate="%{y}: not applicable<br>%{customdata}<extra></extra>"), row=1, col=col)
     ref_gap = float(t["trainer_abs_log_ratio_mean"].sel(setting=reference))
     fig.add_vline(x=ref_gap, line_dash="dash", line_color="black", row=1, col=1)
     fig.update_yaxes(autorange="reversed")
-    fig.update_layout(title=f"One setting changed at a time (reference arm: {reference}; grey: not applicable "
-                            "here, hover for why)", height=120 + 34 * len(names), bargap=0.25, margin={"l": 10})
+    fig.update_layout(title=f"One setting changed at a time (reference arm: {reference}; hatched grey: not "
+                            "applicable here, hover for why)", height=120 + 34 * len(names), bargap=0.25,
+                      barmode="overlay", margin={"l": 10})
     return fig
 
 
@@ -49,7 +59,8 @@ def plot_reference_gap_by_position(table: xr.Dataset) -> go.Figure:
     for name in table["setting"].values.tolist():
         y = table["reference_abs_log_ratio_mean"].sel(setting=name).values
         fig.add_trace(go.Scatter(x=table["position"].values, y=np.maximum(y, 1e-9), mode="lines+markers",
-                                 name=name, hovertemplate="position %{x}: %{y:.3g} nats<extra>" + name + "</extra>"))
+                                 name=name, line={"color": color(name)},
+                                 hovertemplate="position %{x}: %{y:.3g} nats<extra>" + name + "</extra>"))
     fig.update_layout(title=f"Rollout logprobs against the reference arm ({table.attrs.get('reference')}), by position",
                       xaxis_title="response position", yaxis_title="mean |d_ref| (nats, 1e-9 = bitwise equal)",
                       yaxis_type="log")

@@ -51,7 +51,7 @@ def plot_margin_vs_mismatch(points: xr.Dataset, *, title: str = "") -> go.Figure
 
 
 def plot_replay(summaries: Mapping[str, xr.Dataset]) -> go.Figure:
-    """Mean |d| of flipped and unflipped tokens, with and without routing replay, one group per arm
+    """Mean ``|d|`` of flipped and unflipped tokens, with and without routing replay, one group per arm
     (``summaries``: ``{arm: flip_summary(trace)}``; arms without flips or replay are left out)."""
     fig = go.Figure()
     keys = (("abs_d_unflipped", "no flip"), ("abs_d_flipped", "flipped"),
