@@ -139,9 +139,6 @@ def test_pages_show_what_ran_and_link_the_notebook_and_the_repository(html):
     assert "Parameters" in diagnose_page and "Return type" in diagnose_page  # from the annotations
 
 
-KNOWN_PLOTLY_NAN_RECT = __import__("re").compile(r'<rect> attribute height: Expected length, .?"?NaN')
-
-
 def test_pages_in_a_browser_have_no_console_error_no_overflow_and_a_bounded_length(html):
     """Every page in headless Chromium (1400 x 900): no console error or uncaught exception, no
     figure wider than its column, no horizontal scrolling, and a chapter no longer than
@@ -153,13 +150,7 @@ def test_pages_in_a_browser_have_no_console_error_no_overflow_and_a_bounded_leng
     pages = sorted(str(p.relative_to(html)) for p in html.rglob("*.html") if "_static" not in p.parts
                    and p.name not in ("genindex.html", "search.html"))
     seen = read_pages(html, pages)
-    errors = {p: r["errors"] for p, r in seen.items() if r["errors"]}
-    # Known and open (issue 28): plotly.js logs '<rect> attribute height: Expected length, "NaN"' for the
-    # ablation bars of 02 and one figure of 04 once the book's layout is applied (each change alone leaves
-    # them clean); any other error, or this one on another page, fails
-    unknown = {p: [e for e in errs if not KNOWN_PLOTLY_NAN_RECT.search(str(e))] for p, errs in errors.items()}
-    assert {p: e for p, e in unknown.items() if e} == {}
-    assert set(errors) <= {"notebooks/02_inference_path.html", "notebooks/04_inflight.html"}, sorted(errors)
+    assert {p: r["errors"] for p, r in seen.items() if r["errors"]} == {}
     assert [p for p, r in seen.items() if r["overflow"]] == []
     wide = {p: [f["width"] for f in r["figures"] if f["width"] > r["column"] or f["drawn"] > r["column"]]
             for p, r in seen.items()}

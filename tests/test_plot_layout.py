@@ -84,3 +84,22 @@ def test_settings_that_could_not_run_are_drawn_as_not_applicable():
         assert len(row) == 1 and t.x[row[0]] > 0 and t.text[row[0]] == "not applicable"  # drawn, labelled
         assert "removed in this vLLM" in t.customdata[row[0]]
         assert all(np.isnan(x) for i, x in enumerate(t.x) if i != row[0])  # the rows that ran stay free
+
+
+def test_book_layout_gives_a_colour_bar_only_where_a_scale_is_shown():
+    """A bar's marker accepts a colour bar but shows none: setting one there made plotly.js draw an
+    empty bar (the browser logged '<rect> attribute height: Expected length, "NaN"' on 02 and 04).
+    The heatmap's and a scaled marker's colour bars get the power exponents; a plain bar's none."""
+    import plotly.graph_objects as go
+
+    from rlparity.plot.layout import book_layout, layout_problems
+
+    fig = go.Figure([go.Bar(x=[1, 2], y=[1e-6, 2e-6], name="bar"),
+                     go.Scatter(x=[1, 2], y=[1, 2], mode="markers", name="scaled",
+                                marker={"color": [1e-6, 2e-6], "showscale": True}),
+                     go.Heatmap(z=[[1e-6, 2e-6]], name="heat")])
+    d = book_layout(fig).to_plotly_json()["data"]
+    assert "colorbar" not in d[0].get("marker", {})
+    assert d[1]["marker"]["colorbar"]["exponentformat"] == "power"
+    assert d[2]["colorbar"]["exponentformat"] == "power"
+    assert layout_problems(fig) == []

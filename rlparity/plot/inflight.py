@@ -53,7 +53,8 @@ def plot_gap_by_update_time(gap: xr.Dataset, table: xr.Dataset) -> go.Figure:
     for c in range(1, len(modes) + 1):
         fig.add_vline(x=0, line_dash="dash", line_color="black", row=1, col=c)
         fig.update_xaxes(title_text="token time - update (s)", row=1, col=c)
-    fig.update_yaxes(type="log", title_text="mean |d| (nats)", row=1, col=1)
+    fig.update_yaxes(type="log")  # every panel: shared axes of two types made plotly drop the link (a console warning)
+    fig.update_yaxes(title_text="mean |d| (nats)", row=1, col=1)
     fig.update_layout(title="d = log pi_old - log mu against token time relative to the weight update "
                             "(each token scored at its own version)", height=420)
     return fig

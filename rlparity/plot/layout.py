@@ -77,7 +77,9 @@ def book_layout(fig):
         if "colorbar" in trace and trace.showscale is not False:
             trace.update(colorbar={"exponentformat": "power"})
         marker = getattr(trace, "marker", None)
-        if marker is not None and "colorbar" in marker:
+        # only a marker that shows its scale or has a colour bar already: setting one on any other (every
+        # bar's marker accepts the property) made plotly.js draw an empty bar ("<rect> height NaN" in the console)
+        if marker is not None and "colorbar" in marker and (marker.showscale or "colorbar" in marker.to_plotly_json()):
             marker.update(colorbar={"exponentformat": "power"})
     layout = fig.layout.to_plotly_json()
     plot_w = _plot_width(layout)
