@@ -172,8 +172,10 @@ gpu_report
 for name in profiles.profile_names():
     print(f"{name}: {profiles.read_profile(name)['description']}")
 defaults, parity = profiles.load_profile("vllm-v1-defaults"), profiles.load_profile("pipelinerl-parity")
-{k: (getattr(defaults, k), getattr(parity, k)) for k in type(parity).model_fields
- if getattr(defaults, k) != getattr(parity, k)}
+import pandas as pd
+
+pd.DataFrame({k: {"vllm-v1-defaults": str(getattr(defaults, k)), "pipelinerl-parity": str(getattr(parity, k))}
+              for k in type(parity).model_fields if getattr(defaults, k) != getattr(parity, k)}).T
 
 # %% [markdown]
 # ### The config audit of a command line
