@@ -9,6 +9,7 @@ import xarray as xr
 from plotly.subplots import make_subplots
 
 from rlparity.metrics.inflight import PAUSE_MODES
+from rlparity.plot.palette import color as palette_color
 
 _FLOOR = 1e-9  # zero drawn here on log axes
 _STYLE = {(False, True): ("#d62728", "solid"), (True, True): ("#1f77b4", "solid"),
@@ -68,7 +69,7 @@ def plot_lag_histogram(hist: xr.Dataset, *, level: str = "n_tokens") -> go.Figur
     fig = go.Figure()
     for lag in hist["lag"].values.tolist():
         fig.add_trace(go.Bar(x=hist["arm"].values, y=hist[level].sel(lag=lag).values, name=f"lag {lag}",
-                             hovertemplate="%{x}: %{y}<extra>lag " + str(lag) + "</extra>"))
+                             marker_color=palette_color(f"lag {lag}"), hovertemplate="%{x}: %{y}<extra>lag " + str(lag) + "</extra>"))
     what = "tokens" if level == "n_tokens" else "sequences (by their oldest token)"
     fig.update_layout(barmode="stack", title=f"Policy lag per arm: {what} by lag (latest version - token version)",
                       xaxis_title="arm", yaxis_title=what, xaxis_tickangle=-35, height=420)

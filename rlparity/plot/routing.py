@@ -11,6 +11,9 @@ import xarray as xr
 
 from rlparity.plot.palette import color as arm_color
 
+# the token groups of the routing figures, one colour each in every figure
+_NO_FLIP, _FLIP, _REPLAYED = "#7f7f7f", "#d62728", "#2ca02c"
+
 _D = "|d| = |log pi_old - log mu| (nats)"
 
 
@@ -36,14 +39,14 @@ def plot_margin_vs_mismatch(points: xr.Dataset, *, title: str = "") -> go.Figure
     m = points["min_router_margin"].values
     fig = go.Figure()
     flipped = points["flipped"].values.astype(bool)
-    for sel, name, color in ((~flipped, "no flip", "#7f7f7f"), (flipped, "routing flip", "#d62728")):
+    for sel, name, color in ((~flipped, "no flip", _NO_FLIP), (flipped, "routing flip", _FLIP)):
         fig.add_trace(go.Scattergl(x=m[sel], y=points["abs_d"].values[sel], mode="markers", name=name,
                                    marker={"size": 5 if name == "no flip" else 8, "color": color,
                                            "opacity": 0.5 if name == "no flip" else 0.9}))
     if "abs_d_replay" in points:
         fig.add_trace(go.Scattergl(x=m[flipped], y=points["abs_d_replay"].values[flipped], mode="markers",
                                    name="routing flip, routes replayed",
-                                   marker={"size": 8, "color": "#2ca02c", "symbol": "x"}))
+                                   marker={"size": 8, "color": _REPLAYED, "symbol": "x"}))
     fig.update_layout(title=title or "router margin vs mismatch per token", xaxis_title="trainer's smallest "
                       "router margin over the MoE layers (k-th minus (k+1)-th logit)", yaxis_title=_D,
                       xaxis_type="log", yaxis_type="log", legend_title="token")
@@ -54,11 +57,11 @@ def plot_replay(summaries: Mapping[str, xr.Dataset]) -> go.Figure:
     """Mean ``|d|`` of flipped and unflipped tokens, with and without routing replay, one group per arm
     (``summaries``: ``{arm: flip_summary(trace)}``; arms without flips or replay are left out)."""
     fig = go.Figure()
-    keys = (("abs_d_unflipped", "no flip"), ("abs_d_flipped", "flipped"),
-            ("abs_d_flipped_replay", "flipped, routes replayed"))
+    keys = (("abs_d_unflipped", "no flip", _NO_FLIP), ("abs_d_flipped", "routing flip", _FLIP),
+            ("abs_d_flipped_replay", "routing flip, routes replayed", _REPLAYED))
     arms = [a for a, s in summaries.items() if "abs_d_flipped_replay" in s and int(s["n_flipped"]) > 0]
-    for var, name in keys:
-        fig.add_trace(go.Bar(x=arms, y=[float(summaries[a][var]) for a in arms], name=name))
+    for var, name, colour in keys:
+        fig.add_trace(go.Bar(x=arms, y=[float(summaries[a][var]) for a in arms], name=name, marker_color=colour))
     fig.update_layout(title="routing replay (R3): the flipped tokens' mismatch with the engine's routes forced",
                       yaxis_title="mean " + _D, yaxis_type="log", barmode="group", legend_title="tokens")
     return fig
