@@ -35,6 +35,13 @@ def _engine(gpu_memory_utilization: Optional[float]) -> dict:
     return {"gpu_memory_utilization": gpu_memory_utilization} if gpu_memory_utilization else {}
 
 
+def _built_model(size: str, device: str) -> str:
+    """The built-in model ``size`` (trained on ``device`` when it is not the CPU), as a path."""
+    from rlparity.models import make_model
+
+    return str(make_model(size, progress=False, **({"device": device} if device != "cpu" else {})))
+
+
 def faults_cmd(
     out: Path = typer.Option(..., "--out", help="folder for the store and faults.json"),
     model: Optional[str] = typer.Option(None, help="local checkpoint (version 0); default: the built-in --size"),
@@ -63,12 +70,11 @@ def faults_cmd(
     from rlparity.experiments.faults import MatrixSettings, parse_arms, run_matrix
     from rlparity.experiments.gallery import provenance
     from rlparity.metrics import table_records
-    from rlparity.models import make_model
     from rlparity.trace import save
 
     chosen = parse_arms(arms, platform="cuda" if device.startswith("cuda") else "cpu")
     out.mkdir(parents=True, exist_ok=True)
-    model = model or str(make_model(size, progress=False, **({"device": device} if device != "cpu" else {})))
+    model = model or _built_model(size, device)
     settings = MatrixSettings(n_prompts=n_prompts, max_tokens=max_tokens, sigma=sigma, device=device, dtype=dtype,
                               engine=_engine(gpu_memory_utilization), inflight_tokens=inflight_tokens,
                               update_after=update_after)
@@ -377,7 +383,6 @@ def objective_cmd(
     from rlparity.cli.common import validation_message
     from rlparity.experiments.objective import ObjectiveSettings, run_objective
     from rlparity.metrics import table_records
-    from rlparity.models import make_model
     from rlparity.trace import save
 
     try:
@@ -387,7 +392,7 @@ def objective_cmd(
     except ValidationError as err:
         raise BadInput(validation_message(err)) from None
     out.mkdir(parents=True, exist_ok=True)
-    model = model or str(make_model(size, progress=False, **({"device": device} if device != "cpu" else {})))
+    model = model or _built_model(size, device)
     t0 = time.perf_counter()
     res = run_objective(model, settings)
     elapsed = time.perf_counter() - t0
@@ -445,7 +450,6 @@ def ablation_cmd(
     from rlparity.experiments.gallery import provenance
     from rlparity.metrics import ablation as mab
     from rlparity.metrics import table_records
-    from rlparity.models import make_model
     from rlparity.score import Scorer
     from rlparity.trace import save
 
@@ -458,7 +462,7 @@ def ablation_cmd(
     except ValueError:
         raise BadInput(f"--batch-sizes {batch_sizes!r}: give a comma list of positive integers, e.g. 1,2,4,8") from None
     out.mkdir(parents=True, exist_ok=True)
-    model = model or str(make_model(size, progress=False, **({"device": device} if device != "cpu" else {})))
+    model = model or _built_model(size, device)
     prompts = abl.shared_prefix_prompts(n_prompts)
     sampling = SamplingSettings(temperature=_D.temperature, top_k=_D.top_k, max_tokens=max_tokens, seed=0)
     scorer = Scorer(model, dtype=dtype, head_dtype="float32", device=device, progress=False)
