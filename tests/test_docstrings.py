@@ -26,10 +26,13 @@ def _literal_role(name, rawtext, text, lineno, inliner, options=None, content=No
     return [nodes.literal(rawtext, text)], []
 
 
-def documented_objects():
+def documented_objects(modules=None):
+    """``(name, object)`` for each module of the API pages (or of ``modules``), then each member
+    its page documents: classes, functions, and a class's public methods and properties."""
     from rlparity.cli.book import api_modules, module_members
 
-    for modules in api_modules().values():
+    pages = [modules] if modules is not None else api_modules().values()
+    for modules in pages:
         for name in modules:
             module = importlib.import_module(name)
             yield name, module
