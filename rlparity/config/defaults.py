@@ -23,16 +23,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rlparity.config.docfields import document_fields
+
 TrainerSide = Literal["processed", "raw"]
 Level = Literal["token", "sequence"]
 
 
+@document_fields
 class CheckThresholds(BaseModel):
     """What ``rlparity check`` enforces (the shipped ``rlparity/data/check.yaml`` mirrors these)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    trainer: TrainerSide = "processed"
+    trainer: TrainerSide = Field("processed", description="the trainer reading the rollout logprobs are "
+                                 "compared with: processed (after temperature and top-k/top-p) or raw")
     # peers' published gates, checked against the shipped H200 bf16 and CPU parity captures:
     max_abs_log_ratio_mean: float | None = Field(0.1, ge=0, description="mean |d| (nats): slime's CI gate "
                                                  "train_rollout_logprob_abs_diff <= 0.1")
@@ -42,7 +46,7 @@ class CheckThresholds(BaseModel):
     mean_ratio: tuple[float, float] | None = Field((0.98, 1.02), description="band for mean pi_old/mu")
     max_clip_fraction: float | None = Field(0.05, ge=0, le=1, description="share of tokens with pi_old/mu outside "
                                             "[1-clip_eps, 1+clip_eps]")
-    clip_eps: float = Field(0.2, gt=0)
+    clip_eps: float = Field(0.2, gt=0, description="the clip range of max_clip_fraction")
     max_zero_prob_share: float | None = Field(0.0, ge=0, le=1, description="share of tokens clearly outside the "
                                               "trainer's top-k/top-p set")
     max_boundary_flip_share: float | None = Field(0.005, ge=0, le=1, description="share of tokens just outside the "
@@ -50,8 +54,9 @@ class CheckThresholds(BaseModel):
     forbid_findings: list[str] = Field(default_factory=lambda: [
         "raw_logprobs_used_as_processed", "logprobs_not_processed", "rollout_not_renormalized",
         "logprobs_match_neither", "prompt_token_mismatch", "zero_probability_tokens",
-        "stale_prefix_cache_after_update"])
-    fail_on: Literal["error", "warning", "none"] = "error"
+        "stale_prefix_cache_after_update"], description="finding codes that fail the check whatever their severity")
+    fail_on: Literal["error", "warning", "none"] = Field("error", description="the lowest finding severity that "
+                                                         "fails the check ('none': findings never fail it)")
 
     @field_validator("mean_ratio")
     @classmethod
@@ -61,6 +66,7 @@ class CheckThresholds(BaseModel):
         return v
 
 
+@document_fields
 class ObjectiveDefaults(BaseModel):
     """Every default of the objective layer (GSPO clip ranges, truncation cap, rejection bands and the
     thresholds of the objective findings); the PPO clip range is :attr:`Defaults.eps`.
@@ -122,10 +128,23 @@ class ObjectiveDefaults(BaseModel):
         return v
 
     def band(self, rule: str) -> tuple[float, float]:
+        """The ratio band of a rejection rule.
+
+        Parameters
+        ----------
+        rule : {"token_band", "geometric_band", "product_band"}
+            The rule's field name.
+
+        Returns
+        -------
+        tuple[float, float]
+            The band ``(low, high)`` on the importance ratio.
+        """
         return {"token_band": self.token_band, "geometric_band": self.geometric_band,
                 "product_band": self.product_band}[rule]
 
 
+@document_fields
 class RLDefaults(BaseModel):
     """The online RL run's defaults (:func:`rlparity.experiments.rl.rl_run`, ``rlparity experiment rl``,
     alias ``rlparity rl-run``). The sizes fit the GPU call's budget (3 engine starts and
@@ -156,19 +175,21 @@ class RLDefaults(BaseModel):
                                                 "recompute the KV of requests in flight)")
 
 
+@document_fields
 class Defaults(BaseModel):
-    """The defaults object. Fields are grouped by what reads them."""
+    """The defaults object. Fields are grouped by what reads them: engines, sampling, metrics,
+    diagnoses, then the nested ``check``, ``objective`` and ``rl`` groups."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     # engines
     profile: str = Field("pipelinerl-parity", description="reference engine profile (name or YAML path)")
     # sampling used by the built-in experiments, the quick start and `rlparity check --model`
-    temperature: float = Field(0.7, ge=0)
-    top_k: int = Field(20, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(24, ge=1)
-    seed: int = 0
+    temperature: float = Field(0.7, ge=0, description="sampling temperature of the built-in experiments")
+    top_k: int = Field(20, ge=0, description="top-k of the built-in experiments (0 = off)")
+    top_p: float = Field(1.0, gt=0, le=1, description="top-p of the built-in experiments (1 = off)")
+    max_tokens: int = Field(24, ge=1, description="response tokens per sequence")
+    seed: int = Field(0, description="base sampling seed")
     # metrics
     trainer: TrainerSide = Field("processed", description="trainer reading the rollout must match")
     eps: float = Field(0.2, gt=0, description="PPO clip range: tokens with ratio outside [1-eps, 1+eps]")
@@ -199,12 +220,32 @@ class Defaults(BaseModel):
                                      "(tiny model, eager)")
     layer_min_rel: float = Field(1e-6, ge=0, description="relative error under which a site never counts as "
                                  "diverging, whatever its floor (float32 rounding of a state: 2^-23 = 1.2e-7)")
-    check: CheckThresholds = Field(default_factory=CheckThresholds)
-    objective: ObjectiveDefaults = Field(default_factory=ObjectiveDefaults)
-    rl: RLDefaults = Field(default_factory=RLDefaults)
+    check: CheckThresholds = Field(default_factory=CheckThresholds, description="what rlparity check enforces")
+    objective: ObjectiveDefaults = Field(default_factory=ObjectiveDefaults, description="the objective layer's "
+                                         "defaults")
+    rl: RLDefaults = Field(default_factory=RLDefaults, description="the online RL run's defaults")
 
     def replace(self, **changes: Any) -> Defaults:
-        """A validated copy with some fields changed; an unknown field is an error."""
+        """A validated copy with some fields changed; an unknown field is an error.
+
+        Parameters
+        ----------
+        **changes : Any
+            Field names and their new values; a mapping for ``check``, ``objective`` or ``rl``
+            changes only the nested fields it names.
+
+        Returns
+        -------
+        Defaults
+            The new defaults.
+
+        Raises
+        ------
+        ValueError
+            A name is no field (the message lists the valid ones).
+        pydantic.ValidationError
+            A value is out of its field's range.
+        """
         unknown = sorted(set(changes) - set(type(self).model_fields))
         if unknown:
             raise ValueError(f"unknown default(s) {unknown}; valid: {sorted(type(self).model_fields)}")
@@ -244,9 +285,22 @@ _CURRENT: contextvars.ContextVar[Defaults | None] = contextvars.ContextVar("rlpa
 
 
 def defaults() -> Defaults:
-    """The defaults in effect (inside :func:`defaults_context`, the changed ones). ``RLPARITY_DEFAULTS``
-    is read on the first call, not at import; a broken file raises ``ValueError`` (one line) on
-    every call until it is fixed."""
+    """The defaults in effect (inside :func:`defaults_context`, the changed ones).
+
+    ``RLPARITY_DEFAULTS`` is read on the first call, not at import; a broken file raises
+    ``ValueError`` (one line) on every call until it is fixed.
+
+    Returns
+    -------
+    Defaults
+        The defaults of the current context.
+
+    Raises
+    ------
+    ValueError
+        The ``RLPARITY_DEFAULTS`` file is missing, not a YAML mapping, or names an unknown field or
+        a value out of range.
+    """
     current = _CURRENT.get()
     if current is not None:
         return current
@@ -256,15 +310,36 @@ def defaults() -> Defaults:
 
 
 def set_defaults(**changes: Any) -> Defaults:
-    """Change the defaults for the rest of the session (prefer :func:`defaults_context`)."""
+    """Change the defaults for the rest of the session (prefer :func:`defaults_context`).
+
+    Parameters
+    ----------
+    **changes : Any
+        Field names and their new values (as :meth:`Defaults.replace`).
+
+    Returns
+    -------
+    Defaults
+        The defaults now in effect.
+    """
     new = defaults().replace(**changes)
     _CURRENT.set(new)
     return new
 
 
 def default_sampling(**changes: Any):
-    """The default :class:`~rlparity.config.SamplingSettings` (temperature, top-k, top-p,
-    max_tokens, seed from :func:`defaults`), with ``changes`` applied."""
+    """The default :class:`~rlparity.config.SamplingSettings`.
+
+    Parameters
+    ----------
+    **changes : Any
+        Sampling fields that replace the defaults.
+
+    Returns
+    -------
+    SamplingSettings
+        Temperature, top-k, top-p, max_tokens and seed from :func:`defaults`, with ``changes`` applied.
+    """
     from rlparity.config.settings import SamplingSettings
 
     d = defaults()
@@ -274,7 +349,18 @@ def default_sampling(**changes: Any):
 
 @contextlib.contextmanager
 def defaults_context(**changes: Any) -> Iterator[Defaults]:
-    """Temporarily change defaults: ``with defaults_context(eps=0.28): ...``."""
+    """Temporarily change defaults: ``with defaults_context(eps=0.28): ...``.
+
+    Parameters
+    ----------
+    **changes : Any
+        Field names and their new values (as :meth:`Defaults.replace`).
+
+    Yields
+    ------
+    Defaults
+        The defaults in effect inside the block; the previous ones return after it.
+    """
     token = _CURRENT.set(defaults().replace(**changes))
     try:
         yield _CURRENT.get()

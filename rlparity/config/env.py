@@ -9,7 +9,18 @@ from collections.abc import Iterator, Mapping
 
 @contextlib.contextmanager
 def scoped_env(env: Mapping[str, str]) -> Iterator[None]:
-    """Set ``env`` in ``os.environ`` for the block; restore the previous values (or absence) after."""
+    """Set ``env`` in ``os.environ`` for the block; restore the previous values (or absence) after.
+
+    Parameters
+    ----------
+    env : Mapping[str, str]
+        Variables and their values (converted to text).
+
+    Yields
+    ------
+    None
+        Control returns to the block with the variables set.
+    """
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update({k: str(v) for k, v in env.items()})
     try:

@@ -14,8 +14,27 @@ from typing import Any
 def read_yaml_mapping(path: str | os.PathLike, *, where: str, fix: str) -> dict[str, Any]:
     """The mapping a YAML file holds (``{}`` for an empty file); keys must be text.
 
-    ``where`` starts every message (e.g. ``"RLPARITY_DEFAULTS=my.yaml"``), ``fix`` ends it (e.g.
-    ``"start from rlparity/data/check.yaml"``).
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The YAML file.
+    where : str
+        Starts every message (e.g. ``"RLPARITY_DEFAULTS=my.yaml"``).
+    fix : str
+        Ends every message: how to fix the file (e.g. ``"start from rlparity/data/check.yaml"``).
+
+    Returns
+    -------
+    dict[str, Any]
+        The file's mapping; ``{}`` for an empty file.
+
+    Raises
+    ------
+    FileNotFoundError
+        The path does not exist.
+    ValueError
+        The path is a folder, unreadable, not UTF-8, not plain YAML (a tag is refused), nested too
+        deeply, not a mapping, or has a key that is not text.
     """
     import yaml
 

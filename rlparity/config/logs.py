@@ -32,11 +32,25 @@ _OURS: set[str] = set()  # environment variables this module set (a second call 
 
 
 def engine_logs_to_file(log_dir: str | os.PathLike, *, show: bool = False) -> Path | None:
-    """Choose to send vLLM's log lines (every process an engine starts) to
-    ``log_dir/vllm-<timestamp>-<pid>.log`` and quiet torch's C++ and Python warnings there; return
-    that log file's path. Nothing is created until an engine starts (:func:`engine_logging`). With
-    ``show`` (a ``--engine-logs`` flag) the lines go to stderr instead. Values the user already set
-    win (``VLLM_LOGGING_CONFIG_PATH`` or ``VLLM_CONFIGURE_LOGGING`` set: logging is left alone)."""
+    """Choose to send vLLM's log lines to a file.
+
+    Every process an engine starts logs to ``log_dir/vllm-<timestamp>-<pid>.log``, with torch's C++
+    and Python warnings quieted there. Nothing is created until an engine starts
+    (:func:`engine_logging`). Values the user already set win (``VLLM_LOGGING_CONFIG_PATH`` or
+    ``VLLM_CONFIGURE_LOGGING`` set: logging is left alone).
+
+    Parameters
+    ----------
+    log_dir : str or os.PathLike
+        The folder of the log file (made when an engine starts).
+    show : bool, default False
+        Send the lines to stderr instead (a ``--engine-logs`` flag).
+
+    Returns
+    -------
+    Path or None
+        The chosen log file; ``None`` with ``show`` or where the user's logging settings win.
+    """
     if show:
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         if "VLLM_CONFIGURE_LOGGING" in _OURS:  # an earlier choice in this process silenced vLLM
@@ -96,16 +110,31 @@ def engine_logging() -> Iterator[dict[str, str]]:
 
 
 def subprocess_logging_env() -> dict[str, str]:
-    """For an engine in a process of its own that keeps its own log (``vllm serve``): undo the
-    silencing :func:`engine_logs_to_file` applies to vLLM imports outside engines."""
+    """The environment of an engine in a process of its own that keeps its own log (``vllm serve``).
+
+    It undoes the silencing :func:`engine_logs_to_file` applies to vLLM imports outside engines.
+
+    Returns
+    -------
+    dict[str, str]
+        ``{"VLLM_CONFIGURE_LOGGING": "1"}`` when a log file was chosen; else empty.
+    """
     return {"VLLM_CONFIGURE_LOGGING": "1"} if _CHOICE["file"] is not None else {}
 
 
 def progress_log(message: str) -> None:
-    """The default ``log`` of the experiment runners: one progress line ("engine started in 28.3 s",
-    one per arm) appended to the log file :func:`engine_logs_to_file` chose (a notebook's page then
-    shows results, not a box per progress line), or to stderr where no file was chosen (``show``,
-    or logging left to the user). A file that cannot be written sends the line to stderr."""
+    """The default ``log`` of the experiment runners: one progress line, to the log file.
+
+    The line ("engine started in 28.3 s", one per arm) is appended to the log file
+    :func:`engine_logs_to_file` chose (a notebook's page then shows results, not a box per progress
+    line), or to stderr where no file was chosen (``show``, or logging left to the user). A file
+    that cannot be written sends the line to stderr.
+
+    Parameters
+    ----------
+    message : str
+        The progress line.
+    """
     import sys
 
     log_file = _CHOICE["file"]
@@ -121,7 +150,13 @@ def progress_log(message: str) -> None:
 
 
 def default_log_dir() -> Path:
-    """``$RLPARITY_CACHE/logs`` (default ``~/.cache/rlparity/logs``): where notebooks' engine logs go."""
+    """Where notebooks' engine logs go.
+
+    Returns
+    -------
+    Path
+        ``$RLPARITY_CACHE/logs`` (default ``~/.cache/rlparity/logs``).
+    """
     return Path(os.environ.get("RLPARITY_CACHE", Path.home() / ".cache" / "rlparity")) / "logs"
 
 

