@@ -15,18 +15,59 @@ QUANTILES = (0.01, 0.05, 0.5, 0.95, 0.99)
 
 
 def finite_mask(d: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
-    """Real tokens (``mask``) where ``d`` is finite."""
+    """Real tokens (``mask``) where ``d`` is finite.
+
+    Parameters
+    ----------
+    d : numpy.ndarray
+        Values per token (e.g. the log-ratio ``d``, nats).
+    mask : numpy.ndarray, optional
+        Boolean, True on real tokens; ``None`` counts every entry as real.
+
+    Returns
+    -------
+    numpy.ndarray
+        Boolean, True where the token is real and ``d`` is finite.
+    """
     m = np.isfinite(d)
     return m if mask is None else (m & np.asarray(mask, dtype=bool))
 
 
 def count(mask: np.ndarray, axis=None) -> np.ndarray:
-    """Number of true entries along ``axis`` (int64)."""
+    """Number of true entries along ``axis`` (int64).
+
+    Parameters
+    ----------
+    mask : numpy.ndarray
+        Boolean (or castable to it).
+    axis : int, tuple of int or None, default None
+        Axes to reduce; ``None`` reduces all.
+
+    Returns
+    -------
+    numpy.ndarray
+        The counts (int64; a 0-d array when every axis is reduced).
+    """
     return np.sum(np.asarray(mask, dtype=bool), axis=axis, dtype=np.int64)
 
 
 def zero_prob_count(log_pi: np.ndarray, mask: np.ndarray, axis=None) -> np.ndarray:
-    """Number of real tokens where the trainer gives probability 0 (``log pi = -inf``)."""
+    """Number of real tokens where the trainer gives probability 0 (``log pi = -inf``).
+
+    Parameters
+    ----------
+    log_pi : numpy.ndarray
+        The trainer's logprob per token (nats).
+    mask : numpy.ndarray
+        Boolean, True on real tokens (broadcast against ``x``).
+    axis : int, tuple of int or None, default None
+        Axes to reduce; ``None`` reduces all.
+
+    Returns
+    -------
+    numpy.ndarray
+        The counts (int64).
+    """
     return count(np.isneginf(log_pi) & np.asarray(mask, dtype=bool), axis=axis)
 
 
@@ -37,32 +78,107 @@ def _ratio(num: np.ndarray, n: np.ndarray) -> np.ndarray:
 
 
 def masked_sum(x: np.ndarray, mask: np.ndarray, axis=None) -> np.ndarray:
-    """Sum of ``x`` over real tokens where it is finite (0 where there are none)."""
+    """Sum of ``x`` over real tokens where it is finite (0 where there are none).
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        Values per token.
+    mask : numpy.ndarray
+        Boolean, True on real tokens (broadcast against ``x``).
+    axis : int, tuple of int or None, default None
+        Axes to reduce; ``None`` reduces all.
+
+    Returns
+    -------
+    numpy.ndarray
+        The sums, in the unit of ``x``.
+    """
     m = finite_mask(x, mask)
     return np.sum(np.where(m, x, 0.0), axis=axis)
 
 
 def masked_mean(x: np.ndarray, mask: np.ndarray, axis=None) -> np.ndarray:
-    """Mean of ``x`` over real tokens where it is finite."""
+    """Mean of ``x`` over real tokens where it is finite.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        Values per token.
+    mask : numpy.ndarray
+        Boolean, True on real tokens (broadcast against ``x``).
+    axis : int, tuple of int or None, default None
+        Axes to reduce; ``None`` reduces all.
+
+    Returns
+    -------
+    numpy.ndarray or float
+        The means, in the unit of ``x``; NaN where no token is usable.
+    """
     m = finite_mask(x, mask)
     return _ratio(np.sum(np.where(m, x, 0.0), axis=axis), count(m, axis))
 
 
 def masked_rms(x: np.ndarray, mask: np.ndarray, axis=None) -> np.ndarray:
-    """Root mean square of ``x`` over real tokens where it is finite."""
+    """Root mean square of ``x`` over real tokens where it is finite.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        Values per token.
+    mask : numpy.ndarray
+        Boolean, True on real tokens (broadcast against ``x``).
+    axis : int, tuple of int or None, default None
+        Axes to reduce; ``None`` reduces all.
+
+    Returns
+    -------
+    numpy.ndarray or float
+        The RMS, in the unit of ``x``; NaN where no token is usable.
+    """
     m = finite_mask(x, mask)
     return np.sqrt(_ratio(np.sum(np.where(m, x, 0.0) ** 2, axis=axis), count(m, axis)))
 
 
 def masked_max_abs(x: np.ndarray, mask: np.ndarray, axis=None) -> np.ndarray:
-    """Largest ``|x|`` over real tokens where it is finite (NaN where there are none)."""
+    """Largest ``|x|`` over real tokens where it is finite (NaN where there are none).
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        Values per token.
+    mask : numpy.ndarray
+        Boolean, True on real tokens (broadcast against ``x``).
+    axis : int, tuple of int or None, default None
+        Axes to reduce; ``None`` reduces all.
+
+    Returns
+    -------
+    numpy.ndarray or float
+        The largest absolute values, in the unit of ``x``.
+    """
     m = finite_mask(x, mask)
     top = np.max(np.where(m, np.abs(x), -np.inf), axis=axis)
     return np.where(count(m, axis) > 0, top, np.nan) if np.ndim(top) else (float(top) if m.any() else np.nan)
 
 
 def masked_std(x: np.ndarray, mask: np.ndarray, axis=None) -> np.ndarray:
-    """Population standard deviation of ``x`` over real tokens where it is finite."""
+    """Population standard deviation of ``x`` over real tokens where it is finite.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        Values per token.
+    mask : numpy.ndarray
+        Boolean, True on real tokens (broadcast against ``x``).
+    axis : int, tuple of int or None, default None
+        Axes to reduce; ``None`` reduces all.
+
+    Returns
+    -------
+    numpy.ndarray or float
+        The standard deviations (ddof 0), in the unit of ``x``; NaN where no token is usable.
+    """
     m = finite_mask(x, mask)
     mean = masked_mean(x, m, axis=axis)
     dev = np.where(m, x - (np.expand_dims(mean, axis) if axis is not None and np.ndim(mean) else mean), 0.0)
@@ -70,7 +186,25 @@ def masked_std(x: np.ndarray, mask: np.ndarray, axis=None) -> np.ndarray:
 
 
 def masked_quantile(x: np.ndarray, mask: np.ndarray, q, axis=None) -> np.ndarray:
-    """Quantiles ``q`` of ``x`` over real finite tokens; the quantile axis comes first."""
+    """Quantiles ``q`` of ``x`` over real finite tokens; the quantile axis comes first.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        Values per token.
+    mask : numpy.ndarray
+        Boolean, True on real tokens (broadcast against ``x``).
+    q : float or sequence of float
+        Quantile levels in [0, 1].
+    axis : int, tuple of int or None, default None
+        Axes to reduce; ``None`` reduces all.
+
+    Returns
+    -------
+    numpy.ndarray
+        The quantiles (linear interpolation), one leading entry per level of a sequence ``q``; NaN
+        where no token is usable.
+    """
     m = finite_mask(x, mask)
     with np.errstate(invalid="ignore"):
         import warnings
@@ -81,7 +215,21 @@ def masked_quantile(x: np.ndarray, mask: np.ndarray, q, axis=None) -> np.ndarray
 
 
 def abs_stats(d: np.ndarray, mask: np.ndarray) -> dict[str, float]:
-    """Mean, RMS, max and quantiles of ``|d|`` (and the signed mean) over finite real tokens (scalars)."""
+    """Mean, RMS, max and quantiles of ``|d|`` (and the signed mean) over finite real tokens.
+
+    Parameters
+    ----------
+    d : numpy.ndarray
+        The log-ratio ``log pi - log mu`` per token (nats).
+    mask : numpy.ndarray
+        Boolean, True on real tokens (broadcast against ``x``).
+
+    Returns
+    -------
+    dict[str, float]
+        ``mean`` (signed), ``mean_abs``, ``rms``, ``max_abs`` (nats), ``n_tokens``, and the quantiles
+        of the signed ``d`` at :data:`QUANTILES` as ``q01``, ``q05``, ``q50``, ``q95``, ``q99`` (nats).
+    """
     m = finite_mask(d, mask)
     qs = masked_quantile(d, m, QUANTILES)
     out = {"mean": float(masked_mean(d, m)), "mean_abs": float(masked_mean(np.abs(d), m)),
@@ -92,13 +240,44 @@ def abs_stats(d: np.ndarray, mask: np.ndarray) -> dict[str, float]:
 
 
 def mean_ratio(d: np.ndarray, mask: np.ndarray, axis=None) -> np.ndarray:
-    """Mean of ``rho = exp(d)`` over finite real tokens."""
+    """Mean of ``rho = exp(d)`` over finite real tokens.
+
+    Parameters
+    ----------
+    d : numpy.ndarray
+        The log-ratio ``log pi - log mu`` per token (nats).
+    mask : numpy.ndarray
+        Boolean, True on real tokens (broadcast against ``x``).
+    axis : int, tuple of int or None, default None
+        Axes to reduce; ``None`` reduces all.
+
+    Returns
+    -------
+    numpy.ndarray or float
+        The mean ratio ``pi / mu`` (dimensionless; 1 for a faithful rollout).
+    """
     m = finite_mask(d, mask)
     return masked_mean(np.exp(np.where(m, d, 0.0)), m, axis=axis)
 
 
 def kl_estimators(d: np.ndarray, mask: np.ndarray, axis=None) -> dict[str, np.ndarray]:
-    """Schulman's k1, k2, k3 with samples from mu and r = pi/mu (k1, k3 estimate KL(mu || pi))."""
+    """Schulman's k1, k2, k3 with samples from mu and r = pi/mu (k1, k3 estimate KL(mu || pi)).
+
+    Parameters
+    ----------
+    d : numpy.ndarray
+        The log-ratio ``log pi - log mu`` per token (nats).
+    mask : numpy.ndarray
+        Boolean, True on real tokens (broadcast against ``x``).
+    axis : int, tuple of int or None, default None
+        Axes to reduce; ``None`` reduces all.
+
+    Returns
+    -------
+    dict[str, numpy.ndarray]
+        ``k1`` = mean of ``-d``, ``k2`` = mean of ``d^2 / 2``, ``k3`` = mean of ``exp(d) - 1 - d``
+        (nats) over finite real tokens.
+    """
     m = finite_mask(d, mask)
     x = np.where(m, d, 0.0)
     return {"k1": masked_mean(-x, m, axis=axis), "k2": masked_mean(x ** 2 / 2, m, axis=axis),
@@ -106,8 +285,24 @@ def kl_estimators(d: np.ndarray, mask: np.ndarray, axis=None) -> dict[str, np.nd
 
 
 def ess(weights: np.ndarray, mask: np.ndarray | None = None, axis=None) -> np.ndarray:
-    """Normalised effective sample size (sum w)^2 / (n sum w^2) of raw (untruncated) weights,
-    over the finite (and ``mask``-ed) entries along ``axis``."""
+    """Normalised effective sample size of raw (untruncated) weights.
+
+    ``(sum w)^2 / (n sum w^2)`` over the finite (and ``mask``-ed) entries along ``axis``.
+
+    Parameters
+    ----------
+    weights : numpy.ndarray
+        Importance weights (e.g. ``pi / mu`` per token or per sequence).
+    mask : numpy.ndarray, optional
+        Boolean, True on entries to use; ``None`` uses every finite entry.
+    axis : int, tuple of int or None, default None
+        Axes to reduce; ``None`` reduces all.
+
+    Returns
+    -------
+    numpy.ndarray or float
+        The ESS in (0, 1] (1 for equal weights); NaN where no entry is usable or all weights are 0.
+    """
     w = np.asarray(weights, dtype=float)
     m = finite_mask(w, mask)
     s1 = np.sum(np.where(m, w, 0.0), axis=axis)
@@ -119,8 +314,24 @@ def ess(weights: np.ndarray, mask: np.ndarray | None = None, axis=None) -> np.nd
 
 
 def pearson(x: np.ndarray, y: np.ndarray, mask: np.ndarray, axis=None) -> np.ndarray:
-    """Pearson correlation of ``x`` and ``y`` over entries where both are finite and ``mask``
-    holds (NaN with fewer than 2 entries or no spread)."""
+    """Pearson correlation of ``x`` and ``y`` over entries where both are finite and ``mask`` holds.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        First variable.
+    y : numpy.ndarray
+        Second variable, the shape of ``x``.
+    mask : numpy.ndarray
+        Boolean, True on entries to use.
+    axis : int, tuple of int or None, default None
+        Axes to reduce; ``None`` reduces all.
+
+    Returns
+    -------
+    numpy.ndarray or float
+        The correlation in [-1, 1]; NaN with fewer than 2 entries or no spread.
+    """
     m = finite_mask(x, mask) & np.isfinite(y)
     mx, my = masked_mean(x, m, axis=axis), masked_mean(y, m, axis=axis)
     if axis is not None and np.ndim(mx):
@@ -134,8 +345,26 @@ def pearson(x: np.ndarray, y: np.ndarray, mask: np.ndarray, axis=None) -> np.nda
 
 
 def prob_stats(log_pi: np.ndarray, log_mu: np.ndarray, mask: np.ndarray, axis=None) -> dict[str, np.ndarray]:
-    """``|pi - mu|`` (mean, max, std) and the Pearson correlation of pi and mu over real tokens
-    (a token with pi = 0 counts here with pi = 0: probabilities, unlike log-ratios, stay finite)."""
+    """``|pi - mu|`` (mean, max, std) and the Pearson correlation of pi and mu over real tokens.
+
+    A token with pi = 0 counts here with pi = 0: probabilities, unlike log-ratios, stay finite.
+
+    Parameters
+    ----------
+    log_pi : numpy.ndarray
+        The trainer's logprob per token (nats).
+    log_mu : numpy.ndarray
+        The rollout's logprob per token (nats); tokens where it is not finite are left out.
+    mask : numpy.ndarray
+        Boolean, True on real tokens (broadcast against ``x``).
+    axis : int, tuple of int or None, default None
+        Axes to reduce; ``None`` reduces all.
+
+    Returns
+    -------
+    dict[str, numpy.ndarray]
+        ``prob_diff_mean``, ``prob_diff_max``, ``prob_diff_std`` (probabilities) and ``prob_pearson``.
+    """
     m = np.asarray(mask, dtype=bool) & np.isfinite(log_mu) & ~np.isnan(log_pi)
     pi, mu = np.exp(np.where(m, log_pi, -np.inf)), np.exp(np.where(m, log_mu, -np.inf))
     diff = np.abs(pi - mu)
@@ -144,14 +373,30 @@ def prob_stats(log_pi: np.ndarray, log_mu: np.ndarray, mask: np.ndarray, axis=No
 
 
 def reading_fit(y: np.ndarray, x: np.ndarray, mask: np.ndarray) -> dict[str, float]:
-    """Where ``y`` lies between two readings that differ by ``x``: the least-squares slope through
-    the origin ``alpha = sum(x y) / sum(x^2)``, its standard error, the residual RMS (the numeric
-    noise no hypothesis explains) and the RMS of ``x`` (how far apart the readings are), over
-    real tokens where both are finite.
+    """Where ``y`` lies between two readings that differ by ``x``.
+
+    The least-squares slope through the origin ``alpha = sum(x y) / sum(x^2)``, its standard error,
+    the residual RMS (the numeric noise no hypothesis explains) and the RMS of ``x`` (how far apart
+    the readings are), over real tokens where both are finite.
 
     With ``y = mu - log pi_raw`` and ``x = log pi_processed - log pi_raw``, ``alpha`` is 1 when the
     rollout reports the processed distribution, 0 when it reports the raw one, whatever the device
     or precision adds as noise: the verdict is relative, not a tolerance in nats.
+
+    Parameters
+    ----------
+    y : numpy.ndarray
+        The reading to place, per token (nats).
+    x : numpy.ndarray
+        The difference of the two candidate readings, per token (nats).
+    mask : numpy.ndarray
+        Boolean, True on real tokens.
+
+    Returns
+    -------
+    dict[str, float]
+        ``alpha``, ``alpha_se``, ``noise_rms`` (nats), ``separation_rms`` (nats) and ``n_tokens``;
+        NaN where fewer than 2 tokens or no separation.
     """
     m = finite_mask(y, mask) & np.isfinite(x)
     xv, yv = x[m].astype(float), y[m].astype(float)
@@ -169,14 +414,32 @@ def reading_fit(y: np.ndarray, x: np.ndarray, mask: np.ndarray) -> dict[str, flo
 
 def robust_reading_fit(y: np.ndarray, x: np.ndarray, mask: np.ndarray, *, c: float = 1.345,
                        iterations: int = 20) -> dict[str, float]:
-    """:func:`reading_fit` made robust: a Huber M-estimate of the slope through the origin
-    (iteratively reweighted least squares, tuning ``c`` times the residuals' robust scale, 1.4826 x
-    their median absolute value). Tokens a cause the diagnosis has not identified moved far from
-    the line (a stale KV block, a flipped top-k boundary) get little weight instead of dragging the
+    """:func:`reading_fit` made robust: a Huber M-estimate of the slope through the origin.
+
+    Iteratively reweighted least squares, tuning ``c`` times the residuals' robust scale (1.4826 x
+    their median absolute value). Tokens a cause the diagnosis has not identified moved far from the
+    line (a stale KV block, a flipped top-k boundary) get little weight instead of dragging the
     slope; on well-behaved tokens it equals the least-squares slope.
 
-    Returns the keys of :func:`reading_fit` plus ``noise_scale`` (the robust scale of the residuals,
-    nats) and ``downweighted_share`` (tokens given weight < 1)."""
+    Parameters
+    ----------
+    y : numpy.ndarray
+        The reading to place, per token (nats).
+    x : numpy.ndarray
+        The difference of the two candidate readings, per token (nats).
+    mask : numpy.ndarray
+        Boolean, True on real tokens.
+    c : float, default 1.345
+        Huber tuning constant, in robust scales.
+    iterations : int, default 20
+        Most reweighting steps.
+
+    Returns
+    -------
+    dict[str, float]
+        The keys of :func:`reading_fit` (``alpha_se`` a sandwich standard error) plus ``noise_scale``
+        (the robust scale of the residuals, nats) and ``downweighted_share`` (tokens given weight < 1).
+    """
     out = reading_fit(y, x, mask)
     m = finite_mask(y, mask) & np.isfinite(x)
     xv, yv = x[m].astype(float), y[m].astype(float)
@@ -218,6 +481,19 @@ def offset_test(d: np.ndarray, mask: np.ndarray) -> dict[str, float]:
     Tokens drawn from mu with ``pi = mu`` up to zero-mean numeric noise have ``E[d] ~ -Var(d)/2``
     (and a mean ratio ``E[pi/mu] = 1``); ``offset = mean(d) + var(d)/2`` is 0 then, and its
     z-score ``offset / se`` says how many standard errors it is off.
+
+    Parameters
+    ----------
+    d : numpy.ndarray
+        The log-ratio per token (nats).
+    mask : numpy.ndarray
+        Boolean, True on real tokens.
+
+    Returns
+    -------
+    dict[str, float]
+        ``offset`` and ``offset_se`` (nats), ``z``, ``mean`` (nats), ``var`` (nats squared) and
+        ``n_tokens``; NaN with fewer than 2 tokens.
     """
     m = finite_mask(d, mask)
     x = d[m].astype(float)
@@ -234,9 +510,25 @@ def offset_test(d: np.ndarray, mask: np.ndarray) -> dict[str, float]:
 
 
 def token_lag(policy_version: np.ndarray, mask: np.ndarray, latest: int | None = None) -> np.ndarray:
-    """Policy lag per token: ``latest - policy_version`` (how many updates old the weights that
-    sampled the token are), NaN on padding; ``latest`` defaults to the newest version among the
-    real tokens (PipelineRL logs the trainer's version at use time minus the sample's)."""
+    """Policy lag per token: ``latest - policy_version``.
+
+    How many updates old the weights that sampled the token are (PipelineRL logs the trainer's
+    version at use time minus the sample's).
+
+    Parameters
+    ----------
+    policy_version : numpy.ndarray
+        The policy version that sampled each token.
+    mask : numpy.ndarray
+        Boolean, True on real tokens.
+    latest : int, optional
+        The current version; ``None`` takes the newest version among the real tokens.
+
+    Returns
+    -------
+    numpy.ndarray
+        The lag per token (float, in updates); NaN on padding.
+    """
     m = np.asarray(mask, dtype=bool)
     pv = np.asarray(policy_version, dtype=float)
     if latest is None:
@@ -245,8 +537,23 @@ def token_lag(policy_version: np.ndarray, mask: np.ndarray, latest: int | None =
 
 
 def lag_stats(lag: np.ndarray, mask: np.ndarray, axis=None) -> dict[str, np.ndarray]:
-    """Max and mean of the token lag and the share of tokens with lag > 0 (off-policy tokens)
-    over real tokens along ``axis``; ``n_tokens`` counts them."""
+    """Max and mean of the token lag and the share of off-policy tokens (lag > 0).
+
+    Parameters
+    ----------
+    lag : numpy.ndarray
+        The lag per token (:func:`token_lag`).
+    mask : numpy.ndarray
+        Boolean, True on real tokens.
+    axis : int, tuple of int or None, default None
+        Axes to reduce; ``None`` reduces all.
+
+    Returns
+    -------
+    dict[str, numpy.ndarray]
+        ``lag_max``, ``lag_mean``, ``offpolicy_share`` and ``n_tokens`` (the real tokens counted)
+        along ``axis``.
+    """
     m = finite_mask(lag, mask)
     top = np.max(np.where(m, lag, -np.inf), axis=axis)
     n = count(m, axis)

@@ -37,10 +37,32 @@ from rlparity.trace.layers import POSITION_DIM, SEQUENCE_DIM, SITE_DIM, has_laye
 # ------------------------------------------------------------------------------- numpy core
 def site_errors(engine: Mapping[str, Any], reference: Mapping[str, Any], length: int
                 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(diff_rms, state_rms)``, each ``(n_sites, length)`` float64, NaN at positions the engine
-    did not compute. ``engine``: ``states`` ``(n_sites - 1, T, H)`` at ``positions`` ``(T,)`` and
-    ``logits`` ``(T, V')``; ``reference``: ``states`` ``(n_sites - 1, length, H)`` and ``logits``
-    ``(length, V')`` (every position)."""
+    """Per site and position: the RMS of the engine's state minus the reference's, and the reference's.
+
+    Computed in float64, over the hidden dimension (or the vocabulary columns of ``lm_head``).
+
+    Parameters
+    ----------
+    engine : Mapping[str, Any]
+        ``states`` ``(n_sites - 1, T, H)`` at ``positions`` ``(T,)`` (default every position) and
+        ``logits`` ``(T, V')``.
+    reference : Mapping[str, Any]
+        ``states`` ``(n_sites - 1, length, H)`` and ``logits`` ``(length, V')`` (every position).
+    length : int
+        Positions of the sequence.
+
+    Returns
+    -------
+    diff_rms : numpy.ndarray
+        ``(n_sites, length)`` float64, NaN at positions the engine did not compute.
+    state_rms : numpy.ndarray
+        ``(n_sites, length)`` float64, the reference state's RMS, NaN likewise.
+
+    Raises
+    ------
+    ValueError
+        The reference does not cover every position, or the two sides' shapes differ.
+    """
     es, rs = np.asarray(engine["states"], dtype=np.float64), np.asarray(reference["states"], dtype=np.float64)
     el, rl = np.asarray(engine["logits"], dtype=np.float64), np.asarray(reference["logits"], dtype=np.float64)
     pos = np.asarray(engine.get("positions", np.arange(es.shape[1])), dtype=np.int64)
@@ -60,8 +82,23 @@ def site_errors(engine: Mapping[str, Any], reference: Mapping[str, Any], length:
 
 def pooled_relative_error(diff_rms: np.ndarray, state_rms: np.ndarray, axis: int | tuple[int, ...] | None = None
                           ) -> np.ndarray:
-    """``sqrt(sum diff^2 / sum state^2)`` over ``axis``, entries where either is NaN left out (NaN
-    where nothing is left; 0 where the states are all zero and equal)."""
+    """``sqrt(sum diff^2 / sum state^2)`` over ``axis``, entries where either is NaN left out.
+
+    Parameters
+    ----------
+    diff_rms : numpy.ndarray
+        RMS of the difference per entry.
+    state_rms : numpy.ndarray
+        RMS of the reference state per entry, the shape of ``diff_rms``.
+    axis : int, tuple of int or None, default None
+        Axes to pool; ``None`` pools all.
+
+    Returns
+    -------
+    numpy.ndarray
+        The relative error (dimensionless); NaN where nothing is left, 0 where the states are all
+        zero and equal, inf where they are zero but differ.
+    """
     d, s = np.asarray(diff_rms, dtype=np.float64), np.asarray(state_rms, dtype=np.float64)
     ok = np.isfinite(d) & np.isfinite(s)
     num = np.where(ok, d * d, 0.0).sum(axis=axis)
@@ -80,8 +117,26 @@ def _layers(data: xr.Dataset) -> xr.Dataset:
 
 
 def relative_error(data: xr.Dataset, dim: str | Sequence[str] | None = None) -> xr.DataArray:
-    """Pooled relative error of the states, reduced over ``dim`` (default: ``layer_sequence`` and
-    ``full_position``, one value per site)."""
+    """Pooled relative error of the states, reduced over ``dim``.
+
+    Parameters
+    ----------
+    data : xarray.Dataset
+        A trace or layer dataset with a layer profile (``layer_diff_rms``, ``layer_state_rms``).
+    dim : str, sequence of str or None, default None
+        ``"layer_sequence"`` and/or ``"full_position"``; ``None`` pools both (one value per site),
+        ``()`` keeps every position.
+
+    Returns
+    -------
+    xarray.DataArray
+        ``relative_error`` (dimensionless) with a ``comparison`` attr (trainer or engine).
+
+    Raises
+    ------
+    ValueError
+        No layer profile, or a dim that cannot be reduced.
+    """
     ds = _layers(data)
     dims = (SEQUENCE_DIM, POSITION_DIM) if dim is None else ((dim,) if isinstance(dim, str) else tuple(dim))
     bad = [d for d in dims if d not in (SEQUENCE_DIM, POSITION_DIM)]
@@ -99,8 +154,26 @@ def relative_error(data: xr.Dataset, dim: str | Sequence[str] | None = None) -> 
 
 
 def floor_from(clean: xr.Dataset | Iterable[xr.Dataset]) -> xr.DataArray:
-    """The floor per site: the pooled relative error of one clean parity capture, or the largest
-    over several (e.g. clean captures on other prompts, or two runs of the reference)."""
+    """The floor per site: the pooled relative error of clean parity captures.
+
+    Of one capture, or the largest over several (e.g. clean captures on other prompts, or two runs
+    of the reference).
+
+    Parameters
+    ----------
+    clean : xarray.Dataset or iterable of xarray.Dataset
+        Clean layer profiles of the same sites.
+
+    Returns
+    -------
+    xarray.DataArray
+        ``layer_floor`` per site (dimensionless).
+
+    Raises
+    ------
+    ValueError
+        No profile given, or one without a layer profile.
+    """
     items = [clean] if isinstance(clean, xr.Dataset) else list(clean)
     if not items:
         raise ValueError("floor_from needs at least one clean layer profile")
@@ -112,10 +185,29 @@ def floor_from(clean: xr.Dataset | Iterable[xr.Dataset]) -> xr.DataArray:
 
 def divergence_table(data: xr.Dataset, *, floor: xr.DataArray | np.ndarray | None = None,
                      floor_ratio: float | None = None, min_rel: float | None = None) -> xr.Dataset:
-    """Per site: ``relative_error``, ``floor`` (given, else the profile's ``layer_floor``),
-    ``threshold`` = ``max(floor_ratio x floor, min_rel)`` (defaults: ``layer_floor_ratio``,
-    ``layer_min_rel``), ``ratio_to_floor`` and ``over`` (the site leaves its floor). A site without a
-    measured floor (NaN) is judged against ``min_rel`` only."""
+    """Per site: the relative error, its floor, the threshold and whether the site leaves its floor.
+
+    ``threshold`` = ``max(floor_ratio x floor, min_rel)``. A site without a measured floor (NaN) is
+    judged against ``min_rel`` only.
+
+    Parameters
+    ----------
+    data : xarray.Dataset
+        A trace or layer dataset with a layer profile.
+    floor : xarray.DataArray or numpy.ndarray, optional
+        The floor per site; ``None`` takes the profile's ``layer_floor``.
+    floor_ratio : float, optional
+        Times the floor a site must exceed; ``None`` is ``defaults().layer_floor_ratio``.
+    min_rel : float, optional
+        Relative error under which a site never counts as diverging; ``None`` is
+        ``defaults().layer_min_rel``.
+
+    Returns
+    -------
+    xarray.Dataset
+        Per site: ``relative_error``, ``floor``, ``threshold``, ``ratio_to_floor`` and ``over``; attrs
+        ``floor_ratio``, ``min_rel``, ``floor_measured``.
+    """
     ds = _layers(data)
     ratio = defaults().layer_floor_ratio if floor_ratio is None else float(floor_ratio)
     least = defaults().layer_min_rel if min_rel is None else float(min_rel)
@@ -132,10 +224,29 @@ def divergence_table(data: xr.Dataset, *, floor: xr.DataArray | np.ndarray | Non
 
 def first_divergence(data: xr.Dataset, *, floor: xr.DataArray | np.ndarray | None = None,
                      floor_ratio: float | None = None, min_rel: float | None = None) -> dict[str, Any] | None:
-    """The first site (data-flow order) whose pooled relative error leaves its floor, or ``None``:
-    ``{"site", "layer", "module", "relative_error", "floor", "threshold", "ratio_to_floor", "sequences"
-    (per sequence: diverges there, its first divergent position, positions over the threshold,
-    cached positions), "position_0_over", "max_ratio_before", "max_relative_error_before"}``."""
+    """The first site (data-flow order) whose pooled relative error leaves its floor.
+
+    Parameters
+    ----------
+    data : xarray.Dataset
+        A trace or layer dataset with a layer profile.
+    floor : xarray.DataArray or numpy.ndarray, optional
+        The floor per site; ``None`` takes the profile's ``layer_floor``.
+    floor_ratio : float, optional
+        Times the floor a site must exceed; ``None`` is ``defaults().layer_floor_ratio``.
+    min_rel : float, optional
+        Relative error under which a site never counts as diverging; ``None`` is
+        ``defaults().layer_min_rel``.
+
+    Returns
+    -------
+    dict[str, Any] or None
+        ``None`` where no site leaves its floor; else ``site``, ``index``, ``layer``, ``module``,
+        ``relative_error``, ``floor``, ``threshold``, ``ratio_to_floor``, ``sequences`` (per sequence:
+        whether it diverges there, its first divergent position, positions over the threshold, cached
+        positions), ``position_0_over``, ``position_0_computed``, ``max_ratio_before``,
+        ``max_relative_error_before``, ``floor_ratio`` and ``min_rel``.
+    """
     table = divergence_table(data, floor=floor, floor_ratio=floor_ratio, min_rel=min_rel)
     over = table["over"].values
     if not over.any():
@@ -171,9 +282,26 @@ def first_divergence(data: xr.Dataset, *, floor: xr.DataArray | np.ndarray | Non
 
 
 def profile_table(arms: Mapping[str, xr.Dataset]) -> xr.Dataset:
-    """Per arm and site (dims ``arm``, ``site``): the pooled ``relative_error`` and the ``floor`` of
-    every arm with a layer profile (the same sites in every arm), and per arm what it was compared
-    with (``comparison``: trainer or engine)."""
+    """Per arm and site (dims ``arm``, ``site``): the pooled relative error and the floor.
+
+    Of every arm with a layer profile (the same sites in every arm), and per arm what it was compared
+    with (``comparison``: trainer or engine).
+
+    Parameters
+    ----------
+    arms : Mapping[str, xarray.Dataset]
+        The arms; those without a layer profile are left out.
+
+    Returns
+    -------
+    xarray.Dataset
+        ``relative_error``, ``floor`` (over ``arm`` and ``site``) and ``comparison`` (over ``arm``).
+
+    Raises
+    ------
+    ValueError
+        No arm has a layer profile, or the arms cover different sites.
+    """
     names = [a for a, ds in arms.items() if has_layers(ds)]
     if not names:
         raise ValueError("no arm carries a layer profile: run a layer capture first (`rlparity layers run`)")
@@ -188,9 +316,24 @@ def profile_table(arms: Mapping[str, xr.Dataset]) -> xr.Dataset:
 
 
 def within_floor(data: xr.Dataset, **kw: Any) -> dict[str, float]:
-    """How close a profile stays to its floor: the largest ``relative_error / floor`` over sites
-    (``max_ratio_to_floor``), its site, and the largest relative error (for a clean arm: the
-    statement "within its floor at every layer" is ``max_ratio_to_floor < floor_ratio``)."""
+    """How close a profile stays to its floor.
+
+    For a clean arm, the statement "within its floor at every layer" is
+    ``max_ratio_to_floor < floor_ratio``.
+
+    Parameters
+    ----------
+    data : xarray.Dataset
+        A trace or layer dataset with a layer profile.
+    **kw : Any
+        ``floor``, ``floor_ratio``, ``min_rel`` of :func:`divergence_table`.
+
+    Returns
+    -------
+    dict[str, float]
+        ``max_ratio_to_floor`` (the largest ``relative_error / floor`` over sites), ``at_site`` (its
+        site), ``max_relative_error`` and ``n_sites_over``.
+    """
     table = divergence_table(data, **kw)
     r = table["ratio_to_floor"].values
     k = int(np.nanargmax(r)) if np.isfinite(r).any() else 0

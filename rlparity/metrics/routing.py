@@ -39,41 +39,131 @@ REPLAY_VARIABLE = {"processed": "trainer_replay_processed_logprob", "raw": "trai
 
 # ------------------------------------------------------------------------------ numpy core
 def route_valid(engine: np.ndarray, trainer: np.ndarray) -> np.ndarray:
-    """Where both sides recorded a full top-k (no ``-1`` slot); the ``expert_slot`` axis is reduced."""
+    """Where both sides recorded a full top-k (no ``-1`` slot).
+
+    Parameters
+    ----------
+    engine : numpy.ndarray
+        The engine's expert ids per token and layer, last axis ``expert_slot`` (``-1``: not recorded).
+    trainer : numpy.ndarray
+        The trainer's expert ids, the shape of ``engine``.
+
+    Returns
+    -------
+    numpy.ndarray
+        Boolean, the ``expert_slot`` axis reduced.
+    """
     return np.all(np.asarray(engine) >= 0, axis=-1) & np.all(np.asarray(trainer) >= 0, axis=-1)
 
 
 def route_agree(engine: np.ndarray, trainer: np.ndarray) -> np.ndarray:
-    """Whether the two top-k sets are equal (the ``expert_slot`` axis reduced; order ignored)."""
+    """Whether the two top-k sets are equal (order ignored).
+
+    Parameters
+    ----------
+    engine : numpy.ndarray
+        The engine's expert ids per token and layer, last axis ``expert_slot`` (``-1``: not recorded).
+    trainer : numpy.ndarray
+        The trainer's expert ids, the shape of ``engine``.
+
+    Returns
+    -------
+    numpy.ndarray
+        Boolean, the ``expert_slot`` axis reduced.
+    """
     return np.all(np.sort(engine, axis=-1) == np.sort(trainer, axis=-1), axis=-1)
 
 
 def expert_overlap(engine: np.ndarray, trainer: np.ndarray) -> np.ndarray:
-    """The share of the k experts both sides selected (1 = the same set; ``expert_slot`` reduced)."""
+    """The share of the k experts both sides selected (1 = the same set).
+
+    Parameters
+    ----------
+    engine : numpy.ndarray
+        The engine's expert ids per token and layer, last axis ``expert_slot`` (``-1``: not recorded).
+    trainer : numpy.ndarray
+        The trainer's expert ids, the shape of ``engine``.
+
+    Returns
+    -------
+    numpy.ndarray
+        Shares in [0, 1], the ``expert_slot`` axis reduced.
+    """
     e, t = np.asarray(engine), np.asarray(trainer)
     shared = (e[..., :, None] == t[..., None, :]).any(axis=-1).sum(axis=-1)
     return shared / e.shape[-1]
 
 
 def layer_flips(engine: np.ndarray, trainer: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Per (token, layer): a flip (both sides recorded a route and the sets differ), on real tokens
-    (``mask`` over the token axes, broadcast over layers)."""
+    """Per (token, layer): a flip (both sides recorded a route and the sets differ), on real tokens.
+
+    Parameters
+    ----------
+    engine : numpy.ndarray
+        The engine's expert ids per token and layer, last axis ``expert_slot`` (``-1``: not recorded).
+    trainer : numpy.ndarray
+        The trainer's expert ids, the shape of ``engine``.
+    mask : numpy.ndarray
+        Boolean over the token axes, True on real tokens (broadcast over layers).
+
+    Returns
+    -------
+    numpy.ndarray
+        Boolean per token and layer.
+    """
     return route_valid(engine, trainer) & ~route_agree(engine, trainer) & np.asarray(mask, dtype=bool)[..., None]
 
 
 def token_flips(flips: np.ndarray) -> np.ndarray:
-    """Per token: at least one layer flipped (the last axis, ``moe_layer``, reduced)."""
+    """Per token: at least one layer flipped.
+
+    Parameters
+    ----------
+    flips : numpy.ndarray
+        Boolean flips per token and layer (:func:`layer_flips`), last axis ``moe_layer``.
+
+    Returns
+    -------
+    numpy.ndarray
+        Boolean per token (the last axis reduced).
+    """
     return np.any(flips, axis=-1)
 
 
 def share(hit: np.ndarray, of: np.ndarray, axis=None) -> np.ndarray:
-    """``hit`` among ``of`` along ``axis`` (NaN where ``of`` is empty)."""
+    """``hit`` among ``of`` along ``axis`` (NaN where ``of`` is empty).
+
+    Parameters
+    ----------
+    hit : numpy.ndarray
+        Boolean, the entries counted.
+    of : numpy.ndarray
+        Boolean, the entries counted among.
+    axis : int, tuple of int or None, default None
+        Axes to reduce; ``None`` reduces all.
+
+    Returns
+    -------
+    numpy.ndarray or float
+        The share in [0, 1].
+    """
     return core.masked_mean(np.asarray(hit, dtype=np.float64), of, axis=axis)
 
 
 # ------------------------------------------------------------------------------ xarray layer
 def has_routes(trace: xr.Dataset) -> bool:
-    """Whether the trace holds both sides' routes (a MoE capture rescored by a MoE trainer)."""
+    """Whether the trace holds both sides' routes (a MoE capture rescored by a MoE trainer).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace.
+
+    Returns
+    -------
+    bool
+        True when ``routed_experts`` and ``trainer_routed_experts`` are both there.
+    """
     return "routed_experts" in trace and "trainer_routed_experts" in trace
 
 
@@ -87,7 +177,23 @@ def _require(trace: xr.Dataset) -> None:
 
 
 def flips(trace: xr.Dataset) -> xr.DataArray:
-    """Per (sequence, position, moe_layer): a routing flip on a real token."""
+    """Per (sequence, position, moe_layer): a routing flip on a real token.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace with both sides' routes (``routed_experts``, ``trainer_routed_experts``).
+
+    Returns
+    -------
+    xarray.DataArray
+        Boolean ``routing_flip``.
+
+    Raises
+    ------
+    TraceValidationError
+        The trace holds no engine routes or no trainer routes.
+    """
     _require(trace)
     valid = xr.apply_ufunc(route_valid, trace["routed_experts"], trace["trainer_routed_experts"],
                            input_core_dims=[["expert_slot"], ["expert_slot"]])
@@ -100,10 +206,28 @@ def flips(trace: xr.Dataset) -> xr.DataArray:
 
 
 def routing_table(trace: xr.Dataset, *, dim: str | Sequence[str] | None = None) -> xr.Dataset:
-    """Per MoE layer, reduced over ``dim`` (default: every token): ``topk_agreement`` (share of
-    tokens whose top-k sets are equal), ``expert_overlap`` (mean share of shared experts),
-    ``flip_rate`` (1 - agreement), ``margin_median`` and ``margin_at_flips_median`` (the trainer's
-    router margin, logit units) and the token counts."""
+    """Per MoE layer, reduced over ``dim``: agreement, overlap, flip rate and router margins.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace with both sides' routes (``routed_experts``, ``trainer_routed_experts``).
+    dim : str, sequence of str or None, default None
+        Token dims to reduce (``"sequence"``, ``"position"``); ``None`` reduces both.
+
+    Returns
+    -------
+    xarray.Dataset
+        ``topk_agreement`` (share of tokens whose top-k sets are equal), ``expert_overlap`` (mean share
+        of shared experts), ``flip_rate`` (1 - agreement), ``n_tokens``, ``n_flips`` and, when the trace
+        records the trainer's router margin, ``margin_median`` and ``margin_at_flips_median`` (router
+        logit units).
+
+    Raises
+    ------
+    TraceValidationError
+        The trace holds no engine routes or no trainer routes.
+    """
     _require(trace)
     dims = list(reduce_dims(dim))
     e, t = trace["routed_experts"], trace["trainer_routed_experts"]
@@ -139,11 +263,31 @@ def _masked_median(x: np.ndarray, mask: np.ndarray, axis=None) -> np.ndarray:
 
 def flip_summary(trace: xr.Dataset, trainer: TrainerSide | None = None, *,
                  dim: str | Sequence[str] | None = None) -> xr.Dataset:
-    """Tokens with at least one routing flip and the mismatch they carry, reduced over ``dim``:
-    ``token_flip_rate``, ``abs_d_flipped`` / ``abs_d_unflipped`` (mean ``|d|``, nats) and their ratio,
-    and, when the trace was scored with routing replay, ``abs_d_flipped_replay`` /
-    ``abs_d_unflipped_replay`` and ``replay_ratio`` = ``abs_d_flipped / abs_d_flipped_replay`` (how
-    many times smaller the flipped tokens' mismatch is once the engine's routes are forced)."""
+    """Tokens with at least one routing flip and the mismatch they carry, reduced over ``dim``.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace with both sides' routes (``routed_experts``, ``trainer_routed_experts``).
+    trainer : {"processed", "raw"}, optional
+        The trainer reading of ``d``; ``None`` is ``defaults().trainer`` (or the reading the trace holds).
+    dim : str, sequence of str or None, default None
+        Token dims to reduce (``"sequence"``, ``"position"``); ``None`` reduces both.
+
+    Returns
+    -------
+    xarray.Dataset
+        :data:`FLIP_VARIABLES`: ``token_flip_rate``, ``n_tokens``, ``n_flipped``, ``abs_d_flipped`` /
+        ``abs_d_unflipped`` (mean ``|d|``, nats) and their ratio, and, when the trace was scored with
+        routing replay, ``abs_d_flipped_replay`` / ``abs_d_unflipped_replay`` (nats) and
+        ``replay_ratio`` = ``abs_d_flipped / abs_d_flipped_replay`` (how many times smaller the
+        flipped tokens' mismatch is once the engine's routes are forced).
+
+    Raises
+    ------
+    TraceValidationError
+        The trace holds no engine routes or no trainer routes.
+    """
     _require(trace)
     side = trainer_side(trace, trainer)
     layer_flip = flips(trace)
@@ -195,8 +339,26 @@ FLIP_VARIABLES: dict[str, tuple[str, str | None]] = {
 
 
 def routing_record(trace: xr.Dataset, trainer: TrainerSide | None = None) -> dict:
-    """The routing numbers of one arm as plain JSON-able values: per layer (keyed by decoder layer)
-    flip rate, agreement and margins, and the flip summary (for results files and notebooks)."""
+    """The routing numbers of one arm as plain JSON-able values (for results files and notebooks).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace with both sides' routes (``routed_experts``, ``trainer_routed_experts``).
+    trainer : {"processed", "raw"}, optional
+        The trainer reading of ``d``; ``None`` is ``defaults().trainer`` (or the reading the trace holds).
+
+    Returns
+    -------
+    dict
+        ``per_layer`` (keyed by decoder layer: the :func:`routing_table` variables) and the
+        :func:`flip_summary` scalars; NaN as ``None``.
+
+    Raises
+    ------
+    TraceValidationError
+        The trace holds no engine routes or no trainer routes.
+    """
     table = routing_table(trace)
     summ = flip_summary(trace, trainer)
     layers = [int(x) for x in table["moe_layer"].values]
@@ -205,9 +367,27 @@ def routing_record(trace: xr.Dataset, trainer: TrainerSide | None = None) -> dic
 
 
 def token_points(trace: xr.Dataset, trainer: TrainerSide | None = None) -> xr.Dataset:
-    """Per real token (dim ``token``): the trainer's smallest router margin over the MoE layers
-    (logit units), ``|d|`` (nats), ``|d_replay|`` when scored with replay, and whether it flipped in
-    any layer: the points of a margin-vs-mismatch scatter."""
+    """Per real token (dim ``token``): the points of a margin-vs-mismatch scatter.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace with both sides' routes (``routed_experts``, ``trainer_routed_experts``).
+    trainer : {"processed", "raw"}, optional
+        The trainer reading of ``d``; ``None`` is ``defaults().trainer`` (or the reading the trace holds).
+
+    Returns
+    -------
+    xarray.Dataset
+        ``min_router_margin`` (the trainer's smallest router margin over the MoE layers, logit units;
+        NaN without margins), ``abs_d`` (nats), ``flipped`` and, when scored with replay,
+        ``abs_d_replay`` (nats).
+
+    Raises
+    ------
+    TraceValidationError
+        The trace holds no engine routes or no trainer routes.
+    """
     _require(trace)
     side = trainer_side(trace, trainer)
     mask = trace["response_mask"].values.astype(bool)
@@ -225,7 +405,26 @@ def token_points(trace: xr.Dataset, trainer: TrainerSide | None = None) -> xr.Da
 
 
 def format_routing(trace: xr.Dataset, trainer: TrainerSide | None = None) -> str:
-    """The routing numbers of one arm as text: per MoE layer, then the flipped tokens' mismatch."""
+    """The routing numbers of one arm as text: per MoE layer, then the flipped tokens' mismatch.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace with both sides' routes (``routed_experts``, ``trainer_routed_experts``).
+    trainer : {"processed", "raw"}, optional
+        The trainer reading of ``d``; ``None`` is ``defaults().trainer`` (or the reading the trace holds).
+
+    Returns
+    -------
+    str
+        A table of agreement, flip rate and margins per layer, then the flipped and unflipped tokens'
+        mean ``|d|`` (nats), with and without replay.
+
+    Raises
+    ------
+    TraceValidationError
+        The trace holds no engine routes or no trainer routes.
+    """
     rec = routing_record(trace, trainer)
     fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731
     lines = ["MoE routing (engine routed_experts vs trainer top-k)",

@@ -15,12 +15,26 @@ TEMPERATURE_VARIABLES = ("log_ratio_mean", "abs_log_ratio_rms", "mean_ratio", "n
 
 
 def by_temperature(trace: xr.Dataset, trainer: TrainerSide | None = None) -> xr.Dataset:
-    """Token stats of d grouped by each request's temperature (dim ``temperature``), plus the
-    mean log kept mass of top-k/top-p when the trace has it.
+    """Token stats of d grouped by each request's temperature (dim ``temperature``).
+
+    Plus the mean log kept mass of top-k/top-p when the trace has it.
 
     The raw-mode signature: with ``raw_logprobs`` the mean of d moves with temperature (the
     engine reports ``log softmax(z)`` while the sampler drew from ``log softmax(z / T)``);
     with ``processed_logprobs`` it stays at zero for every temperature.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace with a trainer side.
+    trainer : {"processed", "raw"}, optional
+        The trainer reading to compare with; ``None`` is ``defaults().trainer``.
+
+    Returns
+    -------
+    xarray.Dataset
+        Over ``temperature``: :data:`TEMPERATURE_VARIABLES` (nats where a logprob quantity) and
+        ``log_kept_mass_mean`` (nats; NaN without ``trainer_log_kept_mass``), with pair attrs.
     """
 
     def row(group: xr.Dataset) -> xr.Dataset:
@@ -39,8 +53,20 @@ def by_temperature(trace: xr.Dataset, trainer: TrainerSide | None = None) -> xr.
 
 
 def temperature_table(data, trainer: TrainerSide | None = None) -> xr.Dataset:
-    """:func:`by_temperature` of every arm stacked along ``arm`` (``data``: arms, a DataTree or a
-    store path)."""
+    """:func:`by_temperature` of every arm stacked along ``arm``.
+
+    Parameters
+    ----------
+    data : Mapping[str, xarray.Dataset], xarray.DataTree or path
+        The arms, a DataTree or a store path.
+    trainer : {"processed", "raw"}, optional
+        The trainer reading to compare with; ``None`` is ``defaults().trainer``.
+
+    Returns
+    -------
+    xarray.Dataset
+        Over ``(arm, temperature)``; an arm without a temperature is NaN there.
+    """
     arms = as_arms(data)
     out = xr.concat([by_temperature(ds, trainer) for ds in arms.values()],
                     dim=xr.DataArray(list(arms), dims="arm", name="arm"), join="outer")
@@ -53,16 +79,34 @@ BF16_ULP = 2.0 ** -7  # the spacing of bfloat16 numbers relative to their size (
 
 def zero_prob_tokens(trace: xr.Dataset, trainer: TrainerSide | None = None, *,
                      noise_rms: float | None = None) -> xr.Dataset:
-    """Every token the trainer gives probability 0, one row each (dim ``token``): where it is,
-    what was sampled, the rollout's logprob, the trainer's rank of it, and its cause. Never
-    averaged away.
+    """Every token the trainer gives probability 0, one row each (dim ``token``).
+
+    Where it is, what was sampled, the rollout's logprob, the trainer's rank of it, and its cause.
+    Never averaged away.
 
     ``cause``: ``"boundary"`` when the token's logit is within a precision-sized margin of the kept
     set's edge (``trainer_cut_margin`` <= ``precision_margin`` = the larger of
     ``boundary_flip_ulps`` bfloat16 ulps of the position's largest logit and 3 x ``noise_rms``
     (nats, the engine's measured noise) x temperature): the two sides' rounding put it on different
     sides of the cut. ``"outside"`` when it is clearly beyond the edge. Traces scored before
-    ``trainer_cut_margin`` existed fall back on the rank (``rank == top_k``: adjacent to the edge).
+    ``trainer_cut_margin`` existed fall back on the rank (``rank == top_k``: adjacent to the edge);
+    ``"unclassified"`` where neither is recorded.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace with a trainer side.
+    trainer : {"processed", "raw"}, optional
+        The trainer reading to compare with; ``None`` is ``defaults().trainer``.
+    noise_rms : float, optional
+        The engine's measured noise RMS (nats); ``None`` uses the ulp margin alone.
+
+    Returns
+    -------
+    xarray.Dataset
+        Over ``token``: ``sequence_index``, ``position_index``, ``token_id``, ``rollout_logprob`` and
+        ``trainer_logprob`` (raw, nats), ``trainer_token_rank``, ``top_k``, ``top_p``, ``cut_margin``,
+        ``precision_margin`` (logit units) and ``cause``.
     """
     var = trainer_variable(trainer)
     log_pi = trace[var].values

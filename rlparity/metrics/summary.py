@@ -69,7 +69,23 @@ _TEXT_ORDER = ["n_tokens", "n_zero_prob", "log_ratio_mean", "abs_log_ratio_mean"
 
 
 def trainer_variable(trainer: TrainerSide | None = None) -> str:
-    """The trace variable of a trainer reading: ``processed`` or ``raw`` (default: the defaults')."""
+    """The trace variable of a trainer reading.
+
+    Parameters
+    ----------
+    trainer : {"processed", "raw"}, optional
+        The trainer reading to compare with; ``None`` is ``defaults().trainer``.
+
+    Returns
+    -------
+    str
+        ``"trainer_processed_logprob"`` or ``"trainer_logprob"``.
+
+    Raises
+    ------
+    ValueError
+        ``trainer`` is neither ``"processed"`` nor ``"raw"``.
+    """
     trainer = trainer or defaults().trainer
     if trainer not in TRAINER_VARIABLE:
         raise ValueError(f"trainer={trainer!r}; use 'processed' or 'raw'")
@@ -77,12 +93,41 @@ def trainer_variable(trainer: TrainerSide | None = None) -> str:
 
 
 def trainer_readings(trace: xr.Dataset) -> list[str]:
-    """The trainer readings a trace holds, ``processed`` first (imported dumps may hold one)."""
+    """The trainer readings a trace holds, ``processed`` first (imported dumps may hold one).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace.
+
+    Returns
+    -------
+    list[str]
+        ``"processed"`` and/or ``"raw"``; empty for a trace without a trainer side.
+    """
     return [side for side, var in TRAINER_VARIABLE.items() if var in trace]
 
 
 def trainer_side(trace: xr.Dataset, preferred: TrainerSide | None = None) -> TrainerSide:
-    """``preferred`` (default: the defaults') when the trace holds that reading, else the one it holds."""
+    """``preferred`` when the trace holds that reading, else the one it holds.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace with at least one trainer reading.
+    preferred : {"processed", "raw"}, optional
+        The reading wanted; ``None`` is ``defaults().trainer``.
+
+    Returns
+    -------
+    {"processed", "raw"}
+        The reading to use.
+
+    Raises
+    ------
+    TraceValidationError
+        The trace has no trainer side.
+    """
     preferred = preferred or defaults().trainer
     have = trainer_readings(trace)
     if not have:
@@ -91,14 +136,44 @@ def trainer_side(trace: xr.Dataset, preferred: TrainerSide | None = None) -> Tra
 
 
 def pair_attrs(trainer: TrainerSide | None = None, **extra: Any) -> dict[str, Any]:
-    """Provenance attrs of a backend-pair result: pair, direction, trainer side, units."""
+    """Provenance attrs of a backend-pair result: pair, direction, trainer side, units.
+
+    Parameters
+    ----------
+    trainer : {"processed", "raw"}, optional
+        The trainer reading to compare with; ``None`` is ``defaults().trainer``.
+    **extra : Any
+        More attrs.
+
+    Returns
+    -------
+    dict[str, Any]
+        :func:`~rlparity.config.provenance.make_attrs` with ``pair``, ``direction``, ``trainer_side``,
+        ``units="nats"`` and ``extra``.
+    """
     var = trainer_variable(trainer)
     return make_attrs(pair=BACKEND_PAIR, direction=f"{var} - rollout_logprob",
                       trainer_side=trainer or defaults().trainer, units="nats", **extra)
 
 
 def reduce_dims(dim: str | Sequence[str] | None) -> tuple[str, ...]:
-    """``dim`` as a tuple of token dims (``None`` = both)."""
+    """``dim`` as a tuple of token dims.
+
+    Parameters
+    ----------
+    dim : str, sequence of str or None, default None
+        Token dims to reduce (``"sequence"``, ``"position"``); ``None`` reduces both.
+
+    Returns
+    -------
+    tuple[str, ...]
+        The dims to reduce.
+
+    Raises
+    ------
+    ValueError
+        A dim is not a token dim, or none is given.
+    """
     dims = TOKEN_DIMS if dim is None else ((dim,) if isinstance(dim, str) else tuple(dim))
     bad = [d for d in dims if d not in TOKEN_DIMS]
     if bad or not dims:
@@ -108,7 +183,24 @@ def reduce_dims(dim: str | Sequence[str] | None) -> tuple[str, ...]:
 
 def reduce(func: Callable[..., Any], *arrays: xr.DataArray, dim: str | Sequence[str] | None = None,
            **kwargs: Any) -> xr.DataArray:
-    """Apply a numpy core reduction ``func(*arrays, axis=...)`` over ``dim`` (the xarray layer)."""
+    """Apply a numpy core reduction ``func(*arrays, axis=...)`` over ``dim`` (the xarray layer).
+
+    Parameters
+    ----------
+    func : callable
+        A reduction of :mod:`rlparity.metrics.core` taking ``axis``.
+    *arrays : xarray.DataArray
+        Its array arguments, each with the dims in ``dim``.
+    dim : str, sequence of str or None, default None
+        Token dims to reduce (``"sequence"``, ``"position"``); ``None`` reduces both.
+    **kwargs : Any
+        Further keyword arguments of ``func``.
+
+    Returns
+    -------
+    xarray.DataArray
+        The result, with the reduced dims gone.
+    """
     dims = reduce_dims(dim)
     axis = tuple(range(-len(dims), 0))
     return xr.apply_ufunc(func, *arrays, input_core_dims=[list(dims)] * len(arrays),
@@ -125,7 +217,25 @@ def _require_trainer(trace: xr.Dataset, var: str) -> None:
 
 
 def log_ratio(trace: xr.Dataset, trainer: TrainerSide | None = None) -> xr.DataArray:
-    """Per-token ``d = log pi_old - log mu`` (nats), NaN on padding, -inf where pi_old = 0."""
+    """Per-token ``d = log pi_old - log mu`` (nats), NaN on padding, -inf where pi_old = 0.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace (``rlparity.trace`` schema) with a trainer side.
+    trainer : {"processed", "raw"}, optional
+        The trainer reading to compare with; ``None`` is ``defaults().trainer``.
+
+    Returns
+    -------
+    xarray.DataArray
+        ``log_ratio`` over ``(sequence, position)``, with ``units``, ``pair`` and ``direction`` attrs.
+
+    Raises
+    ------
+    TraceValidationError
+        The trace has no trainer side, or not the reading asked for.
+    """
     var = trainer_variable(trainer)
     _require_trainer(trace, var)
     d = (trace[var] - trace["rollout_logprob"]).where(trace["response_mask"])
@@ -148,6 +258,32 @@ def summary(trace: xr.Dataset, trainer: TrainerSide | None = None, eps: float | 
     time (:mod:`rlparity.metrics.stream`; memory is one block; ``progress`` wraps the blocks, e.g.
     ``tqdm.tqdm``): every statistic is exact except the five quantiles beyond 5M tokens, which
     come from a fine histogram (within one bin, 3.7%, of the order statistics they fall between).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace (``rlparity.trace`` schema) with a trainer side.
+    trainer : {"processed", "raw"}, optional
+        The trainer reading to compare with; ``None`` is ``defaults().trainer``.
+    eps : float, optional
+        PPO clip range of ``clip_fraction``; ``None`` is ``defaults().eps``.
+    dim : str, sequence of str or None, default None
+        Token dims to reduce (``"sequence"``, ``"position"``); ``None`` reduces both.
+    progress : callable, optional
+        Wraps the iterable of blocks of a lazy trace (e.g. ``tqdm.tqdm``).
+
+    Returns
+    -------
+    xarray.Dataset
+        The variables of :data:`SUMMARY_VARIABLES` (nats where a logprob quantity) reduced over
+        ``dim``, plus the floors of :data:`FLOOR_SUMMARY_VARIABLES` (scalars), with pair attrs.
+
+    Raises
+    ------
+    TraceValidationError
+        The trace has no trainer side, or not the reading asked for.
+    ValueError
+        A lazy trace with ``dim`` other than ``None``, or an unknown ``dim``.
     """
     eps = defaults().eps if eps is None else float(eps)
     var = trainer_variable(trainer)
@@ -184,11 +320,30 @@ def summary(trace: xr.Dataset, trainer: TrainerSide | None = None, eps: float | 
 
 def token_statistics(log_pi: np.ndarray, log_mu: np.ndarray, mask: np.ndarray, *, eps: float,
                      axis=None) -> dict[str, Any]:
-    """Every statistic of :data:`SUMMARY_VARIABLES` (in that order) over ``axis``, from the numpy
-    core (:mod:`rlparity.metrics.core`): the one definition :func:`summary` uses for every ``dim``
-    (``dim=None`` on a float64 trace: on its real tokens compressed to 1-d). Computed in the
-    arrays' dtype (float32 traces accumulate in float32, as before issue 23); ``n_*`` are int64
-    counts, the rest float64."""
+    """Every statistic of :data:`SUMMARY_VARIABLES` (in that order) over ``axis``.
+
+    From the numpy core (:mod:`rlparity.metrics.core`): the one definition :func:`summary` uses for
+    every ``dim`` (``dim=None`` on a float64 trace: on its real tokens compressed to 1-d). Computed
+    in the arrays' dtype (float32 traces accumulate in float32, as before issue 23).
+
+    Parameters
+    ----------
+    log_pi : numpy.ndarray
+        The trainer's logprob per token (nats).
+    log_mu : numpy.ndarray
+        The rollout's logprob per token (nats).
+    mask : numpy.ndarray
+        Boolean, True on real tokens.
+    eps : float
+        PPO clip range of ``clip_fraction``.
+    axis : int, tuple of int or None, default None
+        Axes to reduce; ``None`` reduces all.
+
+    Returns
+    -------
+    dict[str, Any]
+        One array per name of :data:`SUMMARY_VARIABLES`: ``n_*`` int64 counts, the rest float64.
+    """
     mask = np.asarray(mask, bool)
     with np.errstate(invalid="ignore"):
         d = np.where(mask, log_pi - log_mu, np.nan)
@@ -233,14 +388,36 @@ def _finish(ds: xr.Dataset, trace: xr.Dataset, trainer: TrainerSide | None, eps:
 
 
 def scalars(s: xr.Dataset) -> dict[str, float | int]:
-    """The 0-d variables of a summary as plain Python numbers (NaN stays NaN)."""
+    """The 0-d variables of a summary as plain Python numbers (NaN stays NaN).
+
+    Parameters
+    ----------
+    s : xarray.Dataset
+        A summary (:func:`summary`) or any dataset.
+
+    Returns
+    -------
+    dict[str, float or int]
+        Name to value, for the 0-d variables only.
+    """
     return {str(k): v.item() for k, v in s.data_vars.items() if v.ndim == 0}
 
 
 def table_records(table: xr.Dataset, index: str | None = None) -> dict[str, dict[str, Any]] | list[dict[str, Any]]:
-    """A 1-d table (e.g. :func:`~rlparity.metrics.ablation.ablation_table`) as plain rows: a dict of
-    rows keyed by ``index`` (default: the table's only dim), NaN as ``None``; a table of other
-    shape as a list of flat records."""
+    """A 1-d table as plain rows (NaN as ``None``).
+
+    Parameters
+    ----------
+    table : xarray.Dataset
+        A table, e.g. :func:`~rlparity.metrics.ablation.ablation_table`.
+    index : str, optional
+        The dim whose labels key the rows; ``None`` takes the table's only dim.
+
+    Returns
+    -------
+    dict[str, dict[str, Any]] or list[dict[str, Any]]
+        Rows keyed by ``index``; a table of other shape as a list of flat records.
+    """
     import math
 
     def clean(v):
@@ -261,8 +438,25 @@ COMPACT_COLUMNS = (("abs_log_ratio_mean", "mean |d|"), ("abs_log_ratio_rms", "RM
 
 
 def format_summary_table(arms, trainer: TrainerSide | None = None, eps: float | None = None) -> str:
-    """One line per arm of the headline numbers (backend pair, nats): what a terminal shows for a
-    store before the verdicts (``format_summary`` has the full block of one arm)."""
+    """One line per arm of the headline numbers (backend pair, nats).
+
+    What a terminal shows for a store before the verdicts (:func:`format_summary` has the full
+    block of one arm).
+
+    Parameters
+    ----------
+    arms : Mapping[str, xarray.Dataset], xarray.Dataset or path
+        The arms (anything :func:`~rlparity.trace.as_arms` accepts).
+    trainer : {"processed", "raw"}, optional
+        The trainer reading to compare with; ``None`` is ``defaults().trainer``.
+    eps : float, optional
+        PPO clip range of ``clip_fraction``; ``None`` is ``defaults().eps``.
+
+    Returns
+    -------
+    str
+        A header and one line per arm: the :data:`COMPACT_COLUMNS`.
+    """
     from rlparity.trace import as_arms
 
     arms = as_arms(arms)
@@ -287,8 +481,26 @@ def _scalar_lines(s: xr.Dataset) -> list[str]:
 
 def format_summary(trace: xr.Dataset, trainer: TrainerSide | None = None, eps: float | None = None, *,
                    top: int = 5) -> str:
-    """A readable text block (what ``rlparity summary`` prints): the scalars, then where the
-    probability-0 tokens are and the worst sequences and positions."""
+    """A readable text block (what ``rlparity summary`` prints).
+
+    The scalars, then where the probability-0 tokens are and the worst sequences and positions.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace (``rlparity.trace`` schema) with a trainer side.
+    trainer : {"processed", "raw"}, optional
+        The trainer reading to compare with; ``None`` is ``defaults().trainer``.
+    eps : float, optional
+        PPO clip range of ``clip_fraction``; ``None`` is ``defaults().eps``.
+    top : int, default 5
+        How many sequences and positions to list.
+
+    Returns
+    -------
+    str
+        The block; for a lazy trace the scalars only.
+    """
     s = summary(trace, trainer, eps)
     if is_lazy(trace):  # one streamed pass: the scalars only
         return "\n".join(_scalar_lines(s) + ["  (a lazy trace: per-sequence and per-position views need it in memory)"])
