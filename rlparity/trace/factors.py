@@ -36,8 +36,26 @@ FACTORS_ATTR = "factors"
 
 
 def with_factors(trace: xr.Dataset, **factors: Any) -> xr.Dataset:
-    """``trace`` with ``factors`` recorded in ``attrs["factors"]`` (in place, and returned); values
-    must be JSON scalars (str, int, float, bool) so a store keeps them."""
+    """``trace`` with ``factors`` recorded in ``attrs["factors"]`` (in place, and returned).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        The arm's trace.
+    **factors : str, int, float or bool
+        The arm's factors; values must be JSON scalars so a store keeps them (numpy scalars are
+        converted).
+
+    Returns
+    -------
+    xarray.Dataset
+        ``trace`` itself.
+
+    Raises
+    ------
+    TypeError
+        A value is not a str, int, float or bool.
+    """
     for k, v in factors.items():
         if not isinstance(v, (str, bool, int, float, np.generic)):
             raise TypeError(f"factor {k}={v!r}: use a str, int, float or bool")
@@ -46,9 +64,23 @@ def with_factors(trace: xr.Dataset, **factors: Any) -> xr.Dataset:
 
 
 def arm_factors(trace: xr.Dataset, name: str | None = None) -> dict[str, Any]:
-    """The factors of one arm: ``attrs["factors"]``; for a store written before factors were
-    recorded, what :func:`rlparity.trace.legacy.legacy_factors` reads from its old records and
-    name (``name`` defaults to ``attrs["arm"]``). ``{}`` for an arm of no experiment."""
+    """The factors of one arm.
+
+    ``attrs["factors"]``; for a store written before factors were recorded, what
+    :func:`rlparity.trace.legacy.legacy_factors` reads from its old records and name.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        The arm's trace.
+    name : str, optional
+        The arm's name, read by the legacy fallback; ``None`` is ``attrs["arm"]``.
+
+    Returns
+    -------
+    dict[str, Any]
+        The factors; ``{}`` for an arm of no experiment.
+    """
     rec = trace.attrs.get(FACTORS_ATTR)
     if isinstance(rec, Mapping):
         return dict(rec)
@@ -65,9 +97,25 @@ def _common_keys(per_arm: Mapping[str, Mapping[str, Any]], dims: Sequence[str] |
 
 
 def factors(data, dims: Sequence[str] | None = None) -> xr.Dataset:
-    """The factors of every arm of ``data`` (``{arm: trace}``, a DataTree or a store path): a
-    Dataset with dim ``arm`` and one coordinate per factor that every arm has (or ``dims``; an arm
-    without one of them is an error)."""
+    """The factors of every arm, one coordinate each along ``arm``.
+
+    Parameters
+    ----------
+    data : Mapping[str, xarray.Dataset], xarray.DataTree or path
+        The arms (``{arm: trace}``), a DataTree or a store path.
+    dims : sequence of str, optional
+        The factors to take; ``None`` takes those every arm has.
+
+    Returns
+    -------
+    xarray.Dataset
+        No variables; dim ``arm`` and one coordinate per factor.
+
+    Raises
+    ------
+    ValueError
+        An arm lacks one of ``dims``.
+    """
     arms = as_arms(data)
     per_arm = {name: arm_factors(ds, name) for name, ds in arms.items()}
     keys = _common_keys(per_arm, dims)
@@ -79,9 +127,29 @@ def factors(data, dims: Sequence[str] | None = None) -> xr.Dataset:
 
 
 def stack_cells(cells: Mapping[tuple, xr.Dataset | xr.DataArray], dims: Sequence[str]) -> xr.Dataset:
-    """One Dataset from one part per cell, ``{(value of dims[0], value of dims[1], ...): part}``:
-    each part gets the dims ``dims`` (length 1) and the parts are merged (outer join: a missing cell
-    is NaN); each dim's values are sorted."""
+    """One Dataset from one part per cell, with the cells' values as dims.
+
+    Each part gets the dims ``dims`` (length 1) and the parts are merged (outer join: a missing cell
+    is NaN); each dim's values are sorted (first-seen order where they do not sort).
+
+    Parameters
+    ----------
+    cells : Mapping[tuple, xarray.Dataset or xarray.DataArray]
+        ``{(value of dims[0], value of dims[1], ...): part}``; a DataArray becomes a variable of its
+        name (``"value"`` when it has none).
+    dims : sequence of str
+        The names of the cells' key positions.
+
+    Returns
+    -------
+    xarray.Dataset
+        The parts merged, with one dim per entry of ``dims``.
+
+    Raises
+    ------
+    ValueError
+        No cells, or a key whose length differs from ``dims``.
+    """
     dims = list(dims)
     parts = []
     for key, part in cells.items():
@@ -107,13 +175,32 @@ def _ordered(values) -> np.ndarray | list:
 
 def by_factors(data, per_arm: str | Callable[[xr.Dataset], xr.Dataset | xr.DataArray] | None = None, *,
                dims: Sequence[str] | None = None) -> xr.Dataset | xr.DataArray:
-    """One value per arm with the arms' factors as dims: ``per_arm`` is a variable name (a
-    DataArray comes back), a function of one trace (its Dataset or DataArray gets the dims) or
-    ``None`` (every variable). ``dims``: the factors to use (default: those every arm has); two
-    arms of the same cell are an error. Coordinate ``arm`` names each cell's arm (``""`` where a cell
-    is missing); the arms' other dims (``sequence``, ``position``) are joined outer.
+    """One value per arm with the arms' factors as dims.
+
+    Coordinate ``arm`` names each cell's arm (``""`` where a cell is missing); the arms' other dims
+    (``sequence``, ``position``) are joined outer.
 
     >>> by_factors(load_example("h200-head"), "rollout_logprob").sel(rollout_head="float32")  # doctest: +SKIP
+
+    Parameters
+    ----------
+    data : Mapping[str, xarray.Dataset], xarray.DataTree or path
+        The arms (``{arm: trace}``), a DataTree or a store path.
+    per_arm : str, callable or None, default None
+        A variable name (a DataArray comes back), a function of one trace (its Dataset or DataArray
+        gets the dims) or ``None`` (every variable).
+    dims : sequence of str, optional
+        The factors to use; ``None`` takes those every arm has.
+
+    Returns
+    -------
+    xarray.Dataset or xarray.DataArray
+        The values with one dim per factor (a DataArray when ``per_arm`` is a name).
+
+    Raises
+    ------
+    ValueError
+        The arms share no factor, or two arms are the same cell.
     """
     arms = as_arms(data)
     table = factors(arms, dims)

@@ -13,8 +13,21 @@ import numpy as np
 
 
 def spread(a: Any, b: Any) -> dict[str, Any]:
-    """``{n_tokens, mean_abs, rms, max_abs}`` of ``|a - b|`` over the entries finite in both (nats);
-    NaN statistics when none is."""
+    """How far two readings of the same tokens are apart.
+
+    Parameters
+    ----------
+    a : array_like
+        One reading per token (nats).
+    b : array_like
+        The other reading, the shape of ``a`` (nats).
+
+    Returns
+    -------
+    dict[str, Any]
+        ``n_tokens`` (entries finite in both), ``mean_abs``, ``rms`` and ``max_abs`` of ``|a - b|``
+        (nats); NaN statistics when no entry is finite in both.
+    """
     a, b = np.asarray(a, float), np.asarray(b, float)
     ok = np.isfinite(a) & np.isfinite(b)
     d = np.abs(a[ok] - b[ok])

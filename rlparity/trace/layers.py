@@ -65,7 +65,19 @@ LAYER_VARS: dict[str, tuple[tuple[str, ...], str, str]] = {
 
 
 def sites(n_layers: int) -> list[tuple[int, str]]:
-    """``[(layer, module), ...]`` in data-flow order for a stack of ``n_layers`` decoder layers."""
+    """The sites of a decoder stack in data-flow order.
+
+    Parameters
+    ----------
+    n_layers : int
+        Decoder layers of the stack.
+
+    Returns
+    -------
+    list[tuple[int, str]]
+        ``(layer, module)``: ``(-1, "embedding")``, the :data:`LAYER_MODULES` of each layer, then
+        ``(n_layers, "final_norm")`` and ``(n_layers, "lm_head")``.
+    """
     out = [(-1, "embedding")]
     for layer in range(n_layers):
         out += [(layer, m) for m in LAYER_MODULES]
@@ -73,12 +85,38 @@ def sites(n_layers: int) -> list[tuple[int, str]]:
 
 
 def site_label(layer: int, module: str) -> str:
-    """``"L3.attention"``; ``"embedding"``, ``"final_norm"``, ``"lm_head"`` outside the layers."""
+    """The label of a site: ``"L3.attention"``; ``"embedding"``, ``"final_norm"``, ``"lm_head"`` outside the layers.
+
+    Parameters
+    ----------
+    layer : int
+        The site's layer.
+    module : str
+        The site's module.
+
+    Returns
+    -------
+    str
+        The label.
+    """
     return module if module in ("embedding", "final_norm", "lm_head") else f"L{layer}.{module}"
 
 
 def site_tensors(layer: int, module: str) -> list[str]:
-    """The checkpoint tensors (Hugging Face names) a site's own computation reads."""
+    """The checkpoint tensors (Hugging Face names) a site's own computation reads.
+
+    Parameters
+    ----------
+    layer : int
+        The site's layer.
+    module : str
+        The site's module.
+
+    Returns
+    -------
+    list[str]
+        Tensor names (``model.layers.<layer>.`` prefixed inside a layer); empty for ``output``.
+    """
     names = MODULE_TENSORS.get(module, ())
     if module in LAYER_MODULES:
         return [f"model.layers.{layer}.{n}" for n in names]
@@ -86,15 +124,43 @@ def site_tensors(layer: int, module: str) -> list[str]:
 
 
 def site_coords(site_list: Sequence[tuple[int, str]]) -> dict[str, Any]:
-    """Coordinates of the ``site`` dim: labels, ``site_layer`` and ``site_module``."""
+    """Coordinates of the ``site`` dim: labels, ``site_layer`` and ``site_module``.
+
+    Parameters
+    ----------
+    site_list : sequence of tuple[int, str]
+        ``(layer, module)`` per site, as :func:`sites` lists them.
+
+    Returns
+    -------
+    dict[str, Any]
+        ``site`` (labels), ``site_layer`` (int64) and ``site_module`` (str), for ``assign_coords``.
+    """
     return {SITE_DIM: [site_label(li, m) for li, m in site_list],
             "site_layer": (SITE_DIM, np.array([li for li, _ in site_list], dtype=np.int64)),
             "site_module": (SITE_DIM, np.array([m for _, m in site_list], dtype=str))}
 
 
 def vocab_columns(vocab_size: int, n: int = 1024, seed: int = 0) -> list[int]:
-    """The vocabulary columns the ``lm_head`` site compares (all of them up to ``n``, else a seeded
-    sorted sample of ``n``: the RMS over a random sample of columns estimates the RMS of the row)."""
+    """The vocabulary columns the ``lm_head`` site compares.
+
+    All of them up to ``n``, else a seeded sorted sample of ``n``: the RMS over a random sample of
+    columns estimates the RMS of the row.
+
+    Parameters
+    ----------
+    vocab_size : int
+        Columns of the LM head.
+    n : int, default 1024
+        Most columns compared.
+    seed : int, default 0
+        Seed of the sample.
+
+    Returns
+    -------
+    list[int]
+        Column indices, sorted.
+    """
     if vocab_size <= n:
         return list(range(vocab_size))
     rng = np.random.default_rng(seed)
@@ -104,9 +170,37 @@ def vocab_columns(vocab_size: int, n: int = 1024, seed: int = 0) -> list[int]:
 def layer_dataset(site_list: Sequence[tuple[int, str]], diff_rms: np.ndarray, state_rms: np.ndarray,
                   token_ids: Sequence[Sequence[int]], cached: Sequence[int], *, floor: np.ndarray | None = None,
                   attrs: dict[str, Any] | None = None) -> xr.Dataset:
-    """The layer variables of one arm (:data:`LAYER_VARS`): ``diff_rms`` and ``state_rms`` are
-    ``(site, layer_sequence, full_position)`` arrays (NaN where nothing was compared), ``token_ids``
-    the sequences run, ``cached`` the positions of each the engine served from its prefix cache."""
+    """The layer variables of one arm (:data:`LAYER_VARS`).
+
+    Parameters
+    ----------
+    site_list : sequence of tuple[int, str]
+        ``(layer, module)`` per site, as :func:`sites` lists them.
+    diff_rms : numpy.ndarray
+        ``(site, layer_sequence, full_position)``: RMS of the engine's state minus the reference's
+        (NaN where nothing was compared).
+    state_rms : numpy.ndarray
+        The reference state's RMS, the shape of ``diff_rms``.
+    token_ids : sequence of sequence of int
+        The token ids of each sequence run (prompt + response).
+    cached : sequence of int
+        Per sequence, the leading positions the engine served from its prefix cache.
+    floor : numpy.ndarray, optional
+        The floor per site; ``None`` leaves it NaN (not measured).
+    attrs : dict[str, Any], optional
+        The ``layer_capture`` record (how the capture ran).
+
+    Returns
+    -------
+    xarray.Dataset
+        The variables of :data:`LAYER_VARS` with the site coordinates and ``attrs["layer_capture"]``.
+
+    Raises
+    ------
+    ValueError
+        ``diff_rms`` and ``state_rms`` differ in shape or do not have one row per site, or ``floor``
+        has not one value per site.
+    """
     from rlparity.trace.schema import pad_rows
 
     diff_rms, state_rms = np.asarray(diff_rms, dtype=np.float64), np.asarray(state_rms, dtype=np.float64)
@@ -131,8 +225,25 @@ def layer_dataset(site_list: Sequence[tuple[int, str]], diff_rms: np.ndarray, st
 
 # ------------------------------------------------------------------------------ sites on a module tree
 def decoder_stack(model: Any) -> Any:
-    """The module holding ``layers``, ``embed_tokens`` and ``norm`` (``model.model`` for the
-    Llama family in vLLM and transformers alike)."""
+    """The module holding ``layers``, ``embed_tokens`` and ``norm``.
+
+    ``model.model`` for the Llama family in vLLM and transformers alike.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A vLLM or transformers causal LM.
+
+    Returns
+    -------
+    torch.nn.Module
+        The decoder stack.
+
+    Raises
+    ------
+    ValueError
+        No submodule has ``.layers`` and ``.norm``.
+    """
     for path in ("model", "language_model.model", "model.language_model", ""):
         mod = model
         for part in [p for p in path.split(".") if p]:
@@ -158,8 +269,26 @@ def _layer_output(out: Any) -> Any:
 
 
 def site_modules(stack: Any) -> list[tuple[Any, Any]]:
-    """``[(module, how to read its output), ...]`` per site of :func:`rlparity.trace.layers.sites`
-    except ``lm_head`` (computed from the final norm); the same on vLLM's and transformers' stacks."""
+    """The module of each site and how to read its output, on vLLM's and transformers' stacks alike.
+
+    Every site of :func:`rlparity.trace.layers.sites` except ``lm_head`` (computed from the final
+    norm).
+
+    Parameters
+    ----------
+    stack : torch.nn.Module
+        A decoder stack (:func:`decoder_stack`).
+
+    Returns
+    -------
+    list[tuple[Any, Any]]
+        ``(module, read)`` per site: ``read`` turns the module's forward output into the site's state.
+
+    Raises
+    ------
+    ValueError
+        A decoder layer lacks one of the Llama-family submodules.
+    """
     out: list[tuple[Any, Any]] = [(stack.embed_tokens, _first)]
     for layer in stack.layers:
         for module in LAYER_MODULES:
@@ -177,10 +306,17 @@ def site_modules(stack: Any) -> list[tuple[Any, Any]]:
 
 
 class SiteHooks:
-    """Forward hooks that copy every site's output (except ``lm_head``) at each forward of a decoder
-    stack (vLLM's or transformers'): ``calls`` holds, per forward, the ids and positions it ran and
+    """Forward hooks that copy every site's output (except ``lm_head``) at each forward of a decoder stack.
+
+    vLLM's or transformers': ``calls`` holds, per forward, the ids and positions it ran and
     ``{site index: copy of the output}``. Copies are taken when each hook fires: vLLM's fused norms
-    update their inputs in place afterwards."""
+    update their inputs in place afterwards.
+
+    Parameters
+    ----------
+    stack : torch.nn.Module
+        A decoder stack (:func:`decoder_stack`); the hooks are registered on it at once.
+    """
 
     def __init__(self, stack: Any):
         self.stack = stack
@@ -210,19 +346,45 @@ class SiteHooks:
         return hook
 
     def remove(self) -> None:
+        """Remove every hook this object registered."""
         for h in self.handles:
             h.remove()
         self.handles = []
 
 
 def has_layers(ds: xr.Dataset) -> bool:
-    """Whether a trace carries a layer profile."""
+    """Whether a trace carries a layer profile.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        A trace or layer dataset.
+
+    Returns
+    -------
+    bool
+        True when ``layer_diff_rms`` is there.
+    """
     return "layer_diff_rms" in ds.variables
 
 
 def with_layers(trace: xr.Dataset, layers: xr.Dataset) -> xr.Dataset:
-    """``trace`` with the layer variables of ``layers`` and its ``attrs["layer_capture"]`` (a
-    previous profile is replaced)."""
+    """``trace`` with the layer variables of ``layers`` and its ``attrs["layer_capture"]``.
+
+    A previous profile is replaced.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        The arm's trace.
+    layers : xarray.Dataset
+        A layer dataset (:func:`layer_dataset`).
+
+    Returns
+    -------
+    xarray.Dataset
+        A new trace; ``trace`` is unchanged.
+    """
     old = [v for v in list(trace.variables) if v in LAYER_VARS or v in (SITE_DIM, "site_layer", "site_module")]
     base = trace.drop_vars(old, errors="ignore")
     if POSITION_DIM in base.dims or SEQUENCE_DIM in base.dims:
@@ -234,7 +396,18 @@ def with_layers(trace: xr.Dataset, layers: xr.Dataset) -> xr.Dataset:
 
 
 def site_list(ds: xr.Dataset) -> list[tuple[int, str]]:
-    """The ``(layer, module)`` of each site of a profile, in order."""
+    """The ``(layer, module)`` of each site of a profile, in order.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        A trace or layer dataset with site coordinates.
+
+    Returns
+    -------
+    list[tuple[int, str]]
+        One pair per site.
+    """
     return list(zip(ds["site_layer"].values.tolist(), ds["site_module"].values.tolist()))
 
 

@@ -25,8 +25,28 @@ LAZY_RECORD = "_rlparity_lazy_integrity"  # the record a lazy tree's arms are ch
 
 
 def lazy_chunks(chunks: Any) -> dict[str, int]:
-    """xarray's ``chunks=`` for a lazy trace: an int is sequences per block (every position in one
-    block); a mapping passes through. Needs dask (``pip install 'rlparity[scale]'``)."""
+    """xarray's ``chunks=`` for a lazy trace. Needs dask (``pip install 'rlparity[scale]'``).
+
+    Parameters
+    ----------
+    chunks : int or Mapping[str, int]
+        Sequences per block (every position in one block), or a ``{dim: size}`` mapping passed
+        through.
+
+    Returns
+    -------
+    dict[str, int]
+        ``{"sequence": chunks, "position": -1}`` for an int, else the mapping.
+
+    Raises
+    ------
+    ImportError
+        dask is not installed.
+    TypeError
+        ``chunks`` is neither an int nor a mapping.
+    ValueError
+        ``chunks`` is below 1.
+    """
     try:
         import dask.array  # noqa: F401
     except ImportError as err:
@@ -41,8 +61,22 @@ def lazy_chunks(chunks: Any) -> dict[str, int]:
 
 
 def validate_structure(tree: xr.DataTree, path: Any) -> None:
-    """The schema checks that need no values (variables, dims, dtypes) on every arm of a lazy tree:
-    an empty block of each arm, validated (its values come block by block later)."""
+    """The schema checks that need no values (variables, dims, dtypes) on every arm of a lazy tree.
+
+    An empty block of each arm is validated; its values come block by block later.
+
+    Parameters
+    ----------
+    tree : xarray.DataTree
+        The lazily opened store, one child per arm.
+    path : str or os.PathLike
+        The store, for the error message.
+
+    Raises
+    ------
+    TraceValidationError
+        An arm does not follow the schema.
+    """
     for name, node in tree.children.items():
         ds = node.to_dataset()
         if "sequence" in ds.dims:
@@ -70,17 +104,39 @@ def _scored_checksum(trace: xr.Dataset, size: int) -> str:
 
 
 def arm_record(trace: xr.Dataset) -> tuple[str, dict[str, str] | None]:
-    """(store path, the CRC-32 record made at save) of a lazily opened arm, for checking it as it is read."""
+    """The store path and the CRC-32 record made at save of a lazily opened arm.
+
+    For checking it as it is read.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A lazily opened arm.
+
+    Returns
+    -------
+    tuple[str, dict[str, str] or None]
+        ``(store path, {variable: CRC-32})``; ``("", None)`` where the trace carries no record.
+    """
     rec = trace.encoding.get(LAZY_RECORD) or {}
     return str(rec.get("path", "")), rec.get("digests")
 
 
 class StreamDigests:
-    """The CRC-32 of :func:`dataset_digests` for a trace read block by block along ``dim`` (its
-    first axis): a C-ordered array split along its first axis is the concatenation of its blocks'
-    bytes, so one running CRC per variable equals the digest of the whole. Variables without ``dim``
-    first are digested whole at the start (they are small: coordinates, per-position values).
-    :meth:`add` each block in order, then :meth:`verify` against the record made at save."""
+    """The CRC-32 of :func:`dataset_digests` for a trace read block by block along ``dim``.
+
+    A C-ordered array split along its first axis is the concatenation of its blocks' bytes, so one
+    running CRC per variable equals the digest of the whole. Variables without ``dim`` first are
+    digested whole at the start (they are small: coordinates, per-position values). :meth:`add` each
+    block in order, then :meth:`verify` against the record made at save.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        The whole (lazy) trace, for the variables, dtypes and shapes.
+    dim : str, default "sequence"
+        The dim the blocks split.
+    """
 
     def __init__(self, ds: xr.Dataset, dim: str = "sequence"):
         self.running: dict[str, list[int]] = {}  # name -> [crc so far, items read so far]
@@ -96,17 +152,46 @@ class StreamDigests:
                     self.done[name] = d
 
     def add(self, block: xr.Dataset) -> None:
-        """The next block along ``dim`` (loaded), in order."""
+        """Add the next block along ``dim`` (loaded), in order.
+
+        Parameters
+        ----------
+        block : xarray.Dataset
+            The block, with every variable of the trace.
+        """
         for name, state in self.running.items():
             values = block.variables[name].values
             state[0] = digest_update(state[0], values, first=state[1] == 0)
             state[1] += values.size
 
     def result(self) -> dict[str, str]:
+        """The digests so far.
+
+        Returns
+        -------
+        dict[str, str]
+            ``{variable: CRC-32 as 8 hex digits}``; equal to :func:`dataset_digests` of the whole once
+            every block was added.
+        """
         return {**self.done, **{k: f"{v[0]:08x}" for k, v in self.running.items()}}
 
     def verify(self, path: Any, arm: str, want: Mapping[str, str] | None) -> None:
-        """Raise :class:`StoreDamagedError` unless every block read matches the record of ``arm``."""
+        """Raise :class:`StoreDamagedError` unless every block read matches the record of ``arm``.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The store, for the error message.
+        arm : str
+            The arm's name.
+        want : Mapping[str, str] or None
+            The arm's record made at save; ``None`` (a store written by hand) checks nothing.
+
+        Raises
+        ------
+        StoreDamagedError
+            A variable's digest differs from the record.
+        """
         if want is None:
             return  # a store without a record (written by hand): nothing to check against
         verify_integrity(Path(str(path)), {arm: None}, {"algorithm": DIGEST_ALGORITHM, "arms": {arm: want}},
@@ -114,22 +199,71 @@ class StreamDigests:
 
 
 def is_lazy(trace: xr.Dataset) -> bool:
-    """Whether the trace's token arrays are lazy (dask), so a reduction must stream."""
+    """Whether the trace's token arrays are lazy (dask), so a reduction must stream.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace, lazily opened (``open_arms(store, chunks=N)``) or in memory.
+
+    Returns
+    -------
+    bool
+        True when ``rollout_logprob`` is chunked.
+    """
     return trace["rollout_logprob"].chunks is not None
 
 
 def block_size(trace: xr.Dataset, default: int = 4096) -> int:
-    """Sequences per block: the dask chunk along ``sequence`` where the trace has one."""
+    """Sequences per block: the dask chunk along ``sequence`` where the trace has one.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace, lazily opened (``open_arms(store, chunks=N)``) or in memory.
+    default : int, default 4096
+        The size for a trace in memory.
+
+    Returns
+    -------
+    int
+        Sequences per block.
+    """
     chunks = trace["rollout_logprob"].chunks
     return int(chunks[0][0]) if chunks else default
 
 
 def blocks(trace: xr.Dataset, *, size: int | None = None, progress: Callable | None = None,
            verify: bool = True) -> Iterator[xr.Dataset]:
-    """The trace one block of ``size`` sequences at a time (default: its chunk), each loaded and
-    validated; with ``verify`` (default) every variable's CRC-32 is checked against the record
-    made at save once the last block is read (a lazily opened arm: :func:`arm_record`).
-    ``progress`` wraps the block iterator (e.g. ``tqdm.tqdm``)."""
+    """The trace one block of ``size`` sequences at a time, each loaded and validated.
+
+    With ``verify`` every variable's CRC-32 is checked against the record made at save once the last
+    block is read (a lazily opened arm: :func:`arm_record`), and the scored token checksum over all
+    blocks.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace, lazily opened (``open_arms(store, chunks=N)``) or in memory.
+    size : int, optional
+        Sequences per block; ``None`` takes the trace's chunk (:func:`block_size`).
+    progress : callable, optional
+        Wraps the block iterator (e.g. ``tqdm.tqdm``).
+    verify : bool, default True
+        Check the store's CRC-32 record after the last block.
+
+    Yields
+    ------
+    xarray.Dataset
+        One loaded, validated block of sequences.
+
+    Raises
+    ------
+    TraceValidationError
+        A block does not follow the schema, or the token ids do not match the scored checksum.
+    StoreDamagedError
+        The values read differ from the record made at save.
+    """
     n = trace.sizes["sequence"]
     size = int(size or block_size(trace))
     where = f"trace arm {trace.attrs.get('arm', 'default')!r}"
@@ -150,11 +284,31 @@ def blocks(trace: xr.Dataset, *, size: int | None = None, progress: Callable | N
 
 
 def load_sample(trace: xr.Dataset, *, every: int = 1, progress: Callable | None = None) -> xr.Dataset:
-    """A lazy trace in memory: every ``every``-th sequence (0, every, 2 every, ...; ``every=1``:
-    all of it, equal to the trace opened eagerly), read through :func:`blocks`, so every block is
-    validated and the store's CRC record checked over the whole trace, sampled or not. Memory:
-    the sample plus one block. A sample (``every > 1``) drops the whole trace's token checksum
-    (already checked) and says what it is in ``attrs["lazy_sample"]``."""
+    """A lazy trace in memory: every ``every``-th sequence, read through :func:`blocks`.
+
+    Every block is validated and the store's CRC record checked over the whole trace, sampled or not.
+    Memory: the sample plus one block. A sample (``every > 1``) drops the whole trace's token
+    checksum (already checked) and says what it is in ``attrs["lazy_sample"]``.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace, lazily opened (``open_arms(store, chunks=N)``) or in memory.
+    every : int, default 1
+        Keep sequences 0, every, 2 every, ...; 1 keeps all of it (equal to the trace opened eagerly).
+    progress : callable, optional
+        Wraps the block iterator (e.g. ``tqdm.tqdm``).
+
+    Returns
+    -------
+    xarray.Dataset
+        The sample, in memory.
+
+    Raises
+    ------
+    ValueError
+        ``every`` is below 1.
+    """
     if every < 1:
         raise ValueError(f"every must be at least 1 (every sequence), not {every}")
     parts, start = [], 0

@@ -31,10 +31,25 @@ def _dtype(v: Any) -> str:
 
 
 def legacy_factors(name: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
-    """The factors of an arm written before factors were recorded, from its attrs and ``name``:
-    ``{"rollout_head", "trainer_head"}``, ``{"mode", "clear_cache", "prefix_caching"}`` or
-    ``{"profile", "old_policy", "step"}`` (``old_policy`` ``""`` where neither record nor name
-    says); ``{}`` for an arm of none of these experiments."""
+    """The factors of an arm written before factors were recorded, from its attrs and name.
+
+    The records come first; the name only where no record says.
+
+    Parameters
+    ----------
+    name : str
+        The arm's name (``rollout-float32_trainer-bfloat16``, ``keep-noclear-prefix_on``,
+        ``vllm-v1-defaults+mu@step_007``).
+    attrs : Mapping[str, Any]
+        The arm's attrs (``head_experiment``, ``inflight``, ``rl`` records).
+
+    Returns
+    -------
+    dict[str, Any]
+        ``{"rollout_head", "trainer_head"}``, ``{"mode", "clear_cache", "prefix_caching"}`` or
+        ``{"profile", "old_policy", "step"}`` (``old_policy`` ``""`` where neither record nor name
+        says); ``{}`` for an arm of none of these experiments.
+    """
     head = attrs.get("head_experiment")
     if isinstance(head, Mapping) and {"rollout_head", "trainer_head"} <= set(head):
         return {"rollout_head": _dtype(head["rollout_head"]), "trainer_head": _dtype(head["trainer_head"])}
@@ -58,14 +73,35 @@ def legacy_factors(name: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def legacy_run_step(name: str) -> tuple[str, int] | None:
-    """``(run, step)`` of an RL step arm labelled ``<run>@step_<NNN>``; ``None`` for another name."""
+    """The run and step of an RL step arm labelled ``<run>@step_<NNN>``.
+
+    Parameters
+    ----------
+    name : str
+        The arm's name.
+
+    Returns
+    -------
+    tuple[str, int] or None
+        ``(run, step)``; ``None`` for another name.
+    """
     m = _RL_STEP.match(str(name))
     return (m["run"], int(m["step"])) if m else None
 
 
 def legacy_run_profile(run: str) -> tuple[str, str]:
-    """``(profile, old_policy)`` of a run labelled ``<profile>`` or ``<profile>+<old_policy>``
-    (``old_policy`` ``""`` where the label does not say)."""
+    """The profile and old policy of a run labelled ``<profile>`` or ``<profile>+<old_policy>``.
+
+    Parameters
+    ----------
+    run : str
+        The run's label.
+
+    Returns
+    -------
+    tuple[str, str]
+        ``(profile, old_policy)``; ``old_policy`` ``""`` where the label does not say.
+    """
     profile, _, old = str(run).partition("+")
     return profile, old
 

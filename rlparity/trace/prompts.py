@@ -12,8 +12,27 @@ from typing import Any
 
 
 def chat_token_ids(tokenizer, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-    """Token ids of ``messages`` under the tokenizer's chat template, generation prompt added
-    (what ``LLM.chat`` and a trainer's ``apply_chat_template(tokenize=True)`` produce)."""
+    """Token ids of ``messages`` under the tokenizer's chat template, generation prompt added.
+
+    What ``LLM.chat`` and a trainer's ``apply_chat_template(tokenize=True)`` produce.
+
+    Parameters
+    ----------
+    tokenizer : transformers.PreTrainedTokenizerBase
+        A tokenizer with a chat template.
+    messages : sequence of Mapping[str, Any]
+        Chat messages (``{"role": ..., "content": ...}``).
+
+    Returns
+    -------
+    list[int]
+        The prompt's token ids.
+
+    Raises
+    ------
+    ValueError
+        The tokenizer has no chat template.
+    """
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("chat prompts need a tokenizer with a chat template; this model has none: "
                          "pass text or token ids, or set tokenizer.chat_template")
