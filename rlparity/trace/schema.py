@@ -118,9 +118,28 @@ class TraceValidationError(ValueError):
 
 
 def pad_rows(rows: Sequence[Sequence[Any]], fill: Any, dtype: Any, width: int | None = None) -> np.ndarray:
-    """Ragged per-sequence rows -> a ``(len(rows), width)`` array padded with ``fill``.
+    """Ragged per-sequence rows as a ``(len(rows), width)`` array padded with ``fill``.
 
-    ``width`` defaults to the longest row; a row longer than ``width`` is an error.
+    Parameters
+    ----------
+    rows : sequence of sequence
+        One row per sequence.
+    fill : Any
+        The padding value (``-1`` for ids, NaN for floats).
+    dtype : numpy dtype
+        The array's dtype.
+    width : int, optional
+        Columns; ``None`` takes the longest row.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(len(rows), width)``.
+
+    Raises
+    ------
+    ValueError
+        A row is longer than ``width``.
     """
     longest = max((len(r) for r in rows), default=0)
     width = longest if width is None else int(width)
@@ -134,7 +153,20 @@ def pad_rows(rows: Sequence[Sequence[Any]], fill: Any, dtype: Any, width: int | 
 
 
 def annotate(ds: xr.Dataset) -> xr.Dataset:
-    """Stamp ``long_name`` and ``units`` from the schema table on every known variable (in place)."""
+    """Stamp ``long_name`` and ``units`` from the schema table on every known variable (in place).
+
+    Attrs already set are kept.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        A trace.
+
+    Returns
+    -------
+    xarray.Dataset
+        ``ds`` itself.
+    """
     for name, var in ds.data_vars.items():
         if name in ALL_VARS:
             _, _, units, long_name = ALL_VARS[name]
@@ -146,12 +178,39 @@ def annotate(ds: xr.Dataset) -> xr.Dataset:
 
 @dataclass(frozen=True)
 class RolloutColumns:
-    """The optional per-sequence columns of :func:`from_rollouts`, with what a trace holds when one
-    is not given: ``finish_reasons`` (``"unknown"``), ``policy_versions`` per token (0),
-    ``prompt_index`` (0, 1, ...), ``sample_index`` (0), the sampling parameters ``temperature``,
-    ``top_k``, ``top_p``, ``request_seed`` (one value for all or one per sequence; default 1, 0, 1,
-    -1), ``prompt_texts``, ``prompt_messages``, ``response_texts`` (empty), ``rewards`` (NaN) and
-    ``cached_prompt_tokens`` (-1: not reported)."""
+    """The optional per-sequence columns of :func:`from_rollouts`, with what a trace holds when one is not given.
+
+    Per-sequence values are one per sequence; the sampling parameters may also be one value for all.
+
+    Parameters
+    ----------
+    finish_reasons : sequence of str, optional
+        Why each generation stopped (``length``, ``stop``, ``abort``); ``None`` records ``"unknown"``.
+    policy_versions : sequence of sequence of int, optional
+        The weight version of each token; ``None`` records 0.
+    prompt_index : sequence of int, optional
+        The index of each sequence's prompt; ``None`` records 0, 1, ...
+    sample_index : sequence of int, optional
+        The index of each sample among its prompt's; ``None`` records 0.
+    temperature : float or sequence of float, default 1.0
+        Sampling temperature.
+    top_k : int or sequence of int, default 0
+        Top-k (0 = off).
+    top_p : float or sequence of float, default 1.0
+        Top-p (1 = off).
+    request_seed : int or sequence of int, default -1
+        Per-request sampling seed (-1 = none).
+    prompt_texts : sequence of str, optional
+        The prompts as text; ``None`` records empty text.
+    prompt_messages : sequence of str, optional
+        Chat messages as JSON; ``None`` records empty text.
+    response_texts : sequence of str, optional
+        The detokenised responses; ``None`` records empty text.
+    rewards : sequence of float, optional
+        Sequence rewards; ``None`` records NaN (not scored).
+    cached_prompt_tokens : sequence of int, optional
+        Prompt tokens served from the prefix cache; ``None`` records -1 (not reported).
+    """
 
     finish_reasons: Sequence[str] | None = None
     policy_versions: Sequence[Sequence[int]] | None = None
@@ -180,11 +239,36 @@ def from_rollouts(
     """Build a rollout trace from plain per-sequence lists (the ``from_dict`` of rlparity).
 
     Every capture backend and every importer of another framework's logs ends here, so all of
-    them produce the same schema. The optional columns (``finish_reasons``, ``policy_versions``,
-    ``prompt_index``, ``sample_index``, ``temperature``, ``top_k``, ``top_p``, ``request_seed``,
-    ``prompt_texts``, ``prompt_messages``, ``response_texts``, ``rewards``, ``cached_prompt_tokens``)
-    are the fields of :class:`RolloutColumns`: give them as keywords, or as ``columns=`` (keywords
-    beside it replace its fields).
+    them produce the same schema.
+
+    Parameters
+    ----------
+    prompt_token_ids : sequence of sequence of int
+        The prompt ids the engine saw, one list per sequence.
+    token_ids : sequence of sequence of int
+        The sampled response ids, one list per sequence.
+    rollout_logprobs : sequence of sequence of float
+        The engine's logprob of each sampled token (nats), one list per sequence, as long as its
+        ``token_ids``.
+    columns : RolloutColumns, optional
+        The optional columns; ``None`` takes the defaults of :class:`RolloutColumns`.
+    attrs : Mapping[str, Any], optional
+        More attrs, added to the provenance attrs.
+    **optional : Any
+        Fields of :class:`RolloutColumns` as keywords (they replace those of ``columns``).
+
+    Returns
+    -------
+    xarray.Dataset
+        The trace, annotated and validated.
+
+    Raises
+    ------
+    TraceValidationError
+        The lists differ in length, a sequence has not one logprob per token, or the result breaks
+        the schema.
+    TypeError
+        A keyword is no field of :class:`RolloutColumns`.
     """
     c = with_overrides(columns or RolloutColumns(), optional, "from_rollouts")
     finish_reasons, policy_versions, prompt_index, sample_index = (c.finish_reasons, c.policy_versions,
@@ -248,8 +332,28 @@ def from_rollouts(
 
 def with_trainer(trace: xr.Dataset, arrays: Mapping[str, Any], attrs: Mapping[str, Any] | None = None
                  ) -> xr.Dataset:
-    """A copy of ``trace`` with trainer-side variables added: ``arrays`` maps a schema variable
-    name to an array shaped like its dims (token variables ``(sequence, position)``)."""
+    """A copy of ``trace`` with trainer-side variables added.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A rollout trace.
+    arrays : Mapping[str, Any]
+        Schema variable name to an array shaped like its dims (token variables
+        ``(sequence, position)``; logprobs in nats).
+    attrs : Mapping[str, Any], optional
+        Attrs to add (e.g. ``scored_token_checksum``).
+
+    Returns
+    -------
+    xarray.Dataset
+        The new trace, annotated and validated.
+
+    Raises
+    ------
+    TraceValidationError
+        A name is no trace variable, or the result breaks the schema.
+    """
     out = trace.copy()
     for name, value in arrays.items():
         if name not in ALL_VARS:
@@ -288,8 +392,21 @@ _FIX_POSITIVE = ("these are not log-probabilities (logits or probabilities store
 
 
 def has_trainer(ds: xr.Dataset) -> bool:
-    """Whether the trace is scored: it holds at least one trainer reading, ``trainer_logprob``
-    (raw) or ``trainer_processed_logprob`` (processed); imported dumps may carry only one."""
+    """Whether the trace is scored: it holds at least one trainer reading.
+
+    ``trainer_logprob`` (raw) or ``trainer_processed_logprob`` (processed); imported dumps may carry
+    only one.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        A trace.
+
+    Returns
+    -------
+    bool
+        True when a trainer reading is there.
+    """
     return any(v in ds.variables for v in TRAINER_READINGS)
 
 
@@ -415,9 +532,28 @@ def validate(ds: xr.Dataset, *, require_trainer: bool = False, where: str = "tra
     set, legal and counted by the metrics); no log-probability is positive (> 1e-6 nats); the
     trainer scored the tokens the engine sampled (token checksum).
 
-    ``require_trainer`` (the judging boundary: metrics, verdicts) also requires a trainer reading
-    and at least one response token (nothing to judge otherwise). Vectorised numpy: about 0.2 s for
-    7.5M tokens on one core, so it runs at every boundary (construct, save, load, score).
+    Vectorised numpy: about 0.2 s for 7.5M tokens on one core, so it runs at every boundary
+    (construct, save, load, score).
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        The trace.
+    require_trainer : bool, default False
+        The judging boundary (metrics, verdicts): also require a trainer reading and at least one
+        response token (nothing to judge otherwise).
+    where : str, default "trace"
+        What the trace is, starting the error message.
+
+    Returns
+    -------
+    xarray.Dataset
+        ``ds``, unchanged.
+
+    Raises
+    ------
+    TraceValidationError
+        Every problem found, each with how to fix it.
     """
     problem = _schema_version_problem(ds)
     if problem:
@@ -513,14 +649,38 @@ def _sequence_float_problems(ds: xr.Dataset) -> list[str]:
 
 
 def trace_versions(ds: xr.Dataset) -> list[int]:
-    """The policy versions that produced the trace's real tokens, ascending."""
+    """The policy versions that produced the trace's real tokens, ascending.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        A trace.
+
+    Returns
+    -------
+    list[int]
+        The distinct versions.
+    """
     pv = ds["policy_version"].values
     return sorted({int(v) for v in np.unique(pv[ds["response_mask"].values.astype(bool)])})
 
 
 def latest_version(ds: xr.Dataset) -> int:
-    """The latest weights version of a trace: the engine's version when the capture ended
-    (``attrs["latest_policy_version"]``), else the newest version among its tokens (0 if none)."""
+    """The latest weights version of a trace.
+
+    The engine's version when the capture ended (``attrs["latest_policy_version"]``), else the
+    newest version among its tokens.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        A trace.
+
+    Returns
+    -------
+    int
+        The version; 0 for a trace without real tokens or record.
+    """
     v = ds.attrs.get("latest_policy_version")
     if v is not None:
         return int(v)
@@ -533,7 +693,18 @@ CHECKSUM_MISMATCH = ("token ids differ between rollout and trainer: the trainer 
 
 
 def token_checksum(ds: xr.Dataset) -> str:
-    """A stable fingerprint of the prompt and response token ids (used to tie trainer to rollout)."""
+    """A stable fingerprint of the prompt and response token ids (used to tie trainer to rollout).
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        A trace.
+
+    Returns
+    -------
+    str
+        The first 16 hex digits of the SHA-256 of the ids (int64, padding included).
+    """
     import hashlib
 
     h = hashlib.sha256()
@@ -543,14 +714,43 @@ def token_checksum(ds: xr.Dataset) -> str:
 
 
 def sequences(ds: xr.Dataset) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, response ids) per sequence, padding removed."""
+    """The prompt and response ids of each sequence, padding removed.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        A trace.
+
+    Returns
+    -------
+    list[tuple[list[int], list[int]]]
+        ``(prompt ids, response ids)`` per sequence.
+    """
     p = ds["prompt_token_id"].values
     t = ds["token_id"].values
     return [(pi[pi >= 0].tolist(), ti[ti >= 0].tolist()) for pi, ti in zip(p, t)]
 
 
 def concat_sequences(traces: Sequence[xr.Dataset]) -> xr.Dataset:
-    """Join traces of the same arm along ``sequence`` (renumbered), padding positions as needed."""
+    """Join traces of the same arm along ``sequence`` (renumbered), padding positions as needed.
+
+    The trainer side stays tied to the rollout (``scored_token_checksum``) only where every part was.
+
+    Parameters
+    ----------
+    traces : sequence of xarray.Dataset
+        The parts, in order.
+
+    Returns
+    -------
+    xarray.Dataset
+        The joined trace, annotated.
+
+    Raises
+    ------
+    ValueError
+        No trace given.
+    """
     if not traces:
         raise ValueError("concat_sequences needs at least one trace")
     fill = {name: (-1 if ALL_VARS.get(name, ((), "f"))[1] == "i" else

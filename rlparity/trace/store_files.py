@@ -36,15 +36,41 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def write_root(p: Path, attrs: Mapping[str, Any]) -> None:
-    """Make ``p`` a zarr v2 group whose attributes are ``attrs`` (``.zgroup`` and ``.zattrs``)."""
+    """Make ``p`` a zarr v2 group whose attributes are ``attrs`` (``.zgroup`` and ``.zattrs``).
+
+    Each file is written through a temporary file and a rename (never a torn file).
+
+    Parameters
+    ----------
+    p : pathlib.Path
+        The group's folder (it exists).
+    attrs : Mapping[str, Any]
+        The group's attributes (JSON-able; numpy values are converted).
+    """
     _write_json(p / ".zgroup", {"zarr_format": 2})
     _write_json(p / ".zattrs", dict(attrs))
 
 
 def consolidate(p: Path, *, reuse: Mapping[str, Any] | None = None, reused_arms: Iterable[str] = ()) -> dict[str, Any]:
-    """Write ``.zmetadata`` (zarr v2 consolidated metadata) from every ``.zgroup``, ``.zattrs`` and
-    ``.zarray`` under ``p``, in one pass (zarr's own is slow on stores of many arms); return it.
-    The entries of ``reused_arms`` are taken from ``reuse`` (arms linked unchanged from another store)."""
+    """Write ``.zmetadata`` (zarr v2 consolidated metadata) from every ``.zgroup``, ``.zattrs`` and ``.zarray`` under ``p``.
+
+    In one pass (zarr's own is slow on stores of many arms).
+
+    Parameters
+    ----------
+    p : pathlib.Path
+        The store.
+    reuse : Mapping[str, Any], optional
+        Consolidated metadata of another store, the source of the entries of ``reused_arms``.
+    reused_arms : iterable of str, default ()
+        Arms linked unchanged from another store: their entries come from ``reuse``, their folders
+        are not read.
+
+    Returns
+    -------
+    dict[str, Any]
+        The metadata written, keyed by file path inside the store.
+    """
     reused = set(reused_arms)
     meta: dict[str, Any] = {k: v for k, v in (reuse or {}).items() if k.split("/", 1)[0] in reused and "/" in k}
     for dirpath, dirnames, filenames in os.walk(p):
@@ -69,8 +95,17 @@ def _write_root_attrs(p: Path, attrs: Mapping[str, Any]) -> None:
 
 
 def link_tree(src: Path, dst: Path) -> None:
-    """Copy the directory ``src`` to ``dst`` by hard links (a copy where links are refused). Stores
-    are never changed in place, so sharing chunk files between an old and a new store is safe."""
+    """Copy the directory ``src`` to ``dst`` by hard links (a copy where links are refused).
+
+    Stores are never changed in place, so sharing chunk files between an old and a new store is safe.
+
+    Parameters
+    ----------
+    src : pathlib.Path
+        The folder to copy.
+    dst : pathlib.Path
+        Where the copy goes (made as needed).
+    """
     for dirpath, _, filenames in os.walk(src):
         out = dst / os.path.relpath(dirpath, src)
         out.mkdir(parents=True, exist_ok=True)

@@ -43,8 +43,20 @@ def _canonical_dtype(dtype: Any) -> np.dtype | None:
 
 
 def digest_start(dtype: Any, shape: tuple[int, ...]) -> int | None:
-    """The CRC-32 of a variable's header (its kind and whole shape), where :func:`digest_update`
-    continues (None for kinds rlparity does not store)."""
+    """The CRC-32 of a variable's header (its kind and whole shape), where :func:`digest_update` continues.
+
+    Parameters
+    ----------
+    dtype : numpy dtype
+        The variable's dtype.
+    shape : tuple of int
+        The variable's whole shape.
+
+    Returns
+    -------
+    int or None
+        The running CRC-32; ``None`` for kinds rlparity does not store.
+    """
     if np.dtype(dtype).kind in "UTOS":
         return zlib.crc32(f"str{tuple(shape)}".encode())
     canon = _canonical_dtype(dtype)
@@ -52,9 +64,25 @@ def digest_start(dtype: Any, shape: tuple[int, ...]) -> int | None:
 
 
 def digest_update(crc: int, values: Any, *, first: bool = True) -> int:
-    """``crc`` continued over ``values`` in their canonical form: numbers as little-endian bytes in C
-    order, text as UTF-8 items joined by NUL (``first``: no NUL before the first item). Blocks of a
-    variable along its first axis, fed in order, give the digest of the whole."""
+    """``crc`` continued over ``values`` in their canonical form.
+
+    Numbers as little-endian bytes in C order, text as UTF-8 items joined by NUL. Blocks of a
+    variable along its first axis, fed in order, give the digest of the whole.
+
+    Parameters
+    ----------
+    crc : int
+        The running CRC-32 (from :func:`digest_start` or a previous call).
+    values : array_like
+        The next block of values.
+    first : bool, default True
+        Whether this is the first block (no NUL before its first text item).
+
+    Returns
+    -------
+    int
+        The CRC-32 continued.
+    """
     a = np.asarray(values)
     if a.dtype.kind in "UTOS":
         items = [x.decode("utf-8", "surrogateescape") if isinstance(x, bytes) else str(x) for x in a.ravel().tolist()]
@@ -76,8 +104,20 @@ def _digest(values: Any) -> str | None:
 
 
 def dataset_digests(ds: xr.Dataset) -> dict[str, str]:
-    """``{variable: crc32}`` over every variable and coordinate of one arm (what
-    ``rlparity_integrity`` records at save and :func:`verify_integrity` checks at load)."""
+    """``{variable: crc32}`` over every variable and coordinate of one arm.
+
+    What ``rlparity_integrity`` records at save and :func:`verify_integrity` checks at load.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        One arm.
+
+    Returns
+    -------
+    dict[str, str]
+        CRC-32 as 8 hex digits per variable (kinds rlparity does not store are left out).
+    """
     out = {}
     for name in sorted(map(str, ds.variables)):
         d = _digest(ds.variables[name].values)
@@ -100,8 +140,23 @@ def _lossless(ds: xr.Dataset) -> bool:
 
 
 def round_trip_changes(saved: xr.Dataset, back: xr.Dataset) -> dict[str, str]:
-    """``{variable: how it changed}`` for every variable of ``saved`` that reads back from the store
-    (``back``) with other values: a lossy encoding (``scale_factor``, a narrower ``dtype``)."""
+    """How each variable changed between what was saved and what reads back from the store.
+
+    A lossy encoding (``scale_factor``, a narrower ``dtype``) shows here.
+
+    Parameters
+    ----------
+    saved : xarray.Dataset
+        The arm as saved.
+    back : xarray.Dataset
+        The arm read back from the store.
+
+    Returns
+    -------
+    dict[str, str]
+        ``{variable: how it changed}`` (missing, by how much, NaN moved, with its encoding) for every
+        variable that reads back with other values; empty for a lossless round trip.
+    """
     out = {}
     for name, var in saved.variables.items():
         got = back.variables.get(name)
@@ -126,14 +181,43 @@ def round_trip_changes(saved: xr.Dataset, back: xr.Dataset) -> dict[str, str]:
 
 
 def integrity_record(arms: Mapping[str, xr.Dataset]) -> dict[str, Any]:
-    """The ``rlparity_integrity`` root attribute for ``{arm: Dataset}``."""
+    """The ``rlparity_integrity`` root attribute for ``{arm: Dataset}``.
+
+    Parameters
+    ----------
+    arms : Mapping[str, xarray.Dataset]
+        The store's arms.
+
+    Returns
+    -------
+    dict[str, Any]
+        ``{"algorithm": DIGEST_ALGORITHM, "arms": {arm: dataset_digests(arm)}}``.
+    """
     return {"algorithm": DIGEST_ALGORITHM, "arms": {name: dataset_digests(ds) for name, ds in arms.items()}}
 
 
 def verify_integrity(path: Path, arms: Mapping[str, xr.Dataset | None], record: Mapping[str, Any], *,
                      digests: Mapping[str, Mapping[str, str]] | None = None) -> None:
-    """Raise :class:`StoreDamagedError` unless ``arms`` (loaded) match the record made at save
-    (``digests``: their digests, already taken block by block)."""
+    """Raise :class:`StoreDamagedError` unless the loaded arms match the record made at save.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The store, for the error message.
+    arms : Mapping[str, xarray.Dataset or None]
+        The arms loaded (``None`` where ``digests`` gives the arm's digests).
+    record : Mapping[str, Any]
+        The store's ``rlparity_integrity`` record.
+    digests : Mapping[str, Mapping[str, str]], optional
+        The arms' digests, already taken block by block; ``None`` computes them from ``arms``.
+
+    Raises
+    ------
+    StoreError
+        The record uses a digest algorithm this release does not know.
+    StoreDamagedError
+        The arms, or a variable's values, differ from the record.
+    """
     if record.get("algorithm") != DIGEST_ALGORITHM:
         raise StoreError(f"{path} records its integrity with {record.get('algorithm')!r}, which this release "
                          f"of rlparity does not know ({DIGEST_ALGORITHM}): upgrade rlparity")
@@ -202,10 +286,24 @@ def _indices(grid: list[int], n: int) -> Iterator[tuple[int, ...]]:
 
 
 def missing_chunks(p: Path, meta: Mapping[str, Any]) -> list[tuple[str, int, int, str]]:
-    """``(array, n_missing, n_expected, example key)`` for every array of the store with chunk files
-    missing. Stores written here hold every chunk (``write_empty_chunks=True``). The work is bounded
-    by the files on disk, not by the shapes the metadata claims (a damaged ``.zmetadata`` claiming
-    10^10 chunks is reported at once)."""
+    """The arrays of the store with chunk files missing.
+
+    Stores written here hold every chunk (``write_empty_chunks=True``). The work is bounded by the
+    files on disk, not by the shapes the metadata claims (a damaged ``.zmetadata`` claiming 10^10
+    chunks is reported at once).
+
+    Parameters
+    ----------
+    p : pathlib.Path
+        The store.
+    meta : Mapping[str, Any]
+        Its consolidated metadata.
+
+    Returns
+    -------
+    list[tuple[str, int, int, str]]
+        ``(array, n_missing, n_expected, example key)`` per damaged array.
+    """
     out = []
     for key, zarray in meta.items():
         if not key.endswith("/.zarray") or not isinstance(zarray, dict):
@@ -233,7 +331,20 @@ def missing_chunks(p: Path, meta: Mapping[str, Any]) -> list[tuple[str, int, int
 
 
 def check_chunks(p: Path, meta: Mapping[str, Any]) -> None:
-    """Raise :class:`StoreDamagedError` if any chunk file of the store is missing."""
+    """Raise :class:`StoreDamagedError` if any chunk file of the store is missing.
+
+    Parameters
+    ----------
+    p : pathlib.Path
+        The store.
+    meta : Mapping[str, Any]
+        Its consolidated metadata.
+
+    Raises
+    ------
+    StoreDamagedError
+        A chunk file is missing (it would read back as fill values).
+    """
     gone = missing_chunks(p, meta)
     if gone:
         arr, k, n, example = gone[0]

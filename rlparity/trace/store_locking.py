@@ -108,8 +108,31 @@ def store_lock(path: str | os.PathLike, *, shared: bool = False,
     a reader: loading takes it, so a reader never sees a store half-swapped. Re-entrant within a
     thread (an exclusive holder may read and write again). In a read-only location a shared lock is
     taken if the lock file exists and skipped otherwise (nobody can write there; the integrity record
-    still guards the read). Yields whether a lock is held. ``timeout`` (seconds, ``None`` = wait) raises
-    :class:`TimeoutError`.
+    still guards the read).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The store.
+    shared : bool, default False
+        Take a shared (reader's) lock instead of an exclusive one.
+    timeout : float, optional
+        Seconds to wait for the lock; ``None`` waits as long as it takes.
+
+    Yields
+    ------
+    bool
+        Whether a lock is held (False only for a shared lock in a read-only location without a lock
+        file).
+
+    Raises
+    ------
+    TimeoutError
+        Another process held the lock for longer than ``timeout``.
+    StoreError
+        The lock path is a symbolic link, or an exclusive lock cannot be written beside the store.
+    RuntimeError
+        This thread holds a shared lock and asks for an exclusive one.
     """
     p = store_path(path)
     key = str(p)

@@ -36,6 +36,21 @@ def check_arm_name(name: Any) -> str:
 
     Allowed: 1-100 characters from letters, digits and ``_ . + = , @ -``, not starting with ``.``,
     ``-``, ``+``, ``=``, ``,`` or ``@`` (so no hidden names, no ``/`` and none of zarr's ``.z*`` keys).
+
+    Parameters
+    ----------
+    name : Any
+        The proposed arm name.
+
+    Returns
+    -------
+    str
+        ``name``.
+
+    Raises
+    ------
+    StoreError
+        ``name`` is not text, does not match the pattern, or is reserved by zarr.
     """
     hint = (f"use 1-100 letters, digits or _ . + = , @ - starting with a letter, digit or _ (pattern "
             f"{ARM_NAME_PATTERN}), e.g. 'bf16_head'")
@@ -51,8 +66,26 @@ def check_arm_name(name: Any) -> str:
 
 
 def store_path(path: str | os.PathLike) -> Path:
-    """The absolute path a store is handled at: symbolic links resolved, so every name of one store
-    shares one lock and one set of temporary names."""
+    """The absolute path a store is handled at.
+
+    Symbolic links resolved, so every name of one store shares one lock and one set of temporary
+    names.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The store's path.
+
+    Returns
+    -------
+    pathlib.Path
+        The resolved path.
+
+    Raises
+    ------
+    StoreError
+        The path names ``.``, ``..`` or ``/``, the working directory or a folder above it.
+    """
     raw = os.fspath(path)
     if isinstance(raw, bytes):
         raw = os.fsdecode(raw)
@@ -70,7 +103,18 @@ def store_path(path: str | os.PathLike) -> Path:
 
 
 def lock_file(path: str | os.PathLike) -> Path:
-    """``DIR/.NAME.lock``: the file :func:`store_lock` locks for the store ``DIR/NAME``."""
+    """``DIR/.NAME.lock``: the file :func:`store_lock` locks for the store ``DIR/NAME``.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The store's path.
+
+    Returns
+    -------
+    pathlib.Path
+        The lock file's path.
+    """
     p = store_path(path)
     return p.parent / f".{p.name}.lock"
 
@@ -120,8 +164,19 @@ def _read_meta(p: Path) -> dict[str, Any] | None:
 
 
 def store_kind(path: str | os.PathLike) -> str:
-    """What is at ``path``: ``"missing"``, ``"empty"`` (an empty directory), ``"rlparity"`` (a store
-    written by rlparity, this format or an earlier unmarked one), ``"file"`` or ``"other"``."""
+    """What is at ``path``.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Any path.
+
+    Returns
+    -------
+    str
+        ``"missing"``, ``"empty"`` (an empty directory), ``"rlparity"`` (a store written by rlparity,
+        this format or an earlier unmarked one), ``"file"`` or ``"other"``.
+    """
     p = Path(path)
     if not os.path.lexists(p):
         return "missing"
@@ -156,8 +211,30 @@ def _describe(p: Path) -> str:
 
 
 def check_target(path: str | os.PathLike, *, overwrite: bool) -> Path:
-    """Raise unless a store may be written at ``path``: missing, an empty directory, or an rlparity
-    store when ``overwrite``. Anything else is refused, so a save never deletes user files."""
+    """Raise unless a store may be written at ``path``.
+
+    A store may go where nothing is, in an empty directory, or over an rlparity store when
+    ``overwrite``. Anything else is refused, so a save never deletes user files.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Where the store is to be written.
+    overwrite : bool
+        Whether an existing rlparity store may be replaced.
+
+    Returns
+    -------
+    pathlib.Path
+        The resolved store path (:func:`store_path`).
+
+    Raises
+    ------
+    StoreError
+        A file or a folder that is not an rlparity store is at ``path``.
+    FileExistsError
+        An rlparity store is at ``path`` and ``overwrite`` is False.
+    """
     p = store_path(path)
     kind = store_kind(p)
     if kind in ("file", "other"):

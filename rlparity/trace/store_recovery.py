@@ -33,11 +33,30 @@ from rlparity.trace.store_paths import (
 
 @contextlib.contextmanager
 def temp_store(path: str | os.PathLike, *, kind: str = "tmp") -> Iterator[Path]:
-    """A fresh empty directory ``DIR/.NAME.tmp-<pid>-<id>`` beside the store ``path``, guarded (a
-    ``flock`` on it) so that no recovery cleans it while this process lives. Write the store into it
+    """A fresh empty directory ``DIR/.NAME.tmp-<pid>-<id>`` beside the store ``path``, guarded.
+
+    A ``flock`` on it means no recovery cleans it while this process lives. Write the store into it
     with ``mode="w-"`` (``mode="w"`` would replace the directory and drop the guard), then call
-    :func:`install_store`. Removed on exit unless installed. ``kind="staging"`` gives a guarded
-    ``.NAME.staging-*`` scratch folder instead (an importer's chunks), always removed on exit."""
+    :func:`install_store`. Removed on exit unless installed.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The store the folder is for.
+    kind : {"tmp", "staging"}, default "tmp"
+        ``"staging"`` gives a guarded ``.NAME.staging-*`` scratch folder instead (an importer's
+        chunks), always removed on exit.
+
+    Yields
+    ------
+    pathlib.Path
+        The folder.
+
+    Raises
+    ------
+    ValueError
+        ``kind`` is neither ``"tmp"`` nor ``"staging"``.
+    """
     if kind not in ("tmp", "staging"):
         raise ValueError(f"kind must be 'tmp' or 'staging', not {kind!r}")
     p = store_path(path)
@@ -116,7 +135,20 @@ def recover(path: str | os.PathLike, *, keep: Path | None = None) -> list[str]:
     Takes the store lock. If the store is missing and a complete new copy (``.NAME.tmp-*`` with its
     integrity record, the swap had begun) or the previous store (``.NAME.old-*``) is beside it, that
     copy is put back (the newest complete new copy first). Leftovers whose writer is alive are kept;
-    the rest (``.tmp-``, ``.old-`` and an importer's ``.staging-`` folders) are removed. Returns what was done, one line each. Called by every open and save.
+    the rest (``.tmp-``, ``.old-`` and an importer's ``.staging-`` folders) are removed. Called by
+    every open and save.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The store.
+    keep : pathlib.Path, optional
+        A leftover to leave alone (the new copy being installed).
+
+    Returns
+    -------
+    list[str]
+        What was done, one line each.
     """
     p = store_path(path)
     done: list[str] = []
@@ -151,9 +183,21 @@ def recover(path: str | os.PathLike, *, keep: Path | None = None) -> list[str]:
 
 
 def recover_if_needed(path: str | os.PathLike) -> None:
-    """Run :func:`recover` when leftovers of a save lie beside the store (cheap otherwise: one
-    directory listing). In a read-only location, a missing store with leftovers is an error that says
-    how to recover."""
+    """Run :func:`recover` when leftovers of a save lie beside the store.
+
+    Cheap otherwise: one directory listing.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The store.
+
+    Raises
+    ------
+    StoreError
+        In a read-only location, the store is missing and leftovers lie beside it (the message says
+        how to recover).
+    """
     p = store_path(path)
     left = _leftovers(p)
     if not left:
@@ -185,14 +229,38 @@ def _swap(tmp: Path, p: Path) -> Path | None:
 
 
 def install_store(tmp_path: str | os.PathLike, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
-    """Swap a fully written store ``tmp_path`` into place at ``path``, crash-safely; return ``path``.
+    """Swap a fully written store ``tmp_path`` into place at ``path``, crash-safely.
 
-    ``tmp_path`` must lie beside ``path`` (use :func:`temp_store`) and be a consolidated zarr v2
-    store written with ``write_empty_chunks=True``. If it carries no integrity record (a streaming
-    writer's), it is read back, every arm validated, and the marker and record written. Then, under
-    the store lock: interrupted saves are recovered, ``path`` is checked (missing, an empty directory,
-    or an rlparity store when ``overwrite``; anything else is refused and nothing is touched), and the
-    swap is done. A crash at any point leaves the old store or the complete new one at the next open.
+    If ``tmp_path`` carries no integrity record (a streaming writer's), it is read back, every arm
+    validated, and the marker and record written. Then, under the store lock: interrupted saves are
+    recovered, ``path`` is checked (missing, an empty directory, or an rlparity store when
+    ``overwrite``; anything else is refused and nothing is touched), and the swap is done. A crash
+    at any point leaves the old store or the complete new one at the next open.
+
+    Parameters
+    ----------
+    tmp_path : str or os.PathLike
+        The new store, beside ``path`` (use :func:`temp_store`): a consolidated zarr v2 store written
+        with ``write_empty_chunks=True``.
+    path : str or os.PathLike
+        Where the store goes.
+    overwrite : bool, default False
+        Whether an existing rlparity store at ``path`` may be replaced.
+
+    Returns
+    -------
+    pathlib.Path
+        The store's resolved path.
+
+    Raises
+    ------
+    StoreError
+        ``tmp_path`` is not beside ``path``, not a consolidated zarr v2 store, holds no arms, or lacks
+        chunk files; or something other than an rlparity store is at ``path``.
+    TraceValidationError
+        An arm does not follow the schema.
+    FileExistsError
+        A store is at ``path`` and ``overwrite`` is False.
     """
     from rlparity.trace.schema import validate
 

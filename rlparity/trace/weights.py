@@ -24,7 +24,20 @@ MAX_FINGERPRINT_BYTES = 4 << 30
 
 
 def tensor_checksum(tensor: Any) -> str:
-    """CRC-32 (hex) of ``tensor`` rounded to bfloat16, on the CPU."""
+    """CRC-32 (hex) of ``tensor`` rounded to bfloat16, on the CPU.
+
+    Integer tensors are checksummed as they are.
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        The tensor.
+
+    Returns
+    -------
+    str
+        8 hex digits.
+    """
     import torch
 
     t = tensor.detach()
@@ -36,16 +49,42 @@ def tensor_checksum(tensor: Any) -> str:
 
 
 def checksums(named_tensors: Iterable[tuple[str, Any]]) -> dict[str, str]:
-    """``{name: checksum}`` of named tensors (a state dict's ``items()``, a checkpoint iterator)."""
+    """``{name: checksum}`` of named tensors.
+
+    Parameters
+    ----------
+    named_tensors : iterable of tuple[str, torch.Tensor]
+        A state dict's ``items()``, a checkpoint iterator.
+
+    Returns
+    -------
+    dict[str, str]
+        :func:`tensor_checksum` per name.
+    """
     return {str(name): tensor_checksum(t) for name, t in named_tensors}
 
 
 def compare_checksums(engine: Mapping[str, str], trainer: Mapping[str, str]) -> dict[str, Any]:
-    """How two fingerprints differ: tensors whose checksums differ, tensors the trainer has that
-    the engine's record lacks (not loaded: a partial update), tensors only the engine has, and the
-    number compared. Names present on one side only because weights are tied (``lm_head.weight``
-    absent from a checkpoint that ties it to the embeddings) are not reported when the other side
-    has the tied partner."""
+    """How two fingerprints differ.
+
+    Names present on one side only because weights are tied (``lm_head.weight`` absent from a
+    checkpoint that ties it to the embeddings) are not reported when the other side has the tied
+    partner.
+
+    Parameters
+    ----------
+    engine : Mapping[str, str]
+        The engine's checksums by tensor name.
+    trainer : Mapping[str, str]
+        The trainer's checksums by tensor name.
+
+    Returns
+    -------
+    dict[str, Any]
+        ``n_compared``, ``differ`` (tensors whose checksums differ), ``missing_in_engine`` (tensors
+        the trainer has that the engine's record lacks: not loaded, a partial update),
+        ``only_in_engine`` and ``equal`` (nothing differs or is missing).
+    """
     common = sorted(set(engine) & set(trainer))
     differ = [n for n in common if engine[n] != trainer[n]]
     tied = {"lm_head.weight", "model.embed_tokens.weight"}
@@ -56,7 +95,18 @@ def compare_checksums(engine: Mapping[str, str], trainer: Mapping[str, str]) -> 
 
 
 def layers_of(names: Iterable[str]) -> list[int]:
-    """Decoder layer indices named in checkpoint names (``...layers.<i>....``), sorted, unique."""
+    """Decoder layer indices named in checkpoint names (``...layers.<i>....``), sorted, unique.
+
+    Parameters
+    ----------
+    names : iterable of str
+        Checkpoint tensor names.
+
+    Returns
+    -------
+    list[int]
+        The layer indices.
+    """
     import re
 
     out = set()
@@ -68,9 +118,21 @@ def layers_of(names: Iterable[str]) -> list[int]:
 
 
 def engine_effective(attrs: Mapping[str, Any]) -> dict[int, dict[str, str]]:
-    """Per version, the checksums of the weights an engine ran (from a trace's
-    ``attrs["engine_weight_checksums"]``): every load up to that version in order, since a load that
-    leaves tensors out keeps the older values."""
+    """Per version, the checksums of the weights an engine ran.
+
+    From a trace's ``attrs["engine_weight_checksums"]``: every load up to that version in order,
+    since a load that leaves tensors out keeps the older values.
+
+    Parameters
+    ----------
+    attrs : Mapping[str, Any]
+        A trace's attrs.
+
+    Returns
+    -------
+    dict[int, dict[str, str]]
+        ``{version: {tensor: checksum}}``.
+    """
     loads = {int(k): v for k, v in (attrs.get("engine_weight_checksums") or {}).items() if v}
     out, cur = {}, {}
     for v in sorted(loads):
@@ -80,9 +142,23 @@ def engine_effective(attrs: Mapping[str, Any]) -> dict[int, dict[str, str]]:
 
 
 def trainer_checksums(attrs: Mapping[str, Any], versions: list[int]) -> dict[int, dict[str, str]]:
-    """Per version, the checksums of the weights the trainer scored it with (from a trace's
-    ``attrs["trainer"]``; one fingerprint covers every version of a trace scored with one set of
-    weights only when the trace holds one version)."""
+    """Per version, the checksums of the weights the trainer scored it with.
+
+    From a trace's ``attrs["trainer"]``; one fingerprint covers every version of a trace scored with
+    one set of weights only when the trace holds one version.
+
+    Parameters
+    ----------
+    attrs : Mapping[str, Any]
+        A trace's attrs.
+    versions : list of int
+        The trace's policy versions.
+
+    Returns
+    -------
+    dict[int, dict[str, str]]
+        ``{version: {tensor: checksum}}``; empty where the trainer recorded none.
+    """
     t = attrs.get("trainer") or {}
     per = t.get("weight_checksums_per_version")
     if per:
@@ -93,9 +169,22 @@ def trainer_checksums(attrs: Mapping[str, Any], versions: list[int]) -> dict[int
 
 
 def versions_that_differ(attrs: Mapping[str, Any], versions: list[int]) -> dict[int, dict[str, Any]]:
-    """The versions whose engine and trainer fingerprints differ, each with
-    :func:`compare_checksums`'s answer and ``same_as`` (the engine versions whose weights equal the
-    trainer's for it: a trainer that scored with another version's weights)."""
+    """The versions whose engine and trainer fingerprints differ.
+
+    Parameters
+    ----------
+    attrs : Mapping[str, Any]
+        A trace's attrs.
+    versions : list of int
+        The trace's policy versions.
+
+    Returns
+    -------
+    dict[int, dict[str, Any]]
+        Per differing version, :func:`compare_checksums`'s answer and ``same_as`` (the engine versions
+        whose weights equal the trainer's for it: a trainer that scored with another version's
+        weights).
+    """
     engine, trainer = engine_effective(attrs), trainer_checksums(attrs, versions)
     out = {}
     for v in versions:

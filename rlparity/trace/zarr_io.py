@@ -129,12 +129,36 @@ def _write(arms: dict[str, xr.Dataset], p: Path, *, overwrite: bool, root_attrs:
 
 def save(data: xr.Dataset | xr.DataTree | Mapping[str, xr.Dataset], path: str | os.PathLike,
          *, overwrite: bool = True) -> Path:
-    """Write a trace (one arm) or an experiment (several arms) to ``path``; return the path.
+    """Write a trace (one arm) or an experiment (several arms) to ``path``.
 
     Every arm is validated first. ``path`` may be missing, an empty directory, or (with
     ``overwrite``) an rlparity store, which is replaced whole; anything else is refused
     (:class:`~rlparity.trace.store.StoreError`) and left untouched. The write goes to a temporary
     store beside ``path`` and is swapped in under the store lock, crash-safely.
+
+    Parameters
+    ----------
+    data : xarray.Dataset, xarray.DataTree or Mapping[str, xarray.Dataset]
+        One trace (its ``attrs["arm"]`` names it, default ``"default"``), a DataTree (one child per
+        arm, its attrs kept as the root's) or ``{arm: trace}``.
+    path : str or os.PathLike
+        The store (a zarr directory).
+    overwrite : bool, default True
+        Whether an existing rlparity store at ``path`` may be replaced.
+
+    Returns
+    -------
+    pathlib.Path
+        The store's resolved path.
+
+    Raises
+    ------
+    TraceValidationError
+        An arm does not follow the schema.
+    StoreError
+        Something other than an rlparity store is at ``path``, or an arm name is not allowed.
+    FileExistsError
+        A store is at ``path`` and ``overwrite`` is False.
     """
     arms = _arms_to_save(data)
     root = dict(data.attrs) if isinstance(data, xr.DataTree) else None
@@ -147,6 +171,28 @@ def add_arm(ds: xr.Dataset, path: str | os.PathLike, arm: str | None = None) -> 
     Holds the store lock from reading to swapping, so concurrent ``add_arm`` calls on one store keep
     every arm. The other arms are not re-encoded: their files are linked into the new store with
     their integrity record (a store written before the record existed is loaded and rewritten).
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        The arm's trace.
+    path : str or os.PathLike
+        The store.
+    arm : str, optional
+        The arm's name; ``None`` takes ``ds.attrs["arm"]`` (default ``"default"``).
+
+    Returns
+    -------
+    pathlib.Path
+        The store's resolved path.
+
+    Raises
+    ------
+    StoreError
+        Something other than an rlparity store is at ``path``, an arm name is not allowed, or the
+        store is damaged.
+    TraceValidationError
+        The trace does not follow the schema.
     """
     arm = check_arm_name(arm if arm is not None else str(ds.attrs.get("arm", "default")))
     p = store_path(path)
@@ -214,10 +260,33 @@ def open_experiment(path: str | os.PathLike, *, chunks: Any = None) -> xr.DataTr
     Recovers an interrupted save first; reads under the shared store lock; a missing chunk or data
     that differs from what was saved raises :class:`~rlparity.trace.store.StoreDamagedError`.
 
-    ``chunks`` (sequences per block, or xarray's ``chunks=`` mapping) opens it lazily instead: dask
-    arrays over the zarr chunks, nothing loaded. The structure is checked now; the values (schema
-    and CRC-32 against the record made at save) as they are read, block by block
-    (:func:`blocks`), which is how :func:`rlparity.metrics.summary` reads a lazy trace.
+    With ``chunks`` the store opens lazily: the structure is checked now; the values (schema and
+    CRC-32 against the record made at save) as they are read, block by block (:func:`blocks`), which
+    is how :func:`rlparity.metrics.summary` reads a lazy trace.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The store.
+    chunks : int or Mapping[str, int], optional
+        Sequences per block (or xarray's ``chunks=`` mapping): open lazily (dask arrays over the zarr
+        chunks, nothing loaded; needs dask); ``None`` loads into memory.
+
+    Returns
+    -------
+    xarray.DataTree
+        One child per arm.
+
+    Raises
+    ------
+    FileNotFoundError
+        Nothing is at ``path``.
+    StoreError
+        ``path`` is a file or not a readable rlparity store, or its format is another release's.
+    StoreDamagedError
+        A chunk is missing or the data differ from what was saved.
+    TraceValidationError
+        An arm does not follow the schema.
     """
     if chunks is not None:
         chunks = lazy_chunks(chunks)
@@ -247,15 +316,43 @@ def open_experiment(path: str | os.PathLike, *, chunks: Any = None) -> xr.DataTr
 
 
 def named_arms(arms: Mapping[str, xr.Dataset]) -> dict[str, xr.Dataset]:
-    """``arms`` with each trace's ``arm`` attribute set to its name: the name in the store (or the
-    mapping) is the arm's name, whatever attribute the trace was saved with."""
+    """``arms`` with each trace's ``arm`` attribute set to its name.
+
+    The name in the store (or the mapping) is the arm's name, whatever attribute the trace was saved
+    with.
+
+    Parameters
+    ----------
+    arms : Mapping[str, xarray.Dataset]
+        ``{arm: trace}``.
+
+    Returns
+    -------
+    dict[str, xarray.Dataset]
+        The same arms, relabelled where needed (copies; the inputs are unchanged).
+    """
     return {name: ds.assign_attrs(arm=name) if isinstance(ds, xr.Dataset) and ds.attrs.get("arm") != name else ds
             for name, ds in arms.items()}
 
 
 def open_arms(path: str | os.PathLike, *, chunks: Any = None) -> dict[str, xr.Dataset]:
-    """All arms of a store as ``{arm: Dataset}`` in stored order, each labelled with its arm name;
-    lazy (dask) with ``chunks`` (sequences per block): see :func:`open_experiment`."""
+    """All arms of a store as ``{arm: Dataset}`` in stored order, each labelled with its arm name.
+
+    See :func:`open_experiment` for the checks and errors.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The store.
+    chunks : int or Mapping[str, int], optional
+        Sequences per block (or xarray's ``chunks=`` mapping): open lazily (dask arrays over the zarr
+        chunks, nothing loaded; needs dask); ``None`` loads into memory.
+
+    Returns
+    -------
+    dict[str, xarray.Dataset]
+        The arms; lazy ones carry the record their blocks are checked against.
+    """
     tree = open_experiment(path, chunks=chunks)
     arms = {name: node.to_dataset() for name, node in tree.children.items()}
     if chunks is not None:  # each arm carries the record its blocks are checked against
@@ -268,7 +365,27 @@ def open_arms(path: str | os.PathLike, *, chunks: Any = None) -> dict[str, xr.Da
 
 
 def load(path: str | os.PathLike, arm: str | None = None) -> xr.Dataset:
-    """Load one arm of a store as a trace Dataset (the only arm when ``arm`` is None)."""
+    """Load one arm of a store as a trace Dataset.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The store.
+    arm : str, optional
+        The arm's name; ``None`` takes the only arm.
+
+    Returns
+    -------
+    xarray.Dataset
+        The arm, in memory and validated.
+
+    Raises
+    ------
+    ValueError
+        ``arm`` is ``None`` and the store holds several arms.
+    KeyError
+        The store has no arm ``arm``.
+    """
     arms = open_arms(path)
     if arm is None:
         if len(arms) != 1:
@@ -280,8 +397,27 @@ def load(path: str | os.PathLike, arm: str | None = None) -> xr.Dataset:
 
 
 def as_arms(data) -> dict[str, xr.Dataset]:
-    """``{arm: trace}`` from one trace, a mapping, a DataTree or a store path (what every
-    multi-arm function accepts); each trace's ``arm`` attribute is its name (:func:`named_arms`)."""
+    """``{arm: trace}`` from one trace, a mapping, a DataTree or a store path.
+
+    What every multi-arm function accepts; each trace's ``arm`` attribute is its name
+    (:func:`named_arms`).
+
+    Parameters
+    ----------
+    data : xarray.Dataset, Mapping[str, xarray.Dataset], xarray.DataTree, str or os.PathLike
+        One trace (keyed by its ``attrs["arm"]``, default ``"default"``), arms, a DataTree or a store
+        path (opened with :func:`open_arms`).
+
+    Returns
+    -------
+    dict[str, xarray.Dataset]
+        The arms.
+
+    Raises
+    ------
+    TypeError
+        ``data`` is none of these.
+    """
     if isinstance(data, xr.Dataset):
         return {data.attrs.get("arm", "default"): data}
     if isinstance(data, (str, os.PathLike)):
