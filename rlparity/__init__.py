@@ -18,7 +18,20 @@ except _metadata.PackageNotFoundError:  # pragma: no cover
 
 
 def summary(*args, **kwargs):
-    """Parity summary of a scored trace; see :func:`rlparity.metrics.summary`."""
+    """Parity summary of a scored trace; see :func:`rlparity.metrics.summary`.
+
+    Parameters
+    ----------
+    *args : Any
+        Positional arguments of :func:`rlparity.metrics.summary`.
+    **kwargs : Any
+        Keyword arguments of :func:`rlparity.metrics.summary`.
+
+    Returns
+    -------
+    xarray.Dataset
+        The summary.
+    """
     from rlparity.metrics import summary as _summary
 
     return _summary(*args, **kwargs)

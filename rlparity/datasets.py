@@ -40,12 +40,24 @@ KEEP = tuple(ROLLOUT_VARS) + ("reward", "cached_prompt_tokens", "trainer_logprob
 
 
 def examples_dir() -> Path:
-    """Where the shipped examples live (inside the installed package)."""
+    """Where the shipped examples live (inside the installed package).
+
+    Returns
+    -------
+    pathlib.Path
+        ``rlparity/data/examples``.
+    """
     return Path(str(resources.files("rlparity") / "data" / "examples"))
 
 
 def list_examples() -> dict[str, dict[str, Any]]:
-    """``{name: provenance}`` of every shipped example (description, device, vLLM, date, model)."""
+    """The provenance of every shipped example.
+
+    Returns
+    -------
+    dict[str, dict[str, Any]]
+        ``{name: provenance}`` (description, device, vLLM, date, model) of each example store.
+    """
     out = {}
     for path in sorted(examples_dir().glob("*.zarr")):
         out[path.stem] = dict(open_experiment(path).attrs.get("example", {}))
@@ -53,7 +65,23 @@ def list_examples() -> dict[str, dict[str, Any]]:
 
 
 def example_path(name: str) -> Path:
-    """The store of example ``name``; an unknown name is an error listing the shipped ones."""
+    """The store of example ``name``; an unknown name is an error listing the shipped ones.
+
+    Parameters
+    ----------
+    name : str
+        The example's name (a store ``rlparity/data/examples/<name>.zarr``).
+
+    Returns
+    -------
+    pathlib.Path
+        The store.
+
+    Raises
+    ------
+    ValueError
+        No example of that name is shipped.
+    """
     path = examples_dir() / f"{name}.zarr"
     if not path.exists():
         names = ", ".join(sorted(p.stem for p in examples_dir().glob("*.zarr"))) or "none"
@@ -62,14 +90,50 @@ def example_path(name: str) -> Path:
 
 
 def example_attrs(name: str) -> dict[str, Any]:
-    """All root attrs of example ``name``: ``example`` (its provenance) and whatever else the store
-    carries beside its arms (the ``h200-rl`` run: ``rl_curves``, every step's curves as
-    :func:`rlparity.metrics.rl.curves_records` wrote them, and ``contrast``)."""
+    """All root attrs of example ``name``.
+
+    ``example`` (its provenance) and whatever else the store carries beside its arms (the ``h200-rl``
+    run: ``rl_curves``, every step's curves as :func:`rlparity.metrics.rl.curves_records` wrote
+    them, and ``contrast``).
+
+    Parameters
+    ----------
+    name : str
+        The example's name (a store ``rlparity/data/examples/<name>.zarr``).
+
+    Returns
+    -------
+    dict[str, Any]
+        The root attrs.
+
+    Raises
+    ------
+    ValueError
+        No example of that name is shipped.
+    """
     return dict(open_experiment(example_path(name)).attrs)
 
 
 def load_example(name: str, arm: str | None = None) -> dict[str, xr.Dataset] | xr.Dataset:
-    """The arms of example ``name`` as ``{arm: trace}`` (one trace with ``arm=``), offline."""
+    """The arms of example ``name``, offline.
+
+    Parameters
+    ----------
+    name : str
+        The example's name (a store ``rlparity/data/examples/<name>.zarr``).
+    arm : str, optional
+        One arm to return; ``None`` returns every arm.
+
+    Returns
+    -------
+    dict[str, xarray.Dataset] or xarray.Dataset
+        ``{arm: trace}``, or the one trace asked for.
+
+    Raises
+    ------
+    ValueError
+        No example of that name is shipped, or it has no arm ``arm``.
+    """
     arms = open_arms(example_path(name))
     if arm is None:
         return arms
@@ -79,9 +143,25 @@ def load_example(name: str, arm: str | None = None) -> dict[str, xr.Dataset] | x
 
 
 def load_result(name: str) -> dict[str, Any]:
-    """A shipped result that is a table rather than traces (``examples/<name>.json``: e.g.
-    ``h200-floors-small``, the floor table of an H200 run whose store did not come back); an unknown
-    name is an error listing the shipped ones."""
+    """A shipped result that is a table rather than traces (``examples/<name>.json``).
+
+    E.g. ``h200-floors-small``, the floor table of an H200 run whose store did not come back.
+
+    Parameters
+    ----------
+    name : str
+        The result's name.
+
+    Returns
+    -------
+    dict[str, Any]
+        The JSON content.
+
+    Raises
+    ------
+    ValueError
+        No result of that name is shipped (the message lists the shipped ones).
+    """
     import json
 
     path = examples_dir() / f"{name}.json"
@@ -92,10 +172,28 @@ def load_result(name: str) -> dict[str, Any]:
 
 
 def load_floor_table(name: str, reference: str = "batch1") -> xr.Dataset:
-    """A shipped floor table (``h200-floors-small``, ``h200-floors-1p5b``: the JSON
-    ``rlparity.experiments.floors`` writes) as the Dataset :func:`rlparity.metrics.floors.floor_table`
-    gives for a run here: one row per trainer ``shape``, the engine's floor, the batch-invariant mode's
-    own floor, the model and the example's provenance in attrs."""
+    """A shipped floor table as the Dataset :func:`rlparity.metrics.floors.floor_table` gives for a run here.
+
+    ``h200-floors-small``, ``h200-floors-1p5b``: the JSON ``rlparity.experiments.floors`` writes.
+
+    Parameters
+    ----------
+    name : str
+        The result's name.
+    reference : str, default "batch1"
+        The reference the floors were measured against, recorded in attrs.
+
+    Returns
+    -------
+    xarray.Dataset
+        One row per trainer ``shape`` (floors in nats); attrs: the engine's floor, the
+        batch-invariant mode's own floor, the model, dtype and the example's provenance.
+
+    Raises
+    ------
+    ValueError
+        No result of that name is shipped, or it holds no floor table.
+    """
     res = load_result(name)
     if "table" not in res:
         raise ValueError(f"shipped result {name!r} holds no floor table (keys: {sorted(res)}); "
@@ -111,9 +209,26 @@ def load_floor_table(name: str, reference: str = "batch1") -> xr.Dataset:
 
 
 def example_provenance(name: str) -> dict[str, Any]:
-    """The watermark row of a shipped example (a store's ``example`` attrs) or result (a JSON table's
-    ``model`` / ``device`` fields): device, vLLM, torch, transformers, date, model; what the example
-    does not record is ``None``."""
+    """The watermark row of a shipped example or result.
+
+    A store's ``example`` attrs, or a JSON table's ``model`` / ``device`` fields.
+
+    Parameters
+    ----------
+    name : str
+        The example's or result's name.
+
+    Returns
+    -------
+    dict[str, Any]
+        ``source``, ``device``, ``vllm``, ``torch``, ``transformers``, ``date``, ``model``; what the
+        example does not record is ``None``.
+
+    Raises
+    ------
+    ValueError
+        Neither an example nor a result of that name is shipped.
+    """
     from rlparity.config.provenance import short_model
 
     if (examples_dir() / f"{name}.zarr").exists():
@@ -129,18 +244,50 @@ def example_provenance(name: str) -> dict[str, Any]:
 
 
 def watermark(model: Any = None, *, device: str | None = None, examples: Iterable[str] = ()):
-    """The watermark at the end of a notebook: a small table of the versions and hardware behind
-    its numbers, one row for this run (``model``, the trainer ``device``; see
-    :func:`rlparity.config.provenance.run_provenance`) and one per shipped example it shows
-    (:func:`example_provenance`)."""
+    """The watermark at the end of a notebook: the versions and hardware behind its numbers.
+
+    One row for this run (see :func:`rlparity.config.provenance.run_provenance`) and one per shipped
+    example it shows (:func:`example_provenance`).
+
+    Parameters
+    ----------
+    model : Any, optional
+        The model this run used.
+    device : str, optional
+        The trainer's device (``"cuda"``, ``"cpu"``); ``None`` asks torch.
+    examples : iterable of str, default ()
+        The shipped examples the notebook shows.
+
+    Returns
+    -------
+    Watermark
+        A small table (HTML in a notebook, aligned text in a terminal).
+    """
     from rlparity.config.provenance import Watermark, run_provenance
 
     return Watermark([run_provenance(model, device=device), *(example_provenance(n) for n in examples)])
 
 
 def compact(trace: xr.Dataset, *, keep: tuple[str, ...] = KEEP, float_dtype: str | None = "float32") -> xr.Dataset:
-    """A smaller copy of ``trace`` for shipping: only the ``keep`` variables (and any ``batch_*``
-    data of an ablation), floats cast to ``float_dtype`` (None keeps them), provenance attrs kept."""
+    """A smaller copy of ``trace`` for shipping.
+
+    Only the ``keep`` variables (and any ``batch_*`` data of an ablation), floats cast to
+    ``float_dtype``, provenance attrs kept.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        The trace.
+    keep : tuple of str, default KEEP
+        The variables kept.
+    float_dtype : str or None, default "float32"
+        The dtype of the float schema variables; ``None`` keeps them.
+
+    Returns
+    -------
+    xarray.Dataset
+        The copy.
+    """
     names = [v for v in trace.data_vars if v in keep or str(v).startswith("batch_")]
     out = trace[names]
     if float_dtype is not None:
@@ -152,8 +299,28 @@ def compact(trace: xr.Dataset, *, keep: tuple[str, ...] = KEEP, float_dtype: str
 
 def save_example(arms: dict[str, xr.Dataset], path: str | Path, provenance: dict[str, Any], *,
                  float_dtype: str | None = "float32", **root_attrs: Any) -> Path:
-    """Save ``arms`` as a shippable example store: each arm :func:`compact`, the ``example``
-    provenance (description, device, vLLM, date, model, command) and ``root_attrs`` on the root."""
+    """Save ``arms`` as a shippable example store.
+
+    Each arm :func:`compact`, the ``example`` provenance and ``root_attrs`` on the root.
+
+    Parameters
+    ----------
+    arms : dict[str, xarray.Dataset]
+        The arms.
+    path : str or pathlib.Path
+        The store to write.
+    provenance : dict[str, Any]
+        The ``example`` record: description, device, vLLM, date, model, command.
+    float_dtype : str or None, default "float32"
+        Passed to :func:`compact`.
+    **root_attrs : Any
+        More root attrs (JSON-able).
+
+    Returns
+    -------
+    pathlib.Path
+        The store (:func:`rlparity.trace.save`).
+    """
     from rlparity.config.provenance import jsonable
     from rlparity.trace import save
 

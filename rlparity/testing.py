@@ -37,10 +37,42 @@ def synthetic_trace(
     """A trace whose rollout and trainer sides come from one known logit model.
 
     Tokens are sampled from the processed distribution (temperature, top-k, top-p) as vLLM
-    would; the rollout logprob is the raw or processed logprob according to ``logprobs_mode``,
-    plus Gaussian ``noise`` (nats) on the rollout side only; ``head_noise`` perturbs the rollout
-    logits before the softmax (a stand-in for a low-precision LM head). With ``scored`` the
-    trainer variables are filled exactly (no noise).
+    would; the rollout logprob is the raw or processed logprob according to ``logprobs_mode``.
+    The logits are seeded Gaussian (standard deviation 2.5) per position.
+
+    Parameters
+    ----------
+    n_sequences : int, default 16
+        Sequences.
+    max_len : int, default 24
+        Longest response; lengths are drawn from ``max_len // 2`` to ``max_len``.
+    vocab : int, default 32
+        Vocabulary size.
+    temperature : float, default 0.7
+        Sampling temperature of every sequence.
+    top_k : int, default 0
+        Top-k cut (0 = off).
+    top_p : float, default 1.0
+        Top-p cut (1 = off).
+    logprobs_mode : {"processed_logprobs", "raw_logprobs"}, default "processed_logprobs"
+        What the rollout reports: the processed logprob, or the raw one (anything else than
+        ``"processed_logprobs"`` reads as raw).
+    noise : float, default 0.0
+        Standard deviation of Gaussian noise (nats) added to the rollout logprobs only (clipped at 0).
+    head_noise : float, default 0.0
+        Standard deviation of Gaussian noise on the rollout's logits before the softmax (a stand-in
+        for a low-precision LM head).
+    seed : int, default 0
+        Seed of everything drawn.
+    scored : bool, default True
+        Fill the trainer variables exactly (no noise); False leaves a rollout-only trace.
+    arm : str, default "synthetic"
+        The trace's ``arm`` attribute.
+
+    Returns
+    -------
+    xarray.Dataset
+        A validated trace (scored when ``scored``).
     """
     rng = np.random.default_rng(seed)
     lengths = rng.integers(max(1, max_len // 2), max_len + 1, size=n_sequences)
