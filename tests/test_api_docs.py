@@ -83,3 +83,34 @@ def test_api_docstrings_are_numpydoc(module):
     bad = module_problems(module)
     assert not bad, f"{len(bad)} members of {module} fail {', '.join(CHECKS)}:\n" + "\n".join(
         f"  {name}: {'; '.join(problems)}" for name, problems in bad.items())
+
+
+def test_settings_fields_section_is_generated_from_the_descriptions():
+    """``document_fields`` writes one numpydoc entry per pydantic field (type, default, the
+    description as a sentence) and refuses a field without a description."""
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    from rlparity.config.docfields import document_fields, fields_section
+
+    @document_fields
+    class Example(BaseModel):
+        """An example."""
+
+        eps: float = Field(0.2, description="clip range of |d| (nats)")
+        mode: Literal["a", "b"] | None = Field(None, description="vLLM's mode")
+        seed: int | None = Field(0, description="base seed")
+
+    doc = Example.__doc__
+    assert doc.startswith("An example.\n\nParameters\n----------\n")
+    assert "eps : float, default 0.2\n    Clip range of ``|d|`` (nats).\n" in doc
+    assert 'mode : {"a", "b"}, optional\n    vLLM\'s mode.\n' in doc
+    assert "seed : int or None, default 0\n    Base seed.\n" in doc
+    assert docstring_problems(Example) == []
+
+    class Undocumented(BaseModel):
+        x: int = 0
+
+    with pytest.raises(TypeError, match="Undocumented.x has no description"):
+        fields_section(Undocumented)

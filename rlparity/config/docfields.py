@@ -85,7 +85,7 @@ def fields_section(model: type) -> str:
         # reStructuredText substitution
         text = re.sub(r"(?<!`)\|([^|`]+)\|(?!`)", r"``|\1|``", " ".join(field.description.split()))
         first = text.split(" ", 1)[0]
-        if first.replace("'", "").isalpha() and first.islower():  # not a name like vLLM or VLLM_...
+        if first.replace("'", "").replace("-", "").isalpha() and first.islower():  # not a name like vLLM or VLLM_...
             text = text[0].upper() + text[1:]
         lines += [f"{name} : {kind}", f"    {text}{'' if text.endswith('.') else '.'}"]
     return "\n".join(lines)
