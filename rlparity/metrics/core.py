@@ -46,7 +46,7 @@ def count(mask: np.ndarray, axis=None) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        The counts (int64; a 0-d array when every axis is reduced).
+        The counts (int64; a numpy scalar when every axis is reduced).
     """
     return np.sum(np.asarray(mask, dtype=bool), axis=axis, dtype=np.int64)
 
@@ -396,7 +396,7 @@ def reading_fit(y: np.ndarray, x: np.ndarray, mask: np.ndarray) -> dict[str, flo
     -------
     dict[str, float]
         ``alpha``, ``alpha_se``, ``noise_rms`` (nats), ``separation_rms`` (nats) and ``n_tokens``;
-        NaN where fewer than 2 tokens or no separation.
+        ``alpha``, ``alpha_se`` and ``noise_rms`` are NaN with fewer than 2 tokens or no separation.
     """
     m = finite_mask(y, mask) & np.isfinite(x)
     xv, yv = x[m].astype(float), y[m].astype(float)

@@ -380,7 +380,7 @@ def token_points(trace: xr.Dataset, trainer: TrainerSide | None = None) -> xr.Da
     -------
     xarray.Dataset
         ``min_router_margin`` (the trainer's smallest router margin over the MoE layers, logit units;
-        NaN without margins), ``abs_d`` (nats), ``flipped`` and, when scored with replay,
+        inf where the trace records no margins), ``abs_d`` (nats), ``flipped`` and, when scored with replay,
         ``abs_d_replay`` (nats).
 
     Raises

@@ -156,7 +156,10 @@ def save(data: xr.Dataset | xr.DataTree | Mapping[str, xr.Dataset], path: str | 
     TraceValidationError
         An arm does not follow the schema.
     StoreError
-        Something other than an rlparity store is at ``path``, or an arm name is not allowed.
+        Something other than an rlparity store is at ``path``, an arm name is not allowed (or two
+        differ only in case), or a DataTree has root variables or nested groups.
+    TypeError
+        ``data`` is not a Dataset, a DataTree or a mapping of Datasets.
     FileExistsError
         A store is at ``path`` and ``overwrite`` is False.
     """
@@ -329,7 +332,8 @@ def named_arms(arms: Mapping[str, xr.Dataset]) -> dict[str, xr.Dataset]:
     Returns
     -------
     dict[str, xarray.Dataset]
-        The same arms, relabelled where needed (copies; the inputs are unchanged).
+        The same arms; a trace whose ``arm`` attribute differs is replaced by a relabelled copy (the
+        inputs are unchanged).
     """
     return {name: ds.assign_attrs(arm=name) if isinstance(ds, xr.Dataset) and ds.attrs.get("arm") != name else ds
             for name, ds in arms.items()}
