@@ -84,7 +84,7 @@ def _bits(t: Any) -> tuple[str, dict[str, Any]]:
 
 
 def from_bits(dtype: str, packed: dict[str, Any]) -> np.ndarray:
-    """float32 values from a worker's packed states (16-bit floats are sent as their raw bits).
+    """The float32 values of a worker's packed states (16-bit floats are sent as their raw bits).
 
     Parameters
     ----------
@@ -126,8 +126,10 @@ def _worker_model(worker: Any) -> Any:
 
 
 class LayerCaptureExtension:
-    """Worker methods for per-layer capture and live weight checksums (a mixin of rlparity's
-    worker extension; called by name through ``collective_rpc``)."""
+    """Worker methods for per-layer capture and live weight checksums.
+
+    A mixin of rlparity's worker extension; called by name through ``collective_rpc``.
+    """
 
     def rlparity_layers_start(self, vocab_ids: list[int]) -> dict[str, Any]:
         """Install the hooks on the decoder stack (replacing earlier ones).

@@ -55,9 +55,11 @@ def engine_session(settings: EngineSettings) -> Iterator[None]:
 
 
 class EngineLifecycle:
-    """What every in-process backend shares: ``start()`` once (lazily through :attr:`llm`),
-    ``close()`` idempotent, usable as a context manager. Subclasses implement ``_start_llm``
-    (returns the vLLM object) and ``_stop_llm``."""
+    """What every in-process backend shares: start, close, the context manager.
+
+    ``start()`` once (lazily through :attr:`llm`), ``close()`` idempotent, usable as a context
+    manager. Subclasses implement ``_start_llm`` (returns the vLLM object) and ``_stop_llm``.
+    """
 
     model: str
     settings: EngineSettings

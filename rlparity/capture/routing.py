@@ -122,9 +122,12 @@ class _StepRoutes:
 
 
 class RoutingCaptureExtension:
-    """Worker-extension methods (mixed into :class:`rlparity.capture.weights.WeightUpdateExtension`)
-    that capture the experts every MoE router of the worker's model selects, per request and
-    position, in the engine's real forward passes (see the module docstring)."""
+    """Worker-extension methods that capture the experts every MoE router selects.
+
+    Mixed into :class:`rlparity.capture.weights.WeightUpdateExtension`; the experts of every MoE
+    router of the worker's model are recorded per request and position, in the engine's real
+    forward passes (see the module docstring).
+    """
 
     def rlparity_routing_start(self) -> dict[str, Any]:
         """Install the capture on every MoE router of the worker's model.

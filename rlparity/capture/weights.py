@@ -149,8 +149,10 @@ def _request_progress(model_runner: Any) -> dict[str, list[int]]:
 
 
 class WeightUpdateExtension(LayerCaptureExtension, RoutingCaptureExtension):
-    """Methods added to every vLLM worker (``worker_extension_cls``), called by name through
-    ``collective_rpc``. Names carry the ``rlparity_`` prefix so they never clash with vLLM's own."""
+    """Methods added to every vLLM worker (``worker_extension_cls``), called by name through ``collective_rpc``.
+
+    Names carry the ``rlparity_`` prefix so they never clash with vLLM's own.
+    """
 
     def rlparity_request_progress(self) -> dict[str, list[int]]:
         """Tokens per request in this worker.

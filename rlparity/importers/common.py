@@ -38,8 +38,10 @@ READING_VARIABLES = {
 
 
 class ImportFormatError(ValueError):
-    """A dump cannot be read as the named format; the message names the file, the line (or
-    sample) and the field, and says how to fix it."""
+    """A dump cannot be read as the named format.
+
+    The message names the file, the line (or sample) and the field, and says how to fix it.
+    """
 
 
 class PickleRefusedError(ImportFormatError):
@@ -533,7 +535,7 @@ def floats(values: Any, where: str, name: str, *, null: float = math.nan) -> np.
     Returns
     -------
     numpy.ndarray
-        float64, one value per entry.
+        Float64, one value per entry.
 
     Raises
     ------
@@ -573,7 +575,7 @@ def ints(values: Any, where: str, name: str, *, mask: bool = False) -> np.ndarra
     Returns
     -------
     numpy.ndarray
-        int64, one value per entry.
+        Int64, one value per entry.
 
     Raises
     ------

@@ -1,5 +1,6 @@
-"""The registry of dump formats and the streaming driver shared by :func:`rlparity.importers.read` and
-:func:`rlparity.importers.import_to_store`.
+"""The registry of dump formats and the streaming driver of the importers.
+
+The driver is shared by :func:`rlparity.importers.read` and :func:`rlparity.importers.import_to_store`.
 
 One arm per (run, launch, split, step) of a dump: a format's reader gives every record an
 :class:`~rlparity.importers.common.ArmKey` (run, split, step, from the record or the framework's own
