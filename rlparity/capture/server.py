@@ -218,7 +218,7 @@ class ServerClient:
 
     @property
     def model(self) -> str:
-        """The served model name: the one given, else the first ``/v1/models`` lists (a ``ServerError`` when it lists none)."""
+        """The served model name: the one given, else the first ``/v1/models`` lists (or a ``ServerError``)."""
         if self._model is None:
             served = self.models()
             if not served:

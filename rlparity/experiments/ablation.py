@@ -65,7 +65,7 @@ class Knob:
 
     @property
     def key(self) -> str:
-        """The effective-configuration key that shows whether the engine honoured the knob (``effective_key``, else ``field``)."""
+        """The effective-configuration key that shows the knob was honoured (``effective_key``, else ``field``)."""
         return self.effective_key or self.field
 
 

@@ -138,7 +138,7 @@ def dump_sampling_value(name: str, value: Any, where: str) -> Any:
 
 @dataclass
 class SamplingResolver:
-    """Per-sequence sampling parameters: the dump's value, else the user's option, else the framework's default, else unknown.
+    """Per-sequence sampling parameters: the dump's, else the user's, else the framework's default, else unknown.
 
     Unknown values are recorded, never guessed. A user option that contradicts the dump is an
     error: the dump says what ran.

@@ -383,7 +383,7 @@ def _read_npz(file: Path, ctx: ReadContext) -> Iterator[Record]:
 
 
 def read_file(file: Path, ctx: ReadContext) -> Iterator[Record]:
-    """Read one generic (``.jsonl``, ``.parquet`` or ``.npz``) file into records (the format's ``read_file``).
+    """Read one generic (``.jsonl``, ``.parquet`` or ``.npz``) file into records.
 
     Parameters
     ----------

@@ -104,7 +104,7 @@ def _prompt_text(content: Any, turns: int) -> str | None:
 
 
 def read_file(file: Path, ctx: ReadContext) -> Iterator[Record]:
-    """Read one NeMo-RL ``train_data_step{N}.jsonl`` file into records (the format's ``read_file``).
+    """Read one NeMo-RL ``train_data_step{N}.jsonl`` file into records.
 
     Parameters
     ----------

@@ -85,7 +85,7 @@ def _prompt_text(text: dict, where: str) -> str | None:
 
 
 def read_file(file: Path, ctx: ReadContext) -> Iterator[Record]:
-    """Read one PipelineRL actor stream (``.jsonl`` of ``TrainingText`` objects) file into records (the format's ``read_file``).
+    """Read one PipelineRL actor stream (``.jsonl`` of ``TrainingText`` objects) file into records.
 
     Parameters
     ----------

@@ -140,7 +140,7 @@ def _rl_tokens(obj: dict, loss: np.ndarray, where: str) -> tuple[np.ndarray, dic
 
 
 def read_file(file: Path, ctx: ReadContext) -> Iterator[Record]:
-    """Read one prime-rl token export (``rank_R.jsonl``) file into records (the format's ``read_file``).
+    """Read one prime-rl token export (``rank_R.jsonl``) file into records.
 
     Parameters
     ----------

@@ -226,7 +226,7 @@ def _key(file: Path, data: dict, train: bool) -> ArmKey:
 
 
 def read_file(file: Path, ctx: ReadContext) -> Iterator[Record]:
-    """Read one slime debug rollout or train data (``.pt``) file into records (the format's ``read_file``).
+    """Read one slime debug rollout or train data (``.pt``) file into records.
 
     Parameters
     ----------
