@@ -219,7 +219,7 @@ def score_answers(text: str) -> float:
 def build_tokenizer(vocab_pad_to: int | None = None):
     """A character-level ``PreTrainedTokenizerFast``, optionally padded with filler tokens.
 
-    It adds ``<bos>`` before every text and carries a chat template that writes the BOS itself.
+    With ``add_special_tokens`` it puts ``<bos>`` before every text; its chat template writes the BOS itself.
 
     Parameters
     ----------

@@ -113,7 +113,9 @@ def read(format: str, path: str | os.PathLike, *, temperature: float | None = No
     ImportFormatError
         If the dump is malformed (the message names the file and line).
     ValueError
-        If the format is unknown or a sampling option contradicts the dump.
+        If the format is unknown, ``chunk_size`` is below 1, or a sampling option contradicts the dump.
+    FileNotFoundError
+        If ``path`` does not exist.
     """
     chunks, final = _chunks(format, path, temperature, top_k, top_p, trainer_reading, chunk_size, progress)
     return assemble(chunks, final)
@@ -305,7 +307,10 @@ def import_to_store(format: str, path: str | os.PathLike, out: str | os.PathLike
     ImportFormatError
         If the dump is malformed (the message names the file and line).
     ValueError
-        If the format is unknown, a sampling option contradicts the dump, or no sample is left to write.
+        If the format is unknown, ``chunk_size`` is below 1, a sampling option contradicts the dump, or
+        no sample is left to write.
+    FileNotFoundError
+        If ``path`` does not exist.
     FileExistsError
         If ``out`` exists and ``overwrite`` is not set.
     """
