@@ -40,12 +40,24 @@ KEEP = tuple(ROLLOUT_VARS) + ("reward", "cached_prompt_tokens", "trainer_logprob
 
 
 def examples_dir() -> Path:
-    """Where the shipped examples live (inside the installed package)."""
+    """Where the shipped examples live (inside the installed package).
+
+    Returns
+    -------
+    pathlib.Path
+        ``rlparity/data/examples`` of the installed package.
+    """
     return Path(str(resources.files("rlparity") / "data" / "examples"))
 
 
 def list_examples() -> dict[str, dict[str, Any]]:
-    """``{name: provenance}`` of every shipped example (description, device, vLLM, date, model)."""
+    """The provenance of every shipped example store.
+
+    Returns
+    -------
+    dict of str to dict
+        ``{name: provenance}`` (description, device, vLLM, date, model...), by name.
+    """
     out = {}
     for path in sorted(examples_dir().glob("*.zarr")):
         out[path.stem] = dict(open_experiment(path).attrs.get("example", {}))
@@ -53,7 +65,23 @@ def list_examples() -> dict[str, dict[str, Any]]:
 
 
 def example_path(name: str) -> Path:
-    """The store of example ``name``; an unknown name is an error listing the shipped ones."""
+    """The store of a shipped example.
+
+    Parameters
+    ----------
+    name : str
+        The example's name (see :func:`list_examples`).
+
+    Returns
+    -------
+    pathlib.Path
+        ``<examples_dir>/<name>.zarr``.
+
+    Raises
+    ------
+    ValueError
+        If no such example is shipped (the message lists the shipped ones).
+    """
     path = examples_dir() / f"{name}.zarr"
     if not path.exists():
         names = ", ".join(sorted(p.stem for p in examples_dir().glob("*.zarr"))) or "none"
@@ -62,14 +90,48 @@ def example_path(name: str) -> Path:
 
 
 def example_attrs(name: str) -> dict[str, Any]:
-    """All root attrs of example ``name``: ``example`` (its provenance) and whatever else the store
-    carries beside its arms (the ``h200-rl`` run: ``rl_curves``, every step's curves as
-    :func:`rlparity.metrics.rl.curves_records` wrote them, and ``contrast``)."""
+    """All root attrs of a shipped example.
+
+    Parameters
+    ----------
+    name : str
+        The example's name.
+
+    Returns
+    -------
+    dict
+        ``example`` (its provenance) and whatever else the store carries beside its arms (the
+        ``h200-rl`` run: ``rl_curves``, every step's curves as
+        :func:`rlparity.metrics.rl.curves_records` wrote them, and ``contrast``).
+
+    Raises
+    ------
+    ValueError
+        If no such example is shipped.
+    """
     return dict(open_experiment(example_path(name)).attrs)
 
 
 def load_example(name: str, arm: str | None = None) -> dict[str, xr.Dataset] | xr.Dataset:
-    """The arms of example ``name`` as ``{arm: trace}`` (one trace with ``arm=``), offline."""
+    """The arms of a shipped example, offline.
+
+    Parameters
+    ----------
+    name : str
+        The example's name.
+    arm : str, optional
+        One arm to return; ``None`` returns them all.
+
+    Returns
+    -------
+    dict of str to xarray.Dataset or xarray.Dataset
+        ``{arm: trace}``, or the one trace with ``arm=``.
+
+    Raises
+    ------
+    ValueError
+        If no such example is shipped, or it has no arm ``arm``.
+    """
     arms = open_arms(example_path(name))
     if arm is None:
         return arms
@@ -79,9 +141,25 @@ def load_example(name: str, arm: str | None = None) -> dict[str, xr.Dataset] | x
 
 
 def load_result(name: str) -> dict[str, Any]:
-    """A shipped result that is a table rather than traces (``examples/<name>.json``: e.g.
-    ``h200-floors-small``, the floor table of an H200 run whose store did not come back); an unknown
-    name is an error listing the shipped ones."""
+    """A shipped result that is a table rather than traces (``examples/<name>.json``).
+
+    E.g. ``h200-floors-small``, the floor table of an H200 run whose store did not come back.
+
+    Parameters
+    ----------
+    name : str
+        The result's name.
+
+    Returns
+    -------
+    dict
+        The parsed JSON.
+
+    Raises
+    ------
+    ValueError
+        If no such result is shipped (the message lists the shipped ones).
+    """
     import json
 
     path = examples_dir() / f"{name}.json"
@@ -111,9 +189,26 @@ def load_floor_table(name: str, reference: str = "batch1") -> xr.Dataset:
 
 
 def example_provenance(name: str) -> dict[str, Any]:
-    """The watermark row of a shipped example (a store's ``example`` attrs) or result (a JSON table's
-    ``model`` / ``device`` fields): device, vLLM, torch, transformers, date, model; what the example
-    does not record is ``None``."""
+    """The watermark row of a shipped example or result.
+
+    Read from a store's ``example`` attrs, or a JSON table's ``model`` / ``device`` fields.
+
+    Parameters
+    ----------
+    name : str
+        The example's or result's name.
+
+    Returns
+    -------
+    dict
+        ``source``, ``device``, ``vllm``, ``torch``, ``transformers``, ``date`` and ``model``;
+        what the example does not record is ``None``.
+
+    Raises
+    ------
+    ValueError
+        If no such example or result is shipped.
+    """
     from rlparity.config.provenance import short_model
 
     if (examples_dir() / f"{name}.zarr").exists():
@@ -129,18 +224,45 @@ def example_provenance(name: str) -> dict[str, Any]:
 
 
 def watermark(model: Any = None, *, device: str | None = None, examples: Iterable[str] = ()):
-    """The watermark at the end of a notebook: a small table of the versions and hardware behind
-    its numbers, one row for this run (``model``, the trainer ``device``; see
-    :func:`rlparity.config.provenance.run_provenance`) and one per shipped example it shows
-    (:func:`example_provenance`)."""
+    """The watermark at the end of a notebook: the versions and hardware behind its numbers.
+
+    Parameters
+    ----------
+    model : object, optional
+        The model this run used (a path or name; see
+        :func:`rlparity.config.provenance.run_provenance`).
+    device : str, optional
+        The trainer's device of this run.
+    examples : iterable of str, optional
+        The shipped examples the notebook shows, one row each (:func:`example_provenance`).
+
+    Returns
+    -------
+    rlparity.config.provenance.Watermark
+        A small table: one row for this run and one per example.
+    """
     from rlparity.config.provenance import Watermark, run_provenance
 
     return Watermark([run_provenance(model, device=device), *(example_provenance(n) for n in examples)])
 
 
 def compact(trace: xr.Dataset, *, keep: tuple[str, ...] = KEEP, float_dtype: str | None = "float32") -> xr.Dataset:
-    """A smaller copy of ``trace`` for shipping: only the ``keep`` variables (and any ``batch_*``
-    data of an ablation), floats cast to ``float_dtype`` (None keeps them), provenance attrs kept."""
+    """A smaller copy of a trace for shipping.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        The trace.
+    keep : tuple of str, default KEEP
+        The variables kept (and any ``batch_*`` data of an ablation).
+    float_dtype : str or None, default "float32"
+        Floats of the schema's float variables are cast to it; ``None`` keeps them.
+
+    Returns
+    -------
+    xarray.Dataset
+        The kept variables, provenance attrs kept.
+    """
     names = [v for v in trace.data_vars if v in keep or str(v).startswith("batch_")]
     out = trace[names]
     if float_dtype is not None:
@@ -152,8 +274,26 @@ def compact(trace: xr.Dataset, *, keep: tuple[str, ...] = KEEP, float_dtype: str
 
 def save_example(arms: dict[str, xr.Dataset], path: str | Path, provenance: dict[str, Any], *,
                  float_dtype: str | None = "float32", **root_attrs: Any) -> Path:
-    """Save ``arms`` as a shippable example store: each arm :func:`compact`, the ``example``
-    provenance (description, device, vLLM, date, model, command) and ``root_attrs`` on the root."""
+    r"""Save arms as a shippable example store.
+
+    Parameters
+    ----------
+    arms : dict of str to xarray.Dataset
+        The arms; each is :func:`compact`-ed.
+    path : str or pathlib.Path
+        The store to write.
+    provenance : dict
+        The ``example`` root attr: description, device, vLLM, date, model, command.
+    float_dtype : str or None, default "float32"
+        Passed to :func:`compact`.
+    \*\*root_attrs
+        Further root attrs (made JSON-able).
+
+    Returns
+    -------
+    pathlib.Path
+        The written store (:func:`rlparity.trace.save`).
+    """
     from rlparity.config.provenance import jsonable
     from rlparity.trace import save
 

@@ -31,7 +31,35 @@ OP_WEIGHTS = [0.6, 0.3, 0.1]
 
 @dataclass(frozen=True)
 class ModelSize:
-    """Architecture and training budget of one built-in size."""
+    """Architecture and training budget of one built-in size.
+
+    Parameters
+    ----------
+    hidden_size : int
+        The hidden size.
+    num_layers : int
+        Decoder layers.
+    num_heads : int
+        Attention heads.
+    intermediate_size : int
+        The MLP's intermediate size (dense layers).
+    train_steps : int
+        Training steps.
+    batch_size : int
+        Sequences per training step.
+    seq_len : int
+        Tokens per training sequence.
+    lr : float, default 3e-3
+        The peak learning rate (AdamW, one-cycle schedule).
+    num_experts : int, default 0
+        Experts per MoE layer (Qwen3-MoE, every decoder layer sparse); 0 = a dense Llama.
+    experts_per_token : int, default 0
+        Experts each token is routed to (top-k).
+    moe_intermediate_size : int, default 0
+        Each expert's intermediate size.
+    router_aux_loss : float, default 0.01
+        Weight of the load-balancing loss while training, so every expert is used.
+    """
 
     hidden_size: int
     num_layers: int
@@ -55,15 +83,23 @@ class ModelSize:
 
 @dataclass(frozen=True)
 class Finish:
-    """What turns a built-in model (``base``) into one whose numerics resemble a real checkpoint's,
-    applied to its trained weights (seconds on a CPU, no second training run):
+    """What turns a built-in model into one whose numerics resemble a real checkpoint's.
 
-    * ``logit_scale``: the LM head is multiplied by it, so the largest logits reach the 20-30 a
-      trained LLM shows (the tiny model's are about 7); a bf16 head rounds them in steps of
-      ``|z| * 2^-8`` and a bf16 body's noise grows with them.
-    * ``vocab_to``: the vocabulary grows to this size with tokens the model never predicts, their
-      logits 10-25 below the typical ones, as the long tail of a real 30k-150k vocabulary.
-    * ``dtype``: the checkpoint's dtype (what ``dtype="auto"`` loads; bfloat16 as released models).
+    Applied to the trained weights of ``base`` (seconds on a CPU, no second training run).
+
+    Parameters
+    ----------
+    base : str, default "tiny"
+        The built-in size it starts from.
+    logit_scale : float, default 1.0
+        The LM head is multiplied by it, so the largest logits reach the 20-30 a trained LLM shows
+        (the tiny model's are about 7); a bf16 head rounds them in steps of ``|z| * 2^-8`` and a
+        bf16 body's noise grows with them.
+    vocab_to : int, optional
+        The vocabulary grows to this size with tokens the model never predicts, their logits 10-25
+        below the typical ones, as the long tail of a real 30k-150k vocabulary; ``None``: unchanged.
+    dtype : str, default "float32"
+        The checkpoint's dtype (what ``dtype="auto"`` loads; bfloat16 as released models).
     """
 
     base: str = "tiny"
@@ -109,7 +145,21 @@ def _sample_operand(rng: random.Random) -> int:
 
 
 def make_problem(rng: random.Random) -> str:
-    """One problem of the synthetic task, e.g. ``"12+7=19;"``."""
+    """One problem of the synthetic task, e.g. ``"12+7=19;"``.
+
+    Operands are skewed towards small numbers (about ``1/(n+3)`` over 0..99; the second operand
+    of ``*`` is 0..9) and operators weighted ``+`` 0.6, ``-`` 0.3, ``*`` 0.1.
+
+    Parameters
+    ----------
+    rng : random.Random
+        The random source.
+
+    Returns
+    -------
+    str
+        ``"<a><op><b>=<c>;"``.
+    """
     op = rng.choices(OPS, weights=OP_WEIGHTS)[0]
     a = _sample_operand(rng)
     b = _sample_operand(rng) if op != "*" else rng.randrange(10)
@@ -118,7 +168,20 @@ def make_problem(rng: random.Random) -> str:
 
 
 def make_prompts(n: int, seed: int = 0) -> list[str]:
-    """Prompts for the task: one solved problem, then the left side of a new one."""
+    """Prompts for the task: one solved problem, then the left side of a new one.
+
+    Parameters
+    ----------
+    n : int
+        How many prompts.
+    seed : int, default 0
+        Seeds the problems.
+
+    Returns
+    -------
+    list of str
+        E.g. ``"12+7=19;3*4="``.
+    """
     rng = random.Random(seed)
     out = []
     for _ in range(n):
@@ -131,7 +194,18 @@ _PROBLEM = re.compile(r"(-?\d+)([+\-*])(\d+)=(-?\d+);")
 
 
 def score_answers(text: str) -> float:
-    """Share of complete problems in ``text`` whose answer is correct (a checkable reward)."""
+    """Share of complete problems in ``text`` whose answer is correct (a checkable reward).
+
+    Parameters
+    ----------
+    text : str
+        A response (or any text).
+
+    Returns
+    -------
+    float
+        Correct over complete ``<a><op><b>=<c>;`` problems found; 0 when none is found.
+    """
     found = _PROBLEM.findall(text)
     if not found:
         return 0.0
@@ -143,7 +217,26 @@ def score_answers(text: str) -> float:
 
 
 def build_tokenizer(vocab_pad_to: int | None = None):
-    """A character-level ``PreTrainedTokenizerFast``; optionally padded with filler tokens."""
+    """A character-level ``PreTrainedTokenizerFast``, optionally padded with filler tokens.
+
+    With ``add_special_tokens`` it puts ``<bos>`` before every text; its chat template writes the BOS itself.
+
+    Parameters
+    ----------
+    vocab_pad_to : int, optional
+        Grow the vocabulary to this size with ``<extra_i>`` tokens; ``None``: the base vocabulary
+        (4 special tokens and the task's characters).
+
+    Returns
+    -------
+    transformers.PreTrainedTokenizerFast
+        The tokenizer.
+
+    Raises
+    ------
+    ValueError
+        If ``vocab_pad_to`` is smaller than the base vocabulary.
+    """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -225,7 +318,18 @@ def _cache_root() -> Path:
 
 
 def default_model_path(size: str = "tiny") -> Path:
-    """Where :func:`make_model` caches a built-in size (``$RLPARITY_CACHE/models/<size>``)."""
+    """Where :func:`make_model` caches a built-in size.
+
+    Parameters
+    ----------
+    size : str, default "tiny"
+        The size's name.
+
+    Returns
+    -------
+    pathlib.Path
+        ``$RLPARITY_CACHE/models/<size>`` (default cache: ``~/.cache/rlparity``).
+    """
     return _cache_root() / "models" / size
 
 
@@ -250,9 +354,40 @@ def make_model(
 ) -> Path:
     """Build, briefly train and save a small Llama (or Qwen3-MoE) checkpoint; return its path.
 
-    Deterministic for a given ``size``, ``seed`` and ``vocab_pad_to`` on one device. An existing
-    checkpoint at ``out`` built with the same recipe is reused unless ``force``.
-    ``dtype`` is the ``torch_dtype`` written into the config (what ``dtype="auto"`` loads).
+    Deterministic for a given ``size``, ``seed`` and ``vocab_pad_to`` on one device. Sizes of
+    :data:`FINISH` (``tiny-bf16``, ``small-bf16``) are their base model, built or reused first, with
+    the finish applied. The checkpoint is written beside ``out`` and renamed into place.
+
+    Parameters
+    ----------
+    size : str, default "tiny"
+        A key of :data:`SIZES` (``tiny``, ``tiny-bf16``, ``small``, ``small-bf16``, ``tiny-moe``,
+        ``small-moe``).
+    out : str or os.PathLike, optional
+        Where to save; ``None`` means :func:`default_model_path`.
+    seed : int, default 0
+        Seeds the weights and the training data.
+    vocab_pad_to : int, optional
+        Pad the vocabulary (:func:`build_tokenizer`); ``None``: the base vocabulary.
+    device : str, default "cpu"
+        Where it trains.
+    dtype : str, default "float32"
+        The ``torch_dtype`` written into the config (what ``dtype="auto"`` loads); a finished size
+        uses its finish's dtype.
+    force : bool, default False
+        Rebuild even when ``out`` holds a checkpoint of the same recipe (otherwise reused).
+    progress : bool, default True
+        Show the training progress bar.
+
+    Returns
+    -------
+    pathlib.Path
+        The checkpoint directory.
+
+    Raises
+    ------
+    ValueError
+        If the size is unknown.
     """
     if size not in SIZES:
         raise ValueError(f"unknown model size {size!r}; choose one of {sorted(SIZES)}")
@@ -347,13 +482,35 @@ def _new_model(spec: ModelSize, tokenizer, device: str):
 
 
 def experts_implementation(device: str) -> str:
-    """How transformers computes a MoE model's experts while :func:`make_model` trains it."""
+    """How transformers computes a MoE model's experts while :func:`make_model` trains it.
+
+    Parameters
+    ----------
+    device : str
+        The training device.
+
+    Returns
+    -------
+    str
+        ``"grouped_mm"`` on CUDA, else ``"eager"``.
+    """
     return "grouped_mm" if device.startswith("cuda") else "eager"
 
 
 def is_moe(model) -> bool:
-    """Whether a checkpoint (path or hub id, read from its ``config.json``) or a loaded transformers
-    model is a mixture of experts (it declares routed experts)."""
+    """Whether a checkpoint or a loaded model is a mixture of experts (it declares routed experts).
+
+    Parameters
+    ----------
+    model : str, os.PathLike or transformers.PreTrainedModel
+        A path or hub id (read from its ``config.json``; a hub id that is not local is ``False``)
+        or a loaded transformers model.
+
+    Returns
+    -------
+    bool
+        ``True`` when ``num_experts``, ``num_local_experts`` or ``n_routed_experts`` is above 0.
+    """
     cfg = getattr(model, "config", None)
     if cfg is None:
         p = Path(str(model)) / "config.json"
@@ -397,11 +554,38 @@ SHAPES: dict[str, dict] = {
 
 def make_shape_model(shape: str = "1.5b", out: str | os.PathLike | None = None, *, seed: int = 0,
                      device: str = "cpu", dtype: str = "bfloat16", force: bool = False) -> Path:
-    """A checkpoint with a real model's shape (:data:`SHAPES`) and random weights (seeded), with the
-    built-in character tokenizer padded to its vocabulary: loads through ``from_pretrained`` and
-    ``vllm.LLM(model=...)`` like any checkpoint. Untrained: its distributions are near uniform, which
-    is what a rescoring benchmark or a floor measurement at that shape needs, not a semantic test.
-    Reused when ``out`` holds the same recipe."""
+    """A checkpoint with a real model's shape and random weights (seeded).
+
+    It carries the built-in character tokenizer padded to the shape's vocabulary, and loads through
+    ``from_pretrained`` and ``vllm.LLM(model=...)`` like any checkpoint. Untrained: its
+    distributions are near uniform, which is what a rescoring benchmark or a floor measurement at
+    that shape needs, not a semantic test. Reused when ``out`` holds the same recipe.
+
+    Parameters
+    ----------
+    shape : str, default "1.5b"
+        A key of :data:`SHAPES` (``1.5b``: Qwen2-1.5B's shape; ``7b``: Llama-2-7B's).
+    out : str or os.PathLike, optional
+        Where to save; ``None`` means ``$RLPARITY_CACHE/models/shape-<shape>-<dtype>``.
+    seed : int, default 0
+        Seeds the weights.
+    device : str, default "cpu"
+        Where the weights are made.
+    dtype : str, default "bfloat16"
+        The checkpoint's dtype.
+    force : bool, default False
+        Rebuild even when ``out`` holds the same recipe.
+
+    Returns
+    -------
+    pathlib.Path
+        The checkpoint directory.
+
+    Raises
+    ------
+    ValueError
+        If the shape is unknown.
+    """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -36,11 +36,43 @@ def synthetic_trace(
 ) -> xr.Dataset:
     """A trace whose rollout and trainer sides come from one known logit model.
 
-    Tokens are sampled from the processed distribution (temperature, top-k, top-p) as vLLM
-    would; the rollout logprob is the raw or processed logprob according to ``logprobs_mode``,
-    plus Gaussian ``noise`` (nats) on the rollout side only; ``head_noise`` perturbs the rollout
-    logits before the softmax (a stand-in for a low-precision LM head). With ``scored`` the
-    trainer variables are filled exactly (no noise).
+    Tokens are sampled from the processed distribution (temperature, top-k, top-p) as vLLM would;
+    the rollout logprob is the raw or processed logprob according to ``logprobs_mode``. For fast
+    unit tests beside the real-engine tests, never instead of them.
+
+    Parameters
+    ----------
+    n_sequences : int, default 16
+        Sequences.
+    max_len : int, default 24
+        The longest response; lengths are drawn from ``[max_len // 2, max_len]``.
+    vocab : int, default 32
+        Vocabulary size.
+    temperature : float, default 0.7
+        The sampling temperature.
+    top_k : int, default 0
+        The sampling top-k (0 = off).
+    top_p : float, default 1.0
+        The sampling top-p (1 = off).
+    logprobs_mode : {"processed_logprobs", "raw_logprobs"}, default "processed_logprobs"
+        Which logprob the rollout side reports.
+    noise : float, default 0.0
+        Standard deviation (nats) of Gaussian noise on the rollout logprobs only (capped at 0).
+    head_noise : float, default 0.0
+        Standard deviation of noise on the rollout logits before the softmax (a stand-in for a
+        low-precision LM head).
+    seed : int, default 0
+        Seeds everything; request seeds are ``seed + i``.
+    scored : bool, default True
+        Fill the trainer variables exactly (no noise): both readings, entropies, max logit, rank,
+        kept mass and cut margin.
+    arm : str, default "synthetic"
+        The arm's name.
+
+    Returns
+    -------
+    xarray.Dataset
+        The trace (rollout side only when ``scored`` is ``False``).
     """
     rng = np.random.default_rng(seed)
     lengths = rng.integers(max(1, max_len // 2), max_len + 1, size=n_sequences)
