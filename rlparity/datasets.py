@@ -45,18 +45,18 @@ def examples_dir() -> Path:
     Returns
     -------
     pathlib.Path
-        ``rlparity/data/examples``.
+        ``rlparity/data/examples`` of the installed package.
     """
     return Path(str(resources.files("rlparity") / "data" / "examples"))
 
 
 def list_examples() -> dict[str, dict[str, Any]]:
-    """The provenance of every shipped example.
+    """The provenance of every shipped example store.
 
     Returns
     -------
-    dict[str, dict[str, Any]]
-        ``{name: provenance}`` (description, device, vLLM, date, model) of each example store.
+    dict of str to dict
+        ``{name: provenance}`` (description, device, vLLM, date, model...), by name.
     """
     out = {}
     for path in sorted(examples_dir().glob("*.zarr")):
@@ -65,22 +65,22 @@ def list_examples() -> dict[str, dict[str, Any]]:
 
 
 def example_path(name: str) -> Path:
-    """The store of example ``name``; an unknown name is an error listing the shipped ones.
+    """The store of a shipped example.
 
     Parameters
     ----------
     name : str
-        The example's name (a store ``rlparity/data/examples/<name>.zarr``).
+        The example's name (see :func:`list_examples`).
 
     Returns
     -------
     pathlib.Path
-        The store.
+        ``<examples_dir>/<name>.zarr``.
 
     Raises
     ------
     ValueError
-        No example of that name is shipped.
+        If no such example is shipped (the message lists the shipped ones).
     """
     path = examples_dir() / f"{name}.zarr"
     if not path.exists():
@@ -90,49 +90,47 @@ def example_path(name: str) -> Path:
 
 
 def example_attrs(name: str) -> dict[str, Any]:
-    """All root attrs of example ``name``.
-
-    ``example`` (its provenance) and whatever else the store carries beside its arms (the ``h200-rl``
-    run: ``rl_curves``, every step's curves as :func:`rlparity.metrics.rl.curves_records` wrote
-    them, and ``contrast``).
+    """All root attrs of a shipped example.
 
     Parameters
     ----------
     name : str
-        The example's name (a store ``rlparity/data/examples/<name>.zarr``).
+        The example's name.
 
     Returns
     -------
-    dict[str, Any]
-        The root attrs.
+    dict
+        ``example`` (its provenance) and whatever else the store carries beside its arms (the
+        ``h200-rl`` run: ``rl_curves``, every step's curves as
+        :func:`rlparity.metrics.rl.curves_records` wrote them, and ``contrast``).
 
     Raises
     ------
     ValueError
-        No example of that name is shipped.
+        If no such example is shipped.
     """
     return dict(open_experiment(example_path(name)).attrs)
 
 
 def load_example(name: str, arm: str | None = None) -> dict[str, xr.Dataset] | xr.Dataset:
-    """The arms of example ``name``, offline.
+    """The arms of a shipped example, offline.
 
     Parameters
     ----------
     name : str
-        The example's name (a store ``rlparity/data/examples/<name>.zarr``).
+        The example's name.
     arm : str, optional
-        One arm to return; ``None`` returns every arm.
+        One arm to return; ``None`` returns them all.
 
     Returns
     -------
-    dict[str, xarray.Dataset] or xarray.Dataset
-        ``{arm: trace}``, or the one trace asked for.
+    dict of str to xarray.Dataset or xarray.Dataset
+        ``{arm: trace}``, or the one trace with ``arm=``.
 
     Raises
     ------
     ValueError
-        No example of that name is shipped, or it has no arm ``arm``.
+        If no such example is shipped, or it has no arm ``arm``.
     """
     arms = open_arms(example_path(name))
     if arm is None:
@@ -154,13 +152,13 @@ def load_result(name: str) -> dict[str, Any]:
 
     Returns
     -------
-    dict[str, Any]
-        The JSON content.
+    dict
+        The parsed JSON.
 
     Raises
     ------
     ValueError
-        No result of that name is shipped (the message lists the shipped ones).
+        If no such result is shipped (the message lists the shipped ones).
     """
     import json
 
@@ -172,28 +170,10 @@ def load_result(name: str) -> dict[str, Any]:
 
 
 def load_floor_table(name: str, reference: str = "batch1") -> xr.Dataset:
-    """A shipped floor table as the Dataset :func:`rlparity.metrics.floors.floor_table` gives for a run here.
-
-    ``h200-floors-small``, ``h200-floors-1p5b``: the JSON ``rlparity.experiments.floors`` writes.
-
-    Parameters
-    ----------
-    name : str
-        The result's name.
-    reference : str, default "batch1"
-        The reference the floors were measured against, recorded in attrs.
-
-    Returns
-    -------
-    xarray.Dataset
-        One row per trainer ``shape`` (floors in nats); attrs: the engine's floor, the
-        batch-invariant mode's own floor, the model, dtype and the example's provenance.
-
-    Raises
-    ------
-    ValueError
-        No result of that name is shipped, or it holds no floor table.
-    """
+    """A shipped floor table (``h200-floors-small``, ``h200-floors-1p5b``: the JSON
+    ``rlparity.experiments.floors`` writes) as the Dataset :func:`rlparity.metrics.floors.floor_table`
+    gives for a run here: one row per trainer ``shape``, the engine's floor, the batch-invariant mode's
+    own floor, the model and the example's provenance in attrs."""
     res = load_result(name)
     if "table" not in res:
         raise ValueError(f"shipped result {name!r} holds no floor table (keys: {sorted(res)}); "
@@ -211,7 +191,7 @@ def load_floor_table(name: str, reference: str = "batch1") -> xr.Dataset:
 def example_provenance(name: str) -> dict[str, Any]:
     """The watermark row of a shipped example or result.
 
-    A store's ``example`` attrs, or a JSON table's ``model`` / ``device`` fields.
+    Read from a store's ``example`` attrs, or a JSON table's ``model`` / ``device`` fields.
 
     Parameters
     ----------
@@ -220,14 +200,14 @@ def example_provenance(name: str) -> dict[str, Any]:
 
     Returns
     -------
-    dict[str, Any]
-        ``source``, ``device``, ``vllm``, ``torch``, ``transformers``, ``date``, ``model``; what the
-        example does not record is ``None``.
+    dict
+        ``source``, ``device``, ``vllm``, ``torch``, ``transformers``, ``date`` and ``model``;
+        what the example does not record is ``None``.
 
     Raises
     ------
     ValueError
-        Neither an example nor a result of that name is shipped.
+        If no such example or result is shipped.
     """
     from rlparity.config.provenance import short_model
 
@@ -246,22 +226,20 @@ def example_provenance(name: str) -> dict[str, Any]:
 def watermark(model: Any = None, *, device: str | None = None, examples: Iterable[str] = ()):
     """The watermark at the end of a notebook: the versions and hardware behind its numbers.
 
-    One row for this run (see :func:`rlparity.config.provenance.run_provenance`) and one per shipped
-    example it shows (:func:`example_provenance`).
-
     Parameters
     ----------
-    model : Any, optional
-        The model this run used.
+    model : object, optional
+        The model this run used (a path or name; see
+        :func:`rlparity.config.provenance.run_provenance`).
     device : str, optional
-        The trainer's device (``"cuda"``, ``"cpu"``); ``None`` asks torch.
-    examples : iterable of str, default ()
-        The shipped examples the notebook shows.
+        The trainer's device of this run.
+    examples : iterable of str, optional
+        The shipped examples the notebook shows, one row each (:func:`example_provenance`).
 
     Returns
     -------
-    Watermark
-        A small table (HTML in a notebook, aligned text in a terminal).
+    rlparity.config.provenance.Watermark
+        A small table: one row for this run and one per example.
     """
     from rlparity.config.provenance import Watermark, run_provenance
 
@@ -269,24 +247,21 @@ def watermark(model: Any = None, *, device: str | None = None, examples: Iterabl
 
 
 def compact(trace: xr.Dataset, *, keep: tuple[str, ...] = KEEP, float_dtype: str | None = "float32") -> xr.Dataset:
-    """A smaller copy of ``trace`` for shipping.
-
-    Only the ``keep`` variables (and any ``batch_*`` data of an ablation), floats cast to
-    ``float_dtype``, provenance attrs kept.
+    """A smaller copy of a trace for shipping.
 
     Parameters
     ----------
     trace : xarray.Dataset
         The trace.
     keep : tuple of str, default KEEP
-        The variables kept.
+        The variables kept (and any ``batch_*`` data of an ablation).
     float_dtype : str or None, default "float32"
-        The dtype of the float schema variables; ``None`` keeps them.
+        Floats of the schema's float variables are cast to it; ``None`` keeps them.
 
     Returns
     -------
     xarray.Dataset
-        The copy.
+        The kept variables, provenance attrs kept.
     """
     names = [v for v in trace.data_vars if v in keep or str(v).startswith("batch_")]
     out = trace[names]
@@ -299,27 +274,25 @@ def compact(trace: xr.Dataset, *, keep: tuple[str, ...] = KEEP, float_dtype: str
 
 def save_example(arms: dict[str, xr.Dataset], path: str | Path, provenance: dict[str, Any], *,
                  float_dtype: str | None = "float32", **root_attrs: Any) -> Path:
-    """Save ``arms`` as a shippable example store.
-
-    Each arm :func:`compact`, the ``example`` provenance and ``root_attrs`` on the root.
+    r"""Save arms as a shippable example store.
 
     Parameters
     ----------
-    arms : dict[str, xarray.Dataset]
-        The arms.
+    arms : dict of str to xarray.Dataset
+        The arms; each is :func:`compact`-ed.
     path : str or pathlib.Path
         The store to write.
-    provenance : dict[str, Any]
-        The ``example`` record: description, device, vLLM, date, model, command.
+    provenance : dict
+        The ``example`` root attr: description, device, vLLM, date, model, command.
     float_dtype : str or None, default "float32"
         Passed to :func:`compact`.
-    **root_attrs : Any
-        More root attrs (JSON-able).
+    \*\*root_attrs
+        Further root attrs (made JSON-able).
 
     Returns
     -------
     pathlib.Path
-        The store (:func:`rlparity.trace.save`).
+        The written store (:func:`rlparity.trace.save`).
     """
     from rlparity.config.provenance import jsonable
     from rlparity.trace import save

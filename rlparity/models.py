@@ -36,29 +36,29 @@ class ModelSize:
     Parameters
     ----------
     hidden_size : int
-        Width of the residual stream.
+        The hidden size.
     num_layers : int
         Decoder layers.
     num_heads : int
-        Attention heads (as many key/value heads).
+        Attention heads.
     intermediate_size : int
-        Width of the dense MLP.
+        The MLP's intermediate size (dense layers).
     train_steps : int
-        Optimizer steps of the training run.
+        Training steps.
     batch_size : int
         Sequences per training step.
     seq_len : int
         Tokens per training sequence.
     lr : float, default 3e-3
-        Peak learning rate (AdamW, one-cycle schedule).
+        The peak learning rate (AdamW, one-cycle schedule).
     num_experts : int, default 0
         Experts per MoE layer (Qwen3-MoE, every decoder layer sparse); 0 = a dense Llama.
     experts_per_token : int, default 0
         Experts each token is routed to (top-k).
     moe_intermediate_size : int, default 0
-        Width of each expert's MLP.
+        Each expert's intermediate size.
     router_aux_loss : float, default 0.01
-        Load-balancing loss coefficient while training, so every expert is used.
+        Weight of the load-balancing loss while training, so every expert is used.
     """
 
     hidden_size: int
@@ -83,21 +83,21 @@ class ModelSize:
 
 @dataclass(frozen=True)
 class Finish:
-    """What turns a built-in model (``base``) into one whose numerics resemble a real checkpoint's.
+    """What turns a built-in model into one whose numerics resemble a real checkpoint's.
 
-    Applied to its trained weights (seconds on a CPU, no second training run).
+    Applied to the trained weights of ``base`` (seconds on a CPU, no second training run).
 
     Parameters
     ----------
     base : str, default "tiny"
-        The built-in size whose trained weights are finished.
+        The built-in size it starts from.
     logit_scale : float, default 1.0
         The LM head is multiplied by it, so the largest logits reach the 20-30 a trained LLM shows
-        (the tiny model's are about 7); a bf16 head rounds them in steps of ``|z| * 2^-8`` and a bf16
-        body's noise grows with them.
+        (the tiny model's are about 7); a bf16 head rounds them in steps of ``|z| * 2^-8`` and a
+        bf16 body's noise grows with them.
     vocab_to : int, optional
         The vocabulary grows to this size with tokens the model never predicts, their logits 10-25
-        below the typical ones, as the long tail of a real 30k-150k vocabulary; ``None`` keeps it.
+        below the typical ones, as the long tail of a real 30k-150k vocabulary; ``None``: unchanged.
     dtype : str, default "float32"
         The checkpoint's dtype (what ``dtype="auto"`` loads; bfloat16 as released models).
     """
@@ -147,10 +147,13 @@ def _sample_operand(rng: random.Random) -> int:
 def make_problem(rng: random.Random) -> str:
     """One problem of the synthetic task, e.g. ``"12+7=19;"``.
 
+    Operands are skewed towards small numbers (about ``1/(n+3)`` over 0..99; the second operand
+    of ``*`` is 0..9) and operators weighted ``+`` 0.6, ``-`` 0.3, ``*`` 0.1.
+
     Parameters
     ----------
     rng : random.Random
-        The source of the operator and operands (skewed towards small numbers).
+        The random source.
 
     Returns
     -------
@@ -170,13 +173,13 @@ def make_prompts(n: int, seed: int = 0) -> list[str]:
     Parameters
     ----------
     n : int
-        Number of prompts.
+        How many prompts.
     seed : int, default 0
-        Seed of the problems.
+        Seeds the problems.
 
     Returns
     -------
-    list[str]
+    list of str
         E.g. ``"12+7=19;3*4="``.
     """
     rng = random.Random(seed)
@@ -196,12 +199,12 @@ def score_answers(text: str) -> float:
     Parameters
     ----------
     text : str
-        A response.
+        A response (or any text).
 
     Returns
     -------
     float
-        In [0, 1]; 0 where ``text`` holds no complete problem.
+        Correct over complete ``<a><op><b>=<c>;`` problems found; 0 when none is found.
     """
     found = _PROBLEM.findall(text)
     if not found:
@@ -214,22 +217,25 @@ def score_answers(text: str) -> float:
 
 
 def build_tokenizer(vocab_pad_to: int | None = None):
-    """A character-level ``PreTrainedTokenizerFast`` with a chat template; optionally padded with filler tokens.
+    """A character-level ``PreTrainedTokenizerFast``, optionally padded with filler tokens.
+
+    With ``add_special_tokens`` it puts ``<bos>`` before every text; its chat template writes the BOS itself.
 
     Parameters
     ----------
     vocab_pad_to : int, optional
-        Grow the vocabulary to this size with ``<extra_i>`` tokens; ``None`` keeps the base vocabulary.
+        Grow the vocabulary to this size with ``<extra_i>`` tokens; ``None``: the base vocabulary
+        (4 special tokens and the task's characters).
 
     Returns
     -------
     transformers.PreTrainedTokenizerFast
-        The tokenizer (it prepends ``<bos>``).
+        The tokenizer.
 
     Raises
     ------
     ValueError
-        ``vocab_pad_to`` is smaller than the base vocabulary.
+        If ``vocab_pad_to`` is smaller than the base vocabulary.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -317,12 +323,12 @@ def default_model_path(size: str = "tiny") -> Path:
     Parameters
     ----------
     size : str, default "tiny"
-        The built-in size.
+        The size's name.
 
     Returns
     -------
     pathlib.Path
-        ``$RLPARITY_CACHE/models/<size>`` (default ``~/.cache/rlparity/models/<size>``).
+        ``$RLPARITY_CACHE/models/<size>`` (default cache: ``~/.cache/rlparity``).
     """
     return _cache_root() / "models" / size
 
@@ -346,41 +352,42 @@ def make_model(
     force: bool = False,
     progress: bool = True,
 ) -> Path:
-    """Build, briefly train and save a small Llama (or Qwen3-MoE) checkpoint.
+    """Build, briefly train and save a small Llama (or Qwen3-MoE) checkpoint; return its path.
 
-    Deterministic for a given ``size``, ``seed`` and ``vocab_pad_to`` on one device. An existing
-    checkpoint at ``out`` built with the same recipe is reused unless ``force``. A finished size
-    (``tiny-bf16``, ``small-bf16``: :data:`FINISH`) is built from its trained base.
+    Deterministic for a given ``size``, ``seed`` and ``vocab_pad_to`` on one device. Sizes of
+    :data:`FINISH` (``tiny-bf16``, ``small-bf16``) are their base model, built or reused first, with
+    the finish applied. The checkpoint is written beside ``out`` and renamed into place.
 
     Parameters
     ----------
     size : str, default "tiny"
-        A built-in size (:data:`SIZES`).
+        A key of :data:`SIZES` (``tiny``, ``tiny-bf16``, ``small``, ``small-bf16``, ``tiny-moe``,
+        ``small-moe``).
     out : str or os.PathLike, optional
-        Where to write it; ``None`` is :func:`default_model_path`.
+        Where to save; ``None`` means :func:`default_model_path`.
     seed : int, default 0
-        Seed of the initialisation and the training data.
+        Seeds the weights and the training data.
     vocab_pad_to : int, optional
-        Pad the tokenizer's vocabulary to this size.
+        Pad the vocabulary (:func:`build_tokenizer`); ``None``: the base vocabulary.
     device : str, default "cpu"
-        Where to train (``"cpu"``, ``"cuda"``).
+        Where it trains.
     dtype : str, default "float32"
         The ``torch_dtype`` written into the config (what ``dtype="auto"`` loads); a finished size
-        uses its own.
+        uses its finish's dtype.
     force : bool, default False
-        Rebuild even if a checkpoint of the same recipe is there.
+        Rebuild even when ``out`` holds a checkpoint of the same recipe (otherwise reused).
     progress : bool, default True
-        Show a progress bar while training.
+        Show the training progress bar.
 
     Returns
     -------
     pathlib.Path
-        The checkpoint folder.
+        The checkpoint directory.
 
     Raises
     ------
     ValueError
-        ``size`` is no built-in size.
+        If the size is unknown.
     """
     if size not in SIZES:
         raise ValueError(f"unknown model size {size!r}; choose one of {sorted(SIZES)}")
@@ -485,25 +492,24 @@ def experts_implementation(device: str) -> str:
     Returns
     -------
     str
-        ``"grouped_mm"`` on a GPU, ``"eager"`` (a loop over experts) elsewhere.
+        ``"grouped_mm"`` on CUDA, else ``"eager"``.
     """
     return "grouped_mm" if device.startswith("cuda") else "eager"
 
 
 def is_moe(model) -> bool:
-    """Whether a checkpoint or a loaded transformers model is a mixture of experts.
-
-    It declares routed experts (``num_experts``, ``num_local_experts`` or ``n_routed_experts`` > 0).
+    """Whether a checkpoint or a loaded model is a mixture of experts (it declares routed experts).
 
     Parameters
     ----------
     model : str, os.PathLike or transformers.PreTrainedModel
-        A checkpoint path or hub id (read from its ``config.json``) or a loaded model.
+        A path or hub id (read from its ``config.json``; a hub id that is not local is ``False``)
+        or a loaded transformers model.
 
     Returns
     -------
     bool
-        True for a MoE; False also where no local ``config.json`` is found.
+        ``True`` when ``num_experts``, ``num_local_experts`` or ``n_routed_experts`` is above 0.
     """
     cfg = getattr(model, "config", None)
     if cfg is None:
@@ -548,37 +554,37 @@ SHAPES: dict[str, dict] = {
 
 def make_shape_model(shape: str = "1.5b", out: str | os.PathLike | None = None, *, seed: int = 0,
                      device: str = "cpu", dtype: str = "bfloat16", force: bool = False) -> Path:
-    """A checkpoint with a real model's shape (:data:`SHAPES`) and random weights (seeded).
+    """A checkpoint with a real model's shape and random weights (seeded).
 
-    With the built-in character tokenizer padded to its vocabulary: loads through
-    ``from_pretrained`` and ``vllm.LLM(model=...)`` like any checkpoint. Untrained: its distributions
-    are near uniform, which is what a rescoring benchmark or a floor measurement at that shape
-    needs, not a semantic test. Reused when ``out`` holds the same recipe.
+    It carries the built-in character tokenizer padded to the shape's vocabulary, and loads through
+    ``from_pretrained`` and ``vllm.LLM(model=...)`` like any checkpoint. Untrained: its
+    distributions are near uniform, which is what a rescoring benchmark or a floor measurement at
+    that shape needs, not a semantic test. Reused when ``out`` holds the same recipe.
 
     Parameters
     ----------
     shape : str, default "1.5b"
-        A key of :data:`SHAPES`.
+        A key of :data:`SHAPES` (``1.5b``: Qwen2-1.5B's shape; ``7b``: Llama-2-7B's).
     out : str or os.PathLike, optional
-        Where to write it; ``None`` is ``$RLPARITY_CACHE/models/shape-<shape>-<dtype>``.
+        Where to save; ``None`` means ``$RLPARITY_CACHE/models/shape-<shape>-<dtype>``.
     seed : int, default 0
-        Seed of the weights.
+        Seeds the weights.
     device : str, default "cpu"
-        Where the weights are initialised.
+        Where the weights are made.
     dtype : str, default "bfloat16"
         The checkpoint's dtype.
     force : bool, default False
-        Rebuild even if a checkpoint of the same recipe is there.
+        Rebuild even when ``out`` holds the same recipe.
 
     Returns
     -------
     pathlib.Path
-        The checkpoint folder.
+        The checkpoint directory.
 
     Raises
     ------
     ValueError
-        ``shape`` is not a key of :data:`SHAPES`.
+        If the shape is unknown.
     """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -36,43 +36,43 @@ def synthetic_trace(
 ) -> xr.Dataset:
     """A trace whose rollout and trainer sides come from one known logit model.
 
-    Tokens are sampled from the processed distribution (temperature, top-k, top-p) as vLLM
-    would; the rollout logprob is the raw or processed logprob according to ``logprobs_mode``.
-    The logits are seeded Gaussian (standard deviation 2.5) per position.
+    Tokens are sampled from the processed distribution (temperature, top-k, top-p) as vLLM would;
+    the rollout logprob is the raw or processed logprob according to ``logprobs_mode``. For fast
+    unit tests beside the real-engine tests, never instead of them.
 
     Parameters
     ----------
     n_sequences : int, default 16
         Sequences.
     max_len : int, default 24
-        Longest response; lengths are drawn from ``max_len // 2`` to ``max_len``.
+        The longest response; lengths are drawn from ``[max_len // 2, max_len]``.
     vocab : int, default 32
         Vocabulary size.
     temperature : float, default 0.7
-        Sampling temperature of every sequence.
+        The sampling temperature.
     top_k : int, default 0
-        Top-k cut (0 = off).
+        The sampling top-k (0 = off).
     top_p : float, default 1.0
-        Top-p cut (1 = off).
+        The sampling top-p (1 = off).
     logprobs_mode : {"processed_logprobs", "raw_logprobs"}, default "processed_logprobs"
-        What the rollout reports: the processed logprob, or the raw one (anything else than
-        ``"processed_logprobs"`` reads as raw).
+        Which logprob the rollout side reports.
     noise : float, default 0.0
-        Standard deviation of Gaussian noise (nats) added to the rollout logprobs only (clipped at 0).
+        Standard deviation (nats) of Gaussian noise on the rollout logprobs only (capped at 0).
     head_noise : float, default 0.0
-        Standard deviation of Gaussian noise on the rollout's logits before the softmax (a stand-in
-        for a low-precision LM head).
+        Standard deviation of noise on the rollout logits before the softmax (a stand-in for a
+        low-precision LM head).
     seed : int, default 0
-        Seed of everything drawn.
+        Seeds everything; request seeds are ``seed + i``.
     scored : bool, default True
-        Fill the trainer variables exactly (no noise); False leaves a rollout-only trace.
+        Fill the trainer variables exactly (no noise): both readings, entropies, max logit, rank,
+        kept mass and cut margin.
     arm : str, default "synthetic"
-        The trace's ``arm`` attribute.
+        The arm's name.
 
     Returns
     -------
     xarray.Dataset
-        A validated trace (scored when ``scored``).
+        The trace (rollout side only when ``scored`` is ``False``).
     """
     rng = np.random.default_rng(seed)
     lengths = rng.integers(max(1, max_len // 2), max_len + 1, size=n_sequences)

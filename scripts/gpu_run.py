@@ -5,7 +5,8 @@ files, two folders deep).
     python3 scripts/gpu_run.py --out $OUT faults gpu_tests
 
 Parts (add one by adding a line to PARTS): each is a command run from the project root with
-``{out}`` (its own output folder) filled in. A part that fails or runs past its limit is recorded
+``{out}`` (its own output folder) and ``{card}`` (``h100``, ``h200``: the example data are named after the
+card that ran them) filled in. A part that fails or runs past its limit is recorded
 in ``$OUT/gpu_run.json`` with its exit code and the tail of its log; the others still run.
 Environment the host needs (the bundle in ../shared/gpu): ``PYTHONPATH`` with the bundle and the
 project, ``VLLM_USE_FLASHINFER_SAMPLER=0``, ``VLLM_WORKER_MULTIPROC_METHOD=spawn``,
@@ -67,13 +68,19 @@ PARTS: dict[str, tuple[str, int]] = {
                  "prefix_caching,max_num_seqs,chunked_prefill --n-prompts 32 --max-tokens 64 --batch-sizes 1,2,4,8,16,32 "
                  "--budget-s 430 "
                  "--gpu-memory-utilization 0.5 --example h100-ablation", 560),
+    # the two knobs the H100 run's budget left out (max_num_seqs, chunked prefill), with their own reference
+    # arm in the same run; shipped as {card}-ablation-queue
+    "ablation_queue": (f"{PY} -m rlparity {CLI} experiment ablation --out {{out}} --size small --dtype bfloat16 "
+                       "--device cuda --knobs max_num_seqs,chunked_prefill --n-prompts 32 --max-tokens 64 "
+                       "--batch-sizes 1,2,4,8,16,32 --budget-s 330 --gpu-memory-utilization 0.5 "
+                       "--example {card}-ablation-queue", 450),
     # chapter 5 (issue 28): raw vs processed captures, one step, token TIS + a mask on the raw trace, shipped
     # as h100-objective: the tiny model of the CPU section (the trained `small` solves 99.9% of its prompts at
     # T=0.7, which left one group of eight with an advantage), the body in float32 on both sides as in the
     # h200-rl run (a bf16 step at a small lr rounds away)
     "objective": (f"{PY} -m rlparity {CLI} experiment objective --out {{out}} --size tiny --dtype float32 "
                   "--device cuda --n-prompts 64 --n-samples 8 --max-tokens 48 --lr 1e-4 "
-                  "--gpu-memory-utilization 0.5 --example h100-objective", 400),
+                  "--gpu-memory-utilization 0.5 --example {card}-objective", 400),
 }
 
 
@@ -92,6 +99,8 @@ def main() -> int:
         record["torch"] = torch.__version__
     except Exception as err:  # noqa: BLE001
         record["device"] = f"torch not importable: {err}"
+    name_of_card = str(record.get("device", "")).upper()
+    card = next((c.lower() for c in ("H200", "H100", "B200", "A100") if c in name_of_card), "gpu")
     for name in a.parts:
         cmd, limit = PARTS[name]
         part_dir = out / f"{name}_files"
@@ -101,7 +110,7 @@ def main() -> int:
         with open(log, "w") as fh:
             # its own process group, so a part past its limit takes its engine's processes with it (the
             # next part needs the GPU memory)
-            proc = subprocess.Popen(cmd.format(out=part_dir), shell=True, stdout=fh, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(cmd.format(out=part_dir, card=card), shell=True, stdout=fh, stderr=subprocess.STDOUT,
                                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
             try:
                 rc = proc.wait(timeout=limit)

@@ -8,6 +8,7 @@ One test per module, so a single module or subpackage runs alone, e.g.
 ``pytest tests/test_api_docs.py -k rlparity.trace``.
 """
 
+import enum
 import inspect
 
 import pytest
@@ -43,7 +44,12 @@ def module_problems(module: str) -> dict[str, list[str]]:
     for name, obj in documented_objects([module]):
         if inspect.ismodule(obj) or getattr(obj, "__name__", "") == "<lambda>":
             continue  # a module's docstring is prose; a lambda is a dataclass field's default, not a method
-        if problems := docstring_problems(name):
+        problems = docstring_problems(name)
+        if inspect.isclass(obj) and issubclass(obj, enum.Enum):
+            # numpydoc reads an Enum's signature as the functional API's (value, names, module...):
+            # its members are its documentation, so only a missing docstring counts
+            problems = [p for p in problems if p.startswith("GL08")]
+        if problems:
             bad[name] = problems
     return bad
 

@@ -68,7 +68,19 @@ class _Stream:
 
 
 def with_extension(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Engine kwargs with rlparity's worker extension added (unless the user set their own)."""
+    """Add rlparity's worker extension to engine kwargs, unless the user set their own.
+
+    Parameters
+    ----------
+    kwargs : dict
+        Keyword arguments for ``vllm.AsyncEngineArgs`` / ``vllm.LLM``.
+
+    Returns
+    -------
+    dict
+        ``kwargs`` itself when it already names a ``worker_extension_cls``, else a copy with
+        ``worker_extension_cls`` set to rlparity's extension (:data:`rlparity.capture.weights.EXTENSION`).
+    """
     return kwargs if kwargs.get("worker_extension_cls") else {**kwargs, "worker_extension_cls": EXTENSION}
 
 
@@ -82,6 +94,14 @@ class AsyncEngine(EngineLifecycle):
     ...     trace = fut.result()
 
     Holds the machine-wide engine lock while it lives, like :class:`~rlparity.capture.Engine`.
+    The engine starts on first use (or on ``start()`` / entering the ``with`` block).
+
+    Parameters
+    ----------
+    model : str or os.PathLike
+        A Hugging Face model name or a local checkpoint directory.
+    settings : EngineSettings, optional
+        The engine's settings; ``None`` means ``EngineSettings()`` (the project defaults).
     """
 
     backend = "vllm-async"
@@ -104,7 +124,14 @@ class AsyncEngine(EngineLifecycle):
         return self.weights.version
 
     def clock(self) -> float:
-        """Seconds on the engine's clock (since the engine object was made; ``time.monotonic``)."""
+        """Seconds on the engine's clock.
+
+        Returns
+        -------
+        float
+            Seconds since the engine object was made (``time.monotonic``); the times of a trace
+            (``submit_time``, ``token_time``) and of the update records use this clock.
+        """
         return time.monotonic() - self._t0
 
     def _start_llm(self):
@@ -159,10 +186,23 @@ class AsyncEngine(EngineLifecycle):
 
     # introspection ---------------------------------------------------------------------
     def effective_config(self) -> dict[str, Any]:
-        """Settings the running engine really uses (read back, not what was asked)."""
+        """Settings the running engine really uses (read back, not what was asked).
+
+        Returns
+        -------
+        dict
+            :func:`rlparity.capture.engine_config.effective_config` of the running engine's ``vllm_config``.
+        """
         return effective_config(self.llm.vllm_config)
 
     def tokenizer(self):
+        """The running engine's tokenizer (starts the engine if needed).
+
+        Returns
+        -------
+        transformers.PreTrainedTokenizerBase
+            What ``AsyncLLM.get_tokenizer()`` returns.
+        """
         return self.llm.get_tokenizer()
 
     # inflight weight updates -----------------------------------------------------------
@@ -218,14 +258,38 @@ class AsyncEngine(EngineLifecycle):
 
     async def aupdate_weights(self, source: Any, version: int, *, mode: str = "keep",
                               clear_cache: bool = False) -> dict[str, Any]:
-        """Pause (``mode``, ``clear_cache``), load ``source`` into the running workers, set the
-        policy version to ``version`` and resume; return the update's record (times in seconds on
-        the engine's clock, ``pause_s`` = pause to resume).
+        """Pause, load new weights into the running workers, set the policy version and resume.
 
-        ``source``: a checkpoint directory, a ``.safetensors`` file or a state dict of tensors (written
-        to a temporary safetensors file the workers read; nothing is pickled). ``clear_cache=True``
-        resets the prefix cache during the pause (vLLM also recomputes the KV of requests kept under
-        ``keep``); with ``False`` cached prefixes keep serving KV computed by the old weights.
+        Pause (``mode``, ``clear_cache``), load ``source`` into the running workers, set the
+        policy version to ``version`` and resume; every stream in flight gets its boundary (the
+        tokens it had before the update keep the old version).
+
+        Parameters
+        ----------
+        source : str, os.PathLike or dict of torch.Tensor
+            A checkpoint directory, a ``.safetensors`` file or a state dict of tensors (written
+            to a temporary safetensors file the workers read; nothing is pickled).
+        version : int
+            The policy version of the new weights: tokens produced after the update carry it.
+        mode : {"keep", "wait", "abort"}, default "keep"
+            How generation pauses: ``keep`` freezes in-flight requests, ``wait`` lets them finish,
+            ``abort`` aborts them (they stay in the trace with ``finish_reason="abort"``).
+        clear_cache : bool, default False
+            Reset the prefix cache during the pause (vLLM also recomputes the KV of requests kept
+            under ``keep``); with ``False`` cached prefixes keep serving KV computed by the old weights.
+
+        Returns
+        -------
+        dict
+            The update's record (:meth:`rlparity.capture.weights.UpdateRecord.to_dict`): times in
+            seconds on the engine's clock, ``pause_s`` = pause to resume, the boundaries per stream.
+
+        Raises
+        ------
+        ValueError
+            If ``mode`` is not one of :data:`PAUSE_MODES`.
+        RuntimeError
+            If the workers cannot load ``source``, or vLLM refuses to reset the prefix cache.
         """
         if mode not in PAUSE_MODES:
             raise ValueError(f"pause mode {mode!r}: use one of {', '.join(PAUSE_MODES)}")
@@ -264,21 +328,57 @@ class AsyncEngine(EngineLifecycle):
 
     def update_weights(self, source: Any, version: int, *, mode: str = "keep",
                        clear_cache: bool = False) -> dict[str, Any]:
-        """The sync form of :meth:`aupdate_weights` (callable while :meth:`capture_async` runs)."""
+        """The sync form of :meth:`aupdate_weights` (callable while :meth:`capture_async` runs).
+
+        Parameters
+        ----------
+        source : str, os.PathLike or dict of torch.Tensor
+            A checkpoint directory, a ``.safetensors`` file or a state dict of tensors.
+        version : int
+            The policy version of the new weights.
+        mode : {"keep", "wait", "abort"}, default "keep"
+            How generation pauses (see :meth:`aupdate_weights`).
+        clear_cache : bool, default False
+            Reset the prefix cache during the pause.
+
+        Returns
+        -------
+        dict
+            The update's record, as :meth:`aupdate_weights` returns it.
+        """
         return self._run(self.aupdate_weights(source, version, mode=mode, clear_cache=clear_cache))
 
     async def areset_prefix_cache(self) -> None:
-        """Reset the prefix cache now (between captures; vLLM refuses while requests run)."""
+        """Reset the prefix cache now (between captures; vLLM refuses while requests run).
+
+        Raises
+        ------
+        RuntimeError
+            If vLLM refuses the reset (requests are running).
+        """
         if not await self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset the prefix cache (requests are running): call it between "
                                "captures, or update with clear_cache=True")
         self.weights.on_reset(self.clock())
 
     def reset_prefix_cache(self) -> None:
+        """The sync form of :meth:`areset_prefix_cache`.
+
+        Raises
+        ------
+        RuntimeError
+            If vLLM refuses the reset (requests are running).
+        """
         self._run(self.areset_prefix_cache())
 
     async def arequest_progress(self) -> dict[str, list[int]]:
-        """``{engine request id: [prompt tokens, output tokens]}`` as the workers hold them."""
+        """How far each running request is, as the workers hold it.
+
+        Returns
+        -------
+        dict of str to list of int
+            ``{engine request id: [prompt tokens, output tokens]}``, merged over the workers.
+        """
         out: dict[str, list[int]] = {}
         for r in await self.llm.collective_rpc(PROGRESS_METHOD):
             out.update(r or {})
@@ -296,14 +396,34 @@ class AsyncEngine(EngineLifecycle):
         rec.t_paused = rec.t_loaded = rec.t_resume = self.clock()
 
     def set_policy_version(self, version: int) -> None:
-        """Relabel the weights as ``version`` without loading any (for loops that update the
-        workers themselves): tokens produced from now on carry ``version``. Prefer
-        :meth:`update_weights`, which loads the weights and records the update."""
+        """Relabel the weights as ``version`` without loading any.
+
+        For loops that update the workers themselves: tokens produced from now on carry
+        ``version``. Prefer :meth:`update_weights`, which loads the weights and records the update.
+
+        Parameters
+        ----------
+        version : int
+            The policy version tokens produced from now on carry.
+        """
         self._run(self._relabel(version))
 
     async def apause(self, mode: str = "keep", clear_cache: bool = False) -> None:
-        """``AsyncLLM.pause_generation``: ``mode="keep"`` freezes in-flight requests; with
-        ``clear_cache=False`` the prefix cache keeps state computed by the old weights."""
+        """Pause generation (``AsyncLLM.pause_generation``).
+
+        Parameters
+        ----------
+        mode : {"keep", "wait", "abort"}, default "keep"
+            ``keep`` freezes in-flight requests, ``wait`` lets them finish, ``abort`` aborts them.
+        clear_cache : bool, default False
+            Reset the prefix cache while paused; with ``False`` the prefix cache keeps state
+            computed by the old weights.
+
+        Raises
+        ------
+        ValueError
+            If ``mode`` is not one of :data:`PAUSE_MODES`.
+        """
         if mode not in PAUSE_MODES:
             raise ValueError(f"pause mode {mode!r}: use one of {', '.join(PAUSE_MODES)}")
         kw, reset_after = pause_call(self.llm.pause_generation, mode, clear_cache)
@@ -314,21 +434,55 @@ class AsyncEngine(EngineLifecycle):
             self.weights.on_reset(self.clock())
 
     async def aresume(self) -> None:
+        """Resume generation after :meth:`apause` (``AsyncLLM.resume_generation``)."""
         await self.llm.resume_generation()
 
     def pause(self, mode: str = "keep", clear_cache: bool = False) -> None:
+        """The sync form of :meth:`apause`.
+
+        Parameters
+        ----------
+        mode : {"keep", "wait", "abort"}, default "keep"
+            How generation pauses (see :meth:`apause`).
+        clear_cache : bool, default False
+            Reset the prefix cache while paused.
+        """
         self._run(self.apause(mode, clear_cache))
 
     def resume(self) -> None:
+        """The sync form of :meth:`aresume`."""
         self._run(self.aresume())
 
     def wait_first_token(self, timeout: float = 120.0) -> bool:
-        """Block until a capture in flight has streamed its first token (for pausing mid-run)."""
+        """Block until a capture in flight has streamed its first token (for pausing mid-run).
+
+        Parameters
+        ----------
+        timeout : float, default 120.0
+            Seconds to wait at most.
+
+        Returns
+        -------
+        bool
+            ``True`` once a token arrived, ``False`` on timeout.
+        """
         return self._first_token.wait(timeout)
 
     def wait_tokens(self, n: int, timeout: float = 120.0) -> bool:
-        """Block until the captures in flight have streamed ``n`` tokens in all (for updating
-        mid-sequence); ``False`` on timeout."""
+        """Block until the captures in flight have streamed ``n`` tokens in all (for updating mid-sequence).
+
+        Parameters
+        ----------
+        n : int
+            Tokens to wait for, summed over every stream since the capture started.
+        timeout : float, default 120.0
+            Seconds to wait at most.
+
+        Returns
+        -------
+        bool
+            ``True`` once ``n`` tokens arrived, ``False`` on timeout.
+        """
         t_end = time.monotonic() + timeout
         while self._tokens_seen < n:
             if time.monotonic() > t_end:
@@ -346,6 +500,25 @@ class AsyncEngine(EngineLifecycle):
         A request aborted by a weight update (``mode="abort"``) stays in the trace with
         ``finish_reason="abort"``; with ``resubmit_aborted`` it is submitted again (up to
         ``max_attempts`` in all) and each new attempt is a further sequence (``attempt`` 1, 2...).
+
+        Parameters
+        ----------
+        prompts : Prompt or sequence of Prompt
+            Text, chat messages or token ids (:func:`rlparity.capture.requests.normalize_prompts`).
+        sampling : SamplingSettings or sequence of SamplingSettings, optional
+            One setting for all prompts or one per prompt; ``None`` means ``SamplingSettings()``.
+        arm : str, default "default"
+            The arm's name, stored in the trace's attrs.
+        resubmit_aborted : bool, default False
+            Submit a request aborted by an update again, as an RL loop would.
+        max_attempts : int, default 3
+            Attempts per request at most, the first included (with ``resubmit_aborted``).
+
+        Returns
+        -------
+        xarray.Dataset
+            The trace (:func:`rlparity.capture.build.build_trace`), with per-token policy versions
+            and times, the weight updates during the capture and the routing when captured.
         """
         llm = self.llm
         requests = render_chat(make_requests(prompts, sampling or SamplingSettings()), self.tokenizer())
@@ -426,15 +599,51 @@ class AsyncEngine(EngineLifecycle):
     def capture(self, prompts: Sequence[Prompt] | Prompt,
                 sampling: SamplingSettings | Sequence[SamplingSettings] | None = None,
                 *, arm: str = "default", progress: bool = False, resubmit_aborted: bool = False) -> xr.Dataset:
-        """The sync form of :meth:`acapture` (``progress`` is accepted for parity with
-        :class:`~rlparity.capture.Engine`; streams report no bar)."""
+        """The sync form of :meth:`acapture`.
+
+        Parameters
+        ----------
+        prompts : Prompt or sequence of Prompt
+            Text, chat messages or token ids.
+        sampling : SamplingSettings or sequence of SamplingSettings, optional
+            One setting for all prompts or one per prompt; ``None`` means ``SamplingSettings()``.
+        arm : str, default "default"
+            The arm's name, stored in the trace's attrs.
+        progress : bool, default False
+            Accepted for parity with :class:`~rlparity.capture.Engine`; streams report no bar.
+        resubmit_aborted : bool, default False
+            Submit a request aborted by an update again (see :meth:`acapture`).
+
+        Returns
+        -------
+        xarray.Dataset
+            The trace, as :meth:`acapture` returns it.
+        """
         self._first_token.clear()
         self._tokens_seen = 0
         return self._run(self.acapture(prompts, sampling, arm=arm, resubmit_aborted=resubmit_aborted))
 
     def capture_async(self, prompts, sampling=None, *, arm: str = "default", resubmit_aborted: bool = False):
-        """Start :meth:`acapture` and return a ``concurrent.futures.Future`` of the trace, so the
-        caller can update the weights (or pause and resume) while it runs."""
+        """Start :meth:`acapture` and return a future of the trace.
+
+        The caller can update the weights (or pause and resume) while it runs.
+
+        Parameters
+        ----------
+        prompts : Prompt or sequence of Prompt
+            Text, chat messages or token ids.
+        sampling : SamplingSettings or sequence of SamplingSettings, optional
+            One setting for all prompts or one per prompt; ``None`` means ``SamplingSettings()``.
+        arm : str, default "default"
+            The arm's name, stored in the trace's attrs.
+        resubmit_aborted : bool, default False
+            Submit a request aborted by an update again (see :meth:`acapture`).
+
+        Returns
+        -------
+        concurrent.futures.Future
+            Resolves to the trace (an ``xarray.Dataset``).
+        """
         self.llm
         assert self._loop is not None
         self._first_token.clear()  # before scheduling: wait_first_token must see this capture's

@@ -29,8 +29,27 @@ _SERVER_HEADS = (("vllm", "serve"), ("python", "-m", "vllm.entrypoints.openai.ap
 
 
 def parse_command_line(command: str | list[str]) -> dict[str, Any]:
-    """Engine kwargs of a ``vllm serve`` / ``python -m vllm.entrypoints.openai.api_server`` command
-    line, parsed with vLLM's own server parser (so the server's defaults apply)."""
+    """Engine kwargs of a ``vllm serve`` / ``python -m vllm.entrypoints.openai.api_server`` command line.
+
+    Parsed with vLLM's own server parser, so the server's defaults apply (``--generation-config``
+    defaults to ``auto`` there). Leading ``ENV=1`` words are dropped; ``vllm serve MODEL`` and
+    ``--model PATH`` both name the model.
+
+    Parameters
+    ----------
+    command : str or list of str
+        The command line, as one shell string or as its words.
+
+    Returns
+    -------
+    dict
+        ``{"__engine_args__": AsyncEngineArgs}``, which :func:`resolve_kwargs` accepts.
+
+    Raises
+    ------
+    ValueError
+        If the command line names no model, or vLLM's parser rejects it.
+    """
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -61,8 +80,26 @@ def parse_command_line(command: str | list[str]) -> dict[str, Any]:
 
 
 def resolve_kwargs(kwargs: Mapping[str, Any] | Any) -> dict[str, Any]:
-    """Effective configuration vLLM would run with for ``kwargs`` (engine kwargs or EngineArgs),
-    resolved by vLLM without starting an engine."""
+    """Effective configuration vLLM would run with for ``kwargs``, resolved without starting an engine.
+
+    Parameters
+    ----------
+    kwargs : Mapping or vllm.engine.arg_utils.EngineArgs
+        Engine kwargs (they must name ``model``; the CPU defaults of
+        :func:`rlparity.capture.engine_config.cpu_engine_kwargs` fill in what they leave out), the
+        result of :func:`parse_command_line`, or an ``EngineArgs`` object.
+
+    Returns
+    -------
+    dict
+        :func:`rlparity.capture.engine_config.effective_config` of
+        ``EngineArgs.create_engine_config()``.
+
+    Raises
+    ------
+    ValueError
+        If the kwargs name no model or an argument vLLM does not know.
+    """
     from vllm.engine.arg_utils import EngineArgs
 
     if isinstance(kwargs, Mapping) and "__engine_args__" in kwargs:
@@ -83,7 +120,29 @@ def resolve_kwargs(kwargs: Mapping[str, Any] | Any) -> dict[str, Any]:
 
 
 def effective_of(source: Any) -> tuple[dict[str, Any], str]:
-    """``(effective configuration, description)`` of any audit source."""
+    """The effective configuration of any audit source, with a description of the source.
+
+    Parameters
+    ----------
+    source : object
+        A trace (its ``engine_effective`` attr), an object with ``effective_config()`` (an
+        rlparity engine or server client), a ``vllm.LLM``, a :class:`~rlparity.capture.server.Server`
+        (its command line), a mapping of engine kwargs, a YAML/JSON file of engine kwargs or an
+        rlparity profile, a trace store (``.zarr``: its first arm) or a vLLM command line.
+
+    Returns
+    -------
+    tuple of (dict, str)
+        ``(effective configuration, description of the source)``.
+
+    Raises
+    ------
+    ValueError
+        If a trace has no ``engine_effective`` attr, a file holds no mapping, or a string is
+        none of the accepted sources.
+    TypeError
+        If ``source`` is of a type that cannot be audited.
+    """
     import xarray as xr
 
     if isinstance(source, xr.Dataset):
@@ -127,8 +186,22 @@ def effective_of(source: Any) -> tuple[dict[str, Any], str]:
 
 
 def audit(source: Any, profile: str | os.PathLike | EngineSettings | None = None) -> AuditResult:
-    """Audit ``source``'s effective settings against ``profile`` (default: the reference profile of
-    :func:`rlparity.config.defaults`, ``pipelinerl-parity``)."""
+    """Audit ``source``'s effective settings against a profile.
+
+    Parameters
+    ----------
+    source : object
+        Anything :func:`effective_of` accepts (an engine, a ``vllm.LLM``, a trace, a command line,
+        engine kwargs or a file of them, a server).
+    profile : str, os.PathLike or EngineSettings, optional
+        A profile name, a profile file or settings; ``None`` means the reference profile of
+        :func:`rlparity.config.defaults` (``pipelinerl-parity``).
+
+    Returns
+    -------
+    AuditResult
+        The differences between the effective settings and the profile, each with why it matters.
+    """
     eff, desc = effective_of(source)
     return compare(eff, profile, source=desc)
 

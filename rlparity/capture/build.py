@@ -19,7 +19,44 @@ from rlparity.trace import annotate, from_rollouts, pad_rows
 
 @dataclass
 class Completion:
-    """One sampled completion as any backend returns it."""
+    """One sampled completion as any backend returns it.
+
+    Parameters
+    ----------
+    request : Request
+        The request it answers.
+    sample_index : int
+        Which of the request's ``n`` samples it is (0-based).
+    prompt_token_ids : list of int
+        The prompt's token ids as the engine saw them.
+    token_ids : list of int
+        The sampled token ids.
+    logprobs : list of float
+        The engine's logprob of each sampled token, in nats.
+    finish_reason : str
+        Why sampling stopped (``stop``, ``length``, ``abort``...).
+    text : str, default ""
+        The decoded response.
+    policy_versions : list of int, optional
+        The policy version of the weights that produced each token; ``None``: not recorded.
+    cached_prompt_tokens : int, optional
+        Prompt tokens the engine served from its prefix cache; ``None``: not reported.
+    token_times : list of float, optional
+        When each token arrived, seconds on the engine's clock (inflight bookkeeping).
+    submit_time : float, optional
+        When the request was submitted, seconds on the engine's clock.
+    attempt : int, optional
+        0 for the first submission, 1, 2... for a request resubmitted after an abort.
+    prefix_cache_generation : int, optional
+        How many prefix-cache resets had happened when the request was prefilled.
+    prefix_cache_stale : bool, optional
+        Whether its cached prompt tokens may come from other weights (an update since the last reset).
+    routes : numpy.ndarray, optional
+        Mixture of experts: the experts the engine routed each input token to, shape
+        ``(input positions, MoE layers, top_k)``, -1 where not computed (:mod:`rlparity.capture.routing`).
+    request_id : str, optional
+        The id the request was submitted with (``AsyncEngine``).
+    """
 
     request: Request
     sample_index: int
@@ -46,7 +83,22 @@ def build_trace(completions: Sequence[Completion], *, attrs: Mapping[str, Any]) 
     """Turn completions into a rollout trace (sorted by request, then sample, then attempt).
 
     The inflight variables (``token_time``, ``submit_time``, ``attempt``, ``prefix_cache_generation``,
-    ``prefix_cache_stale``) are added when the backend recorded them."""
+    ``prefix_cache_stale``) are added when the backend recorded them; the sampling penalties when
+    any request used one; ``routed_experts`` and ``prompt_routed_experts`` when the capture recorded
+    routes (``attrs["routing_capture"]``).
+
+    Parameters
+    ----------
+    completions : sequence of Completion
+        Every completion of the capture, in any order.
+    attrs : Mapping
+        The trace's attrs (:func:`capture_attrs`), made JSON-able.
+
+    Returns
+    -------
+    xarray.Dataset
+        The trace (:func:`rlparity.trace.from_rollouts`), one sequence per completion.
+    """
     completions = sorted(completions, key=lambda c: (c.request.index, c.sample_index, c.attempt or 0))
     pv = None
     if any(c.policy_versions is not None for c in completions):
@@ -138,7 +190,19 @@ def _with_inflight(ds: xr.Dataset, completions: Sequence[Completion]) -> xr.Data
 
 
 def model_info(model: str | os.PathLike) -> dict[str, Any]:
-    """Name and (for a local checkpoint) a fingerprint of the model's weights."""
+    """Name and (for a local checkpoint) a fingerprint of the model's weights.
+
+    Parameters
+    ----------
+    model : str or os.PathLike
+        A Hugging Face model name or a local checkpoint directory.
+
+    Returns
+    -------
+    dict
+        ``model``, ``model_is_local`` and, for a local directory, ``model_fingerprint``: 16 hex
+        digits of a SHA-256 over the names, sizes and first MiB of its first 8 ``.safetensors`` files.
+    """
     import hashlib
 
     p = Path(model)
@@ -156,7 +220,19 @@ def model_info(model: str | os.PathLike) -> dict[str, Any]:
 
 @dataclass
 class CaptureInfo:
-    """What a backend knows about the engine it ran (for the trace attrs)."""
+    """What a backend knows about the engine it ran (for the trace attrs).
+
+    Parameters
+    ----------
+    backend : str
+        The capture backend (``vllm-offline``, ``vllm-async``, ``vllm-server``...).
+    requested : dict
+        The settings asked for (``EngineSettings.model_dump()``).
+    effective : dict
+        The settings the engine really ran with (read back from vLLM).
+    extra : dict, optional
+        Further attrs of the backend (timings, weight updates, routing capture); empty by default.
+    """
 
     backend: str
     requested: dict[str, Any]
@@ -166,6 +242,25 @@ class CaptureInfo:
 
 def capture_attrs(info: CaptureInfo, model: str | os.PathLike, requests: Sequence[Request],
                   arm: str) -> dict[str, Any]:
+    """The attrs of a captured trace: the arm, the engine's settings, sampling, seeds and the model.
+
+    Parameters
+    ----------
+    info : CaptureInfo
+        What the backend knows about the engine it ran; its ``extra`` is merged in last.
+    model : str or os.PathLike
+        The model (:func:`model_info` is merged in).
+    requests : sequence of Request
+        The capture's requests (their sampling and the first 4096 request seeds are recorded).
+    arm : str
+        The arm's name.
+
+    Returns
+    -------
+    dict
+        ``arm``, ``capture_backend``, ``engine_requested``, ``engine_effective``, ``sampling``,
+        ``seeds``, the model info and ``info.extra``.
+    """
     return {
         "arm": arm,
         "capture_backend": info.backend,

@@ -10,7 +10,21 @@ from rlparity.config.settings import EngineSettings, dtype_name
 
 
 def effective_config(vllm_config: Any) -> dict[str, Any]:
-    """The settings an engine actually runs with, read from its ``VllmConfig``."""
+    """The settings an engine actually runs with, read from its ``VllmConfig``.
+
+    Parameters
+    ----------
+    vllm_config : vllm.config.VllmConfig
+        The engine's configuration (of a running engine, or ``EngineArgs.create_engine_config()``).
+
+    Returns
+    -------
+    dict
+        JSON-able settings: logprobs mode, prefix caching, async scheduling, dtypes, the attention
+        backend resolved and requested, compilation and CUDA-graph modes, batch invariance,
+        scheduler limits, generation-config sampling defaults, seed, context length, block size,
+        parallel sizes and device. A field this vLLM does not have is ``None``.
+    """
     mc = vllm_config.model_config
     cc = vllm_config.cache_config
     sc = vllm_config.scheduler_config
@@ -62,10 +76,21 @@ def effective_config(vllm_config: Any) -> dict[str, Any]:
 
 
 def resolved_attention_backend(vllm_config: Any) -> str | None:
-    """The attention backend vLLM's selector picks for this configuration (what the workers run:
-    e.g. ``FLASH_ATTN`` on an H200 when none is asked, ``CPU_ATTN`` on vLLM's CPU build even when
-    another is asked), resolved in this process with vLLM's own selector; ``None`` when this vLLM
-    cannot say (then the requested value is recorded)."""
+    """The attention backend vLLM's selector picks for this configuration.
+
+    What the workers run: e.g. ``FLASH_ATTN`` on an H200 when none is asked, ``CPU_ATTN`` on
+    vLLM's CPU build even when another is asked; resolved in this process with vLLM's own selector.
+
+    Parameters
+    ----------
+    vllm_config : vllm.config.VllmConfig
+        The engine's configuration.
+
+    Returns
+    -------
+    str or None
+        The backend's name; ``None`` when this vLLM cannot say (then the requested value is recorded).
+    """
     try:
         from vllm.config import set_current_vllm_config
 
@@ -118,17 +143,37 @@ def fit_to_model(model: str | os.PathLike, settings: EngineSettings) -> EngineSe
 
 
 def cpu_engine_kwargs(settings: EngineSettings) -> dict[str, Any]:
-    """Engine kwargs that make vLLM's CPU build usable on a small machine (a query: nothing is
-    changed). Empty on other platforms. The KV-cache size comes from the environment: see
-    :func:`cpu_engine_env`."""
+    """Engine kwargs that make vLLM's CPU build usable on a small machine (a query: nothing is changed).
+
+    The KV-cache size comes from the environment: see :func:`cpu_engine_env`.
+
+    Parameters
+    ----------
+    settings : EngineSettings
+        The engine's settings; a ``gpu_memory_utilization`` they set is kept.
+
+    Returns
+    -------
+    dict
+        ``{"gpu_memory_utilization": 0.3}`` on vLLM's CPU build when the settings leave it unset,
+        else empty (also on every other platform).
+    """
     if not _is_cpu():
         return {}
     return {} if settings.gpu_memory_utilization is not None else {"gpu_memory_utilization": 0.3}
 
 
 def cpu_engine_env() -> dict[str, str]:
-    """Environment variables vLLM's CPU build needs on a small machine (1 GiB of KV cache), unless
-    the user set them; applied for the engine's lifetime by :func:`rlparity.capture.lifecycle.engine_session`."""
+    """Environment variables vLLM's CPU build needs on a small machine, unless the user set them.
+
+    Applied for the engine's lifetime by :func:`rlparity.capture.lifecycle.engine_session`.
+
+    Returns
+    -------
+    dict of str to str
+        ``{"VLLM_CPU_KVCACHE_SPACE": "1"}`` (1 GiB of KV cache) on vLLM's CPU build when the
+        variable is not set, else empty.
+    """
     if not _is_cpu() or "VLLM_CPU_KVCACHE_SPACE" in os.environ:
         return {}
     return {"VLLM_CPU_KVCACHE_SPACE": "1"}

@@ -21,10 +21,31 @@ from rlparity.trace.floor import spread
 
 
 def engine_floor(eng, prompts: Sequence, sampling: SamplingSettings, batched: xr.Dataset) -> dict[str, Any]:
-    """The engine's batch spread (see the module docstring): ``prompts`` are the first requests of
-    the capture ``batched`` (made by ``eng`` with ``sampling``), each sampled again alone with the
-    seed it had in the batch. Returns ``{"batch_shape": spread, "n_sequences", "n_sequences_diverged",
-    "shape_main", "shape_check"}``."""
+    """The engine's batch spread: the same requests sampled alone against in a batch.
+
+    ``prompts`` are the first requests of the capture ``batched`` (made by ``eng`` with
+    ``sampling``), each sampled again alone with the seed it had in the batch; the logprobs of the
+    tokens both runs sampled alike (up to the first token that differs) are compared.
+
+    Parameters
+    ----------
+    eng : Engine or AsyncEngine
+        The engine that made ``batched`` (any object with rlparity's ``capture``).
+    prompts : sequence of Prompt
+        The first requests of the batched capture, in its order.
+    sampling : SamplingSettings
+        The sampling of the batched capture; request ``i`` is sampled again with seed
+        ``sampling.seed + i`` (no seed when ``sampling.seed`` is ``None``).
+    batched : xarray.Dataset
+        The batched capture's trace.
+
+    Returns
+    -------
+    dict
+        ``batch_shape`` (:func:`rlparity.trace.floor.spread` of the two runs' logprobs, nats),
+        ``n_sequences``, ``n_sequences_diverged`` (sequences whose tokens differ somewhere),
+        ``shape_main`` and ``shape_check`` (the two batch shapes, in words).
+    """
     a_all, b_all, n_diverged = [], [], 0
     for i, p in enumerate(prompts):
         seed = None if sampling.seed is None else sampling.seed + i

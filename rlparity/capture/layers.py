@@ -58,7 +58,18 @@ def _pack(a: np.ndarray) -> dict[str, Any]:
 
 
 def unpack(d: dict[str, Any]) -> np.ndarray:
-    """The array :func:`_pack` sent."""
+    """The array a worker packed as plain data for ``collective_rpc``.
+
+    Parameters
+    ----------
+    d : dict
+        ``{"dtype": numpy dtype string, "shape": list of int, "data": bytes}``.
+
+    Returns
+    -------
+    numpy.ndarray
+        A read-only view of ``data`` with that dtype and shape.
+    """
     return np.frombuffer(d["data"], dtype=np.dtype(d["dtype"])).reshape(d["shape"])
 
 
@@ -73,7 +84,21 @@ def _bits(t: Any) -> tuple[str, dict[str, Any]]:
 
 
 def from_bits(dtype: str, packed: dict[str, Any]) -> np.ndarray:
-    """float32 values from :func:`_bits`' output."""
+    """The float32 values of a worker's packed states (16-bit floats are sent as their raw bits).
+
+    Parameters
+    ----------
+    dtype : str
+        The states' dtype name: ``"bfloat16"`` and ``"float16"`` mean ``packed`` holds their raw
+        bits as int16; anything else means float32 values.
+    packed : dict
+        The packed array (see :func:`unpack`).
+
+    Returns
+    -------
+    numpy.ndarray
+        The values as float32 (exact: every bfloat16 and float16 value is a float32).
+    """
     import torch
 
     array = unpack(packed)
@@ -101,11 +126,24 @@ def _worker_model(worker: Any) -> Any:
 
 
 class LayerCaptureExtension:
-    """Worker methods for per-layer capture and live weight checksums (a mixin of rlparity's
-    worker extension; called by name through ``collective_rpc``)."""
+    """Worker methods for per-layer capture and live weight checksums.
+
+    A mixin of rlparity's worker extension; called by name through ``collective_rpc``.
+    """
 
     def rlparity_layers_start(self, vocab_ids: list[int]) -> dict[str, Any]:
-        """Install the hooks (replacing earlier ones); returns the stack's shape."""
+        """Install the hooks on the decoder stack (replacing earlier ones).
+
+        Parameters
+        ----------
+        vocab_ids : list of int
+            The vocabulary columns whose logits :meth:`rlparity_layers_take` returns.
+
+        Returns
+        -------
+        dict
+            The stack's shape: ``n_layers``, ``model`` (class name), ``dtype``, ``device``, ``n_sites``.
+        """
         self.rlparity_layers_stop()
         model = _worker_model(self)
         stack = decoder_stack(model)
@@ -118,8 +156,25 @@ class LayerCaptureExtension:
                 "device": str(p.device), "n_sites": len(sites(len(stack.layers)))}
 
     def rlparity_layers_take(self) -> dict[str, Any]:
-        """What the hooks kept since the last call, then forget it: per forward call the positions
-        and ids; per site the states of every call, concatenated; the logits at ``vocab_ids``."""
+        """What the hooks kept since the last call, then forget it.
+
+        Per forward call the positions and ids; per site the states of every call, concatenated;
+        the logits at ``vocab_ids`` from the engine's own head (``model.compute_logits`` on the
+        final-norm states). Only calls in which every site fired count.
+
+        Returns
+        -------
+        dict
+            ``n_calls``, ``n_complete`` (calls with every site), ``positions`` and ``ids`` (packed
+            int64), ``states`` (one packed array per site, in the order of
+            :func:`rlparity.trace.layers.sites`), ``dtype``, ``logits`` (packed float32) and
+            ``device_peak_extra_bytes``; without a complete call, empty arrays and no logits.
+
+        Raises
+        ------
+        RuntimeError
+            If no hooks are installed (call :meth:`rlparity_layers_start` first).
+        """
         import torch
 
         hooks = getattr(self, _HOOKS_ATTR, None)
@@ -153,7 +208,13 @@ class LayerCaptureExtension:
         return out
 
     def rlparity_layers_stop(self) -> dict[str, Any]:
-        """Remove the hooks (no-op without them)."""
+        """Remove the hooks (no-op without them).
+
+        Returns
+        -------
+        dict
+            ``{"removed": bool}``: whether there were hooks to remove.
+        """
         hooks = getattr(self, _HOOKS_ATTR, None)
         if hooks is not None:
             hooks.remove()
@@ -161,8 +222,17 @@ class LayerCaptureExtension:
         return {"removed": hooks is not None}
 
     def rlparity_weight_checksums(self) -> dict[str, Any]:
-        """Per-tensor checksums (:func:`rlparity.trace.weights.tensor_checksum`) of the weights the
-        engine runs now, in Hugging Face checkpoint names (see the module docstring)."""
+        """Per-tensor checksums of the weights the engine runs now, in Hugging Face checkpoint names.
+
+        Checksums are :func:`rlparity.trace.weights.tensor_checksum`; see the module docstring for the
+        fused layers and the CPU build's repacked weights.
+
+        Returns
+        -------
+        dict
+            ``checksums`` (``{name: checksum}``), ``probed`` (linear layers read through their kernel),
+            ``unmapped`` (vLLM parameter names not mapped) and ``seconds`` (time taken).
+        """
         t0 = time.perf_counter()
         sums, probed, unmapped = live_weight_checksums(_worker_model(self))
         return {"checksums": sums, "probed": probed, "unmapped": unmapped,
@@ -187,8 +257,22 @@ def _probe_linear(module: Any, k: int) -> Any:
 
 
 def live_weight_checksums(model: Any) -> tuple[dict[str, str], int, list[str]]:
-    """``({hf name: checksum}, linear layers read through their kernel, vLLM names not mapped)``
-    of a vLLM model's parameters (tensor parallel size 1)."""
+    """Checksums of a vLLM model's parameters in Hugging Face names (tensor parallel size 1).
+
+    Fused ``qkv_proj`` / ``gate_up_proj`` tensors are split back by their ``output_sizes``;
+    padded vocabulary rows are cut to ``org_vocab_size``; an empty (repacked) linear weight is
+    read through its kernel.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model a vLLM worker runs.
+
+    Returns
+    -------
+    tuple of (dict of str to str, int, list of str)
+        ``({hf name: checksum}, linear layers read through their kernel, vLLM names not mapped)``.
+    """
     from rlparity.trace.weights import tensor_checksum
 
     packed = dict(getattr(model, "packed_modules_mapping", {}) or {})
@@ -249,15 +333,42 @@ def _rpc(llm: Any, method: str, *args: Any) -> Any:
 
 def capture_layers(engine: Any, sequences: Sequence[Sequence[int]], *, vocab_ids: Sequence[int],
                    use_cache: bool = False) -> list[dict[str, Any]]:
-    """Per-layer states of the engine on each token sequence (prompt + response ids): a prefill
-    with ``max_tokens=1``, one sequence at a time, hooks on (see the module docstring).
+    """Per-layer states of the engine on each token sequence (prompt + response ids).
 
-    ``use_cache=False`` (default) salts every request (``cache_salt``) so nothing comes from the
-    prefix cache and every position is computed by the weights the engine holds now;
-    ``use_cache=True`` lets requests hit the cache as the engine's own requests would (a stale
-    cache then shows). Returns per sequence ``{"states": (n_sites, T, H) float32 or a list per
-    site, "logits": (T, len(vocab_ids)), "positions": (T,), "cached": first computed position,
-    "length": L}``; positions served from the cache are absent (``cached`` of them)."""
+    A prefill with ``max_tokens=1``, one sequence at a time, hooks on (see the module docstring).
+
+    Parameters
+    ----------
+    engine : Engine or vllm.LLM
+        An rlparity offline :class:`~rlparity.capture.Engine` or a ``vllm.LLM``, running eagerly
+        (``enforce_eager=True``) with rlparity's worker extension.
+    sequences : sequence of sequence of int
+        The token ids of each sequence.
+    vocab_ids : sequence of int
+        The vocabulary columns whose logits are returned.
+    use_cache : bool, default False
+        ``False`` salts every request (``cache_salt``) so nothing comes from the prefix cache and
+        every position is computed by the weights the engine holds now; ``True`` lets requests hit
+        the cache as the engine's own requests would (a stale cache then shows).
+
+    Returns
+    -------
+    list of dict
+        Per sequence ``states`` (``(n_sites, T, H)`` float32), ``logits`` (``(T, len(vocab_ids))``),
+        ``positions`` (``(T,)``), ``cached`` (the first computed position: positions served from
+        the cache are absent), ``length``, ``dtype``, ``n_layers``, ``payload_bytes`` and
+        ``device_peak_extra_bytes``.
+
+    Raises
+    ------
+    TypeError
+        If ``engine`` is neither an rlparity Engine nor a ``vllm.LLM``.
+    RuntimeError
+        If the workers cannot run the extension's methods, the hooks did not fire (a compiled
+        model: start the engine with ``enforce_eager=True``) or positions are missing.
+    NotImplementedError
+        If more than one worker answers (tensor or pipeline parallel size above 1).
+    """
     from vllm import SamplingParams
 
     llm = _llm(engine)
@@ -309,9 +420,29 @@ def _assemble(got: dict[str, Any], seq: list[int], cached: int, info: dict[str, 
 
 
 def live_checksums(engine: Any) -> dict[str, Any]:
-    """Per-tensor checksums of the weights the engine runs now (Hugging Face names), read in the
-    worker: ``{"checksums", "probed", "unmapped", "seconds"}`` (see
-    :meth:`LayerCaptureExtension.rlparity_weight_checksums`)."""
+    """Per-tensor checksums of the weights the engine runs now (Hugging Face names), read in the worker.
+
+    Parameters
+    ----------
+    engine : Engine or vllm.LLM
+        An rlparity offline :class:`~rlparity.capture.Engine` or a ``vllm.LLM`` with rlparity's
+        worker extension.
+
+    Returns
+    -------
+    dict
+        ``{"checksums", "probed", "unmapped", "seconds"}`` (see
+        :meth:`LayerCaptureExtension.rlparity_weight_checksums`).
+
+    Raises
+    ------
+    TypeError
+        If ``engine`` is neither an rlparity Engine nor a ``vllm.LLM``.
+    RuntimeError
+        If the workers cannot run the method.
+    NotImplementedError
+        If more than one worker answers.
+    """
     return _rpc(_llm(engine), CHECKSUM_METHOD)
 
 

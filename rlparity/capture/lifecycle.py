@@ -15,24 +15,51 @@ from rlparity.config.settings import EngineSettings
 
 
 def engine_env(settings: EngineSettings) -> dict[str, str]:
-    """Environment variables an in-process engine with ``settings`` needs (vLLM reads some, e.g.
-    ``VLLM_BATCH_INVARIANT`` or the CPU KV-cache size, only from there)."""
+    """Environment variables an in-process engine with ``settings`` needs.
+
+    vLLM reads some, e.g. ``VLLM_BATCH_INVARIANT`` or the CPU KV-cache size, only from there.
+
+    Parameters
+    ----------
+    settings : EngineSettings
+        The engine's settings.
+
+    Returns
+    -------
+    dict of str to str
+        :func:`rlparity.capture.engine_config.cpu_engine_env` merged with ``settings.env()``.
+    """
     return {**cpu_engine_env(), **settings.env()}
 
 
 @contextlib.contextmanager
 def engine_session(settings: EngineSettings) -> Iterator[None]:
-    """The engine lock plus :func:`engine_env` and this start's logging
-    (:func:`rlparity.config.logs.engine_logging`) for as long as an in-process engine lives; the
-    environment is restored and the logging config removed on exit."""
+    """Hold what an in-process engine needs for as long as it lives.
+
+    The engine lock plus :func:`engine_env` and this start's logging
+    (:func:`rlparity.config.logs.engine_logging`); the environment is restored and the logging
+    config removed on exit.
+
+    Parameters
+    ----------
+    settings : EngineSettings
+        The engine's settings (their environment variables are set).
+
+    Yields
+    ------
+    None
+        Inside the block the lock is held and the environment set.
+    """
     with engine_lock(), engine_logging() as log_env, scoped_env({**engine_env(settings), **log_env}):
         yield
 
 
 class EngineLifecycle:
-    """What every in-process backend shares: ``start()`` once (lazily through :attr:`llm`),
-    ``close()`` idempotent, usable as a context manager. Subclasses implement ``_start_llm``
-    (returns the vLLM object) and ``_stop_llm``."""
+    """What every in-process backend shares: start, close, the context manager.
+
+    ``start()`` once (lazily through :attr:`llm`), ``close()`` idempotent, usable as a context
+    manager. Subclasses implement ``_start_llm`` (returns the vLLM object) and ``_stop_llm``.
+    """
 
     model: str
     settings: EngineSettings
@@ -47,6 +74,17 @@ class EngineLifecycle:
         raise NotImplementedError
 
     def start(self):
+        """Start the engine (once; a second call does nothing).
+
+        Fits the settings to the model (:func:`rlparity.capture.engine_config.fit_to_model`),
+        enters :func:`engine_session` and builds the vLLM object; on failure everything is closed
+        again and the error raised.
+
+        Returns
+        -------
+        EngineLifecycle
+            The engine itself, started.
+        """
         if self._llm is not None:
             return self
         self.settings = fit_to_model(self.model, self.settings)  # a model shorter than the default context

@@ -57,7 +57,19 @@ class EngineLockTimeout(EngineLockError, TimeoutError):
 
 
 def engine_lock_enabled() -> bool:
-    """``RLPARITY_ENGINE_LOCK`` read as a switch (default on); anything else is an error."""
+    """``RLPARITY_ENGINE_LOCK`` read as a switch (default on); anything else is an error.
+
+    Returns
+    -------
+    bool
+        ``True`` for ``on``, ``1``, ``true``, ``yes``, an empty value or an unset variable;
+        ``False`` for ``off``, ``0``, ``false``, ``no`` (case-insensitive).
+
+    Raises
+    ------
+    EngineLockError
+        If the variable holds anything else (a path gets a hint to use ``RLPARITY_ENGINE_LOCK_PATH``).
+    """
     raw = os.environ.get("RLPARITY_ENGINE_LOCK", "on")
     value = raw.strip().lower()
     if value in _ON or value == "":
@@ -70,7 +82,18 @@ def engine_lock_enabled() -> bool:
 
 
 def engine_lock_timeout() -> float:
-    """``RLPARITY_ENGINE_LOCK_TIMEOUT`` in seconds (default 3600)."""
+    """``RLPARITY_ENGINE_LOCK_TIMEOUT`` in seconds (default 3600).
+
+    Returns
+    -------
+    float
+        Seconds to wait for another engine; :data:`DEFAULT_TIMEOUT_S` when unset or empty.
+
+    Raises
+    ------
+    EngineLockError
+        If the value is not a finite number >= 0.
+    """
     raw = os.environ.get("RLPARITY_ENGINE_LOCK_TIMEOUT")
     if raw is None or raw.strip() == "":
         return DEFAULT_TIMEOUT_S
@@ -85,7 +108,13 @@ def engine_lock_timeout() -> float:
 
 
 def engine_lock_path() -> Path:
-    """The lock file: ``RLPARITY_ENGINE_LOCK_PATH``, else ``/tmp/rlparity-<uid>/engine.lock``."""
+    """The lock file: ``RLPARITY_ENGINE_LOCK_PATH``, else ``/tmp/rlparity-<uid>/engine.lock``.
+
+    Returns
+    -------
+    pathlib.Path
+        The path (nothing is created or opened).
+    """
     explicit = os.environ.get("RLPARITY_ENGINE_LOCK_PATH")
     if explicit:
         return Path(explicit)
@@ -142,10 +171,15 @@ def _me() -> tuple[int, int]:
 
 
 def set_idle_release(release: Callable[[], None] | None) -> None:
-    """Mark the engine this thread holds the lock for as a cached, idle one (``release`` stops it).
+    """Mark the engine this thread holds the lock for as a cached, idle one.
 
     :class:`rlparity.capture.pool.EnginePool` does this, so that an engine a user starts next in the
-    same thread first shuts the pool's idle engine instead of failing on the lock. ``None`` clears it.
+    same thread first shuts the pool's idle engine instead of failing on the lock.
+
+    Parameters
+    ----------
+    release : callable or None
+        Stops the idle engine (and so releases the lock); ``None`` clears the mark.
     """
     if release is None:
         _idle_release.pop(_me(), None)
@@ -165,11 +199,28 @@ def _holder(fd: int) -> str:
 def engine_lock(enabled: bool | None = None, *, timeout: float | None = None) -> Iterator[None]:
     """Hold the engine lock while an engine runs, so only one vLLM engine runs at a time.
 
-    ``enabled`` defaults to ``RLPARITY_ENGINE_LOCK`` (on), ``timeout`` (seconds) to
-    ``RLPARITY_ENGINE_LOCK_TIMEOUT`` (3600); see the module docstring for the path. Raises
-    :class:`EngineLockTimeout` when another engine holds it longer, and :class:`EngineLockError` at
-    once when this thread already holds it (a second engine here would wait for itself); another
-    thread of the process waits like another process does.
+    Another thread of the process waits like another process does; see the module docstring for
+    the path and the settings.
+
+    Parameters
+    ----------
+    enabled : bool, optional
+        Take the lock at all; ``None`` reads ``RLPARITY_ENGINE_LOCK`` (default on).
+    timeout : float, optional
+        Seconds to wait for another engine; ``None`` reads ``RLPARITY_ENGINE_LOCK_TIMEOUT`` (3600).
+
+    Yields
+    ------
+    None
+        Inside the block the lock is held (the file holds this process's pid).
+
+    Raises
+    ------
+    EngineLockTimeout
+        If another engine holds the lock longer than ``timeout``.
+    EngineLockError
+        At once when this thread already holds the lock (a second engine here would wait for
+        itself), or when the lock path is unsafe or unusable.
     """
     if enabled is None:
         enabled = engine_lock_enabled()

@@ -31,7 +31,18 @@ class Engine(EngineLifecycle):
     ...     trace = eng.capture(prompts, SamplingSettings(temperature=0.7, top_k=20))
 
     Start one engine per setting and reuse it for many captures. The engine holds a
-    machine-wide lock (see :func:`rlparity.capture.lock.engine_lock`) while it lives.
+    machine-wide lock (see :func:`rlparity.capture.lock.engine_lock`) while it lives; it starts
+    on first use (or on ``start()`` / entering the ``with`` block).
+
+    Parameters
+    ----------
+    model : str or os.PathLike
+        A Hugging Face model name or a local checkpoint directory.
+    settings : EngineSettings, optional
+        The engine's settings; ``None`` means ``EngineSettings()`` (the project defaults).
+    llm : vllm.LLM, optional
+        An engine already running to capture with; the ``Engine`` then never shuts it down.
+        ``None`` (default): the ``Engine`` builds and owns its own.
     """
 
     backend = "vllm-offline"
@@ -68,16 +79,44 @@ class Engine(EngineLifecycle):
         return self.weights.version
 
     def clock(self) -> float:
-        """Seconds since the engine object was made (``time.monotonic``)."""
+        """Seconds on the engine's clock.
+
+        Returns
+        -------
+        float
+            Seconds since the engine object was made (``time.monotonic``).
+        """
         return time.monotonic() - self._t0
 
     # weight updates (between batches) --------------------------------------------------
     def update_weights(self, source: Any, version: int, *, clear_cache: bool = False) -> dict[str, Any]:
-        """Load new weights into the engine's workers between captures (``collective_rpc`` to
-        rlparity's worker extension) and set the policy version; with ``clear_cache`` also reset
-        the prefix cache, otherwise cached prefixes keep serving KV computed by the old weights
-        (later captures record those hits as ``prefix_cache_stale``). ``source``: a checkpoint
-        directory, a ``.safetensors`` file or a state dict of tensors. Returns the update's record."""
+        """Load new weights into the engine's workers between captures and set the policy version.
+
+        The weights go through ``collective_rpc`` to rlparity's worker extension. With
+        ``clear_cache`` the prefix cache is reset too; otherwise cached prefixes keep serving KV
+        computed by the old weights (later captures record those hits as ``prefix_cache_stale``).
+
+        Parameters
+        ----------
+        source : str, os.PathLike or dict of torch.Tensor
+            A checkpoint directory, a ``.safetensors`` file or a state dict of tensors (written to a
+            temporary safetensors file the workers read; nothing is pickled).
+        version : int
+            The policy version of the new weights: tokens of later captures carry it.
+        clear_cache : bool, default False
+            Reset the prefix cache after loading.
+
+        Returns
+        -------
+        dict
+            The update's record (:meth:`rlparity.capture.weights.UpdateRecord.to_dict`; times in
+            seconds on the engine's clock).
+
+        Raises
+        ------
+        RuntimeError
+            If the workers cannot load ``source``, or vLLM refuses to reset the prefix cache.
+        """
         llm = self.llm
         path, cleanup, desc = resolve_source(source)
         self.weights.fingerprint(self.policy_version, self.model)
@@ -104,7 +143,13 @@ class Engine(EngineLifecycle):
         return rec.to_dict()
 
     def reset_prefix_cache(self) -> None:
-        """Reset the prefix cache now."""
+        """Reset the prefix cache now.
+
+        Raises
+        ------
+        RuntimeError
+            If vLLM refuses the reset.
+        """
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset the prefix cache")
         self.weights.on_reset(self.clock())
@@ -118,10 +163,23 @@ class Engine(EngineLifecycle):
 
     # introspection ---------------------------------------------------------------------
     def effective_config(self) -> dict[str, Any]:
-        """Settings the running engine really uses (read back, not what was asked)."""
+        """Settings the running engine really uses (read back, not what was asked).
+
+        Returns
+        -------
+        dict
+            :func:`rlparity.capture.engine_config.effective_config` of the running engine's ``vllm_config``.
+        """
         return effective_config(self.llm.llm_engine.vllm_config)
 
     def tokenizer(self):
+        """The running engine's tokenizer (starts the engine if needed).
+
+        Returns
+        -------
+        transformers.PreTrainedTokenizerBase
+            What ``LLM.get_tokenizer()`` returns.
+        """
         return self.llm.get_tokenizer()
 
     # capture ---------------------------------------------------------------------------
@@ -129,8 +187,27 @@ class Engine(EngineLifecycle):
                 sampling: SamplingSettings | Sequence[SamplingSettings] | None = None,
                 *, arm: str = "default", progress: bool = True,
                 policy_version: int | None = None) -> xr.Dataset:
-        """Sample every prompt and return a rollout trace (no trainer side yet). Tokens carry
-        ``policy_version`` (default: the engine's, see :meth:`update_weights`)."""
+        """Sample every prompt and return a rollout trace (no trainer side yet).
+
+        Parameters
+        ----------
+        prompts : Prompt or sequence of Prompt
+            Text, chat messages or token ids (:func:`rlparity.capture.requests.normalize_prompts`).
+        sampling : SamplingSettings or sequence of SamplingSettings, optional
+            One setting for all prompts or one per prompt; ``None`` means ``SamplingSettings()``.
+        arm : str, default "default"
+            The arm's name, stored in the trace's attrs.
+        progress : bool, default True
+            Show vLLM's progress bar.
+        policy_version : int, optional
+            The policy version the tokens carry; ``None`` means the engine's (see :meth:`update_weights`).
+
+        Returns
+        -------
+        xarray.Dataset
+            The trace (:func:`rlparity.capture.build.build_trace`), with the routing when captured and
+            the weight updates and prefix-cache state once weights were updated.
+        """
         llm = self.llm
         policy_version = self.policy_version if policy_version is None else int(policy_version)
         self.weights.fingerprint(self.policy_version, self.model)
@@ -173,7 +250,31 @@ class Engine(EngineLifecycle):
 
 def completion_from_vllm(req, sample_index: int, prompt_token_ids, c, policy_version: int = 0
                          ) -> Completion:
-    """A :class:`Completion` from a vLLM ``CompletionOutput`` (offline and AsyncLLM alike)."""
+    """A :class:`~rlparity.capture.build.Completion` from a vLLM ``CompletionOutput`` (offline and AsyncLLM alike).
+
+    Parameters
+    ----------
+    req : Request
+        The request the output answers.
+    sample_index : int
+        Which of the request's samples it is.
+    prompt_token_ids : sequence of int
+        The prompt's token ids as the engine saw them.
+    c : vllm.CompletionOutput
+        The output; it must carry logprobs (requests set ``logprobs=0``).
+    policy_version : int, default 0
+        The policy version every token carries.
+
+    Returns
+    -------
+    Completion
+        Token ids, the sampled tokens' logprobs (nats), finish reason, text and policy versions.
+
+    Raises
+    ------
+    RuntimeError
+        If the output has no logprobs.
+    """
     token_ids = list(c.token_ids)
     if c.logprobs is None:
         raise RuntimeError("the engine returned no logprobs: requests must set logprobs=0")
@@ -187,6 +288,27 @@ def capture(model: str | os.PathLike, prompts: Sequence[Prompt] | Prompt,
             sampling: SamplingSettings | Sequence[SamplingSettings] | None = None,
             engine: EngineSettings | None = None, *, arm: str = "default",
             progress: bool = True) -> xr.Dataset:
-    """Start an engine, capture, shut it down: the one-call form of :class:`Engine`."""
+    """Start an engine, capture, shut it down: the one-call form of :class:`Engine`.
+
+    Parameters
+    ----------
+    model : str or os.PathLike
+        A Hugging Face model name or a local checkpoint directory.
+    prompts : Prompt or sequence of Prompt
+        Text, chat messages or token ids (:func:`rlparity.capture.requests.normalize_prompts`).
+    sampling : SamplingSettings or sequence of SamplingSettings, optional
+        One setting for all prompts or one per prompt; ``None`` means ``SamplingSettings()``.
+    engine : EngineSettings, optional
+        The engine's settings; ``None`` means ``EngineSettings()``.
+    arm : str, default "default"
+        The arm's name, stored in the trace's attrs.
+    progress : bool, default True
+        Show vLLM's progress bar.
+
+    Returns
+    -------
+    xarray.Dataset
+        The trace, as :meth:`Engine.capture` returns it.
+    """
     with Engine(model, engine) as eng:
         return eng.capture(prompts, sampling, arm=arm, progress=progress)

@@ -17,13 +17,33 @@ from rlparity.config.settings import EngineSettings
 
 
 class EnginePool:
+    """At most one live offline engine, reused while the model and settings stay the same.
+
+    ``with EnginePool() as pool: eng = pool.get(model, settings)``; a context manager that closes
+    its engine on exit. ``starts`` counts the engines it started.
+    """
     def __init__(self) -> None:
         self._key: tuple[str, str] | None = None
         self._engine: Engine | None = None
         self.starts = 0
 
     def get(self, model: str | os.PathLike, settings: EngineSettings | None = None) -> Engine:
-        """The live engine for ``(model, settings)``, starting it (and stopping another) if needed."""
+        """The live engine for ``(model, settings)``, starting it (and stopping another) if needed.
+
+        Parameters
+        ----------
+        model : str or os.PathLike
+            A Hugging Face model name or a local checkpoint directory.
+        settings : EngineSettings, optional
+            The engine's settings; ``None`` means ``EngineSettings()``. Settings are compared by
+            their JSON dump.
+
+        Returns
+        -------
+        Engine
+            The running engine; it is marked idle-releasable, so an engine started next in this
+            thread shuts it first (:func:`rlparity.capture.lock.set_idle_release`).
+        """
         settings = settings or EngineSettings()
         key = (str(model), settings.model_dump_json())
         if self._key != key:
@@ -37,6 +57,7 @@ class EnginePool:
         return self._engine
 
     def close(self) -> None:
+        """Shut the pooled engine down (no-op without one)."""
         if self._engine is not None:
             set_idle_release(None)
             self._engine.close()
@@ -53,7 +74,13 @@ _SHARED: EnginePool | None = None
 
 
 def shared_pool() -> EnginePool:
-    """The process-wide pool (close it before another process needs an engine)."""
+    """The process-wide pool (close it before another process needs an engine).
+
+    Returns
+    -------
+    EnginePool
+        The same pool on every call, made on the first.
+    """
     global _SHARED
     if _SHARED is None:
         _SHARED = EnginePool()

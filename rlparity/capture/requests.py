@@ -14,7 +14,24 @@ Prompt = str | Sequence[int] | Mapping[str, Any]
 
 @dataclass
 class Request:
-    """One prompt with its sampling settings, normalised."""
+    """One prompt with its sampling settings, normalised.
+
+    Parameters
+    ----------
+    index : int
+        The prompt's position in the capture (0-based).
+    text : str
+        The prompt's text ("" when given as token ids only).
+    token_ids : list of int or None
+        The prompt's token ids; ``None`` until a text-only prompt is tokenized by the engine
+        (a chat prompt gets them from :func:`render_chat`).
+    sampling : SamplingSettings
+        The request's sampling settings.
+    seed : int or None
+        The request's seed (``sampling.seed + index``); ``None``: unseeded.
+    messages : list of dict, optional
+        The chat messages of a chat prompt; ``None`` otherwise.
+    """
 
     index: int
     text: str
@@ -28,9 +45,28 @@ Normalized = tuple[str, "list[int] | None", "list[dict[str, Any]] | None"]
 
 
 def normalize_prompts(prompts: Sequence[Prompt] | Prompt) -> list[Normalized]:
-    """Accept text, token ids, ``{"prompt": ...}`` / ``{"prompt_token_ids": [...]}`` dicts, or
+    """Normalise prompts: text, token ids, prompt dicts or chat messages.
+
+    Accepts text, token ids, ``{"prompt": ...}`` / ``{"prompt_token_ids": [...]}`` dicts, or
     chat ``{"messages": [{"role": ..., "content": ...}, ...]}`` (rendered with the model's chat
-    template by :func:`render_chat`). Returns ``(text, token_ids, messages)`` per prompt."""
+    template by :func:`render_chat`).
+
+    Parameters
+    ----------
+    prompts : Prompt or sequence of Prompt
+        One prompt (a string or a dict) or a sequence of them.
+
+    Returns
+    -------
+    list of tuple
+        ``(text, token_ids, messages)`` per prompt (``None`` where not given).
+
+    Raises
+    ------
+    ValueError
+        If no prompt is given, a dict has none of the keys, messages are malformed, a token list
+        is empty or a prompt is of another type.
+    """
     if isinstance(prompts, (str, Mapping)):
         prompts = [prompts]
     out: list[Normalized] = []
@@ -71,8 +107,23 @@ def make_requests(prompts: Sequence[Prompt] | Prompt,
                   sampling: SamplingSettings | Sequence[SamplingSettings]) -> list[Request]:
     """Pair prompts with sampling settings; request ``i`` gets seed ``sampling.seed + i``.
 
-    ``sampling`` is one setting for all prompts, or one per prompt (temperature is per request,
-    so a temperature sweep runs in one engine).
+    Parameters
+    ----------
+    prompts : Prompt or sequence of Prompt
+        What :func:`normalize_prompts` accepts.
+    sampling : SamplingSettings or sequence of SamplingSettings
+        One setting for all prompts, or one per prompt (temperature is per request, so a
+        temperature sweep runs in one engine).
+
+    Returns
+    -------
+    list of Request
+        One request per prompt, in order.
+
+    Raises
+    ------
+    ValueError
+        If the prompts are invalid, or the number of sampling settings is neither one nor one per prompt.
     """
     items = normalize_prompts(prompts)
     if isinstance(sampling, SamplingSettings):
@@ -88,7 +139,20 @@ def make_requests(prompts: Sequence[Prompt] | Prompt,
 
 
 def render_chat(requests: Sequence[Request], tokenizer) -> list[Request]:
-    """Give chat requests their token ids (chat template, no second BOS) and rendered text."""
+    """Give chat requests their token ids (chat template, no second BOS) and rendered text.
+
+    Parameters
+    ----------
+    requests : sequence of Request
+        The requests; those with ``messages`` and no token ids are changed in place.
+    tokenizer : transformers.PreTrainedTokenizerBase
+        The model's tokenizer (its chat template).
+
+    Returns
+    -------
+    sequence of Request
+        ``requests`` itself.
+    """
     for r in requests:
         if r.messages is not None and r.token_ids is None:
             r.token_ids = chat_token_ids(tokenizer, r.messages)
@@ -99,7 +163,18 @@ def render_chat(requests: Sequence[Request], tokenizer) -> list[Request]:
 
 
 def sampling_attrs(requests: Sequence[Request]) -> list[dict[str, Any]]:
-    """Distinct sampling settings of a capture, for the trace attrs."""
+    """Distinct sampling settings of a capture, for the trace attrs.
+
+    Parameters
+    ----------
+    requests : sequence of Request
+        The capture's requests.
+
+    Returns
+    -------
+    list of dict
+        Each distinct ``SamplingSettings.model_dump()``, in order of first use.
+    """
     seen: list[dict[str, Any]] = []
     for r in requests:
         d = r.sampling.model_dump()

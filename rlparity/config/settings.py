@@ -208,8 +208,8 @@ class EngineSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     logprobs_mode: LogprobsMode | None = Field(None, description="what vLLM returns for the sampled token: "
-                                                "its logprob or logit, before (raw) or after (processed) temperature and "
-                                                "top-k/top-p")
+                                                "its logprob or logit, before (raw) or after (processed) "
+                                                "temperature and top-k/top-p")
     enable_prefix_caching: bool | None = Field(None, description="vLLM's prefix cache")
     async_scheduling: bool | None = Field(None, description="vLLM's asynchronous scheduling")
     head_dtype: Literal["float32", "bfloat16", "float16", "model"] | None = Field(

@@ -54,7 +54,7 @@ def _in_memory(arms: dict[str, Any], max_tokens: int, progress: Any = None) -> t
 
 def diagnose(data: Any, options: DiagnoseOptions | None = None, *, title: str = "rlparity findings",
              lazy_tokens: int = LAZY_SAMPLE_TOKENS, progress: Any = None, **changes: Any) -> Report:
-    """Run every check on ``data`` (one trace, ``{arm: trace}``, a DataTree or a zarr path).
+    """Run every check on ``data`` and return the findings as a report.
 
     Per arm, the evidence is built first (:mod:`rlparity.diagnose.evidence`: which tokens an
     identified cause explains, the semantic reading on the rest, the residual and the floors);
@@ -64,18 +64,44 @@ def diagnose(data: Any, options: DiagnoseOptions | None = None, *, title: str = 
     explains the most) and turns verdicts another cause explains into information
     (``Report.attribution[arm]``, ``Report.headline(arm)``).
 
-    Options (see :class:`DiagnoseOptions`) are given as an object, as keywords, or both
-    (keywords win): e.g. ``diagnose(store, reference="eager", tol_reference=1e-3)``. They reach
-    every check; an unknown name is a ``ValueError``.
+    Options are given as an object, as keywords, or both (keywords win): e.g.
+    ``diagnose(store, reference="eager", tol_reference=1e-3)``. They reach every check.
 
     Lazy arms (``open_arms(store, chunks=N)``, traces larger than memory) are read block by block
-    (validated, CRC-checked; ``progress`` wraps the block iterator, e.g. ``tqdm``) and judged in
-    memory when they hold at most ``lazy_tokens`` real tokens (the same verdicts as eagerly);
-    a larger arm is judged on a systematic sample of its sequences (every k-th, at most about
-    ``lazy_tokens`` tokens), recorded in ``Report.context["lazy_sample"]``: the detectors need
-    per-token arrays, so their statistics are the sample's. For whole-trace numbers of a lazy
-    trace use :func:`rlparity.metrics.summary` and :func:`rlparity.metrics.as_dashboard`, which
-    stream every token.
+    (validated, CRC-checked) and judged in memory when they hold at most ``lazy_tokens`` real
+    tokens (the same verdicts as eagerly); a larger arm is judged on a systematic sample of its
+    sequences (every k-th, at most about ``lazy_tokens`` tokens), recorded in
+    ``Report.context["lazy_sample"]``: the detectors need per-token arrays, so their statistics are
+    the sample's. For whole-trace numbers of a lazy trace use :func:`rlparity.metrics.summary` and
+    :func:`rlparity.metrics.as_dashboard`, which stream every token.
+
+    Parameters
+    ----------
+    data : xarray.Dataset, mapping, xarray.DataTree or str
+        One trace, ``{arm: trace}``, a DataTree or a zarr store path; every arm scored by the
+        trainer.
+    options : DiagnoseOptions, optional
+        The options (:class:`DiagnoseOptions`); None: the defaults.
+    title : str, default "rlparity findings"
+        The report's title.
+    lazy_tokens : int, default LAZY_SAMPLE_TOKENS
+        The most real tokens a lazy arm is judged on (2,000,000); larger arms are sampled.
+    progress : callable, optional
+        Wraps the block iterator of lazy arms (e.g. ``tqdm``); None: no progress bar.
+    **changes
+        Fields of :class:`DiagnoseOptions` given as keywords; they replace those of ``options``.
+
+    Returns
+    -------
+    Report
+        The findings in layer order (arms within), with the attribution per arm and the options
+        in its context.
+
+    Raises
+    ------
+    ValueError
+        If there is no arm, an arm is not scored or fails validation, ``reference`` is not an arm,
+        or an option is unknown or invalid.
     """
     opts = DiagnoseOptions.make(options, **changes)
     arms = {name: ds if ds.attrs.get("arm") == name else ds.assign_attrs(arm=name)

@@ -48,7 +48,28 @@ BACKEND_OBJECTIVE = ("backend_ratio_not_centred", "ess_collapse", "masked_fracti
 
 @dataclass
 class Decomposition:
-    """The measured excess mismatch of one arm, split by kind (nats of ``|d|`` summed over tokens)."""
+    """The measured excess mismatch of one arm, split by kind (see the module docstring).
+
+    Every amount is in nats of ``|d|`` summed over the usable tokens, except ``floor`` and
+    ``background``, which are per-token means.
+
+    Parameters
+    ----------
+    n_tokens : int
+        The usable tokens (finite d) of the arm.
+    total : float
+        ``sum |d|`` over them (nats).
+    floor : float
+        The trainer's own floor, mean ``|d|`` per token (nats).
+    background : float
+        ``b``: mean ``|r|`` of the tokens no cause explains (nats).
+    semantic : float
+        ``sum(|d| - |r|)``: the mismatch removed by matching the reading the rollout reports.
+    global_ : float
+        ``N (b - f)``: the background's excess over the floor.
+    localized : dict of str to float, optional
+        Per claimed cause, ``sum(|r| - b)`` over the tokens it explains.
+    """
 
     n_tokens: int
     total: float
@@ -60,16 +81,39 @@ class Decomposition:
 
     @property
     def excess(self) -> float:
-        """The mismatch the causes share: semantic + global + every localized part."""
+        """The mismatch the causes share: semantic + global + every localized part.
+
+        Returns
+        -------
+        float
+            Nats of ``|d|`` summed over tokens.
+        """
         return self.semantic + self.global_ + sum(self.localized.values())
 
     @property
     def floor_share(self) -> float | None:
-        """The floor as a share of mean ``|d|`` (a floor cause lies under the excess, so its share of
-        that is 0 by construction); ``None`` without a mismatch."""
+        """The floor as a share of mean ``|d|``.
+
+        A floor cause lies under the excess, so its share of that is 0 by construction; this says how
+        much of the arm's mean ``|d|`` the floor is instead.
+
+        Returns
+        -------
+        float or None
+            ``floor / mean |d|``; ``None`` without tokens or without a mismatch.
+        """
         return self.floor / (self.total / self.n_tokens) if self.n_tokens and self.total > 0 else None
 
     def to_dict(self) -> dict[str, Any]:
+        """The decomposition per usable token, JSON-ready.
+
+        Returns
+        -------
+        dict
+            ``n_tokens``, ``mean_abs_d``, ``excess_mean_abs_d``, ``floor_mean_abs``,
+            ``background_mean_abs_r``, ``semantic_mean_abs``, ``global_mean_abs``,
+            ``localized_mean_abs`` (per cause) and ``units`` (nats of ``|d|`` per usable token).
+        """
         n = max(self.n_tokens, 1)
         return {"n_tokens": self.n_tokens, "mean_abs_d": self.total / n, "excess_mean_abs_d": self.excess / n,
                 "floor_mean_abs": self.floor, "background_mean_abs_r": self.background,
@@ -79,7 +123,18 @@ class Decomposition:
 
 
 def decompose(ev: ArmEvidence) -> Decomposition:
-    """Split the arm's excess mismatch (see the module docstring)."""
+    """Split the arm's excess mismatch into semantic, global and localized parts.
+
+    Parameters
+    ----------
+    ev : ArmEvidence
+        The arm's evidence (:func:`rlparity.diagnose.evidence.build`).
+
+    Returns
+    -------
+    Decomposition
+        The parts (see the module docstring), in nats of ``|d|`` summed over tokens.
+    """
     u = ev.finite_tokens
     r = ev.residual if ev.residual is not None else -ev.d
     ok = u & np.isfinite(r)
@@ -125,7 +180,26 @@ def _global_estimates(findings: list[Finding], ev: ArmEvidence, dec: Decompositi
 
 
 def energies(findings: list[Finding], ev: ArmEvidence, dec: Decomposition) -> dict[str, float]:
-    """The excess each named cause explains (squared nats)."""
+    """The excess each named cause explains.
+
+    The semantic part goes to ``raw_logprobs`` when named, else evenly to the causes that make the
+    rollout match neither reading; the global part to the causes acting on every token (dropout by
+    its measured run-to-run spread, the rest evenly); each localized part to its cause.
+
+    Parameters
+    ----------
+    findings : list of Finding
+        The arm's findings; the causes of those at WARNING or above are named.
+    ev : ArmEvidence
+        The arm's evidence.
+    dec : Decomposition
+        Its decomposition (:func:`decompose`).
+
+    Returns
+    -------
+    dict of str to float
+        ``{cause: excess}`` in nats of ``|d|`` summed over tokens.
+    """
     named = {f.cause for f in findings if f.cause and f.severity.rank >= 1}
     out = {c: 0.0 for c in named}
     # semantic: to the reading's cause, else to the sampling causes that make the rollout match neither
@@ -143,8 +217,19 @@ def energies(findings: list[Finding], ev: ArmEvidence, dec: Decomposition) -> di
 
 
 def neither_makers(named: set[str]) -> list[str]:
-    """The named causes that make a rollout match neither trainer reading: the trainer-side sampling
-    causes (another distribution), else a nondeterministic trainer (noisy readings)."""
+    """The named causes that make a rollout match neither trainer reading.
+
+    Parameters
+    ----------
+    named : set of str
+        The causes named at WARNING or above.
+
+    Returns
+    -------
+    list of str
+        The trainer-side sampling causes named (another distribution), else a nondeterministic
+        trainer (noisy readings); empty when none is named.
+    """
     makers = [c for c in SAMPLING_CAUSES if c in named]
     return makers or [c for c in NOISY_TRAINER if c in named]
 
@@ -167,8 +252,25 @@ def _explain(f: Finding, by: str, why: str) -> Finding:
 
 
 def attribute(findings: list[Finding], ev: ArmEvidence | None) -> tuple[list[Finding], dict[str, Any]]:
-    """Shares, tokens, headline and demotions for the findings of one arm (see the module
-    docstring). Returns the updated findings and the arm's attribution record."""
+    """Shares, tokens, headline and demotions for the findings of one arm (see the module docstring).
+
+    Parameters
+    ----------
+    findings : list of Finding
+        The arm's findings from every layer.
+    ev : ArmEvidence or None
+        The arm's evidence; None (or no residual) leaves the findings as they are.
+
+    Returns
+    -------
+    findings : list of Finding
+        The findings with ``share`` and ``tokens`` set and explained verdicts demoted to INFO
+        (``explained_by``).
+    record : dict
+        The arm's attribution record: ``headline``, ``cause``, ``share``, ``also``, ``shares`` per
+        cause, ``floor_share_of_mean_abs_d``, ``decomposition``, ``semantic_reading`` and
+        ``tokens_explained``; empty without evidence.
+    """
     if ev is None or ev.residual is None:
         return findings, {}
     dec = decompose(ev)

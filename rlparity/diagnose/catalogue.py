@@ -46,11 +46,33 @@ LOCALIZED = ("mean |r| of the tokens the cause explains against the background o
 class FindingCode:
     """One finding code: where it comes from, what it means, how it is decided and how to fix it.
 
-    ``thresholds`` name what the rule reads: a field of :func:`rlparity.config.defaults` (``"tol"``,
-    ``"objective.ess_min"``) or a module constant (``"rlparity.diagnose.trainer:FLOOR_SHARE"``).
-    ``causes`` are the keys of :data:`rlparity.diagnose.causes.CAUSES` the finding can claim.
-    ``severities`` are the check's own: the attribution may turn a warning or an error that another
-    cause explains into information (``Finding.explained_by``).
+    Parameters
+    ----------
+    code : str
+        The finding's name (``Finding.name``).
+    layer : Layer
+        The layer that emits it.
+    severities : tuple of Severity
+        The severities the check itself gives it; the attribution may turn a warning or an error
+        that another cause explains into information (``Finding.explained_by``).
+    meaning : str
+        What the finding means, in prose.
+    fix : str
+        The fix in the user's terms (the check's own constant where it has one).
+    module : str
+        The module that emits it (``"rlparity.diagnose.semantic"``).
+    rule : str, default ""
+        The rule that decides it.
+    thresholds : tuple of str, default ()
+        What the rule reads: a field of :func:`rlparity.config.defaults` (``"tol"``,
+        ``"objective.ess_min"``) or a module constant (``"rlparity.diagnose.trainer:FLOOR_SHARE"``).
+    calibrated_on : str, default NO_THRESHOLD
+        What the thresholds were calibrated on (device, dtype, model), or why there is nothing to
+        calibrate.
+    causes : tuple of str, default ()
+        The keys of :data:`rlparity.diagnose.causes.CAUSES` the finding can claim.
+    across_arms : bool, default False
+        True when it is emitted over the arms of a store rather than per arm.
     """
 
     code: str
@@ -67,10 +89,25 @@ class FindingCode:
 
     @property
     def anchor(self) -> str:
-        """The code's anchor on the book's catalogue page."""
+        """The code's anchor on the book's catalogue page.
+
+        Returns
+        -------
+        str
+            The anchor (:func:`rlparity.diagnose.findings.catalogue_anchor`).
+        """
         return catalogue_anchor(self.code)
 
     def to_dict(self) -> dict[str, Any]:
+        """The entry as plain data, with its thresholds' current values.
+
+        Returns
+        -------
+        dict
+            ``code``, ``layer``, ``severities``, ``meaning``, ``rule``, ``thresholds``
+            (:func:`thresholds`), ``calibrated_on``, ``fix``, ``causes``, ``module``, ``across_arms``
+            and ``anchor``.
+        """
         return {"code": self.code, "layer": self.layer.value, "severities": [s.value for s in self.severities],
                 "meaning": self.meaning, "rule": self.rule, "thresholds": thresholds(self),
                 "calibrated_on": self.calibrated_on, "fix": self.fix, "causes": list(self.causes),
@@ -410,12 +447,34 @@ CATALOGUE: dict[str, FindingCode] = {c.code: c for c in _CODES}
 
 
 def catalogue() -> dict[str, FindingCode]:
-    """Every finding code, ``{code: FindingCode}``, in layer order."""
+    """Every finding code, in layer order.
+
+    Returns
+    -------
+    dict of str to FindingCode
+        ``{code: FindingCode}`` (a copy of :data:`CATALOGUE`).
+    """
     return dict(CATALOGUE)
 
 
 def lookup(code: str) -> FindingCode:
-    """The catalogue entry of ``code``; a ``KeyError`` naming the closest codes otherwise."""
+    """The catalogue entry of ``code``.
+
+    Parameters
+    ----------
+    code : str
+        A finding code.
+
+    Returns
+    -------
+    FindingCode
+        Its entry.
+
+    Raises
+    ------
+    KeyError
+        If there is no such code; the message names the closest codes.
+    """
     if code in CATALOGUE:
         return CATALOGUE[code]
     import difflib
@@ -438,8 +497,20 @@ def _threshold(ref: str) -> dict[str, Any]:
 
 
 def thresholds(entry: FindingCode) -> list[dict[str, Any]]:
-    """``[{name, value, where, description}]`` of what ``entry``'s rule reads, as the code holds it now
-    (defaults changed with :func:`rlparity.config.defaults_context` show here)."""
+    """What ``entry``'s rule reads, as the code holds it now.
+
+    Defaults changed with :func:`rlparity.config.defaults_context` show here.
+
+    Parameters
+    ----------
+    entry : FindingCode
+        A catalogue entry.
+
+    Returns
+    -------
+    list of dict
+        One ``{name, value, where, description}`` per threshold of the entry.
+    """
     return [_threshold(t) for t in entry.thresholds]
 
 
@@ -459,8 +530,18 @@ def _md(text: str) -> str:
 
 
 def catalogue_markdown() -> str:
-    """The book's catalogue page (MyST Markdown): a table of every code, then one section per code with
-    its anchor (:func:`rlparity.diagnose.findings.catalogue_anchor`)."""
+    """The book's catalogue page (MyST Markdown).
+
+    A table of every code, then one section per layer and code with its anchor
+    (:func:`rlparity.diagnose.findings.catalogue_anchor`): severities, emitting module, meaning,
+    rule, thresholds with their current values, what they were calibrated on, the causes it can
+    name and the fix.
+
+    Returns
+    -------
+    str
+        The page's Markdown.
+    """
     from rlparity.diagnose.causes import CAUSES
 
     cat = catalogue()
@@ -503,7 +584,24 @@ def catalogue_markdown() -> str:
 
 
 def catalogue_text(code: str | None = None) -> str:
-    """Plain text for a terminal: one line per code, or one code's full entry."""
+    """Plain text of the catalogue for a terminal.
+
+    Parameters
+    ----------
+    code : str, optional
+        A finding code; None lists every code.
+
+    Returns
+    -------
+    str
+        One line per code (code, layer, severities, first sentence of the meaning), or the full
+        entry of ``code``.
+
+    Raises
+    ------
+    KeyError
+        If ``code`` is not a finding code (:func:`lookup`).
+    """
     if code is None:
         cat = catalogue()
         width = max(len(c) for c in cat)

@@ -29,7 +29,22 @@ Kind = Literal["semantic", "localized", "global"]
 
 @dataclass(frozen=True)
 class Cause:
-    """One cause of a rollout/trainer mismatch: where it lives and how it acts."""
+    """One cause of a rollout/trainer mismatch: where it lives and how it acts.
+
+    Parameters
+    ----------
+    key : str
+        The cause's name (a key of :data:`CAUSES`, ``Finding.cause``).
+    layer : Layer
+        The layer it belongs to.
+    kind : {"semantic", "localized", "global"}
+        How it acts on the tokens, which is how the attribution measures its share (module
+        docstring).
+    side : {"engine", "trainer", "update", "both"}
+        Where it lives: what the user changes to fix it.
+    title : str
+        One line saying what goes wrong.
+    """
 
     key: str
     layer: Layer
@@ -87,7 +102,18 @@ FLOOR_CAUSES = ("trainer_batch_variance", "batch_variant_attention")
 
 
 def cause_title(key: str | None) -> str:
-    """The one-line title of a cause (``""`` for ``None`` or an unknown key)."""
+    """The one-line title of a cause.
+
+    Parameters
+    ----------
+    key : str or None
+        A key of :data:`CAUSES`.
+
+    Returns
+    -------
+    str
+        Its title; ``""`` for ``None`` or an unknown key.
+    """
     c = CAUSES.get(key or "")
     return c.title if c else ""
 

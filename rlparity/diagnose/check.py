@@ -25,12 +25,36 @@ Thresholds = CheckThresholds
 
 
 def default_thresholds_path() -> Path:
+    """The path of the shipped ``rlparity/data/check.yaml`` (the defaults as a file to copy).
+
+    Returns
+    -------
+    pathlib.Path
+        The file inside the installed package.
+    """
     return Path(str(resources.files("rlparity") / "data" / "check.yaml"))
 
 
 def load_thresholds(path: str | os.PathLike | None = None) -> Thresholds:
-    """Thresholds from YAML; without a path, the defaults in effect (:func:`rlparity.config.defaults`,
-    which the shipped ``check.yaml`` mirrors). Errors name the bad key."""
+    """The thresholds of the parity gate, from YAML or the defaults in effect.
+
+    Parameters
+    ----------
+    path : str or os.PathLike, optional
+        A YAML file of :class:`~rlparity.config.CheckThresholds` fields; None: the defaults in
+        effect (:func:`rlparity.config.defaults`, which the shipped ``check.yaml`` mirrors).
+
+    Returns
+    -------
+    CheckThresholds
+        The validated thresholds.
+
+    Raises
+    ------
+    ValueError
+        If the file is not a mapping or holds an invalid key or value (the message names the bad
+        key and the valid ones).
+    """
     if path is None:
         return defaults().check
     p = Path(path)
@@ -45,6 +69,21 @@ def load_thresholds(path: str | os.PathLike | None = None) -> Thresholds:
 
 @dataclass
 class Check:
+    """One line of the parity gate: a metric or rule of one arm against its limit.
+
+    Parameters
+    ----------
+    arm : str
+        The arm checked.
+    name : str
+        The metric or rule (``"abs_log_ratio_mean"``, ``"forbidden_findings"``, ...).
+    value : object
+        The arm's value (nats for logprob metrics; the names found for finding rules).
+    limit : str
+        The limit, as text (``"<= 0.02"``, ``"in [0.98, 1.02]"``, ``"none"``).
+    passed : bool
+        Whether the value is within the limit (NaN and inf fail).
+    """
     arm: str
     name: str
     value: Any
@@ -54,11 +93,27 @@ class Check:
 
 @dataclass
 class CheckResult:
+    """The parity gate's result: every check of every arm, and the report it judged.
+
+    Parameters
+    ----------
+    checks : list of Check, optional
+        The checks, arm by arm.
+    report : Report, optional
+        The diagnosis the finding rules read.
+    """
     checks: list[Check] = field(default_factory=list)
     report: Report = field(default_factory=Report)
 
     @property
     def passed(self) -> bool:
+        """Whether every check passed.
+
+        Returns
+        -------
+        bool
+            True when parity holds by every limit.
+        """
         return all(c.passed for c in self.checks)
 
     def __str__(self) -> str:
@@ -74,6 +129,14 @@ class CheckResult:
         return "\n".join([head, *rows, *tail, "", str(self.report)])
 
     def to_dict(self) -> dict[str, Any]:
+        """The result as plain data (JSON-ready).
+
+        Returns
+        -------
+        dict
+            ``passed``, ``checks`` (one dict each), ``headlines`` per arm (headline, cause, share) and
+            ``report`` (:meth:`Report.to_dict`).
+        """
         return {"passed": self.passed, "checks": [c.__dict__ for c in self.checks],
                 "headlines": {a: (r.get("headline"), r.get("cause"), r.get("share"))
                               for a, r in self.report.attribution.items()},
@@ -81,8 +144,29 @@ class CheckResult:
 
 
 def check(data: Any, thresholds: Thresholds | None = None) -> CheckResult:
-    """Check every arm of ``data`` (a scored trace, ``{arm: trace}``, a store path) against
-    ``thresholds``: metric limits, forbidden findings and the worst allowed severity."""
+    """Check every arm of ``data`` against the parity gate's thresholds.
+
+    The gate reads metric limits (mean and RMS ``|d|`` in nats, k3 KL, mean ratio, clip
+    fraction, zero-probability and boundary-flip shares), forbidden findings and the worst allowed
+    severity; the diagnosis runs with the thresholds' trainer reading and clip ``eps``.
+
+    Parameters
+    ----------
+    data : xarray.Dataset, mapping, xarray.DataTree or str
+        A scored trace, ``{arm: trace}``, a DataTree or a store path.
+    thresholds : CheckThresholds, optional
+        The limits; None: :func:`load_thresholds` (the defaults in effect).
+
+    Returns
+    -------
+    CheckResult
+        The checks and the report; ``str()`` of it is the command's output.
+
+    Raises
+    ------
+    ValueError
+        If an arm has no response tokens.
+    """
     th = thresholds or load_thresholds()
     arms = as_arms(data)
     report = diagnose(arms, title="parity findings", trainer=th.trainer, eps=th.clip_eps)

@@ -48,7 +48,35 @@ from rlparity.trace.weights import versions_that_differ
 
 @dataclass
 class ArmEvidence:
-    """The evidence of one scored arm (see the module docstring). Arrays are ``(sequence, position)``."""
+    """The evidence of one scored arm (see the module docstring).
+
+    Arrays are ``(sequence, position)``. Made by :func:`build`; the layers read it, and the
+    claims grow as causes are identified.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        The scored arm.
+    side : str
+        The trainer reading in use (``"processed"`` or ``"raw"``).
+    mask : numpy.ndarray
+        Real response tokens (bool).
+    d : numpy.ndarray
+        ``d = log pi_old - log mu`` per token (nats; ``-inf`` where pi_old = 0).
+    claims : dict of str to numpy.ndarray, optional
+        Per cause, the tokens it explains (bool).
+    scopes : dict of str to str, optional
+        Per cause, what its tokens are, in words.
+    fit : dict, optional
+        The semantic fit (:func:`semantic_fit`).
+    reading : str, default "untestable"
+        The reading the rollout matches: ``"processed"``, ``"raw"``, ``"neither"`` or
+        ``"untestable"``.
+    residual : numpy.ndarray or None, default None
+        ``r = mu - matched reading`` per token (nats; :func:`residual_for`).
+    version_excess : dict, optional
+        Mean ``|r|`` per policy version and the versions flagged (:func:`version_excess`).
+    """
 
     trace: xr.Dataset
     side: str
@@ -64,11 +92,30 @@ class ArmEvidence:
     # --------------------------------------------------------------------------- tokens
     @property
     def finite_tokens(self) -> np.ndarray:
-        """Real tokens with a finite d (the trainer gives them a probability > 0)."""
+        """Real tokens with a finite d (the trainer gives them a probability > 0).
+
+        Returns
+        -------
+        numpy.ndarray
+            ``(sequence, position)`` bool.
+        """
         return self.mask & np.isfinite(self.d)
 
     def claim(self, cause: str, tokens: np.ndarray, scope: str) -> None:
-        """Record that ``cause`` explains ``tokens`` (added to what it already explains)."""
+        """Record that ``cause`` explains ``tokens`` (added to what it already explains).
+
+        Tokens outside the mask are ignored; nothing is recorded when none is left.
+
+        Parameters
+        ----------
+        cause : str
+            A key of :data:`rlparity.diagnose.causes.CAUSES` (or an evidence claim such as
+            ``"weights_differ"``).
+        tokens : numpy.ndarray
+            ``(sequence, position)`` bool, the tokens it explains.
+        scope : str
+            What those tokens are, in words.
+        """
         tokens = np.asarray(tokens, dtype=bool) & self.mask
         if not tokens.any():
             return
@@ -76,7 +123,18 @@ class ArmEvidence:
         self.scopes[cause] = scope
 
     def claimed(self, exclude: tuple[str, ...] = ()) -> np.ndarray:
-        """Tokens some identified cause explains (except those of ``exclude``)."""
+        """Tokens some identified cause explains.
+
+        Parameters
+        ----------
+        exclude : tuple of str, default ()
+            Causes whose tokens are left out.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``(sequence, position)`` bool.
+        """
         out = np.zeros_like(self.mask)
         for c, t in self.claims.items():
             if c not in exclude:
@@ -84,13 +142,30 @@ class ArmEvidence:
         return out
 
     def unclaimed(self) -> np.ndarray:
-        """Usable tokens no identified cause explains: where the semantic fit and the background
-        are measured."""
+        """Usable tokens no identified cause explains.
+
+        Where the semantic fit and the background are measured.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``(sequence, position)`` bool.
+        """
         return self.finite_tokens & ~self.claimed()
 
     def token_scope(self, cause: str) -> dict[str, Any]:
-        """``{"scope", "n_tokens", "n_sequences"}`` of the tokens ``cause`` explains (every usable
-        token for a cause that claims none)."""
+        """How many tokens and sequences ``cause`` explains, and what they are.
+
+        Parameters
+        ----------
+        cause : str
+            A cause; one that claims no tokens covers every usable token.
+
+        Returns
+        -------
+        dict
+            ``{"scope", "n_tokens", "n_sequences"}`` over the usable tokens.
+        """
         t = self.claims.get(cause)
         if t is None:
             t, scope = self.finite_tokens, "every token"
@@ -100,22 +175,56 @@ class ArmEvidence:
 
     # --------------------------------------------------------------------------- residual
     def abs_residual_mean(self, tokens: np.ndarray) -> float:
-        """Mean ``|r|`` over ``tokens`` (NaN when none is usable)."""
+        """Mean ``|r|`` over ``tokens`` (nats).
+
+        Parameters
+        ----------
+        tokens : numpy.ndarray
+            ``(sequence, position)`` bool; only the usable ones count.
+
+        Returns
+        -------
+        float
+            The mean, NaN when no token is usable.
+        """
         assert self.residual is not None
         return float(core.masked_mean(np.abs(self.residual), tokens & self.finite_tokens))
 
     def background(self) -> float:
-        """Mean ``|r|`` of the tokens no cause explains (nats): what a localized cause's tokens are
-        measured against."""
+        """Mean ``|r|`` of the tokens no cause explains (nats).
+
+        What a localized cause's tokens are measured against.
+
+        Returns
+        -------
+        float
+            The background, NaN when every usable token is claimed.
+        """
         return self.abs_residual_mean(self.unclaimed())
 
     def localized_test(self, cause: str, *, ratio: float, tol: float, z: float = 4.0) -> dict[str, Any]:
         """Whether the tokens ``cause`` explains stand above the background (mean ``|r|``, nats).
 
-        ``verdict``: ``"measured"`` when their mean is at least ``ratio`` times the background's, or
-        exceeds it by more than ``tol`` nats and ``z`` standard errors; ``"small"`` when the excess is
-        below ``tol`` with 97.5% confidence (the cause barely moved these tokens); ``"inconclusive"``
-        otherwise (another cause's mismatch on every token hides it: measure again after fixing that)."""
+        Parameters
+        ----------
+        cause : str
+            The cause whose claimed tokens are tested.
+        ratio : float
+            Their mean at least this many times the background's is ``"measured"``.
+        tol : float
+            An excess above this many nats (with ``z`` standard errors) is ``"measured"``; one below it
+            with 97.5% confidence is ``"small"``.
+        z : float, default 4.0
+            Standard errors the excess must exceed with ``tol``.
+
+        Returns
+        -------
+        dict
+            ``verdict``: ``"measured"``, ``"small"`` (the cause barely moved these tokens) or
+            ``"inconclusive"`` (another cause's mismatch on every token hides it: measure again after
+            fixing that); with the token counts, both means, their ratio, the excess, its standard
+            error, z and the thresholds.
+        """
         assert self.residual is not None
         a = np.abs(self.residual)
         tokens = self.claims.get(cause, np.zeros_like(self.mask)) & self.finite_tokens
@@ -142,15 +251,36 @@ class ArmEvidence:
                 "tol": tol}
 
     def trainer_floor(self) -> dict[str, float]:
-        """The trainer's own floor from its self-check (``attrs["trainer"]["self_check"]``, on the
-        reading in use): RMS of batch shape and run-to-run differences (nats; NaN if not measured)."""
+        """The trainer's own floor from its self-check, on the reading in use.
+
+        Returns
+        -------
+        dict of str to float
+            RMS of batch-shape and run-to-run differences and the mean-absolute floors (nats; NaN
+            where not measured), :func:`rlparity.metrics.floors.recorded_floors`.
+        """
         return trainer_floor(self.trace, self.side)
 
 
 def floor_mean_abs(trace: xr.Dataset, side: str = "processed") -> float:
-    """The floor of ``|d|`` (nats): the larger of the trainer's batch-shape and the engine's batch
-    spread (mean ``|x|``), when the trainer is deterministic (a trainer whose logprobs move from run
-    to run has no floor to speak of: that movement is a cause); 0 when none was measured."""
+    """The floor of ``|d|`` (nats).
+
+    The larger of the trainer's batch-shape floor and the engine's batch spread (mean ``|x|``),
+    when the trainer is deterministic (a trainer whose logprobs move from run to run has no floor
+    to speak of: that movement is a cause).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm with the recorded floors.
+    side : str, default "processed"
+        The trainer reading.
+
+    Returns
+    -------
+    float
+        The floor; 0 when none was measured or the trainer is not deterministic.
+    """
     f = trainer_floor(trace, side)
     run = f["run_to_run_rms"]
     if np.isfinite(run) and run > 0:
@@ -161,8 +291,18 @@ def floor_mean_abs(trace: xr.Dataset, side: str = "processed") -> float:
 
 # ------------------------------------------------------------------------------- semantic fit
 def identity_sampling(trace: xr.Dataset) -> bool:
-    """Whether sampling is the identity (temperature 1 or greedy, no top-k/top-p, no penalty):
-    raw and processed readings then coincide."""
+    """Whether sampling is the identity: raw and processed readings then coincide.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace with ``temperature``, ``top_k`` and ``top_p``.
+
+    Returns
+    -------
+    bool
+        True when every request has temperature 1 or is greedy, and no top-k or top-p cut.
+    """
     t = trace["temperature"].values
     return bool(np.all((t == 1.0) | (t < 1e-5)) and np.all(trace["top_k"].values <= 0)
                 and np.all(trace["top_p"].values >= 1.0))
@@ -170,12 +310,28 @@ def identity_sampling(trace: xr.Dataset) -> bool:
 
 def semantic_fit(trace: xr.Dataset, tokens: np.ndarray, *, semantic_tol: float | None = None
                  ) -> dict[str, Any]:
-    """Where the rollout logprob ``mu`` lies between the trainer's raw and processed readings on
-    ``tokens``: ``mu - raw = alpha (processed - raw) + noise``, a robust fit
-    (:func:`rlparity.metrics.core.robust_reading_fit`). ``reading`` is ``processed`` (alpha ~ 1),
-    ``raw`` (alpha ~ 0), ``neither``, or ``untestable`` (the readings too close at this noise, or
-    one reading only, or identity sampling); ``band`` is the tolerance on alpha
-    (``semantic_tol`` or three standard errors, the larger)."""
+    """Where the rollout logprob ``mu`` lies between the trainer's raw and processed readings.
+
+    ``mu - raw = alpha (processed - raw) + noise``, a robust fit
+    (:func:`rlparity.metrics.core.robust_reading_fit`) on ``tokens``.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+    tokens : numpy.ndarray
+        ``(sequence, position)`` bool, the tokens fitted on.
+    semantic_tol : float, optional
+        The tolerance on alpha (dimensionless); None: ``defaults().semantic_tol``.
+
+    Returns
+    -------
+    dict
+        The fit (``alpha``, ``alpha_se``, ...), ``alpha_band`` (``semantic_tol`` or three standard
+        errors, the larger) and ``reading``: ``"processed"`` (alpha ~ 1), ``"raw"`` (alpha ~ 0),
+        ``"neither"``, or ``"untestable"`` (the readings too close at this noise; with one reading
+        or identity sampling only ``reading`` and ``why``).
+    """
     semantic_tol = defaults().semantic_tol if semantic_tol is None else semantic_tol
     readings = trainer_readings(trace)
     if len(readings) < 2 or identity_sampling(trace):
@@ -197,8 +353,23 @@ def semantic_fit(trace: xr.Dataset, tokens: np.ndarray, *, semantic_tol: float |
 
 
 def residual_for(trace: xr.Dataset, fit: dict[str, Any], side: str) -> np.ndarray:
-    """``r = mu - matched reading`` per token: the processed or raw reading the fit matched, the
-    fitted line ``raw + alpha (processed - raw)`` when it matches neither, else the reading in use."""
+    """``r = mu - matched reading`` per token (nats).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+    fit : dict
+        Its semantic fit (:func:`semantic_fit`).
+    side : str
+        The reading in use, taken when the fit is untestable.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(sequence, position)``: against the processed or raw reading the fit matched, the fitted
+        line ``raw + alpha (processed - raw)`` when it matches neither, else the reading in use.
+    """
     mu = trace["rollout_logprob"].values
     reading = fit.get("reading")
     if reading in ("processed", "raw"):
@@ -211,7 +382,17 @@ def residual_for(trace: xr.Dataset, fit: dict[str, Any], side: str) -> np.ndarra
 
 # ------------------------------------------------------------------------------- claims
 def observed_claims(ev: ArmEvidence) -> None:
-    """Claims from the engine's and the trainer's own records (no logprob compared)."""
+    """Claim tokens from the engine's and the trainer's own records, in place (no logprob compared).
+
+    Stale prefix-cache sequences, tokens sampled on KV of older weights, tokens of older versions
+    scored with one weight set, versions whose weight fingerprints differ, and (with re-tokenized
+    prompts) responses scored after other prompt ids.
+
+    Parameters
+    ----------
+    ev : ArmEvidence
+        The evidence to add the claims to.
+    """
     trace = ev.trace
     stale = mi.stale_sequences(trace)
     if stale.any():
@@ -237,9 +418,22 @@ def observed_claims(ev: ArmEvidence) -> None:
 
 
 def router_dtypes(trace: xr.Dataset) -> dict[str, str | None]:
-    """The precision of each side's MoE router projection: the engine's is its body dtype (vLLM's router
-    GEMM runs on the body's operands; its fp32-accurate ``enable_bf16x3_router_gemm`` needs float32
-    router weights on an SM100 GPU), the trainer's what its scorer recorded (``trainer_router``)."""
+    """The precision of each side's MoE router projection.
+
+    The engine's is its body dtype (vLLM's router GEMM runs on the body's operands; its
+    fp32-accurate ``enable_bf16x3_router_gemm`` needs float32 router weights on an SM100 GPU), the
+    trainer's what its scorer recorded (``trainer_router``).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+
+    Returns
+    -------
+    dict of str to str or None
+        ``{"engine": dtype, "trainer": dtype}``, None where not recorded.
+    """
     eff = trace.attrs.get("engine_effective") or {}
     req = trace.attrs.get("engine_requested") or {}
     engine = eff.get("dtype") or req.get("dtype")
@@ -251,8 +445,19 @@ _BITS = {"float32": 24, "float16": 11, "bfloat16": 8}
 
 
 def routing_cause(trace: xr.Dataset) -> str:
-    """The cause routing flips are claimed under: the side whose router runs in the lower precision
-    (``trainer_bf16_router`` / ``rollout_bf16_router``), else ``moe_routing_disagreement``."""
+    """The cause routing flips are claimed under.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+
+    Returns
+    -------
+    str
+        The side whose router runs in the lower precision (``"trainer_bf16_router"`` /
+        ``"rollout_bf16_router"``), else ``"moe_routing_disagreement"``.
+    """
     dt = router_dtypes(trace)
     e, t = _BITS.get(dt["engine"] or "", 0), _BITS.get(dt["trainer"] or "", 0)
     if e and t and t < e:
@@ -263,9 +468,21 @@ def routing_cause(trace: xr.Dataset) -> str:
 
 
 def routing_claims(ev: ArmEvidence) -> bool:
-    """Claim the tokens a MoE model routed to other experts on the two sides (a routing flip in at
-    least one layer) that no other cause explains: flips on the tokens of a version whose weights
-    differ are that mismatch's doing. Whether anything was claimed."""
+    """Claim the tokens a MoE model routed to other experts on the two sides, in place.
+
+    A token with a routing flip in at least one layer is claimed unless another cause already
+    explains it (flips on the tokens of a version whose weights differ are that mismatch's doing).
+
+    Parameters
+    ----------
+    ev : ArmEvidence
+        The evidence to add the claim to.
+
+    Returns
+    -------
+    bool
+        Whether anything was claimed.
+    """
     if not mr.has_routes(ev.trace):
         return False
     flipped = mr.flips(ev.trace).any("moe_layer").values & ~ev.claimed()
@@ -277,7 +494,18 @@ def routing_claims(ev: ArmEvidence) -> bool:
 
 
 def prompt_mismatch_sequences(trace: xr.Dataset) -> np.ndarray:
-    """Per sequence: the engine's prompt ids differ from the trainer's tokenization of the prompt."""
+    """Per sequence: whether the engine's prompt ids differ from the trainer's tokenization.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm (with ``trainer_prompt_token_id`` when the trainer tokenized the prompts).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(sequence,)`` bool; all False without the trainer's tokenization.
+    """
     n = trace.sizes["sequence"]
     if "trainer_prompt_token_id" not in trace:
         return np.zeros(n, dtype=bool)
@@ -290,10 +518,28 @@ def prompt_mismatch_sequences(trace: xr.Dataset) -> np.ndarray:
 
 
 def version_excess(ev: ArmEvidence, *, ratio: float, z: float = 5.0) -> dict[str, Any]:
-    """Per policy version, mean ``|r|`` of its tokens that no other cause explains; a version whose
-    mean is at least ``ratio`` times the lowest version's and ``z`` standard errors above it is
-    claimed as ``weights_differ`` (the two sides held different weights for it). Needs two
-    versions, each scored at its own version."""
+    """Claim the policy versions whose tokens stand far above the others' as ``weights_differ``.
+
+    Per policy version, mean ``|r|`` of its tokens no other cause explains; a version whose mean is
+    at least ``ratio`` times the lowest version's and ``z`` standard errors above it is claimed (the
+    two sides held different weights for it). Needs two versions, each scored at its own version,
+    and no fingerprint claim already.
+
+    Parameters
+    ----------
+    ev : ArmEvidence
+        The evidence (with its residual); claims are added in place.
+    ratio : float
+        The ratio to the lowest version's mean ``|r|`` a version must reach.
+    z : float, default 5.0
+        Standard errors above the lowest version's mean it must also reach.
+
+    Returns
+    -------
+    dict
+        Mean ``|r|`` and token count per version, the lowest version, each version's ratio to it,
+        the thresholds and the ``flagged`` versions; empty when the test does not apply.
+    """
     trace = ev.trace
     versions = trace_versions(trace)
     scored_by = (trace.attrs.get("trainer") or {}).get("scored_by")
@@ -329,7 +575,25 @@ def version_excess(ev: ArmEvidence, *, ratio: float, z: float = 5.0) -> dict[str
 
 def build(trace: xr.Dataset, *, trainer: str | None = None, semantic_tol: float | None = None,
           stale_ratio: float | None = None) -> ArmEvidence:
-    """The evidence of one scored arm (see the module docstring)."""
+    """The evidence of one scored arm (see the module docstring).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+    trainer : str, optional
+        The trainer reading (``"processed"`` or ``"raw"``); None: the default, or the one the trace
+        holds.
+    semantic_tol : float, optional
+        Tolerance of the semantic fit (:func:`semantic_fit`); None: ``defaults().semantic_tol``.
+    stale_ratio : float, optional
+        The ratio :func:`version_excess` flags at; None: ``defaults().stale_ratio``.
+
+    Returns
+    -------
+    ArmEvidence
+        Claims, semantic fit, reading, residual and version excess.
+    """
     side = trainer_side(trace, trainer)
     mask = trace["response_mask"].values.astype(bool)
     d = log_ratio(trace, side).values if has_trainer(trace) else np.full(mask.shape, np.nan)

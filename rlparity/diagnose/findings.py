@@ -21,13 +21,37 @@ CATALOGUE_URL = "../reference/findings.html"
 
 
 def catalogue_anchor(code: str) -> str:
-    """The anchor of a finding code on the catalogue page (a Sphinx label: lower case, ``-`` for ``_``)."""
+    """The anchor of a finding code on the catalogue page.
+
+    Parameters
+    ----------
+    code : str
+        A finding code.
+
+    Returns
+    -------
+    str
+        A Sphinx label: ``"finding-"`` plus the code in lower case with ``-`` for ``_``.
+    """
     return "finding-" + code.lower().replace("_", "-")
 
 
 def catalogue_link(code: str, catalogue: str | None = CATALOGUE_URL) -> str:
-    """``<a href=CATALOGUE#anchor><code>code</code></a>``: a finding code linked to its catalogue entry
-    (the code alone when ``catalogue`` is ``None``)."""
+    """A finding code linked to its catalogue entry, as HTML.
+
+    Parameters
+    ----------
+    code : str
+        A finding code.
+    catalogue : str or None, default CATALOGUE_URL
+        The catalogue page's URL (the book's, relative to a chapter); None: no link.
+
+    Returns
+    -------
+    str
+        ``<a href=CATALOGUE#anchor><code>code</code></a>``, or the ``<code>`` alone without a
+        catalogue.
+    """
     text = f"<code>{html.escape(code)}</code>"
     if not catalogue:
         return text
@@ -36,18 +60,48 @@ def catalogue_link(code: str, catalogue: str | None = CATALOGUE_URL) -> str:
 
 
 class Layer(str, Enum):
+    """The layer a finding belongs to, in the order to fix them.
+
+    Attributes
+    ----------
+    SEMANTIC : str
+        ``"semantic"``: which distribution each side's logprobs describe.
+    INFERENCE_PATH : str
+        ``"inference_path"``: the numerics and state of the engine and the trainer (settings, LM
+        head, routing, weight updates and syncs, kernels).
+    OBJECTIVE : str
+        ``"objective"``: the importance ratios, corrections and clipping the update uses.
+    """
     SEMANTIC = "semantic"
     INFERENCE_PATH = "inference_path"
     OBJECTIVE = "objective"
 
 
 class Severity(str, Enum):
+    """How bad a finding is.
+
+    Attributes
+    ----------
+    INFO : str
+        ``"info"``: information or an all-clear.
+    WARNING : str
+        ``"warning"``: look at it.
+    ERROR : str
+        ``"error"``: parity is broken; fix it.
+    """
     INFO = "info"
     WARNING = "warning"
     ERROR = "error"
 
     @property
     def rank(self) -> int:
+        """The severity as a number, for comparisons.
+
+        Returns
+        -------
+        int
+            0 for info, 1 for warning, 2 for error.
+        """
         return {"info": 0, "warning": 1, "error": 2}[self.value]
 
 
@@ -55,12 +109,35 @@ class Severity(str, Enum):
 class Finding:
     """One diagnosed problem (or an explicit all-clear with severity ``info``).
 
-    Attribution (filled by :func:`rlparity.diagnose.attribution.attribute` for the findings of an
-    arm): ``cause`` is the cause the finding claims (a key of
-    :data:`rlparity.diagnose.causes.CAUSES`, ``None`` for information and all-clears), ``tokens``
-    says which tokens it explains (``{"scope", "n_tokens", "n_sequences"}``), ``share`` the share of
-    the arm's measured excess mismatch (over the floor) it accounts for, and ``explained_by`` the
-    cause that explains a verdict demoted to information.
+    The attribution fields (``cause``, ``tokens``, ``share``, ``explained_by``) are filled by
+    :func:`rlparity.diagnose.attribution.attribute` for the findings of an arm.
+
+    Parameters
+    ----------
+    layer : Layer
+        The layer that is wrong.
+    name : str
+        The finding code (its entry in :mod:`rlparity.diagnose.catalogue`).
+    severity : Severity
+        How bad it is.
+    summary : str
+        One sentence saying what was found.
+    evidence : dict, optional
+        The numbers, with the pair and direction they were computed on (logprob quantities in
+        nats).
+    fix : str, default ""
+        The fix in the user's terms.
+    arm : str or None, default None
+        The arm it is about; None for a finding over all arms.
+    cause : str or None, default None
+        The cause it claims (a key of :data:`rlparity.diagnose.causes.CAUSES`), ``None`` for
+        information and all-clears.
+    tokens : dict or None, default None
+        Which tokens it explains, ``{"scope", "n_tokens", "n_sequences"}``.
+    share : float or None, default None
+        The share of the arm's measured excess mismatch (over the floor) it accounts for.
+    explained_by : str or None, default None
+        The cause that explains a verdict demoted to information.
     """
 
     layer: Layer
@@ -76,6 +153,13 @@ class Finding:
     explained_by: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The finding as plain data (enums as their values).
+
+        Returns
+        -------
+        dict
+            Every field.
+        """
         d = asdict(self)
         d["layer"] = self.layer.value
         d["severity"] = self.severity.value
@@ -83,15 +167,46 @@ class Finding:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Finding:
+        """A finding from :meth:`to_dict`'s output.
+
+        Parameters
+        ----------
+        d : dict
+            Every field, ``layer`` and ``severity`` as their values.
+
+        Returns
+        -------
+        Finding
+            The finding.
+        """
         return cls(**{**d, "layer": Layer(d["layer"]), "severity": Severity(d["severity"])})
 
     def with_(self, **changes: Any) -> Finding:
-        """A copy with some fields changed."""
+        """A copy with some fields changed.
+
+        Parameters
+        ----------
+        **changes
+            New values of fields.
+
+        Returns
+        -------
+        Finding
+            The copy (the finding is frozen).
+        """
         return replace(self, **changes)
 
     @property
     def attribution(self) -> str:
-        """``"explains 83% of the excess mismatch on 512 tokens"`` / ``"explained by X"`` / ``""``."""
+        """The attribution in words.
+
+        Returns
+        -------
+        str
+            ``"explains 83% of the excess mismatch on 512 tokens (...)"``, ``"explained by X"``, a
+            floor cause's share of mean ``|d|``, a note for tokens with pi_old = 0, or ``""`` without
+            an attribution.
+        """
         if self.explained_by:
             return f"explained by {self.explained_by}"
         if self.share is None:
@@ -107,8 +222,21 @@ class Finding:
         return f"explains {self.share:.0%} of the excess mismatch{where}"
 
     def to_html(self, *, catalogue: str | None = CATALOGUE_URL) -> str:
-        """One finding as a notebook shows it: severity, the code linked to its catalogue entry,
-        the summary, the fix at full width and the evidence folded away in a small table."""
+        """One finding as a notebook shows it.
+
+        Severity, the code linked to its catalogue entry, the summary, the fix at full width and the
+        evidence folded away in a small table.
+
+        Parameters
+        ----------
+        catalogue : str or None, default CATALOGUE_URL
+            The catalogue page's URL; None: no link.
+
+        Returns
+        -------
+        str
+            An HTML fragment.
+        """
         sev = self.severity.value
         att = f" <small>({html.escape(self.attribution)})</small>" if self.attribution else ""
         arm = f" (arm {html.escape(self.arm)})" if self.arm else ""
@@ -165,8 +293,23 @@ def _evidence_html(evidence: dict[str, Any]) -> str:
 
 @dataclass
 class Report:
-    """An ordered collection of findings with a verdict, and per arm the attribution: which cause
-    explains most of the measured mismatch (the headline) and which others are also present."""
+    """An ordered collection of findings with a verdict, and per arm the attribution.
+
+    The attribution says which cause explains most of the measured mismatch (the headline) and
+    which others are also present. ``str()`` prints it for a terminal, ``_repr_html_`` renders it
+    in a notebook, :meth:`to_json` serialises it.
+
+    Parameters
+    ----------
+    findings : list of Finding, optional
+        The findings.
+    title : str, default "rlparity findings"
+        The report's title.
+    context : dict, optional
+        What was diagnosed: arms, options, a lazy sample.
+    attribution : dict, optional
+        Per arm, the attribution record (:func:`rlparity.diagnose.attribution.attribute`).
+    """
 
     findings: list[Finding] = field(default_factory=list)
     title: str = "rlparity findings"
@@ -180,42 +323,129 @@ class Report:
         return len(self.findings)
 
     def extend(self, findings: Iterable[Finding]) -> Report:
+        """Append findings, in place.
+
+        Parameters
+        ----------
+        findings : iterable of Finding
+            The findings to add.
+
+        Returns
+        -------
+        Report
+            The report itself.
+        """
         self.findings.extend(findings)
         return self
 
     def by_layer(self, layer: Layer | str) -> list[Finding]:
+        """The findings of one layer.
+
+        Parameters
+        ----------
+        layer : Layer or str
+            The layer (or its value).
+
+        Returns
+        -------
+        list of Finding
+            Its findings, in report order.
+        """
         layer = Layer(layer)
         return [f for f in self.findings if f.layer == layer]
 
     def names(self, min_severity: Severity | str = Severity.WARNING) -> set[str]:
-        """Names of findings at or above ``min_severity``."""
+        """Names of the findings at or above ``min_severity``.
+
+        Parameters
+        ----------
+        min_severity : Severity or str, default Severity.WARNING
+            The lowest severity counted.
+
+        Returns
+        -------
+        set of str
+            The finding codes.
+        """
         rank = Severity(min_severity).rank
         return {f.name for f in self.findings if f.severity.rank >= rank}
 
     def causes(self, arm: str | None = None, min_severity: Severity | str = Severity.WARNING) -> set[str]:
-        """The causes named at or above ``min_severity`` (of one arm, or of all)."""
+        """The causes named at or above ``min_severity``.
+
+        Parameters
+        ----------
+        arm : str, optional
+            One arm's; None: of all arms.
+        min_severity : Severity or str, default Severity.WARNING
+            The lowest severity counted.
+
+        Returns
+        -------
+        set of str
+            The causes (keys of :data:`rlparity.diagnose.causes.CAUSES`).
+        """
         rank = Severity(min_severity).rank
         return {f.cause for f in self.findings if f.cause and f.severity.rank >= rank
                 and (arm is None or f.arm == arm)}
 
     def problems(self, min_severity: Severity | str = Severity.WARNING) -> list[Finding]:
+        """The findings at or above ``min_severity``.
+
+        Parameters
+        ----------
+        min_severity : Severity or str, default Severity.WARNING
+            The lowest severity counted.
+
+        Returns
+        -------
+        list of Finding
+            In report order.
+        """
         rank = Severity(min_severity).rank
         return [f for f in self.findings if f.severity.rank >= rank]
 
     @property
     def has_errors(self) -> bool:
+        """Whether any finding is an error.
+
+        Returns
+        -------
+        bool
+            True with at least one ERROR.
+        """
         return any(f.severity == Severity.ERROR for f in self.findings)
 
     @property
     def verdict(self) -> str:
+        """The report's verdict, from its worst severity.
+
+        Returns
+        -------
+        str
+            ``"parity: no problem found"``, ``"warnings: look at the findings"`` or ``"broken: fix the
+            errors below, in layer order"``.
+        """
         worst = max((f.severity.rank for f in self.findings), default=0)
         return {0: "parity: no problem found", 1: "warnings: look at the findings",
                 2: "broken: fix the errors below, in layer order"}[worst]
 
     def headline(self, arm: str | None) -> Finding | None:
-        """The arm's headline: the finding whose cause explains the largest share of the measured
-        mismatch (see :mod:`rlparity.diagnose.attribution`); without an attribution, its first
-        problem in layer order; ``None`` when the arm has no problem."""
+        """The arm's headline: the finding whose cause explains the largest share of the measured mismatch.
+
+        See :mod:`rlparity.diagnose.attribution`; without an attribution, the arm's first problem in
+        layer order.
+
+        Parameters
+        ----------
+        arm : str or None
+            The arm; None for the findings over all arms.
+
+        Returns
+        -------
+        Finding or None
+            The headline; ``None`` when the arm has no problem.
+        """
         key = arm or "(all arms)"
         probs = [f for f in self._ordered() if (f.arm or "(all arms)") == key and f.severity.rank >= 1]
         if not probs:
@@ -224,23 +454,65 @@ class Report:
         return next((f for f in probs if f.name == name), probs[0])
 
     def also(self, arm: str | None) -> list[Finding]:
-        """The arm's other problems, after the headline: backend layers before the objective, then by share."""
+        """The arm's other problems, after the headline.
+
+        Parameters
+        ----------
+        arm : str or None
+            The arm; None for the findings over all arms.
+
+        Returns
+        -------
+        list of Finding
+            Backend layers before the objective, then by severity and share.
+        """
         head = self.headline(arm)
         key = arm or "(all arms)"
         return [f for f in self._ordered() if (f.arm or "(all arms)") == key and f.severity.rank >= 1 and f is not head]
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as plain data.
+
+        Returns
+        -------
+        dict
+            ``title``, ``verdict``, ``context``, ``attribution`` and ``findings`` (each
+            :meth:`Finding.to_dict`).
+        """
         return {"title": self.title, "verdict": self.verdict, "context": self.context,
                 "attribution": self.attribution, "findings": [f.to_dict() for f in self.findings]}
 
     def to_json(self, **kw: Any) -> str:
-        """Strict JSON (NaN and infinities as ``null``)."""
+        """The report as strict JSON (NaN and infinities as ``null``).
+
+        Parameters
+        ----------
+        **kw
+            Passed to :func:`rlparity.config.provenance.to_json` (e.g. ``indent``).
+
+        Returns
+        -------
+        str
+            The JSON text.
+        """
         from rlparity.config.provenance import to_json
 
         return to_json(self.to_dict(), **kw)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Report:
+        """A report from :meth:`to_dict`'s output.
+
+        Parameters
+        ----------
+        d : dict
+            ``findings`` and optionally ``title``, ``context`` and ``attribution``.
+
+        Returns
+        -------
+        Report
+            The report.
+        """
         return cls([Finding.from_dict(f) for f in d["findings"]], d.get("title", "rlparity findings"),
                    d.get("context", {}), d.get("attribution", {}))
 
@@ -252,9 +524,15 @@ class Report:
         return list(dict.fromkeys(f.arm or "(all arms)" for f in self.findings))
 
     def verdict_rows(self) -> list[dict[str, str]]:
-        """The compact verdict: one row per arm and layer (worst severity, the findings at that
-        severity, the fix of the worst one), layers in the order to fix them; the row holding the
-        arm's headline is marked."""
+        """The compact verdict: one row per arm and layer, layers in the order to fix them.
+
+        Returns
+        -------
+        list of dict of str to str
+            ``arm``, ``layer``, ``verdict`` (the worst severity, ``"ok"`` for information), ``findings``
+            (the codes at that severity), ``fix`` (of the worst one) and ``headline`` (``"yes"`` on the
+            row holding the arm's headline).
+        """
         rows: dict[tuple[str, Layer], list[Finding]] = {}
         for f in self._ordered():
             rows.setdefault((f.arm or "(all arms)", f.layer), []).append(f)
@@ -271,7 +549,18 @@ class Report:
         return out
 
     def headline_line(self, arm: str | None) -> str:
-        """``arm: layer/name (severity, explains 83% ...) -> fix; also: X, Y`` or ``arm: ok``."""
+        """One arm's headline in one line.
+
+        Parameters
+        ----------
+        arm : str or None
+            The arm; None for the findings over all arms.
+
+        Returns
+        -------
+        str
+            ``arm: layer/name (severity, explains 83% ...) -> fix; also: X, Y``, or ``arm: ok``.
+        """
         key = arm or "(all arms)"
         head = self.headline(arm)
         if head is None:
@@ -283,8 +572,15 @@ class Report:
                 + (f" -> {head.fix}" if head.fix else "") + more)
 
     def summary_lines(self) -> list[str]:
-        """One line per arm: its headline and the fix, then what else is wrong; or ok (what a
-        terminal shows first)."""
+        """One line per arm: its headline and the fix, then what else is wrong; or ok.
+
+        What a terminal shows first.
+
+        Returns
+        -------
+        list of str
+            :meth:`headline_line` of every arm.
+        """
         return [self.headline_line(None if a == "(all arms)" else a) for a in self._arms()]
 
     def __repr__(self) -> str:
@@ -299,10 +595,22 @@ class Report:
         return f"{self.title}: {self.verdict}\n{top}{body}"
 
     def groups(self, min_severity: Severity | str = Severity.WARNING) -> list[dict[str, Any]]:
-        """The problems at or above ``min_severity``, one group per code, severity and fix, in the order
-        to fix them (layers, then severity, then share): ``{"finding", "arms", "headline_arms"}``, the
-        finding being the group's first (the one with the largest share). The same fix on several arms
-        is one group."""
+        """The problems at or above ``min_severity``, one group per code, severity and fix.
+
+        In the order to fix them (layers, then severity, then share); the same fix on several arms is
+        one group.
+
+        Parameters
+        ----------
+        min_severity : Severity or str, default Severity.WARNING
+            The lowest severity counted.
+
+        Returns
+        -------
+        list of dict
+            ``{"finding", "arms", "headline_arms"}``, the finding being the group's first (the one with
+            the largest share).
+        """
         rank = Severity(min_severity).rank
         heads = {a: self.headline(None if a == "(all arms)" else a) for a in self._arms()}
         out: dict[tuple, dict[str, Any]] = {}
@@ -318,8 +626,16 @@ class Report:
         return list(out.values())
 
     def info_counts(self) -> dict[str, int]:
-        """How many findings below WARNING (information and all-clears, not the verdicts another cause
-        explains: :meth:`explained_counts`) each code has: what a compact rendering collapses into one line."""
+        """How many findings below WARNING each code has.
+
+        Information and all-clears, not the verdicts another cause explains
+        (:meth:`explained_counts`): what a compact rendering collapses into one line.
+
+        Returns
+        -------
+        dict of str to int
+            ``{code: count}``.
+        """
         counts: dict[str, int] = {}
         for f in self._ordered():
             if f.severity.rank == 0 and not f.explained_by:
@@ -327,8 +643,13 @@ class Report:
         return counts
 
     def explained_counts(self) -> dict[tuple[str, str], int]:
-        """How many verdicts of each code another cause explains (demoted to information by the
-        attribution), ``{(code, explaining cause): count}``."""
+        """How many verdicts of each code another cause explains (demoted to information by the attribution).
+
+        Returns
+        -------
+        dict of (str, str) to int
+            ``{(code, explaining cause): count}``.
+        """
         counts: dict[tuple[str, str], int] = {}
         for f in self._ordered():
             if f.explained_by:
@@ -336,16 +657,35 @@ class Report:
         return counts
 
     def ok_arms(self) -> list[str]:
-        """The arms with no finding at WARNING or above (findings over all arms are no arm)."""
+        """The arms with no finding at WARNING or above (findings over all arms are no arm).
+
+        Returns
+        -------
+        list of str
+            The arms, in report order.
+        """
         return [a for a in self._arms() if a != "(all arms)" and self.headline(a) is None]
 
     def to_html(self, *, catalogue: str | None = CATALOGUE_URL, evidence: bool = True) -> str:
-        """The compact report a notebook shows (``_repr_html_``): the verdict; one row per problem
-        (the same code, severity and fix on several arms is one row naming the arms, the headline arms
-        marked), its fix on a full-width row below; the arms with no problem and the information
-        findings collapsed into counts; with ``evidence``, every finding with its evidence folded away.
-        Codes link to their entry in the findings catalogue (``catalogue``: the page's URL, ``None``
-        for no links)."""
+        """The compact report a notebook shows (``_repr_html_``).
+
+        The verdict; one row per problem (the same code, severity and fix on several arms is one row
+        naming the arms, the headline arms marked), its fix on a full-width row below; the arms with
+        no problem and the information findings collapsed into counts. Codes link to their entry in
+        the findings catalogue.
+
+        Parameters
+        ----------
+        catalogue : str or None, default CATALOGUE_URL
+            The catalogue page's URL; None: no links.
+        evidence : bool, default True
+            Also list every finding with its evidence, folded away.
+
+        Returns
+        -------
+        str
+            An HTML fragment.
+        """
         rows = []
         for g in self.groups():
             f = g["finding"]

@@ -53,8 +53,32 @@ def _gap_evidence(trace: xr.Dataset, trainer: str | None = None, eps: float | No
 
 def head_precision(trace: xr.Dataset, *, tol: float | None = None, trainer: str | None = None,
                    eps: float | None = None) -> Finding | None:
-    """Compare the rollout's effective LM-head dtype with the trainer's; ``None`` for an unscored
-    trace. ``tol`` (RMS of d, nats) decides whether a matched low-precision head still warns."""
+    """Compare the rollout's effective LM-head dtype with the trainer's.
+
+    The evidence is the measured gap: RMS and max ``|d|`` (nats), mean ratio, the Pearson
+    correlation of token probabilities, the clip fraction and, when recorded, RMS d in the lowest
+    and highest quarter of the trainer's largest logit.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        An arm.
+    tol : float, optional
+        RMS of d (nats) above which a matched low-precision head still warns; None:
+        ``defaults().tol``.
+    trainer : str, optional
+        The trainer reading; None: the default.
+    eps : float, optional
+        Clip range of the clip fraction in the evidence; None: ``defaults().eps``.
+
+    Returns
+    -------
+    Finding or None
+        ``head_precision_mismatch`` (warning, naming the lower-precision side's cause),
+        ``head_precision_low`` (both in a 16-bit dtype: warning above ``tol``, else info),
+        ``head_precision_matched`` or ``head_precision_unrecorded`` (info); ``None`` for an
+        unscored trace.
+    """
     if not has_trainer(trace):
         return None
     tol = defaults().tol if tol is None else tol
@@ -92,7 +116,24 @@ def head_precision(trace: xr.Dataset, *, tol: float | None = None, trainer: str 
 
 def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=(),
                    evidence=None) -> list[Finding]:
-    """The head checks of one arm (called by :func:`rlparity.diagnose.diagnose`)."""
+    """The LM-head check of one arm (called by :func:`rlparity.diagnose.diagnose`).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+    options : DiagnoseOptions, optional
+        Reads ``tol``, ``trainer`` and ``eps``; None: the defaults.
+    prior : sequence of Finding, default ()
+        The earlier layers' findings for the arm (unused here).
+    evidence : ArmEvidence, optional
+        The arm's evidence (unused here).
+
+    Returns
+    -------
+    list of Finding
+        :func:`head_precision`'s finding, or empty.
+    """
     opts = options or DiagnoseOptions()
     f = head_precision(trace, tol=opts.tol, trainer=opts.trainer, eps=opts.eps)
     return [f] if f is not None else []
@@ -116,11 +157,28 @@ def _matrix_arms(arms: Mapping[str, xr.Dataset]) -> dict[str, xr.Dataset]:
 
 def head_matrix_finding(arms: Mapping[str, xr.Dataset], *, variable: str = "abs_log_ratio_rms",
                         trainer: str | None = None, eps: float | None = None) -> Finding | None:
-    """Over a head-dtype matrix: is the matched float32/float32 cell the closest, and by how much?
+    """Over a head-dtype matrix: whether the matched float32/float32 cell is the closest, and by how much.
 
-    ``None`` unless the arms hold a float32/float32 cell and at least one mismatched cell.
     A warning when a mismatched cell is as close as the matched one: then something other than the
     head (e.g. the body precision) dominates the gap.
+
+    Parameters
+    ----------
+    arms : mapping of str to xarray.Dataset
+        The arms of a store; those whose factors are the two head dtypes form the matrix (one per
+        cell).
+    variable : str, default "abs_log_ratio_rms"
+        The :func:`rlparity.metrics.head_precision.head_table` variable compared (nats).
+    trainer : str, optional
+        The trainer reading; None: the default.
+    eps : float, optional
+        Clip range for the table; None: ``defaults().eps``.
+
+    Returns
+    -------
+    Finding or None
+        ``head_fp32_matched_closest`` (info) or ``head_fp32_not_closest`` (warning); ``None``
+        unless the arms hold a float32/float32 cell and at least one mismatched cell.
     """
     cells = _matrix_arms(arms)
     if len(cells) < 2:
@@ -144,7 +202,20 @@ def head_matrix_finding(arms: Mapping[str, xr.Dataset], *, variable: str = "abs_
 
 
 def arms_findings(arms: Mapping[str, xr.Dataset], options: DiagnoseOptions | None = None) -> list[Finding]:
-    """Checks over arms of one store (called by :func:`rlparity.diagnose.diagnose`)."""
+    """The head-matrix check over the arms of one store (called by :func:`rlparity.diagnose.diagnose`).
+
+    Parameters
+    ----------
+    arms : mapping of str to xarray.Dataset
+        Every arm of the store.
+    options : DiagnoseOptions, optional
+        Reads ``trainer`` and ``eps``; None: the defaults.
+
+    Returns
+    -------
+    list of Finding
+        :func:`head_matrix_finding`'s finding, or empty.
+    """
     opts = options or DiagnoseOptions()
     f = head_matrix_finding(arms, trainer=opts.trainer, eps=opts.eps)
     return [f] if f is not None else []

@@ -55,15 +55,35 @@ def _residual_note(ev: ArmEvidence) -> str:
 
 def stale_prefix_cache(trace: xr.Dataset, *, trainer: str | None = None, stale_ratio: float = 3.0,
                        tol: float | None = None, evidence: ArmEvidence | None = None) -> Finding | None:
-    """``stale_prefix_cache_after_update`` when sequences hit a prefix cache that may hold KV of
-    other weights (``prefix_cache_stale``); ``None`` when none did or the trace does not record it.
+    """``stale_prefix_cache_after_update`` when sequences hit a prefix cache not reset at an update.
 
-    An error when the trace is unscored (the hits are stale by construction) or when the effect is
-    measured (:meth:`ArmEvidence.localized_test`: mean ``|r|`` on the stale sequences at least
+    Such a cache may hold KV of other weights (``prefix_cache_stale``). An error when the trace is
+    unscored (the hits are stale by construction) or when the effect is measured
+    (:meth:`ArmEvidence.localized_test`: mean ``|r|`` on the stale sequences at least
     ``stale_ratio`` times the background of tokens no identified cause explains, or above it by
     ``tol`` nats and four standard errors), ``r`` being the residual once the semantic cause is
     corrected (so a raw-mode engine does not hide it); a warning otherwise (the cached blocks may
-    have been written after the update, or another cause's mismatch hides the effect)."""
+    have been written after the update, or another cause's mismatch hides the effect).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        An arm (scored or not) that records prefix-cache hits and updates.
+    trainer : str, optional
+        The trainer reading; None: the default.
+    stale_ratio : float, default 3.0
+        The ratio to the background at which the effect counts as measured.
+    tol : float, optional
+        Nats of excess over the background that count as measured; None:
+        ``defaults().tol_trainer``.
+    evidence : ArmEvidence, optional
+        The arm's evidence; built here when not given.
+
+    Returns
+    -------
+    Finding or None
+        The finding; ``None`` when no sequence hit a stale cache or the trace does not record it.
+    """
     stale = mi.stale_sequences(trace)
     if not stale.any():
         return None
@@ -100,12 +120,33 @@ def stale_prefix_cache(trace: xr.Dataset, *, trainer: str | None = None, stale_r
 
 def kv_carried_over(trace: xr.Dataset, *, trainer: str | None = None, stale_ratio: float = 3.0,
                     tol: float | None = None, evidence: ArmEvidence | None = None) -> Finding | None:
-    """``kv_carried_over_update`` when sequences straddle an update that kept the cache: their
-    later tokens were sampled by the new weights on KV the old ones computed. A warning when the
-    effect is measured on those tokens (:meth:`ArmEvidence.localized_test` against the background of
-    tokens no cause explains, semantic cause corrected) or cannot be told apart from another cause's
-    mismatch; information when it is measured to be small (below ``tol`` nats of mean ``|r|``);
-    ``None`` when no token is carried over."""
+    """``kv_carried_over_update`` when sequences straddle an update that kept the cache.
+
+    Their later tokens were sampled by the new weights on KV the old ones computed. A warning when
+    the effect is measured on those tokens (:meth:`ArmEvidence.localized_test` against the
+    background of tokens no cause explains, semantic cause corrected) or cannot be told apart from
+    another cause's mismatch; information when it is measured to be small (below ``tol`` nats of
+    mean ``|r|``) or the trace is unscored.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        An arm that records its updates.
+    trainer : str, optional
+        The trainer reading; None: the default.
+    stale_ratio : float, default 3.0
+        The ratio to the background at which the effect counts as measured.
+    tol : float, optional
+        Nats of excess over the background that count as measured; None:
+        ``defaults().tol_trainer``.
+    evidence : ArmEvidence, optional
+        The arm's evidence; built here when not given.
+
+    Returns
+    -------
+    Finding or None
+        The finding; ``None`` when no token is carried over.
+    """
     carried = mi.carried_tokens(trace)
     if not carried.any():
         return None
@@ -136,8 +177,19 @@ def kv_carried_over(trace: xr.Dataset, *, trainer: str | None = None, stale_rati
 
 
 def scored_at_one_version(trace: xr.Dataset) -> Finding | None:
-    """``scored_at_one_version`` (warning) when the tokens come from several policy versions but
-    the trainer did not score each at its own version; ``None`` otherwise."""
+    """``scored_at_one_version`` (warning) when the trainer did not score each token at its own version.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+
+    Returns
+    -------
+    Finding or None
+        The finding when the tokens come from several policy versions and the trainer did not
+        score by ``policy_version``; ``None`` otherwise or for an unscored trace.
+    """
     if not has_trainer(trace):
         return None
     versions = trace_versions(trace)
@@ -152,8 +204,19 @@ def scored_at_one_version(trace: xr.Dataset) -> Finding | None:
 
 
 def policy_lag(trace: xr.Dataset) -> Finding | None:
-    """``policy_lag`` (information) for a trace with recorded updates or several versions: token and
-    per-sequence lag, as PipelineRL logs it."""
+    """``policy_lag`` (information): the token and per-sequence policy lag, as PipelineRL logs it.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        An arm.
+
+    Returns
+    -------
+    Finding or None
+        The lag (mean and max per token, per sequence, off-policy share); ``None`` for a trace
+        without recorded updates and with one version.
+    """
     if not mi.updates(trace) and len(trace_versions(trace)) < 2:
         return None
     tok = mi.lag_summary(trace)
@@ -171,7 +234,27 @@ def policy_lag(trace: xr.Dataset) -> Finding | None:
 
 def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=(),
                    evidence: ArmEvidence | None = None) -> list[Finding]:
-    """The inflight checks of one arm (called by :func:`rlparity.diagnose.diagnose`)."""
+    """The inflight checks of one arm (called by :func:`rlparity.diagnose.diagnose`).
+
+    Stale prefix cache, KV carried over, scoring at one version, and the policy lag.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        An arm.
+    options : DiagnoseOptions, optional
+        Reads ``trainer``, ``semantic_tol``, ``stale_ratio`` and ``tol_trainer``; None: the
+        defaults.
+    prior : sequence of Finding, default ()
+        The earlier layers' findings for the arm (unused here).
+    evidence : ArmEvidence, optional
+        The arm's evidence; built here for a scored trace when not given.
+
+    Returns
+    -------
+    list of Finding
+        The inflight findings of the arm.
+    """
     opts = options or DiagnoseOptions()
     ev = evidence
     if ev is None and has_trainer(trace):
@@ -185,9 +268,23 @@ def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, pr
 
 
 def matrix_findings(arms: Mapping[str, xr.Dataset], options: DiagnoseOptions | None = None) -> list[Finding]:
-    """Over an inflight matrix: ``inflight_stale_arms`` naming the arms with stale prefix-cache hits
-    and, for each, mean ``|d|`` after the update against the same arm with the cache reset (ratio);
-    information (each stale arm has its own error)."""
+    """Over an inflight matrix: ``inflight_stale_arms``, naming the arms with stale prefix-cache hits.
+
+    For each stale arm the evidence gives mean ``|d|`` (nats) after the update against the same arm
+    with the cache reset, and their ratio. Information: each stale arm has its own error.
+
+    Parameters
+    ----------
+    arms : mapping of str to xarray.Dataset
+        The arms of an inflight matrix (:func:`rlparity.experiments.inflight.inflight_matrix`).
+    options : DiagnoseOptions, optional
+        Reads ``trainer``; None: the defaults.
+
+    Returns
+    -------
+    list of Finding
+        One finding over all arms.
+    """
     opts = options or DiagnoseOptions()
     table = mi.inflight_table(arms, trainer=opts.trainer)
     stale = [a for a in table["arm"].values.tolist() if float(table["n_stale_sequences"].sel(arm=a)) > 0]
@@ -205,7 +302,20 @@ def matrix_findings(arms: Mapping[str, xr.Dataset], options: DiagnoseOptions | N
 
 
 def arms_findings(arms: Mapping[str, xr.Dataset], options: DiagnoseOptions | None = None) -> list[Finding]:
-    """Checks over arms of one store (called by :func:`rlparity.diagnose.diagnose`)."""
+    """The inflight-matrix check over the arms of one store (called by :func:`rlparity.diagnose.diagnose`).
+
+    Parameters
+    ----------
+    arms : mapping of str to xarray.Dataset
+        Every arm of the store.
+    options : DiagnoseOptions, optional
+        Passed to :func:`matrix_findings`; None: the defaults.
+
+    Returns
+    -------
+    list of Finding
+        :func:`matrix_findings` when the arms are an inflight matrix; empty otherwise.
+    """
     if not mi.is_inflight(arms):
         return []
     return matrix_findings(arms, options)

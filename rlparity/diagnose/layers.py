@@ -106,8 +106,27 @@ def _cause(trace: xr.Dataset, first: dict[str, Any], prior) -> tuple[str | None,
 
 
 def divergence_start(trace: xr.Dataset, *, floor_ratio: float | None = None, prior=()) -> Finding | None:
-    """``divergence_starts_at`` (or ``layers_within_floor``) for one arm with a layer profile;
-    ``None`` without one (see the module docstring)."""
+    """Where the engine's states first leave their floor, for one arm with a layer profile.
+
+    See the module docstring for the causes each place names.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        An arm with a layer profile (:mod:`rlparity.trace.layers`).
+    floor_ratio : float, optional
+        A site leaves its floor above this many times the floor; None:
+        ``defaults().layer_floor_ratio``.
+    prior : sequence of Finding, default ()
+        The arm's earlier findings; an ``engine_weights_differ`` naming the diverging layer
+        confirms a partial sync.
+
+    Returns
+    -------
+    Finding or None
+        ``divergence_starts_at`` (an error for weights or a stale cache, a warning for precision
+        or kernels) or ``layers_within_floor`` (info); ``None`` without a layer profile.
+    """
     if not has_layers(trace):
         return None
     info = trace.attrs.get("layer_capture") or {}
@@ -149,14 +168,44 @@ def divergence_start(trace: xr.Dataset, *, floor_ratio: float | None = None, pri
 
 def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=(),
                    evidence=None) -> list[Finding]:
-    """The per-layer check of one arm (called by :func:`rlparity.diagnose.diagnose`)."""
+    """The per-layer check of one arm (called by :func:`rlparity.diagnose.diagnose`).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        An arm.
+    options : DiagnoseOptions, optional
+        Reads ``layer_floor_ratio``; None: the defaults.
+    prior : sequence of Finding, default ()
+        The earlier layers' findings for the arm (the weight-sync findings confirm a partial sync).
+    evidence : ArmEvidence, optional
+        The arm's evidence (unused here).
+
+    Returns
+    -------
+    list of Finding
+        :func:`divergence_start`'s finding, or empty.
+    """
     opts = options or DiagnoseOptions()
     f = divergence_start(trace, floor_ratio=opts.layer_floor_ratio, prior=prior)
     return [f] if f is not None else []
 
 
 def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]:
-    """No check across arms (a comparison with another arm's engine is a profile of its own)."""
+    """No per-layer check compares arms: a comparison with another arm's engine is a profile of its own.
+
+    Parameters
+    ----------
+    arms : mapping of str to xarray.Dataset
+        The arms of the store (ignored).
+    options : DiagnoseOptions, optional
+        Ignored.
+
+    Returns
+    -------
+    list of Finding
+        Nothing: ``[]``.
+    """
     return []
 
 

@@ -51,9 +51,28 @@ def _ev(trace, pair, trainer) -> dict[str, Any]:
 
 def ess_collapse(trace: xr.Dataset, *, pairs: Iterable[str] | None = None, trainer: TrainerSide | None = None,
                  ess_min: float | None = None, ess_collapse: float | None = None) -> list[Finding]:
-    """Normalised ESS ``(sum w)^2 / (n sum w^2)`` of the raw weights of each pair (default backend
-    and update, where present), token level and sequence level (product and geometric): a warning
-    below ``ess_min``, an error below ``ess_collapse``."""
+    """Normalised ESS ``(sum w)^2 / (n sum w^2)`` of the raw (untruncated) weights of each pair.
+
+    Token level and sequence level (product and geometric); the worst of the three is judged.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+    pairs : iterable of str, optional
+        The pairs to judge (``"backend"``, ``"update"``); None: both, where present.
+    trainer : {"processed", "raw"}, optional
+        The trainer reading; None: the default.
+    ess_min : float, optional
+        An ESS below it warns; None: ``OBJECTIVE_DEFAULTS.ess_min``.
+    ess_collapse : float, optional
+        An ESS below it is an error; None: ``OBJECTIVE_DEFAULTS.ess_collapse``.
+
+    Returns
+    -------
+    list of Finding
+        One ``ess_collapse`` finding per pair below ``ess_min``; empty when every ESS is fine.
+    """
     o = ob.OBJECTIVE_DEFAULTS
     lo_warn = o.ess_min if ess_min is None else ess_min
     lo_err = o.ess_collapse if ess_collapse is None else ess_collapse
@@ -86,12 +105,36 @@ def masked_fraction_high(trace: xr.Dataset, *, pair: str = "backend", rules: Ite
                          trainer: TrainerSide | None = None, thresholds: Mapping[str, Any] | None = None,
                          masked_fraction_max: float | None = None,
                          masked_fraction_error: float | None = None) -> list[Finding]:
-    """The share of usable tokens each rejection rule drops on ``pair``: a warning above
-    ``masked_fraction_max``, an error above ``masked_fraction_error``. ``rules`` default to the
-    masks the trace's ``objective_correction`` attrs configure; with none configured nothing is
-    judged (what a mask *would* drop is in :func:`rlparity.metrics.objective.objective_summary`, not a
-    finding: a tight geometric band drops most of a healthy bf16 batch). ``thresholds`` maps a rule
-    to its band / bound."""
+    """The share of usable tokens each rejection rule drops on ``pair``.
+
+    With no rule given or configured nothing is judged (what a mask *would* drop is in
+    :func:`rlparity.metrics.objective.objective_summary`, not a finding: a tight geometric band
+    drops most of a healthy bf16 batch).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+    pair : str, default "backend"
+        The pair the rules are applied to.
+    rules : iterable of str, optional
+        The rejection rules; None: the masks the trace's ``objective_correction`` attrs configure.
+    trainer : {"processed", "raw"}, optional
+        The trainer reading; None: the default.
+    thresholds : mapping, optional
+        A rule's band / bound, by rule name; None: each rule's default.
+    masked_fraction_max : float, optional
+        A masked token share above it warns; None: ``OBJECTIVE_DEFAULTS.masked_fraction_max``.
+    masked_fraction_error : float, optional
+        A masked token share above it is an error; None:
+        ``OBJECTIVE_DEFAULTS.masked_fraction_error``.
+
+    Returns
+    -------
+    list of Finding
+        One ``masked_fraction_high`` finding per rule above ``masked_fraction_max``; empty without
+        the pair or a rule.
+    """
     o = ob.OBJECTIVE_DEFAULTS
     hi_warn = o.masked_fraction_max if masked_fraction_max is None else masked_fraction_max
     hi_err = o.masked_fraction_error if masked_fraction_error is None else masked_fraction_error
@@ -125,14 +168,36 @@ def masked_fraction_high(trace: xr.Dataset, *, pair: str = "backend", rules: Ite
 def update_ratio_clipped_often(trace: xr.Dataset, *, trainer: TrainerSide | None = None, eps: float | None = None,
                                gspo_eps: tuple[float, float] | None = None, clip_fraction_max: float | None = None,
                                sequence_clip_fraction_max: float | None = None) -> list[Finding]:
-    """PPO token clip fraction (eps default 0.2) and GSPO sequence clip fraction (default 3e-4 /
-    4e-4) of the update pair (pi_theta, pi_old), each a warning above its threshold. Nothing
-    without pi_theta in the trace.
+    """PPO token clip fraction and GSPO sequence clip fraction of the update pair (pi_theta, pi_old).
 
-    When the trace records the step that made pi_theta (``attrs["train_step"]``, written by
-    :func:`rlparity.train.train_step`), only its own loss's rule is judged, at the step's own clip
-    (a PPO step is not held to GSPO's 3e-4 band, nor a GSPO step to PPO's token clip); an explicit
-    ``eps`` / ``gspo_eps`` wins over the recorded clip."""
+    Each warns above its threshold. When the trace records the step that made pi_theta
+    (``attrs["train_step"]``, written by :func:`rlparity.train.train_step`), only its own loss's
+    rule is judged, at the step's own clip (a PPO step is not held to GSPO's 3e-4 band, nor a GSPO
+    step to PPO's token clip).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        An arm with pi_theta.
+    trainer : {"processed", "raw"}, optional
+        The trainer reading; None: the default.
+    eps : float, optional
+        PPO token clip; None: the step's recorded clip, else ``OBJECTIVE_DEFAULTS.ppo_eps`` (0.2).
+        An explicit value wins over the recorded one.
+    gspo_eps : tuple of (float, float), optional
+        GSPO's ``(eps_low, eps_high)``; None: the step's recorded clip, else the defaults (3e-4 /
+        4e-4).
+    clip_fraction_max : float, optional
+        Token clip fraction above which it warns; None: ``OBJECTIVE_DEFAULTS.clip_fraction_max``.
+    sequence_clip_fraction_max : float, optional
+        Sequence clip fraction above which it warns; None:
+        ``OBJECTIVE_DEFAULTS.sequence_clip_fraction_max``.
+
+    Returns
+    -------
+    list of Finding
+        Up to two ``update_ratio_clipped_often`` warnings; nothing without pi_theta in the trace.
+    """
     o = ob.OBJECTIVE_DEFAULTS
     if "update" not in ob.available_pairs(trace, trainer):
         return []
@@ -169,10 +234,29 @@ def update_ratio_clipped_often(trace: xr.Dataset, *, trainer: TrainerSide | None
 
 def backend_ratio_not_centred(trace: xr.Dataset, *, trainer: TrainerSide | None = None, backend_ratio_tol: float | None = None,
                               backend_ratio_z: float | None = None) -> list[Finding]:
-    """The mean backend ratio ``pi_old/mu`` over usable tokens. Under mu, ``E[pi_old/mu] = 1`` when
-    both are distributions over the same tokens, so a mean further than ``backend_ratio_tol`` from 1
-    and more than ``backend_ratio_z`` standard errors away means the weights of every correction
-    are biased: a warning, an error beyond 5 x the tolerance."""
+    """Whether the mean backend ratio ``pi_old/mu`` over usable tokens is 1.
+
+    Under mu, ``E[pi_old/mu] = 1`` when both are distributions over the same tokens, so a mean
+    further than ``backend_ratio_tol`` from 1 and more than ``backend_ratio_z`` standard errors away
+    means the weights of every correction are biased.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+    trainer : {"processed", "raw"}, optional
+        The trainer reading; None: the default.
+    backend_ratio_tol : float, optional
+        Tolerance on ``|mean - 1|``; None: ``OBJECTIVE_DEFAULTS.backend_ratio_tol``.
+    backend_ratio_z : float, optional
+        Standard errors the offset must also exceed; None: ``OBJECTIVE_DEFAULTS.backend_ratio_z``.
+
+    Returns
+    -------
+    list of Finding
+        A ``backend_ratio_not_centred`` warning (an error beyond 5 x the tolerance); empty when the
+        mean is centred, or with fewer than 2 usable tokens.
+    """
     o = ob.OBJECTIVE_DEFAULTS
     tol = o.backend_ratio_tol if backend_ratio_tol is None else backend_ratio_tol
     zmin = o.backend_ratio_z if backend_ratio_z is None else backend_ratio_z
@@ -199,9 +283,28 @@ def backend_ratio_not_centred(trace: xr.Dataset, *, trainer: TrainerSide | None 
 
 def corrected_health(trace: xr.Dataset, *, trainer: TrainerSide | None = None, cap: float | None = None,
                      rollout_is: str = "token") -> dict[str, Any]:
-    """The backend pair's corrected weights as a verl user sees them (``rollout_corr/*`` with token
-    TIS at ``cap``) and whether they pass verl's docs' health rules (mean in [0.5, 2], ESS >= 0.3,
-    std <= 1, chi2_token <= 1)."""
+    """The backend pair's corrected weights as a verl user sees them, and whether they look healthy.
+
+    verl's ``rollout_corr/*`` metrics with the correction at ``cap``, judged by verl's docs' health
+    rules (mean in [0.5, 2], ESS >= 0.3, std <= 1, chi2_token <= 1; :data:`VERL_HEALTHY`).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+    trainer : {"processed", "raw"}, optional
+        The trainer reading; None: the default.
+    cap : float, optional
+        The truncation cap C; None: ``OBJECTIVE_DEFAULTS.is_cap`` (verl's 2.0).
+    rollout_is : str, default "token"
+        The importance-sampling level, as verl names it.
+
+    Returns
+    -------
+    dict
+        ``rollout_is_mean``, ``rollout_is_eff_sample_size``, ``rollout_is_std``, ``chi2_token`` and
+        ``looks_healthy`` (bool).
+    """
     mask = trace["response_mask"].values.astype(bool)
     m = verl_metrics(ob.policy_logprob(trace, "old", trainer), ob.policy_logprob(trace, "mu", trainer), mask,
                      rollout_is=rollout_is, rollout_is_threshold=cap, rollout_rs={})
@@ -239,12 +342,33 @@ def _configured(trace: xr.Dataset, correction) -> Any:
 def correction_hides_backend_mismatch(trace: xr.Dataset, findings: Iterable[Finding] = (), *,
                                       correction: Any = None, trainer: TrainerSide | None = None,
                                       cap: float | None = None) -> list[Finding]:
-    """An error when a correction is configured (``correction``, or the trace's
+    """An error when a correction hides a broken backend.
+
+    Fires when a correction is configured (``correction``, or the trace's
     ``objective_correction`` / ``train_step`` attrs) or the corrected backend weights look healthy
-    by verl's rules, while ``findings`` (the other layers' findings for this trace) hold a
-    semantic or inference-path error: the correction then compensates a broken backend, its
-    statistics read as healthy, and the update differs from a parity update. Fix the backend
-    first."""
+    by verl's rules, while ``findings`` hold a semantic or inference-path error: the correction then
+    compensates a broken backend, its statistics read as healthy, and the update differs from a
+    parity update. Fix the backend first.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+    findings : iterable of Finding, default ()
+        The other layers' findings for this trace.
+    correction : str, list or mapping, optional
+        The corrections the run applies; None: what the trace's attrs record.
+    trainer : {"processed", "raw"}, optional
+        The trainer reading; None: the default.
+    cap : float, optional
+        Cap C of the token TIS checked when none is configured; None:
+        ``OBJECTIVE_DEFAULTS.is_cap``.
+
+    Returns
+    -------
+    list of Finding
+        The error, or empty.
+    """
     errors = [f for f in findings if f.severity == Severity.ERROR
               and f.layer in (Layer.SEMANTIC, Layer.INFERENCE_PATH)]
     if not errors or "backend" not in ob.available_pairs(trace, trainer):
@@ -268,9 +392,35 @@ def correction_hides_backend_mismatch(trace: xr.Dataset, findings: Iterable[Find
 
 def objective_findings(trace: xr.Dataset, findings: Iterable[Finding] = (), *, trainer: TrainerSide | None = None,
                        correction: Any = None, **thresholds: Any) -> list[Finding]:
-    """Every objective check on one trace; ``findings`` are the other layers' findings for it
-    (for :func:`correction_hides_backend_mismatch`). ``thresholds`` go to the checks that name them;
-    an unknown one is an error."""
+    """Every objective check on one trace.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+    findings : iterable of Finding, default ()
+        The other layers' findings for it (for :func:`correction_hides_backend_mismatch`).
+    trainer : {"processed", "raw"}, optional
+        The trainer reading; None: the default.
+    correction : str, list or mapping, optional
+        The corrections the run applies; its mask rules are the ones judged by
+        :func:`masked_fraction_high`.
+    **thresholds
+        Passed to the checks that name them: ``ess_min``, ``ess_collapse``,
+        ``masked_fraction_max``, ``masked_fraction_error``, ``clip_fraction_max``,
+        ``sequence_clip_fraction_max``, ``backend_ratio_tol``, ``backend_ratio_z``, ``eps``,
+        ``gspo_eps``, ``cap``.
+
+    Returns
+    -------
+    list of Finding
+        The objective findings; empty when the trace holds no pair.
+
+    Raises
+    ------
+    ValueError
+        If a threshold name is unknown.
+    """
     known = {"ess_min", "ess_collapse", "masked_fraction_max", "masked_fraction_error", "clip_fraction_max",
              "sequence_clip_fraction_max", "backend_ratio_tol", "backend_ratio_z", "eps", "gspo_eps", "cap"}
     bad = sorted(set(thresholds) - known)
@@ -297,15 +447,46 @@ def objective_findings(trace: xr.Dataset, findings: Iterable[Finding] = (), *, t
 
 def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None,
                    prior: Iterable[Finding] = (), evidence=None) -> list[Finding]:
-    """The objective checks of one arm (called by :func:`rlparity.diagnose.diagnose` after the
-    backend layers, whose findings for this arm arrive as ``prior``). Thresholds:
-    ``defaults().objective`` (change them with :func:`rlparity.config.defaults_context`)."""
+    """The objective checks of one arm, after the backend layers.
+
+    Called by :func:`rlparity.diagnose.diagnose`. Thresholds: ``defaults().objective`` (change
+    them with :func:`rlparity.config.defaults_context`).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+    options : DiagnoseOptions, optional
+        Reads ``trainer``, ``correction`` and ``eps``; None: the defaults.
+    prior : iterable of Finding, default ()
+        The backend layers' findings for this arm (a correction over a backend error is reported).
+    evidence : ArmEvidence, optional
+        The arm's evidence (unused here).
+
+    Returns
+    -------
+    list of Finding
+        :func:`objective_findings`' findings.
+    """
     opts = options or DiagnoseOptions()
     return objective_findings(trace, prior, trainer=opts.trainer, correction=opts.correction, eps=opts.eps)
 
 
 def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]:
-    """The objective layer has no check across arms."""
+    """The objective layer judges each arm alone; nothing across arms.
+
+    Parameters
+    ----------
+    arms : mapping of str to xarray.Dataset
+        The store's arms (unused).
+    options : DiagnoseOptions, optional
+        The options (unused).
+
+    Returns
+    -------
+    list of Finding
+        Empty.
+    """
     return []
 
 

@@ -41,7 +41,21 @@ PAIR_REFERENCE = REFERENCE_PAIR_D
 
 
 def setting_fix(field: str, value) -> str:
-    """How to set ``field=value`` in the user's terms: ``LLM(...)`` kwargs and ``vllm serve`` flags."""
+    """How to set ``field=value`` in the user's terms.
+
+    Parameters
+    ----------
+    field : str
+        A field of :class:`~rlparity.config.settings.EngineSettings`.
+    value : object
+        The value to set it to.
+
+    Returns
+    -------
+    str
+        ``LLM(..., field=value)`` keyword arguments and the ``vllm serve`` flags, or the
+        environment variables to set where the setting is one.
+    """
     s = EngineSettings(**{field: value}, seed=None, max_model_len=None)
     kwargs = ", ".join(f"{k}={v!r}" for k, v in s.to_engine_kwargs().items())
     env = s.env()
@@ -53,13 +67,26 @@ def setting_fix(field: str, value) -> str:
 
 
 def path_settings(trace: xr.Dataset, profile: str | None = None) -> list[Finding]:
-    """The path settings of one arm that differ from ``profile`` (empty when the trace records
-    no effective configuration, e.g. imported from another framework).
+    """The path settings of one arm that differ from ``profile``.
 
-    Each is information: the setting is a known risk for parity, and whether it moves this
-    model's logprobs is what :func:`rlparity.experiments.ablation.ablation` measures. The
-    exception is a ``generation_config`` whose model file really sets sampling defaults
-    (a warning: requests that omit them sample from another distribution)."""
+    Each is information: the setting is a known risk for parity, and whether it moves this model's
+    logprobs is what :func:`rlparity.experiments.ablation.ablation` measures. The exception is a
+    ``generation_config`` whose model file really sets sampling defaults (a warning: requests that
+    omit them sample from another distribution).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        An arm with ``attrs["engine_effective"]`` (the running engine's settings).
+    profile : str, optional
+        The reference profile, a name or a YAML path; None: the default profile.
+
+    Returns
+    -------
+    list of Finding
+        One ``*_differs`` finding per path setting (:data:`PATH_SETTINGS`) that differs; empty
+        when the trace records no effective configuration (e.g. imported from another framework).
+    """
     eff = trace.attrs.get("engine_effective")
     if not eff:
         return []
@@ -90,21 +117,54 @@ def path_settings(trace: xr.Dataset, profile: str | None = None) -> list[Finding
 
 def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=(),
                    evidence=None) -> list[Finding]:
-    """The inference-path checks of one arm (called by :func:`rlparity.diagnose.diagnose`)."""
+    """The inference-path checks of one arm (called by :func:`rlparity.diagnose.diagnose`).
+
+    The engine's effective path settings against the reference profile (:func:`path_settings`).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+    options : DiagnoseOptions, optional
+        Reads ``profile``; None: the defaults.
+    prior : sequence of Finding, default ()
+        The earlier layers' findings for the arm (unused here).
+    evidence : ArmEvidence, optional
+        The arm's evidence (unused here).
+
+    Returns
+    -------
+    list of Finding
+        The settings findings of the arm.
+    """
     opts = options or DiagnoseOptions()
     return path_settings(trace, opts.profile)
 
 
 def moved_settings(table: xr.Dataset, *, tol_reference: float | None = None, tol_trainer: float | None = None
                    ) -> dict[str, list[str]]:
-    """Which metrics each ran setting moves: ``{"setting": ["reference logprobs", "tokens",
-    "trainer gap", "batch determinism"]}`` (settings that move nothing map to ``[]``); batch
-    determinism moves when the distinct greedy outputs or the logprob spread differ from the
+    """Which metrics each setting that ran moves against the reference arm.
+
+    Batch determinism moves when the distinct greedy outputs or the logprob spread differ from the
     reference arm's.
 
-    ``tol_reference`` (nats): max ``|d_ref|`` and batch logprob spread above it count as moved
-    (default 0: any bitwise difference); ``tol_trainer`` (nats): the change of mean ``|d|`` against
-    the trainer above which the setting moves the gap itself."""
+    Parameters
+    ----------
+    table : xarray.Dataset
+        The ablation table (:func:`rlparity.metrics.ablation.ablation_table`).
+    tol_reference : float, optional
+        Nats: a max ``|d_ref|`` or a change of the batch logprob spread above it counts as moved;
+        None: ``defaults().tol_reference`` (0: any bitwise difference).
+    tol_trainer : float, optional
+        Nats: the change of mean ``|d|`` against the trainer above which the setting moves the gap
+        itself; None: ``defaults().tol_trainer``.
+
+    Returns
+    -------
+    dict of str to list of str
+        ``{setting: ["reference logprobs", "tokens", "trainer gap", "batch determinism"]}`` (the
+        ones moved; ``[]`` for a setting that moves nothing).
+    """
     opts = DiagnoseOptions.make(**({} if tol_reference is None else {"tol_reference": tol_reference}),
                                 **({} if tol_trainer is None else {"tol_trainer": tol_trainer}))
     tol_reference, tol_trainer = opts.tol_reference, opts.tol_trainer
@@ -159,11 +219,24 @@ def _batch_fix(table: xr.Dataset, reference: str, ref: Mapping[str, Any]) -> str
 def ablation_findings(arms: Mapping[str, xr.Dataset], options: DiagnoseOptions | None = None) -> list[Finding]:
     """One finding per setting of an ablation store (see the module docstring).
 
-    Options used: ``reference`` (the arm the others are compared with; default the store's
-    ``reference`` arm), ``tol_reference`` (nats: a max ``|d_ref|`` above it means the setting
-    changes the numerics; default 0, any bitwise difference), ``tol_trainer`` (nats: a change of
-    the mean ``|d|`` against the trainer above it means the setting moves the parity metric
-    itself), ``trainer``.
+    The reference arm gets ``batch_composition_nondeterminism`` when it is not batch-invariant;
+    each other setting ``setting_moves_trainer_gap``, ``setting_changes_numerics``,
+    ``batch_determinism_worse`` / ``_better`` or ``setting_no_effect``; a setting the platform
+    could not run ``setting_not_applicable`` with the reason.
+
+    Parameters
+    ----------
+    arms : mapping of str to xarray.Dataset
+        The arms of an ablation store (:func:`rlparity.experiments.ablation.ablation`).
+    options : DiagnoseOptions, optional
+        Reads ``reference`` (the arm the others are compared with; default the store's reference
+        arm), ``tol_reference`` (nats; default 0, any bitwise difference), ``tol_trainer`` (nats)
+        and ``trainer``; None: the defaults.
+
+    Returns
+    -------
+    list of Finding
+        The ablation's findings, one or two per setting, each with the arm of its setting.
     """
     opts = options or DiagnoseOptions()
     reference = opts.reference or REFERENCE
@@ -247,7 +320,20 @@ def _cache_note(ev: Mapping) -> str:
 
 
 def arms_findings(arms: Mapping[str, xr.Dataset], options: DiagnoseOptions | None = None) -> list[Finding]:
-    """Ablation checks over the arms of one store (called by :func:`rlparity.diagnose.diagnose`)."""
+    """Ablation checks over the arms of one store (called by :func:`rlparity.diagnose.diagnose`).
+
+    Parameters
+    ----------
+    arms : mapping of str to xarray.Dataset
+        Every arm of the store.
+    options : DiagnoseOptions, optional
+        Passed to :func:`ablation_findings`; None: the defaults.
+
+    Returns
+    -------
+    list of Finding
+        :func:`ablation_findings` when the arms are an ablation; empty otherwise.
+    """
     if not is_ablation(arms):
         return []
     return ablation_findings(arms, options)

@@ -46,7 +46,30 @@ REPLAY_SHARE = 0.5
 
 def routing_finding(trace: xr.Dataset, *, evidence: ArmEvidence | None = None, trainer: str | None = None,
                     ratio: float | None = None, tol: float | None = None) -> Finding | None:
-    """The routing verdict of one arm (see the module docstring); ``None`` without both sides' routes."""
+    """The routing verdict of one arm (see the module docstring).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm with both sides' routes.
+    evidence : ArmEvidence, optional
+        The arm's evidence (it holds the routing claim); built here when not given.
+    trainer : str, optional
+        The trainer reading, used when the evidence is built here; None: the default.
+    ratio : float, optional
+        Flipped tokens' mean ``|r|`` at least this many times the background's count as measured
+        (:meth:`ArmEvidence.localized_test`); None: ``defaults().stale_ratio``.
+    tol : float, optional
+        Nats of excess over the background that count as measured (with 4 standard errors); None:
+        ``defaults().tol_trainer``.
+
+    Returns
+    -------
+    Finding or None
+        ``moe_routes_agree`` (info) or ``moe_routing_disagreement`` (warning when the flips
+        explain their tokens' mismatch or replay removes at least :data:`REPLAY_SHARE` of it,
+        else info); ``None`` without both sides' routes or an unscored trace.
+    """
     if not has_routes(trace) or not has_trainer(trace):
         return None
     ratio = defaults().stale_ratio if ratio is None else ratio
@@ -117,14 +140,45 @@ def routing_finding(trace: xr.Dataset, *, evidence: ArmEvidence | None = None, t
 
 def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=(),
                    evidence: ArmEvidence | None = None) -> list[Finding]:
-    """The routing check of one arm (called by :func:`rlparity.diagnose.diagnose`)."""
+    """The routing check of one arm (called by :func:`rlparity.diagnose.diagnose`).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+    options : DiagnoseOptions, optional
+        Reads ``trainer``, ``stale_ratio`` (the ratio) and ``tol_trainer`` (the tolerance); None:
+        the defaults.
+    prior : sequence of Finding, default ()
+        The earlier layers' findings for the arm (unused here).
+    evidence : ArmEvidence, optional
+        The arm's evidence; built here when not given.
+
+    Returns
+    -------
+    list of Finding
+        :func:`routing_finding`'s finding, or empty.
+    """
     opts = options or DiagnoseOptions()
     f = routing_finding(trace, evidence=evidence, trainer=opts.trainer, ratio=opts.stale_ratio, tol=opts.tol_trainer)
     return [f] if f is not None else []
 
 
 def arms_findings(arms: Mapping[str, xr.Dataset], options: DiagnoseOptions | None = None) -> list[Finding]:
-    """No check across arms."""
+    """No routing check compares arms.
+
+    Parameters
+    ----------
+    arms : mapping of str to xarray.Dataset
+        Every arm of the store (unused).
+    options : DiagnoseOptions, optional
+        The options (unused).
+
+    Returns
+    -------
+    list of Finding
+        Always empty.
+    """
     return []
 
 

@@ -39,7 +39,18 @@ EQUIVALENT = {"weights_differ": ("partial_weight_sync", "trainer_stale_weights")
 
 
 def truth(trace: xr.Dataset) -> tuple[str, ...] | None:
-    """The causes injected into an arm (``None`` when the arm carries no ground truth)."""
+    """The causes injected into an arm of a fault matrix.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        An arm; the truth is ``attrs["faults"]["causes"]``.
+
+    Returns
+    -------
+    tuple of str or None
+        The causes (empty for a clean arm); ``None`` when the arm carries no ground truth.
+    """
     f = trace.attrs.get("faults")
     if not isinstance(f, Mapping) or "causes" not in f:
         return None
@@ -47,11 +58,25 @@ def truth(trace: xr.Dataset) -> tuple[str, ...] | None:
 
 
 def not_injected(trace: xr.Dataset, causes: tuple[str, ...]) -> dict[str, str]:
-    """The recipes of ``causes`` that did not take effect on this capture, from the engine's own
-    records (never from the diagnosis), with why: KV carried over an update needs a request in
-    flight at the pause (on a fast GPU short requests finish before it lands), a stale prefix cache
-    needs a prompt that hit it after the update. A platform floor (the engine's batch variance) is
-    present on every arm of a GPU run: it is scored apart, not as an injected cause."""
+    """The recipes of ``causes`` that did not take effect on this capture, with why.
+
+    Read from the engine's own records, never from the diagnosis: KV carried over an update needs a
+    request in flight at the pause (on a fast GPU short requests finish before it lands), a stale
+    prefix cache needs a prompt that hit it after the update. A platform floor (the engine's batch
+    variance) is present on every arm of a GPU run: it is scored apart, not as an injected cause.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        An arm of a fault matrix.
+    causes : tuple of str
+        The causes injected into it (:func:`truth`).
+
+    Returns
+    -------
+    dict of str to str
+        ``{cause: why it is left out of the arm's truth}``.
+    """
     from rlparity.metrics import inflight as mi
 
     out = {}
@@ -76,10 +101,27 @@ def _resolve(named: set[str], true: tuple[str, ...]) -> set[str]:
 
 
 def arm_score(report: Report, arm: str, true: tuple[str, ...]) -> dict[str, Any]:
-    """One arm's verdict against its causes (see the module docstring). Findings whose cause is a
-    floor of the platform (:data:`rlparity.diagnose.causes.FLOOR_CAUSES`: the two sides' batch
-    variance, present on every arm of a GPU run) count for recall when injected, are listed apart
-    (``floors``), and are never a false alarm or a clean arm's problem."""
+    """One arm's verdict against its causes (see the module docstring).
+
+    Findings whose cause is a floor of the platform (:data:`rlparity.diagnose.causes.FLOOR_CAUSES`:
+    the two sides' batch variance, present on every arm of a GPU run) count for recall when
+    injected, are listed apart (``floors``), and are never a false alarm or a clean arm's problem.
+
+    Parameters
+    ----------
+    report : Report
+        The diagnosis of the matrix.
+    arm : str
+        The arm scored.
+    true : tuple of str
+        Its causes that took effect (empty for a clean arm).
+
+    Returns
+    -------
+    dict
+        ``arm``, ``true``, ``named``, ``headline``, ``headline_cause``, ``headline_right``,
+        ``missed``, ``false``, ``unattributed`` and ``floors``.
+    """
     problems = [f for f in report if f.arm == arm and f.severity.rank >= 1]
     named = _resolve({f.cause for f in problems if f.cause}, true)
     real = [f for f in problems if f.cause not in FLOOR_CAUSES or f.cause in true]
@@ -96,8 +138,28 @@ def arm_score(report: Report, arm: str, true: tuple[str, ...]) -> dict[str, Any]
 
 
 def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
-    """The scores of a fault matrix: per cause, per arm, and the confusion matrix (a Dataset; the
-    headline rates on single causes and pairs, overall recall and the clean arms' problems in its attrs)."""
+    """The scores of a fault matrix: per cause, per arm, and the confusion matrix.
+
+    Parameters
+    ----------
+    arms : mapping of str to xarray.Dataset
+        The arms of the matrix; those with a ground truth are scored.
+    report : Report
+        Their diagnosis.
+
+    Returns
+    -------
+    xarray.Dataset
+        Dims ``cause`` (recall, false alarms, headlines), ``arm`` (headline right, missed, false,
+        unattributed, floors, not injected) and ``true_cause`` x ``named_cause`` (the confusion
+        matrix); the headline rates on single causes and pairs, overall recall and the clean arms'
+        problems in its attrs.
+
+    Raises
+    ------
+    ValueError
+        If no arm carries a ground truth.
+    """
     rows = []
     for name, ds in arms.items():
         t = truth(ds)
@@ -163,8 +225,19 @@ def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
 
 
 def format_scores(scores: xr.Dataset) -> str:
-    """The scores as text: the rates, per cause recall and false alarms, the arms whose headline
-    is wrong or that miss a cause."""
+    """The scores as text.
+
+    Parameters
+    ----------
+    scores : xarray.Dataset
+        :func:`score_matrix`'s result.
+
+    Returns
+    -------
+    str
+        The rates, per cause recall and false alarms, and the arms whose headline is wrong or that
+        miss a cause.
+    """
     a = scores.attrs
     lines = [f"fault matrix: {a['n_arms']} arms; headline right: single causes {a['headline_right_single']:.0%}, "
              f"pairs {a['headline_right_pairs']:.0%}; recall {a['recall_overall']:.0%}; "

@@ -56,14 +56,36 @@ def logprob_semantics(trace: xr.Dataset, *, semantic_tol: float | None = None,
     ``mu - raw = alpha (processed - raw) + noise`` (a robust least-squares fit,
     :func:`rlparity.diagnose.evidence.semantic_fit`), on the tokens no other identified cause
     explains (stale prefix-cache hits, KV carried over an update, tokens of a version the two sides
-    hold different weights for: ``evidence``, built here when not given). ``alpha ~ 1``: processed;
-    ``alpha ~ 0``: raw; within ``semantic_tol`` of the gap (or three standard errors, if larger).
-    The residual is the numeric noise floor of this engine and model: it never enters the verdict as
-    a tolerance, so a bf16 GPU engine and an fp32 CPU engine are judged alike. With one trainer
-    reading (an imported dump), the mean offset of d is tested against what a faithful rollout
-    gives (``E[d] = -Var(d)/2``, mean ratio 1): more than ``offset_z`` standard errors above it is the
-    raw-mode signature. When sampling is the identity (temperature 1, no top-k/top-p) both readings
-    agree and no mismatch can be seen.
+    hold different weights for). ``alpha ~ 1``: processed; ``alpha ~ 0``: raw; within
+    ``semantic_tol`` of the gap (or three standard errors, if larger). The residual is the numeric
+    noise floor of this engine and model: it never enters the verdict as a tolerance, so a bf16 GPU
+    engine and an fp32 CPU engine are judged alike. With one trainer reading (an imported dump), the
+    mean offset of d is tested against what a faithful rollout gives (``E[d] = -Var(d)/2``, mean
+    ratio 1): more than ``offset_z`` standard errors above it is the raw-mode signature. When
+    sampling is the identity (temperature 1, no top-k/top-p) both readings agree and no mismatch
+    can be seen. An engine that reports ``logprobs_mode=raw_logprobs`` is believed (a warning) when
+    the numbers cannot confirm it.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+    semantic_tol : float, optional
+        Tolerance on alpha, a share of the gap between the readings (dimensionless); None:
+        ``defaults().semantic_tol``.
+    offset_z : float, optional
+        Standard errors the mean offset must exceed with one trainer reading; None:
+        ``defaults().offset_z``.
+    evidence : ArmEvidence, optional
+        The arm's evidence (:func:`rlparity.diagnose.evidence.build`); built here when not given.
+
+    Returns
+    -------
+    Finding
+        ``logprobs_processed`` / ``logprobs_raw`` (info), ``logprob_semantics_untestable`` (info),
+        ``raw_logprobs_used_as_processed`` (error, or warning from the engine's report alone),
+        ``logprobs_not_processed`` (error) or ``logprobs_match_neither`` (warning); the evidence
+        holds alpha, its standard error and band, the noise floor (nats RMS) and the offsets.
     """
     o = defaults()
     semantic_tol = o.semantic_tol if semantic_tol is None else semantic_tol
@@ -158,11 +180,24 @@ FIX_TRAINER_SAMPLING = ("compute the trainer's processed logprobs with the engin
 
 
 def trainer_sampling(trace: xr.Dataset) -> list[Finding]:
-    """The temperature and the top-k/top-p cut the trainer applied for its processed reading
-    (``trainer_temperature`` / ``trainer_top_k`` / ``trainer_top_p``, recorded by the scorer or the
-    importer) against the engine's request, per sequence: an error per parameter that differs on
-    any sequence with tokens (the trainer then computes another distribution than the sampler drew
-    from, whatever the logprobs mode). Nothing when the trace does not record what the trainer applied."""
+    """The temperature and top-k/top-p cut the trainer applied, against the engine's request.
+
+    Reads ``trainer_temperature`` / ``trainer_top_k`` / ``trainer_top_p`` (recorded by the scorer or
+    the importer) per sequence with tokens: the trainer then computes another distribution than the
+    sampler drew from, whatever the logprobs mode.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+
+    Returns
+    -------
+    list of Finding
+        An error per parameter that differs on any sequence (``trainer_temperature_differs``,
+        ``trainer_cut_differs``); empty when they agree or the trace does not record what the
+        trainer applied.
+    """
     mask = trace["response_mask"].values.astype(bool)
     has = mask.any(axis=1)
     arm = trace.attrs.get("arm")
@@ -197,11 +232,26 @@ def trainer_sampling(trace: xr.Dataset) -> list[Finding]:
 
 
 def sampling_penalty(trace: xr.Dataset, *, evidence: ArmEvidence | None = None) -> Finding | None:
-    """An error when the engine's requests used a sampling penalty (``repetition_penalty`` /
-    ``presence_penalty`` / ``frequency_penalty`` recorded per sequence) the trainer does not apply
-    (no trainer applies them; vLLM's processed logprobs include them). Evidence: the mean residual
-    of tokens that already occurred in the prompt or response (the penalised ones) against those
-    that did not. ``None`` when no penalty was used or none is recorded."""
+    """An error when the engine's requests used a sampling penalty the trainer does not apply.
+
+    ``repetition_penalty`` / ``presence_penalty`` / ``frequency_penalty`` recorded per sequence: no
+    trainer applies them, and vLLM's processed logprobs include them. Evidence: the mean residual
+    (nats) of tokens that already occurred in the prompt or response (the penalised ones) against
+    those that did not.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        An arm (scored, for the residual evidence).
+    evidence : ArmEvidence, optional
+        The arm's evidence; built here when not given and the trace is scored.
+
+    Returns
+    -------
+    Finding or None
+        ``sampling_penalty_not_in_trainer``; ``None`` when no penalty was used or none is
+        recorded.
+    """
     names = [n for n, neutral in (("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0))
              if n in trace and np.any(trace[n].values != neutral)]
     if not names:
@@ -233,7 +283,18 @@ def sampling_penalty(trace: xr.Dataset, *, evidence: ArmEvidence | None = None) 
 
 
 def repeated_tokens(trace: xr.Dataset) -> np.ndarray:
-    """Per token: its id already occurred in the prompt or earlier in the response."""
+    """Per token: whether its id already occurred in the prompt or earlier in the response.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace with ``token_id`` and ``prompt_token_id`` (padded with negative ids).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(sequence, position)`` bool.
+    """
     tok = trace["token_id"].values
     prompt = trace["prompt_token_id"].values
     out = np.zeros(tok.shape, dtype=bool)
@@ -248,10 +309,23 @@ def repeated_tokens(trace: xr.Dataset) -> np.ndarray:
 
 
 def trainer_is_rollout_copy(trace: xr.Dataset) -> Finding | None:
-    """An error when the trainer's only reading (an imported dump's) equals the rollout's logprobs
-    bit for bit on (nearly) every token: the "trainer side" is a copy of mu (verl's bypass mode
-    writes ``old_log_probs = rollout_log_probs``), and parity of a copy with itself proves nothing.
-    A rescoring (both readings, from the model) is never a copy."""
+    """An error when the trainer's only reading equals the rollout's logprobs bit for bit.
+
+    On (nearly) every token of an imported dump: the "trainer side" is a copy of mu (verl's bypass
+    mode writes ``old_log_probs = rollout_log_probs``), and parity of a copy with itself proves
+    nothing. A rescoring (both readings, from the model) is never a copy.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+
+    Returns
+    -------
+    Finding or None
+        ``trainer_is_rollout_copy`` when at least 99% of at least 8 tokens are identical; ``None``
+        otherwise or with two trainer readings.
+    """
     mask = trace["response_mask"].values.astype(bool)
     mu = trace["rollout_logprob"].values
     n = int(mask.sum())
@@ -276,9 +350,22 @@ def renormalization(trace: xr.Dataset, *, semantic_tol: float | None = None) -> 
 
     ``log kept mass`` (<= 0) is the log of the temperature-scaled probability that top-k/top-p keep.
     A rollout that applies temperature but not the renormalization reports ``processed + log kept``:
-    ``mu - log pi_processed = beta * log kept`` with ``beta ~ 1`` (``beta ~ 0`` when it renormalises),
-    fitted as in :func:`logprob_semantics`. ``None`` when no request uses top-k/top-p or the trace
-    was scored without ``trainer_log_kept_mass``.
+    ``mu - log pi_processed = beta * log kept`` with ``beta ~ 1`` (``beta ~ 0`` when it
+    renormalises), fitted as in :func:`logprob_semantics`.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm with ``trainer_log_kept_mass``.
+    semantic_tol : float, optional
+        Tolerance on beta (dimensionless); None: ``defaults().semantic_tol``.
+
+    Returns
+    -------
+    Finding or None
+        ``rollout_not_renormalized`` (error) or ``topk_topp_renormalization`` (info: the mean log
+        kept mass, nats); ``None`` when no request uses top-k/top-p or the trace was scored without
+        ``trainer_log_kept_mass``.
     """
     semantic_tol = defaults().semantic_tol if semantic_tol is None else semantic_tol
     if "trainer_log_kept_mass" not in trace or TRAINER_VARIABLE["processed"] not in trace:
@@ -317,11 +404,24 @@ def zero_probability_tokens(trace: xr.Dataset, *, noise_rms: float | None = None
 
     Every one is counted and located, never averaged away (a single one makes the ratio infinite).
     *Boundary flips* (:func:`rlparity.metrics.zero_prob_tokens`, ``cause="boundary"``): the token's
-    logit is within a precision-sized margin of the kept set's edge (the k-th logit / the top-p cut),
-    so the engine's and the trainer's rounding put it on different sides; a handful is expected
-    from a bf16 engine and is information, a large share a warning. *Outside* tokens sit clearly
-    beyond the trainer's set: the two sides cut different sets (other top-k/top-p, ties dropped),
-    an error. ``noise_rms`` (nats) widens the margin to the engine's measured noise.
+    logit is within a precision-sized margin of the kept set's edge (the k-th logit / the top-p
+    cut), so the engine's and the trainer's rounding put it on different sides; a handful is
+    expected from a bf16 engine and is information, a share above
+    ``defaults().boundary_flip_share`` a warning. *Outside* tokens sit clearly beyond the trainer's
+    set: the two sides cut different sets (other top-k/top-p, ties dropped), an error.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+    noise_rms : float, optional
+        The engine's measured noise (nats RMS), widening the margin; None: precision only.
+
+    Returns
+    -------
+    list of Finding
+        ``topk_boundary_flips`` and ``zero_probability_tokens`` findings, one per cause present;
+        empty without a processed reading or such tokens.
     """
     z = zero_prob_tokens(trace, "processed", noise_rms=noise_rms) if TRAINER_VARIABLE["processed"] in trace else None
     if z is None or z.sizes["token"] == 0:
@@ -364,11 +464,21 @@ def zero_probability_tokens(trace: xr.Dataset, *, noise_rms: float | None = None
 
 
 def prompt_token_parity(trace: xr.Dataset) -> Finding | None:
-    """The prompt ids the engine saw vs the trainer's own tokenization of the same prompt.
+    """The prompt ids the engine saw against the trainer's own tokenization of the same prompt.
 
-    Needs ``trainer_prompt_token_id`` (added by :class:`rlparity.score.Scorer`). Sequences whose
-    prompt was given as ids only cannot be checked and are counted as such. ``None`` when the
-    trace has no trainer tokenization.
+    Sequences whose prompt was given as ids only cannot be checked and are counted as such.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm with ``trainer_prompt_token_id`` (added by :class:`rlparity.score.Scorer`).
+
+    Returns
+    -------
+    Finding or None
+        ``prompt_token_mismatch`` (error, with the first differing position),
+        ``prompt_tokens_match`` or ``prompt_tokens_unchecked`` (info); ``None`` when the trace has
+        no trainer tokenization.
     """
     if "trainer_prompt_token_id" not in trace:
         return None
@@ -415,7 +525,26 @@ def prompt_token_parity(trace: xr.Dataset) -> Finding | None:
 
 def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=(),
                    evidence: ArmEvidence | None = None) -> list[Finding]:
-    """Every semantic check on one scored trace (what :func:`rlparity.diagnose.diagnose` runs)."""
+    """Every semantic check on one scored trace (what :func:`rlparity.diagnose.diagnose` runs).
+
+    A trainer side that is a copy of the rollout stops the layer there (that one finding).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+    options : DiagnoseOptions, optional
+        Reads ``trainer``, ``semantic_tol``, ``offset_z`` and ``stale_ratio``; None: the defaults.
+    prior : sequence of Finding, default ()
+        The earlier layers' findings for the arm (this first layer has none; unused).
+    evidence : ArmEvidence, optional
+        The arm's evidence; built here when not given.
+
+    Returns
+    -------
+    list of Finding
+        The semantic layer's findings for the arm.
+    """
     opts = options or DiagnoseOptions()
     ev = evidence if evidence is not None else build(trace, trainer=opts.trainer, semantic_tol=opts.semantic_tol,
                                                      stale_ratio=opts.stale_ratio)

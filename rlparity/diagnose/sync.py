@@ -50,9 +50,32 @@ def _tokens(trace: xr.Dataset, ev: ArmEvidence | None, version: int) -> dict[str
 def engine_weights_differ(cmp: dict[str, Any], version: int, *, arm: str | None = None,
                           effect: dict[str, Any] | None = None, tokens: dict[str, Any] | None = None,
                           how: str = "checksums of the checkpoints the engine loaded") -> Finding:
-    """The ``engine_weights_differ`` finding from a :func:`~rlparity.trace.weights.compare_checksums`
-    result of the engine's weights against the trainer's (the recorded loads, or the engine's live
-    weights read by ``rlparity verify-weights``): which tensors, of which layers."""
+    """The ``engine_weights_differ`` finding: which tensors, of which layers, the engine held otherwise.
+
+    Built from a :func:`~rlparity.trace.weights.compare_checksums` result of the engine's weights
+    against the trainer's (the recorded loads, or the engine's live weights read by
+    ``rlparity verify-weights``).
+
+    Parameters
+    ----------
+    cmp : dict
+        The comparison: ``differ``, ``missing_in_engine`` and ``n_compared``.
+    version : int
+        The policy version compared.
+    arm : str or None, default None
+        The arm the finding is about.
+    effect : dict or None, default None
+        Extra evidence (the version's residual excess, when the numbers flag it too).
+    tokens : dict or None, default None
+        The tokens it explains (``{"scope", "n_tokens", "n_sequences"}``).
+    how : str, default "checksums of the checkpoints the engine loaded"
+        What the engine's checksums were measured on, for the evidence.
+
+    Returns
+    -------
+    Finding
+        An error naming up to 20 tensors and their layers, cause ``partial_weight_sync``.
+    """
     bad = sorted(set(cmp["differ"]) | set(cmp["missing_in_engine"]))
     layers = layers_of(bad)
     return Finding(
@@ -65,7 +88,21 @@ def engine_weights_differ(cmp: dict[str, Any], version: int, *, arm: str | None 
 
 
 def weight_sync(trace: xr.Dataset, *, evidence: ArmEvidence | None = None) -> list[Finding]:
-    """The weight-sync findings of one arm (see the module docstring)."""
+    """The weight-sync findings of one arm (see the module docstring).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        An arm; unscored arms give nothing.
+    evidence : ArmEvidence, optional
+        The arm's evidence (its version excess); built here when not given.
+
+    Returns
+    -------
+    list of Finding
+        ``trainer_weights_stale`` or ``engine_weights_differ`` per version whose fingerprints
+        differ, ``weights_differ_at_version`` per version only the numbers flag.
+    """
     if not has_trainer(trace):
         return []
     ev = evidence if evidence is not None else build(trace)
@@ -101,7 +138,25 @@ def weight_sync(trace: xr.Dataset, *, evidence: ArmEvidence | None = None) -> li
 
 def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=(),
                    evidence: ArmEvidence | None = None) -> list[Finding]:
-    """The weight-sync checks of one arm (called by :func:`rlparity.diagnose.diagnose`)."""
+    """The weight-sync checks of one arm (called by :func:`rlparity.diagnose.diagnose`).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        An arm.
+    options : DiagnoseOptions, optional
+        Reads ``trainer``, ``semantic_tol`` and ``stale_ratio`` (for the evidence built here);
+        None: the defaults.
+    prior : sequence of Finding, default ()
+        The earlier layers' findings for the arm (unused here).
+    evidence : ArmEvidence, optional
+        The arm's evidence; built here for a scored trace when not given.
+
+    Returns
+    -------
+    list of Finding
+        :func:`weight_sync`'s findings.
+    """
     opts = options or DiagnoseOptions()
     if evidence is None and has_trainer(trace):
         evidence = build(trace, trainer=opts.trainer, semantic_tol=opts.semantic_tol, stale_ratio=opts.stale_ratio)
@@ -109,7 +164,20 @@ def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, pr
 
 
 def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]:
-    """No check across arms."""
+    """No weight-sync check compares arms: each arm carries its own fingerprints.
+
+    Parameters
+    ----------
+    arms : mapping of str to xarray.Dataset
+        The store's arms (not read).
+    options : DiagnoseOptions, optional
+        Not read.
+
+    Returns
+    -------
+    list of Finding
+        An empty list.
+    """
     return []
 
 

@@ -27,10 +27,26 @@ RUN_TO_RUN_SHARE = 0.1
 
 
 def trainer_determinism(trace: xr.Dataset, *, evidence: ArmEvidence | None = None) -> Finding | None:
-    """``trainer_not_deterministic`` when the trainer's self-check moved the logprobs between two
-    identical forwards by at least :data:`RUN_TO_RUN_SHARE` of the background mismatch (or the
-    trainer scored in train mode with dropout on): an error when it scored in train mode with
-    dropout, a warning otherwise. ``None`` without a self-check or when it is deterministic."""
+    """``trainer_not_deterministic`` when two identical forwards of the trainer gave other logprobs.
+
+    Fires when the trainer's self-check moved the logprobs between two identical forwards by at
+    least :data:`RUN_TO_RUN_SHARE` of the background mismatch (RMS of the residual on the tokens
+    no cause explains), or when the trainer scored in train mode with dropout on.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm with the trainer's self-check.
+    evidence : ArmEvidence, optional
+        The arm's evidence (its residual); built here when not given.
+
+    Returns
+    -------
+    Finding or None
+        An error when it scored in train mode with dropout, a warning otherwise (cause
+        ``trainer_dropout``); ``None`` for an unscored trace, without a self-check or when the
+        trainer is deterministic.
+    """
     if not has_trainer(trace):
         return None
     ev = evidence if evidence is not None else build(trace)
@@ -79,16 +95,32 @@ def _gap(ev: ArmEvidence) -> float:
 
 def floor_findings(trace: xr.Dataset, *, evidence: ArmEvidence | None = None, tol: float | None = None
                    ) -> list[Finding]:
-    """The two sides' own floors against the measured gap (mean ``|x|`` vs mean ``|d|``, nats):
+    """The two sides' own floors against the measured gap (mean ``|x|`` vs mean ``|d|``, nats).
 
-    * ``trainer_not_batch_invariant``: the trainer's self-check (the same sequences scored alone vs in
-      their batch) moves its logprobs by at least :data:`FLOOR_SHARE` of the gap, on a gap above
-      ``tol`` (default ``tol_trainer``): a warning (a large part of what looks like backend mismatch is
-      the trainer's own batch shape); information below;
-    * ``engine_not_batch_invariant``: the same for the engine's batch spread (the same requests sampled
-      again alone, ``attrs["engine_floor"]``).
+    * ``trainer_not_batch_invariant``: the trainer's self-check (the same sequences scored alone
+      vs in their batch) moves its logprobs by at least :data:`FLOOR_SHARE` of the gap, on a gap
+      above ``tol``: a warning (a large part of what looks like backend mismatch is the trainer's
+      own batch shape); information below. Skipped for a trainer that is not deterministic (its
+      own finding).
+    * ``engine_not_batch_invariant``: the same for the engine's batch spread (the same requests
+      sampled again alone, ``attrs["engine_floor"]``).
 
-    Nothing where a floor is not measured or is exactly 0 (a batch-invariant side)."""
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+    evidence : ArmEvidence, optional
+        The arm's evidence; built here when not given.
+    tol : float, optional
+        The gap (nats of mean ``|d|``) above which a large floor warns; None:
+        ``defaults().tol_trainer``.
+
+    Returns
+    -------
+    list of Finding
+        Up to one finding per side; nothing where a floor is not measured or is exactly 0 (a
+        batch-invariant side), or for an unscored trace.
+    """
     from rlparity.config.defaults import defaults
 
     if not has_trainer(trace):
@@ -125,7 +157,25 @@ def floor_findings(trace: xr.Dataset, *, evidence: ArmEvidence | None = None, to
 
 def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=(),
                    evidence: ArmEvidence | None = None) -> list[Finding]:
-    """The trainer's and the engine's own floors for one arm (called by :func:`rlparity.diagnose.diagnose`)."""
+    """The trainer's and the engine's own floors for one arm (called by :func:`rlparity.diagnose.diagnose`).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        An arm.
+    options : DiagnoseOptions, optional
+        Reads ``tol_trainer``, and ``trainer``, ``semantic_tol``, ``stale_ratio`` for the evidence
+        built here; None: the defaults.
+    prior : sequence of Finding, default ()
+        The earlier layers' findings for the arm (unused here).
+    evidence : ArmEvidence, optional
+        The arm's evidence; built here for a scored trace when not given.
+
+    Returns
+    -------
+    list of Finding
+        :func:`trainer_determinism`'s and :func:`floor_findings`' findings.
+    """
     opts = options or DiagnoseOptions()
     if evidence is None and has_trainer(trace):
         evidence = build(trace, trainer=opts.trainer, semantic_tol=opts.semantic_tol, stale_ratio=opts.stale_ratio)
@@ -135,7 +185,20 @@ def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, pr
 
 
 def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]:
-    """No check across arms."""
+    """The floors are judged arm by arm: there is no check across arms.
+
+    Parameters
+    ----------
+    arms : mapping of str to xarray.Dataset
+        The arms (left alone).
+    options : DiagnoseOptions, optional
+        Left alone.
+
+    Returns
+    -------
+    list of Finding
+        ``[]``.
+    """
     return []
 
 

@@ -42,9 +42,19 @@ from rlparity.metrics.ablation import REFERENCE
 class Knob:
     """One engine setting to change: ``field`` of :class:`EngineSettings` set to ``value``.
 
-    ``value=None`` flips a boolean against the reference engine's effective value.
-    ``effective_key`` is the key of the effective configuration that shows whether the engine
-    honoured it (default: ``field``).
+    Parameters
+    ----------
+    name : str
+        The knob's name, also the arm's.
+    field : str
+        The :class:`EngineSettings` field it changes.
+    value : object, optional
+        The value to set; ``None`` flips a boolean against the reference engine's effective value.
+    description : str, default ""
+        What the knob changes, in words.
+    effective_key : str, optional
+        The key of the effective configuration that shows whether the engine honoured it;
+        ``None`` means ``field``.
     """
 
     name: str
@@ -55,6 +65,7 @@ class Knob:
 
     @property
     def key(self) -> str:
+        """The effective-configuration key that shows the knob was honoured (``effective_key``, else ``field``)."""
         return self.effective_key or self.field
 
 
@@ -72,10 +83,25 @@ DEFAULT_KNOBS = tuple(KNOBS)
 
 
 def shared_prefix_prompts(n: int, *, prefix_problems: int = 32, seed: int = 0) -> list[str]:
-    """``n`` task prompts that share a long common prefix (``prefix_problems`` solved problems,
-    about 10 characters = tokens each for the tiny model) and end in a different open problem,
-    so prefix caching and cascade attention have shared full KV blocks to work on (vLLM's CPU
-    backend uses blocks of 128 tokens; a prefix shorter than one block is never cached)."""
+    """Task prompts that share a long common prefix and each end in a different open problem.
+
+    The prefix lets prefix caching and cascade attention work on shared full KV blocks (vLLM's CPU
+    backend uses blocks of 128 tokens; a prefix shorter than one block is never cached).
+
+    Parameters
+    ----------
+    n : int
+        How many prompts.
+    prefix_problems : int, default 32
+        Solved problems in the shared prefix (about 10 characters = tokens each for the tiny model).
+    seed : int, default 0
+        Seeds the problems (:func:`rlparity.models.make_problem`).
+
+    Returns
+    -------
+    list of str
+        ``n`` prompts: the prefix, one solved problem of its own, and an open problem ending in ``=``.
+    """
     import random
 
     from rlparity.models import make_problem
@@ -97,7 +123,27 @@ def _effective_value(eff: Mapping[str, Any], knob: Knob) -> Any:
 
 def knob_settings(knob: Knob, reference: EngineSettings, reference_effective: Mapping[str, Any]
                   ) -> tuple[EngineSettings, Any]:
-    """The reference settings with ``knob`` changed, and the value it was changed to."""
+    """The reference settings with ``knob`` changed, and the value it was changed to.
+
+    Parameters
+    ----------
+    knob : Knob
+        The knob.
+    reference : EngineSettings
+        The reference settings.
+    reference_effective : Mapping
+        The reference engine's effective configuration (what a ``value=None`` knob flips).
+
+    Returns
+    -------
+    tuple of (EngineSettings, object)
+        ``(settings, value)``.
+
+    Raises
+    ------
+    ValueError
+        If the knob flips a value that is not a boolean.
+    """
     value = knob.value
     if value is None:
         current = reference_effective.get(knob.key, getattr(reference, knob.field))
@@ -137,9 +183,28 @@ def _error_chain(err: BaseException) -> str:
 
 
 def resolved_reason(model: str, knob: Knob, settings: EngineSettings, value: Any) -> str | None:
-    """Why vLLM's own configuration step (``EngineArgs.create_engine_config``, no engine started)
-    already drops the knob on this platform; ``None`` if it keeps it or the check does not apply
-    (settings given through the environment are only visible in a started engine)."""
+    """Why vLLM's own configuration step already drops the knob on this platform.
+
+    The step is ``EngineArgs.create_engine_config``; no engine is started.
+
+    Parameters
+    ----------
+    model : str
+        The model.
+    knob : Knob
+        The knob.
+    settings : EngineSettings
+        The settings with the knob changed.
+    value : object
+        The value the knob was set to.
+
+    Returns
+    -------
+    str or None
+        The reason; ``None`` if vLLM keeps the value, cannot resolve the settings (the real start
+        will say why), or the check does not apply (settings given through the environment are only
+        visible in a started engine).
+    """
     if settings.env():
         return None
     from rlparity.capture.audit import resolve_kwargs
@@ -158,9 +223,18 @@ def resolved_reason(model: str, knob: Knob, settings: EngineSettings, value: Any
 
 @dataclass(frozen=True)
 class BatchProbe:
-    """The batch-composition probe each arm's engine runs (:func:`batch_composition`): one
-    ``prompt`` (default: the first prompt of the ablation) at each batch size of ``sizes``, the
-    rest of each batch filled with the other prompts, ``max_tokens`` per request."""
+    """The batch-composition probe each arm's engine runs (:func:`batch_composition`).
+
+    Parameters
+    ----------
+    sizes : sequence of int, default (1, 2, 4, 8)
+        The batch sizes; empty: no probe.
+    prompt : str, optional
+        The probed prompt; ``None`` means the first prompt of the ablation. The rest of each batch
+        is filled with the other prompts.
+    max_tokens : int, default 16
+        Tokens per request.
+    """
 
     sizes: Sequence[int] = (1, 2, 4, 8)
     prompt: str | None = None
@@ -179,16 +253,51 @@ def ablation(model: str | os.PathLike, prompts: Sequence, sampling: SamplingSett
              progress: bool = False, budget_s: float | None = None) -> dict[str, xr.Dataset]:
     """Run the reference and one arm per knob; return ``{arm: scored trace}``.
 
-    ``reference`` is a profile name, a YAML path or :class:`EngineSettings`; ``engine`` holds
-    overrides applied to it for every arm (e.g. ``{"dtype": "float32"}`` to pin the body to the
-    trainer's precision so the path differences are not buried under the dtype gap).
-    ``scorer`` is a :class:`rlparity.score.Scorer` (default: fp32 body and head). With ``batch``
-    (a :class:`BatchProbe`; ``None``: no probe), every arm's engine also runs
-    :func:`batch_composition` (stored in the arm as ``batch_*`` variables). Engines come from
-    ``pool`` (default: the shared pool), one at a time.
-    With ``budget_s``, a knob whose engine would start after that many seconds of the run is not
-    started: it keeps its row as not applicable, the reason saying the budget ran out (a GPU call
-    with a hard time limit returns the arms that ran instead of nothing).
+    Engines come from ``pool``, one at a time. The plan, with the knobs that were not applicable
+    and why, is in every arm's ``attrs["ablation"]``.
+
+    Parameters
+    ----------
+    model : str or os.PathLike
+        The model both the engines and the scorer load.
+    prompts : sequence
+        The prompts every arm captures (at least one; see :func:`shared_prefix_prompts`).
+    sampling : SamplingSettings, optional
+        The sampling of every arm; ``None`` means :func:`rlparity.config.defaults.default_sampling`.
+    reference : str, os.PathLike or EngineSettings, optional
+        A profile name, a YAML path or settings; ``None`` means the default profile
+        (:func:`rlparity.config.defaults`, ``pipelinerl-parity``).
+    knobs : sequence of str or Knob, default DEFAULT_KNOBS
+        Names of built-in knobs (:data:`KNOBS`) or :class:`Knob` objects.
+    engine : Mapping, optional
+        Overrides applied to the reference for every arm (e.g. ``{"dtype": "float32"}`` to pin the
+        body to the trainer's precision so the path differences are not buried under the dtype gap).
+    scorer : rlparity.score.Scorer, optional
+        The trainer side; ``None`` means an fp32 body and head.
+    pool : EnginePool, optional
+        Where engines come from; ``None`` means the shared pool.
+    warmup : bool, default True
+        Run a prefill-only pass over the prompts first, so prefix caching has blocks to hit, as it
+        has when an RL loop samples the same prompts again.
+    batch : BatchProbe or None, default BatchProbe()
+        Every arm's engine also runs :func:`batch_composition` (stored in the arm as ``batch_*``
+        variables); ``None``: no probe.
+    progress : bool, default False
+        Show progress bars.
+    budget_s : float, optional
+        A knob whose engine would start after this many seconds of the run is not started: it
+        keeps its row as not applicable, the reason saying the budget ran out (a GPU call with a
+        hard time limit returns the arms that ran instead of nothing). ``None``: no limit.
+
+    Returns
+    -------
+    dict of str to xarray.Dataset
+        Arm ``reference`` plus one per knob that ran, each scored.
+
+    Raises
+    ------
+    ValueError
+        If no prompt is given or a knob name is unknown.
     """
     from rlparity.capture.pool import shared_pool
     from rlparity.config.profiles import load_profile
@@ -273,9 +382,34 @@ def ablation(model: str | os.PathLike, prompts: Sequence, sampling: SamplingSett
 # ------------------------------------------------------------------------------ batch composition
 def batch_composition(engine, prompt, *, batch_sizes: Sequence[int] = (1, 2, 4, 8), fillers: Sequence = (),
                       max_tokens: int = 16) -> xr.Dataset:
-    """The same ``prompt`` at temperature 0 inside batches of each size (the other requests are
-    ``fillers``, cycled): the greedy tokens and logprobs it gets in each (dims ``batch_size``,
-    ``batch_position``). In a batch-invariant engine every row is identical."""
+    """The same prompt at temperature 0 inside batches of each size: the greedy tokens and logprobs it gets in each.
+
+    In a batch-invariant engine every row is identical.
+
+    Parameters
+    ----------
+    engine : Engine
+        The engine (anything with rlparity's ``capture``).
+    prompt : Prompt
+        The probed prompt.
+    batch_sizes : sequence of int, default (1, 2, 4, 8)
+        The batch sizes (deduplicated, sorted).
+    fillers : sequence, optional
+        The other requests of each batch, cycled; empty means ``prompt`` itself.
+    max_tokens : int, default 16
+        Tokens per request.
+
+    Returns
+    -------
+    xarray.Dataset
+        ``token_id`` and ``logprob`` (nats), dims ``batch_size`` and ``batch_position``
+        (-1 / NaN past the end).
+
+    Raises
+    ------
+    ValueError
+        If a batch size is below 1 or none is given.
+    """
     sizes = sorted({int(b) for b in batch_sizes})
     if not sizes or sizes[0] < 1:
         raise ValueError(f"batch_sizes must be positive integers, got {list(batch_sizes)}")

@@ -50,13 +50,31 @@ from rlparity.diagnose.causes import CAUSES
 class Fault:
     """One cause as a recipe: what it changes on each side (every part optional).
 
-    ``engine``: :class:`EngineSettings` fields; ``sampling``: :class:`SamplingSettings` fields of every
-    request; ``update``: the update protocol (``mode``, ``clear_cache``, ``reset_after_inflight``,
-    ``partial`` = leave the decoder layer of that index out of the update); ``trainer``:
-    :class:`TrainerSettings` fields; ``scorer``: other scorer fields (``head_dtype``,
-    ``add_special_tokens``, ``stale_weights`` = score version 1 with version 0's weights).
-    ``platforms``: where the recipe can be injected (``cpu``, ``cuda``) and why not elsewhere; ``moe``:
-    the recipe acts on mixture-of-experts routers (only a MoE model's matrix runs it)."""
+    Parameters
+    ----------
+    name : str
+        The cause's name (a key of :data:`rlparity.diagnose.causes.CAUSES`).
+    what : str
+        What the recipe does, in words.
+    engine : Mapping, optional
+        :class:`EngineSettings` fields of the engine.
+    sampling : Mapping, optional
+        :class:`SamplingSettings` fields of every request.
+    update : Mapping, optional
+        The update protocol: ``mode``, ``clear_cache``, ``reset_after_inflight``, ``partial``
+        (leave the decoder layer of that index out of the update).
+    trainer : Mapping, optional
+        :class:`TrainerSettings` fields.
+    scorer : Mapping, optional
+        Other scorer fields: ``head_dtype``, ``add_special_tokens``, ``stale_weights`` (score
+        version 1 with version 0's weights).
+    platforms : tuple of str, default ("cpu", "cuda")
+        Where the recipe can be injected.
+    not_on : str, default ""
+        Why it cannot be injected elsewhere.
+    moe : bool, default False
+        The recipe acts on mixture-of-experts routers (only a MoE model's matrix runs it).
+    """
 
     name: str
     what: str
@@ -71,10 +89,17 @@ class Fault:
 
     @property
     def side(self) -> str:
+        """The side the cause belongs to (``CAUSES[name].side``)."""
         return CAUSES[self.name].side
 
     def engine_side(self) -> bool:
-        """Whether the recipe changes the capture (otherwise it reuses the clean capture)."""
+        """Whether the recipe changes the capture (otherwise it reuses the clean capture).
+
+        Returns
+        -------
+        bool
+            ``True`` when it changes the engine, the sampling or the update.
+        """
         return bool(self.engine or self.sampling or self.update)
 
 
@@ -129,7 +154,23 @@ ARM_SEP = "+"
 
 
 class Plan(BaseModel):
-    """A set of faults composed into one capture and one scoring."""
+    """A set of faults composed into one capture and one scoring (:func:`compose`).
+
+    Parameters
+    ----------
+    causes : tuple of str
+        The causes, in the order of :data:`FAULTS`.
+    engine : dict
+        The merged :class:`EngineSettings` fields.
+    sampling : dict
+        The merged :class:`SamplingSettings` fields.
+    update : dict
+        The merged update protocol.
+    trainer : dict
+        The merged :class:`TrainerSettings` fields.
+    scorer : dict
+        The merged scorer fields.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -146,20 +187,51 @@ class Plan(BaseModel):
         return ARM_SEP.join(self.causes) if self.causes else CLEAN
 
     def capture_key(self) -> str:
-        """What the capture depends on (arms with the same key share one)."""
+        """What the capture depends on (arms with the same key share one).
+
+        Returns
+        -------
+        str
+            The engine, sampling and update parts as sorted JSON.
+        """
         import json
 
         return json.dumps([self.engine, self.sampling, self.update], sort_keys=True)
 
     def engine_key(self) -> str:
+        """What the engine depends on (arms with the same key share one engine).
+
+        Returns
+        -------
+        str
+            The engine part as sorted JSON.
+        """
         import json
 
         return json.dumps(self.engine, sort_keys=True)
 
 
 def compose(causes: Iterable[str]) -> Plan:
-    """The recipes of ``causes`` merged into one :class:`Plan`; an unknown cause, or two that set
-    the same field differently, is an error naming them."""
+    """The recipes of ``causes`` merged into one :class:`Plan`.
+
+    With ``stale_prefix_cache`` among them, the update neither clears the cache nor resets it
+    after the in-flight requests (the stale cache must survive to the prompts after the update).
+
+    Parameters
+    ----------
+    causes : iterable of str
+        Names of :data:`FAULTS` (duplicates merged).
+
+    Returns
+    -------
+    Plan
+        The merged recipe.
+
+    Raises
+    ------
+    ValueError
+        If a cause is unknown, or two set the same field differently (``update.clear_cache`` aside).
+    """
     causes = list(causes)
     unknown = [c for c in causes if c not in FAULTS]
     if unknown:
@@ -184,15 +256,61 @@ def compose(causes: Iterable[str]) -> Plan:
 
 def default_arms(causes: Sequence[str] | None = None, pair_causes: Sequence[str] = PAIR_CAUSES,
                  platform: str = "cpu", moe: bool = False) -> list[tuple[str, ...]]:
-    """The default matrix: a clean arm, every single cause that can run on ``platform`` (the router
-    causes only for a mixture-of-experts model, ``moe``), and every pair among ``pair_causes``."""
+    """The default matrix: a clean arm, every single cause that can run, and every pair among ``pair_causes``.
+
+    Parameters
+    ----------
+    causes : sequence of str, optional
+        The single causes to consider; ``None`` means all of :data:`FAULTS`.
+    pair_causes : sequence of str, default PAIR_CAUSES
+        The causes whose pairs are run (those among the singles).
+    platform : {"cpu", "cuda"}, default "cpu"
+        Only causes that can be injected there.
+    moe : bool, default False
+        Whether the model is a mixture of experts (the router causes run only then).
+
+    Returns
+    -------
+    list of tuple of str
+        The arms: ``()`` (clean), the singles, then the pairs.
+    """
     singles = [c for c in (causes or list(FAULTS)) if platform in FAULTS[c].platforms and (moe or not FAULTS[c].moe)]
     pairs = [p for p in itertools.combinations([c for c in pair_causes if c in singles], 2)]
     return [(), *[(c,) for c in singles], *pairs]
 
 
 class MatrixSettings(BaseModel):
-    """Sizes and knobs of a fault matrix run (the defaults: CPU CI on the tiny models)."""
+    """Sizes and knobs of a fault matrix run (the defaults: CPU CI on the tiny models).
+
+    Parameters
+    ----------
+    n_prompts : int, default 4
+        Prompts per phase (before, across and after the update); at least 2.
+    max_tokens : int, default 16
+        Tokens per request (at least 4).
+    temperature : float, default 0.7
+        The sampling temperature (> 0).
+    top_k : int, default 20
+        The sampling top-k (0 = off).
+    seed : int, default 0
+        Seeds the prompts, the requests and the version-1 perturbation.
+    sigma : float, default 0.05
+        Relative size of the update to version 1 (:func:`rlparity.capture.weights.perturbed_checkpoint`).
+    update_after : float, default 1/3
+        Share of the in-flight tokens streamed before the update (0 < x < 1).
+    inflight_tokens : int, optional
+        ``max_tokens`` of the requests in flight across the update (``None``: ``max_tokens``); on a
+        GPU the default is over before a pause lands, so KV carried over the update needs longer
+        requests there.
+    dtype : str, optional
+        The body dtype on both sides; ``None`` means the checkpoint's.
+    device : str, default "cpu"
+        The trainer's device (``cuda...`` also selects the GPU causes).
+    batch_size : int, default 16
+        The trainer's batch size.
+    engine : dict, optional
+        Other :class:`EngineSettings` fields for every engine.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -223,8 +341,30 @@ def _checkpoints(model: Path, out: Path, sigma: float, seed: int, partial: int |
 
 
 def partial_checkpoint(model: str | os.PathLike, out: str | os.PathLike, *, layer: int) -> Path:
-    """A copy of the checkpoint ``model`` without the tensors of decoder layer ``layer``: loading it
-    as an update leaves that layer's older weights in place (a partial sync). Reused when present."""
+    """A copy of a checkpoint without the tensors of one decoder layer.
+
+    Loading it as an update leaves that layer's older weights in place (a partial sync). Reused
+    when ``out`` already holds one.
+
+    Parameters
+    ----------
+    model : str or os.PathLike
+        A local checkpoint directory.
+    out : str or os.PathLike
+        Where the copy goes.
+    layer : int
+        The decoder layer left out (tensors named ``.layers.<layer>.``).
+
+    Returns
+    -------
+    pathlib.Path
+        ``out``.
+
+    Raises
+    ------
+    ValueError
+        If the checkpoint has no tensor of that layer.
+    """
     from safetensors.torch import save_file
 
     from rlparity.capture.weights import iter_safetensors, safetensors_files
@@ -287,10 +427,33 @@ def _capture(eng, plan: Plan, phases: Mapping[str, list], sampling: SamplingSett
 def run_matrix(model: str | os.PathLike, arms: Sequence[Iterable[str]] | None = None,
                settings: MatrixSettings | None = None, *, workdir: str | os.PathLike | None = None,
                log: Callable[[str], None] = progress_log) -> dict[str, xr.Dataset]:
-    """Capture and score every arm (a set of causes each; default :func:`default_arms`) on real
-    engines; return ``{arm: scored trace}`` with the ground truth in ``attrs["faults"]``. ``model``
-    is a local checkpoint directory (version 0; version 1 and the partial update are written to
-    ``workdir``, default beside the model)."""
+    """Capture and score every arm of the fault matrix on real engines.
+
+    Parameters
+    ----------
+    model : str or os.PathLike
+        A local checkpoint directory (version 0).
+    arms : sequence of iterable of str, optional
+        The arms, a set of causes each; ``None`` means :func:`default_arms` for the platform and
+        model. Arms with a cause the platform (or a dense model) cannot run are skipped and logged.
+    settings : MatrixSettings, optional
+        Sizes and knobs; ``None`` means ``MatrixSettings()``.
+    workdir : str or os.PathLike, optional
+        Where version 1 and the partial update are written; ``None`` means ``<model>-faults``
+        beside the model.
+    log : callable, default progress_log
+        Called with one line per engine and arm.
+
+    Returns
+    -------
+    dict of str to xarray.Dataset
+        ``{arm: scored trace}``, the ground truth in ``attrs["faults"]``.
+
+    Raises
+    ------
+    ValueError
+        If an arm names an unknown cause or two conflicting ones.
+    """
     from rlparity.capture.async_engine import AsyncEngine
     from rlparity.capture.pool import shared_pool
     from rlparity.experiments.ablation import shared_prefix_prompts
@@ -372,8 +535,27 @@ def _checkpoint_dtype(model: Path) -> str:
 
 
 def parse_arms(spec: str | None, platform: str = "cpu") -> list[tuple[str, ...]] | None:
-    """``None``/``"all"``: the default matrix; ``"single"``: clean + every single cause; ``"pairs"``:
-    clean + the pairs; else a comma list of arms, each causes joined by ``+`` (``clean`` = none)."""
+    """The arms a command-line spec names.
+
+    Parameters
+    ----------
+    spec : str or None
+        ``None``, ``""`` or ``"all"``: the default matrix; ``"single"``: clean plus every single
+        cause; ``"pairs"``: clean plus the pairs; else a comma list of arms, each causes joined by
+        ``+`` (``clean`` = none).
+    platform : {"cpu", "cuda"}, default "cpu"
+        The platform of the default matrix.
+
+    Returns
+    -------
+    list of tuple of str or None
+        The arms; ``None`` for the default matrix.
+
+    Raises
+    ------
+    ValueError
+        If an arm names an unknown cause or two conflicting ones.
+    """
     if spec in (None, "", "all"):
         return None
     full = default_arms(platform=platform)

@@ -44,7 +44,26 @@ REFERENCE = "batch1"
 
 
 def scorer_for(model: str, shape: Mapping[str, Any], *, dtype: str, device: str, head_dtype: str = "float32"):
-    """The :class:`~rlparity.score.Scorer` of one trainer shape (:data:`SHAPES` entry)."""
+    """The :class:`~rlparity.score.Scorer` of one trainer shape.
+
+    Parameters
+    ----------
+    model : str
+        The model.
+    shape : Mapping
+        An entry of :data:`SHAPES`: ``batch_size`` (default 16) and :class:`TrainerSettings` fields.
+    dtype : str
+        The trainer's body dtype.
+    device : str
+        The trainer's device.
+    head_dtype : str, default "float32"
+        The trainer's LM-head dtype.
+
+    Returns
+    -------
+    rlparity.score.Scorer
+        A scorer without progress bars.
+    """
     from rlparity.score import Scorer
 
     spec = dict(shape)
@@ -57,9 +76,39 @@ def floor_run(model: str | os.PathLike, prompts: Sequence, sampling: SamplingSet
               shapes: Mapping[str, Mapping[str, Any]] | None = None, engine: EngineSettings | None = None,
               dtype: str = "float32", device: str = "cpu", probe: int = 4,
               log: Callable[[str], None] = progress_log) -> dict[str, xr.Dataset]:
-    """Capture ``prompts`` once (an offline engine: processed logprobs, fp32 head, the body in
-    ``dtype``), probe the engine's batch spread on ``probe`` of them, and rescore the rollout under
-    every trainer shape; returns ``{shape: scored trace}`` (the engine floor in every arm's attrs)."""
+    """Capture prompts once and rescore the rollout under every trainer shape.
+
+    The capture runs an offline engine (processed logprobs, fp32 head, the body in ``dtype``); the
+    engine's batch spread is probed on the first ``probe`` prompts
+    (:func:`rlparity.capture.floor.engine_floor`).
+
+    Parameters
+    ----------
+    model : str or os.PathLike
+        The model both sides load.
+    prompts : sequence
+        The prompts.
+    sampling : SamplingSettings, optional
+        ``None`` means temperature 0.7, top-k 20, 32 tokens, seed 0.
+    shapes : Mapping, optional
+        ``{name: shape}``; ``None`` means :data:`SHAPES`.
+    engine : EngineSettings, optional
+        ``None`` means processed logprobs, fp32 head, body in ``dtype``, the vLLM generation
+        config, no prefix caching.
+    dtype : str, default "float32"
+        The body dtype of the engine (by default) and of every trainer shape.
+    device : str, default "cpu"
+        The trainer's device.
+    probe : int, default 4
+        Prompts sampled again alone for the engine's batch spread.
+    log : callable, default progress_log
+        Called with one line per step.
+
+    Returns
+    -------
+    dict of str to xarray.Dataset
+        ``{shape: scored trace}``, the engine floor in every arm's ``attrs["engine_floor"]``.
+    """
     from rlparity.capture import Engine
     from rlparity.capture.floor import engine_floor
     from rlparity.capture.pool import shared_pool

@@ -50,7 +50,25 @@ def _device_name(device: str) -> str:
 
 
 def provenance(device: str, model: str, command: str, description: str) -> dict[str, Any]:
-    """The ``example`` root attrs of a gallery store."""
+    """The ``example`` root attrs of a gallery store.
+
+    Parameters
+    ----------
+    device : str
+        The device the gallery ran on (``cuda`` or ``cpu``).
+    model : str
+        The built-in model's size name.
+    command : str
+        The command line that reproduces the store.
+    description : str
+        What the store holds.
+
+    Returns
+    -------
+    dict
+        ``description``, ``device``, ``device_name`` (the GPU's name, or ``CPU (<machine>)``),
+        the vLLM, torch and transformers versions, today's ``date``, ``model`` and ``command``.
+    """
     v = library_versions()
     return {"description": description, "device": device, "device_name": _device_name(device),
             "vllm": v.get("vllm"), "torch": v.get("torch"), "transformers": v.get("transformers"),
@@ -171,10 +189,37 @@ class GallerySettings:
 
 def gallery(out_dir: str | os.PathLike, settings: GallerySettings | None = None, *, progress: bool = False,
             **overrides: Any) -> dict[str, Any]:
-    """Run the gallery (sizes, device and parts in :class:`GallerySettings`, or its fields as
-    keywords, which replace those of ``settings``); write ``<prefix>-<part>.zarr`` stores and
-    ``gallery.json`` into ``out_dir``; return the results (verdicts, numbers, paths). Keeps going
-    after a failed part (its traceback lands in the results)."""
+    r"""Run the gallery and write its stores and ``gallery.json`` into ``out_dir``.
+
+    Writes ``<prefix>-<part>.zarr`` stores (compacted, with provenance) and ``gallery.json``.
+    Keeps going after a failed part (its traceback lands in the results).
+
+    Parameters
+    ----------
+    out_dir : str or os.PathLike
+        Where the stores and ``gallery.json`` go (created if missing).
+    settings : GallerySettings, optional
+        Sizes, device and parts; ``None`` means ``GallerySettings()`` (a CUDA run of the
+        ``small`` model).
+    progress : bool, default False
+        Show progress bars.
+    \*\*overrides
+        Fields of :class:`GallerySettings`, replacing those of ``settings``.
+
+    Returns
+    -------
+    dict
+        The results: device, size, parts, versions, model, per part the verdicts per arm and the
+        store's path, the head table's RMS values, the ablation table, ``seconds``, and
+        ``error_capture`` / ``error_ablation`` tracebacks of failed parts.
+
+    Raises
+    ------
+    ValueError
+        If a part is unknown.
+    TypeError
+        If an override is not a field of :class:`GallerySettings`.
+    """
     s = with_overrides(settings or GallerySettings(), overrides, "gallery")
     from rlparity.models import make_model, make_prompts
     from rlparity.score import Scorer

@@ -44,17 +44,52 @@ def head_matrix(model: str | os.PathLike, prompts: Sequence, sampling: SamplingS
                 dtype: str = "bfloat16", device: str = "cpu", engine: EngineSettings | None = None,
                 pool=None, scorers: Mapping[str, Any] | None = None, batch_size: int = 16,
                 progress: bool = False) -> dict[str, xr.Dataset]:
-    """Capture ``prompts`` once per rollout head dtype and rescore each rollout once per trainer
-    head dtype; return ``{arm_name(r, t): trace}``.
+    """Capture prompts once per rollout head dtype and rescore each rollout once per trainer head dtype.
 
-    ``dtype`` pins the body precision on both sides (engine ``dtype`` and the trainer's
-    ``Scorer(dtype=...)``), so only the head differs between cells. ``sampling`` is the same in
-    every cell (default: temperature 0.7, top-k 20, 24 tokens, seed 0: request i uses seed i).
-    ``engine`` holds other engine settings; ``logprobs_mode`` is always ``processed_logprobs``.
-    ``device`` is the trainer's device ("cpu", "cuda"); vLLM picks its platform itself.
-    ``scorers`` may pass ready :class:`rlparity.score.Scorer` objects by head dtype (their body
-    dtype must equal ``dtype``). Engines come from ``pool`` (default: the shared pool), one per
-    rollout head dtype; the last one stays live in the pool (close it when done).
+    Engines come from ``pool``, one per rollout head dtype; the last one stays live in the pool
+    (close it when done). ``logprobs_mode`` is always ``processed_logprobs``.
+
+    Parameters
+    ----------
+    model : str or os.PathLike
+        The model both sides load.
+    prompts : sequence
+        The prompts (at least one).
+    sampling : SamplingSettings, optional
+        The same in every cell; ``None`` means temperature 0.7, top-k 20, 24 tokens, seed 0
+        (request i uses seed i).
+    rollout_head : sequence of str, default DEFAULT_HEADS
+        The engine's LM-head dtypes (distinct).
+    trainer_head : sequence of str, default DEFAULT_HEADS
+        The trainer's LM-head dtypes (distinct).
+    dtype : str, default "bfloat16"
+        Pins the body precision on both sides (engine ``dtype`` and ``Scorer(dtype=...)``), so
+        only the head differs between cells.
+    device : str, default "cpu"
+        The trainer's device (``cpu``, ``cuda``); vLLM picks its platform itself.
+    engine : EngineSettings, optional
+        Other engine settings; ``None`` means ``EngineSettings()``.
+    pool : EnginePool, optional
+        Where engines come from; ``None`` means the shared pool.
+    scorers : Mapping of str to Scorer, optional
+        Ready :class:`rlparity.score.Scorer` objects by trainer head dtype (their body dtype must
+        equal ``dtype``); the missing ones are built.
+    batch_size : int, default 16
+        The batch size of the scorers built here.
+    progress : bool, default False
+        Show progress bars.
+
+    Returns
+    -------
+    dict of str to xarray.Dataset
+        ``{arm_name(r, t): scored trace}`` with factors ``rollout_head`` and ``trainer_head``.
+
+    Raises
+    ------
+    ValueError
+        If a dtype is unknown or repeated, no prompt is given, or a given scorer has other dtypes.
+    RuntimeError
+        If the engine reports another head or body dtype than asked.
     """
     from rlparity.capture.pool import shared_pool
     from rlparity.score import Scorer

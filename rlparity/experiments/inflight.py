@@ -50,20 +50,59 @@ from rlparity.metrics.inflight import PAUSE_MODES, arm_name
 
 
 def base_settings(dtype: str = "float32", **changes: Any) -> EngineSettings:
-    """The engine of every arm: processed logprobs, fp32 LM head, the model's generation config
-    ignored, the body in ``dtype`` (pinned to the trainer's, so the update is what moves d)."""
+    r"""The engine of every arm.
+
+    Processed logprobs, fp32 LM head, the model's generation config ignored, the body in ``dtype``
+    (pinned to the trainer's, so the update is what moves ``d``).
+
+    Parameters
+    ----------
+    dtype : str, default "float32"
+        The body dtype.
+    \*\*changes
+        Further :class:`EngineSettings` fields.
+
+    Returns
+    -------
+    EngineSettings
+        The settings.
+    """
     return EngineSettings(logprobs_mode="processed_logprobs", head_dtype="float32", dtype=dtype,
                           generation_config="vllm", **changes)
 
 
 @dataclass(frozen=True)
 class InflightSettings:
-    """The settings of :func:`inflight_matrix`, with their defaults: the arms (``modes`` x
-    ``clear_cache`` on one engine per ``prefix_caching`` setting), version 1's perturbation
-    (``sigma``, ``seed``; ``seed`` also picks the default prompts), the sizes (``n_prompts`` each
-    across and after the update, ``max_tokens``), when the update comes (``update_after``: the share
-    of the first capture's tokens streamed before it), whether aborted requests are resubmitted, the
-    body ``dtype`` pinned on both sides, and the trainer's ``device`` and ``batch_size``."""
+    """The settings of :func:`inflight_matrix`, with their defaults.
+
+    Parameters
+    ----------
+    modes : sequence of str, default PAUSE_MODES
+        The pause modes of the arms (``keep``, ``wait``, ``abort``).
+    clear_cache : sequence of bool, default (False, True)
+        Whether the update resets the prefix cache; every mode runs with each.
+    prefix_caching : sequence of bool, default (True, False)
+        One engine per setting; its arms reuse it.
+    sigma : float, default 0.05
+        Relative Gaussian noise of version 1's perturbation.
+    seed : int, default 0
+        Seeds the perturbation and picks the default prompts.
+    n_prompts : int, default 8
+        Default prompts each across and after the update.
+    max_tokens : int, default 48
+        Tokens per request (of the default sampling).
+    update_after : float, default 1/3
+        The share of the first capture's tokens (``len(prompts) x max_tokens``) streamed before
+        the update, in (0, 1).
+    resubmit_aborted : bool, default True
+        Resubmit requests an ``abort`` update aborted, as an RL loop would.
+    dtype : str, default "float32"
+        The body dtype pinned on both sides.
+    device : str, default "cpu"
+        The trainer's device.
+    batch_size : int, default 16
+        The trainer's batch size.
+    """
 
     modes: Sequence[str] = PAUSE_MODES
     clear_cache: Sequence[bool] = (False, True)
@@ -84,23 +123,55 @@ def inflight_matrix(model: str | os.PathLike, prompts: Sequence | None = None, a
                     checkpoint_dir: str | os.PathLike | None = None, engine: Mapping[str, Any] | None = None,
                     scorers: Mapping[int, Any] | None = None, settings: InflightSettings | None = None,
                     progress: bool = False, log=progress_log, **overrides: Any) -> dict[str, xr.Dataset]:
-    """Run every (mode, clear_cache) arm on one engine per prefix-caching setting; return
-    ``{arm: trace}`` scored per version.
+    r"""Run every (mode, clear_cache) arm on one engine per prefix-caching setting; return the arms scored per version.
 
-    ``model`` is version 0 (a local checkpoint directory: its weights are loaded back between arms).
-    ``new_weights`` is version 1 (a checkpoint directory); by default ``model`` perturbed by relative
-    Gaussian noise ``sigma`` (``seed``), written to ``checkpoint_dir`` (default: beside the model,
-    ``<model>-inflight-v1``). ``prompts`` are sampled across the update and ``after_prompts`` after
-    it (default: ``n_prompts`` each from :func:`rlparity.experiments.ablation.shared_prefix_prompts`,
-    one long prefix shared by all). ``update_after``: the share of the first capture's tokens
-    (``len(prompts) x max_tokens``) streamed before the update. ``engine``: other
-    :class:`EngineSettings` fields; ``dtype`` pins the body on both sides; ``device`` is the trainer's.
-    ``scorers``: ready :class:`rlparity.score.Scorer` per version (else made here, fp32 head).
-    The settings (``modes``, ``clear_cache``, ``prefix_caching``, ``sigma``, ``seed``, ``n_prompts``,
-    ``max_tokens``, ``update_after``, ``resubmit_aborted``, ``dtype``, ``device``, ``batch_size``) are
+    Starts engines itself (closing the shared pool first: one engine at a time). The settings are
     the fields of :class:`InflightSettings`: give them as keywords, or as ``settings=`` (keywords
     beside it replace its fields).
-    Starts engines itself (closing the shared pool first: one engine at a time).
+
+    Parameters
+    ----------
+    model : str or os.PathLike
+        Version 0: a local checkpoint directory (its weights are loaded back between arms).
+    prompts : sequence, optional
+        Sampled across the update; ``None`` means ``n_prompts`` from
+        :func:`rlparity.experiments.ablation.shared_prefix_prompts` (one long prefix shared by all).
+    after_prompts : sequence, optional
+        Sampled after the update; ``None`` means ``n_prompts`` more of the same kind.
+    sampling : SamplingSettings, optional
+        ``None`` means :func:`rlparity.config.defaults.default_sampling` with ``max_tokens``.
+    new_weights : str or os.PathLike, optional
+        Version 1, a checkpoint directory; ``None`` means ``model`` perturbed by relative Gaussian
+        noise ``sigma`` (``seed``).
+    checkpoint_dir : str or os.PathLike, optional
+        Where the perturbed version 1 is written; ``None`` means ``<model>-inflight-v1`` beside the model.
+    engine : Mapping, optional
+        Other :class:`EngineSettings` fields.
+    scorers : Mapping of int to Scorer, optional
+        Ready :class:`rlparity.score.Scorer` per version; the missing ones are made here (fp32 head).
+    settings : InflightSettings, optional
+        The settings; ``None`` means ``InflightSettings()``.
+    progress : bool, default False
+        Show the scorers' progress bars.
+    log : callable, default progress_log
+        Called with one line per engine and arm.
+    \*\*overrides
+        Fields of :class:`InflightSettings`, replacing those of ``settings``.
+
+    Returns
+    -------
+    dict of str to xarray.Dataset
+        ``{arm: trace}`` (arms labelled ``keep-noclear-prefix_on`` ...), scored per version and
+        with the latest weights, factors ``mode``, ``clear_cache``, ``prefix_caching``.
+
+    Raises
+    ------
+    ValueError
+        If ``modes`` is empty or holds an unknown mode, or ``update_after`` is not in (0, 1).
+    FileNotFoundError
+        If ``model`` or ``new_weights`` is not a local safetensors checkpoint.
+    TypeError
+        If an override is not a field of :class:`InflightSettings`.
     """
     from rlparity.capture.async_engine import AsyncEngine
     from rlparity.capture.pool import shared_pool
@@ -178,8 +249,23 @@ def inflight_matrix(model: str | os.PathLike, prompts: Sequence | None = None, a
 
 
 def summarize(arms: Mapping[str, xr.Dataset], *, trainer: str | None = None) -> dict[str, Any]:
-    """The numbers of a run as plain data: the per-arm table, the kept-over-reset ratios, the
-    stale arms the diagnosis names, lag per pause mode, and the findings."""
+    """The numbers of an inflight run as plain data.
+
+    Parameters
+    ----------
+    arms : Mapping of str to xarray.Dataset
+        The arms of :func:`inflight_matrix`.
+    trainer : str, optional
+        The trainer reading to compare with; ``None``: the default of
+        :func:`rlparity.metrics.inflight.inflight_table` and the diagnosis.
+
+    Returns
+    -------
+    dict
+        ``table`` (per arm), ``reset_ratios`` (kept over reset), ``flagged_stale_arms`` (the arms
+        the diagnosis names with ``stale_prefix_cache_after_update``), ``lag_by_mode``,
+        ``lag_histogram``, ``findings`` and ``verdict``.
+    """
     from rlparity.diagnose import diagnose
     from rlparity.metrics import table_records
     from rlparity.metrics import inflight as mi

@@ -50,7 +50,18 @@ ENGINE_REFERENCE = "clean-engine"
 
 
 def probe_sequences(trace: xr.Dataset) -> list[list[int]]:
-    """Prompt + response ids of every sequence of a trace (what a layer capture runs)."""
+    """Prompt + response ids of every sequence of a trace (what a layer capture runs).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace.
+
+    Returns
+    -------
+    list of list of int
+        One id list per sequence (padding dropped).
+    """
     from rlparity.trace import sequences
 
     return [p + r for p, r in sequences(trace)]
@@ -62,7 +73,24 @@ def _vocab_size(engine: Any) -> int:
 
 def engine_states(engine: Any, seqs: Sequence[Sequence[int]], *, vocab_ids: Sequence[int],
                   use_cache: bool = False) -> list[dict[str, Any]]:
-    """The engine's layer states on ``seqs`` (kept in memory: the reference of another arm)."""
+    """The engine's layer states on ``seqs``, kept in memory (the reference of another arm).
+
+    Parameters
+    ----------
+    engine : Engine
+        A running eager offline engine (:func:`rlparity.capture.layers.capture_layers`).
+    seqs : sequence of sequence of int
+        The probe sequences.
+    vocab_ids : sequence of int
+        The vocabulary columns whose logits are kept.
+    use_cache : bool, default False
+        Let the prefills hit the prefix cache (default: salted, every position recomputed).
+
+    Returns
+    -------
+    list of dict
+        One capture per sequence, as :func:`rlparity.capture.layers.capture_layers` returns it.
+    """
     from rlparity.capture.layers import capture_layers
 
     return [capture_layers(engine, [s], vocab_ids=vocab_ids, use_cache=use_cache)[0] for s in seqs]
@@ -73,11 +101,38 @@ def profile_arm(engine: Any, reference: Any, seqs: Sequence[Sequence[int]], *, v
                 attrs: Mapping[str, Any] | None = None, states: Sequence[dict[str, Any]] | None = None) -> xr.Dataset:
     """The layer dataset of ``engine`` against ``reference`` on ``seqs`` (see the module docstring).
 
-    ``reference``: a :class:`~rlparity.score.Scorer` (the trainer) or the engine states of another
-    arm on the same ``seqs`` (:func:`engine_states`). ``use_cache``: let the prefills hit the
-    engine's prefix cache (default: salted, every position recomputed). ``states``: the engine's
-    states already captured (then ``engine`` is not called). ``floor``: per-site floor stored with
-    the profile."""
+    Parameters
+    ----------
+    engine : Engine
+        A running eager offline engine.
+    reference : Scorer or sequence of dict
+        A :class:`~rlparity.score.Scorer` (the trainer) or the engine states of another arm on the
+        same ``seqs`` (:func:`engine_states`).
+    seqs : sequence of sequence of int
+        The probe sequences (at least one).
+    vocab_ids : sequence of int, optional
+        The vocabulary columns the ``lm_head`` site compares; ``None`` means
+        :func:`rlparity.trace.layers.vocab_columns` of the engine's vocabulary.
+    use_cache : bool, default False
+        Let the prefills hit the engine's prefix cache (default: salted, every position recomputed).
+    floor : xarray.DataArray or numpy.ndarray, optional
+        A per-site floor stored with the profile.
+    attrs : Mapping, optional
+        Further attrs of the profile.
+    states : sequence of dict, optional
+        The engine's states already captured (then ``engine`` is not called).
+
+    Returns
+    -------
+    xarray.Dataset
+        The layer dataset of :mod:`rlparity.trace.layers`: per site and position the RMS of the
+        difference and of the state, with the comparison's attrs.
+
+    Raises
+    ------
+    ValueError
+        If ``seqs`` is empty, or the reference holds states of another number of sequences.
+    """
     from rlparity.capture.layers import capture_layers
     from rlparity.score.layers import trainer_layer_states
 
@@ -114,11 +169,35 @@ def profile_arm(engine: Any, reference: Any, seqs: Sequence[Sequence[int]], *, v
 
 def verify_weights(engine: Any, trainer: Any, *, version: int | None = None, arm: str | None = None
                    ) -> dict[str, Any]:
-    """Compare the weights a running engine holds with the trainer's: ``trainer`` is a
-    :class:`~rlparity.score.Scorer`, a transformers model, a state dict, a checkpoint directory or a
-    ``{name: checksum}`` mapping. Returns ``{"equal", "compare" (as
-    :func:`rlparity.trace.weights.compare_checksums`), "engine_seconds" (reading the workers),
-    "finding" (the ``engine_weights_differ`` finding, or None)}``."""
+    """Compare the weights a running engine holds with the trainer's, tensor by tensor.
+
+    Parameters
+    ----------
+    engine : Engine
+        A running offline engine (its workers are read: :func:`rlparity.capture.layers.live_checksums`).
+    trainer : object
+        A :class:`~rlparity.score.Scorer`, a transformers model, a state dict, a checkpoint
+        directory or a ``{name: checksum}`` mapping.
+    version : int, optional
+        The policy version the finding names; ``None`` means the engine's.
+    arm : str, optional
+        The arm the finding names.
+
+    Returns
+    -------
+    dict
+        ``equal``, ``compare`` (as :func:`rlparity.trace.weights.compare_checksums`, plus the
+        unmapped engine parameters), ``engine_seconds`` (reading the workers),
+        ``probed_linear_layers``, ``n_engine_tensors`` and ``finding`` (the
+        ``engine_weights_differ`` finding, or ``None``).
+
+    Raises
+    ------
+    ValueError
+        If ``trainer`` is a path that is not a local safetensors checkpoint (or too large to read).
+    TypeError
+        If ``trainer`` is of another type.
+    """
     from rlparity.capture.layers import live_checksums
     from rlparity.capture.weights import checkpoint_checksums
     from rlparity.diagnose.sync import engine_weights_differ
@@ -156,11 +235,28 @@ FINGERPRINT_PROMPTS = 4
 
 def fingerprint_prompts(engine: Any, trainer: Any, *, n: int = FINGERPRINT_PROMPTS, max_tokens: int = 8
                         ) -> dict[str, Any]:
-    """Greedy logprobs of ``n`` fixed prompts (the built-in task's, seed 0) through the engine,
-    rescored by the trainer: ``{"mean_abs_d", "max_abs_d", "n_tokens", "tokens"}`` (nats;
-    ``tokens``: the greedy completions, to compare versions by). Recorded at each version, it shows
-    a sync that changed the numbers without fingerprints of the tensors; its size is judged
-    against a clean engine's (float rounding, not zero)."""
+    """Greedy logprobs of fixed prompts through the engine, rescored by the trainer.
+
+    Recorded at each version, it shows a sync that changed the numbers without fingerprints of the
+    tensors; its size is judged against a clean engine's (float rounding, not zero).
+
+    Parameters
+    ----------
+    engine : Engine
+        A running engine.
+    trainer : Scorer
+        The trainer side.
+    n : int, default FINGERPRINT_PROMPTS
+        How many prompts (the built-in task's, seed 0; 4 by default).
+    max_tokens : int, default 8
+        Greedy tokens per prompt.
+
+    Returns
+    -------
+    dict
+        ``mean_abs_d`` and ``max_abs_d`` (nats, over the finite raw log-ratios), ``n_tokens``,
+        ``tokens`` (the greedy completions, to compare versions by), ``units`` and ``policy_version``.
+    """
     from rlparity.metrics import log_ratio
     from rlparity.models import make_prompts
 
@@ -175,7 +271,40 @@ def fingerprint_prompts(engine: Any, trainer: Any, *, n: int = FINGERPRINT_PROMP
 
 # ------------------------------------------------------------------------------ scenarios
 class LayerSettings(BaseModel):
-    """Sizes and knobs of :func:`run_layers` (the defaults: CPU CI on the tiny model)."""
+    """Sizes and knobs of :func:`run_layers` (the defaults: CPU CI on the tiny model).
+
+    Parameters
+    ----------
+    n_prompts : int, default 4
+        Probe sequences (prompts sampled once by the clean engine).
+    n_floor : int, default 4
+        Sequences of the floor capture (other prompts).
+    max_tokens : int, default 16
+        Tokens per request.
+    temperature : float, default 0.7
+        The sampling temperature (> 0).
+    top_k : int, default 20
+        The sampling top-k (0 = off).
+    seed : int, default 0
+        Seeds the prompts, the requests and version 1.
+    sigma : float, default 0.05
+        Relative size of the update to version 1.
+    partial_layer : int, default 1
+        The decoder layer the partial sync leaves out.
+    prefix_problems : int, default 32
+        Solved problems in the shared prompt prefix (about 10 tokens each: the CPU build caches
+        blocks of 128 tokens).
+    vocab_columns : int, default 1024
+        Vocabulary columns the ``lm_head`` site compares (at least 8).
+    dtype : str, optional
+        The body dtype on both sides; ``None`` means the checkpoint's.
+    device : str, default "cpu"
+        The trainer's device.
+    other_attention_backend : str, default "TRITON_ATTN"
+        The backend of ``batch_variant_attention``.
+    engine : dict, optional
+        Other :class:`EngineSettings` fields for every engine.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -335,14 +464,42 @@ def run_layers(model: str | os.PathLike, scenarios: Sequence[str] | None = None,
                *, workdir: str | os.PathLike | None = None, log: Callable[[str], None] = progress_log,
                on_arm: Callable[[str, xr.Dataset, dict[str, Any]], None] | None = None,
                deadline_s: float | None = None) -> tuple[dict[str, xr.Dataset], dict[str, Any]]:
-    """Run ``scenarios`` (default: every one this platform can run) on real engines; return
-    ``({arm: scored trace with its layer profile}, record)``. ``record`` holds per scenario what was
-    done and measured (``verify_weights`` of the partial sync and of the clean engine, the floors,
-    what could not run and why, seconds). ``on_arm(name, trace, record)`` is called as each arm is
-    ready (a script can write its results after every step); a scenario that fails is recorded in
-    ``record["not_run"]`` and the others go on. ``deadline_s``: no engine starts after this many
-    seconds (the rest is recorded as not run). ``model`` is a local checkpoint (version 0); version 1
-    and the partial update are written to ``workdir`` (default beside the model)."""
+    """Run the layer scenarios on real engines; return the arms and a record of what was done.
+
+    A scenario that fails is recorded in ``record["not_run"]`` and the others go on.
+
+    Parameters
+    ----------
+    model : str or os.PathLike
+        A local checkpoint (version 0).
+    scenarios : sequence of str, optional
+        Names of :data:`SCENARIOS`; ``None`` means every one (those this platform cannot run are
+        recorded as not run, with why).
+    settings : LayerSettings, optional
+        Sizes and knobs; ``None`` means ``LayerSettings()``.
+    workdir : str or os.PathLike, optional
+        Where version 1 and the partial update are written; ``None`` means ``<model>-layers``
+        beside the model.
+    log : callable, default progress_log
+        Called with one line per step.
+    on_arm : callable, optional
+        ``on_arm(name, trace, record)``, called as each arm is ready (a script can write its
+        results after every step).
+    deadline_s : float, optional
+        No further engine starts after this many seconds (the rest is recorded as not run).
+
+    Returns
+    -------
+    tuple of (dict of str to xarray.Dataset, dict)
+        ``({arm: scored trace with its layer profile}, record)``: per scenario what was done and
+        measured (``verify_weights`` of the partial sync and of the clean engine, the floors, what
+        could not run and why, seconds).
+
+    Raises
+    ------
+    ValueError
+        If a scenario is unknown.
+    """
     from rlparity.capture import Engine
     from rlparity.capture.pool import shared_pool
     from rlparity.experiments.faults import FAULTS

@@ -35,7 +35,33 @@ DENSE_ARM = "dense"
 
 
 class MoESettings(BaseModel):
-    """Sizes and knobs of the MoE experiment (defaults: CPU CI on ``tiny-moe``)."""
+    """Sizes and knobs of the MoE experiment (defaults: CPU CI on ``tiny-moe``).
+
+    Parameters
+    ----------
+    n_prompts : int, default 16
+        Prompts (the built-in task's).
+    max_tokens : int, default 24
+        Tokens per request.
+    temperature : float, default 0.7
+        The sampling temperature (> 0).
+    top_k : int, default 20
+        The sampling top-k (0 = off).
+    seed : int, default 0
+        Seeds the prompts and the requests.
+    dtype : str, default "float32"
+        The body dtype on both sides.
+    device : str, default "cpu"
+        The trainer's device (``cuda...`` also selects the GPU faults).
+    batch_size : int, default 16
+        The trainer's batch size.
+    faults : tuple of str, default ("trainer_bf16_router",)
+        Router faults of :data:`rlparity.experiments.faults.FAULTS`, one arm each.
+    replay : bool, default True
+        Rescore with the engine's routes forced (``trainer_replay_*`` readings).
+    engine : dict, optional
+        Other :class:`EngineSettings` fields for every engine.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -53,8 +79,23 @@ class MoESettings(BaseModel):
 
 
 def engine_settings(s: MoESettings, **changes: Any) -> EngineSettings:
-    """The engine settings of every arm: processed logprobs, float32 heads, no prefix cache (every
-    prompt token computed, so every route recorded), routes captured."""
+    r"""The engine settings of every arm.
+
+    Processed logprobs, float32 heads, no prefix cache (every prompt token computed, so every route
+    recorded), routes captured.
+
+    Parameters
+    ----------
+    s : MoESettings
+        The experiment's settings (``dtype`` and ``engine`` are applied).
+    \*\*changes
+        Further :class:`EngineSettings` fields (a fault's engine recipe), applied last.
+
+    Returns
+    -------
+    EngineSettings
+        The settings.
+    """
     base = {"logprobs_mode": "processed_logprobs", "head_dtype": "float32", "dtype": s.dtype,
             "generation_config": "vllm", "enable_prefix_caching": False, "capture_routing": True}
     return EngineSettings(**{**base, **s.engine, **changes})
@@ -63,7 +104,33 @@ def engine_settings(s: MoESettings, **changes: Any) -> EngineSettings:
 def moe_run(model: str | os.PathLike, dense: str | os.PathLike | None = None, settings: MoESettings | None = None,
             *, pool=None, log: Callable[[str], None] = progress_log) -> dict[str, xr.Dataset]:
     """Capture and score every arm (see the module docstring); return ``{arm: scored trace}``.
-    Engines come from ``pool`` (default: the shared pool), one per engine setting."""
+
+    Engines come from ``pool``, one per engine setting.
+
+    Parameters
+    ----------
+    model : str or os.PathLike
+        The mixture-of-experts model.
+    dense : str or os.PathLike, optional
+        A dense model for the ``dense`` arm; ``None``: no dense arm.
+    settings : MoESettings, optional
+        Sizes and knobs; ``None`` means ``MoESettings()``.
+    pool : EnginePool, optional
+        Where engines come from; ``None`` means the shared pool.
+    log : callable, default progress_log
+        Called with one line per capture and arm.
+
+    Returns
+    -------
+    dict of str to xarray.Dataset
+        ``moe``, ``moe+<fault>`` per fault this platform can run, and ``dense`` when given; the
+        faults this platform cannot run are listed in ``attrs["moe_experiment"]["not_run"]``.
+
+    Raises
+    ------
+    ValueError
+        If a fault is not a router fault.
+    """
     from rlparity.capture.pool import shared_pool
     from rlparity.models import make_prompts
     from rlparity.score import Scorer
@@ -107,8 +174,24 @@ def moe_run(model: str | os.PathLike, dense: str | os.PathLike | None = None, se
 
 
 def dense_arm(dense: str | os.PathLike, settings: MoESettings | None = None, *, pool=None) -> xr.Dataset:
-    """The dense comparison: ``dense`` captured and scored under the MoE arms' settings
-    (``capture_routing=True`` captures nothing on a dense model)."""
+    """The dense comparison: a dense model captured and scored under the MoE arms' settings.
+
+    ``capture_routing=True`` captures nothing on a dense model.
+
+    Parameters
+    ----------
+    dense : str or os.PathLike
+        The dense model.
+    settings : MoESettings, optional
+        ``None`` means ``MoESettings()``.
+    pool : EnginePool, optional
+        Where the engine comes from; ``None`` means the shared pool.
+
+    Returns
+    -------
+    xarray.Dataset
+        The scored trace, arm ``dense``.
+    """
     from rlparity.capture.pool import shared_pool
     from rlparity.models import make_prompts
     from rlparity.score import Scorer

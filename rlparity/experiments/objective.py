@@ -51,25 +51,56 @@ def correction_demo(raw_trace: xr.Dataset, parity_trace: xr.Dataset, model: Any,
                     cap: float | None = None, mask_rule: str | None = "geometric_band", threshold: Any = None,
                     findings_raw: Iterable[Finding] | None = None, findings_parity: Iterable[Finding] | None = None,
                     **train_options: Any) -> dict[str, Any]:
-    """Correct the raw trace (token TIS at ``cap``, default ``OBJECTIVE_DEFAULTS.is_cap``, and the
-    ``mask_rule`` rejection) and compare it with the parity trace on one step of ``loss``.
+    r"""Correct the raw trace and compare it with the parity trace on one step of ``loss``.
 
-    Returns a dict: ``same_samples`` (identical token ids), ``before`` and ``after`` (the backend
-    pair's mean ratio, PPO clip fraction at eps, ESS: raw ratios before, truncated weights on the
-    kept tokens after), ``masked_fraction`` (tokens and sequences), ``effective_batch`` (kept
-    tokens and their weight-ESS, absolute and as a share of all usable tokens),
-    ``cosine_raw_corrected_vs_parity`` and ``cosine_raw_uncorrected_vs_parity`` (policy-gradient
-    directions of one step on the same samples, before any optimizer step; the uncorrected one is 1
-    by construction when the ratio divides by the recomputed pi_old, which mu never enters),
-    ``cosine_raw_vs_parity_mu_denominator`` (the same, uncorrected, for a trainer whose ratio
-    divides by mu, as PipelineRL's and prime-rl's do), ``truncated_fraction`` (usable tokens whose
-    raw weight exceeds the cap; ``truncated_fraction_at_verl_cap`` at verl's default C),
-    ``uncorrected_health`` and ``corrected_health`` (against ``health_rules``)
-    (the verl view of the raw and of the corrected weights; the cosine is NaN when the mask rejects every token)
-    and the ``correction_hides_backend_mismatch``
-    findings on each trace (the other layers' findings come from :func:`rlparity.diagnose.diagnose`
-    unless given). ``model`` is a path or a loaded causal LM (not stepped); ``train_options`` go
-    to :func:`rlparity.train.train_step`.
+    The correction is token TIS at ``cap`` and the ``mask_rule`` rejection. The gradients are those
+    of one step on the same samples, before any optimizer step; ``model`` is not stepped.
+
+    Parameters
+    ----------
+    raw_trace : xarray.Dataset
+        The capture with raw rollout logprobs (``raw_logprobs``); scored here if it has no
+        trainer side.
+    parity_trace : xarray.Dataset
+        The capture of the same prompts and seeds in parity (``processed_logprobs``).
+    model : str or transformers.PreTrainedModel
+        A path or a loaded causal LM (the trainer; not stepped).
+    rewards : callable or numpy.ndarray, default arithmetic_reward
+        Per-sequence rewards, or a function of the trace that gives them.
+    loss : str, default "ppo"
+        The loss of :func:`rlparity.train.train_step`.
+    trainer : TrainerSide, optional
+        Which trainer reading is pi_old; ``None``: the default of the objective metrics.
+    cap : float, optional
+        The TIS cap C; ``None`` means ``OBJECTIVE_DEFAULTS.is_cap``.
+    mask_rule : str or None, default "geometric_band"
+        The rejection rule (:func:`rlparity.metrics.objective.rejection_keep`); ``None``: no mask.
+    threshold : object, optional
+        The rule's threshold (a band ``(lo, hi)`` or a KL bound); ``None``: the rule's default.
+    findings_raw : iterable of Finding, optional
+        The other layers' findings on the raw trace; ``None``: from :func:`rlparity.diagnose.diagnose`.
+    findings_parity : iterable of Finding, optional
+        The same for the parity trace.
+    \*\*train_options
+        Passed to :func:`rlparity.train.train_step` (``device``, ``dtype``...).
+
+    Returns
+    -------
+    dict
+        ``same_samples`` (identical token ids); ``pair``; ``correction``; ``before`` and ``after``
+        (the backend pair's mean ratio, PPO clip fraction at eps, ESS: raw ratios before, truncated
+        weights on the kept tokens after); ``masked_fraction`` (tokens and sequences);
+        ``effective_batch`` (kept tokens and their weight-ESS, absolute and as a share of all usable
+        tokens); ``cosine_raw_corrected_vs_parity`` and ``cosine_raw_uncorrected_vs_parity``
+        (policy-gradient directions; the uncorrected one is 1 by construction when the ratio divides
+        by the recomputed pi_old, which mu never enters; NaN when the mask rejects every token);
+        ``cosine_raw_vs_parity_mu_denominator`` (the same, uncorrected, for a trainer whose ratio
+        divides by mu, as PipelineRL's and prime-rl's do); ``truncated_fraction`` (usable tokens
+        whose raw weight exceeds the cap) and ``truncated_fraction_at_verl_cap``;
+        ``uncorrected_health``, ``corrected_health`` and ``health_rules`` (the verl view of the raw
+        and of the corrected weights); ``grad_norm``; ``findings_raw`` and ``findings_parity`` (the
+        ``correction_hides_backend_mismatch`` findings); ``other_errors_raw`` and
+        ``other_errors_parity`` (the other layers' errors).
     """
     o = ob.OBJECTIVE_DEFAULTS
     c = o.is_cap if cap is None else cap
@@ -146,12 +177,42 @@ def correction_demo(raw_trace: xr.Dataset, parity_trace: xr.Dataset, model: Any,
 
 
 class ObjectiveSettings(BaseModel):
-    """The settings of :func:`run_objective`: the capture (``n_prompts`` x ``n_samples`` x
-    ``max_tokens`` at ``temperature`` / ``top_k``), the step (``loss``, ``lr``), the correction
-    (``mask_rule`` with ``threshold``; the cap ``cap``, or None for the ``truncate_share`` upper
-    quantile of the raw weights, so that truncation acts on that share of tokens), and where it runs
-    (``device`` of the trainer, ``dtype`` of the body on both sides, ``engine``: more
-    :class:`~rlparity.config.settings.EngineSettings` fields such as ``gpu_memory_utilization``)."""
+    """The settings of :func:`run_objective`.
+
+    Parameters
+    ----------
+    n_prompts : int, default 16
+        Prompts of the capture.
+    n_samples : int, default 4
+        Samples per prompt: the group of the advantage (at least 2).
+    max_tokens : int, default 24
+        Tokens per sample.
+    temperature : float, default 0.7
+        The sampling temperature (> 0).
+    top_k : int, default 20
+        The sampling top-k (0 = off).
+    prompt_seed : int, default 3
+        Seeds the prompts (:func:`rlparity.models.make_prompts`).
+    loss : str, default "ppo"
+        The loss of the step.
+    lr : float, default 3e-5
+        The step's learning rate.
+    mask_rule : str or None, default "geometric_band"
+        The correction's rejection rule; ``None``: no mask.
+    threshold : tuple of (float, float) or None, default (0.9, 1.1)
+        The rule's threshold.
+    cap : float, optional
+        The TIS cap C (> 1); ``None``: the ``truncate_share`` upper quantile of the raw weights
+        (:func:`quantile_cap`), so that truncation acts on that share of tokens.
+    truncate_share : float, default 0.1
+        The share of tokens truncated when ``cap`` is ``None`` (0 < x < 1).
+    device : str, default "cpu"
+        The trainer's device.
+    dtype : str, default "float32"
+        The body dtype on both sides.
+    engine : dict, optional
+        More :class:`~rlparity.config.settings.EngineSettings` fields, such as ``gpu_memory_utilization``.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -173,8 +234,27 @@ class ObjectiveSettings(BaseModel):
 
 
 def quantile_cap(trace: xr.Dataset, share: float, trainer: TrainerSide | None = None) -> float:
-    """The cap C at which token TIS truncates ``share`` of the usable tokens of ``trace``: the
-    ``1 - share`` quantile of the raw backend weights pi_old/mu (at least just above 1)."""
+    """The cap C at which token TIS truncates ``share`` of the usable tokens of a trace.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored trace.
+    share : float
+        The share of usable tokens to truncate.
+    trainer : TrainerSide, optional
+        Which trainer reading is pi_old; ``None``: the objective metrics' default.
+
+    Returns
+    -------
+    float
+        The ``1 - share`` quantile of the raw backend weights pi_old/mu, at least just above 1.
+
+    Raises
+    ------
+    ValueError
+        If no token is usable (every token masked or of probability 0).
+    """
     d = ob.pair_log_ratio(trace, "backend", trainer).values
     w = np.exp(d[ob.finite_tokens(d)])
     if not w.size:
@@ -183,14 +263,30 @@ def quantile_cap(trace: xr.Dataset, share: float, trainer: TrainerSide | None = 
 
 
 def run_objective(model: Any, settings: ObjectiveSettings | None = None, *, pool=None) -> dict[str, Any]:
-    """The objective-layer experiment of chapter 5 on ``model`` (a path): two captures of the same
-    prompts and seeds with real vLLM, ``parity`` (processed logprobs) and ``raw`` (vLLM's default
-    raw logprobs), both with an fp32 head and the body in ``settings.dtype``; one optimizer step on
-    the parity trace (pi_theta); then :func:`correction_demo` on the raw trace.
+    """The objective-layer experiment of chapter 5 on real vLLM.
 
-    Returns a dict: ``arms`` (``{"parity": stepped trace, "raw": raw trace}``), ``same_samples``,
-    ``step`` (the step's metrics), ``tables`` (:func:`rlparity.metrics.objective.objective_summary`
-    per arm), ``dashboards`` (verl's names per arm), ``cap`` and ``demo``."""
+    Two captures of the same prompts and seeds, ``parity`` (processed logprobs) and ``raw`` (vLLM's
+    default raw logprobs), both with an fp32 head and the body in ``settings.dtype``; one optimizer
+    step on the parity trace (pi_theta); then :func:`correction_demo` on the raw trace. The pool is
+    closed at the end.
+
+    Parameters
+    ----------
+    model : str
+        A model path (engine and trainer).
+    settings : ObjectiveSettings, optional
+        ``None`` means ``ObjectiveSettings()``.
+    pool : EnginePool, optional
+        Where engines come from; ``None`` means the shared pool.
+
+    Returns
+    -------
+    dict
+        ``arms`` (``{"parity": stepped trace, "raw": raw trace}``), ``same_samples``, ``step`` (the
+        step's metrics), ``cap``, ``demo``, ``tables``
+        (:func:`rlparity.metrics.objective.objective_summary` per arm), ``dashboards`` (verl's
+        names per arm) and ``settings``.
+    """
     from rlparity.capture import EngineSettings, SamplingSettings
     from rlparity.capture.pool import shared_pool
     from rlparity.metrics import as_dashboard
@@ -227,10 +323,21 @@ def run_objective(model: Any, settings: ObjectiveSettings | None = None, *, pool
 
 
 def demo_table(demo: Mapping[str, Any]):
-    """The demonstration's numbers as a small table (pandas, for a page): verl's four health
-    metrics uncorrected and corrected with the healthy range, the shares truncated and masked, and
-    the gradient cosines with the parity update (index: what; columns: uncorrected, corrected,
-    healthy)."""
+    """The demonstration's numbers as a small table, for a page.
+
+    verl's four health metrics uncorrected and corrected with the healthy range, the shares
+    truncated and masked, and the gradient cosines with the parity update.
+
+    Parameters
+    ----------
+    demo : Mapping
+        What :func:`correction_demo` returned.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Index: what; columns: ``uncorrected``, ``corrected``, ``healthy`` (formatted strings).
+    """
     import pandas as pd
 
     rules = demo.get("health_rules") or VERL_HEALTHY

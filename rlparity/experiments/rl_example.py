@@ -10,9 +10,27 @@ from pathlib import Path
 import xarray as xr
 
 def pack(store: str | os.PathLike, out: str | os.PathLike, *, max_part_bytes: int = 15 * 2**20) -> list[Path]:
-    """``store`` as one gzipped tar in ``out`` (``rl.zarr.tar.gz``), split into parts of at most
-    ``max_part_bytes`` (``rl.zarr.tar.gz.part00``, ...; ``cat rl.zarr.tar.gz.part* | tar xz`` joins
-    them) so a transfer that takes a few flat files of bounded size carries the whole store."""
+    """A store as one gzipped tar, split into parts of bounded size.
+
+    A transfer that takes a few flat files of bounded size so carries the whole store:
+    ``cat rl.zarr.tar.gz.part* | tar xz`` joins the parts. Parts of an earlier pack in ``out`` are
+    removed first.
+
+    Parameters
+    ----------
+    store : str or os.PathLike
+        The store (a folder).
+    out : str or os.PathLike
+        Where the archive goes (``<store name>.tar.gz``).
+    max_part_bytes : int, default 15 MiB
+        The largest file written.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The archive itself when it fits, else its parts ``.part00``, ``.part01``, ... (the whole
+        archive is removed).
+    """
     import tarfile
 
     store, out = Path(store), Path(out)
@@ -36,14 +54,40 @@ def pack(store: str | os.PathLike, out: str | os.PathLike, *, max_part_bytes: in
 def make_example(stores: Sequence[str | os.PathLike], path: str | os.PathLike, *, keep_steps: str = "ends",
                  description: str | None = None, command: str | None = None,
                  device_name: str | None = None) -> Path:
-    """One example store from the stores of one or more runs (e.g. one ``rlparity
-    experiment rl --profile P`` call per profile on a GPU host): the curves of every step of
-    every run (:func:`rlparity.metrics.rl.rl_curves` on all of them, kept as the root attr
-    ``rl_curves``, read back with :func:`rlparity.metrics.rl.curves_from_records`) and the contrast
-    with the first store's profile (``contrast``), while only the first and last step of each run
-    are kept as compact traces (``keep_steps="ends"``; ``"all"`` keeps every step), so the example
-    stays small enough to ship. The runs must start from the same weights (the same
-    ``model_fingerprint``) or the store is refused."""
+    """One compact example store from the stores of one or more RL runs.
+
+    E.g. one ``rlparity experiment rl --profile P`` call per profile on a GPU host. The curves of
+    every step of every run (:func:`rlparity.metrics.rl.rl_curves` on all of them) are kept as the
+    root attr ``rl_curves`` (read back with :func:`rlparity.metrics.rl.curves_from_records`), with
+    the contrast against the first store's profile (``contrast``), while only the first and last
+    step of each run are kept as compact traces, so the example stays small enough to ship.
+
+    Parameters
+    ----------
+    stores : sequence of str or os.PathLike
+        The runs' stores.
+    path : str or os.PathLike
+        The example store to write.
+    keep_steps : {"ends", "all"}, default "ends"
+        Keep the first and last step of each run as traces, or every step.
+    description : str, optional
+        The example's description; ``None`` writes one from the runs.
+    command : str, optional
+        The command that made the runs; ``None`` names ``rlparity experiment rl``.
+    device_name : str, optional
+        The device's name for the provenance; ``None`` leaves it empty.
+
+    Returns
+    -------
+    pathlib.Path
+        The written store (:func:`rlparity.trace.save`).
+
+    Raises
+    ------
+    ValueError
+        If ``keep_steps`` is another value, two stores hold the same run steps, or the runs start
+        from different weights (another ``model_fingerprint``).
+    """
     from rlparity.config.provenance import jsonable
     from rlparity.datasets import compact
     from rlparity.metrics import rl as mrl

@@ -17,9 +17,25 @@ RL_PROFILES = tuple(RLDefaults().profiles)  # the built-in ones (RLPARITY_DEFAUL
 
 
 def rl_profile(name: str | EngineSettings) -> EngineSettings:
-    """The :class:`EngineSettings` of a profile of the run: a built-in name or YAML path
-    (:func:`rlparity.config.load_profile`), or a derived one of :data:`DERIVED_PROFILES`
-    (``parity-bf16-head`` = ``pipelinerl-parity`` with ``head_dtype="bfloat16"``)."""
+    """The :class:`EngineSettings` of a profile of the RL run.
+
+    Parameters
+    ----------
+    name : str or EngineSettings
+        A built-in name or YAML path (:func:`rlparity.config.load_profile`), a derived profile of
+        :data:`DERIVED_PROFILES` (``parity-bf16-head`` = ``pipelinerl-parity`` with
+        ``head_dtype="bfloat16"``), or settings (returned as they are).
+
+    Returns
+    -------
+    EngineSettings
+        The profile's settings.
+
+    Raises
+    ------
+    ValueError
+        If the name is no profile (the message lists the derived ones too).
+    """
     from rlparity.config.profiles import load_profile
 
     if isinstance(name, EngineSettings):
@@ -34,8 +50,22 @@ def rl_profile(name: str | EngineSettings) -> EngineSettings:
 
 
 def step_prompts(step: int, n_prompts: int, seed: int = 0) -> list[str]:
-    """The prompts of step ``step``: :func:`rlparity.models.make_prompts` with seed
-    ``seed * 100_003 + step``, the same for every profile."""
+    """The prompts of step ``step``, the same for every profile.
+
+    Parameters
+    ----------
+    step : int
+        The step.
+    n_prompts : int
+        Prompts per step.
+    seed : int, default 0
+        The run's seed.
+
+    Returns
+    -------
+    list of str
+        :func:`rlparity.models.make_prompts` with seed ``seed * 100_003 + step``.
+    """
     from rlparity.models import make_prompts
 
     return make_prompts(n_prompts, seed=seed * 100_003 + step)
@@ -43,9 +73,30 @@ def step_prompts(step: int, n_prompts: int, seed: int = 0) -> list[str]:
 
 def step_sampling(step: int, n_prompts: int, n_samples: int, max_tokens: int, seed: int = 0,
                   sampling: SamplingSettings | None = None) -> SamplingSettings:
-    """The sampling of step ``step``: ``sampling`` (default :func:`rlparity.config.default_sampling`)
-    with ``n = n_samples``, ``max_tokens`` and base seed ``seed + step * n_prompts`` (request i of the
-    step uses base + i: no two requests of a run share a seed)."""
+    """The sampling of step ``step``, the same for every profile.
+
+    Request i of the step uses seed base + i, so no two requests of a run share a seed.
+
+    Parameters
+    ----------
+    step : int
+        The step.
+    n_prompts : int
+        Prompts per step.
+    n_samples : int
+        Samples per prompt (``n``).
+    max_tokens : int
+        Tokens per sample.
+    seed : int, default 0
+        The run's seed.
+    sampling : SamplingSettings, optional
+        The base sampling; ``None`` means :func:`rlparity.config.default_sampling`.
+
+    Returns
+    -------
+    SamplingSettings
+        ``sampling`` with ``n``, ``max_tokens`` and base seed ``seed + step * n_prompts``.
+    """
     base = sampling or default_sampling()
     return base.model_copy(update={"n": int(n_samples), "max_tokens": int(max_tokens),
                                    "seed": int(seed) + int(step) * int(n_prompts)})
@@ -59,6 +110,20 @@ def _profile_name(p: str | EngineSettings, i: int) -> str:
 
 
 def run_name(profile: str, old_policy: str, several: bool) -> str:
-    """The name of one run in the curves and the store: the profile's name, or
-    ``<profile>+<old_policy>`` when one call runs several ratio denominators (``vllm-v1-defaults+mu``)."""
+    """The name of one run in the curves and the store.
+
+    Parameters
+    ----------
+    profile : str
+        The profile's name.
+    old_policy : str
+        The ratio denominator (``pi_old`` or ``mu``).
+    several : bool
+        Whether one call runs several ratio denominators.
+
+    Returns
+    -------
+    str
+        ``<profile>+<old_policy>`` (e.g. ``vllm-v1-defaults+mu``) when ``several``, else the profile's name.
+    """
     return f"{profile}+{old_policy}" if several else profile

@@ -33,11 +33,43 @@ from rlparity.trace import with_factors
 
 @dataclass(frozen=True)
 class RLRunSettings:
-    """The settings of :func:`rl_run`, one place for their defaults: ``None`` is
-    ``rlparity.config.defaults().rl``'s value (``seed``: ``defaults().seed``), read when the run
-    starts. ``old_policy``: one ratio denominator (``"pi_old"`` or ``"mu"``) or several, one run
-    each; ``async_rollouts``: step k+1's rollouts sampled while step k trains (lag 1); ``device``
-    and ``batch_size``: the trainer's."""
+    """The settings of :func:`rl_run`, one place for their defaults.
+
+    ``None`` is ``rlparity.config.defaults().rl``'s value (``seed``: ``defaults().seed``), read
+    when the run starts (:meth:`resolved`).
+
+    Parameters
+    ----------
+    steps : int, optional
+        Optimizer steps per run (>= 1).
+    loss : str, optional
+        The loss: ``"gspo"``, ``"ppo"`` or ``"grpo"``.
+    old_policy : str or sequence of str, optional
+        The denominator of the loss's ratio: one of ``"pi_old"`` (the trainer's recomputed reading)
+        and ``"mu"`` (the engine's logprobs), or several, one run each.
+    n_prompts : int, optional
+        Prompts per step (>= 1).
+    n_samples : int, optional
+        Samples per prompt (>= 2: the advantage is normalised over them).
+    max_tokens : int, optional
+        Tokens per sample (>= 1).
+    lr : float, optional
+        The AdamW learning rate.
+    seed : int, optional
+        Fixes the prompts and sampling seeds of every step, the same for every run.
+    dtype : str, optional
+        The body dtype pinned on both sides.
+    pause_mode : str, optional
+        The pause mode of the weight updates.
+    clear_cache : bool, optional
+        Whether the updates reset the prefix cache.
+    async_rollouts : bool, default False
+        Sample step k+1's rollouts while step k trains (one step of lag).
+    device : str, default "cpu"
+        The trainer's device.
+    batch_size : int, default 64
+        The trainer's batch size.
+    """
 
     steps: int | None = None
     loss: str | None = None
@@ -55,8 +87,20 @@ class RLRunSettings:
     batch_size: int = 64
 
     def resolved(self) -> RLRunSettings:
-        """Every ``None`` filled in from the defaults, numbers as numbers, ``old_policy`` a tuple;
-        a value out of range is a :class:`ValueError` that says what to give."""
+        """Every ``None`` filled in from the defaults, numbers as numbers, ``old_policy`` a tuple.
+
+        Returns
+        -------
+        RLRunSettings
+            The resolved settings.
+
+        Raises
+        ------
+        ValueError
+            If a value is out of range (the message says what to give): an unknown or repeated
+            ``old_policy``, an unknown loss, ``steps``, ``n_prompts`` or ``max_tokens`` below 1,
+            ``n_samples`` below 2.
+        """
         from rlparity.train import LOSSES
 
         d = defaults().rl
@@ -169,34 +213,53 @@ def rl_run(model: str | os.PathLike, profiles: Sequence[str | EngineSettings] | 
            steps: int | None = None, *, settings: RLRunSettings | None = None, sampling: SamplingSettings | None = None,
            engine: Mapping[str, Any] | None = None, checkpoint_dir: str | os.PathLike | None = None,
            progress: bool = False, log: Callable[[str], Any] = progress_log, **overrides: Any) -> dict[str, xr.Dataset]:
-    """Online RL on the tiny model's arithmetic task under each profile; return every step's trace.
+    r"""Online RL on the tiny model's arithmetic task under each profile; return every step's trace.
 
-    ``model``: a local checkpoint (the initial weights of every run). ``profiles``: names
-    (:func:`rl_profile`) or :class:`EngineSettings`. ``old_policy``: the denominator of the loss's
-    ratio, one or several of ``"pi_old"`` (the trainer's recomputed reading at the sampling weights,
-    as verl and slime do: the backend mismatch never reaches the update) and ``"mu"`` (the engine's
-    logprobs, never recomputed, as PipelineRL and prime-rl do: the mismatch enters the clip). Each
-    ratio denominator is a run of its own on the profile's engine, from the initial weights (loaded
-    back into the running engine, cache reset) with a fresh trainer and optimizer; with several,
-    runs are named ``<profile>+<old_policy>`` (:func:`run_name`).
-
-    ``steps``, ``loss`` (``"gspo"``, ``"ppo"``, ``"grpo"``), ``n_prompts`` x ``n_samples`` per step,
-    ``max_tokens``, ``lr`` (AdamW), ``pause_mode`` and ``clear_cache`` of the updates and the body
-    ``dtype`` pinned on both sides default to ``rlparity.config.defaults().rl``; ``seed`` (default
-    ``defaults().seed``) fixes the prompts and sampling seeds of every step, the same for every run;
-    ``sampling`` the temperature / top-k / top-p (default :func:`rlparity.config.default_sampling`).
-    ``async_rollouts``: generate step k+1's rollouts while step k trains (one step of lag; see the
-    module's docstring). ``engine``: other :class:`EngineSettings` fields for every profile (e.g.
-    ``gpu_memory_utilization``). ``device``: the trainer's. ``checkpoint_dir``: where each step's
-    weights are written before the engine reads them (default a temporary folder, removed at the
-    end). ``progress``: one tqdm bar per run, one tick per step.
-
-    Those settings (every keyword but ``sampling``, ``engine``, ``checkpoint_dir``, ``progress`` and
-    ``log``) are the fields of :class:`RLRunSettings`: give them one by one as keywords, or as
+    Each ratio denominator is a run of its own on the profile's engine, from the initial weights
+    (loaded back into the running engine, cache reset) with a fresh trainer and optimizer; with
+    several, runs are named ``<profile>+<old_policy>`` (:func:`run_name`). Starts one engine per
+    profile, each closed before the next (closing the shared pool first). The run's settings are
+    the fields of :class:`RLRunSettings`: give them one by one as keywords, or as
     ``settings=RLRunSettings(...)`` (keywords given beside it replace its fields).
 
-    Returns ``{"<run>@step_NNN": trace}`` in run order; curves: :func:`rlparity.metrics.rl.rl_curves`.
-    Starts one engine per profile, each closed before the next (closing the shared pool first).
+    Parameters
+    ----------
+    model : str or os.PathLike
+        A local checkpoint: the initial weights of every run.
+    profiles : sequence of str or EngineSettings, optional
+        Names (:func:`rl_profile`) or settings; ``None`` means ``defaults().rl.profiles``.
+    steps : int, optional
+        Steps per run; replaces ``settings.steps`` when given.
+    settings : RLRunSettings, optional
+        The run's settings; ``None`` means ``RLRunSettings()`` (the defaults).
+    sampling : SamplingSettings, optional
+        Temperature / top-k / top-p; ``None`` means :func:`rlparity.config.default_sampling`.
+    engine : Mapping, optional
+        Other :class:`EngineSettings` fields for every profile (e.g. ``gpu_memory_utilization``).
+    checkpoint_dir : str or os.PathLike, optional
+        Where each step's weights are written before the engine reads them; ``None`` means a
+        temporary folder, removed at the end.
+    progress : bool, default False
+        One tqdm bar per run, one tick per step.
+    log : callable, default progress_log
+        Called with one line per engine and run.
+    \*\*overrides
+        Fields of :class:`RLRunSettings` (``loss``, ``old_policy``, ``n_prompts``, ``n_samples``,
+        ``max_tokens``, ``lr``, ``seed``, ``dtype``, ``pause_mode``, ``clear_cache``,
+        ``async_rollouts``, ``device``, ``batch_size``).
+
+    Returns
+    -------
+    dict of str to xarray.Dataset
+        ``{"<run>@step_NNN": trace}`` in run order; curves: :func:`rlparity.metrics.rl.rl_curves`.
+
+    Raises
+    ------
+    ValueError
+        If no profile is given, a profile name repeats, or a setting is out of range
+        (:meth:`RLRunSettings.resolved`).
+    TypeError
+        If an override is not a field of :class:`RLRunSettings`.
     """
     from rlparity.capture.async_engine import AsyncEngine
     from rlparity.capture.pool import shared_pool

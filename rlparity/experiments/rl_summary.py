@@ -9,8 +9,20 @@ from typing import Any
 import xarray as xr
 
 def diagnose_first_steps(arms: Mapping[str, xr.Dataset]):
-    """:func:`rlparity.diagnose.diagnose` of the first step of every run (any other step: pick its
-    arms from the store the same way)."""
+    """:func:`rlparity.diagnose.diagnose` of the first step of every run.
+
+    Any other step: pick its arms from the store the same way.
+
+    Parameters
+    ----------
+    arms : Mapping of str to xarray.Dataset
+        The arms of an RL run's store (one per run and step).
+
+    Returns
+    -------
+    Report
+        The diagnosis of the arms of the earliest step.
+    """
     from rlparity.diagnose import diagnose
     from rlparity.metrics.rl import run_steps
 
@@ -22,10 +34,24 @@ def diagnose_first_steps(arms: Mapping[str, xr.Dataset]):
 
 def summarize(arms: Mapping[str, xr.Dataset], *, reference: str | None = None, findings: bool = True
               ) -> dict[str, Any]:
-    """The run's numbers as plain data: the curves (:func:`rlparity.metrics.rl.curves_records`),
-    each run against the ``reference`` profile's run of the same ratio denominator (default the
-    first profile; :func:`rlparity.metrics.rl.profile_contrast`) and, with ``findings``, the findings
-    of the first step of every run (:func:`diagnose_first_steps`)."""
+    """The RL run's numbers as plain data.
+
+    Parameters
+    ----------
+    arms : Mapping of str to xarray.Dataset
+        The arms of an RL run's store.
+    reference : str, optional
+        The profile each run is contrasted with (same ratio denominator); ``None`` means the first
+        profile (:func:`rlparity.metrics.rl.profile_contrast`).
+    findings : bool, default True
+        Also diagnose the first step of every run (:func:`diagnose_first_steps`).
+
+    Returns
+    -------
+    dict
+        ``curves`` (:func:`rlparity.metrics.rl.curves_records`), ``contrast`` and, with
+        ``findings``, ``findings`` and ``verdict``.
+    """
     from rlparity.metrics import rl as mrl
 
     curves = mrl.rl_curves(arms)

@@ -16,7 +16,28 @@ MODES = ("processed_logprobs", "raw_logprobs")
 
 def sweep_sampling(n_prompts: int, temperatures: Sequence[float], *, top_k: int = 0, top_p: float = 1.0,
                    max_tokens: int = 24, seed: int = 0) -> tuple[list[int], list[SamplingSettings]]:
-    """Every prompt at every temperature: (prompt index per request, sampling per request)."""
+    """Every prompt at every temperature, as one batch of requests.
+
+    Parameters
+    ----------
+    n_prompts : int
+        How many prompts.
+    temperatures : sequence of float
+        The temperatures; all prompts run at each, in order.
+    top_k : int, default 0
+        The sampling top-k (0 = off).
+    top_p : float, default 1.0
+        The sampling top-p (1 = off).
+    max_tokens : int, default 24
+        Tokens per request.
+    seed : int, default 0
+        The base seed of every request's sampling.
+
+    Returns
+    -------
+    tuple of (list of int, list of SamplingSettings)
+        ``(prompt index per request, sampling per request)``.
+    """
     index, sampling = [], []
     for t in temperatures:
         for i in range(n_prompts):
@@ -33,8 +54,37 @@ def semantic_experiment(model: str | os.PathLike, prompts: Sequence, *,
                         scorer=None, pool=None, progress: bool = False) -> dict[str, xr.Dataset]:
     """Capture ``prompts`` x ``temperatures`` once per logprobs mode and rescore every arm.
 
-    ``engine`` holds the other engine settings (default: fp32 LM head, as the trainer); ``scorer``
-    defaults to an fp32 :class:`rlparity.score.Scorer`; ``pool`` to the shared engine pool.
+    Parameters
+    ----------
+    model : str or os.PathLike
+        The model both sides load.
+    prompts : sequence
+        The prompts.
+    temperatures : sequence of float, default (0.5, 0.7, 1.0, 1.3)
+        The temperatures (per request, one engine per mode).
+    top_k : int, default 20
+        The sampling top-k (0 = off).
+    top_p : float, default 1.0
+        The sampling top-p (1 = off).
+    max_tokens : int, default 24
+        Tokens per request.
+    seed : int, default 0
+        The base seed of the requests.
+    modes : sequence of str, default MODES
+        The logprobs modes, one arm each (``processed_logprobs``, ``raw_logprobs``).
+    engine : EngineSettings, optional
+        The other engine settings; ``None`` means an fp32 LM head, as the trainer's.
+    scorer : rlparity.score.Scorer, optional
+        The trainer side; ``None`` means an fp32 body and head.
+    pool : EnginePool, optional
+        Where engines come from; ``None`` means the shared pool.
+    progress : bool, default False
+        Show progress bars.
+
+    Returns
+    -------
+    dict of str to xarray.Dataset
+        One scored trace per logprobs mode.
     """
     from rlparity.capture.pool import shared_pool
     from rlparity.score import Scorer
@@ -54,7 +104,21 @@ def semantic_experiment(model: str | os.PathLike, prompts: Sequence, *,
 
 
 def prompts_with_ids(tokenizer, prompts: Sequence[str], *, add_special_tokens: bool) -> list[dict]:
-    """Prompts as ``{"prompt": text, "prompt_token_ids": ids}`` tokenized with the given
-    special-token setting: how a pipeline that tokenizes before the engine sends them."""
+    """Prompts with their token ids, tokenized the way a pipeline that tokenizes before the engine sends them.
+
+    Parameters
+    ----------
+    tokenizer : transformers.PreTrainedTokenizerBase
+        The tokenizer.
+    prompts : sequence of str
+        The prompt texts.
+    add_special_tokens : bool
+        Whether the tokenizer adds its special tokens (BOS).
+
+    Returns
+    -------
+    list of dict
+        ``{"prompt": text, "prompt_token_ids": ids}`` per prompt.
+    """
     return [{"prompt": p, "prompt_token_ids": tokenizer(p, add_special_tokens=add_special_tokens)["input_ids"]}
             for p in prompts]

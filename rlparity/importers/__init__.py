@@ -53,7 +53,13 @@ DEFAULT_CHUNK_SIZE = 2048
 
 
 def formats() -> dict[str, str]:
-    """``{format name: what it reads}`` for every importer."""
+    """The importers, by format name.
+
+    Returns
+    -------
+    dict of str to str
+        ``{format name: what it reads}`` for every importer.
+    """
     return {name: get_format(name).description for name in FORMAT_MODULES}
 
 
@@ -72,12 +78,44 @@ def read(format: str, path: str | os.PathLike, *, temperature: float | None = No
          progress: bool = False) -> dict[str, xr.Dataset]:
     """Read a dump (a file or a folder of them) into ``{arm: trace}`` in memory.
 
-    ``temperature`` / ``top_k`` / ``top_p``: the sampling parameters of the run when the dump
-    does not record them (recorded as user-supplied; a value that contradicts the dump is an
-    error). ``trainer_reading``: ``"processed"``, ``"raw"`` or ``"none"`` overrides which schema
-    variable the framework's own trainer logprobs go to (default: decided per framework from its
-    source, recorded in ``attrs["trainer"]``). For files larger than memory use
-    :func:`import_to_store`.
+    For files larger than memory use :func:`import_to_store`.
+
+    Parameters
+    ----------
+    format : str
+        One of :func:`formats` (``prime-rl``, ``nemo-rl``, ``slime``, ``pipelinerl``, ``generic``).
+    path : str or os.PathLike
+        A dump file or a folder of them.
+    temperature : float, optional
+        The run's sampling temperature when the dump does not record it (recorded as
+        user-supplied; a value that contradicts the dump is an error). ``None``: from the dump,
+        else the framework's documented default, else unknown.
+    top_k : int, optional
+        The run's top-k (0 = off), the same way.
+    top_p : float, optional
+        The run's top-p, the same way.
+    trainer_reading : {"processed", "raw", "none"}, optional
+        Overrides which schema variable the framework's own trainer logprobs go to; ``None``:
+        decided per framework from its source, recorded in ``attrs["trainer"]``.
+    chunk_size : int, default DEFAULT_CHUNK_SIZE
+        Sequences read per chunk (2048).
+    progress : bool, default False
+        Show a progress bar.
+
+    Returns
+    -------
+    dict of str to xarray.Dataset
+        One trace per (run, launch, split, step) of the dump, coordinates and provenance in
+        ``attrs["import"]``.
+
+    Raises
+    ------
+    ImportFormatError
+        If the dump is malformed (the message names the file and line).
+    ValueError
+        If the format is unknown, ``chunk_size`` is below 1, or a sampling option contradicts the dump.
+    FileNotFoundError
+        If ``path`` does not exist.
     """
     chunks, final = _chunks(format, path, temperature, top_k, top_p, trainer_reading, chunk_size, progress)
     return assemble(chunks, final)
@@ -85,8 +123,21 @@ def read(format: str, path: str | os.PathLike, *, temperature: float | None = No
 
 @dataclass
 class ImportResult:
-    """What :func:`import_to_store` wrote: the store and, per arm, its coordinates, counts and
-    trainer reading."""
+    """What :func:`import_to_store` wrote: the store and, per arm, its coordinates, counts and trainer reading.
+
+    ``str(result)`` is a short summary, one line per arm, with the warnings and the options that
+    would record sampling parameters the dump lacks.
+
+    Parameters
+    ----------
+    store : pathlib.Path
+        The zarr store written.
+    format : str
+        The format's name.
+    arms : dict of str to dict
+        Per arm: ``coords``, ``sequences``, ``tokens``, ``excluded_tokens``, ``excluded`` (per
+        reason), ``trainer_reading``, ``sampling_unknown``, ``fields_missing`` and ``warnings``.
+    """
 
     store: Path
     format: str
@@ -128,9 +179,21 @@ def _warnings(attrs: dict[str, Any]) -> list[str]:
 
 
 def coordinates(arms: Mapping[str, xr.Dataset]) -> xr.Dataset:
-    """One row per imported arm (dim ``arm``): its coordinates ``run``, ``launch``, ``split``,
-    ``step`` (-1 = none), ``kind``, and its ``sequences``, ``tokens`` and ``excluded_tokens``.
-    Select arms by what they are, not by name: ``t = coordinates(arms); t.arm[t.step == 7]``."""
+    """One row per imported arm: its coordinates and counts.
+
+    Select arms by what they are, not by name: ``t = coordinates(arms); t.arm[t.step == 7]``.
+
+    Parameters
+    ----------
+    arms : Mapping of str to xarray.Dataset
+        Imported traces (their ``attrs["import"]``).
+
+    Returns
+    -------
+    xarray.Dataset
+        Dim ``arm``; variables ``run``, ``launch``, ``split``, ``step`` (-1 = none), ``kind``,
+        ``sequences``, ``tokens`` and ``excluded_tokens``.
+    """
     names = list(arms)
     imp = [arms[a].attrs.get("import") or {} for a in names]
     coords = [i.get("coords") or {} for i in imp]
@@ -152,8 +215,25 @@ def coordinates(arms: Mapping[str, xr.Dataset]) -> xr.Dataset:
 
 
 def select(arms: Mapping[str, xr.Dataset], **where: Any) -> dict[str, xr.Dataset]:
-    """The arms whose coordinates (``run``, ``launch``, ``split``, ``step``, ``kind``) equal the
-    given values: ``select(arms, run="a", step=7)``."""
+    r"""The arms whose coordinates equal the given values: ``select(arms, run="a", step=7)``.
+
+    Parameters
+    ----------
+    arms : Mapping of str to xarray.Dataset
+        Imported traces.
+    \*\*where
+        Values of ``run``, ``launch``, ``split``, ``step`` or ``kind`` to match.
+
+    Returns
+    -------
+    dict of str to xarray.Dataset
+        The matching arms, in their order.
+
+    Raises
+    ------
+    ValueError
+        If a keyword is not one of the coordinates.
+    """
     unknown = sorted(set(where) - {"run", "launch", "split", "step", "kind"})
     if unknown:
         raise ValueError(f"unknown coordinate(s) {unknown}: select by run, launch, split, step or kind")
@@ -171,29 +251,68 @@ def import_to_store(format: str, path: str | os.PathLike, out: str | os.PathLike
                     chunk_size: int = DEFAULT_CHUNK_SIZE) -> ImportResult:
     """Import another framework's rollout dump into an rlparity zarr store.
 
-    FORMAT is one of prime-rl, nemo-rl, slime, pipelinerl, generic (``rlparity.importers.formats()``);
-    PATH a dump file or a folder of them (prime-rl: ``token_exports/``; nemo-rl: the log dir with
-    ``train_data_step*.jsonl``; slime: ``.pt`` files; pipelinerl: the experiment or ``streams/``;
-    generic: ``.jsonl``, ``.parquet`` or ``.npz`` files). OUT is the zarr store to write: one arm
-    per (run, launch, split, step) of the dump, with those coordinates and the provenance in each
-    arm's attrs (several launches or runs under PATH give separate arms; two files that would
-    make one arm and are not its shards are refused, naming both).
+    One arm per (run, launch, split, step) of the dump, with those coordinates and the provenance
+    in each arm's attrs (several launches or runs under ``path`` give separate arms; two files that
+    would make one arm and are not its shards are refused, naming both).
 
-    Files are read in chunks of ``chunk_size`` sequences (a file larger than memory is fine), with
-    a progress bar unless ``progress=False``. A malformed line stops the import with its file and
-    line number; nothing half-written remains (OUT is written beside and renamed into place;
-    an existing OUT is replaced only with ``overwrite``).
+    Files are read in chunks of ``chunk_size`` sequences (a file larger than memory is fine). A
+    malformed line stops the import with its file and line number; nothing half-written remains
+    (``out`` is written beside and renamed into place).
 
     Most dumps do not record the sampling parameters: give the values your run used with
     ``temperature`` (``--temperature 0.7``), ``top_k`` (``--top-k 50``, 0 = off) and ``top_p``
     (``--top-p 0.95``); they are recorded as user-supplied. Without them the trace stores them
     as unknown and every check that needs them says so.
 
-    ``trainer_reading`` (``processed`` | ``raw`` | ``none``) overrides where the framework's own
-    trainer logprobs go: by default ``trainer_processed_logprob`` when its trainer computes them
-    at the sampling temperature (prime-rl, NeMo-RL, slime, verl), both readings when the run
-    sampled at temperature 1 without top-k/top-p. Dumps with the rollout side only (pipelinerl,
-    slime rollout data) need ``rlparity score OUT --model MODEL`` next.
+    By default the framework's own trainer logprobs go to ``trainer_processed_logprob`` when its
+    trainer computes them at the sampling temperature (prime-rl, NeMo-RL, slime, verl), to both
+    readings when the run sampled at temperature 1 without top-k/top-p. Dumps with the rollout side
+    only (pipelinerl, slime rollout data) need ``rlparity score OUT --model MODEL`` next.
+
+    Parameters
+    ----------
+    format : str
+        One of prime-rl, nemo-rl, slime, pipelinerl, generic (``rlparity.importers.formats()``).
+    path : str or os.PathLike
+        A dump file or a folder of them (prime-rl: ``token_exports/``; nemo-rl: the log dir with
+        ``train_data_step*.jsonl``; slime: ``.pt`` files; pipelinerl: the experiment or
+        ``streams/``; generic: ``.jsonl``, ``.parquet`` or ``.npz`` files).
+    out : str or os.PathLike
+        The zarr store to write.
+    temperature : float, optional
+        The run's sampling temperature when the dump does not record it (recorded as
+        user-supplied; a value that contradicts the dump is an error). ``None``: from the dump,
+        else the framework's documented default, else unknown.
+    top_k : int, optional
+        The run's top-k (0 = off), the same way.
+    top_p : float, optional
+        The run's top-p, the same way.
+    trainer_reading : {"processed", "raw", "none"}, optional
+        Overrides which schema variable the framework's own trainer logprobs go to; ``None``:
+        decided per framework from its source, recorded in ``attrs["trainer"]``.
+    progress : bool, default True
+        Show a progress bar.
+    overwrite : bool, default False
+        Replace an existing ``out``; without it an existing store is refused.
+    chunk_size : int, default DEFAULT_CHUNK_SIZE
+        Sequences read per chunk (2048): memory holds one chunk.
+
+    Returns
+    -------
+    ImportResult
+        The store and, per arm, its coordinates, counts, trainer reading and warnings.
+
+    Raises
+    ------
+    ImportFormatError
+        If the dump is malformed (the message names the file and line).
+    ValueError
+        If the format is unknown, ``chunk_size`` is below 1, a sampling option contradicts the dump, or
+        no sample is left to write.
+    FileNotFoundError
+        If ``path`` does not exist.
+    FileExistsError
+        If ``out`` exists and ``overwrite`` is not set.
     """
     chunks, final = _chunks(format, path, temperature, top_k, top_p, trainer_reading, chunk_size, progress)
     store = write_store(chunks, out, final_attrs=final, overwrite=overwrite)

@@ -38,8 +38,10 @@ READING_VARIABLES = {
 
 
 class ImportFormatError(ValueError):
-    """A dump cannot be read as the named format; the message names the file, the line (or
-    sample) and the field, and says how to fix it."""
+    """A dump cannot be read as the named format.
+
+    The message names the file, the line (or sample) and the field, and says how to fix it.
+    """
 
 
 class PickleRefusedError(ImportFormatError):
@@ -54,8 +56,28 @@ class MissingSamplingError(ValueError):
 
 
 def check_sampling_option(name: str, value: Any) -> Any:
-    """Validate a user-supplied sampling parameter; ``None`` means not given. ``top_k`` of -1
-    (vLLM's "off") is stored as 0, the schema's "off"."""
+    """Validate a user-supplied sampling parameter.
+
+    Parameters
+    ----------
+    name : {"temperature", "top_k", "top_p"}
+        The parameter.
+    value : float, int or None
+        The value given; ``None`` means not given.
+
+    Returns
+    -------
+    float, int or None
+        The value normalised: temperature >= 0, top_k >= 0 (-1, vLLM's "off", is stored as 0,
+        the schema's "off"), top_p in (0, 1]; ``None`` when not given.
+
+    Raises
+    ------
+    ValueError
+        If the value is a boolean or out of range, or top_k is not whole.
+    KeyError
+        If ``name`` is not a sampling parameter.
+    """
     if value is None:
         return None
     if isinstance(value, bool):
@@ -81,7 +103,27 @@ def check_sampling_option(name: str, value: Any) -> Any:
 
 
 def dump_sampling_value(name: str, value: Any, where: str) -> Any:
-    """A sampling parameter read from a dump, normalised (``None`` = the dump does not say)."""
+    """A sampling parameter read from a dump, normalised (``None`` = the dump does not say).
+
+    Parameters
+    ----------
+    name : {"temperature", "top_k", "top_p"}
+        The parameter.
+    value : object
+        The dump's value; ``None`` and NaN mean not recorded; top_k -1 means off (0).
+    where : str
+        Where the value comes from (file and line or sample), for the error message.
+
+    Returns
+    -------
+    float, int or None
+        The value as :func:`check_sampling_option` normalises it.
+
+    Raises
+    ------
+    ImportFormatError
+        If the value is not a valid sampling parameter.
+    """
     if value is None:
         return None
     if isinstance(value, float) and math.isnan(value):
@@ -96,10 +138,18 @@ def dump_sampling_value(name: str, value: Any, where: str) -> Any:
 
 @dataclass
 class SamplingResolver:
-    """Per-sequence sampling parameters: the dump's own value, else the user's option, else the
-    framework's documented default, else unknown (recorded, never guessed).
+    """Per-sequence sampling parameters: the dump's, else the user's, else the framework's default, else unknown.
 
-    A user option that contradicts the dump is an error: the dump says what ran.
+    Unknown values are recorded, never guessed. A user option that contradicts the dump is an
+    error: the dump says what ran.
+
+    Parameters
+    ----------
+    user : dict
+        The user's options (``temperature``, ``top_k``, ``top_p``; ``None`` = not given),
+        validated by :func:`check_sampling_option`.
+    framework : dict, optional
+        The framework's documented defaults: ``{field: (value, source)}``.
     """
 
     user: dict[str, Any]
@@ -109,15 +159,45 @@ class SamplingResolver:
         self.user = {k: check_sampling_option(k, v) for k, v in self.user.items() if v is not None}
 
     def uniform(self, file_values: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The values every sequence of a file shares (user option, file-level value, framework
-        default); a field missing here varies per record or is unknown."""
+        """The values every sequence of a file shares.
+
+        Parameters
+        ----------
+        file_values : Mapping, optional
+            File-level values the dump records (``None`` entries ignored).
+
+        Returns
+        -------
+        dict
+            Framework defaults, overridden by the file's values, overridden by the user's options; a
+            field missing here varies per record or is unknown.
+        """
         out = {k: v for k, (v, _) in self.framework.items()}
         out.update({k: v for k, v in (file_values or {}).items() if v is not None})
         out.update(self.user)
         return out
 
     def resolve(self, dump: Mapping[str, Any], where: str) -> tuple[dict[str, Any], set[str], set[str]]:
-        """``(values, unknown fields, fields taken from the framework default)`` for one record."""
+        """The sampling parameters of one record.
+
+        Parameters
+        ----------
+        dump : Mapping
+            The record's own values (``temperature``, ``top_k``, ``top_p``; missing = not recorded).
+        where : str
+            Where the value comes from (file and line or sample), for the error message.
+
+        Returns
+        -------
+        tuple of (dict, set of str, set of str)
+            ``(values, unknown fields, fields taken from the framework default)``; an unknown field's
+            value is NaN (temperature, top_p) or -1 (top_k).
+
+        Raises
+        ------
+        ImportFormatError
+            If a dump value is invalid or contradicts the user's option.
+        """
         values: dict[str, Any] = {}
         unknown: set[str] = set()
         from_framework: set[str] = set()
@@ -147,9 +227,21 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def sampling_unknown(trace: xr.Dataset) -> list[str]:
-    """The sampling parameters an imported trace does not know (the dump lacked them and no
-    option gave them). Stored as NaN (temperature, top_p) and -1 (top_k) and listed in
-    ``attrs["sampling_unknown"]``."""
+    """The sampling parameters an imported trace does not know.
+
+    The dump lacked them and no option gave them: stored as NaN (temperature, top_p) and -1
+    (top_k) and listed in ``attrs["sampling_unknown"]``.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        An imported trace.
+
+    Returns
+    -------
+    list of str
+        The unknown fields, in the order ``temperature``, ``top_k``, ``top_p``.
+    """
     listed = list(trace.attrs.get("sampling_unknown") or [])
     found = set(listed)
     if "temperature" in trace and np.isnan(trace["temperature"].values).any():
@@ -161,8 +253,22 @@ def sampling_unknown(trace: xr.Dataset) -> list[str]:
 
 def require_sampling(trace: xr.Dataset, fields: Sequence[str] = SAMPLING_FIELDS, *, needed_for: str = "this check"
                      ) -> None:
-    """Raise :class:`MissingSamplingError` naming each field in ``fields`` the trace does not
-    know, and how to supply it when importing (the option, with an example value)."""
+    """Raise :class:`MissingSamplingError` for each field the trace does not know, saying how to supply it.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        An imported trace.
+    fields : sequence of str, default SAMPLING_FIELDS
+        The fields the check needs.
+    needed_for : str, default "this check"
+        What needs them, for the message.
+
+    Raises
+    ------
+    MissingSamplingError
+        If any of ``fields`` is unknown; the message names the import option with an example value.
+    """
     missing = [f for f in sampling_unknown(trace) if f in fields]
     if not missing:
         return
@@ -183,9 +289,17 @@ def require_sampling(trace: xr.Dataset, fields: Sequence[str] = SAMPLING_FIELDS,
 class TrainerSpec:
     """How a framework computes the trainer logprobs it dumps.
 
-    ``applies`` lists the sampler steps its trainer applies to the logits before the log-softmax
-    (``temperature``, ``top_k``, ``top_p``, renormalised); ``source`` names the public file read to
-    decide it.
+    Parameters
+    ----------
+    field : str
+        The dump's field that holds them.
+    applies : frozenset of str
+        The sampler steps its trainer applies to the logits before the log-softmax
+        (``temperature``, ``top_k``, ``top_p``, renormalised).
+    source : str
+        The public file read to decide it.
+    note : str, default ""
+        A remark recorded in the trainer attrs.
     """
 
     field: str
@@ -195,13 +309,31 @@ class TrainerSpec:
 
 
 def decide_reading(spec: TrainerSpec, uniform: Mapping[str, Any], override: str | None) -> str:
-    """Which schema reading the framework's trainer logprobs are: ``"processed"``,
-    ``"raw"``, ``"both"`` (temperature 1 and no top-k/top-p, known for the whole file: the two
-    coincide) or ``"none"`` (the user dropped them).
+    """Which schema reading the framework's trainer logprobs are.
 
     A trainer that applies the sampling temperature computes the processed reading whenever the
     sampler cut nothing it does not cut itself; sequences where it does not are counted and noted
     (see :meth:`ArmBuilder.trainer_attrs`).
+
+    Parameters
+    ----------
+    spec : TrainerSpec
+        How the framework's trainer computes them.
+    uniform : Mapping
+        The sampling values every sequence of the file shares (:meth:`SamplingResolver.uniform`).
+    override : str or None
+        The user's ``trainer_reading``; ``None``: decided here.
+
+    Returns
+    -------
+    str
+        ``"processed"``, ``"raw"``, ``"both"`` (temperature 1 and no top-k/top-p, known for the
+        whole file: the two coincide) or ``"none"`` (the user dropped them).
+
+    Raises
+    ------
+    ValueError
+        If ``override`` is not one of ``processed``, ``raw``, ``none``.
     """
     if override is not None:
         if override not in TRAINER_READINGS:
@@ -250,9 +382,32 @@ def _plain(value: Any) -> Any:
 
 
 def as_int(value: Any, where: str, name: str, *, lo: int = 0, hi: int = 2**53) -> int | None:
-    """One whole number of a record (``None`` stays ``None``): a list, an object, a string, a
-    boolean, a fraction, NaN or a value outside ``[lo, hi]`` raises :class:`ImportFormatError`
-    naming ``where`` and the field."""
+    """One whole number of a record (``None`` stays ``None``).
+
+    Parameters
+    ----------
+    value : object
+        The value (a 0-d array, numpy scalar or 0-d tensor is read as its Python value).
+    where : str
+        Where the value comes from (file and line or sample), for the error message.
+    name : str
+        The field's name, for the message.
+    lo : int, default 0
+        The smallest value allowed.
+    hi : int, default 2**53
+        The largest value allowed.
+
+    Returns
+    -------
+    int or None
+        The value.
+
+    Raises
+    ------
+    ImportFormatError
+        If the value is a list, an object, a string, a boolean, a fraction, NaN or outside
+        ``[lo, hi]``; the message names ``where`` and the field.
+    """
     value = _plain(value)
     if value is None:
         return None
@@ -273,9 +428,30 @@ NUMBER_LIMIT = 1e30
 
 
 def as_number(value: Any, where: str, name: str, fix: str) -> float | None:
-    """One real number of a record (``None`` and NaN = not recorded): a list, an object, a
-    string, a boolean, an infinity or a magnitude above 1e30 raises :class:`ImportFormatError`
-    naming ``where`` and the field, ending with ``fix``."""
+    """One real number of a record (``None`` and NaN = not recorded).
+
+    Parameters
+    ----------
+    value : object
+        The value (a 0-d array, numpy scalar or 0-d tensor is read as its Python value).
+    where : str
+        Where the value comes from (file and line or sample), for the error message.
+    name : str
+        The field's name, for the message.
+    fix : str
+        How to fix a bad value, the message's end.
+
+    Returns
+    -------
+    float or None
+        The value; ``None`` for ``None`` or NaN.
+
+    Raises
+    ------
+    ImportFormatError
+        If the value is a list, an object, a string, a boolean, an infinity or above
+        :data:`NUMBER_LIMIT` (1e30) in magnitude.
+    """
     value = _plain(value)
     if value is None:
         return None
@@ -291,7 +467,27 @@ def as_number(value: Any, where: str, name: str, fix: str) -> float | None:
 
 
 def as_reward(value: Any, where: str, name: str = "reward") -> float | None:
-    """One sequence reward (``None`` and NaN = not scored): see :func:`as_number`."""
+    """One sequence reward (``None`` and NaN = not scored): see :func:`as_number`.
+
+    Parameters
+    ----------
+    value : object
+        The reward.
+    where : str
+        Where the value comes from (file and line or sample), for the error message.
+    name : str, default "reward"
+        The field's name, for the message.
+
+    Returns
+    -------
+    float or None
+        The reward; ``None`` when not scored.
+
+    Raises
+    ------
+    ImportFormatError
+        If the value is not one finite number.
+    """
     return as_number(value, where, name, "write one reward per sequence (null when it was not scored)")
 
 
@@ -323,9 +519,29 @@ def _element_types(values: Any, where: str, name: str, allowed: tuple, what: str
 
 
 def floats(values: Any, where: str, name: str, *, null: float = math.nan) -> np.ndarray:
-    """A 1-d float64 array from a flat list of numbers; ``null`` (JSON ``null`` / ``None``)
-    becomes ``null`` (NaN unless the format says what its nulls stand for). Booleans, strings
-    and nested lists raise :class:`ImportFormatError` naming the field."""
+    """A 1-d float64 array from a flat list of numbers.
+
+    Parameters
+    ----------
+    values : list, numpy.ndarray or torch.Tensor
+        The numbers.
+    where : str
+        Where the value comes from (file and line or sample), for the error message.
+    name : str
+        The field's name, for the message.
+    null : float, default nan
+        What a JSON ``null`` / ``None`` becomes (NaN unless the format says what its nulls stand for).
+
+    Returns
+    -------
+    numpy.ndarray
+        Float64, one value per entry.
+
+    Raises
+    ------
+    ImportFormatError
+        If the values hold booleans, strings or nested lists; the message names the field.
+    """
     values = _sequence(values, where, name, "numbers")
     kinds = _element_types(values, where, name, (float, int, type(None)), "numbers")
     if type(None) in kinds:
@@ -343,9 +559,30 @@ INT64_MAX = 2**63 - 1
 
 
 def ints(values: Any, where: str, name: str, *, mask: bool = False) -> np.ndarray:
-    """A 1-d int64 array (token ids; ``mask``: 0/1 or true/false) from a flat list of whole
-    numbers. A value above 2**63 - 1, a fraction, NaN, a string or a nested list raises
-    :class:`ImportFormatError` naming the field and the position."""
+    """A 1-d int64 array (token ids, or a 0/1 mask) from a flat list of whole numbers.
+
+    Parameters
+    ----------
+    values : list, numpy.ndarray or torch.Tensor
+        The numbers.
+    where : str
+        Where the value comes from (file and line or sample), for the error message.
+    name : str
+        The field's name, for the message.
+    mask : bool, default False
+        Accept ``true`` / ``false`` too (a mask).
+
+    Returns
+    -------
+    numpy.ndarray
+        Int64, one value per entry.
+
+    Raises
+    ------
+    ImportFormatError
+        If a value is above 2**63 - 1, a fraction, NaN, a float above 2**53, a string or a nested
+        list; the message names the field and the position.
+    """
     values = _sequence(values, where, name, "integers")
     kinds = _element_types(values, where, name, (int, float, bool) if mask else (int, float), "integers")
     try:
@@ -382,7 +619,29 @@ def ints(values: Any, where: str, name: str, *, mask: bool = False) -> np.ndarra
 
 
 def need(record: Mapping[str, Any], name: str, where: str, what: str) -> Any:
-    """``record[name]`` or an :class:`ImportFormatError` naming the field and the format."""
+    """``record[name]``, or an error naming the field and the fields the record has.
+
+    Parameters
+    ----------
+    record : Mapping
+        One record of the dump.
+    name : str
+        The field.
+    where : str
+        Where the value comes from (file and line or sample), for the error message.
+    what : str
+        What the field holds, for the message.
+
+    Returns
+    -------
+    object
+        ``record[name]``.
+
+    Raises
+    ------
+    ImportFormatError
+        If the field is missing or ``None``.
+    """
     if name not in record or record[name] is None:
         have = ", ".join(sorted(map(str, record))[:12]) if isinstance(record, Mapping) else type(record).__name__
         raise ImportFormatError(f"{where}: no field {name!r} ({what}); the record has: {have}")
@@ -390,6 +649,22 @@ def need(record: Mapping[str, Any], name: str, where: str, what: str) -> Any:
 
 
 def same_length(where: str, n: int, **arrays: Any) -> None:
+    r"""Check that a record's per-token arrays are aligned with its token ids.
+
+    Parameters
+    ----------
+    where : str
+        Where the value comes from (file and line or sample), for the error message.
+    n : int
+        The record's number of tokens.
+    \*\*arrays
+        The arrays by field name (``None`` = absent, not checked).
+
+    Raises
+    ------
+    ImportFormatError
+        If an array's length is not ``n``.
+    """
     for name, arr in arrays.items():
         if arr is not None and len(arr) != n:
             raise ImportFormatError(f"{where}: {name!r} has {len(arr)} entries but the sample has {n} tokens; "
@@ -397,13 +672,36 @@ def same_length(where: str, n: int, **arrays: Any) -> None:
 
 
 def safe_arm(name: str) -> str:
-    """An arm name usable as a zarr group: letters, digits, ``_ . -``."""
+    """An arm name usable as a zarr group: letters, digits, ``_ . -``.
+
+    Parameters
+    ----------
+    name : str
+        The name.
+
+    Returns
+    -------
+    str
+        Every run of other characters replaced by ``_``, leading and trailing ``_`` and ``.``
+        stripped; ``"imported"`` when nothing is left.
+    """
     out = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(name)).strip("_.")
     return out or "imported"
 
 
 def natural_key(path: Any) -> list:
-    """Sort key that orders ``step_2`` before ``step_10``."""
+    """Sort key that orders ``step_2`` before ``step_10``.
+
+    Parameters
+    ----------
+    path : object
+        A path or name (its ``str``).
+
+    Returns
+    -------
+    list
+        The text split into runs of digits (as ints) and the rest.
+    """
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
 
 
@@ -412,11 +710,26 @@ def natural_key(path: Any) -> list:
 
 @dataclass(frozen=True)
 class ArmKey:
-    """What makes an arm: one arm per (run, launch, split, step) of a dump, plus a format's own
-    distinction (``kind``: slime's rollout vs train dump). ``label`` is how the format names the
-    step (``step_3``, ``rollout_2``; a file name when the dump has no step); ``launch`` is filled by
-    the reader from the folder a file came from. These are stored as the arm's coordinates
-    (``attrs["import"]["coords"]``); the arm name is only a label built from them."""
+    """What makes an arm: one arm per (run, launch, split, step) of a dump, plus a format's own distinction.
+
+    These are stored as the arm's coordinates (``attrs["import"]["coords"]``); the arm name is only
+    a label built from them.
+
+    Parameters
+    ----------
+    label : str
+        How the format names the step (``step_3``, ``rollout_2``; a file name when the dump has no step).
+    step : int, optional
+        The dump's step; ``None``: the dump has none.
+    run : str, optional
+        The run's name, where the dump has several.
+    split : str, default "train"
+        The split (``train``, ``validation``...).
+    kind : str, default ""
+        A format's own distinction (slime's rollout vs train dump).
+    launch : str, default ""
+        Filled by the reader from the folder a file came from.
+    """
 
     label: str
     step: int | None = None
@@ -426,12 +739,26 @@ class ArmKey:
     launch: str = ""
 
     def name(self) -> str:
+        """The arm's name: launch, run, label and kind joined by ``_`` (a run named like its launch folder said once).
+
+        Returns
+        -------
+        str
+            A name usable as a zarr group (:func:`safe_arm`).
+        """
         launch = "" if self.launch == "." else self.launch
         # prime-rl's multi-run layout puts a run in a folder named after it: say it once
         run = None if self.run and Path(launch).name == self.run else self.run
         return safe_arm("_".join(p for p in (launch, run, self.label, self.kind) if p))
 
     def coords(self) -> dict[str, Any]:
+        """The arm's coordinates, as stored in ``attrs["import"]["coords"]``.
+
+        Returns
+        -------
+        dict
+            ``run``, ``launch``, ``split``, ``step`` and, when set, ``kind``.
+        """
         return {"run": self.run, "launch": self.launch, "split": self.split, "step": self.step,
                 **({"kind": self.kind} if self.kind else {})}
 
@@ -444,15 +771,50 @@ FIELD_NAMES = {"rollout": "rollout logprob", "trainer": "trainer logprob", "entr
 class Record:
     """One sample of a dump, before it is cut into engine-sampled sequences.
 
-    Arrays are aligned with ``ids`` (the prompt and every later token): ``sampled`` marks the
-    tokens the engine sampled and the framework trains with RL; ``rollout`` / ``trainer`` /
-    ``entropy`` hold a value at those tokens (NaN = the dump's null; ``-inf`` in ``trainer`` =
-    probability 0). ``version`` is one policy version for the sample, one per token, or ``None``
-    (not recorded); ``turn_versions`` one per assistant turn. ``excluded`` counts, per reason, the
-    tokens the framework marks as not RL-sampled (a loss or sample mask), keyed by ``(code, reason)``:
-    they are left out of ``sampled``. ``prompt_index`` / ``sample_index`` ``None``: grouped by identical prompt ids.
-    ``names`` maps ``rollout`` / ``trainer`` / ``entropy`` to the dump's field names; ``note``
-    says something about this record that the arm's notes list once (with a count).
+    Parameters
+    ----------
+    key : ArmKey
+        The arm the sample belongs to.
+    where : str
+        The file and line (or sample), for messages.
+    ids : numpy.ndarray
+        Token ids: the prompt and every later token.
+    sampled : numpy.ndarray
+        Aligned with ``ids``: marks the tokens the engine sampled and the framework trains with RL.
+    rollout : numpy.ndarray
+        Aligned with ``ids``: the engine's logprob (nats) at sampled tokens (NaN = the dump's null).
+    trainer : numpy.ndarray, optional
+        Aligned with ``ids``: the framework's trainer logprob (nats; ``-inf`` = probability 0).
+    entropy : numpy.ndarray, optional
+        Aligned with ``ids``: the trainer's entropy (nats).
+    version : int or numpy.ndarray, optional
+        One policy version for the sample, one per token, or ``None`` (not recorded).
+    turn_versions : list of int, optional
+        One policy version per assistant turn.
+    reward : float, optional
+        The sample's reward; ``None``: not scored.
+    finish_reason : str, optional
+        Why sampling stopped; ``None``: not recorded.
+    sampling : dict, optional
+        The sampling parameters the dump records for the sample.
+    prompt_index : int or str, optional
+        The prompt's index (an int) or a group name the dump gives; ``None``: grouped by
+        identical prompt ids.
+    sample_index : int, optional
+        The sample's index within its prompt; ``None``: numbered in order of appearance.
+    prompt_text : str, optional
+        The prompt's text, when the dump has it.
+    prompt_messages : str, optional
+        The prompt's chat messages as JSON, when the dump has them.
+    excluded : dict, optional
+        Tokens the framework marks as not RL-sampled (a loss or sample mask), counted per
+        ``(code, reason)``: they are left out of ``sampled``.
+    names : Mapping of str to str, optional
+        Maps ``rollout`` / ``trainer`` / ``entropy`` to the dump's field names (for messages).
+    note : str, optional
+        Something about this record that the arm's notes list once (with a count).
+    arm_info : dict, optional
+        Per-arm facts (ranks, dump versions) whose distinct values the arm's attrs list.
     """
 
     key: ArmKey
@@ -479,6 +841,23 @@ class Record:
 
 @dataclass
 class SampledSequence:
+    """One engine-sampled sequence cut from a :class:`Record` (:func:`split_record`).
+
+    Parameters
+    ----------
+    prompt : numpy.ndarray
+        Every token before the response.
+    response : numpy.ndarray
+        The sampled tokens.
+    rollout : numpy.ndarray
+        The engine's logprob of each response token, nats.
+    trainer : numpy.ndarray or None
+        The framework's trainer logprob of each response token, nats.
+    entropy : numpy.ndarray or None
+        The trainer's entropy at each response token, nats.
+    versions : numpy.ndarray or None
+        The policy version of each response token; ``None``: not recorded.
+    """
     prompt: np.ndarray
     response: np.ndarray
     rollout: np.ndarray
@@ -501,10 +880,26 @@ _NO_TRAINER = "import without the trainer side (trainer_reading='none') and `rlp
 
 
 def check_values(rec: Record) -> int:
-    """Refuse what a sampled token cannot carry, naming the record's file and line: a rollout
-    logprob that is null/NaN, infinite or positive; a trainer logprob that is NaN, +inf or
-    positive; a non-finite trainer entropy. Returns the number of sampled tokens whose trainer
-    logprob is ``-inf`` (probability 0: legal, counted)."""
+    """Refuse what a sampled token cannot carry, naming the record's file and line.
+
+    Refused: a rollout logprob that is null/NaN, infinite or positive; a trainer logprob that is
+    NaN, +inf or positive; a non-finite trainer entropy.
+
+    Parameters
+    ----------
+    rec : Record
+        The record.
+
+    Returns
+    -------
+    int
+        The number of sampled tokens whose trainer logprob is ``-inf`` (probability 0: legal, counted).
+
+    Raises
+    ------
+    ImportFormatError
+        At the first refused value (its token, id and how many such tokens).
+    """
     s = rec.sampled.astype(bool)
     r, t, e = rec.rollout, rec.trainer, rec.entropy
     with np.errstate(invalid="ignore"):
@@ -527,9 +922,27 @@ def check_values(rec: Record) -> int:
 
 
 def split_record(rec: Record) -> list[SampledSequence]:
-    """Cut a record into engine-sampled sequences: each maximal run of sampled tokens is one
-    response whose prompt is every token before it (a multi-turn sample gives one sequence per
-    assistant turn; tool/user tokens in between become part of the next turn's prompt)."""
+    """Cut a record into engine-sampled sequences.
+
+    Each maximal run of sampled tokens is one response whose prompt is every token before it (a
+    multi-turn sample gives one sequence per assistant turn; tool/user tokens in between become
+    part of the next turn's prompt).
+
+    Parameters
+    ----------
+    rec : Record
+        The record.
+
+    Returns
+    -------
+    list of SampledSequence
+        One per run of sampled tokens, in order (empty when nothing was sampled).
+
+    Raises
+    ------
+    ImportFormatError
+        If the per-token arrays are not aligned with the ids, or an id is negative (padding).
+    """
     ids, sampled = rec.ids, rec.sampled.astype(bool)
     n = len(ids)
     same_length(rec.where, n, sampled=sampled, rollout=rec.rollout, trainer=rec.trainer, entropy=rec.entropy)
@@ -572,8 +985,80 @@ def _distinct(info: dict[str, list], new: Mapping[str, Any]) -> None:
 
 @dataclass
 class ArmBuilder:
-    """Collects the sequences of one arm and turns them into traces, ``chunk_size`` sequences
-    at a time; counts what the final attrs report."""
+    """Collects the sequences of one arm and turns them into traces, ``chunk_size`` sequences at a time.
+
+    It also counts what the final attrs report. Only the first eight fields are given; the rest
+    is its running state.
+
+    Parameters
+    ----------
+    arm : str
+        The arm's name.
+    key : ArmKey
+        The arm's coordinates.
+    fmt : str
+        The format's name.
+    trainer_spec : TrainerSpec or None
+        How the framework's trainer computes its logprobs; ``None``: the dump has none.
+    reading : str
+        Where the trainer logprobs go (:func:`decide_reading`).
+    sampling : SamplingResolver
+        Resolves each record's sampling parameters.
+    chunk_size : int
+        Sequences per trace chunk.
+    prompt_tokenization : dict, optional
+        How the framework tokenizes prompt texts (recorded when texts are kept).
+    rows : dict of str to list, optional
+        The buffered per-sequence values of the chunk being built.
+    info : dict of str to list, optional
+        Per-arm facts and their distinct values.
+    groups : dict, optional
+        Prompt group -> ``[prompt_index, samples so far]``.
+    has_trainer : bool, optional
+        Whether the arm carries trainer logprobs (set by the first record).
+    has_entropy : bool, optional
+        Whether the arm carries trainer entropies (set by the first record).
+    n_records : int, default 0
+        Records added.
+    n_sequences : int, default 0
+        Sequences built.
+    n_tokens : int, default 0
+        Response tokens built.
+    n_multi_turn_records : int, default 0
+        Records that gave more than one sequence.
+    n_records_without_sampled_tokens : int, default 0
+        Records that gave none.
+    n_trainer_zero_prob_tokens : int, default 0
+        Sampled tokens with trainer logprob ``-inf``.
+    n_not_renormalized : int, default 0
+        Sequences sampled with a top-k/top-p cut the framework's trainer does not apply.
+    n_trainer_copies : int, default 0
+        Sequences whose trainer logprobs equal the rollout's bit for bit.
+    n_prompt_texts : int, default 0
+        Records with a prompt text or messages.
+    excluded : dict, optional
+        Per exclusion code: tokens, records, records left empty, reason.
+    record_notes : dict of str to int, optional
+        Record notes and their counts.
+    dropped_trainer : bool, default False
+        Whether trainer logprobs were dropped (``trainer_reading='none'``).
+    unknown : set, optional
+        Sampling fields unknown for some sequence.
+    from_framework : set, optional
+        Sampling fields taken from the framework's default.
+    version_missing : bool, default False
+        Whether some record has no policy version.
+    reward_missing : bool, default False
+        Whether some record has no reward.
+    finish_missing : bool, default False
+        Whether some record has no finish reason.
+    grouped_by_prompt : bool, default False
+        Whether prompts were grouped by identical prompt ids.
+    files : list, optional
+        The files the arm was read from.
+    first_where : str, default ""
+        Where the arm's first record came from (for messages).
+    """
 
     arm: str
     key: ArmKey
@@ -636,7 +1121,25 @@ class ArmBuilder:
                 e["records_left_empty"] += int(not kept_any)
 
     def add(self, rec: Record) -> list[xr.Dataset]:
-        """Add one record; return the chunks that became full."""
+        """Add one record; return the chunks that became full.
+
+        Parameters
+        ----------
+        rec : Record
+            The record (its trainer and entropy arrays may be dropped in place to match the arm).
+
+        Returns
+        -------
+        list of xarray.Dataset
+            The full chunk (at most one), or nothing.
+
+        Raises
+        ------
+        ImportFormatError
+            If the record's values are refused (:func:`check_values`), its sampling contradicts an
+            option, or it carries trainer logprobs (or entropies) where the arm's first record did
+            not, or the other way round.
+        """
         self.n_records += 1
         if not self.first_where:
             self.first_where = rec.where
@@ -714,7 +1217,19 @@ class ArmBuilder:
         return []
 
     def flush(self) -> xr.Dataset | None:
-        """The buffered sequences as one trace (``None`` when nothing is buffered)."""
+        """The buffered sequences as one trace, then clear the buffer.
+
+        Returns
+        -------
+        xarray.Dataset or None
+            A validated trace (:func:`rlparity.trace.from_rollouts`, plus the trainer side via
+            :func:`rlparity.trace.with_trainer`); ``None`` when nothing is buffered.
+
+        Raises
+        ------
+        ImportFormatError
+            If the trace fails validation.
+        """
         r = self.rows
         if not r["response"]:
             return None
@@ -748,6 +1263,15 @@ class ArmBuilder:
     # ------------------------------------------------------------------ final attrs
 
     def trainer_attrs(self) -> dict[str, Any] | None:
+        """The ``attrs["trainer"]`` of the arm: the reading, what the framework's trainer applies and the notes.
+
+        Returns
+        -------
+        dict or None
+            ``source``, ``field``, ``reading``, ``applies``, ``decided_from``,
+            ``not_renormalized_sequences``, ``copied_from_rollout_sequences``,
+            ``zero_probability_tokens`` and ``note``; ``None`` when the arm has no trainer side.
+        """
         if not self.has_trainer or self.trainer_spec is None:
             return None
         spec = self.trainer_spec
@@ -780,8 +1304,15 @@ class ArmBuilder:
                 "zero_probability_tokens": self.n_trainer_zero_prob_tokens, "note": " ".join(notes)}
 
     def final_attrs(self) -> dict[str, Any]:
-        """The attrs of the finished arm (provenance, coordinates, what was supplied, excluded,
-        missing)."""
+        """The attrs of the finished arm (provenance, coordinates, what was supplied, excluded, missing).
+
+        Returns
+        -------
+        dict
+            ``arm``, ``capture_backend``, ``import`` (format, files, coordinates, user-supplied and
+            framework-default sampling, missing fields, counts, exclusions, notes),
+            ``sampling_unknown`` and, with a trainer side, ``trainer``.
+        """
         missing = []
         if self.version_missing:
             missing.append("policy_version")

@@ -1,5 +1,6 @@
-"""The registry of dump formats and the streaming driver shared by :func:`rlparity.importers.read` and
-:func:`rlparity.importers.import_to_store`.
+"""The registry of dump formats and the streaming driver of the importers.
+
+The driver is shared by :func:`rlparity.importers.read` and :func:`rlparity.importers.import_to_store`.
 
 One arm per (run, launch, split, step) of a dump: a format's reader gives every record an
 :class:`~rlparity.importers.common.ArmKey` (run, split, step, from the record or the framework's own
@@ -25,18 +26,89 @@ import xarray as xr
 from rlparity.importers.common import ArmBuilder, ArmKey, ImportFormatError, Record, SamplingResolver, TrainerSpec, decide_reading
 
 
+def _ignore_progress(n: int) -> None:
+    """Report nothing (the default progress callback).
+
+    Parameters
+    ----------
+    n : int
+        Bytes read since the last call.
+    """
+
+
+def _parent_folder(file: Path) -> Path:
+    """The folder a file lies in (the default launch folder).
+
+    Parameters
+    ----------
+    file : pathlib.Path
+        A dump file.
+
+    Returns
+    -------
+    pathlib.Path
+        ``file.parent``.
+    """
+    return file.parent
+
+
+def _no_hint(path: Path) -> str:
+    """No further hint when no file is found (the default).
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The path searched.
+
+    Returns
+    -------
+    str
+        ``""``.
+    """
+    return ""
+
+
 @dataclass
 class ReadContext:
-    """What a format's reader gets besides the file: a progress callback (bytes done)."""
+    """What a format's reader gets besides the file: a progress callback.
 
-    advance: Callable[[int], None] = lambda n: None
+    Parameters
+    ----------
+    advance : callable, optional
+        Called with the bytes read since the last call; the default reports nothing.
+    """
+
+    advance: Callable[[int], None] = _ignore_progress
 
 
 @dataclass(frozen=True)
 class Format:
-    """One dump format: how to find its files, read them into records, where a launch's folder
-    is, whether one arm may span several files (``shards``: a bool, or a function of the arm's
-    key), what its trainer logprobs mean and how the framework tokenized prompt text."""
+    """One dump format: how to find its files and read them into records, and what its values mean.
+
+    Parameters
+    ----------
+    name : str
+        The format's name (``prime-rl``, ``nemo-rl``...).
+    description : str
+        What it reads, in words.
+    find_files : callable
+        ``find_files(path)``: the dump files under ``path`` (or ``path`` itself), in order.
+    read_file : callable
+        ``read_file(file, ctx)``: the :class:`~rlparity.importers.common.Record` objects of one
+        file (``ctx`` a :class:`ReadContext`).
+    trainer : TrainerSpec, optional
+        What the framework's trainer logprobs mean; ``None``: the dump has none.
+    framework_sampling : dict, optional
+        The framework's documented sampling defaults, ``{field: (value, source)}``.
+    launch_of : callable, optional
+        ``launch_of(file)``: the folder of the launch a file belongs to (default: its folder).
+    shards : bool or callable, default False
+        Whether one arm may span several files (a bool, or a function of the arm's key).
+    prompt_tokenization : dict, optional
+        How the framework tokenized prompt text (recorded when texts are kept).
+    nothing_found : callable, optional
+        ``nothing_found(path)``: a hint appended when no file is found (default: none).
+    """
 
     name: str
     description: str
@@ -44,10 +116,10 @@ class Format:
     read_file: Callable[[Path, ReadContext], Iterator[Record]]
     trainer: TrainerSpec | None = None
     framework_sampling: dict[str, tuple[Any, str]] = field(default_factory=dict)
-    launch_of: Callable[[Path], Path] = lambda file: file.parent
+    launch_of: Callable[[Path], Path] = _parent_folder
     shards: bool | Callable[[ArmKey], bool] = False
     prompt_tokenization: dict[str, Any] | None = None
-    nothing_found: Callable[[Path], str] = lambda path: ""
+    nothing_found: Callable[[Path], str] = _no_hint
 
 
 FORMAT_MODULES = {"prime-rl": "primerl", "nemo-rl": "nemorl", "slime": "slime", "pipelinerl": "pipelinerl",
@@ -57,7 +129,23 @@ ALIASES = {"prime_rl": "prime-rl", "primerl": "prime-rl", "nemo_rl": "nemo-rl", 
 
 
 def get_format(name: str) -> Format:
-    """The :class:`Format` called ``name`` (a few spellings accepted: ``prime_rl``, ``verl``)."""
+    """The :class:`Format` called ``name`` (a few spellings accepted: ``prime_rl``, ``verl``).
+
+    Parameters
+    ----------
+    name : str
+        The format's name or an alias, case-insensitive.
+
+    Returns
+    -------
+    Format
+        The ``FORMAT`` of the format's module.
+
+    Raises
+    ------
+    ValueError
+        If the name is unknown (``trl`` gets a hint to export the generic format).
+    """
     key = ALIASES.get(str(name).lower(), str(name).lower())
     if key not in FORMAT_MODULES:
         hint = (" (TRL's completions_*.parquet hold decoded text only: see 'From TRL' in GENERIC_FORMAT.md for "
@@ -67,8 +155,21 @@ def get_format(name: str) -> Format:
 
 
 def launch_labels(files: list[Path], launch_of: Callable[[Path], Path]) -> dict[Path, str]:
-    """Each file's launch: its launch folder relative to the folder the launches share (``""``
-    when all files come from one launch, ``"."`` for the shared folder itself)."""
+    """Each file's launch: its launch folder relative to the folder the launches share.
+
+    Parameters
+    ----------
+    files : list of pathlib.Path
+        The dump's files.
+    launch_of : callable
+        ``launch_of(file)``: the file's launch folder (:attr:`Format.launch_of`).
+
+    Returns
+    -------
+    dict of pathlib.Path to str
+        Per file its launch label: ``""`` when all files come from one launch, ``"."`` for the
+        shared folder itself.
+    """
     dirs = {f: Path(os.path.abspath(launch_of(f))) for f in files}
     if len(set(dirs.values())) <= 1:
         return {f: "" for f in files}
@@ -77,8 +178,20 @@ def launch_labels(files: list[Path], launch_of: Callable[[Path], Path]) -> dict[
 
 
 def refuse_case_twins(files: list[Path]) -> None:
-    """Two files whose paths differ only in case cannot both be imported: on a case-insensitive
-    filesystem (macOS, Windows) they are one file, and their arms would collide."""
+    """Refuse two files whose paths differ only in case.
+
+    On a case-insensitive filesystem (macOS, Windows) they are one file, and their arms would collide.
+
+    Parameters
+    ----------
+    files : list of pathlib.Path
+        The dump's files.
+
+    Raises
+    ------
+    ImportFormatError
+        Naming the two files.
+    """
     seen: dict[str, Path] = {}
     for f in files:
         other = seen.setdefault(str(f).lower(), f)
@@ -94,8 +207,41 @@ def _coords(key: ArmKey) -> str:
 def stream_chunks(fmt: Format, path: str | Path, *, sampling: SamplingResolver, trainer_reading: str | None,
                   chunk_size: int, progress: bool, builders: dict[str, ArmBuilder]
                   ) -> Iterator[tuple[str, xr.Dataset]]:
-    """Read every file of ``path`` and yield ``(arm, chunk)`` as chunks fill up; ``builders``
-    is filled with one :class:`ArmBuilder` per arm (their final attrs are read afterwards)."""
+    """Read every file of ``path`` and yield ``(arm, chunk)`` as chunks fill up.
+
+    Parameters
+    ----------
+    fmt : Format
+        The dump's format.
+    path : str or pathlib.Path
+        A dump file or a folder of them.
+    sampling : SamplingResolver
+        Resolves each record's sampling parameters.
+    trainer_reading : str or None
+        The user's override of where the trainer logprobs go (:func:`rlparity.importers.common.decide_reading`).
+    chunk_size : int
+        Sequences per chunk (>= 1).
+    progress : bool
+        Show a progress bar (bytes read).
+    builders : dict of str to ArmBuilder
+        Filled with one :class:`~rlparity.importers.common.ArmBuilder` per arm (their final
+        attrs are read afterwards).
+
+    Yields
+    ------
+    tuple of (str, xarray.Dataset)
+        ``(arm, trace chunk)``; the last chunk of every arm comes after all files are read.
+
+    Raises
+    ------
+    ValueError
+        If ``chunk_size < 1``.
+    FileNotFoundError
+        If ``path`` does not exist.
+    ImportFormatError
+        If no file is found, two files hold the same arm (and the format has no shards), two arm
+        or file names differ only in case, a record is malformed, or no sample holds a sampled token.
+    """
     from tqdm.auto import tqdm
 
     if chunk_size < 1:

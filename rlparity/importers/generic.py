@@ -114,7 +114,35 @@ def _coords(row: Mapping[str, Any], where: str, default_label: str) -> tuple[Arm
 
 
 def parse_row(row: Mapping[str, Any], where: str, default_label: str, info: dict) -> Record:
-    """One generic row (a JSON object, a Parquet row, a compacted ``.npz`` row) -> a record."""
+    """One generic row (a JSON object, a Parquet row, a compacted ``.npz`` row) as a record.
+
+    The sampled tokens come from ``response_mask`` (over all tokens or the last ones) or
+    ``prompt_length``; per-token fields may cover all tokens or those after the prompt; a null
+    ``old_log_probs`` is a token of probability 0 (``-inf``).
+
+    Parameters
+    ----------
+    row : Mapping
+        The row's fields (``input_ids``, ``response_mask`` or ``prompt_length``,
+        ``rollout_log_probs``, optional ``old_log_probs``, ``policy_version``, sampling, reward...).
+    where : str
+        The file and row, for messages.
+    default_label : str
+        The arm label when the row records no ``step``.
+    info : dict
+        Per-file facts recorded in the arm's attrs (keys starting with ``_`` left out).
+
+    Returns
+    -------
+    Record
+        The row as a record.
+
+    Raises
+    ------
+    ImportFormatError
+        If the row is a peer's text-only log, lacks ``input_ids`` or the sampled-token marking,
+        or a field is malformed or misaligned.
+    """
     what = "a generic row has input_ids, response_mask or prompt_length, rollout_log_probs"
     if "input_ids" not in row:
         _refuse_text_only(row, where)
@@ -355,6 +383,26 @@ def _read_npz(file: Path, ctx: ReadContext) -> Iterator[Record]:
 
 
 def read_file(file: Path, ctx: ReadContext) -> Iterator[Record]:
+    """Read one generic (``.jsonl``, ``.parquet`` or ``.npz``) file into records.
+
+    Parameters
+    ----------
+    file : pathlib.Path
+        The file.
+    ctx : ReadContext
+        Its ``advance`` is called with the bytes read (progress).
+
+    Returns
+    -------
+    iterator of Record
+        One record per row of the file, read lazily.
+
+    Raises
+    ------
+    ImportFormatError
+        If the file or a record is malformed (the message names the file, the line or sample and
+        the field), or the suffix is none of them.
+    """
     suffix = file.suffix.lower()
     if suffix == ".jsonl":
         return _read_jsonl(file, ctx)
@@ -366,6 +414,18 @@ def read_file(file: Path, ctx: ReadContext) -> Iterator[Record]:
 
 
 def find_files(path: Path) -> list[Path]:
+    """The dump files under ``path`` (the format's ``find_files``).
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        A file (returned as is) or a folder.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The ``.jsonl``, ``.parquet`` and ``.npz`` files under it, in natural order (``step_2`` before ``step_10``).
+    """
     if path.is_file():
         return [path]
     return sorted((p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES), key=natural_key)

@@ -12,9 +12,25 @@ from rlparity.importers.common import ImportFormatError
 
 
 def iter_jsonl(file: Path, advance=lambda n: None) -> Iterator[tuple[int, Any]]:
-    """``(line number, parsed value)`` for every non-blank line, one line in memory at a time;
-    a line that is not JSON (or nested too deeply to parse) raises :class:`ImportFormatError`
-    naming ``file:line``."""
+    """Every non-blank line of a JSONL file, parsed, one line in memory at a time.
+
+    Parameters
+    ----------
+    file : pathlib.Path
+        The file.
+    advance : callable, optional
+        Called with each line's length in bytes (progress); the default does nothing.
+
+    Yields
+    ------
+    tuple of (int, object)
+        ``(line number, parsed value)``, numbered from 1.
+
+    Raises
+    ------
+    ImportFormatError
+        If a line is not JSON (or nested too deeply to parse), naming ``file:line``.
+    """
     with open(file, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             advance(len(raw))
@@ -35,6 +51,20 @@ def iter_jsonl(file: Path, advance=lambda n: None) -> Iterator[tuple[int, Any]]:
 
 
 def jsonl_files(path: Path, pattern: str) -> list[Path]:
+    """The files of a JSONL dump: ``path`` itself, or the files under it that match ``pattern``.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        A file or a folder.
+    pattern : str
+        A glob pattern, matched recursively (``rglob``).
+
+    Returns
+    -------
+    list of pathlib.Path
+        The files in natural order (``step_2`` before ``step_10``).
+    """
     from rlparity.importers.common import natural_key
 
     if path.is_file():

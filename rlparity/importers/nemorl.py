@@ -104,6 +104,26 @@ def _prompt_text(content: Any, turns: int) -> str | None:
 
 
 def read_file(file: Path, ctx: ReadContext) -> Iterator[Record]:
+    """Read one NeMo-RL ``train_data_step{N}.jsonl`` file into records.
+
+    Parameters
+    ----------
+    file : pathlib.Path
+        The file.
+    ctx : ReadContext
+        Its ``advance`` is called with the bytes read (progress).
+
+    Yields
+    ------
+    Record
+        One record per sample of the file.
+
+    Raises
+    ------
+    ImportFormatError
+        If the file or a record is malformed (the message names the file, the line or sample and
+        the field); a text-only or distillation log is named as such.
+    """
     m = re.search(r"step(\d+)", file.stem)
     step = int(m.group(1)) if m else None
     key = ArmKey(label=f"step_{step}" if step is not None else safe_arm(file.stem), step=step)
@@ -147,10 +167,35 @@ def read_file(file: Path, ctx: ReadContext) -> Iterator[Record]:
 
 
 def find_files(path: Path) -> list[Path]:
+    """The dump files under ``path`` (the format's ``find_files``).
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        A file (returned as is) or a folder.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The ``train_data_step*.jsonl`` files under it, in natural order (``step_2`` before ``step_10``).
+    """
     return jsonl_files(path, "train_data_step*.jsonl")
 
 
 def nothing_found(path: Path) -> str:
+    """A hint for a folder with no ``train_data_step*.jsonl``.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The path searched.
+
+    Returns
+    -------
+    str
+        When the folder holds ``val_data_step*.jsonl`` only: why they cannot be imported and what
+        to import instead; else ``""``.
+    """
     if path.is_dir() and any(path.rglob("val_data_step*.jsonl")):
         return ("; only val_data_step*.jsonl, which hold decoded text and rewards (no token ids or logprobs): "
                 "import the train_data_step*.jsonl of the same log dir")

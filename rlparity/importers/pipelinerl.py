@@ -51,6 +51,18 @@ def _topic(file: Path) -> tuple[Path | None, str | None]:
 
 
 def launch_of(file: Path) -> Path:
+    """The launch folder of a stream file: the experiment folder above ``streams``, else the file's folder.
+
+    Parameters
+    ----------
+    file : pathlib.Path
+        A stream file (``<exp>/streams/<topic>/<instance>/<partition>/0.jsonl``).
+
+    Returns
+    -------
+    pathlib.Path
+        The experiment folder, or ``file.parent`` outside a ``streams`` layout.
+    """
     exp, _ = _topic(file)
     return exp if exp is not None else file.parent
 
@@ -73,6 +85,26 @@ def _prompt_text(text: dict, where: str) -> str | None:
 
 
 def read_file(file: Path, ctx: ReadContext) -> Iterator[Record]:
+    """Read one PipelineRL actor stream (``.jsonl`` of ``TrainingText`` objects) file into records.
+
+    Parameters
+    ----------
+    file : pathlib.Path
+        The file.
+    ctx : ReadContext
+        Its ``advance`` is called with the bytes read (progress).
+
+    Yields
+    ------
+    Record
+        One record per sample of the file.
+
+    Raises
+    ------
+    ImportFormatError
+        If the file or a record is malformed (the message names the file, the line or sample and
+        the field).
+    """
     key = _key(file)
     what = "a PipelineRL TrainingText has input_ids, labels, logprobs"
     for lineno, obj in iter_jsonl(file, ctx.advance):
@@ -112,8 +144,19 @@ def read_file(file: Path, ctx: ReadContext) -> Iterator[Record]:
 
 
 def find_files(path: Path) -> list[Path]:
-    """The actor streams (topics ``actor``, ``actor_test``) under ``path``; any ``.jsonl`` when
-    the files are not in a ``streams`` folder."""
+    """The actor streams (topics ``actor``, ``actor_test``) under ``path``.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        A file (returned as is) or a folder.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The actor streams, or any ``.jsonl`` when the files are not in a ``streams`` folder, in
+        natural order.
+    """
     files = jsonl_files(path, "*.jsonl")
     if path.is_file():
         return files

@@ -75,8 +75,19 @@ EXCLUDED_ZERO = ("rl_weight_0", "rl_weights 0 (e.g. zero-advantage tokens): prim
 
 
 def launch_of(file: Path) -> Path:
-    """The folder holding ``token_exports`` (the trainer's output_dir, or a run's folder in the
-    multi-run layout ``<output_dir>/<run_id>/token_exports``)."""
+    """The folder holding ``token_exports``: the trainer's output_dir, or a run's folder in the multi-run layout.
+
+    Parameters
+    ----------
+    file : pathlib.Path
+        An export file (``.../token_exports/step_N/rank_R.jsonl``).
+
+    Returns
+    -------
+    pathlib.Path
+        The parent of ``token_exports``; outside that layout the folder above a ``step_N``
+        folder, else the file's folder.
+    """
     for parent in file.parents:
         if parent.name == "token_exports":
             return parent.parent
@@ -129,6 +140,26 @@ def _rl_tokens(obj: dict, loss: np.ndarray, where: str) -> tuple[np.ndarray, dic
 
 
 def read_file(file: Path, ctx: ReadContext) -> Iterator[Record]:
+    """Read one prime-rl token export (``rank_R.jsonl``) file into records.
+
+    Parameters
+    ----------
+    file : pathlib.Path
+        The file.
+    ctx : ReadContext
+        Its ``advance`` is called with the bytes read (progress).
+
+    Yields
+    ------
+    Record
+        One record per sample of the file.
+
+    Raises
+    ------
+    ImportFormatError
+        If the file or a record is malformed (the message names the file, the line or sample and
+        the field).
+    """
     for lineno, obj in iter_jsonl(file, ctx.advance):
         where = f"{file}:{lineno}"
         if not isinstance(obj, dict):
@@ -163,6 +194,18 @@ def read_file(file: Path, ctx: ReadContext) -> Iterator[Record]:
 
 
 def find_files(path: Path) -> list[Path]:
+    """The dump files under ``path`` (the format's ``find_files``).
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        A file (returned as is) or a folder.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The ``rank_*.jsonl`` files under it, else any ``.jsonl``, in natural order (``step_2`` before ``step_10``).
+    """
     return jsonl_files(path, "rank_*.jsonl") or ([] if path.is_file() else jsonl_files(path, "*.jsonl"))
 
 

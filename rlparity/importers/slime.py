@@ -71,9 +71,23 @@ SPECINFO_VERSIONS = ("slime from f81ecfe (#640, 2025-10-31) until 5472cab (#855,
 
 
 def pickled_classes(file: Path) -> list[str]:
-    """The classes a ``torch.save`` zip file's pickle names (read with :mod:`pickletools`, which
-    runs nothing), e.g. ``slime.utils.types.Sample.SpecInfo`` (a nested class pickled as
-    ``getattr(Sample, "SpecInfo")`` at torch's pickle protocol 2)."""
+    """The classes a ``torch.save`` zip file's pickle names, read with :mod:`pickletools` (which runs nothing).
+
+    E.g. ``slime.utils.types.Sample.SpecInfo`` (a nested class pickled as
+    ``getattr(Sample, "SpecInfo")`` at torch's pickle protocol 2); torch's own classes and plain
+    containers are left out.
+
+    Parameters
+    ----------
+    file : pathlib.Path
+        A ``.pt`` file.
+
+    Returns
+    -------
+    list of str
+        The dotted class names, sorted; empty when the file is not a zip (an old ``torch.save``)
+        or names none. A damaged pickle gives what was found before the damage.
+    """
     import pickletools
     import zipfile
 
@@ -107,8 +121,26 @@ def pickled_classes(file: Path) -> list[str]:
 
 
 def load_weights_only(file: Path) -> Any:
-    """``torch.load(file, weights_only=True)`` (memory-mapped when the file allows it); a file
-    that needs full pickle raises :class:`PickleRefusedError` naming the classes it holds."""
+    """``torch.load(file, weights_only=True)``, memory-mapped when the file allows it.
+
+    Parameters
+    ----------
+    file : pathlib.Path
+        A ``.pt`` file.
+
+    Returns
+    -------
+    object
+        The loaded containers and tensors (on CPU).
+
+    Raises
+    ------
+    PickleRefusedError
+        If the file needs full pickle, naming the classes it holds (slime's ``Sample.SpecInfo``
+        gets a recipe to convert the file).
+    ImportFormatError
+        If torch cannot read the file, or a value is nested too deeply.
+    """
     import torch
 
     def refuse(err: Exception) -> PickleRefusedError:
@@ -194,6 +226,26 @@ def _key(file: Path, data: dict, train: bool) -> ArmKey:
 
 
 def read_file(file: Path, ctx: ReadContext) -> Iterator[Record]:
+    """Read one slime debug rollout or train data (``.pt``) file into records.
+
+    Parameters
+    ----------
+    file : pathlib.Path
+        The file.
+    ctx : ReadContext
+        Its ``advance`` is called with the bytes read (progress).
+
+    Yields
+    ------
+    Record
+        One record per sample of the file.
+
+    Raises
+    ------
+    ImportFormatError
+        If the file or a record is malformed (the message names the file, the line or sample and
+        the field); a file that needs full pickle raises ``PickleRefusedError``.
+    """
     data = load_weights_only(file)
     if not isinstance(data, dict) or not isinstance(data.get("samples"), (list, tuple)):
         raise ImportFormatError(f"{file}: expected a slime debug dump, a dict with a 'samples' list "
@@ -281,6 +333,18 @@ def read_file(file: Path, ctx: ReadContext) -> Iterator[Record]:
 
 
 def find_files(path: Path) -> list[Path]:
+    """The dump files under ``path`` (the format's ``find_files``).
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        A file (returned as is) or a folder.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The ``.pt`` files under it, in natural order (``step_2`` before ``step_10``).
+    """
     if path.is_file():
         return [path]
     return sorted((p for p in path.rglob("*.pt") if p.is_file()), key=natural_key)

@@ -39,8 +39,24 @@ def _fill(name: str, dtype: np.dtype) -> Any:
 
 
 def pad_to(ds: xr.Dataset, widths: Mapping[str, int], strings: Mapping[str, int] | None = None) -> xr.Dataset:
-    """Pad every non-``sequence`` dim of ``ds`` to ``widths`` with the schema's padding (-1 ids,
-    False masks, NaN floats) and give string variables a common width."""
+    """Pad every non-``sequence`` dim of a trace chunk to common widths.
+
+    Padding is the schema's (-1 ids, False masks, NaN floats); string variables get a common width.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        A trace chunk.
+    widths : Mapping of str to int
+        The width of each dim (a dim not listed keeps its size).
+    strings : Mapping of str to int, optional
+        The character width of each string variable.
+
+    Returns
+    -------
+    xarray.Dataset
+        The padded chunk, annotated (:func:`rlparity.trace.annotate`).
+    """
     data = {}
     for name, var in ds.data_vars.items():
         values = var.values
@@ -58,13 +74,35 @@ def pad_to(ds: xr.Dataset, widths: Mapping[str, int], strings: Mapping[str, int]
 
 def write_store(chunks: Iterable[tuple[str, xr.Dataset]], path: str | os.PathLike, *,
                 final_attrs: Callable[[], Mapping[str, Mapping[str, Any]]], overwrite: bool = False) -> Path:
-    """Write ``(arm, trace chunk)`` pairs into the zarr store ``path`` (format 2, consolidated),
-    one group per arm, all or nothing.
+    """Write ``(arm, trace chunk)`` pairs into a zarr store (format 2, consolidated), one group per arm, all or nothing.
 
-    ``final_attrs()`` is called once every chunk has been read and gives each arm's attrs (the
-    counts are only known then). An existing ``path`` is replaced only with ``overwrite``.
     Nothing half-written remains on failure: the target is untouched and the temporary folders
     beside it are removed.
+
+    Parameters
+    ----------
+    chunks : iterable of tuple of (str, xarray.Dataset)
+        ``(arm, trace chunk)`` pairs, read once.
+    path : str or os.PathLike
+        The store to write.
+    final_attrs : callable
+        Called once every chunk has been read; gives each arm's attrs (``{arm: attrs}``: the
+        counts are only known then).
+    overwrite : bool, default False
+        Replace an existing store at ``path``; without it an existing store is refused before
+        anything is read.
+
+    Returns
+    -------
+    pathlib.Path
+        The store's path.
+
+    Raises
+    ------
+    ValueError
+        If ``chunks`` is empty (no sample with engine-sampled tokens).
+    FileExistsError
+        If ``path`` exists and ``overwrite`` is not set.
     """
     path = check_target(path, overwrite=overwrite)  # refused before anything is read or written
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -120,7 +158,21 @@ def _assemble_into(chunks, tmp: Path, staging: Path, layout: dict[str, _ArmLayou
 
 def assemble(chunks: Iterable[tuple[str, xr.Dataset]], final_attrs: Callable[[], Mapping[str, Mapping[str, Any]]]
              ) -> dict[str, xr.Dataset]:
-    """The in-memory counterpart of :func:`write_store`: ``{arm: trace}``."""
+    """The in-memory counterpart of :func:`write_store`: ``{arm: trace}``.
+
+    Parameters
+    ----------
+    chunks : iterable of tuple of (str, xarray.Dataset)
+        ``(arm, trace chunk)`` pairs; the chunks of an arm are padded to common widths and
+        concatenated along ``sequence``.
+    final_attrs : callable
+        Called once every chunk has been read; gives each arm's attrs (``{arm: attrs}``).
+
+    Returns
+    -------
+    dict of str to xarray.Dataset
+        One trace per arm.
+    """
     parts: dict[str, list[xr.Dataset]] = {}
     for arm, ds in chunks:
         parts.setdefault(arm, []).append(ds)

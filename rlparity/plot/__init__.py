@@ -20,7 +20,18 @@ def init_notebook(*, engine_logs: bool = False) -> str:
     * Sends the engines' log lines to a file (:func:`rlparity.config.logs.engine_logs_to_file`,
       ``$RLPARITY_CACHE/logs``, made when an engine starts) unless ``engine_logs``, so the notebook
       shows prose, tables, figures and findings; call it before anything imports vLLM.
-    * Silences tqdm's "IProgress not found" warning (no ipywidgets needed).
+    * Silences tqdm's "IProgress not found" warning (no ipywidgets needed), and Python's
+      deprecation and future warnings.
+
+    Parameters
+    ----------
+    engine_logs : bool, default False
+        Also show the engines' log lines in the notebook (they still go to the log file).
+
+    Returns
+    -------
+    str
+        The name of the default plotly renderer now selected (``"rlparity_html"``).
     """
     import warnings
 

@@ -10,10 +10,26 @@ from plotly.subplots import make_subplots
 
 
 def plot_confusion(scores: xr.Dataset, *, normalize: bool = True, title: str | None = None) -> go.Figure:
-    """Heatmap, rows = the causes injected (``clean`` = none), columns = the causes named at WARNING
-    or above (``(nothing)``: none; ``(unattributed)``: a problem naming no cause). With ``normalize``
-    each row is divided by the arms holding that cause, so the diagonal is recall; hover gives the
-    counts."""
+    """Heatmap of the causes injected (rows) against the causes the diagnosis names (columns).
+
+    Rows are the causes injected (``clean`` = none), columns the causes named at WARNING or above
+    (``(nothing)``: none; ``(unattributed)``: a problem naming no cause). Hover gives the counts.
+
+    Parameters
+    ----------
+    scores : xarray.Dataset
+        A scored fault matrix (:func:`rlparity.diagnose.scoring.score_matrix`).
+    normalize : bool, default True
+        Divide each row by the arms holding that cause, so the diagonal is recall; False draws the
+        counts of arms.
+    title : str, optional
+        The figure's title; None: the number of arms and the headline hit rates.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        The heatmap (not shown).
+    """
     counts = scores["confusion"].values.astype(float)
     rows, cols = scores["true_cause"].values.tolist(), scores["named_cause"].values.tolist()
     n_arms = np.array([int(scores["n_present"].sel(cause=r)) if r in scores["cause"].values else
@@ -35,7 +51,21 @@ def plot_confusion(scores: xr.Dataset, *, normalize: bool = True, title: str | N
 
 
 def plot_recall(scores: xr.Dataset, *, title: str | None = None) -> go.Figure:
-    """Per cause: recall (bars, left) and false alarms (bars, right); hover gives the arm counts."""
+    """Recall and false alarms per cause, side by side.
+
+    Parameters
+    ----------
+    scores : xarray.Dataset
+        A scored fault matrix (:func:`rlparity.diagnose.scoring.score_matrix`).
+    title : str, optional
+        The figure's title; None: "Recall and false alarms per cause".
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        Horizontal bars per cause: recall (share of its arms where it is named, left) and false
+        alarms (arms naming it without it, right); hover gives the arm counts.
+    """
     causes = scores["cause"].values.tolist()
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.04,
                         subplot_titles=("recall (share of its arms where it is named)", "false alarms (arms)"))

@@ -16,9 +16,22 @@ from rlparity.plot.palette import color
 
 
 def plot_floor_table(tables: Mapping[str, xr.Dataset]) -> go.Figure:
-    """One group of bars per trainer shape (mean ``|delta|`` against the reference shape, nats, log
-    axis), one colour per run (``tables``: ``{label: floor_table(...)}``); the dashed line of each run
-    is its backend gap (mean ``|d|``) and the dotted one the engine's batch spread."""
+    """Each trainer shape's floor beside the backend gap, one colour per run.
+
+    One group of bars per trainer shape (mean ``|delta log p|`` against the reference shape, nats,
+    log axis); the dashed line of each run is its backend gap (mean ``|d|``, nats) and the dotted one
+    the engine's batch spread, when the table has it.
+
+    Parameters
+    ----------
+    tables : mapping of str to xarray.Dataset
+        ``{label: floor_table(...)}`` (:mod:`rlparity.metrics.floors`), one per run.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        The grouped bar chart (not shown).
+    """
     fig = go.Figure()
     for label, t in tables.items():
         shapes = [s for s in t["shape"].values.tolist() if s != t.attrs.get("reference")]
@@ -42,8 +55,22 @@ def plot_floor_table(tables: Mapping[str, xr.Dataset]) -> go.Figure:
 
 
 def plot_floor_by_position(a: xr.Dataset, b: xr.Dataset) -> go.Figure:
-    """Per position: the floor between two rescorings ``a`` and ``b`` of one rollout (mean over
-    sequences of ``|log pi_a - log pi_b|``) and the backend gap of ``a`` (mean ``|d|``), nats, log axis."""
+    """The floor between two rescorings per position, beside the backend gap there.
+
+    Parameters
+    ----------
+    a : xarray.Dataset
+        A trace rescored with one trainer shape; its backend gap (mean ``|d|`` over sequences,
+        nats) is drawn dashed.
+    b : xarray.Dataset
+        The same rollout rescored with another trainer shape.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        Per position, the mean over sequences of ``|log pi_a - log pi_b|`` and the gap of ``a``, in
+        nats on a log axis (not shown).
+    """
     f = trainer_floor(a, b, dim="sequence")
     d = log_ratio(a).values
     gap = core.masked_mean(np.abs(d), a["response_mask"].values, axis=0)

@@ -29,8 +29,28 @@ def _label(cell: tuple[str, str]) -> str:
 
 
 def plot_matrix_heatmap(table: xr.Dataset, variables: Sequence[str] | str = HEATMAP_VARIABLES) -> go.Figure:
-    """The rollout x trainer head-dtype matrix as heatmaps, one panel per variable, each cell
-    annotated with its value (``table``: :func:`rlparity.metrics.head_precision.head_table`)."""
+    """The rollout x trainer head-dtype matrix as heatmaps, one panel per variable.
+
+    Each cell is annotated with its value; two panels a row.
+
+    Parameters
+    ----------
+    table : xarray.Dataset
+        :func:`rlparity.metrics.head_precision.head_table` (dims ``rollout_head`` and
+        ``trainer_head``).
+    variables : str or sequence of str, default HEATMAP_VARIABLES
+        The table variables to draw, one panel each (logprob quantities in nats).
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        The heatmaps (not shown).
+
+    Raises
+    ------
+    ValueError
+        If a variable is not in the table.
+    """
     variables = (variables,) if isinstance(variables, str) else tuple(variables)
     for v in variables:
         if v not in table:
@@ -56,9 +76,29 @@ def plot_matrix_heatmap(table: xr.Dataset, variables: Sequence[str] | str = HEAT
 
 def plot_probability_scatter(arms, *, max_points: int = 1500, trainer: str | None = None,
                              seed: int = 0) -> go.Figure:
-    """Token probabilities, rollout mu against trainer pi_old, one panel per cell (the
-    correlation MiniMax-M1 reports, from :func:`~rlparity.metrics.head_precision.head_table`); ``arms``: the
-    arms of a head matrix; ``max_points`` tokens per cell (seeded subsample)."""
+    """Token probabilities, rollout mu against trainer pi_old, one panel per head-dtype cell.
+
+    The correlation MiniMax-M1 reports; each panel's title gives the cell's Pearson correlation
+    (:func:`~rlparity.metrics.head_precision.head_table`), each point is coloured by its ``|d|``
+    (nats). A cell of the matrix that was not run is an empty panel titled "not run".
+
+    Parameters
+    ----------
+    arms : mapping or sequence
+        The arms of a head-dtype matrix (what
+        :func:`rlparity.metrics.head_precision.head_cells` accepts).
+    max_points : int, default 1500
+        Tokens drawn per cell (a seeded subsample).
+    trainer : str, optional
+        The trainer reading (``"processed"`` or ``"raw"``); None: ``defaults().trainer``.
+    seed : int, default 0
+        Seed of the subsample.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        The grid of scatters (not shown).
+    """
     cells = head_cells(arms)
     table = head_table({name: ds for name, ds in cells.values()}, trainer=trainer)
     rows, cols = dtype_order(k[0] for k in cells), dtype_order(k[1] for k in cells)
@@ -90,9 +130,21 @@ def plot_probability_scatter(arms, *, max_points: int = 1500, trainer: str | Non
 
 
 def plot_gap_by_logit(g: xr.Dataset) -> go.Figure:
-    """RMS of d per bin of the trainer's largest logit, one line per cell (``g``:
-    :func:`rlparity.metrics.head_precision.gap_by_logit`). A low-precision head's error grows with logit
-    magnitude."""
+    """RMS of d (nats) per bin of the trainer's largest logit, one line per head-dtype cell.
+
+    A low-precision head's error grows with logit magnitude; cells with matching dtypes are solid,
+    mixed ones dashed.
+
+    Parameters
+    ----------
+    g : xarray.Dataset
+        :func:`rlparity.metrics.head_precision.gap_by_logit`.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        The lines (not shown).
+    """
     fig = go.Figure()
     x = g["logit_center"].values
     for r in g["rollout_head"].values:
@@ -113,8 +165,18 @@ def plot_gap_by_logit(g: xr.Dataset) -> go.Figure:
 
 
 def plot_gap_by_position(g: xr.Dataset) -> go.Figure:
-    """RMS of d per response position, one line per cell (``g``:
-    :func:`rlparity.metrics.head_precision.gap_by_position`)."""
+    """RMS of d (nats) per response position, one line per head-dtype cell.
+
+    Parameters
+    ----------
+    g : xarray.Dataset
+        :func:`rlparity.metrics.head_precision.gap_by_position`.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        The lines (not shown).
+    """
     fig = go.Figure()
     for r in g["rollout_head"].values:
         for t in g["trainer_head"].values:

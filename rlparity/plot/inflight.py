@@ -26,10 +26,23 @@ def _cells(table: xr.Dataset, arm: str) -> tuple[str, bool, bool]:
 
 
 def plot_gap_by_update_time(gap: xr.Dataset, table: xr.Dataset) -> go.Figure:
-    """Mean ``|d|`` against token time relative to the update (0 = resume; negative = before),
-    one panel per pause mode, one line per (clear_cache, prefix caching) cell; hover shows the bin's
-    tokens and mean policy version. ``gap``: :func:`rlparity.metrics.inflight.gap_by_update_time`;
-    ``table``: :func:`rlparity.metrics.inflight.inflight_table` (the arms' cells)."""
+    """Mean ``|d|`` (nats) against token time relative to the weight update, one panel per pause mode.
+
+    Time 0 is the resume, negative times are before it; one line per (clear_cache, prefix caching)
+    cell; hover shows the bin's tokens and mean policy version.
+
+    Parameters
+    ----------
+    gap : xarray.Dataset
+        :func:`rlparity.metrics.inflight.gap_by_update_time`.
+    table : xarray.Dataset
+        :func:`rlparity.metrics.inflight.inflight_table` (each arm's mode and cache cell).
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        The panels on a log y axis (not shown).
+    """
     modes = [m for m in PAUSE_MODES if m in set(table["mode"].values.tolist())]
     fig = make_subplots(rows=1, cols=len(modes), shared_yaxes=True, subplot_titles=[f"pause mode {m}" for m in modes],
                         horizontal_spacing=0.04)
@@ -62,8 +75,25 @@ def plot_gap_by_update_time(gap: xr.Dataset, table: xr.Dataset) -> go.Figure:
 
 
 def plot_lag_histogram(hist: xr.Dataset, *, level: str = "n_tokens") -> go.Figure:
-    """Tokens (``level="n_tokens"``) or sequences (``"n_sequences"``, by their max lag) per lag value,
-    grouped bars per arm (``hist``: :func:`rlparity.metrics.inflight.lag_histogram`)."""
+    """Tokens or sequences per policy lag value, stacked bars per arm.
+
+    Parameters
+    ----------
+    hist : xarray.Dataset
+        :func:`rlparity.metrics.inflight.lag_histogram`.
+    level : {"n_tokens", "n_sequences"}, default "n_tokens"
+        Count tokens, or sequences (by their max lag).
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        The histogram (not shown).
+
+    Raises
+    ------
+    ValueError
+        If ``level`` is neither ``"n_tokens"`` nor ``"n_sequences"``.
+    """
     if level not in ("n_tokens", "n_sequences"):
         raise ValueError(f"level={level!r}: use 'n_tokens' or 'n_sequences'")
     fig = go.Figure()
@@ -77,8 +107,20 @@ def plot_lag_histogram(hist: xr.Dataset, *, level: str = "n_tokens") -> go.Figur
 
 
 def plot_inflight_bars(table: xr.Dataset) -> go.Figure:
-    """Per arm: mean ``|d|`` of the requests submitted after the update (stale arms in red) with the
-    noise floor, and the arm's mean token lag (``table``: :func:`rlparity.metrics.inflight.inflight_table`)."""
+    """Per arm: mean ``|d|`` after the update with the noise floor, and the mean token lag.
+
+    Mean ``|d|`` (nats, log axis) is of the requests submitted after the update; stale arms are red.
+
+    Parameters
+    ----------
+    table : xarray.Dataset
+        :func:`rlparity.metrics.inflight.inflight_table`.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        Two panels of horizontal bars (not shown).
+    """
     arms = table["arm"].values.tolist()
     stale = table["n_stale_sequences"].values > 0
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.04, subplot_titles=(

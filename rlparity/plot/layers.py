@@ -13,9 +13,24 @@ _ZERO = 1e-9  # exact zero drawn here on log axes
 
 
 def plot_layer_profile(table: xr.Dataset, *, title: str | None = None) -> go.Figure:
-    """The relative error per site (embedding, each layer's modules in data-flow order, final norm,
-    LM head) on a log axis, one line per arm, the floor of each arm dotted in the same colour
-    (``table``: :func:`rlparity.metrics.layers.profile_table`). Exact zeros are drawn at 1e-9."""
+    """The relative error per site on a log axis, one line per arm, its floor dotted.
+
+    Sites are the embedding, each layer's modules in data-flow order, the final norm and the LM
+    head. Exact zeros are drawn at 1e-9.
+
+    Parameters
+    ----------
+    table : xarray.Dataset
+        The profile table (:func:`rlparity.metrics.layers.profile_table`): ``relative_error``,
+        ``floor`` and ``comparison`` per ``arm`` and ``site``.
+    title : str, optional
+        The figure's title; None: a default that says what the dotted floor is.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        The profile (not shown).
+    """
     fig = go.Figure()
     sites = table["site"].values.tolist()
     for arm in table["arm"].values.tolist():
@@ -39,10 +54,24 @@ def plot_layer_profile(table: xr.Dataset, *, title: str | None = None) -> go.Fig
 
 
 def plot_position_heatmap(errors: xr.DataArray, *, title: str | None = None) -> go.Figure:
-    """The relative error per site (rows, data-flow order from the top) and position (columns) of
-    one sequence, log10 colour scale; positions the engine served from its prefix cache (not
-    recomputed) are blank (``errors``: :func:`rlparity.metrics.layers.relative_error` with
-    ``dim=()``, one ``layer_sequence`` selected)."""
+    """The relative error per site and position of one sequence, log10 colour scale.
+
+    Rows are sites in data-flow order from the top, columns positions of prompt + response;
+    positions the engine served from its prefix cache (not recomputed) are blank.
+
+    Parameters
+    ----------
+    errors : xarray.DataArray
+        :func:`rlparity.metrics.layers.relative_error` with ``dim=()``, one ``layer_sequence``
+        selected (dims ``site`` and ``full_position``).
+    title : str, optional
+        The figure's title; None: a default that says what blank cells mean.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        The heatmap (not shown).
+    """
     z = np.log10(np.maximum(errors.transpose("site", "full_position").values.astype(float), _ZERO))
     fig = go.Figure(go.Heatmap(z=z, x=errors["full_position"].values, y=errors["site"].values,
                                colorscale="Viridis", colorbar={"title": "log10 rel. error"},

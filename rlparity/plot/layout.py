@@ -67,9 +67,22 @@ def _plot_width(layout: dict) -> float:
 
 
 def book_layout(fig):
-    """Apply the book's layout rules (module docstring) to ``fig`` in place and return it: no
-    fixed width, exponents as powers of ten on every axis and colour bar, the title and subplot
-    titles wrapped to their width with the top margin made room for them."""
+    """Apply the book's layout rules (module docstring) to ``fig`` in place and return it.
+
+    No fixed width, exponents as powers of ten on every axis and colour bar, the title and subplot
+    titles wrapped to their width with the top margin made room for them (a fixed height grows by
+    the margin's increase beyond 100 px).
+
+    Parameters
+    ----------
+    fig : plotly.graph_objects.Figure
+        The figure to change.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        ``fig`` itself, changed.
+    """
     fig.update_layout(width=None, autosize=True)
     fig.update_xaxes(exponentformat="power")
     fig.update_yaxes(exponentformat="power")
@@ -104,9 +117,23 @@ def book_layout(fig):
 
 
 def layout_problems(fig: Any, *, column: int = COLUMN_PX) -> list[str]:
-    """What in ``fig`` breaks the book's layout rules: a width over ``column`` px, an axis or colour
-    bar with SI-prefixed exponents, a title line or a subplot-title line wider than its room, a
-    top margin too small for the title's lines. Empty when the figure is fit for the page."""
+    """What in ``fig`` breaks the book's layout rules.
+
+    A width over ``column`` px, an axis or colour bar with SI-prefixed exponents, a title line or a
+    subplot-title line wider than its room, a top margin too small for the title's lines.
+
+    Parameters
+    ----------
+    fig : plotly.graph_objects.Figure or dict
+        The figure, or its dict as plotly serialises it.
+    column : int, default COLUMN_PX
+        Width of the book's content column, in CSS pixels.
+
+    Returns
+    -------
+    list of str
+        One line per problem; empty when the figure is fit for the page.
+    """
     d = _as_dict(fig)
     layout = d.get("layout", {}) or {}
     problems = []
@@ -139,9 +166,20 @@ def layout_problems(fig: Any, *, column: int = COLUMN_PX) -> list[str]:
 
 
 def trace_colors(fig: Any) -> dict[str, str | None]:
-    """``{name: colour}`` of the named traces of ``fig`` (a dict or a ``Figure``): the line colour,
-    else the marker colour; ``None`` where plotly's colour cycle would pick one (so the same name
-    could change colour from one figure to the next), ``"per point"`` for a colour scale."""
+    """The colour of each named trace of ``fig``.
+
+    Parameters
+    ----------
+    fig : plotly.graph_objects.Figure or dict
+        The figure, or its dict as plotly serialises it.
+
+    Returns
+    -------
+    dict of str to str or None
+        ``{name: colour}``: the line colour, else the marker colour; ``None`` where plotly's colour
+        cycle would pick one (so the same name could change colour from one figure to the next),
+        ``"per point"`` for a colour scale.
+    """
     out: dict[str, str | None] = {}
     for trace in _as_dict(fig).get("data", []):
         name = trace.get("name")

@@ -19,9 +19,26 @@ from rlparity.trace import as_arms
 
 
 def plot_backend_vs_update_ratio(arms, trainer: TrainerSide | None = None, bins: int = 80) -> go.Figure:
-    """Per-token log-ratios of the backend pair (log pi_old - log mu) and the update pair
-    (log pi_theta - log pi_old), one panel each, every arm overlaid: the backend ratio should be
-    a spike at 0 (parity); the update ratio is what the optimizer did."""
+    """Per-token log-ratios (nats) of the backend pair and the update pair, one panel each.
+
+    The backend pair is log pi_old - log mu, the update pair log pi_theta - log pi_old; every arm is
+    overlaid. The backend ratio should be a spike at 0 (parity); the update ratio is what the
+    optimizer did. An arm without a pair's readings is left out of that panel.
+
+    Parameters
+    ----------
+    arms : xarray.Dataset, mapping or str
+        One trace, ``{arm: trace}``, a DataTree or a store path (:func:`rlparity.trace.as_arms`).
+    trainer : {"processed", "raw"}, optional
+        The trainer reading; None: ``defaults().trainer``.
+    bins : int, default 80
+        Histogram bins per arm and pair.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        Two panels of overlaid histograms, log y axis (not shown).
+    """
     fig = make_subplots(rows=1, cols=2, subplot_titles=("backend pair: log pi_old - log mu",
                                                         "update pair: log pi_theta - log pi_old"))
     for arm, ds in as_arms(arms).items():
@@ -40,10 +57,28 @@ def plot_backend_vs_update_ratio(arms, trainer: TrainerSide | None = None, bins:
 
 def plot_weights_truncation(trace: xr.Dataset, *, cap: float | None = None, trainer: TrainerSide | None = None,
                             bins: int = 60) -> go.Figure:
-    """The backend importance weights pi_old/mu of one trace with the cap C of token TIS
-    (default :data:`~rlparity.metrics.objective.OBJECTIVE_DEFAULTS`) drawn where it cuts: the
-    weights above it (truncated to C) in their own colour, the share they are in the title, with
-    the token ESS of the raw weights."""
+    """The backend importance weights pi_old/mu of one trace, split at the cap C of token TIS.
+
+    The weights above C (truncated to C) are drawn in their own colour; the title gives the share
+    of tokens truncated and the token ESS of the raw weights.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace with pi_old and mu.
+    cap : float, optional
+        The cap C; None: ``OBJECTIVE_DEFAULTS.is_cap``
+        (:data:`~rlparity.metrics.objective.OBJECTIVE_DEFAULTS`).
+    trainer : {"processed", "raw"}, optional
+        The trainer reading; None: ``defaults().trainer``.
+    bins : int, default 60
+        Histogram bins.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        The stacked histogram with C dashed and 1 (parity) dotted (not shown).
+    """
     c = ob.OBJECTIVE_DEFAULTS.is_cap if cap is None else cap
     d = ob.pair_log_ratio(trace, "backend", trainer).values
     ok = ob.finite_tokens(d)
@@ -76,9 +111,25 @@ def plot_objective_summary(tables: Mapping[str, xr.Dataset],
                                                          "masked_fraction_token_band",
                                                          "masked_fraction_geometric_band",
                                                          "token_clip_fraction")) -> go.Figure:
-    """ESS, masked fractions and clip fraction per arm and pair (``tables``: ``{arm:
-    objective_summary(trace)}``); one panel per variable (three to a row), the pairs on the x axis,
-    one colour per arm."""
+    """ESS, masked fractions and clip fraction per arm and pair, one panel per variable.
+
+    Three panels to a row, the pairs on the x axis, one colour per arm; every variable is a share
+    in [0, 1].
+
+    Parameters
+    ----------
+    tables : mapping of str to xarray.Dataset
+        ``{arm: objective_summary(trace)}`` (:mod:`rlparity.metrics.objective`).
+    variables : tuple of str, optional
+        The summary variables to draw; the default is token ESS, geometric sequence ESS, the two
+        masked fractions and the PPO clip fraction. An arm whose table lacks a variable is left
+        out of its panel.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        Grouped bars (not shown).
+    """
     cols = min(3, len(variables))
     rows = -(-len(variables) // cols)
     fig = make_subplots(rows=rows, cols=cols, vertical_spacing=0.25, horizontal_spacing=0.08,
@@ -101,14 +152,26 @@ _BEFORE, _AFTER = "#9d9da1", "#4c78a8"
 
 
 def plot_correction_demo(demo: Mapping[str, Any]) -> go.Figure:
-    """What a correction applied to a raw-logprob trace does (``demo``: the result of
-    :func:`rlparity.experiments.objective.correction_demo`). Top row and the first panel of the
-    second: verl's four health rules on the weights, uncorrected and corrected, each against its
-    healthy range (shaded); then the share of tokens the cap truncates (and at verl's C = 2) and the
-    mask drops; last, the cosine of the update's policy-gradient direction with the parity update's
-    on the same samples: with pi_old recomputed and no correction the raw logprobs never enter the
-    loss (cosine 1 by construction), the correction brings them in, and a ratio against mu (PipelineRL,
-    prime-rl) has them in the update from the start."""
+    """What a correction applied to a raw-logprob trace does.
+
+    Top row and the first panel of the second: verl's four health rules on the weights,
+    uncorrected and corrected, each against its healthy range (shaded); then the share of tokens
+    the cap truncates (and at verl's C = 2) and the mask drops; last, the cosine of the update's
+    policy-gradient direction with the parity update's on the same samples: with pi_old
+    recomputed and no correction the raw logprobs never enter the loss (cosine 1 by
+    construction), the correction brings them in, and a ratio against mu (PipelineRL, prime-rl)
+    has them in the update from the start.
+
+    Parameters
+    ----------
+    demo : mapping
+        The result of :func:`rlparity.experiments.objective.correction_demo`.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        Six panels (not shown).
+    """
     rules = demo.get("health_rules") or {}
     lo, hi = rules.get("rollout_is_mean", (0.5, 2.0))
     panels = (("rollout_is_mean", f"weight mean ({lo:g} to {hi:g})", (lo, hi)),

@@ -36,8 +36,19 @@ _ASSIGNED: dict[str, str] = {}
 
 
 def base_name(name: str) -> str:
-    """The part of a label that picks its colour: ``"pipelinerl-parity+mu"`` -> ``"pipelinerl-parity"``,
-    ``"parity (after one step)"`` -> ``"parity"``."""
+    """The part of a label that picks its colour.
+
+    Parameters
+    ----------
+    name : str
+        A label, e.g. ``"pipelinerl-parity+mu"`` or ``"parity (after one step)"``.
+
+    Returns
+    -------
+    str
+        The head before ``+`` or `` (`` when that head is a :data:`KNOWN` name
+        (``"pipelinerl-parity"``, ``"parity"``), else ``name`` unchanged.
+    """
     name = str(name)
     for sep in ("+", " ("):
         head = name.split(sep, 1)[0]
@@ -51,8 +62,21 @@ def _slot(name: str) -> int:
 
 
 def color(name: str) -> str:
-    """The colour of ``name`` (a profile, an arm, a run label): fixed for :data:`KNOWN` names, else a
-    stable hash into :data:`QUALITATIVE`, moved to the next colour no other name holds in this session."""
+    """The colour of ``name`` (a profile, an arm, a run label).
+
+    Fixed for :data:`KNOWN` names, else a stable hash into :data:`QUALITATIVE`, moved to the next
+    colour no other name holds in this session (shared once all are held).
+
+    Parameters
+    ----------
+    name : str
+        The label; :func:`base_name` picks the part that decides.
+
+    Returns
+    -------
+    str
+        A hex colour (``"#1f77b4"``).
+    """
     key = base_name(name)
     if key in KNOWN:
         return KNOWN[key]
@@ -71,7 +95,18 @@ def color(name: str) -> str:
 
 
 def colors(names: Iterable[str]) -> dict[str, str]:
-    """``{name: color(name)}`` for several names, in order."""
+    """The colours of several names, in order.
+
+    Parameters
+    ----------
+    names : iterable of str
+        The labels.
+
+    Returns
+    -------
+    dict of str to str
+        ``{name: color(name)}``.
+    """
     return {n: color(n) for n in names}
 
 

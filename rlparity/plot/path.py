@@ -14,10 +14,23 @@ _NA = "#bbbbbb"
 
 
 def plot_ablation_bars(table: xr.Dataset) -> go.Figure:
-    """One row per setting, three panels: mean ``|d|`` against the trainer (the reference arm's
-    value dashed), max ``|d_ref|`` against the reference arm, and the share of sequences identical
-    to the reference. Settings the platform could not run are listed with their reason (hover).
-    ``table``: :func:`rlparity.metrics.ablation.ablation_table`."""
+    """The one-knob ablation: one row per setting, three panels.
+
+    Mean ``|d|`` against the trainer (nats; the reference arm's value dashed), max ``|d_ref|``
+    against the reference arm (nats), and the share of sequences identical to the reference.
+    Settings the platform could not run are drawn as hatched grey "not applicable" bars, their
+    reason on hover.
+
+    Parameters
+    ----------
+    table : xarray.Dataset
+        :func:`rlparity.metrics.ablation.ablation_table`.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        Three panels of horizontal bars (not shown).
+    """
     t = table
     reference = t.attrs.get("reference", "reference")
     names = t["setting"].values.tolist()
@@ -52,9 +65,20 @@ def plot_ablation_bars(table: xr.Dataset) -> go.Figure:
 
 
 def plot_reference_gap_by_position(table: xr.Dataset) -> go.Figure:
-    """``|d_ref| = |log mu_arm - log mu_reference|`` by response position, one line per setting
-    (``table``: :func:`rlparity.metrics.ablation.reference_gap_by_position`); zero is drawn at
-    1e-9 on the log axis so bitwise-equal arms stay visible."""
+    """``|d_ref| = |log mu_arm - log mu_reference|`` (nats) by response position, one line per setting.
+
+    Zero is drawn at 1e-9 on the log axis so bitwise-equal arms stay visible.
+
+    Parameters
+    ----------
+    table : xarray.Dataset
+        :func:`rlparity.metrics.ablation.reference_gap_by_position`.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        The lines (not shown).
+    """
     fig = go.Figure()
     for name in table["setting"].values.tolist():
         y = table["reference_abs_log_ratio_mean"].sel(setting=name).values
@@ -68,9 +92,19 @@ def plot_reference_gap_by_position(table: xr.Dataset) -> go.Figure:
 
 
 def plot_batch_composition(table: xr.Dataset) -> go.Figure:
-    """Greedy output of one prompt by the size of the batch it ran in, per setting: distinct
-    outputs (1 = deterministic) and the logprob spread on their common prefix (``table``:
-    :func:`rlparity.metrics.ablation.batch_table`)."""
+    """Greedy output of one prompt by the size of the batch it ran in, per setting.
+
+    Parameters
+    ----------
+    table : xarray.Dataset
+        :func:`rlparity.metrics.ablation.batch_table`.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        Two panels: distinct outputs over batch sizes (1 = deterministic) and the logprob spread on
+        their common prefix, in nats (not shown).
+    """
     names = table["setting"].values.tolist()
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, subplot_titles=(
         "distinct greedy outputs over batch sizes", "logprob spread on the common prefix (nats)"))

@@ -25,11 +25,34 @@ def _title(curves: xr.Dataset, var: str) -> str:
 
 def plot_rl_curves(curves: xr.Dataset, variables: Sequence[str] | None = None, *, cols: int = 3,
                    height_per_row: int = 260) -> go.Figure:
-    """One panel per metric (``variables``, default :data:`DEFAULT_PANELS`), x = optimizer step, one
-    line per run (colour: the engine profile, the same in every panel; solid: ratio denominator
-    pi_old, dotted: mu; click a legend entry to hide a run). Hover shows the run, step and value and
-    names the metric's pair. Dashed grey lines mark 1 for ratios and ESS. ``curves``:
-    :func:`rlparity.metrics.rl.rl_curves`."""
+    """The curves of an online RL run: one panel per metric, x = optimizer step, one line per run.
+
+    Colour is the engine profile, the same in every panel; solid lines have the ratio denominator
+    pi_old, dotted ones mu; click a legend entry to hide a run. Hover shows the run, step and value
+    and names the metric's pair. Dashed grey lines mark 1 for ratios and ESS. Panel titles carry
+    each variable's units (nats for logprob quantities).
+
+    Parameters
+    ----------
+    curves : xarray.Dataset
+        :func:`rlparity.metrics.rl.rl_curves` (dims ``profile`` and ``step``).
+    variables : sequence of str, optional
+        The metrics to draw; None: those of :data:`DEFAULT_PANELS` the curves hold.
+    cols : int, default 3
+        Panels per row (at most the number of variables).
+    height_per_row : int, default 260
+        Height of one row of panels, in pixels.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        The panels (not shown).
+
+    Raises
+    ------
+    ValueError
+        If a variable asked for is not in the curves, or there is no variable to draw.
+    """
     variables = list(variables or [v for v in DEFAULT_PANELS if v in curves])
     missing = [v for v in variables if v not in curves]
     if missing:

@@ -18,7 +18,19 @@ _D = "|d| = |log pi_old - log mu| (nats)"
 
 
 def plot_flip_rate_by_layer(tables: Mapping[str, xr.Dataset]) -> go.Figure:
-    """Routing flip rate per MoE layer, one bar group per arm (``tables``: ``{arm: routing_table(trace)}``)."""
+    """Routing flip rate per MoE layer, one bar group per arm.
+
+    Parameters
+    ----------
+    tables : mapping of str to xarray.Dataset
+        ``{arm: routing_table(trace)}`` (:func:`rlparity.metrics.routing.routing_table`).
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        The share of tokens whose engine top-k set differs from the trainer's, per layer (not
+        shown).
+    """
     fig = go.Figure()
     for arm, t in tables.items():
         layers = [str(int(x)) for x in t["moe_layer"].values]
@@ -33,9 +45,24 @@ def plot_flip_rate_by_layer(tables: Mapping[str, xr.Dataset]) -> go.Figure:
 
 
 def plot_margin_vs_mismatch(points: xr.Dataset, *, title: str = "") -> go.Figure:
-    """Each token's smallest router margin against its mismatch, flipped tokens highlighted, and
-    with routing replay the flipped tokens again with the engine's routes forced (``points``:
-    :func:`rlparity.metrics.routing.token_points`)."""
+    """Each token's smallest router margin against its mismatch ``|d|`` (nats), log-log.
+
+    Flipped tokens are highlighted; with routing replay the flipped tokens are drawn again with the
+    engine's routes forced.
+
+    Parameters
+    ----------
+    points : xarray.Dataset
+        :func:`rlparity.metrics.routing.token_points`: ``min_router_margin``, ``abs_d``,
+        ``flipped`` and, with replay, ``abs_d_replay``.
+    title : str, default ""
+        The figure's title; empty: "router margin vs mismatch per token".
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        The scatter (not shown).
+    """
     m = points["min_router_margin"].values
     fig = go.Figure()
     flipped = points["flipped"].values.astype(bool)
@@ -54,8 +81,19 @@ def plot_margin_vs_mismatch(points: xr.Dataset, *, title: str = "") -> go.Figure
 
 
 def plot_replay(summaries: Mapping[str, xr.Dataset]) -> go.Figure:
-    """Mean ``|d|`` of flipped and unflipped tokens, with and without routing replay, one group per arm
-    (``summaries``: ``{arm: flip_summary(trace)}``; arms without flips or replay are left out)."""
+    """Mean ``|d|`` (nats) of flipped and unflipped tokens, with and without routing replay, per arm.
+
+    Parameters
+    ----------
+    summaries : mapping of str to xarray.Dataset
+        ``{arm: flip_summary(trace)}`` (:mod:`rlparity.metrics.routing`); arms without flips or
+        without replay are left out.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        Grouped bars on a log axis (not shown).
+    """
     fig = go.Figure()
     keys = (("abs_d_unflipped", "no flip", _NO_FLIP), ("abs_d_flipped", "routing flip", _FLIP),
             ("abs_d_flipped_replay", "routing flip, routes replayed", _REPLAYED))

@@ -16,8 +16,27 @@ _D = "d = log pi_old - log mu (nats)"
 
 
 def plot_ratio_histogram(arms, trainer: str | None = None, bins: int = 80, *, log_y: bool = True) -> go.Figure:
-    """Histogram of the per-token log-ratio d for each arm; tokens with pi_old = 0 (d = -inf) are
-    counted in the legend, not dropped silently."""
+    """Histogram of the per-token log-ratio d (nats) for each arm.
+
+    Tokens with pi_old = 0 (d = -inf) are counted in the legend, not dropped silently; the legend
+    also gives each arm's mean ratio.
+
+    Parameters
+    ----------
+    arms : xarray.Dataset, mapping or str
+        One trace, ``{arm: trace}``, a DataTree or a store path (:func:`rlparity.trace.as_arms`).
+    trainer : {"processed", "raw"}, optional
+        The trainer reading; None: ``defaults().trainer``.
+    bins : int, default 80
+        Histogram bins per arm.
+    log_y : bool, default True
+        Log scale on the token counts.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        Overlaid histograms (not shown).
+    """
     fig = go.Figure()
     side = trainer
     for arm, ds in as_arms(arms).items():
@@ -36,9 +55,20 @@ def plot_ratio_histogram(arms, trainer: str | None = None, bins: int = 80, *, lo
 
 
 def plot_offset_vs_temperature(table: xr.Dataset) -> go.Figure:
-    """Mean d (with its RMS as error bar) against each request's temperature, one line per arm
-    (``table``: :func:`rlparity.metrics.temperature_table`): flat at zero for processed logprobs,
-    moving with temperature for raw ones."""
+    """Mean d (nats, with its RMS as error bar) against each request's temperature, one line per arm.
+
+    Flat at zero for processed logprobs, moving with temperature for raw ones.
+
+    Parameters
+    ----------
+    table : xarray.Dataset
+        :func:`rlparity.metrics.temperature_table`.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        The lines (not shown).
+    """
     fig = go.Figure()
     for arm in table["arm"].values.tolist():
         row = table.sel(arm=arm)
@@ -52,7 +82,20 @@ def plot_offset_vs_temperature(table: xr.Dataset) -> go.Figure:
 
 
 def plot_ratio_by_position(arms, trainer: str | None = None) -> go.Figure:
-    """Mean d and mean ``|d|`` per response position, one line per arm."""
+    """Mean d and mean ``|d|`` (nats) per response position, one line each per arm.
+
+    Parameters
+    ----------
+    arms : xarray.Dataset, mapping or str
+        One trace, ``{arm: trace}``, a DataTree or a store path (:func:`rlparity.trace.as_arms`).
+    trainer : {"processed", "raw"}, optional
+        The trainer reading; None: ``defaults().trainer``.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        The lines, mean ``|d|`` dashed (not shown).
+    """
     fig = go.Figure()
     for arm, ds in as_arms(arms).items():
         s = summary(ds, trainer, dim="sequence")
@@ -69,8 +112,22 @@ def plot_ratio_by_position(arms, trainer: str | None = None) -> go.Figure:
 
 
 def plot_zero_prob_map(arms, trainer: str | None = None) -> go.Figure:
-    """Where the tokens with pi_old = 0 are (sequence x position), per arm; empty arms are listed
-    in the title so that "none" is visible too."""
+    """Where the tokens with pi_old = 0 are (sequence x position), per arm.
+
+    Every arm's count is in the title, so that "none" is visible too.
+
+    Parameters
+    ----------
+    arms : xarray.Dataset, mapping or str
+        One trace, ``{arm: trace}``, a DataTree or a store path (:func:`rlparity.trace.as_arms`).
+    trainer : {"processed", "raw"}, optional
+        The trainer reading; None: ``defaults().trainer``.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        A scatter of the tokens; hover gives token id and trainer rank (not shown).
+    """
     fig = go.Figure()
     counts = []
     for arm, ds in as_arms(arms).items():

@@ -68,18 +68,53 @@ __all__ = ["FP32_GEMMS", "SAMPLING_EPS", "STATS", "Scorer", "TrainerSettings", "
 class Scorer:
     """A transformers model loaded once, to rescore many traces (the trainer side).
 
-    ``dtype`` is the body's precision, ``head_dtype`` the LM head's. ``model`` is a local path or
-    a hub id, loaded with ``from_pretrained`` exactly as a user's trainer would, or an already
-    loaded model, used as it is (e.g. the trainer's after an optimizer step; ``dtype`` then reads
-    the model's own). ``settings`` (:class:`~rlparity.config.settings.TrainerSettings`) says how the trainer
-    computes its reading: by default the correct way (the engine's sampling parameters, the ids
-    the engine saw, eval mode); other values imitate a user's trainer (another temperature, no
-    top-k cut, re-tokenized prompts, dropout on). Every scoring records what was applied
-    (``trainer_temperature`` / ``trainer_top_k`` / ``trainer_top_p`` per sequence, the settings and
-    the batch shape in ``attrs["trainer"]``), per-tensor checksums of the weights, and the
-    trainer's own floor: ``settings.self_check`` sequences rescored alone, twice
-    (``attrs["trainer"]["self_check"]``: how much the batch shape and a second run move the
-    logprobs).
+    The model is loaded with ``from_pretrained`` exactly as a user's trainer would, or an already
+    loaded model is used as it is (e.g. the trainer's after an optimizer step; ``dtype`` then reads
+    the model's own). ``settings`` says how the trainer computes its reading: by default the
+    correct way (the engine's sampling parameters, the ids the engine saw, eval mode); other values
+    imitate a user's trainer (another temperature, no top-k cut, re-tokenized prompts, dropout on).
+    Every scoring records what was applied (``trainer_temperature`` / ``trainer_top_k`` /
+    ``trainer_top_p`` per sequence, the settings and the batch shape in ``attrs["trainer"]``),
+    per-tensor checksums of the weights, and the trainer's own floor: ``settings.self_check``
+    sequences rescored alone, twice (``attrs["trainer"]["self_check"]``: how much the batch shape
+    and a second run move the logprobs).
+
+    Parameters
+    ----------
+    model : str, os.PathLike or transformers model
+        A local path or hub id, or an already loaded transformers causal LM.
+    dtype : str, default "float32"
+        The body's precision: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+    head_dtype : str, default "float32"
+        The LM head's precision (same choices).
+    device : str, default "cpu"
+        Torch device the model runs on.
+    batch_size : int, default 16
+        Sequences per forward (1 in batch-invariant mode).
+    chunk_tokens : int or None, default None
+        LM-head rows per chunk; None: 2048 on CUDA, 512 on CPU.
+    trust_remote_code : bool, default False
+        Passed to ``from_pretrained`` for the model and the tokenizer.
+    progress : bool, default True
+        Show a progress bar while scoring.
+    tokenize_prompts : bool, default True
+        Also record the trainer's own tokenization of each prompt (:func:`tokenize_prompts`).
+    add_special_tokens : bool, default True
+        Whether the trainer's tokenization of prompt text adds special tokens (an imported dump's
+        own rule takes precedence, :meth:`special_tokens`).
+    compile_head : bool or None, default None
+        ``torch.compile`` the LM-head reductions; None: as :func:`head_stats` decides.
+    fp32_gemm : str, default "auto"
+        How a float32 head multiplies 16-bit inputs (one of :data:`FP32_GEMMS`; see
+        :func:`rlparity.score.lm_head_stats.project`).
+    settings : TrainerSettings or None, default None
+        How the trainer computes its reading (:class:`~rlparity.config.settings.TrainerSettings`);
+        None: the correct way.
+
+    Raises
+    ------
+    ValueError
+        If ``dtype`` / ``head_dtype`` is not a supported precision or ``fp32_gemm`` is unknown.
     """
 
     model: Any  # a path or hub id, or an already loaded transformers causal LM
@@ -147,10 +182,17 @@ class Scorer:
         return str(getattr(self.model, "name_or_path", self.model))
 
     def weight_checksums(self) -> dict[str, str]:
-        """Per-tensor checksums of the weights it scores with (:mod:`rlparity.trace.weights`), keyed
-        by checkpoint names (transformers' load-time conversions, e.g. a MoE model's per-expert tensors
-        fused into one, reverted as ``save_pretrained`` does); a model loaded here is fingerprinted
-        once, a model passed in (it may train) at every call."""
+        """Per-tensor checksums of the weights it scores with (:mod:`rlparity.trace.weights`).
+
+        Keyed by checkpoint names (transformers' load-time conversions, e.g. a MoE model's per-expert
+        tensors fused into one, reverted as ``save_pretrained`` does); a model loaded here is
+        fingerprinted once, a model passed in (it may train) at every call.
+
+        Returns
+        -------
+        dict of str to str
+            ``{tensor name: checksum}``.
+        """
         from rlparity.trace.weights import checksums
 
         if self._checksums is None or not self._loaded_here:
@@ -165,8 +207,22 @@ class Scorer:
         return self._checksums
 
     def batches(self, seqs: list[tuple[list[int], list[int]]]) -> Iterator[list[int]]:
-        """Indices of ``seqs`` in micro-batches of ``batch_size`` (one each in batch-invariant mode),
-        in the order :attr:`settings` asks: similar lengths together, the trace's order, or shuffled."""
+        """Split ``seqs`` into micro-batches of indices.
+
+        Micro-batches hold ``batch_size`` sequences (one each in batch-invariant mode), in the order
+        :attr:`settings` asks: similar lengths together (``"length"``), the trace's order, or shuffled
+        (seeded).
+
+        Parameters
+        ----------
+        seqs : list of (list of int, list of int)
+            ``(prompt ids, response ids)`` per sequence.
+
+        Yields
+        ------
+        list of int
+            The indices into ``seqs`` of one micro-batch.
+        """
         n = len(seqs)
         how = self.settings.order
         if how == "length":
@@ -180,11 +236,25 @@ class Scorer:
             yield order[s: s + size]
 
     def response_hidden(self, seqs: list[tuple[list[int], list[int]]], batch: list[int]) -> list:
-        """One forward of the body over ``batch`` (indices into ``seqs`` of (prompt, response)
-        ids), laid out as :attr:`settings` says (right-padded rows, one packed row, left-padded rows,
-        or alone at a fixed bucket length in batch-invariant mode): per sequence, the last hidden
-        states ``(rlen, H)`` at the positions that predict its response tokens. Gradients flow unless
-        the caller turns them off."""
+        """One forward of the body over ``batch``: the last hidden states that predict each response.
+
+        The rows are laid out as :attr:`settings` says (right-padded rows, one packed row, left-padded
+        rows, or alone at a fixed bucket length in batch-invariant mode). Gradients flow unless the
+        caller turns them off.
+
+        Parameters
+        ----------
+        seqs : list of (list of int, list of int)
+            ``(prompt ids, response ids)`` per sequence.
+        batch : list of int
+            Indices into ``seqs`` of the sequences to run together.
+
+        Returns
+        -------
+        list of torch.Tensor
+            Per sequence of ``batch``, the hidden states ``(rlen, H)`` at the positions that predict its
+            response tokens.
+        """
         import torch
 
         full = [seqs[i][0] + seqs[i][1] for i in batch]
@@ -217,8 +287,20 @@ class Scorer:
         return [hidden[r, shift[r] + s: shift[r] + s + n] for r, (s, n) in enumerate(zip(starts, rlens))]
 
     def applied_sampling(self, trace: xr.Dataset) -> dict[str, np.ndarray]:
-        """Per sequence, the temperature, top-k and top-p of the trainer's processed reading: the
-        engine's request unless :attr:`settings` overrides them."""
+        """The temperature, top-k and top-p of the trainer's processed reading, per sequence.
+
+        The engine's request, unless :attr:`settings` overrides them.
+
+        Parameters
+        ----------
+        trace : xarray.Dataset
+            A trace with ``temperature``, ``top_k`` and ``top_p`` per sequence.
+
+        Returns
+        -------
+        dict of str to numpy.ndarray
+            ``trainer_temperature``, ``trainer_top_k`` and ``trainer_top_p``, one value per sequence.
+        """
         s = self.settings
         n = trace.sizes["sequence"]
         pick = lambda over, var, dt: (np.full(n, over, dtype=dt) if over is not None  # noqa: E731
@@ -228,8 +310,21 @@ class Scorer:
                 "trainer_top_p": pick(s.top_p, "top_p", np.float64)}
 
     def scored_sequences(self, trace: xr.Dataset) -> list[tuple[list[int], list[int]]]:
-        """(prompt ids, response ids) the trainer scores: the engine's prompt ids, or (with
-        ``settings.prompt_ids="retokenize"``) its own tokenization of the prompt text where there is one."""
+        """The ``(prompt ids, response ids)`` the trainer scores.
+
+        The engine's prompt ids, or (with ``settings.prompt_ids="retokenize"``) the trainer's own
+        tokenization of the prompt text or chat messages where there is one.
+
+        Parameters
+        ----------
+        trace : xarray.Dataset
+            The trace to score.
+
+        Returns
+        -------
+        list of (list of int, list of int)
+            One pair per sequence.
+        """
         seqs = sequences(trace)
         if self.settings.prompt_ids == "engine":
             return seqs
@@ -349,16 +444,60 @@ class Scorer:
         return out
 
     def score(self, trace: xr.Dataset) -> xr.Dataset:
-        """Return a copy of ``trace`` with the trainer variables added."""
+        """Rescore ``trace`` with this model.
+
+        Parameters
+        ----------
+        trace : xarray.Dataset
+            A rollout trace (validated; its token ids must fit the model's vocabulary).
+
+        Returns
+        -------
+        xarray.Dataset
+            A copy of ``trace`` with the trainer variables added (``trainer_logprob``,
+            ``trainer_processed_logprob`` in nats, entropies, ranks, ...), what was applied and the
+            provenance attrs.
+
+        Raises
+        ------
+        VocabularyError
+            If the trace holds token ids beyond the model's vocabulary.
+        """
         return self.assemble(trace, self.compute(trace))
 
     def compute(self, trace: xr.Dataset, shard: tuple[int, int] | None = None, *, self_check: bool = True
                 ) -> dict[str, Any]:
-        """The trainer's statistics of ``trace`` (the arrays :meth:`assemble` turns into variables),
-        of every micro-batch, or with ``shard=(rank, world)`` of every ``world``-th micro-batch from
+        """The trainer's statistics of ``trace``: the arrays :meth:`assemble` turns into variables.
+
+        Every micro-batch is scored, or with ``shard=(rank, world)`` every ``world``-th micro-batch from
         ``rank`` (the others stay NaN / -1): the same micro-batches and shapes as a single process
         scores, so the shards of a distributed run (:mod:`rlparity.score.distributed`) merge into
-        exactly its result."""
+        exactly its result.
+
+        Parameters
+        ----------
+        trace : xarray.Dataset
+            A rollout trace (validated).
+        shard : tuple of (int, int), optional
+            ``(rank, world)``: score only this rank's micro-batches; None scores all.
+        self_check : bool, default True
+            Run the trainer's floor check (``settings.self_check`` sequences alone, twice) when the
+            settings ask for it.
+
+        Returns
+        -------
+        dict
+            ``result`` (the statistics' ``(sequence, position)`` arrays), ``sampling`` (what was
+            applied), ``skipped`` (sequences left out of routing replay), ``elapsed`` (seconds) and
+            ``check`` (the self-check, or None).
+
+        Raises
+        ------
+        VocabularyError
+            If the trace holds token ids beyond the model's vocabulary.
+        ValueError
+            If routing replay is asked for without a MoE model or the engine's routes.
+        """
         import torch
 
         validate(trace)
@@ -391,8 +530,21 @@ class Scorer:
         return {"result": result, "sampling": sampling, "skipped": skipped, "elapsed": elapsed, "check": check}
 
     def assemble(self, trace: xr.Dataset, parts: dict[str, Any]) -> xr.Dataset:
-        """The scored trace from :meth:`compute`'s parts: trainer variables, what the trainer
-        applied, its tokenization of the prompts and the provenance attrs."""
+        """The scored trace from :meth:`compute`'s parts.
+
+        Parameters
+        ----------
+        trace : xarray.Dataset
+            The trace that was computed.
+        parts : dict
+            What :meth:`compute` returned (the shards' results merged, for a distributed run).
+
+        Returns
+        -------
+        xarray.Dataset
+            A copy of ``trace`` with the trainer variables, what the trainer applied, its
+            tokenization of the prompts and the provenance attrs.
+        """
         width = trace.sizes["position"]
         result = dict(parts["result"])
         out = trace.copy()
@@ -411,15 +563,33 @@ class Scorer:
         return validate(annotate(out))
 
     def special_tokens(self, trace: xr.Dataset) -> bool:
-        """``add_special_tokens`` for this trace's prompt text: an imported dump's framework rule
-        (``attrs["import"]["prompt_tokenization"]``: slime and NeMo-RL tokenize their
-        chat-templated text without them), else the scorer's own."""
+        """``add_special_tokens`` for this trace's prompt text.
+
+        An imported dump's framework rule (``attrs["import"]["prompt_tokenization"]``: slime and
+        NeMo-RL tokenize their chat-templated text without them), else the scorer's own.
+
+        Parameters
+        ----------
+        trace : xarray.Dataset
+            The trace whose prompts are tokenized.
+
+        Returns
+        -------
+        bool
+            Whether to add special tokens.
+        """
         rule = (trace.attrs.get("import") or {}).get("prompt_tokenization") or {}
         return bool(rule.get("add_special_tokens", self.add_special_tokens))
 
     def shape(self) -> dict[str, Any]:
-        """The trainer shape this scorer runs (recorded on every rescoring): micro-batch size, layout,
-        order, batch-invariant mode, attention implementation, gradient checkpointing, mode, dtypes."""
+        """The trainer shape this scorer runs (recorded on every rescoring).
+
+        Returns
+        -------
+        dict
+            Micro-batch size, layout, order, batch-invariant mode, attention implementation, gradient
+            checkpointing, mode (train or eval), dtypes, chunk size and device.
+        """
         s = self.settings
         return {"batch_size": 1 if s.batch_invariant else self.batch_size, "layout": s.layout, "order": s.order,
                 "batch_invariant": s.batch_invariant,
@@ -455,6 +625,23 @@ class Scorer:
         return out
 
     def attrs(self, trace: xr.Dataset, elapsed: float, self_check: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The provenance attributes of a scored trace.
+
+        Parameters
+        ----------
+        trace : xarray.Dataset
+            The trace that was scored.
+        elapsed : float
+            Seconds the scoring took.
+        self_check : dict, optional
+            The trainer's self-check (its floor), or None.
+
+        Returns
+        -------
+        dict
+            ``trainer`` (model, dtypes, device, settings, mode, dropout, shape, self-check, weight
+            checksums, seconds) and ``scored_token_checksum``, JSON-ready.
+        """
         from rlparity.config.provenance import jsonable
 
         return jsonable({
@@ -477,8 +664,18 @@ class Scorer:
 
 
 def set_dropout(module, p: float) -> None:
-    """Set every dropout probability of a transformers model to ``p``: ``nn.Dropout`` layers and
-    the attention modules' ``attention_dropout`` (what Llama-style attention reads in train mode)."""
+    """Set every dropout probability of a transformers model to ``p``, in place.
+
+    ``nn.Dropout`` layers, the attention modules' ``attention_dropout`` (what Llama-style attention
+    reads in train mode) and the config's dropout fields.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        A transformers model.
+    p : float
+        The dropout probability.
+    """
     import torch
 
     for m in module.modules():
@@ -492,7 +689,18 @@ def set_dropout(module, p: float) -> None:
 
 
 def dropout_of(module) -> float:
-    """The largest dropout probability among a model's dropout layers and attention modules."""
+    """The largest dropout probability among a model's dropout layers and attention modules.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        A transformers model.
+
+    Returns
+    -------
+    float
+        The largest probability, 0.0 when there is none.
+    """
     import torch
 
     ps = [float(m.p) for m in module.modules() if isinstance(m, torch.nn.Dropout)]
@@ -506,8 +714,22 @@ class VocabularyError(ValueError):
 
 
 def check_vocabulary(trace: xr.Dataset, size: int, model: str) -> None:
-    """Refuse a trace whose prompt or response token ids are ``>= size``, the vocabulary of
-    ``model``, naming the ids, where they are and the model."""
+    """Refuse a trace whose prompt or response token ids are ``>= size``, the vocabulary of ``model``.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        The trace with ``prompt_token_id`` and ``token_id``.
+    size : int
+        The number of rows of the model's vocabulary.
+    model : str
+        The model's name, for the message.
+
+    Raises
+    ------
+    VocabularyError
+        Naming the ids, the sequences they are in and the model.
+    """
     ids = np.concatenate([trace["prompt_token_id"].values.ravel(), trace["token_id"].values.ravel()])
     bad = np.unique(ids[ids >= size])
     if bad.size:
@@ -523,8 +745,25 @@ def check_vocabulary(trace: xr.Dataset, size: int, model: str) -> None:
 
 def trainer_prompt_ids(tokenizer, text: str, messages_json: str = "", *,
                        add_special_tokens: bool = True) -> list[int] | None:
-    """How the trainer tokenizes one prompt: chat messages through the chat template, text with
-    ``add_special_tokens``; ``None`` when there is nothing to tokenize (ids-only prompt)."""
+    """How the trainer tokenizes one prompt.
+
+    Parameters
+    ----------
+    tokenizer : transformers tokenizer
+        The trainer's tokenizer.
+    text : str
+        The prompt's text (may be empty).
+    messages_json : str, default ""
+        The prompt's chat messages as JSON; when given, they go through the chat template and
+        ``text`` is not used.
+    add_special_tokens : bool, default True
+        Whether tokenizing ``text`` adds special tokens.
+
+    Returns
+    -------
+    list of int or None
+        The token ids; ``None`` when there is nothing to tokenize (an ids-only prompt).
+    """
     import json
 
     if messages_json:
@@ -535,8 +774,23 @@ def trainer_prompt_ids(tokenizer, text: str, messages_json: str = "", *,
 
 
 def tokenize_prompts(trace: xr.Dataset, tokenizer, *, add_special_tokens: bool = True) -> xr.Dataset:
-    """Add ``trainer_prompt_token_id`` / ``trainer_prompt_length``: the trainer's own tokenization
-    of each prompt's text (or chat messages), to compare with the ids the engine was sent."""
+    """Add the trainer's own tokenization of each prompt, to compare with the ids the engine was sent.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace; each prompt's ``prompt_messages`` (chat) or ``prompt_text`` is tokenized.
+    tokenizer : transformers tokenizer
+        The trainer's tokenizer.
+    add_special_tokens : bool, default True
+        Whether tokenizing text adds special tokens.
+
+    Returns
+    -------
+    xarray.Dataset
+        A copy with ``trainer_prompt_token_id`` (padded with -1) and ``trainer_prompt_length`` (-1
+        where the prompt has no text).
+    """
     texts = trace["prompt_text"].values if "prompt_text" in trace else [""] * trace.sizes["sequence"]
     msgs = trace["prompt_messages"].values if "prompt_messages" in trace else [""] * len(texts)
     rows = [trainer_prompt_ids(tokenizer, str(t), str(m), add_special_tokens=add_special_tokens)
@@ -671,7 +925,33 @@ def score_versions(trace: xr.Dataset, checkpoints: Any, *, latest: bool | int = 
 
 def score(trace: xr.Dataset, model: str | os.PathLike | None = None, *, dtype: str = "float32",
           head_dtype: str = "float32", device: str = "cpu", **kwargs: Any) -> xr.Dataset:
-    """Rescore ``trace`` with the trainer (``model`` defaults to the trace's own model)."""
+    """Rescore ``trace`` with the trainer.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A rollout trace.
+    model : str or os.PathLike, optional
+        The trainer's model; None: the trace's own (``attrs["model"]``).
+    dtype : str, default "float32"
+        The body's precision.
+    head_dtype : str, default "float32"
+        The LM head's precision.
+    device : str, default "cpu"
+        Torch device.
+    **kwargs
+        Other fields of :class:`Scorer` (``batch_size``, ``settings``, ...).
+
+    Returns
+    -------
+    xarray.Dataset
+        ``trace`` with the trainer variables (:meth:`Scorer.score`).
+
+    Raises
+    ------
+    ValueError
+        If no model is given and the trace names none.
+    """
     model = model or trace.attrs.get("model")
     if not model:
         raise ValueError("the trace names no model: pass model=PATH_OR_HUB_ID")

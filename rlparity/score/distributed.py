@@ -53,8 +53,34 @@ def _gather(arrays: dict[str, np.ndarray], rank: int, world: int, device: str) -
 def score_distributed(trace: xr.Dataset, model: Any, *, settings: TrainerSettings | None = None,
                       dtype: str = "float32", head_dtype: str = "float32", device: str = "cpu",
                       batch_size: int = 16) -> xr.Dataset | None:
-    """Score ``trace`` across the ranks of the current process group (see the module docstring);
-    the scored trace on rank 0, ``None`` on the others. Every rank must call it with the same trace."""
+    """Score ``trace`` across the ranks of the current process group (see the module docstring).
+
+    Every rank must call it with the same trace, inside an initialised ``torch.distributed``
+    process group; rank 0 runs the self-check.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        The rollout trace to score.
+    model : str, os.PathLike or transformers model
+        The trainer's model, loaded on every rank.
+    settings : TrainerSettings, optional
+        How the trainer computes its reading; None: the correct way.
+    dtype : str, default "float32"
+        The body's precision.
+    head_dtype : str, default "float32"
+        The LM head's precision.
+    device : str, default "cpu"
+        This rank's torch device (``cuda:<local rank>``, or ``cpu`` with the gloo backend).
+    batch_size : int, default 16
+        Sequences per forward (the single-process plan's micro-batches).
+
+    Returns
+    -------
+    xarray.Dataset or None
+        The scored trace on rank 0 (with ``attrs["trainer"]["distributed"]``), ``None`` on the
+        others.
+    """
     import torch.distributed as dist
 
     from rlparity.score import Scorer
@@ -74,7 +100,28 @@ def score_distributed(trace: xr.Dataset, model: Any, *, settings: TrainerSetting
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``torchrun --nproc-per-node N -m rlparity.score.distributed STORE --model M [--out OUT]``."""
+    """The command line that torchrun starts: rescore the arms of a store across processes.
+
+    ``torchrun --nproc-per-node N -m rlparity.score.distributed STORE --model M [--out OUT]``.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        The arguments (``STORE``, ``--model``, ``--out``, ``--arm`` (repeatable), ``--dtype``,
+        ``--head-dtype``, ``--device``, ``--batch-size``, ``--trainer`` as TrainerSettings JSON);
+        None: ``sys.argv``.
+
+    Returns
+    -------
+    int
+        The exit status, 0.
+
+    Raises
+    ------
+    ValueError
+        If an arm asked for is not in the store, or an arm names no model and ``--model`` is not
+        given.
+    """
     import argparse
 
     import torch

@@ -21,8 +21,31 @@ from rlparity.trace.layers import SiteHooks, decoder_stack, site_modules
 
 def trainer_layer_states(scorer: Any, sequences: Sequence[Sequence[int]], *, vocab_ids: Sequence[int]
                          ) -> Iterator[dict[str, Any]]:
-    """Per sequence ``{"states": (n_sites - 1, L, H), "logits": (L, len(vocab_ids)), "length": L}``
-    (float32) from a :class:`~rlparity.score.Scorer`'s model, head and ``head_dtype``."""
+    """The trainer's per-site states and logits on the tokens of each sequence.
+
+    One forward per sequence (no padding) with the engine worker's hooks; the logits at
+    ``vocab_ids`` come from the scorer's LM head in its ``head_dtype``.
+
+    Parameters
+    ----------
+    scorer : rlparity.score.Scorer
+        A :class:`~rlparity.score.Scorer` (its model, head, ``head_dtype`` and ``fp32_gemm``).
+    sequences : sequence of sequence of int
+        The token ids of each prompt + response.
+    vocab_ids : sequence of int
+        The vocabulary columns whose logits to compute (the layer capture's).
+
+    Yields
+    ------
+    dict
+        Per sequence ``{"states": (n_sites - 1, L, H), "logits": (L, len(vocab_ids)), "length": L}``,
+        float32 numpy arrays.
+
+    Raises
+    ------
+    RuntimeError
+        If the hooks did not see every site.
+    """
     import torch
 
     module = scorer.module

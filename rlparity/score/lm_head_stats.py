@@ -68,8 +68,26 @@ def _top_p_cut(asc, top_p):
 def processed_logits(logits, temperature, top_k, top_p):
     """vLLM's sampler transform on float32 logits ``(N, V)``: temperature, top-k, top-p.
 
-    ``temperature``, ``top_k`` (0 = off) and ``top_p`` (1 = off) are per-row tensors. Returns
-    the masked, temperature-scaled logits (masked entries ``-inf``).
+    Top-k keeps ties at the boundary (every logit equal to the k-th largest survives); top-p
+    masks, in ascending order, the tokens whose cumulative probability is ``<= 1 - top_p`` and
+    always keeps the most likely one. Greedy rows (temperature below ``SAMPLING_EPS``) are left
+    unscaled and uncut.
+
+    Parameters
+    ----------
+    logits : torch.Tensor
+        ``(N, V)`` float32 logits.
+    temperature : torch.Tensor
+        ``(N,)`` per-row temperature.
+    top_k : torch.Tensor
+        ``(N,)`` per-row top-k; 0 (or >= V) = off.
+    top_p : torch.Tensor
+        ``(N,)`` per-row top-p; 1 = off.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(N, V)`` the temperature-scaled logits with the cut entries ``-inf``.
     """
     import torch
 
@@ -92,9 +110,23 @@ def processed_logits(logits, temperature, top_k, top_p):
 
 
 def cut_margin(logits, proc, tok_logit):
-    """Per row: the smallest logit the top-k/top-p cut keeps minus the sampled token's logit (raw
-    logit units; > 0 outside the kept set, <= 0 inside); NaN where nothing is cut. ``proc``: the
-    processed logits (:func:`processed_logits`), ``tok_logit`` ``(N, 1)``."""
+    """Per row: the smallest logit the top-k/top-p cut keeps minus the sampled token's logit.
+
+    Parameters
+    ----------
+    logits : torch.Tensor
+        ``(N, V)`` raw logits.
+    proc : torch.Tensor
+        ``(N, V)`` the processed logits (:func:`processed_logits`), ``-inf`` where cut.
+    tok_logit : torch.Tensor
+        ``(N, 1)`` the sampled token's raw logit.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(N,)`` margin in raw logit units: > 0 when the token is outside the kept set, <= 0 inside;
+        NaN where nothing is cut.
+    """
     import torch
 
     kept = torch.isfinite(proc)
@@ -112,10 +144,41 @@ def _entropy(logp):
 
 def head_stats_reference(hidden, weight, bias, token_ids, temperature, top_k, top_p, head_dtype,
                          chunk_tokens: int = 512, fp32_gemm: str = "cast") -> dict[str, np.ndarray]:
-    """The implementation of :func:`head_stats` before issue 16 (same arguments, same result):
-    every statistic from its own full-vocabulary pass, one host copy per statistic and chunk.
-    Slow; kept for the equality tests and ``benchmarks/rescoring.py``. ``fp32_gemm="auto"``
-    projects as :func:`project` does (to compare the statistics on the same logits)."""
+    """The implementation of :func:`head_stats` before issue 16 (same arguments, same result).
+
+    Every statistic comes from its own full-vocabulary pass, one host copy per statistic and
+    chunk. Slow; kept for the equality tests and ``benchmarks/rescoring.py``.
+
+    Parameters
+    ----------
+    hidden : torch.Tensor
+        ``(N, H)`` last hidden states, one row per token.
+    weight : torch.Tensor
+        ``(V, H)`` LM-head weight.
+    bias : torch.Tensor or None
+        ``(V,)`` LM-head bias, or None.
+    token_ids : torch.Tensor
+        ``(N,)`` the sampled token of each row.
+    temperature : torch.Tensor
+        ``(N,)`` per-row temperature.
+    top_k : torch.Tensor
+        ``(N,)`` per-row top-k; 0 = off.
+    top_p : torch.Tensor
+        ``(N,)`` per-row top-p; 1 = off.
+    head_dtype : str or torch.dtype
+        Precision of the head projection.
+    chunk_tokens : int, default 512
+        Rows per chunk.
+    fp32_gemm : str, default "cast"
+        ``"cast"``: cast hidden states and weight to ``head_dtype`` and multiply; ``"auto"``:
+        project as :func:`project` does (to compare the statistics on the same logits).
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        One ``(N,)`` array per name of :data:`STATS` (logprobs and entropies in nats,
+        ``trainer_token_rank`` int64).
+    """
     import torch
 
     hd = getattr(torch, head_dtype) if isinstance(head_dtype, str) else head_dtype
@@ -162,8 +225,31 @@ def project(hidden, weight, bias, head_dtype, fp32_gemm: str = "auto"):
     enough to move a token at an exact top-k tie (or at the top-p edge) in or out of the kept set:
     such a row's processed statistics then differ from the SGEMM's by up to about 1/k nats (2e-2
     seen on an H200); every other statistic stays within float32 rounding.
-    ``"cast"`` (and anything not covered above) casts both to ``head_dtype`` first, as the
+    ``"cast"`` (and any case "auto" does not cover) casts both to ``head_dtype`` first, as the
     reference and most trainers do.
+
+    Parameters
+    ----------
+    hidden : torch.Tensor
+        ``(N, H)`` hidden states.
+    weight : torch.Tensor
+        ``(V, H)`` LM-head weight.
+    bias : torch.Tensor or None
+        ``(V,)`` LM-head bias, or None.
+    head_dtype : str or torch.dtype
+        Precision of the head projection.
+    fp32_gemm : {"auto", "cast"}, default "auto"
+        How a float32 head multiplies 16-bit inputs (above).
+
+    Returns
+    -------
+    torch.Tensor
+        ``(N, V)`` float32 logits.
+
+    Raises
+    ------
+    ValueError
+        If ``fp32_gemm`` is not one of :data:`FP32_GEMMS`.
     """
     import torch
 
@@ -269,8 +355,19 @@ def _call(fn, *args, compile: bool):
 
 
 def block_size(vocab: int) -> int:
-    """Columns per block for :func:`row_max_and_window` (the largest power of two up to 128
-    that divides ``vocab``; 0 when that is below 16: no blocks)."""
+    """Columns per block for :func:`row_max_and_window`.
+
+    Parameters
+    ----------
+    vocab : int
+        The vocabulary size (columns of the logits).
+
+    Returns
+    -------
+    int
+        The largest power of two up to 128 that divides ``vocab``; 0 when that is below 16 (no
+        blocks).
+    """
     size = 128
     while size >= 16:
         if vocab % size == 0:
@@ -280,8 +377,7 @@ def block_size(vocab: int) -> int:
 
 
 def row_max_and_window(logits, width: int | None):
-    """Row maxima ``(N, 1)`` of ``logits`` ``(N, V)`` and, if ``width``, the ``width`` largest
-    entries of each row, largest first, with their column indices.
+    """Row maxima of ``logits`` and, if ``width``, the ``width`` largest entries of each row.
 
     With blocks (see :func:`block_size`) the rows are cut into blocks; the ``width`` blocks with
     the largest maxima hold the ``width`` largest values (any value outside them is at most the
@@ -289,6 +385,22 @@ def row_max_and_window(logits, width: int | None):
     ``topk`` over those blocks' columns gives exactly the values ``topk`` over the whole row gives
     (ties may pick other columns of the same value). That ``topk`` reads ``width`` blocks instead
     of the vocabulary: the costliest step of the head at a 150k vocabulary becomes small.
+
+    Parameters
+    ----------
+    logits : torch.Tensor
+        ``(N, V)`` logits.
+    width : int or None
+        How many of the largest entries to return per row; None or 0: only the maxima.
+
+    Returns
+    -------
+    max : torch.Tensor
+        ``(N, 1)`` row maxima.
+    values : torch.Tensor or None
+        ``(N, width)`` the largest entries, largest first (None without ``width``).
+    indices : torch.Tensor or None
+        ``(N, width)`` their column indices (None without ``width``).
     """
     n, vocab = logits.shape
     size = block_size(vocab)
@@ -380,16 +492,44 @@ def head_stats(hidden, weight, bias, token_ids, temperature, top_k, top_p, head_
                fp32_gemm: str = "auto") -> dict[str, np.ndarray]:
     """Per-token LM-head statistics of ``hidden`` ``(N, H)`` (see the module docstring; nats).
 
-    ``weight`` / ``bias`` are the LM head's, applied in ``head_dtype`` ``chunk_tokens`` rows at a
-    time (peak memory about ``chunk_tokens x vocab`` floats; default 2048 on CUDA, 512 on CPU);
-    ``token_ids``, ``temperature``, ``top_k`` (0 = off) and ``top_p`` (1 = off) are per-row
-    tensors on ``hidden``'s device. ``compile`` fuses the full-vocabulary reduction and the
-    per-row arithmetic with ``torch.compile`` (default: on CUDA, and on CPU from a 32k
-    vocabulary, where the one-time compile pays for itself within a few chunks). ``fp32_gemm``:
-    see :func:`project`. On the same logits (``head_stats_reference(..., fp32_gemm=fp32_gemm)``)
-    it agrees with :func:`head_stats_reference` to 1e-5 nats in float32 (``tests/test_score_fast.py``);
-    against the reference's default SGEMM logits, ``fp32_gemm="auto"`` on CUDA can differ more at
-    rows with a top-k tie or a top-p edge (:func:`project`).
+    The head is applied ``chunk_tokens`` rows at a time (peak memory about ``chunk_tokens x vocab``
+    floats). On the same logits (``head_stats_reference(..., fp32_gemm=fp32_gemm)``) it agrees with
+    :func:`head_stats_reference` to 1e-5 nats in float32 (``tests/test_score_fast.py``); against
+    the reference's default SGEMM logits, ``fp32_gemm="auto"`` on CUDA can differ more at rows with
+    a top-k tie or a top-p edge (:func:`project`).
+
+    Parameters
+    ----------
+    hidden : torch.Tensor
+        ``(N, H)`` last hidden states, one row per token.
+    weight : torch.Tensor
+        ``(V, H)`` LM-head weight.
+    bias : torch.Tensor or None
+        ``(V,)`` LM-head bias, or None.
+    token_ids : torch.Tensor
+        ``(N,)`` the sampled token of each row, on ``hidden``'s device.
+    temperature : torch.Tensor
+        ``(N,)`` per-row temperature (below ``SAMPLING_EPS``: greedy).
+    top_k : torch.Tensor
+        ``(N,)`` per-row top-k; 0 = off.
+    top_p : torch.Tensor
+        ``(N,)`` per-row top-p; 1 = off.
+    head_dtype : str or torch.dtype
+        Precision of the head projection.
+    chunk_tokens : int, optional
+        Rows per chunk; None: 2048 on CUDA, 512 on CPU.
+    compile : bool, optional
+        Fuse the full-vocabulary reduction and the per-row arithmetic with ``torch.compile``;
+        None: on CUDA, and on CPU from a 32k vocabulary (where the one-time compile pays for itself
+        within a few chunks).
+    fp32_gemm : {"auto", "cast"}, default "auto"
+        How a float32 head multiplies 16-bit inputs (:func:`project`).
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        One ``(N,)`` array per name of :data:`STATS` (logprobs and entropies in nats,
+        ``trainer_token_rank`` int64, ``trainer_cut_margin`` NaN where nothing is cut).
     """
     import torch
 

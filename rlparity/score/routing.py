@@ -31,9 +31,22 @@ ROUTER_DTYPES = ("float32", "bfloat16")
 
 
 def find_routers(module: Any) -> list[tuple[int, Any]]:
-    """``(decoder layer index, router)`` of every MoE layer of a transformers causal LM: a layer's
-    ``mlp.gate`` that has ``top_k`` and a ``weight`` of ``(num_experts, hidden)`` (Qwen3-MoE, Mixtral
-    and models built like them). Empty for a dense model."""
+    """The router of every MoE layer of a transformers causal LM.
+
+    A router is a layer's ``mlp.gate`` that has ``top_k`` and a 2-d ``weight`` of
+    ``(num_experts, hidden)`` (Qwen3-MoE, Mixtral and models built like them).
+
+    Parameters
+    ----------
+    module : transformers model
+        A causal LM with ``get_decoder().layers``.
+
+    Returns
+    -------
+    list of (int, torch.nn.Module)
+        ``(decoder layer index, router)`` per MoE layer; empty for a dense model (or one without
+        ``get_decoder``).
+    """
     try:
         layers = module.get_decoder().layers
     except AttributeError:
@@ -49,8 +62,25 @@ def find_routers(module: Any) -> list[tuple[int, Any]]:
 
 @dataclass
 class RouterControl:
-    """Hooks on every router of one model (see the module docstring). Between :meth:`begin` and
-    :meth:`end` each router's forward is recorded (and changed, when asked)."""
+    """Hooks on every router of one model (see the module docstring).
+
+    Between :meth:`begin` and :meth:`end` each router's forward is recorded (and changed, when
+    asked). Made with :meth:`attach`.
+
+    Parameters
+    ----------
+    routers : list of (int, torch.nn.Module)
+        ``(decoder layer index, router)`` per MoE layer (:func:`find_routers`).
+    router_dtype : str or None, default None
+        Compute the router in this precision (one of :data:`ROUTER_DTYPES`); None: the model's.
+    handles : list, optional
+        The forward-hook handles (filled by :meth:`attach`).
+    forced : torch.Tensor or None, default None
+        ``(rows, n_layers, k)`` long tensor of engine routes for the current forward, -1 = none;
+        None = no replay.
+    records : dict, optional
+        Per router index, ``(top-k ids, margins)`` of the current forward.
+    """
 
     routers: list[tuple[int, Any]]
     router_dtype: str | None = None
@@ -60,8 +90,26 @@ class RouterControl:
 
     @classmethod
     def attach(cls, module: Any, router_dtype: str | None = None) -> RouterControl | None:
-        """Hooks on the routers of ``module``; ``None`` for a dense model (then ``router_dtype`` must
-        be ``None``: a dense model has no router to compute in another precision)."""
+        """Hooks on the routers of ``module``.
+
+        Parameters
+        ----------
+        module : transformers model
+            The causal LM.
+        router_dtype : str or None, default None
+            Compute each router in this precision (``"float32"`` or ``"bfloat16"``); None: the model's.
+
+        Returns
+        -------
+        RouterControl or None
+            The control, or ``None`` for a dense model.
+
+        Raises
+        ------
+        ValueError
+            If ``router_dtype`` is unknown, or given for a dense model (no router to compute in another
+            precision).
+        """
         routers = find_routers(module)
         if router_dtype is not None and router_dtype not in ROUTER_DTYPES:
             raise ValueError(f"router_dtype={router_dtype!r}; use one of {ROUTER_DTYPES} or None (the model's)")
@@ -76,24 +124,51 @@ class RouterControl:
 
     @property
     def layers(self) -> list[int]:
+        """The decoder layer indices of the routers.
+
+        Returns
+        -------
+        list of int
+            One per MoE layer, in order.
+        """
         return [i for i, _ in self.routers]
 
     @property
     def top_k(self) -> int:
+        """The number of experts each router selects per token.
+
+        Returns
+        -------
+        int
+            The first router's ``top_k``.
+        """
         return int(self.routers[0][1].top_k)
 
     def begin(self, forced: Any = None) -> None:
-        """Start a forward: ``forced`` is ``(rows, n_layers, k)`` engine routes for the rows the
-        routers will see (``batch x length``, row-major), ``-1`` where none; ``None`` = no replay."""
+        """Start a forward.
+
+        Parameters
+        ----------
+        forced : torch.Tensor or None, default None
+            ``(rows, n_layers, k)`` engine routes for the rows the routers will see (``batch x length``,
+            row-major, :func:`forced_rows`), ``-1`` where none; ``None`` = no replay.
+        """
         self.forced, self.records = forced, {}
 
     def end(self) -> dict[int, tuple[Any, Any]]:
-        """The records of the forward: per router (index into :attr:`routers`), the trainer's own
-        top-k ``(rows, k)`` and margins ``(rows,)`` (float32 logit units)."""
+        """End a forward and hand over its records.
+
+        Returns
+        -------
+        dict of int to (torch.Tensor, torch.Tensor)
+            Per router (index into :attr:`routers`), the trainer's own top-k ``(rows, k)`` and margins
+            ``(rows,)`` (float32 router-logit units).
+        """
         out, self.forced, self.records = self.records, None, {}
         return out
 
     def remove(self) -> None:
+        """Remove every hook from the model."""
         for h in self.handles:
             h.remove()
         self.handles = []
@@ -135,11 +210,34 @@ class RouterControl:
 
 def forced_rows(seqs: list[tuple[list[int], list[int]]], batch: list[int], length: int,
                 prompt_routes: np.ndarray | None, routes: np.ndarray, n_layers: int, k: int) -> np.ndarray:
-    """The engine's routes laid out as the routers of one right-padded batch see its rows
-    (``len(batch) x length``, row-major): prompt token ``i`` at row ``i``, the input token that
-    predicts response token ``j`` at row ``prompt_length - 1 + j``; ``-1`` where the engine recorded
-    none (then the trainer keeps its own selection). ``routes``: ``(sequence, position, layer, k)``;
-    ``prompt_routes``: ``(sequence, prompt_position, layer, k)`` or ``None``."""
+    """The engine's routes laid out as the routers of one right-padded batch see its rows.
+
+    Prompt token ``i`` is at row ``i``, the input token that predicts response token ``j`` at row
+    ``prompt_length - 1 + j``.
+
+    Parameters
+    ----------
+    seqs : list of (list of int, list of int)
+        ``(prompt ids, response ids)`` per sequence.
+    batch : list of int
+        Indices into ``seqs`` of the batch's sequences.
+    length : int
+        The batch's padded length.
+    prompt_routes : numpy.ndarray or None
+        ``(sequence, prompt_position, layer, k)`` engine routes of the prompts, or ``None``.
+    routes : numpy.ndarray
+        ``(sequence, position, layer, k)`` engine routes of the responses.
+    n_layers : int
+        Number of MoE layers.
+    k : int
+        Experts per token.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(len(batch) * length, n_layers, k)`` int64 routes, ``-1`` where the engine recorded none
+        (then the trainer keeps its own selection).
+    """
     out = np.full((len(batch), length, n_layers, k), -1, dtype=np.int64)
     for r, i in enumerate(batch):
         P, R = len(seqs[i][0]), len(seqs[i][1])

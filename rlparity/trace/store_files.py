@@ -52,9 +52,10 @@ def write_root(p: Path, attrs: Mapping[str, Any]) -> None:
 
 
 def consolidate(p: Path, *, reuse: Mapping[str, Any] | None = None, reused_arms: Iterable[str] = ()) -> dict[str, Any]:
-    """Write ``.zmetadata`` (zarr v2 consolidated metadata) from every ``.zgroup``, ``.zattrs`` and ``.zarray`` under ``p``.
+    """Write ``.zmetadata`` (zarr v2 consolidated metadata) of the store ``p``.
 
-    In one pass (zarr's own is slow on stores of many arms).
+    From every ``.zgroup``, ``.zattrs`` and ``.zarray`` under ``p``, in one pass (zarr's own is slow
+    on stores of many arms).
 
     Parameters
     ----------

@@ -23,8 +23,26 @@ LOSSES = ("ppo", "grpo", "gspo")
 
 
 def clip_range(loss: str) -> tuple[float, float]:
-    """``(eps_low, eps_high)`` of ``loss`` from :func:`rlparity.config.defaults` (the PPO/GRPO token
-    clip ``eps``, the GSPO sequence clip ``objective.gspo_eps_low/high``)."""
+    """The clip range ``(eps_low, eps_high)`` of a policy loss.
+
+    The values come from :func:`rlparity.config.defaults`: the PPO/GRPO token clip ``eps`` (the
+    same on both sides), the GSPO sequence clip ``objective.gspo_eps_low/high``.
+
+    Parameters
+    ----------
+    loss : str
+        The loss name, one of :data:`LOSSES` (``"ppo"``, ``"grpo"``, ``"gspo"``).
+
+    Returns
+    -------
+    tuple of (float, float)
+        ``(eps_low, eps_high)``: the ratio is clipped to ``[1 - eps_low, 1 + eps_high]``.
+
+    Raises
+    ------
+    ValueError
+        If ``loss`` is not one of :data:`LOSSES`.
+    """
     from rlparity.config.defaults import defaults
 
     d = defaults()
@@ -37,9 +55,44 @@ def clip_range(loss: str) -> tuple[float, float]:
 
 def sequence_terms(loss: str, logp, logp_old, adv: float, eps_low: float, eps_high: float,
                    weights=None):
-    """One sequence's contribution, before the batch normalisation: ``(sum of token losses,
-    number of tokens, number clipped)`` for ``ppo`` / ``grpo``; ``(sequence loss, 1, clipped)``
-    for ``gspo``. ``logp`` / ``logp_old`` / ``weights`` hold the kept tokens only."""
+    """One sequence's contribution to a policy loss, before the batch normalisation.
+
+    For ``ppo`` / ``grpo`` the token clipped surrogate summed over the sequence's tokens; for
+    ``gspo`` the sequence surrogate of ``s = exp(mean_t (logp - logp_old))``, weighted by the
+    sequence's mean token weight. ``logp`` / ``logp_old`` / ``weights`` hold the kept tokens only.
+
+    Parameters
+    ----------
+    loss : str
+        The loss name, one of :data:`LOSSES`.
+    logp : torch.Tensor
+        The trainer's log-probabilities (nats) of the sequence's kept tokens under the current
+        weights, with gradient.
+    logp_old : torch.Tensor
+        The same log-probabilities at the start of the step (pi_old, detached), in nats.
+    adv : float
+        The sequence's advantage.
+    eps_low : float
+        Lower clip: ratios below ``1 - eps_low`` are clipped.
+    eps_high : float
+        Upper clip: ratios above ``1 + eps_high`` are clipped.
+    weights : torch.Tensor, optional
+        Per-token correction weights (e.g. token TIS, detached); ``None`` weighs every token 1.
+
+    Returns
+    -------
+    term : torch.Tensor
+        The sum of token losses (``ppo`` / ``grpo``) or the sequence loss (``gspo``), a scalar.
+    count : int
+        The number of tokens (``ppo`` / ``grpo``) or 1 (``gspo``), for the normalisation.
+    clipped : int
+        How many tokens (or, for ``gspo``, whether the sequence) lay outside the clip range.
+
+    Raises
+    ------
+    ValueError
+        If ``loss`` is not one of :data:`LOSSES`.
+    """
     import torch
 
     if loss not in LOSSES:

@@ -19,17 +19,45 @@ from rlparity.models import score_answers
 
 
 def open_problem(prompt_text: str) -> str:
-    """The unfinished problem a prompt ends with (``"14+8=22;39-9="`` -> ``"39-9="``)."""
+    """The unfinished problem a prompt ends with (``"14+8=22;39-9="`` -> ``"39-9="``).
+
+    Parameters
+    ----------
+    prompt_text : str
+        The prompt's text; problems are separated by ``;``.
+
+    Returns
+    -------
+    str
+        The text after the last ``;`` (the whole prompt when it has none).
+    """
     return prompt_text.rsplit(";", 1)[-1] if ";" in prompt_text else prompt_text
 
 
 def arithmetic_reward(trace: xr.Dataset, *, which: Literal["all", "first"] = "all") -> np.ndarray:
     """Per-sequence reward of the tiny model's arithmetic task, in [0, 1].
 
-    The text scored is the prompt's open problem followed by the response (``response_text``).
-    ``which="all"``: the share of complete problems (``a op b = c;``) whose answer is right;
-    ``"first"``: 1 if the problem the prompt opened is answered right, else 0. A response with no
-    complete problem scores 0.
+    The text scored is the prompt's open problem followed by the response (``response_text``),
+    scored by :func:`rlparity.models.score_answers`. A response with no complete problem scores 0.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A rollout trace with ``response_text`` (and ``prompt_text``; without it the prompt is
+        taken as empty).
+    which : {"all", "first"}, default "all"
+        ``"all"``: the share of complete problems (``a op b = c;``) whose answer is right;
+        ``"first"``: 1 if the problem the prompt opened is answered right, else 0.
+
+    Returns
+    -------
+    numpy.ndarray
+        One float reward per sequence.
+
+    Raises
+    ------
+    ValueError
+        If the trace has no ``response_text``, or ``which`` is neither ``"all"`` nor ``"first"``.
     """
     if "response_text" not in trace:
         raise ValueError("the trace has no response_text: capture with rlparity (it stores the detokenised "
@@ -50,9 +78,35 @@ def arithmetic_reward(trace: xr.Dataset, *, which: Literal["all", "first"] = "al
 
 def group_advantages(rewards: Sequence[float], groups: Sequence, *, scale: Literal["std", "none"] = "std",
                      eps: float = 1e-6) -> np.ndarray:
-    """GRPO advantages: ``(r_i - mean_g) / (std_g + eps)`` within each group (``std`` with n - 1,
-    as TRL and verl compute it; ``scale="none"``: ``r_i - mean_g``, Dr. GRPO). A group of one
-    sample, or whose rewards are all equal, gets advantage 0."""
+    """GRPO advantages: ``(r_i - mean_g) / (std_g + eps)`` within each group.
+
+    ``std`` is taken with n - 1, as TRL and verl compute it. A group of one sample, or whose
+    rewards are all equal, gets advantage 0.
+
+    Parameters
+    ----------
+    rewards : sequence of float
+        One reward per sequence; all finite.
+    groups : sequence
+        One group key per sequence (a group is the n samples of one prompt), same length as
+        ``rewards``.
+    scale : {"std", "none"}, default "std"
+        ``"std"``: divide by the group's standard deviation plus ``eps``; ``"none"``: only subtract
+        the group mean (Dr. GRPO).
+    eps : float, default 1e-6
+        Added to the standard deviation before dividing.
+
+    Returns
+    -------
+    numpy.ndarray
+        One advantage per sequence (1-d float).
+
+    Raises
+    ------
+    ValueError
+        If ``rewards`` and ``groups`` are not 1-d of one length, a reward is not finite, or
+        ``scale`` is unknown.
+    """
     r = np.asarray(rewards, dtype=float)
     g = np.asarray(groups)
     if r.shape != g.shape or r.ndim != 1:

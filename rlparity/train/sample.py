@@ -18,10 +18,44 @@ from rlparity.trace import from_rollouts
 def generate_trace(model: Any, prompts: Sequence[str], *, n: int = 4, temperature: float = 0.7, top_k: int = 20,
                    top_p: float = 1.0, max_new_tokens: int = 16, seed: int = 0, tokenizer: Any = None,
                    device: str = "cpu", arm: str = "generate") -> xr.Dataset:
-    """``n`` samples per prompt with ``model.generate`` (a path / hub id, loaded in float32, or a
-    loaded causal LM); a response ends at the EOS token (kept) or after ``max_new_tokens``. Seeded
-    per prompt (``seed + prompt index``). Returns a rollout trace (``rlparity.trace.from_rollouts``)
-    with ``prompt_index`` / ``sample_index`` grouping and the texts."""
+    """Sample ``n`` responses per prompt with transformers ``model.generate``: a rollout trace without vLLM.
+
+    A response ends at the EOS token (kept) or after ``max_new_tokens``. Sampling is seeded per
+    prompt (``seed + prompt index``). The rollout logprob is the log-softmax of ``generate``'s
+    processed scores (temperature, top-k, top-p applied).
+
+    Parameters
+    ----------
+    model : str, os.PathLike or transformers model
+        A path / hub id (loaded in float32 onto ``device``) or a loaded causal LM.
+    prompts : sequence of str
+        The prompt texts.
+    n : int, default 4
+        Samples per prompt.
+    temperature : float, default 0.7
+        Sampling temperature.
+    top_k : int, default 20
+        Top-k truncation.
+    top_p : float, default 1.0
+        Top-p (nucleus) truncation; 1.0 keeps every token.
+    max_new_tokens : int, default 16
+        The longest response, in tokens.
+    seed : int, default 0
+        Base seed; prompt ``i`` is sampled with ``seed + i``.
+    tokenizer : transformers tokenizer, optional
+        Defaults to the tokenizer loaded from the model's path.
+    device : str, default "cpu"
+        Torch device a model given by path is moved to; the prompts are put there too.
+    arm : str, default "generate"
+        The ``arm`` attribute of the trace.
+
+    Returns
+    -------
+    xarray.Dataset
+        A rollout trace (:func:`rlparity.trace.from_rollouts`) with ``prompt_index`` /
+        ``sample_index`` grouping, the prompt and response texts and the sampling settings in its
+        attributes; rollout logprobs in nats.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -29,9 +29,21 @@ PI_THETA = {"processed": "trainer_updated_processed_logprob", "raw": "trainer_up
 
 @dataclass
 class StepResult:
-    """What :func:`train_step` returns: the trace with pi_theta, rewards and advantages added;
-    the step's numbers; the flattened policy gradient when asked (float64, before clipping); the
-    stepped model (the one given, or the one loaded from a path) for the next step."""
+    """What :func:`train_step` returns.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        The trace with pi_theta (``trainer_updated_logprob``, ``trainer_updated_processed_logprob``,
+        nats), pi_old (scored first if the trace had none), ``reward`` and ``advantage`` added.
+    metrics : dict
+        The step's numbers (loss value, gradient norm, token counts, clip fraction, masked
+        fraction, step-0 self-consistency, seconds, the settings used).
+    gradient : numpy.ndarray or None, default None
+        The flattened policy gradient (float64, before clipping) when ``return_gradient`` was set.
+    model : object, default None
+        The stepped model (the one given, or the one loaded from a path), for the next step.
+    """
 
     trace: xr.Dataset
     metrics: dict[str, Any] = field(default_factory=dict)
@@ -67,12 +79,39 @@ def _token_logprobs(scorer: Scorer, hidden, tokens, temperature, top_k, top_p, t
 
 @dataclass(frozen=True)
 class StepSettings:
-    """The settings of :func:`train_step`, with their defaults: the ``loss`` (``"gspo"``, ``"ppo"``,
-    ``"grpo"``) and its clip (``eps_low`` / ``eps_high``, None: the loss's usual), the reading it is
-    computed on (``trainer``, None: ``defaults().trainer``), the advantage's groups (``group_by``)
-    and scale (``advantage_scale``), the default optimizer's ``lr`` (None: 1e-5) and the gradient
-    clip (``max_grad_norm``), the model's ``dtype``, ``head_dtype``, ``device`` and ``batch_size``,
-    and whether to return the gradient (``return_gradient``) and to step (``step``)."""
+    """The settings of :func:`train_step`, with their defaults.
+
+    Parameters
+    ----------
+    loss : str, default "gspo"
+        The policy loss: ``"gspo"``, ``"ppo"`` or ``"grpo"`` (:mod:`rlparity.train.losses`).
+    lr : float or None, default None
+        Learning rate of the default AdamW optimizer; None: 1e-5.
+    group_by : str, default "prompt_index"
+        The trace variable whose values form the advantage's groups (the n samples of a prompt).
+    trainer : {"processed", "raw"} or None, default None
+        The reading the loss is computed on; None: ``defaults().trainer``.
+    eps_low : float or None, default None
+        Lower clip of the ratio; None: the loss's usual (:func:`rlparity.train.clip_range`).
+    eps_high : float or None, default None
+        Upper clip of the ratio; None: the loss's usual.
+    advantage_scale : str, default "std"
+        ``"std"``: advantages divided by the group's standard deviation; ``"none"``: only centred.
+    max_grad_norm : float or None, default None
+        Clip the gradient's norm to this before stepping; None: no clipping.
+    dtype : str, default "float32"
+        Torch dtype a model given by path is loaded in.
+    head_dtype : str, default "float32"
+        Torch dtype of the LM head projection.
+    device : str, default "cpu"
+        Torch device of the model.
+    batch_size : int, default 16
+        Sequences per forward.
+    return_gradient : bool, default False
+        Return the flattened gradient in :attr:`StepResult.gradient`.
+    step : bool, default True
+        Step the optimizer; False computes the loss and gradient only.
+    """
 
     loss: str = "gspo"
     lr: float | None = None
@@ -96,36 +135,60 @@ def train_step(model: Any, trace: xr.Dataset, *, rewards: Sequence[float] | Call
                **overrides: Any) -> StepResult:
     """One optimizer step of ``model`` on ``trace``; returns the trace with pi_theta.
 
-    ``model`` is a path / hub id (loaded in ``dtype``) or a loaded transformers causal LM (trained
-    in place). The loss (``"gspo"``, ``"ppo"`` or ``"grpo"``, see :mod:`rlparity.train.losses`) is
-    computed on the captured tokens with the ``trainer`` reading (``"processed"``: temperature,
-    top-k, top-p as the sampler drew; ``"raw"``: full vocabulary); the ratio's denominator is that
-    reading at the weights the step starts from, detached (the trace's pi_old on a first step;
-    the returned trace keeps the trace's pi_old, the rollout-time reading); the LM head runs in ``head_dtype`` (float32, as trainers do) and the
-    model in eval mode (no dropout). ``rewards``: one per sequence, a function of the trace (e.g.
-    :func:`rlparity.train.arithmetic_reward`), or None for the trace's ``reward``; advantages are
-    group-normalised over ``group_by`` (the n samples of a prompt). ``eps_low`` / ``eps_high``
-    default to the loss's usual clip (0.2 / 0.2; GSPO 3e-4 / 4e-4).
+    The loss (see :mod:`rlparity.train.losses`) is computed on the captured tokens with the
+    ``trainer`` reading (``"processed"``: temperature, top-k, top-p as the sampler drew; ``"raw"``:
+    full vocabulary); the ratio's denominator is that reading at the weights the step starts from,
+    detached (the trace's pi_old on a first step; the returned trace keeps the trace's pi_old, the
+    rollout-time reading); the LM head runs in ``head_dtype`` (float32, as trainers do) and the
+    model in eval mode (no dropout). Advantages are group-normalised over ``group_by``.
+    ``eps_low`` / ``eps_high`` default to the loss's usual clip (0.2 / 0.2; GSPO 3e-4 / 4e-4).
 
-    Corrections, computed by the caller (e.g. with :mod:`rlparity.metrics.objective`) and given as
-    ``(sequence, position)`` arrays: ``token_weights`` multiply each token's loss (token TIS, the
-    decoupled correction weight pi_old/mu) and ``keep`` drops tokens (rejection masks).
-    ``old_logprob`` (nats, ``(sequence, position)``) replaces the recomputed denominator of the
-    ratio, e.g. ``trace["rollout_logprob"].values`` (mu) for a trainer that never recomputes pi_old
-    (PipelineRL, prime-rl: the ratio is then the bypass pair pi_theta/mu).
+    Corrections are computed by the caller (e.g. with :mod:`rlparity.metrics.objective`) and given
+    as ``(sequence, position)`` arrays. ``metrics`` names its pairs: the in-step clip fraction is
+    the update pair at the start of the step, 0 on a first step.
 
-    ``optimizer``: a torch optimizer over the model's parameters, or None for AdamW(``lr``,
-    default 1e-5, no weight decay); ``max_grad_norm`` clips the gradient; ``step=False`` computes
-    the loss and gradient without stepping. The returned trace holds ``trainer_updated_logprob``,
-    ``trainer_updated_processed_logprob`` (pi_theta, rescored by :class:`rlparity.score.Scorer`),
-    pi_old (scored first if the trace had none), ``reward`` and ``advantage``; ``metrics`` the
-    step's numbers (pairs named: the in-step clip fraction is the update pair at the start of the
-    step, 0 on a first step).
+    Parameters
+    ----------
+    model : str, os.PathLike or transformers model
+        A path / hub id (loaded in ``dtype``) or a loaded transformers causal LM (trained in place).
+    trace : xarray.Dataset
+        A rollout trace (validated) with ``temperature``, ``top_k``, ``top_p`` and the ``group_by``
+        variable; pi_old is scored first when missing.
+    rewards : sequence of float, callable or None, default None
+        One reward per sequence, a function of the trace (e.g.
+        :func:`rlparity.train.arithmetic_reward`), or None for the trace's ``reward`` variable.
+    optimizer : torch.optim.Optimizer, optional
+        An optimizer over the model's parameters; None: AdamW(``lr``, default 1e-5, no weight decay).
+    token_weights : numpy.ndarray, optional
+        ``(sequence, position)`` weights multiplying each token's loss (token TIS, the decoupled
+        correction weight pi_old/mu); must be finite at every token that takes part.
+    keep : numpy.ndarray, optional
+        ``(sequence, position)`` booleans; False drops the token from the loss (rejection masks).
+    old_logprob : numpy.ndarray, optional
+        ``(sequence, position)`` log-probabilities in nats replacing the recomputed denominator of
+        the ratio, e.g. ``trace["rollout_logprob"].values`` (mu) for a trainer that never recomputes
+        pi_old (PipelineRL, prime-rl: the ratio is then the bypass pair pi_theta/mu).
+    settings : StepSettings, optional
+        The step's settings; None: :class:`StepSettings` defaults.
+    **overrides
+        Fields of :class:`StepSettings` given as keywords (``loss``, ``lr``, ``group_by``,
+        ``trainer``, ``eps_low``, ``eps_high``, ``advantage_scale``, ``max_grad_norm``, ``dtype``,
+        ``head_dtype``, ``device``, ``batch_size``, ``return_gradient``, ``step``); they replace
+        the fields of ``settings``.
 
-    The settings (``loss``, ``lr``, ``group_by``, ``trainer``, ``eps_low``, ``eps_high``,
-    ``advantage_scale``, ``max_grad_norm``, ``dtype``, ``head_dtype``, ``device``, ``batch_size``,
-    ``return_gradient``, ``step``) are the fields of :class:`StepSettings`: give them as keywords, or
-    as ``settings=`` (keywords beside it replace its fields).
+    Returns
+    -------
+    StepResult
+        The trace with pi_theta, pi_old, ``reward`` and ``advantage``; the step's metrics; the
+        gradient when asked; the stepped model.
+
+    Raises
+    ------
+    ValueError
+        If the loss or the trainer reading is unknown, both ``lr`` and ``optimizer`` are given,
+        ``group_by`` is not a trace variable, an array has the wrong shape, the rewards are missing
+        or not one per sequence, ``token_weights`` is not finite where it is used, or no token takes
+        part in the loss.
     """
     import torch
 
