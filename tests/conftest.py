@@ -43,13 +43,18 @@ def _engines_need_the_engine_marker(request, monkeypatch):
     if request.node.get_closest_marker("engine") is not None:
         yield
         return
+    import functools
+
     from rlparity.capture import lifecycle, server
 
-    def refuse(*args, **kwargs):
-        raise RuntimeError(f"{request.node.nodeid} starts a vLLM engine but is not marked @pytest.mark.engine")
+    def refusing(original):
+        @functools.wraps(original)  # keeps the docstring: test_api_docs reads the API while this runs
+        def refuse(*args, **kwargs):
+            raise RuntimeError(f"{request.node.nodeid} starts a vLLM engine but is not marked @pytest.mark.engine")
+        return refuse
 
-    monkeypatch.setattr(lifecycle, "engine_session", refuse)
-    monkeypatch.setattr(server.Server, "start", refuse)
+    monkeypatch.setattr(lifecycle, "engine_session", refusing(lifecycle.engine_session))
+    monkeypatch.setattr(server.Server, "start", refusing(server.Server.start))
     yield
 
 
