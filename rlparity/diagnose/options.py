@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlparity.config.defaults import TrainerSide, defaults
+from rlparity.config.docfields import document_fields
 
 
 def _d(name: str):
@@ -20,48 +21,12 @@ def _d(name: str):
                  description=type(defaults()).model_fields[name].description)
 
 
+@document_fields
 class DiagnoseOptions(BaseModel):
     """Options of :func:`rlparity.diagnose.diagnose` (every field reaches every check that uses it).
 
     Each field defaults to :func:`rlparity.config.defaults` at the moment the options are made.
     The object is frozen and refuses unknown fields.
-
-    Parameters
-    ----------
-    reference : str or None, default None
-        The arm the other arms are compared with (inference path); None: the store's own
-        reference arm.
-    trainer : {"processed", "raw"}
-        The trainer reading the rollout must match (default ``"processed"``).
-    tol : float
-        RMS of d (nats) under which two sides count as matched (default 0.02; calibrated on CPU
-        float32 captures of the tiny model).
-    semantic_tol : float
-        Share of the gap between the trainer's processed and raw readings within which the
-        rollout counts as one of them (dimensionless; default 0.2).
-    offset_z : float
-        Standard errors a mean offset of d must exceed to count as a semantic mismatch when the
-        trace holds one trainer reading (default 4.0).
-    tol_reference : float
-        Max ``|d_ref|`` (nats) above which a setting changes the numerics against the reference
-        arm (default 0.0: any bit).
-    tol_trainer : float
-        Change of mean ``|d|`` vs the trainer (nats) above which a setting moves the parity gap
-        itself (default 0.001).
-    eps : float
-        PPO clip range: tokens with ratio outside ``[1 - eps, 1 + eps]`` are clipped (default 0.2).
-    profile : str
-        The reference engine profile, a name or a YAML path (default ``"pipelinerl-parity"``).
-    stale_ratio : float
-        Mean ``|d|`` of sequences with stale prefix-cache hits over the noise floor at which the
-        stale cache counts as measured (default 3.0).
-    layer_floor_ratio : float
-        A site of the per-layer profile leaves its floor when its relative error exceeds this many
-        times the floor (default 4.0; must be > 1).
-    correction : str or None, default None
-        The off-policy corrections the RL run applies, comma separated (e.g.
-        ``"token_tis, geometric_band"``); with a backend error they are reported as hiding the
-        mismatch, and a mask rule's masked fraction is judged.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
