@@ -57,6 +57,123 @@ def _share(hit: np.ndarray, used: np.ndarray, axis=None):
         return np.where(n > 0, k / np.maximum(n, 1), np.nan)
 
 
+def share_parts(hit: np.ndarray, d: np.ndarray, mask: np.ndarray | None = None, axis=None) -> dict[str, Any]:
+    """The counts a share of usable tokens rests on, summed over ``axis``.
+
+    Counts add across blocks of sequences, so a share over a trace larger than memory is the
+    :func:`share_of` of its blocks' summed parts.
+
+    Parameters
+    ----------
+    hit : numpy.ndarray
+        Boolean, shaped like ``d``: the tokens the share counts (e.g. clipped, rejected).
+    d : numpy.ndarray
+        Per-token log ratio (nats).
+    mask : numpy.ndarray, optional
+        Real tokens (``None``: every non-NaN entry of ``d``).
+    axis : int or tuple of int, optional
+        Axes reduced (``None``: all).
+
+    Returns
+    -------
+    dict
+        ``hit`` (usable tokens hit), ``used`` (usable tokens), ``excluded`` (real tokens with a
+        non-finite ``d``).
+    """
+    m = real_tokens(d, mask)
+    u = m & np.isfinite(d)
+    return {"hit": (np.asarray(hit, bool) & u).sum(axis=axis), "used": u.sum(axis=axis),
+            "excluded": (m & ~u).sum(axis=axis)}
+
+
+def share_of(parts: dict[str, Any]) -> ValueWithCounts:
+    """The share ``hit / used`` of :func:`share_parts` (NaN where nothing is used).
+
+    Parameters
+    ----------
+    parts : dict
+        ``hit``, ``used`` and ``excluded`` counts (one block's, or several blocks' summed).
+
+    Returns
+    -------
+    ValueWithCounts
+        The share, tokens used, tokens excluded.
+    """
+    n, k = parts["used"], parts["hit"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return ValueWithCounts(np.where(n > 0, k / np.maximum(n, 1), np.nan), n, parts["excluded"])
+
+
+def ess_parts(logw: np.ndarray, ok: np.ndarray, axis=None) -> dict[str, Any]:
+    """The sums an effective sample size rests on, in log space, over ``axis``.
+
+    Weights ``exp(logw)`` are scaled by their largest, ``top``, so none overflows; blocks with
+    different ``top`` combine in :func:`merge_ess_parts`.
+
+    Parameters
+    ----------
+    logw : numpy.ndarray
+        Log weights.
+    ok : numpy.ndarray
+        Boolean, shaped like ``logw``: the weights counted (finite).
+    axis : int or tuple of int, optional
+        Axes reduced (``None``: all).
+
+    Returns
+    -------
+    dict
+        ``top`` (largest counted log weight, ``-inf`` where none), ``s1`` = sum of
+        ``exp(logw - top)``, ``s2`` = sum of its squares, ``n`` = weights counted.
+    """
+    ok = np.asarray(ok, bool)
+    top_k = np.max(np.where(ok, logw, -np.inf), axis=axis, keepdims=True)
+    w = np.where(ok, _safe_exp(logw - np.where(np.isfinite(top_k), top_k, 0.0), ok), 0.0)
+    s1 = np.sum(w, axis=axis)
+    return {"top": top_k.reshape(np.shape(s1)), "s1": s1, "s2": np.sum(w ** 2, axis=axis),
+            "n": core.count(ok, axis)}
+
+
+def merge_ess_parts(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two blocks' :func:`ess_parts` as one (rescaled to the larger ``top``).
+
+    Parameters
+    ----------
+    a, b : dict
+        :func:`ess_parts` of two blocks, reduced to the same shape.
+
+    Returns
+    -------
+    dict
+        The parts of both blocks together.
+    """
+    top = np.maximum(a["top"], b["top"])
+    safe = np.where(np.isfinite(top), top, 0.0)
+
+    def scale(t):
+        fin = np.isfinite(t)
+        return np.where(fin, np.exp(np.where(fin, t - safe, 0.0)), 0.0)
+
+    sa, sb = scale(a["top"]), scale(b["top"])
+    return {"top": top, "s1": a["s1"] * sa + b["s1"] * sb, "s2": a["s2"] * sa ** 2 + b["s2"] * sb ** 2,
+            "n": a["n"] + b["n"]}
+
+
+def ess_of(parts: dict[str, Any]):
+    """The normalised ESS ``s1^2 / (n s2)`` of :func:`ess_parts` (:func:`rlparity.metrics.core.ess`).
+
+    Parameters
+    ----------
+    parts : dict
+        ``s1``, ``s2`` and ``n`` (one block's, or merged).
+
+    Returns
+    -------
+    numpy.ndarray or float
+        The ESS in (0, 1]; NaN where no weight is counted.
+    """
+    return core.ess_from_sums(parts["s1"], parts["s2"], parts["n"])
+
+
 def _safe_exp(x: np.ndarray, ok: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         return np.exp(np.where(ok, x, 0.0))
@@ -100,7 +217,7 @@ def token_clip_fraction(d: np.ndarray, mask: np.ndarray | None = None, *, eps_lo
     lo, hi = _eps(eps_low, eps_high, "token")
     u = finite_tokens(d, mask)
     r = _safe_exp(d, u)
-    return ValueWithCounts(_share((r < lo) | (r > hi), u, axis), *token_counts(d, mask, axis))
+    return share_of(share_parts((r < lo) | (r > hi), d, mask, axis))
 
 
 def sequence_clip_fraction(d: np.ndarray, mask: np.ndarray | None = None, *, eps_low: float | None = None,
@@ -109,10 +226,27 @@ def sequence_clip_fraction(d: np.ndarray, mask: np.ndarray | None = None, *, eps
     outside ``[1 - eps_low, 1 + eps_high]`` (default the GSPO paper's 3e-4 / 4e-4).
     Counts are sequences."""
     lo, hi = _eps(eps_low, eps_high, "sequence")
-    s = sequence_log_ratio(d, mask, kind=kind, axis=axis)
+    return sequences_clip_fraction(sequence_log_ratio(d, mask, kind=kind, axis=axis), lo, hi)
+
+
+def sequences_clip_fraction(s: ValueWithCounts, low: float, high: float) -> ValueWithCounts:
+    """The share of sequences whose ratio ``exp(s)`` lies outside ``[low, high]``.
+
+    Parameters
+    ----------
+    s : ValueWithCounts
+        :func:`sequence_log_ratio` of every sequence (NaN: an excluded sequence).
+    low, high : float
+        The band on the ratio (``1 - eps_low``, ``1 + eps_high``).
+
+    Returns
+    -------
+    ValueWithCounts
+        The share, sequences used, sequences excluded.
+    """
     ok = np.isfinite(s.value)
     r = _safe_exp(s.value, ok)
-    return ValueWithCounts(float(_share((r < lo) | (r > hi), ok)), *_sequence_counts(s))
+    return ValueWithCounts(float(_share((r < low) | (r > high), ok)), *_sequence_counts(s))
 
 
 def _eps(eps_low, eps_high, level):
@@ -231,16 +365,54 @@ def rejected_fraction(keep: np.ndarray, d: np.ndarray, mask: np.ndarray | None =
     sequences (with a usable token) that lose at least one usable token; counts are sequences.
     Excluded tokens are reported in ``n_excluded``, not as rejected; the other tokens of a
     sequence that a sequence rule drops because its ratio is undefined do count as rejected."""
-    u = finite_tokens(d, mask)
-    dropped = u & ~np.asarray(keep, bool)
     if level == "token":
-        return ValueWithCounts(_share(dropped, u, axis), *token_counts(d, mask, axis))
+        return share_of(share_parts(~np.asarray(keep, bool), d, mask, axis))
     if level != "sequence":
         raise ValueError(f"level={level!r}; use 'token' or 'sequence'")
-    has = u.any(axis=position_axis)
-    hit = dropped.any(axis=position_axis)
-    excl = (real_tokens(d, mask) & ~u).any(axis=position_axis)
-    return ValueWithCounts(float(_share(hit, has)), int(has.sum()), int(excl.sum()))
+    return sequences_rejected(rejected_sequences(keep, d, mask, position_axis=position_axis))
+
+
+def rejected_sequences(keep: np.ndarray, d: np.ndarray, mask: np.ndarray | None = None, *,
+                       position_axis: int = -1) -> dict[str, np.ndarray]:
+    """Per sequence: whether it has a usable token, loses one to a rejection, holds an excluded one.
+
+    Parameters
+    ----------
+    keep : numpy.ndarray
+        Boolean, shaped like ``d``: the tokens a rule keeps.
+    d : numpy.ndarray
+        Per-token log ratio (nats).
+    mask : numpy.ndarray, optional
+        Real tokens (``None``: every non-NaN entry of ``d``).
+    position_axis : int
+        The axis of response positions.
+
+    Returns
+    -------
+    dict
+        Boolean arrays, one entry per sequence: ``has``, ``hit``, ``excluded`` (concatenate
+        blocks of sequences, then :func:`sequences_rejected`).
+    """
+    u = finite_tokens(d, mask)
+    return {"has": u.any(axis=position_axis), "hit": (u & ~np.asarray(keep, bool)).any(axis=position_axis),
+            "excluded": (real_tokens(d, mask) & ~u).any(axis=position_axis)}
+
+
+def sequences_rejected(parts: dict[str, np.ndarray]) -> ValueWithCounts:
+    """The share of sequences (with a usable token) that lose at least one to a rejection.
+
+    Parameters
+    ----------
+    parts : dict
+        :func:`rejected_sequences` of every sequence.
+
+    Returns
+    -------
+    ValueWithCounts
+        The share, sequences used, sequences with an excluded token.
+    """
+    return ValueWithCounts(float(_share(parts["hit"], parts["has"])), int(parts["has"].sum()),
+                           int(parts["excluded"].sum()))
 
 
 def weights_ess(weights: np.ndarray, valid: np.ndarray | None = None, axis=None) -> ValueWithCounts:
@@ -255,23 +427,30 @@ def weights_ess(weights: np.ndarray, valid: np.ndarray | None = None, axis=None)
 
 def token_ess(d: np.ndarray, mask: np.ndarray | None = None, axis=None) -> ValueWithCounts:
     """ESS of the raw token weights ``exp(d)`` (scale-free: computed as ``exp(d - max d)``)."""
-    u = finite_tokens(d, mask)
-    top = np.max(np.where(u, d, -np.inf), axis=axis, keepdims=True)
-    top = np.where(np.isfinite(top), top, 0.0)
-    w = np.where(u, _safe_exp(d - top, u), np.nan)
-    out = weights_ess(w, u, axis)
-    return ValueWithCounts(out.value, *token_counts(d, mask, axis))
+    return ValueWithCounts(ess_of(ess_parts(d, finite_tokens(d, mask), axis)), *token_counts(d, mask, axis))
 
 
 def sequence_ess(d: np.ndarray, mask: np.ndarray | None = None, *, kind: Kind = "product",
                  axis: int = -1) -> ValueWithCounts:
     """ESS over sequences of the raw sequence weights (product or geometric ratio), computed in
     log space so a long sequence cannot overflow it. Counts are sequences."""
-    s = sequence_log_ratio(d, mask, kind=kind, axis=axis)
-    ok = np.isfinite(s.value)
-    top = np.max(np.where(ok, s.value, -np.inf)) if ok.any() else 0.0
-    w = np.where(ok, _safe_exp(s.value - top, ok), np.nan)
-    return ValueWithCounts(float(weights_ess(w, ok).value), *_sequence_counts(s))
+    return sequences_ess(sequence_log_ratio(d, mask, kind=kind, axis=axis))
+
+
+def sequences_ess(s: ValueWithCounts) -> ValueWithCounts:
+    """ESS over sequences of the raw weights ``exp(s)``, in log space.
+
+    Parameters
+    ----------
+    s : ValueWithCounts
+        :func:`sequence_log_ratio` of every sequence (NaN: an excluded sequence).
+
+    Returns
+    -------
+    ValueWithCounts
+        The ESS, sequences used, sequences excluded.
+    """
+    return ValueWithCounts(float(ess_of(ess_parts(s.value, np.isfinite(s.value)))), *_sequence_counts(s))
 
 
 def decoupled_weights(log_mu: np.ndarray, log_old: np.ndarray, log_theta: np.ndarray,
