@@ -22,8 +22,10 @@ peers would turn them into infinities or clamp them silently) and counted on the
 A lazy trace (``open_arms(store, chunks=N)``) is streamed: every formula is written so dask can
 reduce it chunk by chunk (see the note above :func:`_masked_max`), and all the metrics of a
 dashboard, its counts and the gap beside the floors come from one ``dask.compute``. The chunks are
-read by dask straight from zarr: unlike :func:`rlparity.metrics.summary` and
-:func:`rlparity.diagnose.diagnose` (the block reader), this does not check the store's CRC record.
+read by dask straight from zarr and checked as :func:`rlparity.trace.blocks` checks them: the same
+computation takes each chunk's CRC-32 (:func:`rlparity.trace.lazy.chunk_digests`), and the chunks'
+CRCs combined in order must equal the store's record for every variable the dashboard read, or
+:class:`rlparity.trace.StoreDamagedError` is raised instead of a number.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ import xarray as xr
 from rlparity.config.defaults import TrainerSide, defaults
 from rlparity.config.provenance import make_attrs
 from rlparity.metrics.floors import floors_beside_gap
+from rlparity.trace import is_lazy
+from rlparity.trace.lazy import chunk_digests, verify_chunk_digests
 from rlparity.metrics.objective import (
     OBJECTIVE_DEFAULTS,
     POLICY_NAMES,
@@ -133,11 +137,16 @@ def _computed(func):
     return wrapper
 
 
-def _evaluate(out: Mapping[str, Any]) -> dict[str, float]:
+def _evaluate(out: Mapping[str, Any], trace: xr.Dataset | None = None, read: tuple[str, ...] = ()) -> dict[str, float]:
+    """The (possibly lazy) metrics as floats, in one ``dask.compute``; with a lazy ``trace``, the
+    chunks of its variables ``read`` are CRC-checked in the same computation."""
     if any(hasattr(v, "dask") for v in out.values()):
         import dask
 
-        (out,) = dask.compute(dict(out))
+        digests = chunk_digests(trace, list(read)) if trace is not None and is_lazy(trace) else {}
+        out, digests = dask.compute(dict(out), digests)
+        if trace is not None:
+            verify_chunk_digests(trace, digests)
     out = {k: float(v) for k, v in out.items()}
     if out.pop(_USABLE, 1.0) == 0:
         raise ValueError("no usable token: every real token has a probability-0 side or the mask is empty")
@@ -581,8 +590,10 @@ def as_dashboard(trace: xr.Dataset, names: str = "verl", *, trainer: TrainerSide
     values = _FUNCS[names](log_pi, log_mu, mask, _lazy=True, **options)
     n_used = usable.sum()
     gap = np.where(usable, np.abs(log_pi - log_mu), 0.0).sum() / np.maximum(n_used, 1)
+    read = ("response_mask", policy_variable(policy, trainer), policy_variable("mu", trainer)) + (
+        ("advantage",) if "advantages" in options and names == "prime-rl" and "advantage" in trace else ())
     values = _evaluate({**values, _N_TOKENS: n_used, _N_EXCLUDED: (mask & ~usable).sum(),
-                        _GAP: np.where(n_used > 0, gap, np.nan)})
+                        _GAP: np.where(n_used > 0, gap, np.nan)}, trace, read)
     n_tokens, n_excluded, gap = int(values.pop(_N_TOKENS)), int(values.pop(_N_EXCLUDED)), values.pop(_GAP)
     pair = f"{'backend' if policy == 'old' else 'bypass'} ({POLICY_NAMES[policy]}, mu)"
     out = DashboardMetrics(values, peer=names, pair=pair,

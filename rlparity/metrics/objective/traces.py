@@ -497,7 +497,7 @@ def masked_fraction(trace: xr.Dataset, rule: str = "token_band", pair: PairName 
     xarray.DataArray
         The share, with coordinates ``n_used`` and ``n_excluded`` (tokens, or sequences).
     """
-    rejection_keep(np.zeros((0, 0)), rule=rule, threshold=threshold)  # a bad rule or threshold: said before reading
+    rejection_keep(np.zeros((1, 1)), rule=rule, threshold=threshold)  # a bad rule or threshold: said before reading
     pattrs = pair_direction(pair, trainer)
     attrs = {"units": "1", "rule": rule, "level": level,
              "threshold": str(threshold if threshold is not None else _default_threshold(rule)),
