@@ -184,3 +184,9 @@ def test_lazy_objective_summary_has_bounded_memory(tmp_path):
     lazy_peak = peak(lambda: ob.objective_summary(lazy))
     assert lazy_peak < eager_peak / 5, (lazy_peak, eager_peak)
     assert lazy_peak < 200 * block_bytes, (lazy_peak, block_bytes)
+
+
+def test_a_dashboard_refuses_dim():
+    """A peer's dashboard is a function of the whole arm: ``dim=`` is refused in one line."""
+    with pytest.raises(ValueError, match="function of the whole arm"):
+        as_dashboard(synthetic_trace(n_sequences=4, max_len=6), "verl", dim="sequence")

@@ -558,17 +558,44 @@ _OPTIONS = {"verl": {"rollout_is", "rollout_is_threshold", "rollout_rs"},
 
 
 def as_dashboard(trace: xr.Dataset, names: str = "verl", *, trainer: TrainerSide | None = None, policy: str = "old",
-                 as_dataset: bool = False, **options: Any) -> DashboardMetrics | xr.Dataset:
-    """The trace's mismatch under one peer's dashboard names (``names`` one of :data:`DASHBOARDS`),
-    with that peer's formulas (see each ``<peer>_metrics``). ``policy="old"`` compares pi_old
-    with mu (the backend pair: what every peer logs on the first micro-batch at lag 0);
-    ``policy="theta"`` uses pi_theta (after :func:`rlparity.train.train_step`; for prime-rl and
-    PipelineRL, whose "trainer"/"new" side is the current weights, that is what they log after an
-    update). ``options`` are the peer's own knobs (e.g. verl ``rollout_is="sequence"``,
-    ``rollout_rs={"token_k3": 0.3}``; TRL ``vllm_importance_sampling_mode``; prime-rl
-    ``advantages``, default the trace's ``advantage``). Returns a flat dict of the peer's names
-    with ``pair``, ``direction``, ``n_tokens``, ``n_excluded`` and ``source`` on ``.info``
-    (``as_dataset=True``: an ``xarray.Dataset``)."""
+                 as_dataset: bool = False, dim: Any = None, **options: Any) -> DashboardMetrics | xr.Dataset:
+    """The trace's mismatch under one peer's dashboard names, with that peer's formulas.
+
+    ``policy="old"`` compares pi_old with mu (the backend pair: what every peer logs on the first
+    micro-batch at lag 0); ``policy="theta"`` uses pi_theta (after :func:`rlparity.train.train_step`;
+    for prime-rl and PipelineRL, whose "trainer"/"new" side is the current weights, that is what
+    they log after an update). A peer logs one number per batch, so a dashboard is a function of
+    the whole arm: ``dim=`` makes no sense here and is refused. A lazy trace is streamed in one
+    dask computation, its chunks CRC-checked against the store's record in the same pass.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One arm, in memory or lazy (``open_arms(store, chunks=N)``).
+    names : str
+        The peer, one of :data:`DASHBOARDS` (see each ``<peer>_metrics``).
+    trainer : {"processed", "raw"}, optional
+        The trainer side (default ``defaults().trainer``).
+    policy : {"old", "theta"}
+        The trainer reading that stands in for the peer's.
+    as_dataset : bool
+        Return an ``xarray.Dataset`` instead of the flat dict.
+    dim : None
+        Refused unless None (a dashboard reduces the whole arm).
+    **options
+        The peer's own knobs (e.g. verl ``rollout_is="sequence"``, ``rollout_rs={"token_k3": 0.3}``;
+        TRL ``vllm_importance_sampling_mode``; prime-rl ``advantages``, default the trace's
+        ``advantage``).
+
+    Returns
+    -------
+    DashboardMetrics or xarray.Dataset
+        A flat dict of the peer's names with ``pair``, ``direction``, ``n_tokens``,
+        ``n_excluded`` and ``source`` on ``.info`` (``as_dataset=True``: an ``xarray.Dataset``).
+    """
+    if dim is not None:
+        raise ValueError(f"dim={dim!r}: a peer's dashboard is one number per batch, a function of the whole arm; "
+                         "select sequences first (trace.isel(sequence=...)) or use dim= of summary()")
     if names not in _FUNCS:
         raise ValueError(f"names={names!r}; use one of {list(DASHBOARDS)}")
     unknown = sorted(set(options) - _OPTIONS[names])

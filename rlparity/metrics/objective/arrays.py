@@ -212,8 +212,24 @@ def _sequence_counts(s: ValueWithCounts) -> tuple[int, int]:
 
 def token_clip_fraction(d: np.ndarray, mask: np.ndarray | None = None, *, eps_low: float | None = None,
                         eps_high: float | None = None, axis=None) -> ValueWithCounts:
-    """PPO clip fraction: share of usable tokens with ``rho = exp(d)`` outside
-    ``[1 - eps_low, 1 + eps_high]`` (default ``OBJECTIVE_DEFAULTS.ppo_eps``)."""
+    """PPO clip fraction: share of usable tokens with ``rho = exp(d)`` outside the clip range.
+
+    Parameters
+    ----------
+    d : numpy.ndarray
+        Per-token log ratio (nats), response positions along the last axis.
+    mask : numpy.ndarray, optional
+        Real tokens (``None``: every non-NaN entry of ``d``).
+    eps_low, eps_high : float, optional
+        The range ``[1 - eps_low, 1 + eps_high]`` (default ``OBJECTIVE_DEFAULTS.ppo_eps``).
+    axis : int or tuple of int, optional
+        Axes reduced (``None``: all).
+
+    Returns
+    -------
+    ValueWithCounts
+        The share, tokens used, tokens excluded (over ``axis``).
+    """
     lo, hi = _eps(eps_low, eps_high, "token")
     u = finite_tokens(d, mask)
     r = _safe_exp(d, u)
@@ -222,9 +238,28 @@ def token_clip_fraction(d: np.ndarray, mask: np.ndarray | None = None, *, eps_lo
 
 def sequence_clip_fraction(d: np.ndarray, mask: np.ndarray | None = None, *, eps_low: float | None = None,
                            eps_high: float | None = None, kind: Kind = "geometric", axis: int = -1) -> ValueWithCounts:
-    """GSPO clip fraction: share of sequences with ``s_i = exp(mean_t d)`` (``kind="geometric"``)
-    outside ``[1 - eps_low, 1 + eps_high]`` (default the GSPO paper's 3e-4 / 4e-4).
-    Counts are sequences."""
+    """GSPO clip fraction: share of sequences whose ratio lies outside the clip range.
+
+    The ratio is ``s_i = exp(mean_t d)`` (``kind="geometric"``) or ``exp(sum_t d)``.
+
+    Parameters
+    ----------
+    d : numpy.ndarray
+        Per-token log ratio (nats), response positions along the last axis.
+    mask : numpy.ndarray, optional
+        Real tokens (``None``: every non-NaN entry of ``d``).
+    eps_low, eps_high : float, optional
+        The range ``[1 - eps_low, 1 + eps_high]`` (default the GSPO paper's 3e-4 / 4e-4).
+    kind : {"geometric", "product"}
+        The sequence ratio.
+    axis : int
+        The axis of response positions.
+
+    Returns
+    -------
+    ValueWithCounts
+        The share, sequences used, sequences excluded.
+    """
     lo, hi = _eps(eps_low, eps_high, "sequence")
     return sequences_clip_fraction(sequence_log_ratio(d, mask, kind=kind, axis=axis), lo, hi)
 
@@ -361,10 +396,33 @@ def rejection_keep(d: np.ndarray, mask: np.ndarray | None = None, *, rule: str =
 
 def rejected_fraction(keep: np.ndarray, d: np.ndarray, mask: np.ndarray | None = None, *,
                       level: Level = "token", axis=None, position_axis: int = -1) -> ValueWithCounts:
-    """Share rejected. ``level="token"``: usable tokens not kept (over ``axis``). ``"sequence"``:
-    sequences (with a usable token) that lose at least one usable token; counts are sequences.
-    Excluded tokens are reported in ``n_excluded``, not as rejected; the other tokens of a
-    sequence that a sequence rule drops because its ratio is undefined do count as rejected."""
+    """Share rejected by a rejection mask.
+
+    ``level="token"``: usable tokens not kept (over ``axis``). ``"sequence"``: sequences (with a
+    usable token) that lose at least one usable token; counts are sequences. Excluded tokens are
+    reported in ``n_excluded``, not as rejected; the other tokens of a sequence that a sequence
+    rule drops because its ratio is undefined do count as rejected.
+
+    Parameters
+    ----------
+    keep : numpy.ndarray
+        Boolean, shaped like ``d``: the tokens a rule keeps.
+    d : numpy.ndarray
+        Per-token log ratio (nats), response positions along the last axis.
+    mask : numpy.ndarray, optional
+        Real tokens (``None``: every non-NaN entry of ``d``).
+    level : {"token", "sequence"}
+        Share of tokens, or of sequences.
+    axis : int or tuple of int, optional
+        Axes reduced (token level; ``None``: all).
+    position_axis : int
+        The axis of response positions (sequence level).
+
+    Returns
+    -------
+    ValueWithCounts
+        The share, with tokens (or sequences) used and excluded.
+    """
     if level == "token":
         return share_of(share_parts(~np.asarray(keep, bool), d, mask, axis))
     if level != "sequence":
@@ -426,14 +484,47 @@ def weights_ess(weights: np.ndarray, valid: np.ndarray | None = None, axis=None)
 
 
 def token_ess(d: np.ndarray, mask: np.ndarray | None = None, axis=None) -> ValueWithCounts:
-    """ESS of the raw token weights ``exp(d)`` (scale-free: computed as ``exp(d - max d)``)."""
+    """ESS of the raw token weights ``exp(d)`` (scale-free: computed as ``exp(d - max d)``).
+
+    Parameters
+    ----------
+    d : numpy.ndarray
+        Per-token log ratio (nats), response positions along the last axis.
+    mask : numpy.ndarray, optional
+        Real tokens (``None``: every non-NaN entry of ``d``).
+    axis : int or tuple of int, optional
+        Axes reduced (``None``: all).
+
+    Returns
+    -------
+    ValueWithCounts
+        The ESS in (0, 1], tokens used, tokens excluded.
+    """
     return ValueWithCounts(ess_of(ess_parts(d, finite_tokens(d, mask), axis)), *token_counts(d, mask, axis))
 
 
 def sequence_ess(d: np.ndarray, mask: np.ndarray | None = None, *, kind: Kind = "product",
                  axis: int = -1) -> ValueWithCounts:
-    """ESS over sequences of the raw sequence weights (product or geometric ratio), computed in
-    log space so a long sequence cannot overflow it. Counts are sequences."""
+    """ESS over sequences of the raw sequence weights (product or geometric ratio).
+
+    Computed in log space so a long sequence cannot overflow it.
+
+    Parameters
+    ----------
+    d : numpy.ndarray
+        Per-token log ratio (nats), response positions along the last axis.
+    mask : numpy.ndarray, optional
+        Real tokens (``None``: every non-NaN entry of ``d``).
+    kind : {"product", "geometric"}
+        The sequence weight.
+    axis : int
+        The axis of response positions.
+
+    Returns
+    -------
+    ValueWithCounts
+        The ESS, sequences used, sequences excluded.
+    """
     return sequences_ess(sequence_log_ratio(d, mask, kind=kind, axis=axis))
 
 
