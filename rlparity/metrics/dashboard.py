@@ -40,6 +40,7 @@ import xarray as xr
 
 from rlparity.config.defaults import TrainerSide, defaults
 from rlparity.config.provenance import make_attrs
+from rlparity.metrics.dims import refuse_dim
 from rlparity.metrics.floors import floors_beside_gap
 from rlparity.trace import is_lazy
 from rlparity.trace.lazy import chunk_digests, verify_chunk_digests
@@ -582,8 +583,8 @@ def as_dashboard(trace: xr.Dataset, names: str = "verl", *, trainer: TrainerSide
         Return an ``xarray.Dataset`` instead of the flat dict.
     dim : None
         Refused unless None (a dashboard reduces the whole arm).
-    **options
-        The peer's own knobs (e.g. verl ``rollout_is="sequence"``, ``rollout_rs={"token_k3": 0.3}``;
+    options : Any
+        Keyword arguments, the peer's own knobs (e.g. verl ``rollout_is="sequence"``, ``rollout_rs={"token_k3": 0.3}``;
         TRL ``vllm_importance_sampling_mode``; prime-rl ``advantages``, default the trace's
         ``advantage``).
 
@@ -593,9 +594,8 @@ def as_dashboard(trace: xr.Dataset, names: str = "verl", *, trainer: TrainerSide
         A flat dict of the peer's names with ``pair``, ``direction``, ``n_tokens``,
         ``n_excluded`` and ``source`` on ``.info`` (``as_dataset=True``: an ``xarray.Dataset``).
     """
-    if dim is not None:
-        raise ValueError(f"dim={dim!r}: a peer's dashboard is one number per batch, a function of the whole arm; "
-                         "select sequences first (trace.isel(sequence=...)) or use dim= of summary()")
+    refuse_dim(dim, "a peer's dashboard (one number per batch)",
+               "select sequences first (trace.isel(sequence=...)) or use summary(dim=...)")
     if names not in _FUNCS:
         raise ValueError(f"names={names!r}; use one of {list(DASHBOARDS)}")
     unknown = sorted(set(options) - _OPTIONS[names])

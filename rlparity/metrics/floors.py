@@ -90,29 +90,50 @@ def trainer_floor(a: xr.Dataset, b: xr.Dataset, *, trainer: TrainerSide | None =
     return out
 
 
-def floor_table(arms: Mapping[str, xr.Dataset], reference: str, *, trainer: TrainerSide | None = None
-                ) -> xr.Dataset:
-    """One row per trainer shape (dim ``shape``): its floor against the ``reference`` shape (mean,
-    RMS and max ``|delta|``), the backend gap of the reference (mean ``|d|``), the share of the gap
-    the trainer's shape alone produces, and the scoring's speed (``tokens_per_s``, from the
-    scorer's ``score_s``; relative to the reference in ``relative_throughput``)."""
+def floor_table(arms: Mapping[str, xr.Dataset], reference: str, *, trainer: TrainerSide | None = None,
+                dim: str | Sequence[str] | None = None) -> xr.Dataset:
+    """One row per trainer shape: its floor against a reference shape beside the backend gap.
+
+    Per shape (dim ``shape``): its floor against the ``reference`` shape (mean, RMS and max
+    ``|delta|``, :func:`trainer_floor`), the backend gap of the reference (mean ``|d|``), the share
+    of the gap the trainer's shape alone produces, and the scoring's speed (``tokens_per_s``, from
+    the scorer's ``score_s``; relative to the reference in ``relative_throughput``: a property of
+    the whole rescoring, never reduced). The floors, the gap and the share are reduced over ``dim``.
+
+    Parameters
+    ----------
+    arms : mapping
+        ``{shape name: trace}``, rescorings of the same trace (:mod:`rlparity.experiments.floors`).
+    reference : str
+        The shape the others are compared with.
+    trainer : {"processed", "raw"}, optional
+        The trainer reading (default ``defaults().trainer``).
+    dim : str or sequence of str, optional
+        Token dims reduced: ``None`` (default, every token), ``"position"`` (one value per
+        sequence) or ``"sequence"`` (one per position).
+
+    Returns
+    -------
+    xarray.Dataset
+        Dim ``shape`` plus the dims not reduced; provenance and the shapes in attrs.
+    """
     if reference not in arms:
         raise ValueError(f"reference {reference!r} is not one of the shapes {sorted(arms)}")
     ref = arms[reference]
-    d = log_ratio(ref, trainer).values
-    mask = ref["response_mask"].values.astype(bool)
-    gap = float(core.masked_mean(np.abs(d), mask))
+    mask = ref["response_mask"].astype(bool)
+    gap = reduce(lambda x, m, axis: core.masked_mean(np.abs(x), m, axis=axis), log_ratio(ref, trainer), mask, dim=dim)
     n_tok = int(mask.sum())
     rows = {}
     for name, ds in arms.items():
-        f = trainer_floor(ref, ds, trainer=trainer)
+        f = trainer_floor(ref, ds, trainer=trainer, dim=dim)
         sec = float((ds.attrs.get("trainer") or {}).get("score_s") or np.nan)
-        rows[name] = {**{k: float(f[k]) for k in FLOOR_VARIABLES}, "tokens_per_s": n_tok / sec if sec > 0 else np.nan}
+        rows[name] = {**{k: f[k].astype(float) for k in FLOOR_VARIABLES},
+                      "tokens_per_s": xr.DataArray(n_tok / sec if sec > 0 else np.nan)}
     names = list(rows)
-    table = xr.Dataset({k: ("shape", np.array([rows[n][k] for n in names])) for k in rows[names[0]]},
-                       coords={"shape": names})
-    table["gap_mean_abs_d"] = gap
-    table["share_of_gap"] = table["floor_mean_abs"] / gap if gap > 0 else table["floor_mean_abs"] * np.nan
+    shape = xr.DataArray(names, dims="shape", name="shape")
+    table = xr.Dataset({k: xr.concat([rows[n][k].drop_attrs() for n in names], dim=shape) for k in rows[names[0]]})
+    table["gap_mean_abs_d"] = gap.drop_attrs()
+    table["share_of_gap"] = (table["floor_mean_abs"] / gap.where(gap > 0)).drop_attrs()
     table["relative_throughput"] = table["tokens_per_s"] / table["tokens_per_s"].sel(shape=reference)
     for k, long in {**FLOOR_VARIABLES, "gap_mean_abs_d": "backend gap of the reference shape: mean |d|",
                     "share_of_gap": "floor over the backend gap (mean |delta| / mean |d|)",

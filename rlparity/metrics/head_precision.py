@@ -100,16 +100,35 @@ def _grid(cells, per_cell) -> xr.Dataset:
     return out.reindex(rollout_head=dtype_order(k[0] for k in cells), trainer_head=dtype_order(k[1] for k in cells))
 
 
-def head_table(data, *, trainer: TrainerSide | None = None, eps: float | None = None) -> xr.Dataset:
-    """Per-cell parity table, dims ``(rollout_head, trainer_head)``: RMS / max / mean ``|d|``, mean
-    ratio, Pearson of token probabilities, clip fraction at ``eps``, k3 and token counts.
+def head_table(data, *, trainer: TrainerSide | None = None, eps: float | None = None,
+               dim: str | Sequence[str] | None = None) -> xr.Dataset:
+    """Per-cell parity table of an LM-head precision matrix.
 
-    ``data``: ``{arm: trace}``, a DataTree or a store path (arms from
-    :func:`rlparity.experiments.head_precision.head_matrix`). Cells missing from ``data`` are NaN; ``arm``
+    RMS / max / mean ``|d|``, mean ratio, Pearson of token probabilities, clip fraction at
+    ``eps``, k3 and token counts, each reduced over ``dim`` within every cell
+    (:func:`rlparity.metrics.summary` with ``dim=``). Cells missing from ``data`` are NaN; ``arm``
     holds each cell's arm name.
+
+    Parameters
+    ----------
+    data : mapping, DataTree or path
+        ``{arm: trace}``, a DataTree or a store path (arms from
+        :func:`rlparity.experiments.head_precision.head_matrix`).
+    trainer : {"processed", "raw"}, optional
+        The trainer side (default ``defaults().trainer``).
+    eps : float, optional
+        The clip range of ``clip_fraction`` (default ``defaults().eps``).
+    dim : str or sequence of str, optional
+        Token dims reduced: ``None`` (default, every token: one number per cell), ``"position"``
+        (one per sequence) or ``"sequence"`` (one per position).
+
+    Returns
+    -------
+    xarray.Dataset
+        Dims ``(rollout_head, trainer_head)`` plus the dims not reduced.
     """
     cells = head_cells(data)
-    table = _grid(cells, lambda ds: summary(ds, trainer, eps)[list(TABLE_VARIABLES)].astype(float))
+    table = _grid(cells, lambda ds: summary(ds, trainer, eps, dim=dim)[list(TABLE_VARIABLES)].astype(float))
     names = {key: name for key, (name, _) in cells.items()}
     table["arm"] = (CELL_DIMS, np.array([[names.get((r, t), "") for t in table["trainer_head"].values]
                                          for r in table["rollout_head"].values], dtype=str))
