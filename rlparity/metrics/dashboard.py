@@ -72,8 +72,16 @@ SAFETY_BOUND = 20.0  # verl's exp clamp
 
 
 class DashboardMetrics(dict):
-    """A flat ``{peer metric name: value}`` dict that also says what it was computed on:
-    ``peer``, ``pair``, ``direction``, ``n_tokens`` used, ``n_excluded`` tokens, ``source``."""
+    """A flat ``{peer metric name: value}`` dict that also says what it was computed on: ``peer``,
+    ``pair``, ``direction``, ``n_tokens`` used, ``n_excluded`` tokens, ``source``.
+
+    Parameters
+    ----------
+    values : mapping
+        ``{peer metric name: value}``.
+    info : Any
+        Keyword arguments: what the numbers were computed on (``peer``, ``pair``, ...).
+    """
 
     def __init__(self, values: Mapping[str, float], **info: Any):
         super().__init__(values)
@@ -86,7 +94,13 @@ class DashboardMetrics(dict):
             raise AttributeError(name) from None
 
     def to_dataset(self) -> xr.Dataset:
-        """The same numbers as an ``xarray.Dataset`` of scalars, provenance in attrs."""
+        """The same numbers as an ``xarray.Dataset`` of scalars, provenance in attrs.
+
+        Returns
+        -------
+        xarray.Dataset
+            Scalars, provenance in attrs.
+        """
         ds = xr.Dataset({k: ((), float(v)) for k, v in self.items()})
         ds.attrs = make_attrs(**{k: (v if isinstance(v, (str, int, float)) else str(v))
                                  for k, v in self.info.items()})
@@ -312,6 +326,26 @@ def verl_metrics(log_train, log_rollout, mask, *, rollout_is: str | None = "toke
     verl's masked mean divides by ``count + 1e-8``; so does this. Every statistic is a whole-batch
     one (``dim=`` makes no sense here); the arrays may be dask arrays (streamed chunk by chunk,
     evaluated in one ``dask.compute``).
+
+    Parameters
+    ----------
+    log_train : numpy.ndarray or dask.array.Array
+        The trainer side's log-probabilities, ``(sequence, position)``.
+    log_rollout : numpy.ndarray or dask.array.Array
+        The rollout's (mu) log-probabilities, same shape.
+    mask : numpy.ndarray or dask.array.Array
+        Boolean, real tokens.
+    rollout_is : {"token", "sequence"} or None
+        verl's importance-sampling level.
+    rollout_is_threshold : float, optional
+        The truncation C (default ``OBJECTIVE_DEFAULTS.is_cap``).
+    rollout_rs : mapping, optional
+        verl's rejection-sampling options, ``{rule: threshold}``.
+
+    Returns
+    -------
+    dict
+        ``{peer metric name: float}``.
     """
     lt, lr, m = _prep(log_train, log_rollout, mask)
     mf = m.astype(float)
@@ -389,6 +423,26 @@ def pipelinerl_metrics(log_new, log_old, mask, *, policy_loss: str = "ppo", epsi
       geometric ratio ``exp(sum d / L)`` is clamped (default eps the GSPO paper's), same aggregation.
 
     Whole-batch statistics (``dim=`` makes no sense here); the arrays may be dask arrays.
+
+    Parameters
+    ----------
+    log_new : numpy.ndarray or dask.array.Array
+        The trainer side's log-probabilities, ``(sequence, position)``.
+    log_old : numpy.ndarray or dask.array.Array
+        The rollout's (mu) log-probabilities, same shape.
+    mask : numpy.ndarray or dask.array.Array
+        Boolean, real tokens.
+    policy_loss : {"ppo", "gspo"}
+        Which clip the indicator counts.
+    epsilon_low : float, optional
+        Lower clip (default 0.2, or GSPO's).
+    epsilon_high : float, optional
+        Upper clip (default 0.2, or GSPO's).
+
+    Returns
+    -------
+    dict
+        ``{peer metric name: float}``.
     """
     ln, lo, m = _prep(log_new, log_old, mask)
     mf = m.astype(float)
@@ -421,8 +475,8 @@ def pipelinerl_metrics(log_new, log_old, mask, *, policy_loss: str = "ppo", epsi
 @_computed
 def prime_rl_metrics(log_trainer, log_inference, mask, *, advantages=None, dppo_mask_low: float = 0.2,
                      dppo_mask_high: float = 0.2) -> dict[str, float]:
-    """prime-rl's mismatch statistics (PrimeIntellect-ai/prime-rl ``src/prime_rl/trainer/rl/loss.py``
-    and ``train.py`` at 559b4477).
+    """prime-rl's mismatch statistics (PrimeIntellect-ai/prime-rl
+    ``src/prime_rl/trainer/rl/loss.py`` and ``train.py`` at 559b4477).
 
     Pair: ``trainer_logprobs`` = the trainer's current weights, ``inference_logprobs`` = mu
     (prime-rl does not recompute pi_old).
@@ -436,6 +490,26 @@ def prime_rl_metrics(log_trainer, log_inference, mask, *, advantages=None, dppo_
       over sequences. Needs per-sequence ``advantages`` (omitted without them).
 
     Whole-batch statistics (``dim=`` makes no sense here); the arrays may be dask arrays.
+
+    Parameters
+    ----------
+    log_trainer : numpy.ndarray or dask.array.Array
+        The trainer side's log-probabilities, ``(sequence, position)``.
+    log_inference : numpy.ndarray or dask.array.Array
+        The rollout's (mu) log-probabilities, same shape.
+    mask : numpy.ndarray or dask.array.Array
+        Boolean, real tokens.
+    advantages : numpy.ndarray, optional
+        One advantage per sequence (the ``is_masked`` metrics need them).
+    dppo_mask_low : float
+        DPPO's lower probability-difference bound.
+    dppo_mask_high : float
+        DPPO's upper bound.
+
+    Returns
+    -------
+    dict
+        ``{peer metric name: float}``.
     """
     lt, li, m = _prep(log_trainer, log_inference, mask)
     mf = m.astype(float)
@@ -467,7 +541,22 @@ def slime_metrics(log_train, log_rollout, mask) -> dict[str, float]:
     rollout_log_probs|)`` reported over the step's samples, i.e. the mean over sequences of the
     per-sequence token mean of ``|log pi_old - log mu|`` (default per-sample loss; pair: backend,
     ``old_log_probs`` recomputed by the trainer). Its CI gate: <= 0.1. A whole-batch statistic
-    (``dim=`` makes no sense here); the arrays may be dask arrays."""
+    (``dim=`` makes no sense here); the arrays may be dask arrays.
+
+    Parameters
+    ----------
+    log_train : numpy.ndarray or dask.array.Array
+        The trainer side's log-probabilities, ``(sequence, position)``.
+    log_rollout : numpy.ndarray or dask.array.Array
+        The rollout's (mu) log-probabilities, same shape.
+    mask : numpy.ndarray or dask.array.Array
+        Boolean, real tokens.
+
+    Returns
+    -------
+    dict
+        ``{peer metric name: float}``.
+    """
     lt, lr, m = _prep(log_train, log_rollout, mask)
     return {"train/train_rollout_logprob_abs_diff": _per_seq_mean_then_batch(np.abs(lt - lr), m)}
 
@@ -480,8 +569,8 @@ def trl_metrics(log_old, log_sampling, mask, *, vllm_importance_sampling_mode: s
                 vllm_importance_sampling_clip_min: float | None = None,
                 vllm_importance_sampling_clip_max: float | None = 3.0) -> dict[str, float]:
     """TRL GRPOTrainer's ``sampling/*`` metrics with ``vllm_importance_sampling_correction``
-    (huggingface/trl ``trl/trainer/grpo_trainer.py`` at f2cd5771; defaults of ``GRPOConfig``:
-    mode ``sequence_mask``, clip max 3.0, no clip min).
+    (huggingface/trl ``trl/trainer/grpo_trainer.py`` at f2cd5771; defaults of ``GRPOConfig``: mode
+    ``sequence_mask``, clip max 3.0, no clip min).
 
     Pair: ``old_per_token_logps`` (the trainer at the generation weights, pi_old) against
     ``sampling_per_token_logps`` (vLLM, mu).
@@ -493,6 +582,26 @@ def trl_metrics(log_old, log_sampling, mask, *, vllm_importance_sampling_mode: s
       masked tokens (token modes) or over sequences (sequence modes), after that processing.
 
     Whole-batch statistics (``dim=`` makes no sense here); the arrays may be dask arrays.
+
+    Parameters
+    ----------
+    log_old : numpy.ndarray or dask.array.Array
+        The trainer side's log-probabilities, ``(sequence, position)``.
+    log_sampling : numpy.ndarray or dask.array.Array
+        The rollout's (mu) log-probabilities, same shape.
+    mask : numpy.ndarray or dask.array.Array
+        Boolean, real tokens.
+    vllm_importance_sampling_mode : str
+        One of :data:`TRL_MODES`.
+    vllm_importance_sampling_clip_min : float, optional
+        The lower clip (None: none).
+    vllm_importance_sampling_clip_max : float, optional
+        The upper clip.
+
+    Returns
+    -------
+    dict
+        ``{peer metric name: float}``.
     """
     lo, ls, m = _prep(log_old, log_sampling, mask)
     if vllm_importance_sampling_mode not in TRL_MODES:
@@ -536,6 +645,22 @@ def nemo_rl_metrics(log_prev, log_generation, mask, *, kl_type: str = "k3") -> d
       ``reference_policy_kl_type``; k1 = ``-logr``, k2 = ``logr^2 / 2``), KL(P_gen || P_train).
 
     Whole-batch statistics (``dim=`` makes no sense here); the arrays may be dask arrays.
+
+    Parameters
+    ----------
+    log_prev : numpy.ndarray or dask.array.Array
+        The trainer side's log-probabilities, ``(sequence, position)``.
+    log_generation : numpy.ndarray or dask.array.Array
+        The rollout's (mu) log-probabilities, same shape.
+    mask : numpy.ndarray or dask.array.Array
+        Boolean, real tokens.
+    kl_type : {"k1", "k2", "k3"}
+        NeMo-RL's ``reference_policy_kl_type``.
+
+    Returns
+    -------
+    dict
+        ``{peer metric name: float}``.
     """
     lp, lg, m = _prep(log_prev, log_generation, mask)
     if kl_type not in ("k1", "k2", "k3"):

@@ -32,8 +32,20 @@ FLOOR_VARIABLES = {"floor_mean_abs": "mean |a - b| over tokens", "floor_rms": "R
 def recorded_floors(trace: xr.Dataset, side: str = "processed") -> dict[str, float]:
     """The floors a trace recorded (mean ``|x|`` and RMS, nats; NaN where not measured): the
     trainer's self-check (``batch_shape``: its batch vs alone; ``run_to_run``: alone twice; the
-    latest version's for a trace scored per version) on the ``side`` reading, and the engine's
-    batch spread (``engine_batch``, ``attrs["engine_floor"]``)."""
+    latest version's for a trace scored per version) on the ``side`` reading, and the engine's batch
+    spread (``engine_batch``, ``attrs["engine_floor"]``).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One arm.
+    side : {"processed", "raw"}
+        The trainer reading.
+
+    Returns
+    -------
+    dict[str, float]
+    """
     t = trace.attrs.get("trainer") or {}
     check = t.get("self_check")
     if not check:
@@ -56,7 +68,21 @@ def recorded_floors(trace: xr.Dataset, side: str = "processed") -> dict[str, flo
 def floors_beside_gap(trace: xr.Dataset, gap_mean_abs: float, side: str = "processed") -> dict[str, float]:
     """The recorded floors next to the backend gap (mean ``|d|``): ``trainer_floor``,
     ``engine_floor`` (mean ``|x|``, nats) and ``trainer_floor_share`` = the trainer's floor over the
-    gap, the share of the gap the trainer alone produces (NaN where not measured)."""
+    gap, the share of the gap the trainer alone produces (NaN where not measured).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One arm.
+    gap_mean_abs : float
+        The backend gap, mean ``|d|`` (nats).
+    side : {"processed", "raw"}
+        The trainer reading.
+
+    Returns
+    -------
+    dict[str, float]
+    """
     f = recorded_floors(trace, side)
     tf, ef = f["batch_shape_mean_abs"], f["engine_batch_mean_abs"]
     return {"trainer_floor": tf, "engine_floor": ef,
@@ -65,7 +91,23 @@ def floors_beside_gap(trace: xr.Dataset, gap_mean_abs: float, side: str = "proce
 
 def floor_stats(a: np.ndarray, b: np.ndarray, mask: np.ndarray, axis=None) -> dict[str, np.ndarray]:
     """Numpy core: ``|a - b|`` reduced over ``axis`` on the real tokens where both are finite:
-    ``floor_mean_abs``, ``floor_rms``, ``floor_max_abs``, ``n_tokens``."""
+    ``floor_mean_abs``, ``floor_rms``, ``floor_max_abs``, ``n_tokens``.
+
+    Parameters
+    ----------
+    a : numpy.ndarray
+        One reading's log-probabilities.
+    b : numpy.ndarray
+        The other reading's.
+    mask : numpy.ndarray
+        Boolean, real tokens.
+    axis : int or tuple of int, optional
+        Axes reduced (``None``: all).
+
+    Returns
+    -------
+    dict[str, np.ndarray]
+    """
     d = np.asarray(a, float) - np.asarray(b, float)
     m = core.finite_mask(d, mask)
     return {"floor_mean_abs": core.masked_mean(np.abs(d), m, axis=axis), "floor_rms": core.masked_rms(d, m, axis=axis),
@@ -76,7 +118,24 @@ def trainer_floor(a: xr.Dataset, b: xr.Dataset, *, trainer: TrainerSide | None =
                   dim: str | Sequence[str] | None = None) -> xr.Dataset:
     """The floor between two rescorings ``a`` and ``b`` of the same trace (e.g. batch 1 and batch
     16): ``|log pi_a - log pi_b|`` of the ``trainer`` reading reduced over ``dim`` (``None``: one
-    value; ``"position"``: one per sequence; ``"sequence"``: one per position), nats."""
+    value; ``"position"``: one per sequence; ``"sequence"``: one per position), nats.
+
+    Parameters
+    ----------
+    a : xarray.Dataset
+        One rescoring of the trace.
+    b : xarray.Dataset
+        Another rescoring of the same tokens.
+    trainer : {"processed", "raw"}, optional
+        The trainer side (default ``defaults().trainer``).
+    dim : str or sequence of str, optional
+        Token dims reduced (``None``: every token; ``"position"``: one value per sequence;
+        ``"sequence"``: one per position).
+
+    Returns
+    -------
+    xarray.Dataset
+    """
     if a.sizes != b.sizes or not np.array_equal(a["token_id"].values, b["token_id"].values):
         raise ValueError("the two readings are not of the same tokens: rescore one trace twice")
     var = trainer_variable(trainer)

@@ -13,9 +13,19 @@ from rlparity.metrics import core
 from rlparity.metrics.objective.settings import BAND_RULES, KL_RULES, OBJECTIVE_DEFAULTS, RULES, Kind
 
 class ValueWithCounts(NamedTuple):
-    """A reduction's value with the counts it rests on: ``value``, ``n_used`` entries,
-    ``n_excluded`` entries (tokens or sequences, as the function says) left out because a policy
-    gives probability 0. (Named ``Measured`` before issue 23.)"""
+    """A reduction's value with the counts it rests on.
+
+    Counts are tokens or sequences, as the function says. (Named ``Measured`` before issue 23.)
+
+    Parameters
+    ----------
+    value : float or numpy.ndarray
+        The reduction's value.
+    n_used : int or numpy.ndarray
+        Entries it used.
+    n_excluded : int or numpy.ndarray
+        Entries left out because a policy gives probability 0.
+    """
 
     value: Any
     n_used: Any
@@ -24,8 +34,25 @@ class ValueWithCounts(NamedTuple):
 
 
 def logprob_difference(log_num: np.ndarray, log_den: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
-    """``d = log_num - log_den`` per token (nats), NaN outside ``mask``; ``-inf`` where the
-    numerator policy gives probability 0, ``+inf`` where the denominator does (NaN where both do)."""
+    """``d = log_num - log_den`` per token (nats), NaN outside ``mask``.
+
+    ``-inf`` where the numerator policy gives probability 0, ``+inf`` where the denominator does
+    (NaN where both do).
+
+    Parameters
+    ----------
+    log_num : numpy.ndarray
+        Log-probabilities of the numerator policy.
+    log_den : numpy.ndarray
+        Log-probabilities of the denominator policy.
+    mask : numpy.ndarray, optional
+        Real tokens; NaN outside (None: no mask).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``d``, shaped like the inputs.
+    """
     num = np.asarray(log_num, dtype=float)
     den = np.asarray(log_den, dtype=float)
     with np.errstate(invalid="ignore"):
@@ -34,17 +61,58 @@ def logprob_difference(log_num: np.ndarray, log_den: np.ndarray, mask: np.ndarra
 
 
 def real_tokens(d: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
-    """The real-token mask: ``mask``, or every non-NaN entry of ``d`` when ``mask`` is None."""
+    """The real-token mask: ``mask``, or every non-NaN entry of ``d`` when ``mask`` is None.
+
+    Parameters
+    ----------
+    d : numpy.ndarray
+        Per-token log ratio (nats).
+    mask : numpy.ndarray, optional
+        Real tokens (``None``: every non-NaN entry of ``d``).
+
+    Returns
+    -------
+    numpy.ndarray
+        Boolean, shaped like ``d``.
+    """
     return ~np.isnan(d) if mask is None else np.asarray(mask, bool)
 
 
 def finite_tokens(d: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
-    """Real tokens with a finite ``d`` (the ones averages use)."""
+    """Real tokens with a finite ``d`` (the ones averages use).
+
+    Parameters
+    ----------
+    d : numpy.ndarray
+        Per-token log ratio (nats).
+    mask : numpy.ndarray, optional
+        Real tokens (``None``: every non-NaN entry of ``d``).
+
+    Returns
+    -------
+    numpy.ndarray
+        Boolean, shaped like ``d``.
+    """
     return real_tokens(d, mask) & np.isfinite(d)
 
 
 def token_counts(d: np.ndarray, mask: np.ndarray | None = None, axis=None) -> tuple[Any, Any]:
-    """(tokens used, tokens excluded because ``d`` is not finite) over ``axis``."""
+    """(tokens used, tokens excluded because ``d`` is not finite) over ``axis``.
+
+    Parameters
+    ----------
+    d : numpy.ndarray
+        Per-token log ratio (nats).
+    mask : numpy.ndarray, optional
+        Real tokens (``None``: every non-NaN entry of ``d``).
+    axis : int or tuple of int, optional
+        Axes reduced (``None``: all).
+
+    Returns
+    -------
+    tuple
+        (tokens used, tokens excluded) over ``axis``.
+    """
     m = real_tokens(d, mask)
     u = m & np.isfinite(d)
     return u.sum(axis=axis), (m & ~u).sum(axis=axis)
@@ -180,7 +248,24 @@ def _safe_exp(x: np.ndarray, ok: np.ndarray) -> np.ndarray:
 
 
 def token_mean(x: np.ndarray, d: np.ndarray, mask: np.ndarray | None = None, axis=None) -> ValueWithCounts:
-    """Mean of ``x`` over the usable tokens of ``d`` (real, finite d)."""
+    """Mean of ``x`` over the usable tokens of ``d`` (real, finite d).
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        The values averaged, shaped like ``d``.
+    d : numpy.ndarray
+        Per-token log ratio (nats).
+    mask : numpy.ndarray, optional
+        Real tokens (``None``: every non-NaN entry of ``d``).
+    axis : int or tuple of int, optional
+        Axes reduced (``None``: all).
+
+    Returns
+    -------
+    ValueWithCounts
+        The mean, tokens used, tokens excluded.
+    """
     u = finite_tokens(d, mask) & np.isfinite(x)
     n = u.sum(axis=axis)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -192,7 +277,24 @@ def sequence_log_ratio(d: np.ndarray, mask: np.ndarray | None = None, *, kind: K
                        axis: int = -1) -> ValueWithCounts:
     """Per sequence (``axis`` reduced): ``sum_t d`` (log of the product ratio) or ``mean_t d`` (log
     of the geometric ratio, GSPO's ``log s_i``). NaN for a sequence without tokens or with a
-    non-finite token; ``n_used`` = its real tokens, ``n_excluded`` = its non-finite tokens."""
+    non-finite token; ``n_used`` = its real tokens, ``n_excluded`` = its non-finite tokens.
+
+    Parameters
+    ----------
+    d : numpy.ndarray
+        Per-token log ratio (nats).
+    mask : numpy.ndarray, optional
+        Real tokens (``None``: every non-NaN entry of ``d``).
+    kind : {"product", "geometric"}
+        The sequence ratio: ``sum_t d`` or ``mean_t d``.
+    axis : int
+        The axis of response positions.
+
+    Returns
+    -------
+    ValueWithCounts
+        One value per sequence, its real tokens, its non-finite tokens.
+    """
     if kind not in ("product", "geometric"):
         raise ValueError(f"kind={kind!r}; use 'product' or 'geometric'")
     m = real_tokens(d, mask)
@@ -291,10 +393,32 @@ def _eps(eps_low, eps_high, level):
 
 def importance_weights(d: np.ndarray, mask: np.ndarray | None = None, *, level: Level = "token",
                        kind: Kind = "product", cap: float | None = None, axis: int = -1) -> np.ndarray:
-    """Importance weights shaped like ``d``: token ``w_t = exp(d_t)``; sequence ``w_i = exp(sum_t d)``
-    (``kind="product"``) or ``exp(mean_t d)`` (``"geometric"``) on every token of the sequence.
-    With ``cap`` the weights are truncated, ``min(w, cap)`` (TIS). NaN at padding, at excluded
-    tokens and on every token of an excluded sequence."""
+    """Importance weights shaped like ``d``: token ``w_t = exp(d_t)``.
+
+    sequence ``w_i = exp(sum_t d)`` (``kind="product"``) or ``exp(mean_t d)`` (``"geometric"``) on
+    every token of the sequence. With ``cap`` the weights are truncated, ``min(w, cap)`` (TIS). NaN
+    at padding, at excluded tokens and on every token of an excluded sequence.
+
+    Parameters
+    ----------
+    d : numpy.ndarray
+        Per-token log ratio (nats).
+    mask : numpy.ndarray, optional
+        Real tokens (``None``: every non-NaN entry of ``d``).
+    level : {"token", "sequence"}
+        Token or sequence level.
+    kind : {"product", "geometric"}
+        The sequence ratio: ``sum_t d`` or ``mean_t d``.
+    cap : float, optional
+        Truncate at ``min(w, cap)`` (None: raw weights).
+    axis : int or tuple of int, optional
+        Axes reduced (``None``: all).
+
+    Returns
+    -------
+    numpy.ndarray
+        Weights shaped like ``d``.
+    """
     if level == "token":
         u = finite_tokens(d, mask)
         w = np.where(u, _safe_exp(d, u), np.nan)
@@ -309,16 +433,51 @@ def importance_weights(d: np.ndarray, mask: np.ndarray | None = None, *, level: 
 
 
 def tis_weights(d: np.ndarray, mask: np.ndarray | None = None, *, cap: float | None = None) -> np.ndarray:
-    """Token truncated importance sampling: ``w = min(rho, C)`` (``C`` default
-    ``OBJECTIVE_DEFAULTS.is_cap``)."""
+    """Token truncated importance sampling: ``w = min(rho, C)`` (``C`` default ``OBJECTIVE_DEFAULTS.is_cap``).
+
+    Parameters
+    ----------
+    d : numpy.ndarray
+        Per-token log ratio (nats).
+    mask : numpy.ndarray, optional
+        Real tokens (``None``: every non-NaN entry of ``d``).
+    cap : float, optional
+        The truncation ``C`` (default ``OBJECTIVE_DEFAULTS.is_cap``).
+
+    Returns
+    -------
+    numpy.ndarray
+        Truncated token weights shaped like ``d``.
+    """
     return importance_weights(d, mask, level="token", cap=OBJECTIVE_DEFAULTS.is_cap if cap is None else cap)
 
 
 def band_keep(d: np.ndarray, mask: np.ndarray | None = None, *, band: tuple[float, float],
               level: Level = "token", kind: Kind = "geometric", axis: int = -1) -> np.ndarray:
     """Rejection by a ratio band: keep a usable token whose ``rho`` (``level="token"``), or every
-    token of a sequence whose product / geometric ratio (``"sequence"``), lies in ``band``.
-    Excluded tokens and padding are never kept."""
+    token of a sequence whose product / geometric ratio (``"sequence"``), lies in ``band``. Excluded
+    tokens and padding are never kept.
+
+    Parameters
+    ----------
+    d : numpy.ndarray
+        Per-token log ratio (nats).
+    mask : numpy.ndarray, optional
+        Real tokens (``None``: every non-NaN entry of ``d``).
+    band : tuple of float
+        ``(low, high)`` on the ratio.
+    level : {"token", "sequence"}
+        Token ratio, or the sequence's ratio on each of its tokens.
+    kind : {"product", "geometric"}
+        The sequence ratio: ``sum_t d`` or ``mean_t d``.
+    axis : int
+        The axis of response positions.
+
+    Returns
+    -------
+    numpy.ndarray
+        Boolean, the tokens kept.
+    """
     lo, hi = band
     w = importance_weights(d, mask, level=level, kind=kind, axis=axis)
     with np.errstate(invalid="ignore"):
@@ -326,9 +485,22 @@ def band_keep(d: np.ndarray, mask: np.ndarray | None = None, *, band: tuple[floa
 
 
 def kl_statistic(d: np.ndarray, estimator: str) -> np.ndarray:
-    """Schulman's estimators per token with ``r = exp(d)``: ``k1 = -d``, ``k2 = d^2 / 2``,
-    ``k3 = r - 1 - d`` (samples from the denominator policy; k1 and k3 estimate
-    KL(denominator || numerator))."""
+    """Schulman's estimators per token with ``r = exp(d)``: ``k1 = -d``, ``k2 = d^2 / 2``, ``k3 = r
+    - 1 - d`` (samples from the denominator policy; k1 and k3 estimate KL(denominator ||
+    numerator)).
+
+    Parameters
+    ----------
+    d : numpy.ndarray
+        Per-token log ratio (nats).
+    estimator : {"k1", "k2", "k3"}
+        Schulman's estimator.
+
+    Returns
+    -------
+    numpy.ndarray
+        The estimator per token.
+    """
     with np.errstate(invalid="ignore", over="ignore"):
         if estimator == "k1":
             return -d
@@ -341,12 +513,31 @@ def kl_statistic(d: np.ndarray, estimator: str) -> np.ndarray:
 
 def kl_keep(d: np.ndarray, mask: np.ndarray | None = None, *, rule: str = "token_k3",
             threshold: float | tuple[float, float] | None = None, axis: int = -1) -> np.ndarray:
-    """Rejection by a KL estimator (verl's ``rollout_rs`` options): ``rule`` is
-    ``<level>_<k>`` with level ``token`` | ``seq_sum`` | ``seq_mean`` | ``seq_max``. The statistic
-    is the token's k value, or its sum / mean / max over the sequence. ``k1`` keeps a statistic
-    inside the band ``threshold = (low, high)``; ``k2`` / ``k3`` keep it ``<= threshold``.
-    Defaults: ``OBJECTIVE_DEFAULTS.kl_thresholds[rule]``. Excluded tokens are never kept, and a
-    sequence rule drops every token of a sequence with an excluded token."""
+    """Rejection by a KL estimator (verl's ``rollout_rs`` options): ``rule`` is ``<level>_<k>`` with
+    level ``token`` | ``seq_sum`` | ``seq_mean`` | ``seq_max``. The statistic is the token's k
+    value, or its sum / mean / max over the sequence. ``k1`` keeps a statistic inside the band
+    ``threshold = (low, high)``; ``k2`` / ``k3`` keep it ``<= threshold``. Defaults:
+    ``OBJECTIVE_DEFAULTS.kl_thresholds[rule]``. Excluded tokens are never kept, and a sequence rule
+    drops every token of a sequence with an excluded token.
+
+    Parameters
+    ----------
+    d : numpy.ndarray
+        Per-token log ratio (nats).
+    mask : numpy.ndarray, optional
+        Real tokens (``None``: every non-NaN entry of ``d``).
+    rule : str
+        ``<level>_<k>``, one of :data:`KL_RULES`.
+    threshold : float or tuple, optional
+        ``(low, high)`` for k1, an upper bound for k2 / k3 (default ``OBJECTIVE_DEFAULTS.kl_thresholds[rule]``).
+    axis : int or tuple of int, optional
+        Axes reduced (``None``: all).
+
+    Returns
+    -------
+    numpy.ndarray
+        Boolean, the tokens kept.
+    """
     if rule not in KL_RULES:
         raise ValueError(f"rule={rule!r}; use one of {list(KL_RULES)}")
     level, est = rule.rsplit("_", 1)
@@ -383,7 +574,26 @@ def rejection_keep(d: np.ndarray, mask: np.ndarray | None = None, *, rule: str =
                    threshold: Any = None, axis: int = -1) -> np.ndarray:
     """One rejection rule: ``token_band`` (rho in ``[1/C, C]``), ``geometric_band`` and
     ``product_band`` (sequence ratio in a band), or a KL rule of :func:`kl_keep`. ``threshold`` is
-    the band or bound (default from :data:`OBJECTIVE_DEFAULTS`)."""
+    the band or bound (default from :data:`OBJECTIVE_DEFAULTS`).
+
+    Parameters
+    ----------
+    d : numpy.ndarray
+        Per-token log ratio (nats).
+    mask : numpy.ndarray, optional
+        Real tokens (``None``: every non-NaN entry of ``d``).
+    rule : str
+        One of :data:`RULES`.
+    threshold : optional
+        The rule's band or bound (default from :data:`OBJECTIVE_DEFAULTS`).
+    axis : int
+        The axis of response positions.
+
+    Returns
+    -------
+    numpy.ndarray
+        Boolean, the tokens kept.
+    """
     if rule in BAND_RULES:
         band = OBJECTIVE_DEFAULTS.band(rule) if threshold is None else tuple(threshold)
         level: Level = "token" if rule == "token_band" else "sequence"
@@ -475,8 +685,23 @@ def sequences_rejected(parts: dict[str, np.ndarray]) -> ValueWithCounts:
 
 def weights_ess(weights: np.ndarray, valid: np.ndarray | None = None, axis=None) -> ValueWithCounts:
     """:func:`rlparity.metrics.core.ess` (``(sum w)^2 / (n sum w^2)`` in (0, 1] over the finite,
-    ``valid`` weights) with its counts: weights used, and valid weights left out as not finite.
-    Give it raw weights: truncation hides a collapse."""
+    ``valid`` weights) with its counts: weights used, and valid weights left out as not finite. Give
+    it raw weights: truncation hides a collapse.
+
+    Parameters
+    ----------
+    weights : numpy.ndarray
+        Raw (untruncated) weights.
+    valid : numpy.ndarray, optional
+        Boolean, the weights counted (``None``: all finite ones).
+    axis : int or tuple of int, optional
+        Axes reduced (``None``: all).
+
+    Returns
+    -------
+    ValueWithCounts
+        The ESS, weights used, valid weights left out as not finite.
+    """
     w = np.asarray(weights, dtype=float)
     ok = np.isfinite(w) & (True if valid is None else np.asarray(valid, bool))
     excl = ((~np.isfinite(w)) & (True if valid is None else np.asarray(valid, bool))).sum(axis=axis)
@@ -552,6 +777,24 @@ def decoupled_weights(log_mu: np.ndarray, log_old: np.ndarray, log_theta: np.nda
     * ``update_ratio`` = pi_theta / pi_old (update pair, what PPO clips);
     * ``weight`` = their product, the factor on the advantage;
     * ``bypass_ratio`` = pi_theta / mu (two-policy form; equals ``weight`` when ``cap`` is None).
+
+    Parameters
+    ----------
+    log_mu : numpy.ndarray
+        Log-probabilities of the rollout (mu).
+    log_old : numpy.ndarray
+        Log-probabilities of the trainer at the rollout's weights (pi_old).
+    log_theta : numpy.ndarray
+        Log-probabilities of the trainer after the step (pi_theta).
+    mask : numpy.ndarray, optional
+        Real tokens (``None``: where pi_old and mu are not NaN).
+    cap : float, optional
+        Truncation of the correction weight (None: raw).
+
+    Returns
+    -------
+    dict
+        ``correction_weight``, ``update_ratio``, ``weight``, ``bypass_ratio``, each shaped like the inputs.
     """
     m = real_tokens(logprob_difference(log_old, log_mu), mask) if mask is None else np.asarray(mask, bool)
     corr = importance_weights(logprob_difference(log_old, log_mu, m), m, cap=cap)
