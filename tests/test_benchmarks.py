@@ -27,6 +27,8 @@ SMOKE = {
     "lazy_summary.py": (["--tokens", "100000", "--block", "32", "--repeats", "1", "--out", "{out}"],
                         lambda r: r["same_count"] and r["same_mean_abs"] < 1e-9 and r["q99_diff"] < 1e-9
                         and r["peak_rss_mb"]["lazy"] > 0),
+    "lazy_objective.py": (["--tokens", "60000", "--block", "16", "--out", "{out}"],
+                          lambda r: r["max_rel_diff"] < 1e-12 and r["lazy_peak_rss_mb"] > 0),
     "store_integrity.py": (["--tokens", "20000", "--repeats", "1", "--out", "{out}"],
                            lambda r: r["same_values"] and r["tokens"] > 10000),
     # starts one vLLM engine (the engine tests' lane)

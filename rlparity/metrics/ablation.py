@@ -21,6 +21,7 @@ import xarray as xr
 from rlparity.config.provenance import make_attrs
 from rlparity.config.defaults import TrainerSide, defaults
 from rlparity.metrics import core
+from rlparity.metrics.dims import refuse_dim
 from rlparity.metrics.summary import BACKEND_PAIR_D, REFERENCE_PAIR_D, summary
 from rlparity.trace import as_arms, has_trainer
 
@@ -28,7 +29,18 @@ REFERENCE = "reference"
 
 
 def ablation_plan(arms: Mapping[str, xr.Dataset]) -> list[dict[str, Any]]:
-    """The plan recorded in the arms' attrs: per knob its field, typed value, status and reason."""
+    """The plan recorded in the arms' attrs: per knob its field, typed value, status and reason.
+
+    Parameters
+    ----------
+    arms : mapping
+        ``{arm: trace}`` of an ablation (:func:`rlparity.experiments.ablation.ablation`).
+
+    Returns
+    -------
+    list of dict
+        One entry per knob (``arm``, ``field``, ``value``, ``status``, ``reason``...).
+    """
     for tr in arms.values():
         rec = tr.attrs.get("ablation")
         if rec:
@@ -38,12 +50,39 @@ def ablation_plan(arms: Mapping[str, xr.Dataset]) -> list[dict[str, Any]]:
 
 
 def is_ablation(arms: Mapping[str, xr.Dataset]) -> bool:
+    """Whether the arms come from an ablation (an ``ablation`` attr on any arm).
+
+    Parameters
+    ----------
+    arms : mapping
+        ``{arm: trace}`` of an ablation (:func:`rlparity.experiments.ablation.ablation`).
+
+    Returns
+    -------
+    bool
+    """
     return any("ablation" in tr.attrs for tr in arms.values())
 
 
 def align_with_reference(trace: xr.Dataset, reference: xr.Dataset) -> tuple[np.ndarray, list[dict[str, Any]]]:
-    """``d_ref`` per (arm sequence, position) on identically sampled tokens up to each sequence's
-    first divergence (NaN elsewhere), and per matched pair its divergence and token counts."""
+    """``d_ref`` per (arm sequence, position) on identically sampled tokens.
+
+    Up to each sequence's first divergence (NaN elsewhere), and per matched pair its divergence and
+    token counts. Sequences are matched by ``(prompt_index, sample_index)``.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One arm.
+    reference : xarray.Dataset
+        The reference arm.
+
+    Returns
+    -------
+    tuple
+        ``d_ref`` (``(sequence, position)`` of ``trace``, nats) and one dict per matched pair
+        (``first_divergence``, ``n_both``, ``n_compared``, ``identical``, ``prompt_same``).
+    """
     def key(ds):
         return list(zip(ds["prompt_index"].values.tolist(), ds["sample_index"].values.tolist()))
 
@@ -73,8 +112,22 @@ def align_with_reference(trace: xr.Dataset, reference: xr.Dataset) -> tuple[np.n
 
 
 def reference_log_ratio(trace: xr.Dataset, reference: xr.Dataset) -> np.ndarray:
-    """``d_ref = log mu_arm - log mu_reference`` (nats) per (sequence, position) of ``trace``, on
-    the tokens both arms sampled identically up to the first divergence; NaN elsewhere."""
+    """``d_ref = log mu_arm - log mu_reference`` (nats) per (sequence, position) of ``trace``.
+
+    On the tokens both arms sampled identically up to the first divergence; NaN elsewhere.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One arm.
+    reference : xarray.Dataset
+        The reference arm.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(sequence, position)`` of ``trace``.
+    """
     return align_with_reference(trace, reference)[0]
 
 
@@ -84,6 +137,20 @@ def reference_diff(trace: xr.Dataset, reference: xr.Dataset) -> dict[str, Any]:
     Sequences are matched by ``(prompt_index, sample_index)``; per sequence the comparison runs
     up to the first position where the sampled token ids differ (after it the two arms condition
     on different text). ``d_ref = log mu_arm - log mu_reference`` (nats).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One arm.
+    reference : xarray.Dataset
+        The reference arm.
+
+    Returns
+    -------
+    dict
+        ``abs_log_ratio_mean``, ``abs_log_ratio_max``, ``mean_ratio``, ``bitwise_equal_share``,
+        ``identical_sequences``, ``first_divergence_mean``, ``compared_token_share``,
+        ``n_sequences``, ``prompts_identical``.
     """
     d, pairs = align_with_reference(trace, reference)
     d = d[np.isfinite(d)]
@@ -120,17 +187,54 @@ TABLE_VARIABLES = {
 
 
 def reference_arm(arms: Mapping[str, xr.Dataset], reference: str | None = None) -> str:
-    """The name of the arm others are compared with (default ``reference``); an error if absent."""
+    """The name of the arm others are compared with; an error if absent.
+
+    Parameters
+    ----------
+    arms : mapping
+        ``{arm: trace}`` of an ablation (:func:`rlparity.experiments.ablation.ablation`).
+    reference : str, optional
+        The arm's name (default ``"reference"``).
+
+    Returns
+    -------
+    str
+    """
     reference = reference or REFERENCE
     if reference not in arms:
         raise ValueError(f"no {reference!r} arm in the store (arms: {', '.join(arms)})")
     return reference
 
 
-def ablation_table(data, *, trainer: TrainerSide | None = None, reference: str | None = None) -> xr.Dataset:
-    """Per setting (dim ``setting``, the reference first): status, field, value, and how the arm
+def ablation_table(data, *, trainer: TrainerSide | None = None, reference: str | None = None,
+                   dim: Any = None) -> xr.Dataset:
+    """Per setting: how the arm moves the logprobs vs the trainer and vs the reference arm.
+
+    Per setting (dim ``setting``, the reference first): status, field, value, and how the arm
     moves the logprobs vs the trainer and vs the ``reference`` arm (default: the store's
-    ``reference`` arm); not-applicable knobs keep their row with NaN metrics and the reason."""
+    ``reference`` arm); not-applicable knobs keep their row with NaN metrics and the reason. A row
+    is a function of a whole arm (matched against the reference's sequences): ``dim=`` is refused;
+    per position see :func:`reference_gap_by_position`, per token of one arm
+    :func:`rlparity.metrics.summary` with ``dim=``.
+
+    Parameters
+    ----------
+    data : mapping, DataTree or path
+        ``{arm: trace}``, a DataTree or a store path of an ablation.
+    trainer : {"processed", "raw"}, optional
+        The trainer side (default ``defaults().trainer``).
+    reference : str, optional
+        The reference arm (default ``"reference"``).
+    dim : None
+        Refused unless None.
+
+    Returns
+    -------
+    xarray.Dataset
+        Dim ``setting``: the plan's text columns and :data:`TABLE_VARIABLES`.
+    """
+    refuse_dim(dim, "an ablation row (one knob's effect on an arm, against the reference arm's matched sequences)",
+               "per position: reference_gap_by_position(); per sequence or position of one arm: summary(arm, dim=...)")
     arms = as_arms(data)
     plan = ablation_plan(arms)
     reference = reference_arm(arms, reference)
@@ -175,9 +279,22 @@ def ablation_table(data, *, trainer: TrainerSide | None = None, reference: str |
 
 
 def reference_gap_by_position(data, *, reference: str | None = None) -> xr.Dataset:
-    """Mean ``|d_ref|`` (nats) per response position for every arm against the ``reference`` arm
-    (default: the store's ``reference`` arm), on the tokens both sampled identically; dims
-    ``(setting, position)``; NaN where no token was compared."""
+    """Mean ``|d_ref|`` (nats) per response position for every arm against the reference arm.
+
+    On the tokens both sampled identically; NaN where no token was compared.
+
+    Parameters
+    ----------
+    data : mapping, DataTree or path
+        ``{arm: trace}``, a DataTree or a store path of an ablation.
+    reference : str, optional
+        The reference arm (default ``"reference"``).
+
+    Returns
+    -------
+    xarray.Dataset
+        ``reference_abs_log_ratio_mean``, dims ``(setting, position)``.
+    """
     arms = as_arms(data)
     reference = reference_arm(arms, reference)
     rows = {}
@@ -196,8 +313,24 @@ def reference_gap_by_position(data, *, reference: str | None = None) -> xr.Datas
     return ds
 
 
-def batch_summary(trace: xr.Dataset) -> dict[str, Any]:
-    """Distinct greedy outputs over batch sizes and the logprob spread on the common prefix."""
+def batch_summary(trace: xr.Dataset, *, dim: Any = None) -> dict[str, Any]:
+    """Distinct greedy outputs over batch sizes and the logprob spread on the common prefix.
+
+    A probe of one prompt over batch sizes is a property of the whole arm: ``dim=`` is refused.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        An arm with ``batch_token_id`` and ``batch_logprob`` (``ablation(..., batch=BatchProbe(...))``).
+    dim : None
+        Refused unless None.
+
+    Returns
+    -------
+    dict
+        ``distinct_outputs``, ``common_prefix``, ``logprob_spread`` (nats), ``batch_sizes``.
+    """
+    refuse_dim(dim, "a batch-composition probe (one prompt over batch sizes)", "it has no per-token view")
     tok = trace["batch_token_id"].values
     lp = trace["batch_logprob"].values
     distinct = len({tuple(r.tolist()) for r in tok})
@@ -210,8 +343,24 @@ def batch_summary(trace: xr.Dataset) -> dict[str, Any]:
             "batch_sizes": trace["batch_size"].values.tolist()}
 
 
-def batch_table(data) -> xr.Dataset:
-    """Per setting that ran: distinct greedy outputs, common prefix length, logprob spread."""
+def batch_table(data, *, dim: Any = None) -> xr.Dataset:
+    """Per setting that ran: distinct greedy outputs, common prefix length, logprob spread.
+
+    A table of whole-arm probes: ``dim=`` is refused.
+
+    Parameters
+    ----------
+    data : mapping, DataTree or path
+        ``{arm: trace}``, a DataTree or a store path of an ablation.
+    dim : None
+        Refused unless None.
+
+    Returns
+    -------
+    xarray.Dataset
+        Dim ``setting``: ``distinct_outputs``, ``common_prefix``, ``logprob_spread``.
+    """
+    refuse_dim(dim, "a batch-composition table (one prompt over batch sizes per arm)", "it has no per-token view")
     arms = as_arms(data)
     rows = {k: batch_summary(v) for k, v in arms.items() if "batch_token_id" in v}
     if not rows:

@@ -307,7 +307,12 @@ def ess(weights: np.ndarray, mask: np.ndarray | None = None, axis=None) -> np.nd
     m = finite_mask(w, mask)
     s1 = np.sum(np.where(m, w, 0.0), axis=axis)
     s2 = np.sum(np.where(m, w, 0.0) ** 2, axis=axis)
-    n = count(m, axis)
+    return ess_from_sums(s1, s2, count(m, axis))
+
+
+def ess_from_sums(s1, s2, n):
+    """The normalised ESS ``s1^2 / (n s2)`` from the sum of the weights, of their squares and
+    their number (NaN where ``n`` or ``s2`` is 0); sums that add across blocks of a trace."""
     with np.errstate(invalid="ignore", divide="ignore"):
         out = np.where((n > 0) & (s2 > 0), s1 ** 2 / (np.maximum(n, 1) * np.where(s2 > 0, s2, 1.0)), np.nan)
     return out if np.ndim(out) else float(out)

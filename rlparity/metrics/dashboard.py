@@ -22,8 +22,10 @@ peers would turn them into infinities or clamp them silently) and counted on the
 A lazy trace (``open_arms(store, chunks=N)``) is streamed: every formula is written so dask can
 reduce it chunk by chunk (see the note above :func:`_masked_max`), and all the metrics of a
 dashboard, its counts and the gap beside the floors come from one ``dask.compute``. The chunks are
-read by dask straight from zarr: unlike :func:`rlparity.metrics.summary` and
-:func:`rlparity.diagnose.diagnose` (the block reader), this does not check the store's CRC record.
+read by dask straight from zarr and checked as :func:`rlparity.trace.blocks` checks them: the same
+computation takes each chunk's CRC-32 (:func:`rlparity.trace.lazy.chunk_digests`), and the chunks'
+CRCs combined in order must equal the store's record for every variable the dashboard read, or
+:class:`rlparity.trace.StoreDamagedError` is raised instead of a number.
 """
 
 from __future__ import annotations
@@ -38,7 +40,10 @@ import xarray as xr
 
 from rlparity.config.defaults import TrainerSide, defaults
 from rlparity.config.provenance import make_attrs
+from rlparity.metrics.dims import refuse_dim
 from rlparity.metrics.floors import floors_beside_gap
+from rlparity.trace import is_lazy
+from rlparity.trace.lazy import chunk_digests, verify_chunk_digests
 from rlparity.metrics.objective import (
     OBJECTIVE_DEFAULTS,
     POLICY_NAMES,
@@ -67,8 +72,16 @@ SAFETY_BOUND = 20.0  # verl's exp clamp
 
 
 class DashboardMetrics(dict):
-    """A flat ``{peer metric name: value}`` dict that also says what it was computed on:
-    ``peer``, ``pair``, ``direction``, ``n_tokens`` used, ``n_excluded`` tokens, ``source``."""
+    """A flat ``{peer metric name: value}`` dict that also says what it was computed on: ``peer``,
+    ``pair``, ``direction``, ``n_tokens`` used, ``n_excluded`` tokens, ``source``.
+
+    Parameters
+    ----------
+    values : mapping
+        ``{peer metric name: value}``.
+    info : Any
+        Keyword arguments: what the numbers were computed on (``peer``, ``pair``, ...).
+    """
 
     def __init__(self, values: Mapping[str, float], **info: Any):
         super().__init__(values)
@@ -81,7 +94,13 @@ class DashboardMetrics(dict):
             raise AttributeError(name) from None
 
     def to_dataset(self) -> xr.Dataset:
-        """The same numbers as an ``xarray.Dataset`` of scalars, provenance in attrs."""
+        """The same numbers as an ``xarray.Dataset`` of scalars, provenance in attrs.
+
+        Returns
+        -------
+        xarray.Dataset
+            Scalars, provenance in attrs.
+        """
         ds = xr.Dataset({k: ((), float(v)) for k, v in self.items()})
         ds.attrs = make_attrs(**{k: (v if isinstance(v, (str, int, float)) else str(v))
                                  for k, v in self.info.items()})
@@ -133,11 +152,16 @@ def _computed(func):
     return wrapper
 
 
-def _evaluate(out: Mapping[str, Any]) -> dict[str, float]:
+def _evaluate(out: Mapping[str, Any], trace: xr.Dataset | None = None, read: tuple[str, ...] = ()) -> dict[str, float]:
+    """The (possibly lazy) metrics as floats, in one ``dask.compute``; with a lazy ``trace``, the
+    chunks of its variables ``read`` are CRC-checked in the same computation."""
     if any(hasattr(v, "dask") for v in out.values()):
         import dask
 
-        (out,) = dask.compute(dict(out))
+        digests = chunk_digests(trace, list(read)) if trace is not None and is_lazy(trace) else {}
+        out, digests = dask.compute(dict(out), digests)
+        if trace is not None:
+            verify_chunk_digests(trace, digests)
     out = {k: float(v) for k, v in out.items()}
     if out.pop(_USABLE, 1.0) == 0:
         raise ValueError("no usable token: every real token has a probability-0 side or the mask is empty")
@@ -302,6 +326,26 @@ def verl_metrics(log_train, log_rollout, mask, *, rollout_is: str | None = "toke
     verl's masked mean divides by ``count + 1e-8``; so does this. Every statistic is a whole-batch
     one (``dim=`` makes no sense here); the arrays may be dask arrays (streamed chunk by chunk,
     evaluated in one ``dask.compute``).
+
+    Parameters
+    ----------
+    log_train : numpy.ndarray or dask.array.Array
+        The trainer side's log-probabilities, ``(sequence, position)``.
+    log_rollout : numpy.ndarray or dask.array.Array
+        The rollout's (mu) log-probabilities, same shape.
+    mask : numpy.ndarray or dask.array.Array
+        Boolean, real tokens.
+    rollout_is : {"token", "sequence"} or None
+        verl's importance-sampling level.
+    rollout_is_threshold : float, optional
+        The truncation C (default ``OBJECTIVE_DEFAULTS.is_cap``).
+    rollout_rs : mapping, optional
+        verl's rejection-sampling options, ``{rule: threshold}``.
+
+    Returns
+    -------
+    dict
+        ``{peer metric name: float}``.
     """
     lt, lr, m = _prep(log_train, log_rollout, mask)
     mf = m.astype(float)
@@ -379,6 +423,26 @@ def pipelinerl_metrics(log_new, log_old, mask, *, policy_loss: str = "ppo", epsi
       geometric ratio ``exp(sum d / L)`` is clamped (default eps the GSPO paper's), same aggregation.
 
     Whole-batch statistics (``dim=`` makes no sense here); the arrays may be dask arrays.
+
+    Parameters
+    ----------
+    log_new : numpy.ndarray or dask.array.Array
+        The trainer side's log-probabilities, ``(sequence, position)``.
+    log_old : numpy.ndarray or dask.array.Array
+        The rollout's (mu) log-probabilities, same shape.
+    mask : numpy.ndarray or dask.array.Array
+        Boolean, real tokens.
+    policy_loss : {"ppo", "gspo"}
+        Which clip the indicator counts.
+    epsilon_low : float, optional
+        Lower clip (default 0.2, or GSPO's).
+    epsilon_high : float, optional
+        Upper clip (default 0.2, or GSPO's).
+
+    Returns
+    -------
+    dict
+        ``{peer metric name: float}``.
     """
     ln, lo, m = _prep(log_new, log_old, mask)
     mf = m.astype(float)
@@ -411,8 +475,8 @@ def pipelinerl_metrics(log_new, log_old, mask, *, policy_loss: str = "ppo", epsi
 @_computed
 def prime_rl_metrics(log_trainer, log_inference, mask, *, advantages=None, dppo_mask_low: float = 0.2,
                      dppo_mask_high: float = 0.2) -> dict[str, float]:
-    """prime-rl's mismatch statistics (PrimeIntellect-ai/prime-rl ``src/prime_rl/trainer/rl/loss.py``
-    and ``train.py`` at 559b4477).
+    """prime-rl's mismatch statistics (PrimeIntellect-ai/prime-rl
+    ``src/prime_rl/trainer/rl/loss.py`` and ``train.py`` at 559b4477).
 
     Pair: ``trainer_logprobs`` = the trainer's current weights, ``inference_logprobs`` = mu
     (prime-rl does not recompute pi_old).
@@ -426,6 +490,26 @@ def prime_rl_metrics(log_trainer, log_inference, mask, *, advantages=None, dppo_
       over sequences. Needs per-sequence ``advantages`` (omitted without them).
 
     Whole-batch statistics (``dim=`` makes no sense here); the arrays may be dask arrays.
+
+    Parameters
+    ----------
+    log_trainer : numpy.ndarray or dask.array.Array
+        The trainer side's log-probabilities, ``(sequence, position)``.
+    log_inference : numpy.ndarray or dask.array.Array
+        The rollout's (mu) log-probabilities, same shape.
+    mask : numpy.ndarray or dask.array.Array
+        Boolean, real tokens.
+    advantages : numpy.ndarray, optional
+        One advantage per sequence (the ``is_masked`` metrics need them).
+    dppo_mask_low : float
+        DPPO's lower probability-difference bound.
+    dppo_mask_high : float
+        DPPO's upper bound.
+
+    Returns
+    -------
+    dict
+        ``{peer metric name: float}``.
     """
     lt, li, m = _prep(log_trainer, log_inference, mask)
     mf = m.astype(float)
@@ -457,7 +541,22 @@ def slime_metrics(log_train, log_rollout, mask) -> dict[str, float]:
     rollout_log_probs|)`` reported over the step's samples, i.e. the mean over sequences of the
     per-sequence token mean of ``|log pi_old - log mu|`` (default per-sample loss; pair: backend,
     ``old_log_probs`` recomputed by the trainer). Its CI gate: <= 0.1. A whole-batch statistic
-    (``dim=`` makes no sense here); the arrays may be dask arrays."""
+    (``dim=`` makes no sense here); the arrays may be dask arrays.
+
+    Parameters
+    ----------
+    log_train : numpy.ndarray or dask.array.Array
+        The trainer side's log-probabilities, ``(sequence, position)``.
+    log_rollout : numpy.ndarray or dask.array.Array
+        The rollout's (mu) log-probabilities, same shape.
+    mask : numpy.ndarray or dask.array.Array
+        Boolean, real tokens.
+
+    Returns
+    -------
+    dict
+        ``{peer metric name: float}``.
+    """
     lt, lr, m = _prep(log_train, log_rollout, mask)
     return {"train/train_rollout_logprob_abs_diff": _per_seq_mean_then_batch(np.abs(lt - lr), m)}
 
@@ -470,8 +569,8 @@ def trl_metrics(log_old, log_sampling, mask, *, vllm_importance_sampling_mode: s
                 vllm_importance_sampling_clip_min: float | None = None,
                 vllm_importance_sampling_clip_max: float | None = 3.0) -> dict[str, float]:
     """TRL GRPOTrainer's ``sampling/*`` metrics with ``vllm_importance_sampling_correction``
-    (huggingface/trl ``trl/trainer/grpo_trainer.py`` at f2cd5771; defaults of ``GRPOConfig``:
-    mode ``sequence_mask``, clip max 3.0, no clip min).
+    (huggingface/trl ``trl/trainer/grpo_trainer.py`` at f2cd5771; defaults of ``GRPOConfig``: mode
+    ``sequence_mask``, clip max 3.0, no clip min).
 
     Pair: ``old_per_token_logps`` (the trainer at the generation weights, pi_old) against
     ``sampling_per_token_logps`` (vLLM, mu).
@@ -483,6 +582,26 @@ def trl_metrics(log_old, log_sampling, mask, *, vllm_importance_sampling_mode: s
       masked tokens (token modes) or over sequences (sequence modes), after that processing.
 
     Whole-batch statistics (``dim=`` makes no sense here); the arrays may be dask arrays.
+
+    Parameters
+    ----------
+    log_old : numpy.ndarray or dask.array.Array
+        The trainer side's log-probabilities, ``(sequence, position)``.
+    log_sampling : numpy.ndarray or dask.array.Array
+        The rollout's (mu) log-probabilities, same shape.
+    mask : numpy.ndarray or dask.array.Array
+        Boolean, real tokens.
+    vllm_importance_sampling_mode : str
+        One of :data:`TRL_MODES`.
+    vllm_importance_sampling_clip_min : float, optional
+        The lower clip (None: none).
+    vllm_importance_sampling_clip_max : float, optional
+        The upper clip.
+
+    Returns
+    -------
+    dict
+        ``{peer metric name: float}``.
     """
     lo, ls, m = _prep(log_old, log_sampling, mask)
     if vllm_importance_sampling_mode not in TRL_MODES:
@@ -526,6 +645,22 @@ def nemo_rl_metrics(log_prev, log_generation, mask, *, kl_type: str = "k3") -> d
       ``reference_policy_kl_type``; k1 = ``-logr``, k2 = ``logr^2 / 2``), KL(P_gen || P_train).
 
     Whole-batch statistics (``dim=`` makes no sense here); the arrays may be dask arrays.
+
+    Parameters
+    ----------
+    log_prev : numpy.ndarray or dask.array.Array
+        The trainer side's log-probabilities, ``(sequence, position)``.
+    log_generation : numpy.ndarray or dask.array.Array
+        The rollout's (mu) log-probabilities, same shape.
+    mask : numpy.ndarray or dask.array.Array
+        Boolean, real tokens.
+    kl_type : {"k1", "k2", "k3"}
+        NeMo-RL's ``reference_policy_kl_type``.
+
+    Returns
+    -------
+    dict
+        ``{peer metric name: float}``.
     """
     lp, lg, m = _prep(log_prev, log_generation, mask)
     if kl_type not in ("k1", "k2", "k3"):
@@ -549,17 +684,43 @@ _OPTIONS = {"verl": {"rollout_is", "rollout_is_threshold", "rollout_rs"},
 
 
 def as_dashboard(trace: xr.Dataset, names: str = "verl", *, trainer: TrainerSide | None = None, policy: str = "old",
-                 as_dataset: bool = False, **options: Any) -> DashboardMetrics | xr.Dataset:
-    """The trace's mismatch under one peer's dashboard names (``names`` one of :data:`DASHBOARDS`),
-    with that peer's formulas (see each ``<peer>_metrics``). ``policy="old"`` compares pi_old
-    with mu (the backend pair: what every peer logs on the first micro-batch at lag 0);
-    ``policy="theta"`` uses pi_theta (after :func:`rlparity.train.train_step`; for prime-rl and
-    PipelineRL, whose "trainer"/"new" side is the current weights, that is what they log after an
-    update). ``options`` are the peer's own knobs (e.g. verl ``rollout_is="sequence"``,
-    ``rollout_rs={"token_k3": 0.3}``; TRL ``vllm_importance_sampling_mode``; prime-rl
-    ``advantages``, default the trace's ``advantage``). Returns a flat dict of the peer's names
-    with ``pair``, ``direction``, ``n_tokens``, ``n_excluded`` and ``source`` on ``.info``
-    (``as_dataset=True``: an ``xarray.Dataset``)."""
+                 as_dataset: bool = False, dim: Any = None, **options: Any) -> DashboardMetrics | xr.Dataset:
+    """The trace's mismatch under one peer's dashboard names, with that peer's formulas.
+
+    ``policy="old"`` compares pi_old with mu (the backend pair: what every peer logs on the first
+    micro-batch at lag 0); ``policy="theta"`` uses pi_theta (after :func:`rlparity.train.train_step`;
+    for prime-rl and PipelineRL, whose "trainer"/"new" side is the current weights, that is what
+    they log after an update). A peer logs one number per batch, so a dashboard is a function of
+    the whole arm: ``dim=`` makes no sense here and is refused. A lazy trace is streamed in one
+    dask computation, its chunks CRC-checked against the store's record in the same pass.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One arm, in memory or lazy (``open_arms(store, chunks=N)``).
+    names : str
+        The peer, one of :data:`DASHBOARDS` (see each ``<peer>_metrics``).
+    trainer : {"processed", "raw"}, optional
+        The trainer side (default ``defaults().trainer``).
+    policy : {"old", "theta"}
+        The trainer reading that stands in for the peer's.
+    as_dataset : bool
+        Return an ``xarray.Dataset`` instead of the flat dict.
+    dim : None
+        Refused unless None (a dashboard reduces the whole arm).
+    options : Any
+        Keyword arguments, the peer's own knobs (e.g. verl ``rollout_is="sequence"``, ``rollout_rs={"token_k3": 0.3}``;
+        TRL ``vllm_importance_sampling_mode``; prime-rl ``advantages``, default the trace's
+        ``advantage``).
+
+    Returns
+    -------
+    DashboardMetrics or xarray.Dataset
+        A flat dict of the peer's names with ``pair``, ``direction``, ``n_tokens``,
+        ``n_excluded`` and ``source`` on ``.info`` (``as_dataset=True``: an ``xarray.Dataset``).
+    """
+    refuse_dim(dim, "a peer's dashboard (one number per batch)",
+               "select sequences first (trace.isel(sequence=...)) or use summary(dim=...)")
     if names not in _FUNCS:
         raise ValueError(f"names={names!r}; use one of {list(DASHBOARDS)}")
     unknown = sorted(set(options) - _OPTIONS[names])
@@ -581,8 +742,10 @@ def as_dashboard(trace: xr.Dataset, names: str = "verl", *, trainer: TrainerSide
     values = _FUNCS[names](log_pi, log_mu, mask, _lazy=True, **options)
     n_used = usable.sum()
     gap = np.where(usable, np.abs(log_pi - log_mu), 0.0).sum() / np.maximum(n_used, 1)
+    read = ("response_mask", policy_variable(policy, trainer), policy_variable("mu", trainer)) + (
+        ("advantage",) if "advantages" in options and names == "prime-rl" and "advantage" in trace else ())
     values = _evaluate({**values, _N_TOKENS: n_used, _N_EXCLUDED: (mask & ~usable).sum(),
-                        _GAP: np.where(n_used > 0, gap, np.nan)})
+                        _GAP: np.where(n_used > 0, gap, np.nan)}, trace, read)
     n_tokens, n_excluded, gap = int(values.pop(_N_TOKENS)), int(values.pop(_N_EXCLUDED)), values.pop(_GAP)
     pair = f"{'backend' if policy == 'old' else 'bypass'} ({POLICY_NAMES[policy]}, mu)"
     out = DashboardMetrics(values, peer=names, pair=pair,

@@ -32,8 +32,20 @@ FLOOR_VARIABLES = {"floor_mean_abs": "mean |a - b| over tokens", "floor_rms": "R
 def recorded_floors(trace: xr.Dataset, side: str = "processed") -> dict[str, float]:
     """The floors a trace recorded (mean ``|x|`` and RMS, nats; NaN where not measured): the
     trainer's self-check (``batch_shape``: its batch vs alone; ``run_to_run``: alone twice; the
-    latest version's for a trace scored per version) on the ``side`` reading, and the engine's
-    batch spread (``engine_batch``, ``attrs["engine_floor"]``)."""
+    latest version's for a trace scored per version) on the ``side`` reading, and the engine's batch
+    spread (``engine_batch``, ``attrs["engine_floor"]``).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One arm.
+    side : {"processed", "raw"}
+        The trainer reading.
+
+    Returns
+    -------
+    dict[str, float]
+    """
     t = trace.attrs.get("trainer") or {}
     check = t.get("self_check")
     if not check:
@@ -56,7 +68,21 @@ def recorded_floors(trace: xr.Dataset, side: str = "processed") -> dict[str, flo
 def floors_beside_gap(trace: xr.Dataset, gap_mean_abs: float, side: str = "processed") -> dict[str, float]:
     """The recorded floors next to the backend gap (mean ``|d|``): ``trainer_floor``,
     ``engine_floor`` (mean ``|x|``, nats) and ``trainer_floor_share`` = the trainer's floor over the
-    gap, the share of the gap the trainer alone produces (NaN where not measured)."""
+    gap, the share of the gap the trainer alone produces (NaN where not measured).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One arm.
+    gap_mean_abs : float
+        The backend gap, mean ``|d|`` (nats).
+    side : {"processed", "raw"}
+        The trainer reading.
+
+    Returns
+    -------
+    dict[str, float]
+    """
     f = recorded_floors(trace, side)
     tf, ef = f["batch_shape_mean_abs"], f["engine_batch_mean_abs"]
     return {"trainer_floor": tf, "engine_floor": ef,
@@ -65,7 +91,23 @@ def floors_beside_gap(trace: xr.Dataset, gap_mean_abs: float, side: str = "proce
 
 def floor_stats(a: np.ndarray, b: np.ndarray, mask: np.ndarray, axis=None) -> dict[str, np.ndarray]:
     """Numpy core: ``|a - b|`` reduced over ``axis`` on the real tokens where both are finite:
-    ``floor_mean_abs``, ``floor_rms``, ``floor_max_abs``, ``n_tokens``."""
+    ``floor_mean_abs``, ``floor_rms``, ``floor_max_abs``, ``n_tokens``.
+
+    Parameters
+    ----------
+    a : numpy.ndarray
+        One reading's log-probabilities.
+    b : numpy.ndarray
+        The other reading's.
+    mask : numpy.ndarray
+        Boolean, real tokens.
+    axis : int or tuple of int, optional
+        Axes reduced (``None``: all).
+
+    Returns
+    -------
+    dict[str, np.ndarray]
+    """
     d = np.asarray(a, float) - np.asarray(b, float)
     m = core.finite_mask(d, mask)
     return {"floor_mean_abs": core.masked_mean(np.abs(d), m, axis=axis), "floor_rms": core.masked_rms(d, m, axis=axis),
@@ -76,7 +118,24 @@ def trainer_floor(a: xr.Dataset, b: xr.Dataset, *, trainer: TrainerSide | None =
                   dim: str | Sequence[str] | None = None) -> xr.Dataset:
     """The floor between two rescorings ``a`` and ``b`` of the same trace (e.g. batch 1 and batch
     16): ``|log pi_a - log pi_b|`` of the ``trainer`` reading reduced over ``dim`` (``None``: one
-    value; ``"position"``: one per sequence; ``"sequence"``: one per position), nats."""
+    value; ``"position"``: one per sequence; ``"sequence"``: one per position), nats.
+
+    Parameters
+    ----------
+    a : xarray.Dataset
+        One rescoring of the trace.
+    b : xarray.Dataset
+        Another rescoring of the same tokens.
+    trainer : {"processed", "raw"}, optional
+        The trainer side (default ``defaults().trainer``).
+    dim : str or sequence of str, optional
+        Token dims reduced (``None``: every token; ``"position"``: one value per sequence;
+        ``"sequence"``: one per position).
+
+    Returns
+    -------
+    xarray.Dataset
+    """
     if a.sizes != b.sizes or not np.array_equal(a["token_id"].values, b["token_id"].values):
         raise ValueError("the two readings are not of the same tokens: rescore one trace twice")
     var = trainer_variable(trainer)
@@ -90,29 +149,50 @@ def trainer_floor(a: xr.Dataset, b: xr.Dataset, *, trainer: TrainerSide | None =
     return out
 
 
-def floor_table(arms: Mapping[str, xr.Dataset], reference: str, *, trainer: TrainerSide | None = None
-                ) -> xr.Dataset:
-    """One row per trainer shape (dim ``shape``): its floor against the ``reference`` shape (mean,
-    RMS and max ``|delta|``), the backend gap of the reference (mean ``|d|``), the share of the gap
-    the trainer's shape alone produces, and the scoring's speed (``tokens_per_s``, from the
-    scorer's ``score_s``; relative to the reference in ``relative_throughput``)."""
+def floor_table(arms: Mapping[str, xr.Dataset], reference: str, *, trainer: TrainerSide | None = None,
+                dim: str | Sequence[str] | None = None) -> xr.Dataset:
+    """One row per trainer shape: its floor against a reference shape beside the backend gap.
+
+    Per shape (dim ``shape``): its floor against the ``reference`` shape (mean, RMS and max
+    ``|delta|``, :func:`trainer_floor`), the backend gap of the reference (mean ``|d|``), the share
+    of the gap the trainer's shape alone produces, and the scoring's speed (``tokens_per_s``, from
+    the scorer's ``score_s``; relative to the reference in ``relative_throughput``: a property of
+    the whole rescoring, never reduced). The floors, the gap and the share are reduced over ``dim``.
+
+    Parameters
+    ----------
+    arms : mapping
+        ``{shape name: trace}``, rescorings of the same trace (:mod:`rlparity.experiments.floors`).
+    reference : str
+        The shape the others are compared with.
+    trainer : {"processed", "raw"}, optional
+        The trainer reading (default ``defaults().trainer``).
+    dim : str or sequence of str, optional
+        Token dims reduced: ``None`` (default, every token), ``"position"`` (one value per
+        sequence) or ``"sequence"`` (one per position).
+
+    Returns
+    -------
+    xarray.Dataset
+        Dim ``shape`` plus the dims not reduced; provenance and the shapes in attrs.
+    """
     if reference not in arms:
         raise ValueError(f"reference {reference!r} is not one of the shapes {sorted(arms)}")
     ref = arms[reference]
-    d = log_ratio(ref, trainer).values
-    mask = ref["response_mask"].values.astype(bool)
-    gap = float(core.masked_mean(np.abs(d), mask))
+    mask = ref["response_mask"].astype(bool)
+    gap = reduce(lambda x, m, axis: core.masked_mean(np.abs(x), m, axis=axis), log_ratio(ref, trainer), mask, dim=dim)
     n_tok = int(mask.sum())
     rows = {}
     for name, ds in arms.items():
-        f = trainer_floor(ref, ds, trainer=trainer)
+        f = trainer_floor(ref, ds, trainer=trainer, dim=dim)
         sec = float((ds.attrs.get("trainer") or {}).get("score_s") or np.nan)
-        rows[name] = {**{k: float(f[k]) for k in FLOOR_VARIABLES}, "tokens_per_s": n_tok / sec if sec > 0 else np.nan}
+        rows[name] = {**{k: f[k].astype(float) for k in FLOOR_VARIABLES},
+                      "tokens_per_s": xr.DataArray(n_tok / sec if sec > 0 else np.nan)}
     names = list(rows)
-    table = xr.Dataset({k: ("shape", np.array([rows[n][k] for n in names])) for k in rows[names[0]]},
-                       coords={"shape": names})
-    table["gap_mean_abs_d"] = gap
-    table["share_of_gap"] = table["floor_mean_abs"] / gap if gap > 0 else table["floor_mean_abs"] * np.nan
+    shape = xr.DataArray(names, dims="shape", name="shape")
+    table = xr.Dataset({k: xr.concat([rows[n][k].drop_attrs() for n in names], dim=shape) for k in rows[names[0]]})
+    table["gap_mean_abs_d"] = gap.drop_attrs()
+    table["share_of_gap"] = (table["floor_mean_abs"] / gap.where(gap > 0)).drop_attrs()
     table["relative_throughput"] = table["tokens_per_s"] / table["tokens_per_s"].sel(shape=reference)
     for k, long in {**FLOOR_VARIABLES, "gap_mean_abs_d": "backend gap of the reference shape: mean |d|",
                     "share_of_gap": "floor over the backend gap (mean |delta| / mean |d|)",

@@ -34,7 +34,19 @@ TABLE_VARIABLES = ("abs_log_ratio_rms", "abs_log_ratio_max", "abs_log_ratio_mean
 
 
 def arm_name(rollout_head: str, trainer_head: str) -> str:
-    """``rollout-float32_trainer-bfloat16``: the arm of one cell."""
+    """``rollout-float32_trainer-bfloat16``: the arm of one cell.
+
+    Parameters
+    ----------
+    rollout_head : str
+        The rollout's LM-head dtype.
+    trainer_head : str
+        The trainer's LM-head dtype.
+
+    Returns
+    -------
+    str
+    """
     return (f"rollout-{normalize_dtype(rollout_head, what='head dtype')}"
             f"_trainer-{normalize_dtype(trainer_head, what='head dtype')}")
 
@@ -44,6 +56,15 @@ def cell_dtypes(trace: xr.Dataset) -> dict[str, str | None]:
 
     The rollout side is what the engine reported it ran (``engine_effective``), falling back to
     what was requested; the trainer side is what the scorer recorded.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One arm.
+
+    Returns
+    -------
+    dict[str, str | None]
     """
     eff = trace.attrs.get("engine_effective") or {}
     req = trace.attrs.get("engine_requested") or {}
@@ -66,9 +87,19 @@ def cell_dtypes(trace: xr.Dataset) -> dict[str, str | None]:
 
 
 def head_cells(data) -> dict[tuple[str, str], tuple[str, xr.Dataset]]:
-    """``{(rollout_head, trainer_head): (arm, trace)}`` of a head matrix (``data``: arms, a
-    DataTree or a store path): the dtypes the trace records (:func:`cell_dtypes`), else the arm's
-    factors; two arms of the same cell are an error."""
+    """``{(rollout_head, trainer_head): (arm, trace)}`` of a head matrix (``data``: arms, a DataTree
+    or a store path): the dtypes the trace records (:func:`cell_dtypes`), else the arm's factors;
+    two arms of the same cell are an error.
+
+    Parameters
+    ----------
+    data : mapping, DataTree or path
+        ``{arm: trace}``, a DataTree or a store path of a head matrix.
+
+    Returns
+    -------
+    dict[tuple[str, str], tuple[str, xr.Dataset]]
+    """
     cells: dict[tuple[str, str], tuple[str, xr.Dataset]] = {}
     for name, ds in as_arms(data).items():
         dt = cell_dtypes(ds)
@@ -88,7 +119,17 @@ def head_cells(data) -> dict[tuple[str, str], tuple[str, xr.Dataset]]:
 
 
 def dtype_order(values) -> list[str]:
-    """Dtypes from least to most precise (bfloat16, float16, float32), others after."""
+    """Dtypes from least to most precise (bfloat16, float16, float32), others after.
+
+    Parameters
+    ----------
+    values : iterable of str
+        Dtype names.
+
+    Returns
+    -------
+    list[str]
+    """
     rank = {d: i for i, d in enumerate(("bfloat16", "float16", "float32"))}
     return sorted(set(values), key=lambda v: (rank.get(v, 99), v))
 
@@ -100,16 +141,35 @@ def _grid(cells, per_cell) -> xr.Dataset:
     return out.reindex(rollout_head=dtype_order(k[0] for k in cells), trainer_head=dtype_order(k[1] for k in cells))
 
 
-def head_table(data, *, trainer: TrainerSide | None = None, eps: float | None = None) -> xr.Dataset:
-    """Per-cell parity table, dims ``(rollout_head, trainer_head)``: RMS / max / mean ``|d|``, mean
-    ratio, Pearson of token probabilities, clip fraction at ``eps``, k3 and token counts.
+def head_table(data, *, trainer: TrainerSide | None = None, eps: float | None = None,
+               dim: str | Sequence[str] | None = None) -> xr.Dataset:
+    """Per-cell parity table of an LM-head precision matrix.
 
-    ``data``: ``{arm: trace}``, a DataTree or a store path (arms from
-    :func:`rlparity.experiments.head_precision.head_matrix`). Cells missing from ``data`` are NaN; ``arm``
+    RMS / max / mean ``|d|``, mean ratio, Pearson of token probabilities, clip fraction at
+    ``eps``, k3 and token counts, each reduced over ``dim`` within every cell
+    (:func:`rlparity.metrics.summary` with ``dim=``). Cells missing from ``data`` are NaN; ``arm``
     holds each cell's arm name.
+
+    Parameters
+    ----------
+    data : mapping, DataTree or path
+        ``{arm: trace}``, a DataTree or a store path (arms from
+        :func:`rlparity.experiments.head_precision.head_matrix`).
+    trainer : {"processed", "raw"}, optional
+        The trainer side (default ``defaults().trainer``).
+    eps : float, optional
+        The clip range of ``clip_fraction`` (default ``defaults().eps``).
+    dim : str or sequence of str, optional
+        Token dims reduced: ``None`` (default, every token: one number per cell), ``"position"``
+        (one per sequence) or ``"sequence"`` (one per position).
+
+    Returns
+    -------
+    xarray.Dataset
+        Dims ``(rollout_head, trainer_head)`` plus the dims not reduced.
     """
     cells = head_cells(data)
-    table = _grid(cells, lambda ds: summary(ds, trainer, eps)[list(TABLE_VARIABLES)].astype(float))
+    table = _grid(cells, lambda ds: summary(ds, trainer, eps, dim=dim)[list(TABLE_VARIABLES)].astype(float))
     names = {key: name for key, (name, _) in cells.items()}
     table["arm"] = (CELL_DIMS, np.array([[names.get((r, t), "") for t in table["trainer_head"].values]
                                          for r in table["rollout_head"].values], dtype=str))
@@ -123,7 +183,19 @@ def head_table(data, *, trainer: TrainerSide | None = None, eps: float | None = 
 
 
 def logit_edges(data, n_bins: int = 8) -> np.ndarray:
-    """Quantile bin edges of the trainer's largest logit over all arms' real tokens."""
+    """Quantile bin edges of the trainer's largest logit over all arms' real tokens.
+
+    Parameters
+    ----------
+    data : mapping, DataTree or path
+        ``{arm: trace}``, a DataTree or a store path.
+    n_bins : int
+        Number of bins.
+
+    Returns
+    -------
+    numpy.ndarray
+    """
     xs = []
     for ds in as_arms(data).values():
         m = ds["response_mask"].values.astype(bool)
@@ -161,9 +233,27 @@ def _binned(ds: xr.Dataset, trainer: TrainerSide | None, edges: np.ndarray) -> x
 def gap_by_logit(data, *, trainer: TrainerSide | None = None, n_bins: int = 8,
                  edges: Sequence[float] | None = None) -> xr.Dataset:
     """RMS and mean of d per bin of the trainer's largest logit (``trainer_max_logit``), dims
-    ``(rollout_head, trainer_head, logit_bin)``; bins are shared quantile bins over all arms
-    unless ``edges`` are given. A low-precision head rounds logits to a relative step, so its
-    error grows with the logit magnitude."""
+    ``(rollout_head, trainer_head, logit_bin)``; bins are shared quantile bins over all arms unless
+    ``edges`` are given.
+
+    A low-precision head rounds logits to a relative step, so its error grows with the logit
+    magnitude.
+
+    Parameters
+    ----------
+    data : mapping, DataTree or path
+        ``{arm: trace}``, a DataTree or a store path.
+    trainer : {"processed", "raw"}, optional
+        The trainer side (default ``defaults().trainer``).
+    n_bins : int
+        Number of bins.
+    edges : numpy.ndarray, optional
+        Bin edges of the logit (default :func:`logit_edges`).
+
+    Returns
+    -------
+    xarray.Dataset
+    """
     arms = as_arms(data)
     cells = head_cells(arms)
     e = np.asarray(edges, dtype=float) if edges is not None else logit_edges(arms, n_bins)
@@ -183,8 +273,20 @@ def gap_by_logit(data, *, trainer: TrainerSide | None = None, n_bins: int = 8,
 
 
 def gap_by_position(data, *, trainer: TrainerSide | None = None) -> xr.Dataset:
-    """RMS and mean of d and token counts per response position, dims
-    ``(rollout_head, trainer_head, position)``."""
+    """RMS and mean of d and token counts per response position, dims ``(rollout_head, trainer_head,
+    position)``.
+
+    Parameters
+    ----------
+    data : mapping, DataTree or path
+        ``{arm: trace}``, a DataTree or a store path.
+    trainer : {"processed", "raw"}, optional
+        The trainer side (default ``defaults().trainer``).
+
+    Returns
+    -------
+    xarray.Dataset
+    """
     def per_cell(ds):
         d, mask = log_ratio(ds, trainer), ds["response_mask"]
         finite = xr.apply_ufunc(core.finite_mask, d, mask)
@@ -210,6 +312,19 @@ def matched_advantage(table: xr.Dataset, *, variable: str = "abs_log_ratio_rms",
     ``excess_in_quadrature`` = sqrt(x^2 - matched^2) is, for an RMS, the part of a mismatched cell's
     error that the matched cell does not have, if the head error and the rest (the body) add as
     independent noise: the head's own share when a shared body error dominates both cells.
+
+    Parameters
+    ----------
+    table : xarray.Dataset
+        A :func:`head_table`.
+    variable : str
+        The table's variable compared.
+    reference : str, optional
+        The reference arm.
+
+    Returns
+    -------
+    dict[str, Any]
     """
     if reference not in table["rollout_head"].values or reference not in table["trainer_head"].values:
         raise ValueError(f"the table has no {reference}/{reference} cell")
@@ -238,7 +353,23 @@ def matched_advantage(table: xr.Dataset, *, variable: str = "abs_log_ratio_rms",
 def probability_pairs(trace: xr.Dataset, *, trainer: TrainerSide | None = None, max_points: int | None = None,
                       seed: int = 0) -> dict[str, np.ndarray]:
     """Per real token: rollout probability mu, trainer probability pi_old, ``|d|`` and max logit
-    (optionally a seeded subsample of ``max_points`` tokens), for scatter plots."""
+    (optionally a seeded subsample of ``max_points`` tokens), for scatter plots.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One arm.
+    trainer : {"processed", "raw"}, optional
+        The trainer side (default ``defaults().trainer``).
+    max_points : int, optional
+        Keep at most this many tokens (a seeded sample; None: all).
+    seed : int
+        Seed of the sample.
+
+    Returns
+    -------
+    dict[str, np.ndarray]
+    """
     m = trace["response_mask"].values.astype(bool)
     log_mu = trace["rollout_logprob"].values[m]
     log_pi = trace[trainer_variable(trainer)].values[m]

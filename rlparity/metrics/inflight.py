@@ -30,6 +30,7 @@ import xarray as xr
 
 from rlparity.config.defaults import TrainerSide
 from rlparity.metrics import core
+from rlparity.metrics.dims import refuse_dim
 from rlparity.metrics.summary import log_ratio, pair_attrs, reduce, trainer_variable
 from rlparity.trace import arm_factors, as_arms, latest_version
 
@@ -41,7 +42,21 @@ CELL_FACTORS = ("mode", "clear_cache", "prefix_caching")
 # ------------------------------------------------------------------------------ arms
 def arm_name(mode: str, clear_cache: bool, prefix_caching: bool) -> str:
     """``keep-noclear-prefix_on``: the arm of one cell (pause mode, cache cleared at the update,
-    prefix caching on the engine)."""
+    prefix caching on the engine).
+
+    Parameters
+    ----------
+    mode : {"keep", "wait", "abort"}
+        The pause mode of the update.
+    clear_cache : bool
+        Whether the prefix cache is reset at the update.
+    prefix_caching : bool
+        Whether the engine caches prefixes.
+
+    Returns
+    -------
+    str
+    """
     if mode not in PAUSE_MODES:
         raise ValueError(f"pause mode {mode!r}: use one of {', '.join(PAUSE_MODES)}")
     return f"{mode}-{'clear' if clear_cache else 'noclear'}-prefix_{'on' if prefix_caching else 'off'}"
@@ -49,7 +64,19 @@ def arm_name(mode: str, clear_cache: bool, prefix_caching: bool) -> str:
 
 def arm_cell(trace: xr.Dataset, name: str | None = None) -> dict[str, Any]:
     """The cell of an arm, ``{"mode", "clear_cache", "prefix_caching"}``: its factors
-    (:func:`rlparity.trace.arm_factors`); an arm without them is an error."""
+    (:func:`rlparity.trace.arm_factors`); an arm without them is an error.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One arm.
+    name : str, optional
+        The arm's name (default its ``arm`` attr).
+
+    Returns
+    -------
+    dict[str, Any]
+    """
     f = arm_factors(trace, name)
     if not set(CELL_FACTORS) <= set(f):
         raise ValueError(f"arm {name or trace.attrs.get('arm')!r} records no inflight cell (factors mode, "
@@ -58,20 +85,53 @@ def arm_cell(trace: xr.Dataset, name: str | None = None) -> dict[str, Any]:
 
 
 def is_inflight(arms) -> bool:
-    """Whether ``arms`` come from an inflight matrix (every arm records an inflight cell)."""
+    """Whether ``arms`` come from an inflight matrix (every arm records an inflight cell).
+
+    Parameters
+    ----------
+    arms : mapping
+        ``{arm: trace}`` (or what :func:`rlparity.trace.as_arms` takes).
+
+    Returns
+    -------
+    bool
+    """
     arms = as_arms(arms)
     return bool(arms) and all(set(CELL_FACTORS) <= set(arm_factors(ds, name)) for name, ds in arms.items())
 
 
 def updates(trace: xr.Dataset) -> list[dict[str, Any]]:
-    """The weight updates recorded in the trace (``attrs["weight_updates"]``), loads only."""
+    """The weight updates recorded in the trace (``attrs["weight_updates"]``), loads only.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One arm.
+
+    Returns
+    -------
+    list[dict[str, Any]]
+    """
     return [u for u in trace.attrs.get("weight_updates", []) or [] if u.get("mode") != "label"]
 
 
 # ------------------------------------------------------------------------------ lag
 def lag(trace: xr.Dataset, latest: int | None = None) -> xr.DataArray:
-    """Per-token policy lag ``latest - policy_version`` (NaN on padding); ``latest`` defaults
-    to :func:`rlparity.trace.latest_version`."""
+    """Per-token policy lag ``latest - policy_version`` (NaN on padding).
+
+    ``latest`` defaults to :func:`rlparity.trace.latest_version`.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One arm.
+    latest : int, optional
+        The latest policy version (default :func:`rlparity.trace.latest_version`).
+
+    Returns
+    -------
+    xarray.DataArray
+    """
     latest = latest_version(trace) if latest is None else int(latest)
     out = xr.apply_ufunc(core.token_lag, trace["policy_version"], trace["response_mask"], kwargs={"latest": latest})
     out.name = "lag"
@@ -82,9 +142,24 @@ def lag(trace: xr.Dataset, latest: int | None = None) -> xr.DataArray:
 
 def lag_summary(trace: xr.Dataset, *, dim: str | Sequence[str] | None = None, latest: int | None = None
                 ) -> xr.Dataset:
-    """Lag reduced over ``dim``: ``lag_max``, ``lag_mean``, ``offpolicy_share`` (tokens with lag > 0),
-    ``n_tokens``. ``dim="position"`` gives one value per sequence (PipelineRL's per-sample lag),
-    ``None`` one per trace."""
+    """Lag reduced over ``dim``: ``lag_max``, ``lag_mean``, ``offpolicy_share`` (tokens with lag >
+    0), ``n_tokens``. ``dim="position"`` gives one value per sequence (PipelineRL's per-sample lag),
+    ``None`` one per trace.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One arm.
+    dim : str or sequence of str, optional
+        Token dims reduced (``None``: one value per trace; ``"position"``: one per sequence,
+        PipelineRL's per-sample lag).
+    latest : int, optional
+        The latest policy version (default :func:`rlparity.trace.latest_version`).
+
+    Returns
+    -------
+    xarray.Dataset
+    """
     lg = lag(trace, latest)
     mask = trace["response_mask"]
     out = xr.Dataset({k: reduce(lambda x, m, axis, k=k: core.lag_stats(x, m, axis=axis)[k], lg, mask, dim=dim)
@@ -98,13 +173,33 @@ def lag_summary(trace: xr.Dataset, *, dim: str | Sequence[str] | None = None, la
 
 # ------------------------------------------------------------------------------ token groups
 def first_version(trace: xr.Dataset) -> np.ndarray:
-    """Per sequence, the version of its first token (the weights that prefilled it; -1 if empty)."""
+    """Per sequence, the version of its first token (the weights that prefilled it; -1 if empty).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One arm.
+
+    Returns
+    -------
+    numpy.ndarray
+    """
     pv = trace["policy_version"].values
     return np.where(trace["response_length"].values > 0, pv[:, 0] if pv.shape[1] else -1, -1)
 
 
 def stale_sequences(trace: xr.Dataset) -> np.ndarray:
-    """Per sequence: its prompt hit a prefix cache that may hold KV of other weights."""
+    """Per sequence: its prompt hit a prefix cache that may hold KV of other weights.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One arm.
+
+    Returns
+    -------
+    numpy.ndarray
+    """
     if "prefix_cache_stale" not in trace:
         return np.zeros(trace.sizes["sequence"], dtype=bool)
     return trace["prefix_cache_stale"].values.astype(bool)
@@ -113,7 +208,17 @@ def stale_sequences(trace: xr.Dataset) -> np.ndarray:
 def carried_tokens(trace: xr.Dataset) -> np.ndarray:
     """Tokens sampled after an in-sequence version change whose update kept the cache (no reset):
     the new weights attended to KV the old weights computed for the earlier tokens. An update the
-    trace does not record counts as keeping it."""
+    trace does not record counts as keeping it.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One arm.
+
+    Returns
+    -------
+    numpy.ndarray
+    """
     pv = trace["policy_version"].values
     mask = trace["response_mask"].values.astype(bool)
     # a label-only version change (no weights loaded) carries nothing over
@@ -126,15 +231,35 @@ def carried_tokens(trace: xr.Dataset) -> np.ndarray:
 
 def clean_tokens(trace: xr.Dataset) -> np.ndarray:
     """Tokens computed entirely by the weights that sampled them: in sequences without stale cache
-    hits, sampled by the version that prefilled the sequence. Their d is the noise floor."""
+    hits, sampled by the version that prefilled the sequence. Their d is the noise floor.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One arm.
+
+    Returns
+    -------
+    numpy.ndarray
+    """
     mask = trace["response_mask"].values.astype(bool)
     same = trace["policy_version"].values == first_version(trace)[:, None]
     return mask & same & ~stale_sequences(trace)[:, None]
 
 
 def submitted_after_update(trace: xr.Dataset) -> np.ndarray:
-    """Per sequence: submitted at or after the pause of the trace's last recorded update (all
-    False without an update or submit times)."""
+    """Per sequence: submitted at or after the pause of the trace's last recorded update (all False
+    without an update or submit times).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One arm.
+
+    Returns
+    -------
+    numpy.ndarray
+    """
     ups = updates(trace)
     if not ups or "submit_time" not in trace:
         return np.zeros(trace.sizes["sequence"], dtype=bool)
@@ -150,7 +275,19 @@ def stale_evidence(trace: xr.Dataset, trainer: TrainerSide | None = None) -> dic
 
     ``stale_abs_log_ratio_mean`` over every token of the stale sequences; ``floor_abs_log_ratio_mean``
     over :func:`clean_tokens`; their ratio; counts; the share of prompt tokens the stale sequences
-    took from the cache. Without a trainer side only the counts are given."""
+    took from the cache. Without a trainer side only the counts are given.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One arm.
+    trainer : {"processed", "raw"}, optional
+        The trainer side (default ``defaults().trainer``).
+
+    Returns
+    -------
+    dict[str, Any]
+    """
     stale = stale_sequences(trace)
     mask = trace["response_mask"].values.astype(bool)
     plen = trace["prompt_length"].values
@@ -255,12 +392,31 @@ def _side(trainer: TrainerSide | None) -> str:
     return "processed" if trainer_variable(trainer) == "trainer_processed_logprob" else "raw"
 
 
-def inflight_table(data, *, trainer: TrainerSide | None = None) -> xr.Dataset:
+def inflight_table(data, *, trainer: TrainerSide | None = None, dim: Any = None) -> xr.Dataset:
     """One row per arm of an inflight matrix (dim ``arm``): the cell (``mode``, ``clear_cache``,
     ``prefix_caching``), mean ``|d|`` of requests after the update, of in-flight ones, of stale
     sequences against the noise floor, of tokens sampled on carried-over KV, against the latest
     weights; lag (token and sequence); counts (stale, mixed-version, aborted, resubmitted); the
-    pause length. See :data:`TABLE_VARIABLES` for each variable's meaning and units."""
+    pause length. See :data:`TABLE_VARIABLES` for each variable's meaning and units. A row is a
+    function of a whole arm (an update splits its requests into before / after, stale / clean):
+    ``dim=`` is refused; per token see :func:`lag_summary` with ``dim=`` and
+    :func:`gap_by_update_time`.
+
+    Parameters
+    ----------
+    data : mapping, DataTree or path
+        ``{arm: trace}``, a DataTree or a store path.
+    trainer : {"processed", "raw"}, optional
+        The trainer side (default ``defaults().trainer``).
+    dim : None
+        Refused unless None (a row is a function of the whole arm).
+
+    Returns
+    -------
+    xarray.Dataset
+    """
+    refuse_dim(dim, "an inflight row (an update's groups of requests and tokens in one arm)",
+               "per sequence or position: lag_summary(trace, dim=...), gap_by_update_time()")
     arms = as_arms(data)
     if not arms:
         raise ValueError("no arms given")
@@ -282,7 +438,19 @@ def inflight_table(data, *, trainer: TrainerSide | None = None) -> xr.Dataset:
 def reset_ratios(table: xr.Dataset, variable: str = "after_abs_log_ratio_mean") -> dict[str, dict[str, Any]]:
     """For every arm that kept the cache at the update (``clear_cache`` False) and has a twin that
     cleared it (same mode and prefix caching): ``variable`` in both and their ratio (kept over
-    cleared). With prefix caching on, the ratio is what the stale cache costs."""
+    cleared). With prefix caching on, the ratio is what the stale cache costs.
+
+    Parameters
+    ----------
+    table : xarray.Dataset
+        An :func:`inflight_table`.
+    variable : str
+        The table's variable compared.
+
+    Returns
+    -------
+    dict[str, dict[str, Any]]
+    """
     out: dict[str, dict[str, Any]] = {}
     arms = table["arm"].values.tolist()
     cell = {a: (str(table["mode"].sel(arm=a).item()), bool(table["clear_cache"].sel(arm=a).item()),
@@ -302,8 +470,25 @@ def gap_by_update_time(data, *, trainer: TrainerSide | None = None, n_bins: int 
                        edges: Sequence[float] | None = None) -> xr.Dataset:
     """Mean ``|d|`` of tokens by their time relative to each arm's update (``token_time`` minus the
     update's resume time, seconds; negative = before), dims ``(arm, time_bin)``, with token counts
-    and the mean policy version in each bin. Bins are shared over arms (quantiles of every arm's
-    token times unless ``edges`` are given)."""
+    and the mean policy version in each bin.
+
+    Bins are shared over arms (quantiles of every arm's token times unless ``edges`` are given).
+
+    Parameters
+    ----------
+    data : mapping, DataTree or path
+        ``{arm: trace}``, a DataTree or a store path.
+    trainer : {"processed", "raw"}, optional
+        The trainer side (default ``defaults().trainer``).
+    n_bins : int
+        Number of bins.
+    edges : numpy.ndarray, optional
+        Bin edges (seconds from the update; default ``n_bins`` bins over the data).
+
+    Returns
+    -------
+    xarray.Dataset
+    """
     arms = as_arms(data)
     rel: dict[str, np.ndarray] = {}
     for name, ds in arms.items():
@@ -355,7 +540,19 @@ def gap_by_update_time(data, *, trainer: TrainerSide | None = None, n_bins: int 
 
 def lag_histogram(data, *, latest: int | None = None) -> xr.Dataset:
     """Token and sequence counts per lag value, dims ``(arm, lag)``: ``n_tokens`` by token lag,
-    ``n_sequences`` by each sequence's max lag (its oldest token)."""
+    ``n_sequences`` by each sequence's max lag (its oldest token).
+
+    Parameters
+    ----------
+    data : mapping, DataTree or path
+        ``{arm: trace}``, a DataTree or a store path.
+    latest : int, optional
+        The latest policy version (default :func:`rlparity.trace.latest_version`).
+
+    Returns
+    -------
+    xarray.Dataset
+    """
     arms = as_arms(data)
     per: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     top = 0

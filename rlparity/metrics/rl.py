@@ -40,6 +40,7 @@ from rlparity.config.defaults import TrainerSide, defaults
 from rlparity.config.provenance import make_attrs
 from rlparity.metrics import objective as mo
 from rlparity.metrics.dashboard import pipelinerl_metrics
+from rlparity.metrics.dims import refuse_dim
 from rlparity.metrics.inflight import lag_summary
 from rlparity.metrics.summary import trainer_side
 from rlparity.trace import arm_factors, as_arms
@@ -80,8 +81,20 @@ PAIR_NAMES = {"backend": "backend (pi_old, mu)", "update": "update (pi_theta, pi
 
 
 def step_arm(profile: str, step: int) -> str:
-    """``pipelinerl-parity@step_003``: the label of one step of one run (a valid store arm name:
-    no ``/``; the run name may not contain ``@``)."""
+    """``pipelinerl-parity@step_003``: the label of one step of one run (a valid store arm name: no
+    ``/``; the run name may not contain ``@``).
+
+    Parameters
+    ----------
+    profile : str
+        The run's name (letters, digits and ``_ . + = , -``).
+    step : int
+        The step, from 0.
+
+    Returns
+    -------
+    str
+    """
     if not _PROFILE_NAME.match(str(profile)):
         raise ValueError(f"profile name {profile!r} cannot name an arm: use letters, digits and _ . + = , - "
                          "(no '/' or '@'), starting with a letter, digit or _")
@@ -91,8 +104,19 @@ def step_arm(profile: str, step: int) -> str:
 
 
 def parse_step_arm(name: str) -> tuple[str, int]:
-    """LEGACY: ``(run, step)`` read from a label made by :func:`step_arm`, for stores without
-    factors; read :func:`run_steps` (or :func:`rlparity.trace.arm_factors`) instead."""
+    """LEGACY: ``(run, step)`` read from a label made by :func:`step_arm`, for stores without factors.
+
+    read :func:`run_steps` (or :func:`rlparity.trace.arm_factors`) instead.
+
+    Parameters
+    ----------
+    name : str
+        A label made by :func:`step_arm`.
+
+    Returns
+    -------
+    tuple[str, int]
+    """
     step = legacy_run_step(name)
     if step is None:
         raise ValueError(f"arm {name!r} is not an RL step: expected <profile>@step_<NNN>, e.g. "
@@ -102,7 +126,17 @@ def parse_step_arm(name: str) -> tuple[str, int]:
 
 def is_rl_run(arms) -> bool:
     """Whether every arm of ``arms`` is a step of an RL run (records the factors ``profile``,
-    ``old_policy``, ``step``)."""
+    ``old_policy``, ``step``).
+
+    Parameters
+    ----------
+    arms : mapping
+        ``{arm: trace}`` (or what :func:`rlparity.trace.as_arms` takes).
+
+    Returns
+    -------
+    bool
+    """
     arms = as_arms(arms)
     return bool(arms) and all(set(STEP_FACTORS) <= set(arm_factors(ds, a)) for a, ds in arms.items())
 
@@ -110,7 +144,17 @@ def is_rl_run(arms) -> bool:
 def run_steps(arms) -> dict[str, tuple[str, int]]:
     """``{arm: (run, step)}`` of an RL run's arms, from their factors: the run is what the runner
     recorded (``attrs["rl"]["run"]``), else ``<profile>+<old_policy>`` where the arms hold several
-    ratio denominators, else the profile. An arm that is no RL step is an error."""
+    ratio denominators, else the profile. An arm that is no RL step is an error.
+
+    Parameters
+    ----------
+    arms : mapping
+        ``{arm: trace}`` (or what :func:`rlparity.trace.as_arms` takes).
+
+    Returns
+    -------
+    dict[str, tuple[str, int]]
+    """
     arms = as_arms(arms)
     f = {}
     for a, ds in arms.items():
@@ -136,16 +180,35 @@ def _clip_level(loss: str) -> str:
     return "gspo" if loss == "gspo" else "ppo"
 
 
-def step_metrics(trace: xr.Dataset, *, loss: str | None = None, trainer: TrainerSide | None = None
-                 ) -> dict[str, float]:
+def step_metrics(trace: xr.Dataset, *, loss: str | None = None, trainer: TrainerSide | None = None,
+                 dim: Any = None) -> dict[str, float]:
     """One step's numbers (the keys of :data:`CURVE_VARIABLES`) from its kept trace.
 
     ``loss`` picks the clip of ``clamp_log_ratio_new_old_indicator`` (default the run's,
     ``attrs["rl"]["loss"]``: GSPO's sequence clip for ``gspo``, the PPO token clip otherwise;
     thresholds from :func:`rlparity.config.defaults`); ``trainer`` the reading pi_old is (default
     :func:`rlparity.metrics.trainer_side`). A metric the trace cannot give (no pi_theta, no
-    ``reward``, no timings) is NaN.
+    ``reward``, no timings) is NaN. A step's numbers are what a trainer logs once per step, a
+    function of the whole arm: ``dim=`` is refused (per token: :func:`rlparity.metrics.summary`
+    or the objective metrics with ``dim=``).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One step's kept trace.
+    loss : str, optional
+        The loss (default the run's, ``attrs["rl"]["loss"]``).
+    trainer : {"processed", "raw"}, optional
+        The trainer side (default ``defaults().trainer``).
+    dim : None
+        Refused unless None (a step's numbers are one per step).
+
+    Returns
+    -------
+    dict[str, float]
     """
+    refuse_dim(dim, "a step's numbers (logged once per step)",
+               "per sequence or position: summary(trace, dim=...) or the objective metrics' dim=")
     rec = trace.attrs.get("rl") or {}
     loss = loss or rec.get("loss") or defaults().rl.loss
     side = trainer_side(trace, trainer)
@@ -192,6 +255,21 @@ def rl_curves(arms, *, loss: str | None = None, trainer: TrainerSide | None = No
     gave them (``attrs["rl"]["profile_index"]``), else their first appearance; ``profiles`` selects
     and orders them. A step a profile lacks is NaN. Each variable's attrs name its pair, direction
     and units.
+
+    Parameters
+    ----------
+    arms : mapping
+        ``{arm: trace}`` (or what :func:`rlparity.trace.as_arms` takes).
+    loss : str, optional
+        The loss (default the run's, ``attrs["rl"]["loss"]``).
+    trainer : {"processed", "raw"}, optional
+        The trainer side (default ``defaults().trainer``).
+    profiles : sequence of str, optional
+        The runs kept (default all).
+
+    Returns
+    -------
+    xarray.Dataset
     """
     arms = as_arms(arms)
     if not arms:
@@ -248,11 +326,23 @@ def rl_curves(arms, *, loss: str | None = None, trainer: TrainerSide | None = No
 
 
 def profile_contrast(curves: xr.Dataset, reference: str | None = None) -> dict[str, dict[str, Any]]:
-    """Each run against the reference profile's run with the same ratio denominator (``old_policy``),
-    over the run's steps: the largest ``|mean_ratio - 1|``, the clamp indicator (step 0, mean, and
-    its ratio to the reference's: ``inf`` when the reference clipped nothing), the reward (mean,
-    first to last) and its gap to the reference (mean and last step, run minus reference).
-    ``reference``: an engine profile (default the first run's)."""
+    """Each run against the reference profile's run with the same ratio denominator
+    (``old_policy``), over the run's steps: the largest ``|mean_ratio - 1|``, the clamp indicator
+    (step 0, mean, and its ratio to the reference's: ``inf`` when the reference clipped nothing),
+    the reward (mean, first to last) and its gap to the reference (mean and last step, run minus
+    reference). ``reference``: an engine profile (default the first run's).
+
+    Parameters
+    ----------
+    curves : xarray.Dataset
+        :func:`rl_curves`.
+    reference : str, optional
+        An engine profile (default the first run's).
+
+    Returns
+    -------
+    dict[str, dict[str, Any]]
+    """
     runs = curves["profile"].values.tolist()
     engine = dict(zip(runs, curves["engine_profile"].values.tolist()))
     old = dict(zip(runs, curves["old_policy"].values.tolist()))
@@ -290,7 +380,17 @@ def profile_contrast(curves: xr.Dataset, reference: str | None = None) -> dict[s
 def curves_records(curves: xr.Dataset) -> dict[str, Any]:
     """The curves as plain data for JSON: ``{"steps": [...], "profiles": {run: {var: [...]}},
     "runs": {run: {"engine_profile", "old_policy"}}, "variables": {var: attrs}}`` (NaN stays NaN;
-    write with :func:`rlparity.config.provenance.write_json`)."""
+    write with :func:`rlparity.config.provenance.write_json`).
+
+    Parameters
+    ----------
+    curves : xarray.Dataset
+        :func:`rl_curves`.
+
+    Returns
+    -------
+    dict[str, Any]
+    """
     runs = curves["profile"].values.tolist()
     return {
         "steps": curves["step"].values.tolist(),
@@ -306,7 +406,17 @@ def curves_records(curves: xr.Dataset) -> dict[str, Any]:
 def curves_from_records(records: Mapping[str, Any]) -> xr.Dataset:
     """The curves Dataset back from :func:`curves_records` (as stored in JSON or in a store's attrs,
     e.g. the shipped ``h200-rl`` example: ``example_attrs("h200-rl")["rl_curves"]``); ``None``
-    values read as NaN."""
+    values read as NaN.
+
+    Parameters
+    ----------
+    records : mapping
+        What :func:`curves_records` wrote.
+
+    Returns
+    -------
+    xarray.Dataset
+    """
     try:
         runs = list(records["profiles"])
         steps = np.asarray(records["steps"], dtype=np.int64)

@@ -30,8 +30,18 @@ EDGES = np.concatenate([-_POS[::-1], [0.0], _POS])
 
 
 class SummaryAccumulator:
-    """Sums from which every scalar summary statistic follows; :meth:`add` one block of real tokens
-    (1-d arrays of the trainer's and the rollout's logprobs), :meth:`result` at the end."""
+    """Sums from which every scalar summary statistic follows.
+
+    :meth:`add` one block of real tokens (1-d arrays of the trainer's and the rollout's logprobs),
+    :meth:`result` at the end.
+
+    Parameters
+    ----------
+    eps : float
+        The PPO clip range of ``clip_fraction``.
+    exact_quantiles_below : int
+        Keep the values (exact quantiles) while fewer tokens were used.
+    """
 
     def __init__(self, eps: float, *, exact_quantiles_below: int = 5_000_000):
         self.eps = float(eps)
@@ -45,7 +55,19 @@ class SummaryAccumulator:
         self.values: list[np.ndarray] | None = []
 
     def add(self, lp: np.ndarray, lm: np.ndarray) -> None:
-        """One block: the trainer's (``lp``) and the rollout's (``lm``) logprobs of its real tokens."""
+        """One block: the trainer's (``lp``) and the rollout's (``lm``) logprobs of its real tokens.
+
+        Parameters
+        ----------
+        lp : numpy.ndarray
+            The trainer's logprobs of the block's real tokens (1-d).
+        lm : numpy.ndarray
+            The rollout's, same tokens.
+
+        Returns
+        -------
+        None
+        """
         lp, lm = np.asarray(lp, np.float64), np.asarray(lm, np.float64)
         s, n = self.s, self.n
         n["tokens"] += lp.size
@@ -93,7 +115,18 @@ class SummaryAccumulator:
 
     def quantiles(self, qs=core.QUANTILES) -> np.ndarray:
         """The quantiles of d: exact while the values fit (``exact_quantiles_below``), else from the
-        histogram (linear within a bin)."""
+        histogram (linear within a bin).
+
+        Parameters
+        ----------
+        qs : sequence of float
+            The quantile levels (default :data:`rlparity.metrics.core.QUANTILES`).
+
+        Returns
+        -------
+        numpy.ndarray
+            One value per level (nats).
+        """
         if self.values is not None:
             x = np.concatenate(self.values) if self.values else np.zeros(0)
             return np.quantile(x, qs) if x.size else np.full(len(qs), np.nan)
@@ -111,7 +144,13 @@ class SummaryAccumulator:
         return np.array(out)
 
     def result(self) -> dict[str, Any]:
-        """The scalar summary's values (the variables of :data:`rlparity.metrics.summary.SUMMARY_VARIABLES`)."""
+        """The scalar summary's values (the variables of :data:`rlparity.metrics.summary.SUMMARY_VARIABLES`).
+
+        Returns
+        -------
+        dict
+            The scalar summary's values.
+        """
         s, n = self.s, self.n
         u = n["used"]
         nan = float("nan")
@@ -147,8 +186,27 @@ def summary_stream(trace: xr.Dataset, var: str, eps: float, *, size: int | None 
                    progress: Callable | None = None) -> dict[str, Any]:
     """The scalar summary of ``trace`` (the ``var`` trainer reading against the rollout) one block
     of sequences at a time (:func:`rlparity.trace.blocks`: each block validated, the store's
-    checksums verified at the end); ``progress`` wraps the block iterator (e.g. ``tqdm``).
-    Returns the values, as :meth:`SummaryAccumulator.result`."""
+    checksums verified at the end); ``progress`` wraps the block iterator (e.g. ``tqdm``). Returns
+    the values, as :meth:`SummaryAccumulator.result`.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One lazy arm.
+    var : str
+        The trainer reading's variable.
+    eps : float
+        The PPO clip range.
+    size : int, optional
+        Sequences per block (default the trace's chunk).
+    progress : callable, optional
+        Wraps the block iterator (e.g. ``tqdm.tqdm``).
+
+    Returns
+    -------
+    dict
+        The values, as :meth:`SummaryAccumulator.result`.
+    """
     acc = SummaryAccumulator(eps)
     for part in blocks(trace, size=size, progress=progress):
         m = part["response_mask"].values.astype(bool)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator, Mapping
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import xarray as xr
 
 from rlparity.trace.schema import CHECKSUM_MISMATCH, TraceValidationError, validate
 from rlparity.trace.store import DIGEST_ALGORITHM, digest_start, digest_update, verify_integrity
-from rlparity.trace.store_integrity import _digest
+from rlparity.trace.store_integrity import _canonical_dtype, _digest
 
 LAZY_RECORD = "_rlparity_lazy_integrity"  # the record a lazy tree's arms are checked against as they are read
 
@@ -326,5 +327,129 @@ def load_sample(trace: xr.Dataset, *, every: int = 1, progress: Callable | None 
     return out
 
 
-__all__ = ["LAZY_RECORD", "StreamDigests", "arm_record", "block_size", "blocks", "is_lazy", "lazy_chunks", "load_sample",
-           "validate_structure"]
+
+# ---- the CRC record checked inside a dask computation: per-chunk CRC-32s, combined in order ----
+
+def _gf2_times(mat: tuple[int, ...], vec: int) -> int:
+    out, i = 0, 0
+    while vec:
+        if vec & 1:
+            out ^= mat[i]
+        vec >>= 1
+        i += 1
+    return out
+
+
+def _gf2_compose(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """The operator ``a`` after ``b`` (32x32 matrices over GF(2), one column an int)."""
+    return tuple(_gf2_times(a, col) for col in b)
+
+
+@lru_cache(maxsize=64)
+def _zeros_operator(nbytes: int) -> tuple[int, ...]:
+    """The linear map a CRC-32 register undergoes over ``nbytes`` zero bytes (zlib's
+    ``crc32_combine``, its operator kept: blocks of a trace mostly have one length)."""
+    op = (0xEDB88320,) + tuple(1 << n for n in range(31))  # one zero bit
+    for _ in range(3):
+        op = _gf2_compose(op, op)  # one zero byte
+    out = tuple(1 << n for n in range(32))  # identity
+    while nbytes:
+        if nbytes & 1:
+            out = _gf2_compose(op, out)
+        nbytes >>= 1
+        if nbytes:
+            op = _gf2_compose(op, op)
+    return out
+
+
+def crc32_combine(crc1: int, crc2: int, nbytes2: int) -> int:
+    """The CRC-32 of ``A + B`` from ``crc1`` = CRC-32 of ``A`` (or any running CRC), ``crc2`` =
+    CRC-32 of ``B`` and ``nbytes2`` = the length of ``B`` (zlib's ``crc32_combine``).
+
+    Parameters
+    ----------
+    crc1 : int
+        The CRC-32 so far.
+    crc2 : int
+        The CRC-32 of the next bytes, computed from 0.
+    nbytes2 : int
+        How many bytes ``crc2`` covers.
+
+    Returns
+    -------
+    int
+        ``zlib.crc32(B, crc1)``, without ``B``.
+    """
+    return crc2 ^ _gf2_times(_zeros_operator(nbytes2), crc1) if nbytes2 else crc1
+
+
+def _chunk_crc(block: np.ndarray) -> tuple[int, int]:
+    a = np.asarray(block)
+    return digest_update(0, a), a.size * _canonical_dtype(a.dtype).itemsize
+
+
+def chunk_digests(trace: xr.Dataset, names: list[str]) -> dict[str, list[Any]]:
+    """Per variable of a lazy arm, one delayed ``(CRC-32, bytes)`` per chunk along ``sequence``.
+
+    Computed in the same ``dask.compute`` as a reduction over the same variables, each chunk is
+    read once for both; :func:`verify_chunk_digests` then checks them against the store's record.
+    Variables the record lacks, and text, are left out.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A lazily opened arm (``open_arms(store, chunks=N)``).
+    names : list of str
+        The variables the computation reads.
+
+    Returns
+    -------
+    dict
+        ``{variable: [delayed (crc, nbytes), ...]}`` in the order of the variable's bytes.
+    """
+    import dask
+
+    _, want = arm_record(trace)
+    out: dict[str, list[Any]] = {}
+    for name in names:
+        var = trace[name]
+        if want is None or name not in want or var.chunks is None or _canonical_dtype(var.dtype) is None:
+            continue
+        arr = var.data
+        if arr.ndim > 1 and any(len(c) > 1 for c in arr.chunks[1:]):
+            arr = arr.rechunk({i: -1 for i in range(1, arr.ndim)})  # contiguous bytes per chunk
+        out[name] = [dask.delayed(_chunk_crc)(b) for b in arr.to_delayed().ravel()]
+    return out
+
+
+def verify_chunk_digests(trace: xr.Dataset, computed: Mapping[str, list[tuple[int, int]]]) -> None:
+    """Raise :class:`~rlparity.trace.store.StoreDamagedError` unless the computed chunks'
+    CRC-32s, combined in order, equal the store's record for those variables.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        The lazily opened arm the digests were computed on.
+    computed : mapping
+        :func:`chunk_digests`, computed: ``{variable: [(crc, nbytes), ...]}``.
+
+    Returns
+    -------
+    None
+    """
+    path, want = arm_record(trace)
+    if want is None or not computed:
+        return
+    got = {}
+    for name, parts in computed.items():
+        var = trace[name]
+        crc = digest_start(var.dtype, var.shape)
+        for c, n in parts:
+            crc = crc32_combine(crc, int(c), int(n))
+        got[name] = f"{crc:08x}"
+    verify_integrity(Path(str(path)), {str(trace.attrs.get("arm")): None},
+                     {"algorithm": DIGEST_ALGORITHM, "arms": {str(trace.attrs.get("arm")): {k: want[k] for k in got}}},
+                     digests={str(trace.attrs.get("arm")): got})
+
+__all__ = ["LAZY_RECORD", "StreamDigests", "arm_record", "block_size", "blocks", "chunk_digests", "crc32_combine",
+           "is_lazy", "lazy_chunks", "load_sample", "validate_structure", "verify_chunk_digests"]

@@ -25,6 +25,12 @@ Layers, as in ArviZ: a numpy core whose functions take ``d`` (any shape, respons
 then a thin xarray layer on traces whose reductions take ``dim=`` (``None``: everything,
 ``"position"``: one value per sequence, ``"sequence"``: one value per position).
 
+A lazy trace (``rlparity.trace.open_arms(store, chunks=N)``) is reduced block by block with
+bounded memory: every reduction is written as parts that merge across blocks of whole sequences
+(:func:`share_parts`, :func:`ess_parts`, per-sequence values), read through
+:func:`rlparity.trace.blocks` (validated, the store's CRC record checked); per-token results of a
+lazy trace are lazy (dask).
+
 Tokens a policy gives probability 0 (``d = -inf`` or ``+inf``, or NaN where both do) are never
 averaged away. Token-level results leave such a token out and count it (``n_excluded``);
 sequence-level results leave out the whole sequence, whose product or geometric ratio is 0 or
@@ -48,17 +54,26 @@ from rlparity.metrics.objective.arrays import (
     ValueWithCounts,
     band_keep,
     decoupled_weights,
+    ess_of,
+    ess_parts,
     finite_tokens,
     importance_weights,
     kl_keep,
     kl_statistic,
     logprob_difference,
+    merge_ess_parts,
     real_tokens,
     rejected_fraction,
+    rejected_sequences,
     rejection_keep,
     sequence_clip_fraction,
     sequence_ess,
     sequence_log_ratio,
+    sequences_clip_fraction,
+    sequences_ess,
+    sequences_rejected,
+    share_of,
+    share_parts,
     tis_weights,
     token_clip_fraction,
     token_counts,
@@ -85,11 +100,14 @@ from rlparity.metrics.objective.traces import (
     effective_sample_size,
     is_weights,
     masked_fraction,
+    pair_blocks,
     pair_direction,
     pair_log_ratio,
+    pair_sequences,
     policy_logprob,
     policy_variable,
     ratio,
+    trace_blocks,
 )
 
 # the names these had before issue 23 (item 7), kept for one release: each warns on use
@@ -109,10 +127,12 @@ def __getattr__(name):
 __all__ = [
     "BAND_RULES", "KL_RULES", "OBJECTIVE_DEFAULTS", "PAIRS", "POLICY_NAMES", "POLICY_VARIABLES", "RULES", "Kind",
     "ValueWithCounts", "PairName",
-    "available_pairs", "band_keep", "clip_fraction", "decoupled", "decoupled_weights", "effective_sample_size", "finite_tokens",
+    "available_pairs", "band_keep", "clip_fraction", "decoupled", "decoupled_weights", "effective_sample_size",
+    "ess_of", "ess_parts", "finite_tokens",
     "importance_weights", "is_weights", "kl_keep", "kl_statistic", "logprob_difference", "masked_fraction",
-    "objective_summary", "pair_direction", "pair_log_ratio", "policy_logprob",
-    "policy_variable", "ratio", "real_tokens", "rejected_fraction", "rejection_keep", "sequence_clip_fraction",
-    "sequence_ess", "sequence_log_ratio", "tis_weights", "token_clip_fraction", "token_counts", "token_ess",
-    "token_mean", "weights_ess",
+    "merge_ess_parts", "objective_summary", "pair_blocks", "pair_direction", "pair_log_ratio", "pair_sequences",
+    "policy_logprob", "policy_variable", "ratio", "real_tokens", "rejected_fraction", "rejected_sequences",
+    "rejection_keep", "sequence_clip_fraction", "sequence_ess", "sequence_log_ratio", "sequences_clip_fraction",
+    "sequences_ess", "sequences_rejected", "share_of", "share_parts", "tis_weights", "token_clip_fraction",
+    "token_counts", "token_ess", "token_mean", "trace_blocks", "weights_ess",
 ]
