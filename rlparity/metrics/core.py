@@ -311,8 +311,22 @@ def ess(weights: np.ndarray, mask: np.ndarray | None = None, axis=None) -> np.nd
 
 
 def ess_from_sums(s1, s2, n):
-    """The normalised ESS ``s1^2 / (n s2)`` from the sum of the weights, of their squares and
-    their number (NaN where ``n`` or ``s2`` is 0); sums that add across blocks of a trace."""
+    """The normalised ESS ``s1^2 / (n s2)`` from sums that add across blocks of a trace.
+
+    Parameters
+    ----------
+    s1 : float or numpy.ndarray
+        Sum of the importance weights.
+    s2 : float or numpy.ndarray
+        Sum of their squares.
+    n : int or numpy.ndarray
+        Number of weights summed.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        ESS / n in (0, 1]; NaN where ``n`` or ``s2`` is 0 (a float for scalar sums).
+    """
     with np.errstate(invalid="ignore", divide="ignore"):
         out = np.where((n > 0) & (s2 > 0), s1 ** 2 / (np.maximum(n, 1) * np.where(s2 > 0, s2, 1.0)), np.nan)
     return out if np.ndim(out) else float(out)

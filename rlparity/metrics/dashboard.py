@@ -79,7 +79,7 @@ class DashboardMetrics(dict):
     ----------
     values : mapping
         ``{peer metric name: value}``.
-    info : Any
+    **info : Any
         Keyword arguments: what the numbers were computed on (``peer``, ``pair``, ...).
     """
 
@@ -708,7 +708,7 @@ def as_dashboard(trace: xr.Dataset, names: str = "verl", *, trainer: TrainerSide
         Return an ``xarray.Dataset`` instead of the flat dict.
     dim : None
         Refused unless None (a dashboard reduces the whole arm).
-    options : Any
+    **options : Any
         Keyword arguments, the peer's own knobs (e.g. verl ``rollout_is="sequence"``, ``rollout_rs={"token_k3": 0.3}``;
         TRL ``vllm_importance_sampling_mode``; prime-rl ``advantages``, default the trace's
         ``advantage``).
