@@ -140,10 +140,13 @@ def test_gpu_run_command_lines_parse():
     root = typer.main.get_command(build_app())
     parsed = {}
     for name, (command, _limit) in gpu_run.PARTS.items():
-        argv = shlex.split(command.format(out="/tmp/out").split("&&")[0])
+        argv = shlex.split(command.format(out="/tmp/out", card="h200").split("&&")[0])
         if argv[1:3] == ["-m", "rlparity"]:
             parsed[name] = _parse(root, argv[3:])
-    assert set(parsed) == {"ablation", "faults", "faults_kv", "floors", "floors_1p5b", "objective"}
+    assert set(parsed) == {"ablation", "ablation_queue", "faults", "faults_kv", "floors", "floors_1p5b", "objective"}
+    path, params = parsed["ablation_queue"]  # the example named after the card that ran it
+    assert set(params["knobs"].split(",")) == {"max_num_seqs", "chunked_prefill"}
+    assert params["example"] == "h200-ablation-queue" and parsed["objective"][1]["example"] == "h200-objective"
     path, params = parsed["ablation"]
     assert path == ["experiment", "ablation"] and params["budget_s"] == 430 and params["example"] == "h100-ablation"
     assert {"async_scheduling", "cascade_attention", "attention_backend", "batch_invariant"} <= set(
