@@ -86,7 +86,8 @@ _NO_API_PAGE = ("cli", "data", "io")  # io: the deprecated alias of importers (o
 def api_modules() -> dict[str, list[str]]:
     """``{page: [module, ...]}`` for the API reference, read from the package itself (never a
     hand-kept list): one page per subpackage of ``rlparity`` (its public modules, the subpackage
-    first), and one page ``rlparity`` for the top-level modules. A module whose name starts with
+    first), one per package inside a subpackage (``metrics.objective``: the package first), and one
+    page ``rlparity`` for the top-level modules. A module whose name starts with
     ``_`` is private and left out."""
     import pkgutil
 
@@ -100,9 +101,15 @@ def api_modules() -> dict[str, list[str]]:
             pages["rlparity"].append(f"rlparity.{info.name}")
             continue
         package = importlib.import_module(f"rlparity.{info.name}")
-        pages[info.name] = [package.__name__] + sorted(
-            m.name for m in pkgutil.walk_packages(package.__path__, prefix=f"{package.__name__}.")
-            if not any(part.startswith("_") for part in m.name.split(".")))
+        pages[info.name] = [package.__name__]
+        for m in sorted(pkgutil.walk_packages(package.__path__, prefix=f"{package.__name__}."), key=lambda m: m.name):
+            if any(part.startswith("_") for part in m.name.split(".")):
+                continue
+            # a package inside a subpackage (rlparity.metrics.objective) is a page of its own: one
+            # page of everything was past what a reader scrolls (metrics: 93 screens)
+            parts = m.name.split(".")[1:]
+            nested = ".".join(parts[:2]) if len(parts) > 2 or m.ispkg else None
+            pages.setdefault(nested or info.name, []).append(m.name)
     return pages
 
 
