@@ -34,7 +34,8 @@ from rlparity.metrics.objective.arrays import (
     share_parts,
 )
 from rlparity.metrics.objective.settings import BAND_RULES, OBJECTIVE_DEFAULTS
-from rlparity.metrics.objective.traces import available_pairs, pair_direction, pair_log_ratio, trace_blocks
+from rlparity.metrics.objective.traces import (available_pairs, concat_sequences, pair_direction, pair_log_ratio,
+                                              trace_blocks)
 
 
 def _spread(x: np.ndarray) -> tuple[int, float, float]:
@@ -87,7 +88,7 @@ def _merge_parts(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         elif k == "spread":
             out[k] = _merge_spread(x, y)
         elif isinstance(x, ValueWithCounts):
-            out[k] = ValueWithCounts(*(np.concatenate([x[i], y[i]]) for i in range(3)))
+            out[k] = concat_sequences([x, y])
         elif k.startswith("sequence_"):
             out[k] = {j: np.concatenate([x[j], y[j]]) for j in x}
         elif isinstance(x, dict):

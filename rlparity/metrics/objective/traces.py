@@ -257,6 +257,22 @@ def _wrap(m: ValueWithCounts, trace: xr.Dataset, pair_attrs: dict, axes, name: s
     return da
 
 
+def concat_sequences(parts) -> ValueWithCounts:
+    """Per-sequence :class:`ValueWithCounts` of consecutive blocks as one, in block order.
+
+    Parameters
+    ----------
+    parts : sequence of ValueWithCounts
+        One per block: a value, its real tokens and its excluded tokens per sequence.
+
+    Returns
+    -------
+    ValueWithCounts
+        The blocks' arrays concatenated along ``sequence``.
+    """
+    return ValueWithCounts(*(np.concatenate([np.atleast_1d(p[i]) for p in parts]) for i in range(3)))
+
+
 def _token_reduction(trace: xr.Dataset, pair: PairName, trainer: TrainerSide | None, dim,
                      parts: Callable[[np.ndarray, Any], dict], finish: Callable[[dict], ValueWithCounts],
                      merge: Callable[[dict, dict], dict] | None = None) -> tuple[ValueWithCounts, Any]:
@@ -266,7 +282,7 @@ def _token_reduction(trace: xr.Dataset, pair: PairName, trainer: TrainerSide | N
     axes = _axes(dim, DIMS)
     if axes is not None and 0 not in axes:  # one value per sequence: blocks are whole sequences
         done = [finish(parts(d, axes)) for d in pair_blocks(trace, pair, trainer)]
-        return ValueWithCounts(*(np.concatenate([np.atleast_1d(r[i]) for r in done]) for i in range(3))), axes
+        return concat_sequences(done), axes
     merge = merge or (lambda a, b: {k: a[k] + b[k] for k in a})
     return finish(reduce(merge, (parts(d, axes) for d in pair_blocks(trace, pair, trainer)))), axes
 
@@ -292,7 +308,7 @@ def pair_sequences(trace: xr.Dataset, pair: PairName = "backend", trainer: Train
         One value per sequence (NaN: excluded), its real tokens, its excluded tokens.
     """
     parts = [sequence_log_ratio(d, kind=kind) for d in pair_blocks(trace, pair, trainer)]
-    return ValueWithCounts(*(np.concatenate([p[i] for p in parts]) for i in range(3)))
+    return concat_sequences(parts)
 
 
 def _lazy_tokens(trace: xr.Dataset, func: Callable[..., np.ndarray], variables: list[str]):
