@@ -30,6 +30,7 @@ def synthetic_trace(
     logprobs_mode: str = "processed_logprobs",
     noise: float = 0.0,
     head_noise: float = 0.0,
+    trainer_noise: float = 0.0,
     seed: int = 0,
     scored: bool = True,
     arm: str = "synthetic",
@@ -61,6 +62,10 @@ def synthetic_trace(
     head_noise : float, default 0.0
         Standard deviation of noise on the rollout logits before the softmax (a stand-in for a
         low-precision LM head).
+    trainer_noise : float, default 0.0
+        Standard deviation of noise on the trainer's logits (a stand-in for dropout left on): one
+        draw feeds both trainer readings, its scale varies by sequence (log-normal, as a dropout
+        mask hits some sequences far harder than others).
     seed : int, default 0
         Seeds everything; request seeds are ``seed + i``.
     scored : bool, default True
@@ -111,8 +116,13 @@ def synthetic_trace(
         prompts.append(rng.integers(4, vocab, size=rng.integers(3, 8)).tolist())
         toks.append(t.tolist())
         mus.append(roll.tolist())
-        pis.append(rlog[idx, t])
-        ppis.append(plog[idx, t])
+        if trainer_noise:
+            noisy = logits + rng.normal(0, trainer_noise * rng.lognormal(0, 1), size=logits.shape)
+            pis.append(_log_softmax(noisy)[idx, t])
+            ppis.append(_log_softmax(np.where(np.isfinite(scaled), noisy / temperature, -np.inf))[idx, t])
+        else:
+            pis.append(rlog[idx, t])
+            ppis.append(plog[idx, t])
         p = np.exp(rlog)
         ents.append(-(p * rlog).sum(axis=1))
         pp = np.exp(plog)
@@ -127,7 +137,8 @@ def synthetic_trace(
                "engine_requested": {"logprobs_mode": logprobs_mode},
                "engine_effective": {"logprobs_mode": logprobs_mode, "head_dtype": "float32",
                                     "dtype": "float32"},
-               "synthetic": {"seed": seed, "noise": noise, "head_noise": head_noise}},
+               "synthetic": {"seed": seed, "noise": noise, "head_noise": head_noise,
+                             "trainer_noise": trainer_noise}},
     )
     if not scored:
         return ds

@@ -154,3 +154,76 @@ def test_semantic_notebook_results(executed_notebook):
     assert r["prompt_parity"]["prompt-ids-without-bos"] == "prompt_token_mismatch"
     arms = open_arms(out / "semantic.zarr")
     assert {"raw_logprobs", "processed_logprobs", "chat-messages"} <= set(arms)
+
+
+# --- issue 42: a claim needs evidence that holds with its uncertainty -------------------------------------------
+
+def _ols_slope(y, x, m):
+    return float(np.sum(x[m] * y[m]) / np.sum(x[m] ** 2))
+
+
+def test_jackknife_slope_se_equals_a_float64_delete_a_group_loop():
+    from rlparity.metrics.core import jackknife_slope_se, reading_fit
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(0, 1, (37, 9))
+    y = 0.7 * x + rng.normal(0, 0.3, (37, 9)) + rng.normal(0, 0.5, (37, 1))  # a per-sequence shift: clustered
+    m = rng.random((37, 9)) < 0.8
+    m[5] = False  # a sequence without tokens belongs to no group
+    got = jackknife_slope_se(lambda k: reading_fit(y, x, k)["alpha"], m, groups=6)
+    # reference: the 36 sequences with tokens dealt into 6 groups in index order, each left out in turn
+    rows = [i for i in range(37) if m[i].any()]
+    est = []
+    for g in range(6):
+        out = {r for j, r in enumerate(rows) if j % 6 == g}
+        keep = np.array([[i not in out] * 9 for i in range(37)]) & m
+        xx, yy = x[keep].astype(np.float64), y[keep].astype(np.float64)
+        est.append(np.linalg.lstsq(xx[:, None], yy, rcond=None)[0][0])
+    est = np.array(est)
+    assert got["n_groups"] == 6
+    assert got["se"] == pytest.approx(np.sqrt(5 / 6 * np.sum((est - est.mean()) ** 2)), rel=1e-10)
+    assert jackknife_slope_se(lambda k: _ols_slope(y, x, k), m[:1], groups=6)["se"] != \
+        jackknife_slope_se(lambda k: _ols_slope(y, x, k), m[:1], groups=6)["se"]  # one sequence: NaN
+
+
+def test_a_noisy_trainer_never_makes_a_processed_rollout_read_raw():
+    """The false alarm of issue 42: dropout left on in the trainer moves both of its readings by one
+    noisy forward; on 12 sequences the per-token error called the reading certain, and some draws
+    read 'raw'. The error from a jackknife over sequences calls them inconclusive."""
+    from rlparity.diagnose.evidence import semantic_fit
+
+    readings, per_token = [], []
+    for seed in range(40):
+        tr = synthetic_trace(12, 16, 32, temperature=0.7, top_k=20, trainer_noise=0.5, seed=seed)
+        f = semantic_fit(tr, tr["response_mask"].values.astype(bool))
+        readings.append(f["reading"])
+        a, se = f["alpha"], f["alpha_se_token"]  # the rule before: the per-token error alone
+        band = max(0.2, 3 * se)
+        per_token.append("untestable" if se > 0.2 else "processed" if abs(a - 1) <= band
+                         else "raw" if abs(a) <= band else "neither")
+        assert f["alpha_se"] >= f["alpha_se_token"]
+    assert per_token.count("raw") >= 4, per_token  # the old rule's false alarms on these draws
+    assert "raw" not in readings, readings
+    assert readings.count("untestable") >= 30, readings
+
+
+@pytest.mark.parametrize("mode,expected", [("processed_logprobs", "processed"), ("raw_logprobs", "raw")])
+@pytest.mark.parametrize("head_noise", [0.0, 0.2])
+def test_the_sequence_error_keeps_the_fit_s_power(mode, expected, head_noise):
+    from rlparity.diagnose.evidence import semantic_fit
+
+    for seed in range(10):
+        tr = synthetic_trace(12, 16, 32, temperature=0.7, top_k=20, seed=seed, logprobs_mode=mode,
+                             head_noise=head_noise)
+        f = semantic_fit(tr, tr["response_mask"].values.astype(bool))
+        assert f["reading"] == expected, (seed, f)
+        assert f["n_sequences_fitted"] == 12
+
+
+def test_too_few_sequences_is_inconclusive_not_a_verdict():
+    tr = synthetic_trace(3, 24, 32, temperature=0.7, top_k=20, logprobs_mode="raw_logprobs")
+    tr.attrs["engine_effective"] = {**tr.attrs["engine_effective"], "logprobs_mode": None}
+    f = S.logprob_semantics(tr)
+    assert f.name == "logprob_semantics_untestable" and f.severity == Severity.INFO
+    assert "only 3 sequences" in f.summary
+    assert f.evidence["n_sequences_fitted"] == 3

@@ -200,6 +200,15 @@ class Defaults(BaseModel):
                                 "and raw readings within which the rollout counts as one of them (dimensionless: "
                                 "the same on any device and model; the H200 bf16 parity arm sits at alpha ~1.0, "
                                 "the raw arm at ~0.0)")
+    jackknife_groups: int = Field(20, ge=2, description="groups of whole sequences in the delete-a-group jackknife "
+                                  "that gives the semantic and renormalization fits their standard error (tokens of "
+                                  "one sequence share prompt, KV and dropout masks: a per-token error is too small)")
+    jackknife_max_tokens: int = Field(200_000, ge=1000, description="tokens (whole sequences at an even stride) the "
+                                      "jackknife refits on; its error is scaled to the whole fit (bounds its cost "
+                                      "on large traces: 20 robust refits of 200k tokens)")
+    min_fit_sequences: int = Field(4, ge=2, description="fewest sequences on which a semantic or renormalization fit "
+                                   "may name a reading; fewer: untestable (issue 42: 12 CPU sequences under dropout "
+                                   "gave alpha from -2.1 to 1.0 across dropout seeds)")
     offset_z: float = Field(4.0, gt=0, description="standard errors a mean offset of d must exceed to count as a "
                                                   "semantic mismatch when the trace holds one trainer reading")
     boundary_flip_share: float = Field(0.005, ge=0, le=1, description="share of tokens just outside the trainer's "

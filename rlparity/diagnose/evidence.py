@@ -31,6 +31,8 @@ The localized checks of every layer measure their tokens' residual against the b
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -308,6 +310,53 @@ def identity_sampling(trace: xr.Dataset) -> bool:
                 and np.all(trace["top_p"].values >= 1.0))
 
 
+def sequence_se(fit: Callable[..., dict[str, float]], y: np.ndarray, x: np.ndarray, tokens: np.ndarray,
+                token_se: float) -> dict[str, Any]:
+    """A slope's standard error that holds when tokens of a sequence are not independent.
+
+    The larger of the per-token (sandwich) standard error and a delete-a-group jackknife over
+    whole sequences (:func:`rlparity.metrics.core.jackknife_slope_se`, at most
+    ``defaults().jackknife_groups`` groups). Past ``defaults().jackknife_max_tokens`` tokens the
+    jackknife runs on whole sequences taken at an even stride and its error is scaled by
+    ``sqrt(tokens used / tokens)`` (a slope's error shrinks as one over the root of the data). With
+    fewer than ``defaults().min_fit_sequences`` sequences the error is NaN: too few to claim anything
+    (the reading is then untestable).
+
+    Parameters
+    ----------
+    fit : callable
+        ``fit(y, x, mask)`` returning a dict with the slope under ``"alpha"``
+        (:func:`rlparity.metrics.core.reading_fit` or a partial of
+        :func:`~rlparity.metrics.core.robust_reading_fit`).
+    y, x : numpy.ndarray
+        ``(sequence, position)``: the reading placed and the difference of the two candidates (nats).
+    tokens : numpy.ndarray
+        ``(sequence, position)`` bool, the tokens fitted on.
+    token_se : float
+        The per-token standard error of the full fit.
+
+    Returns
+    -------
+    dict
+        ``alpha_se`` (the one used), ``alpha_se_token``, ``alpha_se_jackknife`` and
+        ``n_sequences_fitted``.
+    """
+    o = defaults()
+    t = np.asarray(tokens, bool)
+    per_seq = t.reshape(len(t), -1).sum(axis=1) if t.ndim else np.zeros(0, int)
+    n_seq, n_tok = int((per_seq > 0).sum()), int(per_seq.sum())
+    rows = np.flatnonzero(per_seq > 0)
+    if n_tok > o.jackknife_max_tokens:  # whole sequences at an even stride, then the error scaled to all tokens
+        rows = rows[:: int(np.ceil(n_tok / o.jackknife_max_tokens))]
+    ys, xs, ts = y[rows], x[rows], t[rows]  # compact copies: each refit touches only these
+    jk = core.jackknife_slope_se(lambda m: fit(ys, xs, m)["alpha"], ts, groups=o.jackknife_groups)
+    jk_se = jk["se"] * float(np.sqrt(ts.sum() / max(n_tok, 1)))
+    se = max(token_se, jk_se) if np.isfinite(jk_se) else float("nan")
+    if n_seq < o.min_fit_sequences:
+        se = float("nan")
+    return {"alpha_se": se, "alpha_se_token": token_se, "alpha_se_jackknife": jk_se, "n_sequences_fitted": n_seq}
+
+
 def semantic_fit(trace: xr.Dataset, tokens: np.ndarray, *, semantic_tol: float | None = None
                  ) -> dict[str, Any]:
     """Where the rollout logprob ``mu`` lies between the trainer's raw and processed readings.
@@ -338,7 +387,10 @@ def semantic_fit(trace: xr.Dataset, tokens: np.ndarray, *, semantic_tol: float |
         return {"reading": "untestable", "why": "one trainer reading" if len(readings) < 2 else "identity sampling"}
     P, R = trace[TRAINER_VARIABLE["processed"]].values, trace[TRAINER_VARIABLE["raw"]].values
     mu = trace["rollout_logprob"].values
-    fit = core.robust_reading_fit(mu - R, P - R, tokens)
+    y, x = mu - R, P - R
+    fit = core.robust_reading_fit(y, x, tokens)
+    refit = functools.partial(core.robust_reading_fit, start=fit["alpha"])
+    fit = {**fit, **sequence_se(refit, y, x, tokens, fit["alpha_se"])}
     alpha, se = fit["alpha"], fit["alpha_se"]
     band = max(semantic_tol, 3 * se) if np.isfinite(se) else semantic_tol
     if not np.isfinite(alpha) or not np.isfinite(se) or se > semantic_tol:

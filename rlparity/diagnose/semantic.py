@@ -18,7 +18,7 @@ import numpy as np
 import xarray as xr
 
 from rlparity.config.defaults import defaults
-from rlparity.diagnose.evidence import ArmEvidence, build, identity_sampling
+from rlparity.diagnose.evidence import ArmEvidence, build, identity_sampling, sequence_se
 from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.trace import has_trainer
@@ -117,6 +117,8 @@ def logprob_semantics(trace: xr.Dataset, *, semantic_tol: float | None = None,
         evidence_.update({"alpha_processed": alpha, "alpha_se": se, "alpha_band": band,
                           "noise_floor_rms": fit.get("noise_rms"), "noise_scale_robust": fit.get("noise_scale"),
                           "separation_rms": fit.get("separation_rms"), "n_tokens_fitted": fit.get("n_tokens"),
+                          "n_sequences_fitted": fit.get("n_sequences_fitted"),
+                          "alpha_se_jackknife": fit.get("alpha_se_jackknife"),
                           "downweighted_share": fit.get("downweighted_share"),
                           "reading": "mu - log pi_raw = alpha (log pi_processed - log pi_raw) + noise; "
                                      "alpha 1 = processed, 0 = raw (robust fit)"})
@@ -130,10 +132,16 @@ def logprob_semantics(trace: xr.Dataset, *, semantic_tol: float | None = None,
                            f"{se:.2g}, the trainer's readings {fit.get('separation_rms', float('nan')):.2g} nats apart)",
                            evidence_, FIX_PROCESSED, arm, cause="raw_logprobs")
         if ev_.reading == "untestable":
+            n_seq = fit.get("n_sequences_fitted") or 0
+            why = (f"only {n_seq} sequences to fit on (a reading needs {defaults().min_fit_sequences})"
+                   if n_seq < defaults().min_fit_sequences else
+                   f"alpha {alpha:.3g} +- {se:.2g} over {n_seq} sequences, with the readings "
+                   f"{fit.get('separation_rms', float('nan')):.2g} nats apart: at this noise the fit cannot tell them "
+                   "apart (the error is the larger of the per-token one and a jackknife over sequences)")
             return Finding(Layer.SEMANTIC, "logprob_semantics_untestable", Severity.INFO,
-                           "the trainer's processed and raw readings are too close, at this noise, to tell "
-                           f"which one the rollout reports (alpha {alpha:.3g} +- {se:.2g})", evidence_,
-                           "capture more tokens, or at the temperature/top-k your RL run uses", arm)
+                           f"inconclusive: which reading the rollout reports cannot be told here ({why})", evidence_,
+                           "capture more sequences, at the temperature/top-k your RL run uses, with the trainer in "
+                           "eval mode (a noisy trainer hides the semantic reading)", arm)
         if ev_.reading == "processed":
             return Finding(Layer.SEMANTIC, "logprobs_processed", Severity.INFO,
                            f"rollout logprobs are the processed distribution (alpha {alpha:.3f} +- {se:.2g}; "
@@ -377,17 +385,19 @@ def renormalization(trace: xr.Dataset, *, semantic_tol: float | None = None) -> 
     kept = trace["trainer_log_kept_mass"].values
     d = log_ratio(trace, "processed").values
     fit = core.reading_fit(-d, kept, mask)
+    fit = {**fit, **sequence_se(core.reading_fit, -d, kept, mask, fit["alpha_se"])}
     evidence = {"mean_log_kept_mass": float(core.masked_mean(kept, mask)),
                 "min_log_kept_mass": float(np.min(kept[mask])) if mask.any() else float("nan"),
                 "share_tokens_with_cut_mass": float(np.mean(kept[mask] < -1e-6)) if mask.any() else 0.0,
                 "beta_unrenormalized": fit["alpha"], "beta_se": fit["alpha_se"],
+                "beta_se_jackknife": fit["alpha_se_jackknife"],
                 "rms_d_vs_trainer_processed": float(core.masked_rms(d, mask)),
                 "rms_d_vs_trainer_tempered_not_renormalized": float(core.masked_rms(d + kept, mask)),
                 "reading": "mu - log pi_processed = beta * log kept mass + noise; beta 1 = not renormalized",
                 "pair": PAIR, "units": "nats"}
     arm = trace.attrs.get("arm")
     beta, se = fit["alpha"], fit["alpha_se"]
-    if np.isfinite(beta) and se < semantic_tol and abs(beta - 1) <= max(semantic_tol, 3 * se) \
+    if np.isfinite(beta) and np.isfinite(se) and se < semantic_tol and abs(beta - 1) <= max(semantic_tol, 3 * se) \
             and abs(beta) > max(semantic_tol, 3 * se):
         return Finding(Layer.SEMANTIC, "rollout_not_renormalized", Severity.ERROR,
                        "rollout logprobs apply temperature but not the top-k/top-p renormalization "
