@@ -2,7 +2,8 @@
 
 Runs the CI-size fault matrix (notebook 07 with ``ci=True``: the tiny-bf16 model, 4 prompts x 16
 tokens per phase) ``--runs`` times, each with another seed (prompts, sampling seeds and the
-version-1 perturbation) and, with ``--load``, a second process busy on the other core for the
+version-1 perturbation; :func:`rlparity.experiments.faults.run_matrix_repeats`, each engine started
+once for every seed) and, with ``--load``, a second process busy on the other core for the
 whole run. Every run is diagnosed and scored against its ground truth; per arm the script reports
 how many runs gave the modal headline, how many named a cause that was not injected, and how many
 missed one. Results go to ``--out`` as JSON (one record per run and arm) and a Markdown table.
@@ -28,22 +29,20 @@ def _burn(stop) -> None:  # a busy loop on one core until told to stop
             x = (x * 1103515245 + 12345) & 0x7FFFFFFF
 
 
-def one_run(model: str, seed: int, workdir: Path) -> list[dict]:
+def score_runs(runs: dict, elapsed: float, condition: str) -> list[dict]:
     from rlparity.diagnose import diagnose
     from rlparity.diagnose.scoring import score_matrix
-    from rlparity.experiments import faults as fx
 
-    t0 = time.perf_counter()
-    arms = fx.run_matrix(model, None, fx.MatrixSettings(n_prompts=4, max_tokens=16, device="cpu", seed=seed),
-                         workdir=workdir / f"seed-{seed}", log=lambda m: None)
-    report = diagnose(arms, title="fault matrix")
-    scores = score_matrix(arms, report)
-    elapsed = time.perf_counter() - t0
-    df = scores[["headline", "headline_right", "missed", "false_named"]].to_dataframe()
     load = os.getloadavg()[0]
-    return [{"seed": seed, "arm": arm, "headline": str(r.headline), "headline_right": bool(r.headline_right),
-             "missed": str(r.missed), "false_named": str(r.false_named), "elapsed_s": round(elapsed, 1),
-             "loadavg_1min_at_end": round(load, 2)} for arm, r in df.iterrows()]
+    out = []
+    for seed, arms in runs.items():
+        scores = score_matrix(arms, diagnose(arms, title="fault matrix"))
+        df = scores[["headline", "headline_right", "missed", "false_named"]].to_dataframe()
+        out += [{"seed": seed, "arm": arm, "condition": condition, "headline": str(r.headline),
+                 "headline_right": bool(r.headline_right), "missed": str(r.missed), "false_named": str(r.false_named),
+                 "matrix_s_per_seed": round(elapsed / len(runs), 1), "loadavg_1min_at_end": round(load, 2)}
+                for arm, r in df.iterrows()]
+    return out
 
 
 def table(records: list[dict]) -> str:
@@ -77,21 +76,24 @@ def main() -> None:
     burner = mp.Process(target=_burn, args=(stop,), daemon=True) if a.load else None
     if burner:
         burner.start()
+    from rlparity.experiments import faults as fx
+
     records: list[dict] = []
     try:
-        for seed in range(a.seed0, a.seed0 + a.runs):
-            rs = one_run(model, seed, out / "work")
-            for r in rs:
-                r["condition"] = tag
-            records += rs
-            wrong = [r["arm"] for r in rs if not r["headline_right"] or r["false_named"] or r["missed"]]
-            print(f"seed {seed}: {len(rs)} arms in {rs[0]['elapsed_s']} s, load {rs[0]['loadavg_1min_at_end']}; "
-                  f"not clean: {wrong}", flush=True)
-            (out / f"records-{tag}.json").write_text(json.dumps(records, indent=1))
+        t0 = time.perf_counter()
+        runs = fx.run_matrix_repeats(model, None, fx.MatrixSettings(n_prompts=4, max_tokens=16, device="cpu"),
+                                     seeds=range(a.seed0, a.seed0 + a.runs), workdir=out / "work",
+                                     log=lambda m: print(f"[{time.perf_counter() - t0:7.1f} s] {m}", flush=True))
+        records = score_runs(runs, time.perf_counter() - t0, tag)
     finally:
         stop.set()
         if burner:
             burner.join(5)
+    (out / f"records-{tag}.json").write_text(json.dumps(records, indent=1))
+    for seed in runs:
+        wrong = [r["arm"] for r in records if r["seed"] == seed
+                 and (not r["headline_right"] or r["false_named"] or r["missed"])]
+        print(f"seed {seed}: not clean: {wrong}")
     (out / f"table-{tag}.md").write_text(table(records) + "\n")
     print(table(records))
 

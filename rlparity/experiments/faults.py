@@ -454,6 +454,46 @@ def run_matrix(model: str | os.PathLike, arms: Sequence[Iterable[str]] | None = 
     ValueError
         If an arm names an unknown cause or two conflicting ones.
     """
+    s = settings or MatrixSettings()
+    return run_matrix_repeats(model, arms, s, seeds=(s.seed,), workdir=workdir, log=log)[s.seed]
+
+
+def run_matrix_repeats(model: str | os.PathLike, arms: Sequence[Iterable[str]] | None = None,
+                       settings: MatrixSettings | None = None, *, seeds: Sequence[int] = (0,),
+                       workdir: str | os.PathLike | None = None,
+                       log: Callable[[str], None] = progress_log) -> dict[int, dict[str, xr.Dataset]]:
+    """The fault matrix once per seed, each engine started once for every seed.
+
+    Each seed draws its own prompts, sampling seeds and version-1 perturbation (``settings.seed``
+    is replaced); an engine runs the captures of every seed in turn, as it runs the arms of one
+    matrix (version 0 reloaded and the cache reset before each). What :func:`run_matrix` runs for
+    one seed; the repeats measure how stable each verdict is (``scripts/verdict_stability.py``).
+
+    Parameters
+    ----------
+    model : str or os.PathLike
+        A local checkpoint directory (version 0).
+    arms : sequence of iterable of str, optional
+        The arms (:func:`run_matrix`).
+    settings : MatrixSettings, optional
+        Sizes and knobs; ``None`` means ``MatrixSettings()``.
+    seeds : sequence of int, default (0,)
+        One matrix per seed.
+    workdir : str or os.PathLike, optional
+        Where the versions are written (one folder ``seed-<k>`` per seed when there are several).
+    log : callable, default progress_log
+        Called with one line per engine and arm.
+
+    Returns
+    -------
+    dict of int to dict of str to xarray.Dataset
+        ``{seed: {arm: scored trace}}``.
+
+    Raises
+    ------
+    ValueError
+        If an arm names an unknown cause or two conflicting ones.
+    """
     from rlparity.capture.async_engine import AsyncEngine
     from rlparity.capture.pool import shared_pool
     from rlparity.experiments.ablation import shared_prefix_prompts
@@ -461,8 +501,8 @@ def run_matrix(model: str | os.PathLike, arms: Sequence[Iterable[str]] | None = 
 
     from rlparity.models import is_moe
 
-    s = settings or MatrixSettings()
-    platform = "cuda" if s.device.startswith("cuda") else "cpu"
+    s0 = settings or MatrixSettings()
+    platform = "cuda" if s0.device.startswith("cuda") else "cpu"
     moe = is_moe(model)
     wanted = [tuple(a) for a in (arms if arms is not None else default_arms(platform=platform, moe=moe))]
     plans = [compose(a) for a in wanted]
@@ -472,52 +512,60 @@ def run_matrix(model: str | os.PathLike, arms: Sequence[Iterable[str]] | None = 
     v0 = Path(model)
     work = Path(workdir) if workdir else v0.with_name(f"{v0.name}-faults")
     partial = next((p.update["partial"] for p in plans if p.update.get("partial") is not None), None)
-    ckpt = _checkpoints(v0, work, s.sigma, s.seed, partial)
-    prompts = shared_prefix_prompts(3 * s.n_prompts, seed=s.seed)
-    phases = {"before": prompts[: s.n_prompts], "inflight": prompts[s.n_prompts: 2 * s.n_prompts],
-              "after": prompts[2 * s.n_prompts:]}
-    inflight_tokens = s.inflight_tokens or s.max_tokens
-    threshold = max(1, int(s.update_after * s.n_prompts * inflight_tokens))
-    dtype = s.dtype or _checkpoint_dtype(v0)
+    per_seed = {}
+    for seed in seeds:
+        s = s0.model_copy(update={"seed": seed})
+        prompts = shared_prefix_prompts(3 * s.n_prompts, seed=s.seed)
+        per_seed[seed] = (s, _checkpoints(v0, work if len(seeds) == 1 else work / f"seed-{seed}", s.sigma, s.seed,
+                                          partial),
+                          {"before": prompts[: s.n_prompts], "inflight": prompts[s.n_prompts: 2 * s.n_prompts],
+                           "after": prompts[2 * s.n_prompts:]})
+    inflight_tokens = s0.inflight_tokens or s0.max_tokens
+    threshold = max(1, int(s0.update_after * s0.n_prompts * inflight_tokens))
+    dtype = s0.dtype or _checkpoint_dtype(v0)
     scorers: dict[tuple, Scorer] = {}
 
     def scorer(path: Path, plan: Plan) -> Scorer:
         kw = {k: v for k, v in plan.scorer.items() if k != "stale_weights"}
         key = (str(path), dtype, repr(sorted(kw.items())), repr(sorted(plan.trainer.items())))
         if key not in scorers:
-            scorers[key] = Scorer(str(path), dtype=dtype, head_dtype=kw.pop("head_dtype", "float32"), device=s.device,
-                                  batch_size=s.batch_size, progress=False, settings=TrainerSettings(**plan.trainer),
+            scorers[key] = Scorer(str(path), dtype=dtype, head_dtype=kw.pop("head_dtype", "float32"), device=s0.device,
+                                  batch_size=s0.batch_size, progress=False, settings=TrainerSettings(**plan.trainer),
                                   **kw)
         return scorers[key]
 
     shared_pool().close()
-    out: dict[str, xr.Dataset] = {}
+    out: dict[int, dict[str, xr.Dataset]] = {seed: {} for seed in seeds}
     by_engine: dict[str, list[Plan]] = {}
     for p in plans:
         by_engine.setdefault(p.engine_key(), []).append(p)
     for group in by_engine.values():
         base = {"logprobs_mode": "processed_logprobs", "head_dtype": "float32", "dtype": dtype,
                 "generation_config": "vllm", "enable_prefix_caching": True, "capture_routing": True if moe else None}
-        settings_ = EngineSettings(**{**base, **s.engine, **group[0].engine})
+        settings_ = EngineSettings(**{**base, **s0.engine, **group[0].engine})
         t0 = time.perf_counter()
-        captures: dict[str, xr.Dataset] = {}
+        captures: dict[tuple[int, str], xr.Dataset] = {}
         with AsyncEngine(str(v0), settings_) as eng:
             log(f"engine {group[0].engine or 'base'} started in {eng.startup_s:.1f} s")
-            for p in sorted(group, key=lambda p: p.capture_key()):
-                if p.capture_key() not in captures:
-                    sampling = SamplingSettings(temperature=s.temperature, top_k=s.top_k, max_tokens=s.max_tokens,
-                                                seed=s.seed, **p.sampling)
-                    captures[p.capture_key()] = _capture(eng, p, phases, sampling, ckpt, not captures, threshold,
-                                                         inflight_tokens)
-        for p in group:
-            trace = captures[p.capture_key()]
-            v1_trainer = ckpt["v0"] if p.scorer.get("stale_weights") else ckpt["v1"]
-            scored = score_versions(trace, {0: scorer(ckpt["v0"], p), 1: scorer(v1_trainer, p)}, latest=1)
-            scored.attrs.update({"arm": p.arm, "faults": {
-                "causes": list(p.causes), "recipe": p.model_dump(), "what": {c: FAULTS[c].what for c in p.causes},
-                "platform": platform, "settings": s.model_dump()}})
-            out[p.arm] = scored
-            log(f"  {p.arm}: {scored.sizes['sequence']} sequences")
+            for seed in seeds:
+                s, ckpt, phases = per_seed[seed]
+                for p in sorted(group, key=lambda p: p.capture_key()):
+                    if (seed, p.capture_key()) not in captures:
+                        sampling = SamplingSettings(temperature=s.temperature, top_k=s.top_k, max_tokens=s.max_tokens,
+                                                    seed=s.seed, **p.sampling)
+                        captures[seed, p.capture_key()] = _capture(eng, p, phases, sampling, ckpt, not captures,
+                                                                   threshold, inflight_tokens)
+        for seed in seeds:
+            s, ckpt, _ = per_seed[seed]
+            for p in group:
+                trace = captures[seed, p.capture_key()]
+                v1_trainer = ckpt["v0"] if p.scorer.get("stale_weights") else ckpt["v1"]
+                scored = score_versions(trace, {0: scorer(ckpt["v0"], p), 1: scorer(v1_trainer, p)}, latest=1)
+                scored.attrs.update({"arm": p.arm, "faults": {
+                    "causes": list(p.causes), "recipe": p.model_dump(), "what": {c: FAULTS[c].what for c in p.causes},
+                    "platform": platform, "settings": s.model_dump()}})
+                out[seed][p.arm] = scored
+                log(f"  {p.arm}{f' (seed {seed})' if len(seeds) > 1 else ''}: {scored.sizes['sequence']} sequences")
         log(f"engine {group[0].engine or 'base'}: {time.perf_counter() - t0:.1f} s in all")
     if any(skipped.values()):
         log("not run on " + platform + ": " + "; ".join(
@@ -573,4 +621,4 @@ def parse_arms(spec: str | None, platform: str = "cpu") -> list[tuple[str, ...]]
 
 
 __all__ = ["ARM_SEP", "CLEAN", "FAULTS", "PAIR_CAUSES", "Fault", "MatrixSettings", "Plan", "compose", "default_arms",
-           "parse_arms", "partial_checkpoint", "run_matrix"]
+           "parse_arms", "partial_checkpoint", "run_matrix", "run_matrix_repeats"]
