@@ -266,6 +266,9 @@ def test_score_versions_takes_each_token_from_its_own_weights(tiny_model, tmp_pa
     assert np.allclose(out["trainer_latest_processed_logprob"].values[mask],
                        a1["trainer_processed_logprob"].values[mask], atol=1e-6)
     assert out.attrs["trainer"]["per_version"] == {"1": v1, "0": tiny_model}
+    again = score_versions(out, {0: s0, 1: s1})  # a scored trace scored again (it failed its checksum before)
+    assert np.array_equal(again["trainer_logprob"].values[mask], out["trainer_logprob"].values[mask])
+    assert again.attrs["scored_token_checksum"] == out.attrs["scored_token_checksum"]
     with pytest.raises(ValueError, match=r"no checkpoint for policy version\(s\) \[1\]"):
         score_versions(tr, {0: s0})
     assert "trainer_latest_logprob" not in score_versions(tr.assign(policy_version=tr["policy_version"].clip(max=0)),

@@ -836,6 +836,10 @@ def score_versions(trace: xr.Dataset, checkpoints: Any, *, latest: bool | int = 
     from collections.abc import Mapping
 
     validate(trace)
+    # a trace scored before is scored again: its old record of which tokens were scored covers every
+    # sequence, so the per-version subsets below would fail it (the new scoring writes its own)
+    trace = trace.copy()
+    trace.attrs = {k: v for k, v in trace.attrs.items() if k != "scored_token_checksum"}
     if not isinstance(checkpoints, Mapping) or not checkpoints:
         raise TypeError("checkpoints must map policy version -> checkpoint path, model or Scorer, "
                         "e.g. {0: 'ckpt-v0', 1: 'ckpt-v1'}")
