@@ -184,6 +184,8 @@ def test_jackknife_slope_se_equals_a_float64_delete_a_group_loop():
     assert got["se"] == pytest.approx(np.sqrt(5 / 6 * np.sum((est - est.mean()) ** 2)), rel=1e-10)
     assert jackknife_slope_se(lambda k: _ols_slope(y, x, k), m[:1], groups=6)["se"] != \
         jackknife_slope_se(lambda k: _ols_slope(y, x, k), m[:1], groups=6)["se"]  # one sequence: NaN
+    empty = jackknife_slope_se(lambda k: _ols_slope(y, x, k), m[:0], groups=6)  # no sequence (all claimed)
+    assert empty["n_groups"] == 0 and np.isnan(empty["se"])
 
 
 def test_a_noisy_trainer_never_makes_a_processed_rollout_read_raw():

@@ -343,7 +343,7 @@ def sequence_se(fit: Callable[..., dict[str, float]], y: np.ndarray, x: np.ndarr
     """
     o = defaults()
     t = np.asarray(tokens, bool)
-    per_seq = t.reshape(len(t), -1).sum(axis=1) if t.ndim else np.zeros(0, int)
+    per_seq = t.sum(axis=tuple(range(1, t.ndim))) if t.ndim > 1 else t.astype(int) if t.ndim else np.zeros(0, int)
     n_seq, n_tok = int((per_seq > 0).sum()), int(per_seq.sum())
     rows = np.flatnonzero(per_seq > 0)
     if n_tok > o.jackknife_max_tokens:  # whole sequences at an even stride, then the error scaled to all tokens

@@ -224,6 +224,68 @@ def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
     return ds
 
 
+# what rlparity's own capture and scorer record about their settings, and a user's own run or a peer's dump
+# does not give (issue 41): the diagnosis of a blind view must come from the numbers alone
+ECHO_VARIABLES = ("trainer_temperature", "trainer_top_k", "trainer_top_p")
+ECHO_TRAINER_ATTRS = ("settings", "head_dtype", "dtype", "training_mode", "dropout", "fp32_gemm", "weight_checksums",
+                      "weight_checksums_per_version")
+ECHO_ENGINE_ATTRS = ("logprobs_mode", "head_dtype")
+ECHO_ATTRS = ("engine_weight_checksums",)
+
+
+def blind_view(trace: xr.Dataset) -> xr.Dataset:
+    """An arm as a user's own run or a peer's dump gives it: every settings echo removed.
+
+    Removed: the trainer's sampling parameters recorded per sequence (:data:`ECHO_VARIABLES`), what
+    the scorer records of its own settings (:data:`ECHO_TRAINER_ATTRS`: mode, dropout, dtypes,
+    checkpoint-file checksums), the engine's recorded ``logprobs_mode`` and ``head_dtype``
+    (:data:`ECHO_ENGINE_ATTRS`, requested and effective) and the engine's checkpoint-file
+    checksums. Kept: every number and per-token record (logprobs, cache and version records, the
+    trainer's self-check, the engine's floor) and the ground truth, which only the scoring reads.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+
+    Returns
+    -------
+    xarray.Dataset
+        A shallow copy without the echoes (the input is unchanged).
+    """
+    out = trace.drop_vars([v for v in ECHO_VARIABLES if v in trace.variables])
+    attrs = {k: v for k, v in trace.attrs.items() if k not in ECHO_ATTRS}
+    if isinstance(attrs.get("trainer"), Mapping):
+        attrs["trainer"] = {k: v for k, v in attrs["trainer"].items() if k not in ECHO_TRAINER_ATTRS}
+    for key in ("engine_effective", "engine_requested"):
+        if isinstance(attrs.get(key), Mapping):
+            attrs[key] = {k: v for k, v in attrs[key].items() if k not in ECHO_ENGINE_ATTRS}
+    out.attrs = attrs
+    return out
+
+
+def score_views(arms: Mapping[str, xr.Dataset], **options: Any) -> dict[str, xr.Dataset]:
+    """A fault matrix scored as recorded and blind (:func:`blind_view`), side by side.
+
+    Parameters
+    ----------
+    arms : mapping of str to xarray.Dataset
+        The arms of a fault matrix.
+    **options
+        Passed to :func:`rlparity.diagnose.diagnose` for both views.
+
+    Returns
+    -------
+    dict of str to xarray.Dataset
+        ``{"full": scores, "blind": scores}`` (:func:`score_matrix`).
+    """
+    from rlparity.diagnose import diagnose
+
+    blind = {a: blind_view(t) for a, t in arms.items()}
+    return {"full": score_matrix(arms, diagnose(arms, **options)),
+            "blind": score_matrix(blind, diagnose(blind, **options))}
+
+
 def format_scores(scores: xr.Dataset) -> str:
     """The scores as text.
 
@@ -260,5 +322,5 @@ def format_scores(scores: xr.Dataset) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["CLEAN", "EQUIVALENT", "NOTHING", "UNATTRIBUTED", "arm_score", "format_scores", "not_injected", "score_matrix",
+__all__ = ["CLEAN", "ECHO_ATTRS", "ECHO_ENGINE_ATTRS", "ECHO_TRAINER_ATTRS", "ECHO_VARIABLES", "EQUIVALENT", "NOTHING", "UNATTRIBUTED", "arm_score", "format_scores", "not_injected", "blind_view", "score_matrix", "score_views",
            "truth"]

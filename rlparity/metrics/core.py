@@ -459,7 +459,7 @@ def jackknife_slope_se(fit: Callable[[np.ndarray], float], mask: np.ndarray, *, 
         ``se`` (NaN with fewer than 2 groups or a refit that fails) and ``n_groups`` (K).
     """
     m = np.asarray(mask, dtype=bool)
-    rows = m.reshape(m.shape[0], -1).any(axis=1) if m.ndim else np.zeros(0, bool)
+    rows = m.any(axis=tuple(range(1, m.ndim))) if m.ndim > 1 else m.copy() if m.ndim else np.zeros(0, bool)
     units = np.flatnonzero(rows)
     k = int(min(groups, units.size))
     if k < 2:
