@@ -268,9 +268,11 @@ def open_experiment(path: str | os.PathLike, *, chunks: Any = None) -> xr.DataTr
     Recovers an interrupted save first; reads under the shared store lock; a missing chunk or data
     that differs from what was saved raises :class:`~rlparity.trace.store.StoreDamagedError`.
 
-    With ``chunks`` the store opens lazily: the structure is checked now; the values (schema and
-    CRC-32 against the record made at save) as they are read, block by block (:func:`blocks`), which
-    is how :func:`rlparity.metrics.summary` reads a lazy trace.
+    With ``chunks`` the store opens lazily: the structure, the chunk files and the record's arms are
+    checked now; the values by the same rules as the eager open (schema, CRC-32 against the record
+    made at save, the scored token checksum) the first time an arm is read, whole and block by block
+    (:func:`rlparity.trace.lazy.ensure_validated`); later reads load only what they need, their
+    CRC-32 still checked.
 
     Parameters
     ----------
