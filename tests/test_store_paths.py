@@ -102,6 +102,18 @@ def chunk_from_an_unrelated_store(tmp_path):
     return path, StoreDamagedError, "the store is damaged"
 
 
+def chunk_from_another_capture(tmp_path):
+    """Another capture of the same shapes whose responses end elsewhere: the chunk decodes, and its
+    NaN padding falls on real tokens of this store. The schema would blame the engine ("no logprob
+    there"); the record says the store is damaged, and damage is said first, on both paths."""
+    path = _save(_trace(seed=3), tmp_path / "s.zarr", chunk=8)
+    other = _save(_trace(seed=16), tmp_path / "other.zarr", chunk=8)  # seed 16: the same sizes as seed 3
+    _chunk_files(path)[1].write_bytes(_chunk_files(other)[1].read_bytes())
+    mask = _trace(seed=3)["response_mask"].values[8:16]
+    assert (np.isnan(zarr.open_array(str(path / ARM / VAR), mode="r")[8:16]) & mask).any()  # NaN on real tokens
+    return path, StoreDamagedError, "['rollout_logprob'] read back other values"
+
+
 def truncated_chunk(tmp_path):
     path = _save(_trace(), tmp_path / "s.zarr", chunk=8)
     f = _chunk_files(path)[1]
@@ -122,7 +134,7 @@ def missing_chunk(tmp_path):
 
 
 DAMAGE = [positive_rollout_logprob, token_changed_after_scoring, flipped_value, chunk_from_a_sibling_run,
-          chunk_from_an_unrelated_store, truncated_chunk, emptied_chunk, missing_chunk]
+          chunk_from_another_capture, chunk_from_an_unrelated_store, truncated_chunk, emptied_chunk, missing_chunk]
 
 
 # ---- the read paths: the eager open, and the lazy open through each kind of reader ----
