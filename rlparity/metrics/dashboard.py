@@ -21,10 +21,13 @@ peers would turn them into infinities or clamp them silently) and counted on the
 
 A lazy trace (``open_arms(store, chunks=N)``) is streamed: every formula is written so dask can
 reduce it chunk by chunk (see the note above :func:`_masked_max`), and all the metrics of a
-dashboard, its counts and the gap beside the floors come from one ``dask.compute``. The chunks are
-read by dask straight from zarr and checked as :func:`rlparity.trace.blocks` checks them: the same
-computation takes each chunk's CRC-32 (:func:`rlparity.trace.lazy.chunk_digests`), and the chunks'
-CRCs combined in order must equal the store's record for every variable the dashboard read, or
+dashboard, its counts and the gap beside the floors come from one ``dask.compute``. Its arm is
+validated whole first, once, as the eager open validates it
+(:func:`rlparity.trace.lazy.ensure_validated`). The chunks are then read by dask straight from
+zarr and checked as :func:`rlparity.trace.blocks` checks them: the same computation takes each
+chunk's CRC-32 (:func:`rlparity.trace.lazy.chunk_digests`), and the chunks' CRCs combined in order
+must equal the store's record for every variable the dashboard read (prime-rl's ``advantage``,
+read whole, against its own: :func:`rlparity.trace.lazy.load_variable`), or
 :class:`rlparity.trace.StoreDamagedError` is raised instead of a number.
 """
 
@@ -43,7 +46,7 @@ from rlparity.config.provenance import make_attrs
 from rlparity.metrics.dims import refuse_dim
 from rlparity.metrics.floors import floors_beside_gap
 from rlparity.trace import is_lazy
-from rlparity.trace.lazy import chunk_digests, verify_chunk_digests
+from rlparity.trace.lazy import chunk_digests, ensure_validated, load_variable, verify_chunk_digests
 from rlparity.metrics.objective import (
     OBJECTIVE_DEFAULTS,
     POLICY_NAMES,
@@ -730,20 +733,21 @@ def as_dashboard(trace: xr.Dataset, names: str = "verl", *, trainer: TrainerSide
         raise ValueError(f"policy={policy!r}; use 'old' (pi_old, the backend pair) or 'theta' (pi_theta)")
     trainer = trainer or defaults().trainer
     # a lazy trace stays lazy: the peer's formulas, the counts and the gap below are dask
-    # reductions evaluated together in one pass over the chunks (in memory: numpy, as before)
+    # reductions evaluated together in one pass over the chunks (in memory: numpy, as before),
+    # once its arm was validated whole as the eager open validates it (the first read only)
+    ensure_validated(trace)
     mask = trace["response_mask"].data.astype(bool)
     log_pi = policy_logprob(trace, policy, trainer, lazy=True)
     log_mu = policy_logprob(trace, "mu", trainer, lazy=True)
     usable = mask & np.isfinite(log_pi) & np.isfinite(log_mu)
     if names == "prime-rl" and "advantages" not in options and "advantage" in trace:
-        adv = trace["advantage"].values  # one value per sequence: small whatever the trace's size
+        adv = load_variable(trace, "advantage")  # one value per sequence, CRC-checked: small whatever the size
         if np.isfinite(adv).all():
             options = {**options, "advantages": adv}
     values = _FUNCS[names](log_pi, log_mu, mask, _lazy=True, **options)
     n_used = usable.sum()
     gap = np.where(usable, np.abs(log_pi - log_mu), 0.0).sum() / np.maximum(n_used, 1)
-    read = ("response_mask", policy_variable(policy, trainer), policy_variable("mu", trainer)) + (
-        ("advantage",) if "advantages" in options and names == "prime-rl" and "advantage" in trace else ())
+    read = ("response_mask", policy_variable(policy, trainer), policy_variable("mu", trainer))
     values = _evaluate({**values, _N_TOKENS: n_used, _N_EXCLUDED: (mask & ~usable).sum(),
                         _GAP: np.where(n_used > 0, gap, np.nan)}, trace, read)
     n_tokens, n_excluded, gap = int(values.pop(_N_TOKENS)), int(values.pop(_N_EXCLUDED)), values.pop(_GAP)

@@ -208,7 +208,7 @@ def summary_stream(trace: xr.Dataset, var: str, eps: float, *, size: int | None 
         The values, as :meth:`SummaryAccumulator.result`.
     """
     acc = SummaryAccumulator(eps)
-    for part in blocks(trace, size=size, progress=progress):
+    for part in blocks(trace, size=size, progress=progress, variables=(var, "rollout_logprob", "response_mask")):
         m = part["response_mask"].values.astype(bool)
         acc.add(part[var].values[m], part["rollout_logprob"].values[m])
     return acc.result()

@@ -1,16 +1,20 @@
 """Lazy traces: dask arrays over a store's zarr chunks, read and checked one block at a time.
 
-``rlparity.trace.open_arms(store, chunks=N)`` opens a store without loading it (N sequences per
-block). Nothing is trusted unread: :func:`blocks` loads one block of sequences at a time, validates
-it against the schema, and keeps a running CRC-32 per variable that equals the digest recorded at
-save (:class:`StreamDigests`); after the last block a mismatch raises
-:class:`~rlparity.trace.store.StoreDamagedError`. Memory is one block, whatever the trace's size.
-"""
+``rlparity.trace.open_arms(store, chunks=N)`` opens a store without loading its values (N sequences
+per block). Nothing is trusted unread, and a lazy arm is held to the rules of the eager open: the
+first read validates it whole, block by block (:func:`ensure_validated`: every block against the
+schema, every variable's running CRC-32 against the digest recorded at save (:class:`StreamDigests`),
+the trainer's tokens against the scored token checksum; a chunk that no longer decodes, or a record
+that does not match, is :class:`~rlparity.trace.store.StoreDamagedError` before any schema problem).
+Every view of the arm shares the outcome (:class:`ArmCheck`), so later reads (:func:`blocks` with
+``variables=``, the dask reductions with :func:`chunk_digests`) load only the variables they need,
+their CRC-32 still checked. Memory is one block, whatever the trace's size."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Mapping
+import numbers
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -18,8 +22,14 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from rlparity.trace.schema import CHECKSUM_MISMATCH, TraceValidationError, validate
-from rlparity.trace.store import DIGEST_ALGORITHM, digest_start, digest_update, verify_integrity
+from rlparity.trace.schema import ALL_VARS, CHECKSUM_MISMATCH, TRAINER_VARS, TraceValidationError, validate
+from rlparity.trace.store import (
+    DIGEST_ALGORITHM,
+    StoreDamagedError,
+    digest_start,
+    digest_update,
+    verify_integrity,
+)
 from rlparity.trace.store_integrity import _canonical_dtype, _digest
 
 LAZY_RECORD = "_rlparity_lazy_integrity"  # the record a lazy tree's arms are checked against as they are read
@@ -31,8 +41,8 @@ def lazy_chunks(chunks: Any) -> dict[str, int]:
     Parameters
     ----------
     chunks : int or Mapping[str, int]
-        Sequences per block (every position in one block), or a ``{dim: size}`` mapping passed
-        through.
+        Sequences per block (every position in one block), or a ``{dim: size}`` mapping of the
+        schema's dims (a size of at least 1, or -1 for the whole dim).
 
     Returns
     -------
@@ -44,21 +54,31 @@ def lazy_chunks(chunks: Any) -> dict[str, int]:
     ImportError
         dask is not installed.
     TypeError
-        ``chunks`` is neither an int nor a mapping.
+        ``chunks`` is neither an int nor a mapping of dims to ints.
     ValueError
-        ``chunks`` is below 1.
+        ``chunks`` (or a size in the mapping) is below 1, or the mapping names a dim traces do not have.
     """
     try:
         import dask.array  # noqa: F401
     except ImportError as err:
         raise ImportError("lazy traces (chunks=...) need dask: pip install 'rlparity[scale]' (or dask[array])") from err
-    if isinstance(chunks, bool) or not isinstance(chunks, (int, Mapping)):
+    if isinstance(chunks, bool) or not isinstance(chunks, (numbers.Integral, Mapping)):
         raise TypeError(f"chunks must be sequences per block (an int) or a {{dim: size}} mapping, not {chunks!r}")
-    if isinstance(chunks, int):
+    if isinstance(chunks, numbers.Integral):
         if chunks < 1:
             raise ValueError(f"chunks must be at least 1 sequence per block, not {chunks}")
-        return {"sequence": chunks, "position": -1}
-    return dict(chunks)
+        return {"sequence": int(chunks), "position": -1}
+    dims = sorted({d for dims, *_ in ALL_VARS.values() for d in dims})
+    out = {}
+    for dim, size in chunks.items():
+        if dim not in dims:
+            raise ValueError(f"chunks names dim {dim!r}, which traces do not have: use {dims}")
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+            raise TypeError(f"chunks[{dim!r}] must be an int (a size, or -1 for the whole dim), not {size!r}")
+        if size < 1 and size != -1:
+            raise ValueError(f"chunks[{dim!r}] must be at least 1 (or -1 for the whole dim), not {size}")
+        out[str(dim)] = int(size)
+    return out
 
 
 def validate_structure(tree: xr.DataTree, path: Any) -> None:
@@ -92,16 +112,61 @@ def _unchained(block: xr.Dataset) -> xr.Dataset:
     return block
 
 
-def _scored_checksum(trace: xr.Dataset, size: int) -> str:
-    """:func:`rlparity.trace.token_checksum` of a lazy trace, its two token id variables read
-    block by block (the prompt ids, then the response ids: the order the checksum hashes them)."""
-    h = hashlib.sha256()
-    n = trace.sizes["sequence"]
-    for var in ("prompt_token_id", "token_id"):
-        for start in range(0, n, size):
-            h.update(np.ascontiguousarray(trace[var].isel(sequence=slice(start, start + size)).values,
-                                          dtype=np.int64).data)
-    return h.hexdigest()[:16]
+class ArmCheck:
+    """What is known of one lazily opened arm, shared by every view of it (a selection, a copy).
+
+    ``whole`` is the arm as opened, ``sizes`` its dims, ``valid`` whether it was read whole once and
+    found valid (schema, CRC-32 record, scored token checksum: :func:`ensure_validated`). Copies of
+    a trace share the one object, so an arm is validated once, whatever view reads it first.
+
+    Parameters
+    ----------
+    whole : xarray.Dataset
+        The arm, lazily opened.
+    path : str, optional
+        The store, where the arm's blocks can be read without dask (:meth:`direct`).
+    arm : str, optional
+        The arm's group in the store.
+    """
+
+    def __init__(self, whole: xr.Dataset, path: str | None = None, arm: str | None = None):
+        self.whole = whole
+        self.sizes = dict(whole.sizes)
+        self.valid = False
+        self.path, self.arm = path, arm
+        self._direct: xr.Dataset | None = None
+
+    def __copy__(self) -> ArmCheck:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> ArmCheck:
+        return self
+
+    def direct(self, trace: xr.Dataset, name: str) -> xr.Variable | None:
+        """The arm's variable ``name`` opened without dask (xarray's lazy indexing straight to zarr,
+        decoded as the dask one), where ``trace`` holds it unchanged from the arm as opened; else None.
+
+        Parameters
+        ----------
+        trace : xarray.Dataset
+            A view of the arm.
+        name : str
+            The variable.
+
+        Returns
+        -------
+        xarray.Variable or None
+            The variable, nothing read.
+        """
+        mine, theirs = self.whole.variables.get(name), trace.variables[name]
+        if self.path is None or mine is None or mine.chunks is None or theirs.chunks is None \
+                or getattr(mine.data, "name", None) != getattr(theirs.data, "name", 0):
+            return None
+        if self._direct is None:
+            from rlparity.trace.store_files import _ZARR_OPEN
+
+            self._direct = xr.open_dataset(self.path, group=self.arm, **_ZARR_OPEN)
+        return self._direct.variables.get(name)
 
 
 def arm_record(trace: xr.Dataset) -> tuple[str, dict[str, str] | None]:
@@ -176,7 +241,7 @@ class StreamDigests:
         """
         return {**self.done, **{k: f"{v[0]:08x}" for k, v in self.running.items()}}
 
-    def verify(self, path: Any, arm: str, want: Mapping[str, str] | None) -> None:
+    def verify(self, path: Any, arm: str, want: Mapping[str, str] | None, *, partial: bool = False) -> None:
         """Raise :class:`StoreDamagedError` unless every block read matches the record of ``arm``.
 
         Parameters
@@ -187,6 +252,9 @@ class StreamDigests:
             The arm's name.
         want : Mapping[str, str] or None
             The arm's record made at save; ``None`` (a store written by hand) checks nothing.
+        partial : bool, default False
+            Only the variables digested were read: check those against their part of the record
+            (False: every variable of the record must be there, and no other).
 
         Raises
         ------
@@ -195,8 +263,162 @@ class StreamDigests:
         """
         if want is None:
             return  # a store without a record (written by hand): nothing to check against
+        if partial:
+            _verify_some(path, arm, want, self.result())
+            return
         verify_integrity(Path(str(path)), {arm: None}, {"algorithm": DIGEST_ALGORITHM, "arms": {arm: want}},
                          digests={arm: self.result()})
+
+
+
+def _check(trace: xr.Dataset) -> ArmCheck | None:
+    return (trace.encoding.get(LAZY_RECORD) or {}).get("check")
+
+
+def is_whole(trace: xr.Dataset) -> bool:
+    """Whether ``trace`` spans its whole stored arm along every dim it has (not a selection), so
+    the CRC-32 record made at save applies to its variables.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace, lazily opened or in memory.
+
+    Returns
+    -------
+    bool
+        True for an arm as opened (or a trace not opened from a store).
+    """
+    check = _check(trace)
+    return check is None or all(check.sizes.get(d) == n for d, n in trace.sizes.items())
+
+
+def _where(trace: xr.Dataset) -> str:
+    path, _ = arm_record(trace)
+    return f"{path or 'trace'} arm {str(trace.attrs.get('arm', 'default'))!r}"
+
+
+def _damaged(trace: xr.Dataset, what: str, err: Exception) -> StoreDamagedError:
+    """The error of a store whose chunk files no longer decode (eager: ``open_arms`` says the same)."""
+    return StoreDamagedError(f"the store is damaged: reading {_where(trace)} {what} failed ({type(err).__name__}: "
+                             f"{' '.join(str(err).split())}): restore it from a copy or re-create it")
+
+
+def _read_block(trace: xr.Dataset, names: list[str], start: int, stop: int) -> xr.Dataset:
+    """Sequences ``start:stop`` of the variables ``names`` (and the index coordinates of their
+    dims), in memory: a variable unchanged from the arm as opened straight from zarr
+    (:meth:`ArmCheck.direct`), any other lazy one sliced and computed in one synchronous
+    ``dask.compute`` (no per-block ``isel`` of the Dataset, no dask graph per variable)."""
+    import dask
+
+    check = _check(trace)
+    lazy, ready = {}, {}
+    try:
+        for name in names:
+            var = trace.variables[name]
+            key = tuple(slice(start, stop) if d == "sequence" else slice(None) for d in var.dims)
+            direct = check.direct(trace, name) if check is not None else None
+            if direct is not None:
+                ready[name] = np.asarray(direct[key].values)
+            elif var.chunks is not None:
+                lazy[name] = var.data[key]
+            else:
+                ready[name] = np.asarray(var.values[key])
+        if lazy:
+            ready.update(zip(lazy, dask.compute(*lazy.values(), scheduler="sync")))
+    except Exception as err:  # noqa: BLE001 - a chunk that no longer decodes (truncated, emptied, swapped)
+        raise _damaged(trace, f"sequences {start}:{stop}", err) from err
+    dims = {d for n in names for d in trace.variables[n].dims}
+    coords = {d: trace.variables[d][slice(start, stop) if d == "sequence" else slice(None)]
+              for d in dims if d in trace.coords and d not in ready}
+    data, crd = {}, {}
+    for name in names:
+        var = trace.variables[name]
+        (crd if name in trace.coords else data)[name] = xr.Variable(var.dims, ready[name], var.attrs)
+    return xr.Dataset(data, coords={**coords, **crd}, attrs=trace.attrs)
+
+
+def _starts(n: int, size: int, progress: Callable | None):
+    starts = range(0, n, max(size, 1))
+    return progress(starts) if progress else starts
+
+
+def _validated_blocks(trace: xr.Dataset, size: int, progress: Callable | None) -> Iterator[xr.Dataset]:
+    """Every variable of ``trace`` block by block, each block validated against the schema; after
+    the last, the CRC-32 record (every variable) and the scored token checksum. Damage is said before
+    a schema problem, as the eager open says it: a block that breaks the schema in a store whose record
+    does not match is a damaged store, not a bad capture."""
+    n = trace.sizes["sequence"]
+    names = [str(k) for k in trace.variables]
+    path, want = arm_record(trace)
+    where = _where(trace)
+    digests = StreamDigests(trace) if want is not None else None
+    scored = trace.attrs.get("scored_token_checksum")
+    tied = scored is not None and any(v in trace.variables for v in TRAINER_VARS)
+    hashed = hashlib.sha256()  # token_checksum: every prompt id (this pass), then every response id
+    problem: TraceValidationError | None = None
+    for start in _starts(n, size, progress):
+        part = _read_block(trace, names, start, min(start + size, n))
+        if digests is not None:
+            digests.add(part)
+        if tied:
+            hashed.update(np.ascontiguousarray(part["prompt_token_id"].values, dtype=np.int64).data)
+        if problem is None:
+            try:
+                validate(_unchained(part), where=f"{where} sequences {start}:{min(start + size, n)}")
+            except TraceValidationError as err:
+                if digests is None:
+                    raise
+                problem = err  # read on: damage, if the record says so, is the cause to report
+                continue
+            yield part
+    if digests is not None:
+        digests.verify(path, str(trace.attrs.get("arm")), want)
+    if problem is not None:
+        raise problem
+    if tied:
+        for start in range(0, n, max(size, 1)):
+            hashed.update(np.ascontiguousarray(_read_block(trace, ["token_id"], start, min(start + size, n))
+                                               ["token_id"].values, dtype=np.int64).data)
+        if hashed.hexdigest()[:16] != scored:
+            raise TraceValidationError(f"{where} is not a valid rlparity trace: {CHECKSUM_MISMATCH}")
+    check = _check(trace)
+    if check is not None and check.whole is trace:
+        check.valid = True
+
+
+def ensure_validated(trace: xr.Dataset, *, size: int | None = None, progress: Callable | None = None) -> None:
+    """Validate the lazily opened arm behind ``trace`` once, as the eager open validates it.
+
+    The whole arm is read block by block (bounded memory): every block against the schema, every
+    variable against the CRC-32 record made at save, the trainer's tokens against the scored token
+    checksum. Every view of the arm (a selection, a copy) shares the outcome, so later reads load
+    only the variables they need. A trace in memory is left alone (validated when it was opened).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace, lazily opened (``open_arms(store, chunks=N)``) or in memory.
+    size : int, optional
+        Sequences per block; ``None`` takes the trace's chunk (:func:`block_size`).
+    progress : callable, optional
+        Wraps the block iterator (e.g. ``tqdm.tqdm``).
+
+    Raises
+    ------
+    TraceValidationError
+        A block does not follow the schema, or the token ids do not match the scored checksum.
+    StoreDamagedError
+        The values read differ from the record made at save, or a chunk no longer decodes.
+    """
+    if not is_lazy(trace):
+        return
+    check = _check(trace)
+    if check is not None and check.valid:
+        return
+    whole = check.whole if check is not None else trace
+    for _ in _validated_blocks(whole, int(size or block_size(whole)), progress):
+        pass
 
 
 def is_lazy(trace: xr.Dataset) -> bool:
@@ -235,12 +457,14 @@ def block_size(trace: xr.Dataset, default: int = 4096) -> int:
 
 
 def blocks(trace: xr.Dataset, *, size: int | None = None, progress: Callable | None = None,
-           verify: bool = True) -> Iterator[xr.Dataset]:
-    """The trace one block of ``size`` sequences at a time, each loaded and validated.
+           verify: bool = True, variables: Iterable[str] | None = None) -> Iterator[xr.Dataset]:
+    """The trace one block of ``size`` sequences at a time, in memory.
 
-    With ``verify`` every variable's CRC-32 is checked against the record made at save once the last
-    block is read (a lazily opened arm: :func:`arm_record`), and the scored token checksum over all
-    blocks.
+    The first read of a lazily opened arm validates it whole, as the eager open does
+    (:func:`ensure_validated`: every variable of every block against the schema, the CRC-32 record,
+    the scored token checksum); its blocks are the ones yielded, with every variable. Once the arm is
+    valid, a read loads only ``variables`` and checks their CRC-32 against the record after the last
+    block (an arm read whole; a selection was checked with its arm).
 
     Parameters
     ----------
@@ -251,37 +475,84 @@ def blocks(trace: xr.Dataset, *, size: int | None = None, progress: Callable | N
     progress : callable, optional
         Wraps the block iterator (e.g. ``tqdm.tqdm``).
     verify : bool, default True
-        Check the store's CRC-32 record after the last block.
+        Validate the arm (once) and check the CRC-32 record of what is read; False reads unchecked.
+    variables : iterable of str, optional
+        The variables the caller needs (those the trace lacks are left out); ``None`` reads all.
 
     Yields
     ------
     xarray.Dataset
-        One loaded, validated block of sequences.
+        One block of sequences, in memory: at least ``variables`` and their index coordinates.
 
     Raises
     ------
     TraceValidationError
         A block does not follow the schema, or the token ids do not match the scored checksum.
     StoreDamagedError
-        The values read differ from the record made at save.
+        The values read differ from the record made at save, or a chunk no longer decodes.
     """
     n = trace.sizes["sequence"]
     size = int(size or block_size(trace))
-    where = f"trace arm {trace.attrs.get('arm', 'default')!r}"
+    check = _check(trace)
+    if verify and is_lazy(trace) and not (check is not None and check.valid):
+        if check is None or check.whole is trace:
+            yield from _validated_blocks(trace, size, progress)
+            return
+        ensure_validated(trace, size=size)
+    names = [str(k) for k in trace.variables] if variables is None else \
+        [v for v in dict.fromkeys(variables) if v in trace.variables]
     path, want = arm_record(trace)
-    digests = StreamDigests(trace) if verify and want is not None else None
-    starts = range(0, n, max(size, 1))
-    for start in (progress(starts) if progress else starts):
-        part = trace.isel(sequence=slice(start, min(start + size, n))).load()
-        validate(_unchained(part), where=f"{where} sequences {start}:{min(start + size, n)}")
+    digests = StreamDigests(trace[names]) if verify and want is not None and is_whole(trace) else None
+    for start in _starts(n, size, progress):
+        part = _read_block(trace, names, start, min(start + size, n))
         if digests is not None:
             digests.add(part)
         yield part
     if digests is not None:
-        digests.verify(path, str(trace.attrs.get("arm")), want)
-    scored = trace.attrs.get("scored_token_checksum")
-    if scored is not None and scored != _scored_checksum(trace, size):
-        raise TraceValidationError(f"{where} is not a valid rlparity trace: {CHECKSUM_MISMATCH}")
+        digests.verify(path, str(trace.attrs.get("arm")), want, partial=True)
+
+
+def load_variable(trace: xr.Dataset, name: str) -> np.ndarray:
+    """One (small) variable of a trace in memory, checked against the store's CRC-32 record.
+
+    For what a streamed computation takes whole (one value per sequence, e.g. ``advantage``).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace, lazily opened or in memory.
+    name : str
+        The variable.
+
+    Returns
+    -------
+    numpy.ndarray
+        Its values.
+
+    Raises
+    ------
+    StoreDamagedError
+        The values differ from the record made at save, or a chunk no longer decodes.
+    """
+    try:
+        values = np.asarray(trace[name].values)
+    except Exception as err:  # noqa: BLE001 - a chunk that no longer decodes
+        if not is_lazy(trace):
+            raise
+        raise _damaged(trace, name, err) from err
+    path, want = arm_record(trace)
+    if want is not None and name in want and is_whole(trace):
+        _verify_some(path, str(trace.attrs.get("arm")), want, {name: _digest(values)})
+    return values
+
+
+def _verify_some(path: Any, arm: str, want: Mapping[str, str], got: Mapping[str, str | None]) -> None:
+    """:func:`verify_integrity` of the variables read (``got``), against their part of the record."""
+    got = {k: v for k, v in got.items() if k in want and v is not None}
+    if got:
+        verify_integrity(Path(str(path)), {arm: None}, {"algorithm": DIGEST_ALGORITHM,
+                                                        "arms": {arm: {k: want[k] for k in got}}},
+                         digests={arm: got})
 
 
 def load_sample(trace: xr.Dataset, *, every: int = 1, progress: Callable | None = None) -> xr.Dataset:
@@ -411,6 +682,8 @@ def chunk_digests(trace: xr.Dataset, names: list[str]) -> dict[str, list[Any]]:
 
     _, want = arm_record(trace)
     out: dict[str, list[Any]] = {}
+    if not is_whole(trace):
+        return out  # a selection: its arm was validated whole (ensure_validated), the record is the arm's
     for name in names:
         var = trace[name]
         if want is None or name not in want or var.chunks is None or _canonical_dtype(var.dtype) is None:
@@ -447,9 +720,9 @@ def verify_chunk_digests(trace: xr.Dataset, computed: Mapping[str, list[tuple[in
         for c, n in parts:
             crc = crc32_combine(crc, int(c), int(n))
         got[name] = f"{crc:08x}"
-    verify_integrity(Path(str(path)), {str(trace.attrs.get("arm")): None},
-                     {"algorithm": DIGEST_ALGORITHM, "arms": {str(trace.attrs.get("arm")): {k: want[k] for k in got}}},
-                     digests={str(trace.attrs.get("arm")): got})
+    _verify_some(path, str(trace.attrs.get("arm")), want, got)
 
-__all__ = ["LAZY_RECORD", "StreamDigests", "arm_record", "block_size", "blocks", "chunk_digests", "crc32_combine",
-           "is_lazy", "lazy_chunks", "load_sample", "validate_structure", "verify_chunk_digests"]
+
+__all__ = ["LAZY_RECORD", "ArmCheck", "StreamDigests", "arm_record", "block_size", "blocks", "chunk_digests",
+           "crc32_combine", "ensure_validated", "is_lazy", "is_whole", "lazy_chunks", "load_sample", "load_variable",
+           "validate_structure", "verify_chunk_digests"]

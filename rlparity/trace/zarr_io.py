@@ -18,7 +18,7 @@ from typing import Any
 
 import xarray as xr
 
-from rlparity.trace.lazy import LAZY_RECORD, lazy_chunks, validate_structure
+from rlparity.trace.lazy import LAZY_RECORD, ArmCheck, lazy_chunks, validate_structure
 from rlparity.trace.schema import validate
 from rlparity.trace.store import (
     DIGEST_ALGORITHM,
@@ -251,9 +251,14 @@ def _read(p: Path, shown: str, chunks: Any = None) -> xr.DataTree:
                                     "integrity record: restore it from a copy or re-create it")
         if chunks is None:
             verify_integrity(p, {k: v.to_dataset() for k, v in tree.children.items()}, record)
-        else:  # lazy: checked block by block as it is read (rlparity.trace.blocks)
+        else:  # lazy: checked block by block as it is read (rlparity.trace.lazy.ensure_validated)
+            want = record.get("arms") or {}  # the algorithm and the arms now; the values as they are read
+            verify_integrity(p, dict.fromkeys(tree.children), record,
+                             digests={k: want.get(k) or {} for k in tree.children})
             tree.encoding[LAZY_RECORD] = {"path": str(p), "algorithm": record.get("algorithm"),
-                                       "arms": record.get("arms") or {}}
+                                          "arms": record.get("arms") or {}}
+    elif chunks is not None:  # a store written by hand: no record, still validated as it is read
+        tree.encoding[LAZY_RECORD] = {"path": str(p), "arms": None}
     return tree
 
 
@@ -263,9 +268,11 @@ def open_experiment(path: str | os.PathLike, *, chunks: Any = None) -> xr.DataTr
     Recovers an interrupted save first; reads under the shared store lock; a missing chunk or data
     that differs from what was saved raises :class:`~rlparity.trace.store.StoreDamagedError`.
 
-    With ``chunks`` the store opens lazily: the structure is checked now; the values (schema and
-    CRC-32 against the record made at save) as they are read, block by block (:func:`blocks`), which
-    is how :func:`rlparity.metrics.summary` reads a lazy trace.
+    With ``chunks`` the store opens lazily: the structure, the chunk files and the record's arms are
+    checked now; the values by the same rules as the eager open (schema, CRC-32 against the record
+    made at save, the scored token checksum) the first time an arm is read, whole and block by block
+    (:func:`rlparity.trace.lazy.ensure_validated`); later reads load only what they need, their
+    CRC-32 still checked.
 
     Parameters
     ----------
@@ -360,10 +367,12 @@ def open_arms(path: str | os.PathLike, *, chunks: Any = None) -> dict[str, xr.Da
     tree = open_experiment(path, chunks=chunks)
     arms = {name: node.to_dataset() for name, node in tree.children.items()}
     if chunks is not None:  # each arm carries the record its blocks are checked against
-        rec = tree.encoding.get(LAZY_RECORD)
+        rec = tree.encoding.get(LAZY_RECORD) or {}
         arms = named_arms(arms)
         for k, v in arms.items():
-            v.encoding[LAZY_RECORD] = {"path": rec["path"], "digests": rec["arms"].get(k)} if rec else {}
+            v.encoding[LAZY_RECORD] = {"path": rec.get("path", str(path)),
+                                       "digests": (rec.get("arms") or {}).get(k),
+                                       "check": ArmCheck(v, rec.get("path"), k)}
         return arms
     return named_arms(arms)
 

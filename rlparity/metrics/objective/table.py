@@ -35,7 +35,7 @@ from rlparity.metrics.objective.arrays import (
 )
 from rlparity.metrics.objective.settings import BAND_RULES, OBJECTIVE_DEFAULTS
 from rlparity.metrics.objective.traces import (available_pairs, concat_sequences, pair_direction, pair_log_ratio,
-                                              trace_blocks)
+                                              pair_variables, trace_blocks)
 
 
 def _spread(x: np.ndarray) -> tuple[int, float, float]:
@@ -164,7 +164,8 @@ def objective_summary(trace: xr.Dataset, *, trainer: TrainerSide | None = None, 
         pair_log_ratio(trace.isel(sequence=slice(0, 0)), p, trainer)  # a pair the trace lacks: said before reading
     merged = reduce(lambda a, b: {p: _merge_parts(a[p], b[p]) for p in pairs},
                     ({p: _pair_parts(pair_log_ratio(part, p, trainer).values) for p in pairs}
-                     for part in trace_blocks(trace, progress=progress)))
+                     for part in trace_blocks(trace, progress=progress,
+                                              variables=pair_variables(pairs, trainer))))
     table = {p: _pair_row(merged[p]) for p in pairs}
     rows: dict[str, list[float]] = {k: [table[p][k] for p in pairs] for k in table[pairs[0]]}
     long = {

@@ -15,7 +15,7 @@ chunks must hold whole sequences (``chunks=N``), or they are refused with a one-
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import reduce
 from typing import Any
 
@@ -47,6 +47,7 @@ from rlparity.metrics.objective.arrays import (
 )
 from rlparity.metrics.objective.settings import BAND_RULES, OBJECTIVE_DEFAULTS, Kind, PairName
 from rlparity.trace import blocks, is_lazy
+from rlparity.trace.lazy import ensure_validated
 
 POLICY_VARIABLES = {
     "processed": {"mu": "rollout_logprob", "old": "trainer_processed_logprob",
@@ -184,12 +185,14 @@ def pair_log_ratio(trace: xr.Dataset, pair: PairName = "backend", trainer: Train
                                                  "long_name": f"log {POLICY_NAMES[num]} - log {POLICY_NAMES[den]}"})
 
 
-def trace_blocks(trace: xr.Dataset, *, progress: Callable | None = None) -> Iterator[xr.Dataset]:
+def trace_blocks(trace: xr.Dataset, *, progress: Callable | None = None,
+                 variables: Iterable[str] | None = None) -> Iterator[xr.Dataset]:
     """The trace one block of whole sequences at a time.
 
     A trace in memory is one block; a lazy trace is read through :func:`rlparity.trace.blocks`
-    (its chunk of sequences per block, each validated, the store's CRC-32 record checked after
-    the last: read every block, or nothing is checked).
+    (its chunk of sequences per block; the arm validated whole once, as the eager open validates
+    it; the CRC-32 record of what is read checked after the last block: read every block, or
+    nothing is checked).
 
     Parameters
     ----------
@@ -197,6 +200,9 @@ def trace_blocks(trace: xr.Dataset, *, progress: Callable | None = None) -> Iter
         One arm, in memory or lazy.
     progress : callable, optional
         Wraps the block iterator of a lazy trace (e.g. ``tqdm.tqdm``).
+    variables : iterable of str, optional
+        The variables the caller reads (a lazy trace loads only these once it is validated);
+        ``None`` reads all.
 
     Yields
     ------
@@ -204,9 +210,28 @@ def trace_blocks(trace: xr.Dataset, *, progress: Callable | None = None) -> Iter
         One block, in memory.
     """
     if is_lazy(trace):
-        yield from blocks(trace, progress=progress)
+        yield from blocks(trace, progress=progress, variables=variables)
     else:
         yield trace
+
+
+def pair_variables(pairs: Iterable[str], trainer: TrainerSide | None = None) -> list[str]:
+    """The variables the pairs' log-ratios read: the response mask and each policy's logprob.
+
+    Parameters
+    ----------
+    pairs : iterable of str
+        Names among :data:`PAIRS`.
+    trainer : {"processed", "raw"}, optional
+        The trainer side (default ``defaults().trainer``).
+
+    Returns
+    -------
+    list of str
+        The variable names, without repeats.
+    """
+    return list(dict.fromkeys(["response_mask"] + [policy_variable(p, trainer) for pair in pairs
+                                                   for p in PAIRS[pair]]))
 
 
 def pair_blocks(trace: xr.Dataset, pair: PairName = "backend", trainer: TrainerSide | None = None, *,
@@ -232,7 +257,7 @@ def pair_blocks(trace: xr.Dataset, pair: PairName = "backend", trainer: TrainerS
     pair_direction(pair, trainer)
     for policy in PAIRS[pair]:
         policy_logprob(trace.isel(sequence=slice(0, 0)), policy, trainer)  # a missing policy: said before reading
-    for part in trace_blocks(trace, progress=progress):
+    for part in trace_blocks(trace, progress=progress, variables=pair_variables([pair], trainer)):
         yield pair_log_ratio(part, pair, trainer).values
 
 
@@ -324,6 +349,7 @@ def _lazy_tokens(trace: xr.Dataset, func: Callable[..., np.ndarray], variables: 
                          "(N sequences per chunk)")
     import dask.array as da
 
+    ensure_validated(trace)  # the arm read whole once, as the eager open reads it, before a lazy result
     return da.map_blocks(func, *(a.data for a in arrays), dtype=float)
 
 
