@@ -42,7 +42,6 @@ RUN_MARKER = "rlparity_run"
 RUN_FORMAT = 1
 STEP_CHUNK = 256
 COLUMN_CHUNK = 64
-LOCK_NAME = ".recorder.lock"
 FINISH_REASONS = ("unknown", "stop", "length", "abort")
 
 # name -> (dims after "step", dtype, fill)
@@ -110,7 +109,8 @@ def is_run_store(path: str | os.PathLike) -> bool:
 
 class RunWriter:
     """The low-level writer of a run store: creates the arrays, grows them, writes one step's rows
-    and commits. One per store at a time (an exclusive ``flock`` on ``STORE/.recorder.lock``).
+    and commits. One per store at a time (an exclusive ``flock`` on ``DIR/.NAME.recorder-lock``
+    beside the store ``DIR/NAME``).
 
     Parameters
     ----------
@@ -136,7 +136,8 @@ class RunWriter:
             raise FileExistsError(f"{self.path} already holds a run ({existing.get('steps', 0)} steps): pass "
                                   "resume=True to append to it or overwrite=True to replace it")
         self.path.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        self._lock_path = self.path.parent / f".{self.path.name}.recorder-lock"
+        self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -170,8 +171,6 @@ class RunWriter:
         import shutil
 
         for child in self.path.iterdir():
-            if child.name == LOCK_NAME:
-                continue
             if child.is_dir():
                 shutil.rmtree(child)
             else:
@@ -248,11 +247,7 @@ class RunWriter:
         if self._lock_fd is not None:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
             os.close(self._lock_fd)
-            self._lock_fd = None
-            try:
-                os.unlink(self.path / LOCK_NAME)
-            except OSError:
-                pass
+            self._lock_fd = None  # the lock file stays: removing it would let two writers lock two files
 
 
 def _check_step_chunks(p: Path, names: list[str], steps: int) -> None:
