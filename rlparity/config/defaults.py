@@ -180,7 +180,7 @@ class RecordDefaults(BaseModel):
     """The run recorder's alarm thresholds (:class:`rlparity.record.Recorder`). The ESS alarms read
     :attr:`ObjectiveDefaults.ess_min` (warning) and :attr:`ObjectiveDefaults.ess_collapse` (error);
     the gate alarm reads :attr:`CheckThresholds.max_abs_log_ratio_mean` and
-    :attr:`CheckThresholds.max_kl_k3`. Calibration: the shipped example captures (mean |d| 1e-5 for
+    :attr:`CheckThresholds.max_kl_k3`. Calibration: the shipped example captures (mean ``|d|`` 1e-5 for
     float32 parity, 0.005-0.023 nats for clean bf16 arms on CPU, H100 and H200; 0.12-0.18 nats for
     the raw-logprob arms) and martingale's published alarm rules (field.md, "live recorders")."""
 

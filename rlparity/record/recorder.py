@@ -37,7 +37,13 @@ from rlparity.trace.weights import tensor_checksum
 
 class RunAlarmError(RuntimeError):
     """An alarm at the level the recorder was told to stop on (``stop_on``); the step is committed
-    in the store before this is raised. ``alarms`` holds the step's alarms."""
+    in the store before this is raised.
+
+    Parameters
+    ----------
+    alarms : sequence of Alarm
+        The step's alarms at that level (kept as ``.alarms``).
+    """
 
     def __init__(self, alarms: Sequence[Alarm]):
         self.alarms = list(alarms)
