@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import queue
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,6 +34,7 @@ from rlparity.metrics.objective import policy_variable
 from rlparity.record.live import ALARMS, LEVELS, PREFIX, Alarm, StepArrays, digest_change, step_alarms, step_metrics
 from rlparity.record.store import FINISH_REASONS, RunWriter
 from rlparity.trace.schema import pad_rows
+from rlparity.trace.store import StoreError
 from rlparity.trace.weights import tensor_checksum
 
 
@@ -104,6 +107,10 @@ class RecorderSettings:
         Raise :class:`RunAlarmError` after a step with an alarm at this level or above (opt-in).
     attrs : Mapping[str, Any], optional
         More attributes for the store.
+    background : bool, default True
+        Write the store in a background thread (at most two steps queued): ``step()`` returns once
+        the metrics and alarms are computed; the step is committed shortly after
+        (:meth:`Recorder.flush` waits for it). ``False`` writes and commits inside ``step()``.
     """
 
     trainer_side: TrainerSide | None = None
@@ -114,6 +121,7 @@ class RecorderSettings:
     eps: float | None = None
     stop_on: str | None = None
     attrs: Mapping[str, Any] | None = None
+    background: bool = True
 
 
 @dataclass
@@ -242,6 +250,50 @@ def _per_seq(x: Any, n: int, dtype: Any, default: Any, what: str) -> np.ndarray:
     return arr
 
 
+class _BackgroundWriter:
+    """Writes and commits queued steps in order in one thread; a failure is raised at the next call."""
+
+    def __init__(self, writer: RunWriter, depth: int = 2):
+        self.writer = writer
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="rlparity-recorder", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            try:
+                if item is None:
+                    return
+                if self.error is None:
+                    rows, columns = item
+                    self.writer.write_step(rows)
+                    self.writer.commit(**columns)
+            except BaseException as err:  # kept, raised in the loop's thread
+                self.error = err
+            finally:
+                self.queue.task_done()
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise StoreError(f"writing the run store {self.writer.path} failed ({type(self.error).__name__}: "
+                             f"{self.error}); the steps before it are committed") from self.error
+
+    def submit(self, rows: dict[str, Any], columns: dict[str, list[str]]) -> None:
+        self.check()
+        self.queue.put((rows, columns))
+
+    def flush(self) -> None:
+        self.queue.join()
+        self.check()
+
+    def stop(self) -> None:
+        if self.thread.is_alive():
+            self.queue.put(None)
+            self.thread.join()
+
+
 class Recorder:
     """Record a training run, one call per step, into one run store; return each step's metrics
     and raise alarms live.
@@ -303,8 +355,10 @@ class Recorder:
         self._digest: dict[str, int] | None = None
         self._digest_trainer_version: int | None = None
         self._last_call: float | None = None
+        self._next = self.writer.steps
         if self.writer.steps:
             self._restore()
+        self._background = _BackgroundWriter(self.writer) if s.background else None
 
     # ------------------------------------------------------------------------------ resume
     def _restore(self) -> None:
@@ -327,8 +381,8 @@ class Recorder:
 
     @property
     def steps(self) -> int:
-        """The steps committed so far."""
-        return self.writer.steps
+        """The steps recorded so far (committed, or queued to be: :meth:`flush`)."""
+        return self._next
 
     # ------------------------------------------------------------------------------ one step
     def _arrays(self, r: StepRecord, trainer_version: int) -> tuple[dict[str, Any], StepArrays]:
@@ -431,7 +485,9 @@ class Recorder:
             record = StepRecord(**fields)
         elif fields:
             record = with_overrides(record, fields, "Recorder.step")
-        k = self.writer.steps
+        if self._background is not None:
+            self._background.check()
+        k = self._next
         tv = k if record.trainer_version is None else int(record.trainer_version)
         rows, arrays = self._arrays(record, tv)
         d = defaults()
@@ -473,8 +529,13 @@ class Recorder:
         if digest:
             rows["weight_digest"] = (("tensor",), np.array([digest.get(n, -1) for n in self.tensor_names], np.int64))
         rows["recorder_seconds"] = ((), time.perf_counter() - t0)  # the write and commit come after: see the benchmark
-        self.writer.write_step(rows)
-        self.writer.commit(metric=self.metric_names, alarm=self.alarm_names, tensor=self.tensor_names)
+        columns = {"metric": list(self.metric_names), "alarm": list(self.alarm_names), "tensor": list(self.tensor_names)}
+        if self._background is not None:
+            self._background.submit(rows, columns)
+        else:
+            self.writer.write_step(rows)
+            self.writer.commit(**columns)
+        self._next = k + 1
         self._last_call = t0
         gap = metrics.get(PREFIX + "abs_log_ratio_mean", np.nan)
         if np.isfinite(gap):
@@ -486,12 +547,35 @@ class Recorder:
         if stop is not None:
             hit = [a for a in alarms if LEVELS[a.level] >= LEVELS[stop]]
             if hit:
+                self.flush()  # the step is in the store before the run stops
                 raise RunAlarmError(hit)
         return out
 
+    def flush(self) -> None:
+        """Wait until every step recorded is committed in the store.
+
+        Raises
+        ------
+        StoreError
+            Writing a step failed (the steps before it are committed).
+        """
+        if self._background is not None:
+            self._background.flush()
+
     def close(self) -> None:
-        """Release the store (its writer lock); the store keeps every committed step."""
-        self.writer.close()
+        """Commit the steps still queued and release the store (its writer lock).
+
+        Raises
+        ------
+        StoreError
+            Writing a step failed (the steps before it are committed).
+        """
+        try:
+            if self._background is not None:
+                self._background.stop()
+                self._background.check()
+        finally:
+            self.writer.close()
 
     def __enter__(self) -> Recorder:
         return self

@@ -41,6 +41,7 @@ from rlparity.trace.store import StoreDamagedError, StoreError, write_root
 RUN_MARKER = "rlparity_run"
 RUN_FORMAT = 1
 STEP_CHUNK = 256
+TABLE_STEP_CHUNK = 32  # a table row is rewritten with its chunk each step: keep the chunk small
 COLUMN_CHUNK = 64
 FINISH_REASONS = ("unknown", "stop", "length", "abort")
 
@@ -78,6 +79,12 @@ SEQUENCE_VARS: dict[str, tuple[tuple[str, ...], str, Any]] = {
 # the trainer's readings: their names depend on the trainer side (the trace schema's)
 TRAINER_FILL = ("float32", np.nan)
 TABLE_DIMS = ("metric", "alarm", "tensor")
+
+
+async def _gather(coros: list[Any]) -> None:
+    import asyncio
+
+    await asyncio.gather(*coros)
 
 
 def _marker_of(p: Path) -> dict[str, Any] | None:
@@ -192,7 +199,7 @@ class RunWriter:
         arr = self.arrays.get(name)
         if arr is None:
             if dims and dims[0] in TABLE_DIMS:
-                chunks = (STEP_CHUNK, COLUMN_CHUNK)
+                chunks = (TABLE_STEP_CHUNK, COLUMN_CHUNK)
             elif dims:
                 chunks = (1, *(max(1, n) for n in shape))
             else:
@@ -218,7 +225,10 @@ class RunWriter:
             ``{name: (dims after step, array)}``; a name new to the store is created with the
             array's dtype; its fill is the table's (-1 for ints, NaN for floats).
         """
+        from zarr.core.sync import sync
+
         k = self.steps
+        writes = []
         for name, (dims, value) in rows.items():
             value = np.asarray(value)
             spec = STEP_VARS.get(name) or SEQUENCE_VARS.get(name)
@@ -227,9 +237,9 @@ class RunWriter:
             if dims:
                 full = np.full(arr.shape[1:], fill, dtype=arr.dtype)  # the whole row: no leftovers of a killed step
                 full[tuple(slice(0, n) for n in value.shape)] = value
-                arr[k] = full
-            else:
-                arr[k] = value
+                value = full
+            writes.append(arr.async_array.setitem(k, value))
+        sync(_gather(writes))  # every array's chunks at once: one round trip to zarr's event loop, not one each
 
     def commit(self, **columns: list[str]) -> None:
         """Commit the step written: the marker's step count (and column names) replaced last.
