@@ -401,3 +401,26 @@ def test_weight_digest_is_verify_weights_checksum_of_every_tensor_or_the_same_sa
     named2 = [(n, t * (1 + 1e-5)) if i == 0 else (n, t) for i, (n, t) in enumerate(named)]
     named3 = [(n, t * 1.05) if i == 0 else (n, t) for i, (n, t) in enumerate(named)]
     assert weight_digest(named2) == full and weight_digest(named3) != full
+
+
+def test_a_scored_trace_records_as_the_rl_runner_records_it(tmp_path):
+    """``StepRecord.from_trace``, the path rlparity's RL runner takes: a scored trace's step gives the
+    summary of the trace itself, and the engine's checksums of the version that generated it."""
+    from rlparity.metrics import scalars, summary
+    from rlparity.record import StepRecord
+    from rlparity.testing import synthetic_trace
+
+    with Recorder(tmp_path / "run.zarr") as rec:
+        for k in range(2):
+            tr = synthetic_trace(n_sequences=8, noise=0.02, seed=k)
+            tr["policy_version"] = tr["policy_version"].where(~tr["response_mask"], k)
+            tr.attrs.update(latest_policy_version=k, engine_weight_checksums={str(v): {"w": f"{v + 7:08x}"}
+                                                                             for v in range(k + 1)})
+            out = rec.step(StepRecord.from_trace(tr), step=10 + k)
+            ref = scalars(summary(tr))
+            for name in ("abs_log_ratio_mean", "kl_k3", "ess_token", "n_tokens"):
+                assert out[f"rlparity/{name}"] == pytest.approx(ref[name], rel=1e-9), name
+    run = open_run(tmp_path / "run.zarr")
+    assert run["step_index"].values.tolist() == [10, 11] and run["weight_version"].values.tolist() == [0, 1]
+    assert run["weight_digest"].sel(tensor="w").values.tolist() == [7, 8]
+    assert float(run["metric_value"].sel(step=1, metric="rlparity/weights_changed_share")) == 1.0

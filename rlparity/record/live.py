@@ -243,7 +243,7 @@ def step_alarms(step: int, a: StepArrays, metrics: Mapping[str, float], *, histo
     weights_changed : float
         :func:`digest_change` against the sync before (NaN: nothing to compare).
     trainer_stepped : bool
-        Whether the trainer's version moved since that sync.
+        Whether this is a newer version's sync than the one before (the trainer stepped).
     d : Defaults
         The thresholds (``defaults()``).
 

@@ -167,7 +167,9 @@ class StepRecord:
     prompt_index : sequence of int, optional
         The prompt (group) of each sequence; ``None``: 0, 1, ...
     weight_version : int, optional
-        The version the engine held at its last sync (the one the weight digest belongs to).
+        The version the engine held at its last sync (the one the weight digest belongs to);
+        ``None``: ``trainer_version``. A digest is compared with the previous sync's when this
+        version is newer (the trainer stepped in between).
     weight_digest : Mapping[str, int or str], optional
         The engine's per-tensor checksums at that sync (:func:`weight_digest`; hex strings as
         ``rlparity verify-weights`` prints them are read too).
@@ -195,6 +197,57 @@ class StepRecord:
     weight_version: int | None = None
     weight_digest: Mapping[str, Any] | None = None
     step: int | None = None
+
+    @classmethod
+    def from_trace(cls, trace: Any, trainer: TrainerSide | None = None, **fields: Any) -> StepRecord:
+        """The step a scored rlparity trace holds (what :func:`rlparity.experiments.rl.rl_run` has
+        after each optimizer step): its tokens, mu, pi_old (and pi_theta), versions, sampling,
+        rewards and advantages; the engine's weight digest of the version that generated its
+        tokens, from ``attrs["engine_weight_checksums"]``.
+
+        Parameters
+        ----------
+        trace : xarray.Dataset
+            A scored trace (one step's batch).
+        trainer : {"processed", "raw"}, optional
+            Which trainer reading is pi_old (the recorder's ``trainer_side``); ``None``:
+            ``defaults().trainer``.
+        **fields : Any
+            Fields of :class:`StepRecord` that replace what the trace gives (e.g. ``step``).
+
+        Returns
+        -------
+        StepRecord
+            The step; ``scored_version`` is the trace's ``policy_version`` when the trainer scored
+            each token at its own version (``attrs["trainer"]["scored_by"] == "policy_version"``).
+        """
+        from rlparity.trace.weights import engine_effective
+
+        side = trainer or defaults().trainer
+        mask = trace["response_mask"].values.astype(bool)
+        pv = trace["policy_version"].values
+        own = (trace.attrs.get("trainer") or {}).get("scored_by") == "policy_version"
+        latest = trace.attrs.get("latest_policy_version")
+        generated = int(pv[mask].max()) if mask.any() else None
+        digests = engine_effective(trace.attrs)
+        theta = policy_variable("theta", side)
+        values = {
+            "prompt_token_ids": trace["prompt_token_id"].values, "prompt_mask": trace["prompt_token_id"].values >= 0,
+            "token_ids": trace["token_id"].values, "response_mask": mask,
+            "rollout_logprobs": trace["rollout_logprob"].values,
+            "trainer_logprobs": trace[policy_variable("old", side)].values,
+            "trainer_updated_logprobs": trace[theta].values if theta in trace else None,
+            "policy_versions": pv, "trainer_version": None if latest is None else int(latest),
+            "scored_version": pv if own else None,
+            "rewards": trace["reward"].values if "reward" in trace else None,
+            "advantages": trace["advantage"].values if "advantage" in trace else None,
+            "temperature": trace["temperature"].values, "top_k": trace["top_k"].values,
+            "top_p": trace["top_p"].values, "finish_reasons": [str(x) for x in trace["finish_reason"].values],
+            "prompt_index": trace["prompt_index"].values,
+            "weight_version": generated if generated in digests else None,
+            "weight_digest": digests.get(generated) if generated is not None else None,
+        }
+        return with_overrides(cls(**values), fields, "StepRecord.from_trace")
 
 
 class StepMetrics(dict):
@@ -353,7 +406,7 @@ class Recorder:
         window = defaults().record.floor_window
         self._history: deque[float] = deque(maxlen=window)
         self._digest: dict[str, int] | None = None
-        self._digest_trainer_version: int | None = None
+        self._digest_version: int | None = None  # the version synced with the last digest
         self._last_call: float | None = None
         self._next = self.writer.steps
         if self.writer.steps:
@@ -372,12 +425,13 @@ class Recorder:
             self._history.extend(float(v) for v in vals if np.isfinite(v))
         if self.tensor_names and "weight_digest" in g:
             rows = np.asarray(g["weight_digest"][:k, : len(self.tensor_names)])
-            versions = np.asarray(g["trainer_version"][:k])
+            synced = np.asarray(g["weight_version"][:k])
+            versions = np.where(synced >= 0, synced, np.asarray(g["trainer_version"][:k]))
             have = np.flatnonzero((rows >= 0).any(axis=1))
             if have.size:
                 last = have[-1]
                 self._digest = {n: int(v) for n, v in zip(self.tensor_names, rows[last]) if v >= 0}
-                self._digest_trainer_version = int(versions[last])
+                self._digest_version = int(versions[last])
 
     @property
     def steps(self) -> int:
@@ -497,7 +551,9 @@ class Recorder:
         if record.weight_digest is not None:
             digest = {str(n): (int(v, 16) if isinstance(v, str) else int(v)) for n, v in record.weight_digest.items()}
         changed = digest_change(self._digest, digest)
-        stepped = digest is not None and self._digest_trainer_version is not None and tv > self._digest_trainer_version
+        synced = tv if record.weight_version is None else int(record.weight_version)
+        # a new sync (a newer version) whose digest is the previous sync's: the weights did not move
+        stepped = digest is not None and self._digest_version is not None and synced > self._digest_version
         metrics[PREFIX + "weights_changed_share"] = changed
         alarms = step_alarms(k, arrays, metrics, history=list(self._history), weights_changed=changed,
                              trainer_stepped=stepped, d=d)
@@ -541,7 +597,7 @@ class Recorder:
         if np.isfinite(gap):
             self._history.append(float(gap))
         if digest is not None:
-            self._digest, self._digest_trainer_version = digest, tv
+            self._digest, self._digest_version = digest, synced
         out = StepMetrics(metrics, alarms, k)
         stop = self.settings.stop_on
         if stop is not None:
