@@ -347,3 +347,24 @@ def test_notebook_06_measures_the_profiles_apart(executed_notebook):
     again = mrl.rl_curves(arms)
     np.testing.assert_allclose(again["mean_ratio"].sel(profile="vllm-v1-defaults+mu").values,
                                res["curves"]["profiles"]["vllm-v1-defaults+mu"]["mean_ratio"], rtol=1e-9)
+
+
+@pytest.mark.engine
+def test_a_raw_logprobs_engine_raises_the_gate_alarm_from_its_first_recorded_step(tiny_model, release_engines, tmp_path):
+    """Planted fault (a) of issue 36: the engine reports raw logprobs (vLLM's default profile) while
+    the trainer's pi_old is the processed distribution it samples. Recorded through the Recorder, the
+    first step already raises gap_above_gate (a warning: the gap is above rlparity check's gates),
+    and no error-level alarm (the weights and versions are right)."""
+    from rlparity.experiments.rl import rl_run
+    from rlparity.record import open_run
+
+    release_engines()
+    arms = rl_run(tiny_model, ["vllm-v1-defaults"], 2, old_policy="pi_old", n_prompts=4, n_samples=4,
+                  max_tokens=16, lr=1e-3, log=lambda line: None, record_dir=tmp_path)
+    run = open_run(tmp_path / "vllm-v1-defaults.zarr")
+    levels = run["alarm_level"].to_pandas()
+    assert (levels["gap_above_gate"] == 1).all(), levels
+    assert (levels.drop(columns="gap_above_gate") < 2).all().all(), levels
+    gap = run["metric_value"].sel(metric="rlparity/abs_log_ratio_mean").values
+    assert (gap > 0.1).all(), gap
+    assert all(any("gap_above_gate" in a for a in ds.attrs["rl"]["alarms"]) for ds in arms.values())

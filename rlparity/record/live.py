@@ -273,11 +273,12 @@ def step_alarms(step: int, a: StepArrays, metrics: Mapping[str, float], *, histo
                  f"mean |log pi_old - log mu| {gap:.3g} nats is {gap / max(med, 1e-300):.3g}x the median {med:.3g} of "
                  f"the {len(hist)} steps before: something changed in the engine or the trainer at this step")
     k3 = metrics.get(PREFIX + "kl_k3", float("nan"))
-    if (c.max_abs_log_ratio_mean is not None and gap > c.max_abs_log_ratio_mean) or \
-            (c.max_kl_k3 is not None and k3 > c.max_kl_k3):
-        fire("gap_above_gate", gap, c.max_abs_log_ratio_mean or float("nan"),
+    over_gap = c.max_abs_log_ratio_mean is not None and gap > c.max_abs_log_ratio_mean
+    if over_gap or (c.max_kl_k3 is not None and k3 > c.max_kl_k3):
+        value, threshold = (gap, c.max_abs_log_ratio_mean) if over_gap else (k3, c.max_kl_k3)
+        fire("gap_above_gate", value, threshold,
              f"mean |d| {gap:.3g} nats (gate {c.max_abs_log_ratio_mean}), k3 {k3:.3g} (gate {c.max_kl_k3}): above "
-             "rlparity check's gates; run `rlparity diagnose` on this step's trace")
+             "rlparity check's gates; run `rlparity diagnose` on this step's trace (rlparity.record.step_trace)")
     if trainer_stepped and weights_changed == 0.0:
         fire("weights_unchanged", 0.0, 0.0,
              "the engine's weight digest equals the previous sync's although the trainer stepped: the update "
