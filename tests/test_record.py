@@ -424,3 +424,15 @@ def test_a_scored_trace_records_as_the_rl_runner_records_it(tmp_path):
     assert run["step_index"].values.tolist() == [10, 11] and run["weight_version"].values.tolist() == [0, 1]
     assert run["weight_digest"].sel(tensor="w").values.tolist() == [7, 8]
     assert float(run["metric_value"].sel(step=1, metric="rlparity/weights_changed_share")) == 1.0
+
+
+def test_a_loop_that_never_closes_the_recorder_still_commits_its_steps_at_exit(tmp_path):
+    path = tmp_path / "run.zarr"
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+            "from test_record import synthetic_step\nfrom rlparity.record import Recorder\n"
+            f"rec = Recorder({str(path)!r})\n"
+            "for k in range(4):\n    rec.step(**synthetic_step(k, n=32))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert open_run(path).attrs["steps"] == 4

@@ -19,6 +19,7 @@ import os
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -347,11 +348,37 @@ class _BackgroundWriter:
             self.thread.join()
 
 
+def _finish(background: _BackgroundWriter | None, writer: RunWriter) -> None:
+    """Commit what is queued and release the store: at :meth:`Recorder.close`, or at the
+    interpreter's exit for a recorder never closed."""
+    try:
+        if background is not None:
+            background.stop()
+    finally:
+        writer.close()
+
+
+def _commit_at_exit(rec: Recorder) -> None:
+    """At the interpreter's exit, commit a recorder's queued steps before the thread pools stop
+    taking work (zarr writes through them; ``weakref.finalize``'s own exit hook runs too late)."""
+    ref = weakref.ref(rec)
+
+    def commit() -> None:
+        r = ref()
+        if r is not None:
+            r._finalizer()
+
+    register = getattr(threading, "_register_atexit", None)  # CPython's hook that concurrent.futures uses
+    if register is not None:
+        register(commit)
+
+
 class Recorder:
     """Record a training run, one call per step, into one run store; return each step's metrics
     and raise alarms live.
 
-    Memory is bounded: the recorder keeps the trailing window of the floor (``floor_window``
+    Close it (or use it as a context manager) to commit the last steps at once; a recorder left
+    open commits them when the interpreter exits. Memory is bounded: the recorder keeps the trailing window of the floor (``floor_window``
     numbers), the last weight digest and the column names; every step goes to disk. A run killed
     mid-step leaves the store readable up to the last whole step (:func:`rlparity.record.open_run`).
 
@@ -412,6 +439,9 @@ class Recorder:
         if self.writer.steps:
             self._restore()
         self._background = _BackgroundWriter(self.writer) if s.background else None
+        # a loop that never calls close() still gets its queued steps committed at exit
+        self._finalizer = weakref.finalize(self, _finish, self._background, self.writer)
+        _commit_at_exit(self)
 
     # ------------------------------------------------------------------------------ resume
     def _restore(self) -> None:
@@ -626,12 +656,9 @@ class Recorder:
         StoreError
             Writing a step failed (the steps before it are committed).
         """
-        try:
-            if self._background is not None:
-                self._background.stop()
-                self._background.check()
-        finally:
-            self.writer.close()
+        self._finalizer()
+        if self._background is not None:
+            self._background.check()
 
     def __enter__(self) -> Recorder:
         return self
