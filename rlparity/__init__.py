@@ -38,7 +38,7 @@ def summary(*args, **kwargs):
 
 
 # every part of the package a user reaches as rlparity.<name> (not the CLI, nor the test helpers)
-_SUBPACKAGES = ("config", "capture", "score", "trace", "metrics", "diagnose", "plot", "experiments", "importers", "train",
+_SUBPACKAGES = ("config", "capture", "score", "trace", "metrics", "diagnose", "plot", "record", "experiments", "importers", "train",
                 "datasets", "models")
 
 

@@ -1,6 +1,6 @@
 """The package's shape is held by tools, not by memory.
 
-* import-linter contracts (pyproject.toml): layers cli > experiments > diagnose | plot > metrics >
+* import-linter contracts (pyproject.toml): layers cli > experiments > diagnose | plot | record > metrics >
   capture | score | ... > trace > config; metrics/diagnose/plot import no engine, trainer or runner;
   nothing imports the CLI. Imports inside functions count too.
 * No ``_private`` name (module or attribute) is imported across subpackages.

@@ -31,6 +31,10 @@ SMOKE = {
                           lambda r: r["max_rel_diff"] < 1e-12 and r["lazy_peak_rss_mb"] > 0),
     "store_integrity.py": (["--tokens", "20000", "--repeats", "1", "--out", "{out}"],
                            lambda r: r["same_values"] and r["tokens"] > 10000),
+    "recorder.py": (["--steps", "3", "--sequences", "8", "--length", "16", "--step-seconds", "0.05", "--weights-mb", "1",
+                     "--tensors", "8", "--repeats", "1", "--out", "{out}"],
+                    lambda r: r["tokens"] > 0 and r["bytes_per_token"] > 0 and r["modes"]["inline"]["store_files"] > 0
+                    and r["median_step_s"] > 0),
     # starts one vLLM engine (the engine tests' lane)
     "layer_capture.py": (["--sequences", "1", "--length", "32", "--repeats", "1", "--out", "{out}"],
                          lambda r: r["sequences"] == 1 and r["length"] == 32),

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+import rlparity.metrics as mm
 from rlparity.metrics import rl as mrl
 from rlparity.metrics.dashboard import pipelinerl_metrics
 from rlparity.testing import synthetic_trace
@@ -276,16 +277,30 @@ def test_train_step_with_the_rollouts_logprobs_as_the_ratio_denominator(tiny_mod
 
 
 @pytest.mark.engine
-def test_async_rollouts_lag_one_step_and_are_scored_at_their_own_version(tiny_model, release_engines):
+def test_async_rollouts_lag_one_step_and_are_scored_at_their_own_version(tiny_model, release_engines, tmp_path):
     """What the notebook (synchronous) does not run: step k+1's rollouts submitted before step k trains.
     Every token after step 0 comes from the previous version (lag 1); scored at its own version the
     parity backend pair stays at the noise floor, while PipelineRL's kl_new_old at the trainer's current
-    weights sees the policy change."""
+    weights sees the policy change. The run is recorded through rlparity.record's Recorder (the
+    user's-loop path): its store holds every step, the same backend gap, the lag, the engine's
+    weights moving at every new version, and no alarm."""
     from rlparity.experiments.rl import rl_run
+    from rlparity.record import open_run
 
     release_engines()
     arms = rl_run(tiny_model, ["pipelinerl-parity"], 3, old_policy="pi_old", n_prompts=8, n_samples=4,
-                  max_tokens=16, lr=1e-3, async_rollouts=True, log=lambda line: None)
+                  max_tokens=16, lr=1e-3, async_rollouts=True, log=lambda line: None, record_dir=tmp_path)
+    run = open_run(tmp_path / "pipelinerl-parity.zarr")
+    assert run.attrs["steps"] == 3 and run["step_index"].values.tolist() == [0, 1, 2]
+    live = run["metric_value"]
+    assert live.sel(metric="rlparity/lag_max").values.tolist() == [0.0, 1.0, 1.0]
+    assert run["weight_version"].values.tolist() == [0, 0, 1]
+    assert float(live.sel(step=2, metric="rlparity/weights_changed_share")) > 0.9  # version 1's sync moved the weights
+    assert (run["alarm_level"].values == 0).all(), run["alarm_level"].values
+    for k, ds in enumerate(arms.values()):
+        assert ds.attrs["rl"]["alarms"] == []
+        ref = mm.scalars(mm.summary(ds))["abs_log_ratio_mean"]
+        assert float(live.sel(step=k, metric="rlparity/abs_log_ratio_mean")) == pytest.approx(ref, rel=1e-6)
     assert list(arms) == [f"pipelinerl-parity@step_00{k}" for k in range(3)]
     curves = mrl.rl_curves(arms).sel(profile="pipelinerl-parity")
     assert curves["lag"].values.tolist() == [0.0, 1.0, 1.0]
@@ -332,3 +347,24 @@ def test_notebook_06_measures_the_profiles_apart(executed_notebook):
     again = mrl.rl_curves(arms)
     np.testing.assert_allclose(again["mean_ratio"].sel(profile="vllm-v1-defaults+mu").values,
                                res["curves"]["profiles"]["vllm-v1-defaults+mu"]["mean_ratio"], rtol=1e-9)
+
+
+@pytest.mark.engine
+def test_a_raw_logprobs_engine_raises_the_gate_alarm_from_its_first_recorded_step(tiny_model, release_engines, tmp_path):
+    """Planted fault (a) of issue 36: the engine reports raw logprobs (vLLM's default profile) while
+    the trainer's pi_old is the processed distribution it samples. Recorded through the Recorder, the
+    first step already raises gap_above_gate (a warning: the gap is above rlparity check's gates),
+    and no error-level alarm (the weights and versions are right)."""
+    from rlparity.experiments.rl import rl_run
+    from rlparity.record import open_run
+
+    release_engines()
+    arms = rl_run(tiny_model, ["vllm-v1-defaults"], 2, old_policy="pi_old", n_prompts=4, n_samples=4,
+                  max_tokens=16, lr=1e-3, log=lambda line: None, record_dir=tmp_path)
+    run = open_run(tmp_path / "vllm-v1-defaults.zarr")
+    levels = run["alarm_level"].to_pandas()
+    assert (levels["gap_above_gate"] == 1).all(), levels
+    assert (levels.drop(columns="gap_above_gate") < 2).all().all(), levels
+    gap = run["metric_value"].sel(metric="rlparity/abs_log_ratio_mean").values
+    assert (gap > 0.1).all(), gap
+    assert all(any("gap_above_gate" in a for a in ds.attrs["rl"]["alarms"]) for ds in arms.values())

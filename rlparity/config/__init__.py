@@ -12,6 +12,7 @@ from rlparity.config.defaults import (
     Defaults,
     ObjectiveDefaults,
     RLDefaults,
+    RecordDefaults,
     default_sampling,
     defaults,
     defaults_context,
@@ -22,6 +23,6 @@ from rlparity.config.profile_diff import WHY, AuditResult, Difference, compare
 from rlparity.config.profiles import load_profile, profile_names, read_profile, save_profile
 from rlparity.config.settings import EngineSettings, SamplingSettings
 
-__all__ = ["WHY", "AuditResult", "CheckThresholds", "Defaults", "ObjectiveDefaults", "RLDefaults", "Difference", "EngineSettings", "SamplingSettings",
+__all__ = ["WHY", "AuditResult", "CheckThresholds", "Defaults", "ObjectiveDefaults", "RLDefaults", "RecordDefaults", "Difference", "EngineSettings", "SamplingSettings",
            "compare", "default_sampling", "defaults", "defaults_context", "load_profile", "profile_names", "read_profile", "save_profile",
            "scoped_env", "set_defaults"]

@@ -176,9 +176,36 @@ class RLDefaults(BaseModel):
 
 
 @document_fields
+class RecordDefaults(BaseModel):
+    """The run recorder's alarm thresholds (:class:`rlparity.record.Recorder`). The ESS alarms read
+    :attr:`ObjectiveDefaults.ess_min` (warning) and :attr:`ObjectiveDefaults.ess_collapse` (error);
+    the gate alarm reads :attr:`CheckThresholds.max_abs_log_ratio_mean` and
+    :attr:`CheckThresholds.max_kl_k3`. Calibration: the shipped example captures (mean ``|d|`` 1e-5 for
+    float32 parity, 0.005-0.023 nats for clean bf16 arms on CPU, H100 and H200; 0.12-0.18 nats for
+    the raw-logprob arms) and martingale's published alarm rules (field.md, "live recorders")."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    confident_prob: float = Field(0.5, gt=0, le=1, description="confident_disagreement: the engine gave "
+                                  "the token at least this probability (martingale's stale_server rule: >= 50%)")
+    confident_gap: float = Field(2.0, gt=0, description="confident_disagreement: and the trainer, "
+                                 "scoring it with the weights that generated it, puts it more than this many nats "
+                                 "lower (an error; martingale: 2 nats)")
+    floor_jump_ratio: float = Field(3.0, gt=1, description="a step's mean |d| above this many times the trailing "
+                                    "median of the steps before raises floor_jump (martingale: 3x)")
+    floor_jump_min: float = Field(0.03, ge=0, description="mean |d| (nats) a step must also exceed for a "
+                                  "floor jump: the clean bf16 captures shipped sit at 0.005-0.023, the "
+                                  "raw-logprob arms at 0.12-0.18")
+    floor_window: int = Field(20, ge=1, description="steps in the trailing median of the floor jump")
+    floor_min_steps: int = Field(3, ge=1, description="steps of history before a floor jump is judged")
+    max_lag: int = Field(1, ge=0, description="token lag (trainer version - version that generated the token) "
+                         "above which staleness warns (rlparity's async runner runs at lag 1)")
+
+
+@document_fields
 class Defaults(BaseModel):
     """The defaults object. Fields are grouped by what reads them: engines, sampling, metrics,
-    diagnoses, then the nested ``check``, ``objective`` and ``rl`` groups."""
+    diagnoses, then the nested ``check``, ``objective``, ``rl`` and ``record`` groups."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
@@ -233,6 +260,8 @@ class Defaults(BaseModel):
     objective: ObjectiveDefaults = Field(default_factory=ObjectiveDefaults, description="the objective layer's "
                                          "defaults")
     rl: RLDefaults = Field(default_factory=RLDefaults, description="the online RL run's defaults")
+    record: RecordDefaults = Field(default_factory=RecordDefaults, description="the run recorder's alarm "
+                                   "thresholds")
 
     def replace(self, **changes: Any) -> Defaults:
         """A validated copy with some fields changed; an unknown field is an error.
@@ -240,7 +269,7 @@ class Defaults(BaseModel):
         Parameters
         ----------
         **changes : Any
-            Field names and their new values; a mapping for ``check``, ``objective`` or ``rl``
+            Field names and their new values; a mapping for ``check``, ``objective``, ``rl`` or ``record``
             changes only the nested fields it names.
 
         Returns
@@ -259,7 +288,7 @@ class Defaults(BaseModel):
         if unknown:
             raise ValueError(f"unknown default(s) {unknown}; valid: {sorted(type(self).model_fields)}")
         data = self.model_dump()
-        for nested in ("check", "objective", "rl"):
+        for nested in ("check", "objective", "rl", "record"):
             if isinstance(changes.get(nested), dict):
                 changes = {**changes, nested: {**data[nested], **changes[nested]}}
         return type(self)(**{**data, **changes})
@@ -377,4 +406,4 @@ def defaults_context(**changes: Any) -> Iterator[Defaults]:
         _CURRENT.reset(token)
 
 
-__all__ = ["CheckThresholds", "Defaults", "ObjectiveDefaults", "RLDefaults", "TrainerSide", "default_sampling", "defaults", "defaults_context", "set_defaults"]
+__all__ = ["CheckThresholds", "Defaults", "ObjectiveDefaults", "RLDefaults", "RecordDefaults", "TrainerSide", "default_sampling", "defaults", "defaults_context", "set_defaults"]

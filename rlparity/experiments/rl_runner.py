@@ -29,6 +29,7 @@ from rlparity.experiments.rl_profiles import (
     step_sampling,
 )
 from rlparity.metrics.rl import step_arm
+from rlparity.record import Recorder, StepRecord
 from rlparity.trace import with_factors
 
 @dataclass(frozen=True)
@@ -135,10 +136,12 @@ class RLRunSettings:
 
 
 def _run_steps(eng, model: str, name: str, index: int, *, profile: str, old_policy: str, settings: RLRunSettings,
-               sampling: SamplingSettings | None, ckpt: Path, bar) -> dict[str, xr.Dataset]:
+               sampling: SamplingSettings | None, ckpt: Path, bar, recorder: Recorder | None = None
+               ) -> dict[str, xr.Dataset]:
     """The steps of one run on its profile's running engine (at version 0, the initial weights),
     with a fresh trainer and optimizer; returns ``{arm: trace}``. ``settings``: resolved
-    (:meth:`RLRunSettings.resolved`)."""
+    (:meth:`RLRunSettings.resolved`). With a ``recorder``, every step is recorded through it, as a
+    user's loop records (:meth:`rlparity.record.Recorder.step`)."""
     import torch
 
     from rlparity.capture.weights import write_state_dict
@@ -185,6 +188,8 @@ def _run_steps(eng, model: str, name: str, index: int, *, profile: str, old_poli
                             dtype=dtype, device=device, batch_size=batch_size,
                             old_logprob=scored["rollout_logprob"].values if old_policy == "mu" else None)
         t_trained = time.perf_counter()
+        live = recorder.step(StepRecord.from_trace(result.trace, trainer=recorder.trainer_side), step=k) \
+            if recorder is not None else None
         write_state_dict(module.state_dict(), ckpt)
         update = eng.update_weights(str(ckpt), k + 1, mode=pause_mode, clear_cache=clear_cache)
         t_end = time.perf_counter()
@@ -201,6 +206,7 @@ def _run_steps(eng, model: str, name: str, index: int, *, profile: str, old_poli
             "seconds": {"rollout": round(t_have - t_step, 4), "train": round(t_trained - t_have, 4),
                         "update": round(t_end - t_trained, 4), "wall": round(t_end - t_step, 4)},
             "engine_startup_s": eng.startup_s,
+            "alarms": [str(a) for a in live.alarms] if live is not None else None,
         }, strict=True)  # strict JSON in the store: a NaN or infinite step metric becomes null
         out[arm] = stepped
         if bar is not None:
@@ -212,7 +218,8 @@ def _run_steps(eng, model: str, name: str, index: int, *, profile: str, old_poli
 def rl_run(model: str | os.PathLike, profiles: Sequence[str | EngineSettings] | None = None,
            steps: int | None = None, *, settings: RLRunSettings | None = None, sampling: SamplingSettings | None = None,
            engine: Mapping[str, Any] | None = None, checkpoint_dir: str | os.PathLike | None = None,
-           progress: bool = False, log: Callable[[str], Any] = progress_log, **overrides: Any) -> dict[str, xr.Dataset]:
+           progress: bool = False, log: Callable[[str], Any] = progress_log,
+           record_dir: str | os.PathLike | None = None, **overrides: Any) -> dict[str, xr.Dataset]:
     r"""Online RL on the tiny model's arithmetic task under each profile; return every step's trace.
 
     Each ratio denominator is a run of its own on the profile's engine, from the initial weights
@@ -243,6 +250,9 @@ def rl_run(model: str | os.PathLike, profiles: Sequence[str | EngineSettings] | 
         One tqdm bar per run, one tick per step.
     log : callable, default progress_log
         Called with one line per engine and run.
+    record_dir : str or os.PathLike, optional
+        Record every run through :class:`rlparity.record.Recorder` (the recorder a user's loop
+        uses), one run store ``record_dir/<run>.zarr`` each; its alarms go to ``attrs["rl"]["alarms"]``.
     \*\*overrides
         Fields of :class:`RLRunSettings` (``loss``, ``old_policy``, ``n_prompts``, ``n_samples``,
         ``max_tokens``, ``lr``, ``seed``, ``dtype``, ``pause_mode``, ``clear_cache``,
@@ -302,12 +312,18 @@ def rl_run(model: str | os.PathLike, profiles: Sequence[str | EngineSettings] | 
 
                         bar = tqdm(total=steps, desc=run, unit="step", leave=True)
                     t_run = time.perf_counter()
+                    recorder = None if record_dir is None else Recorder(
+                        Path(record_dir) / f"{run}.zarr", model=model, engine=engines[name].model_dump(mode="json"),
+                        attrs={"rl_run": run, "profile": name, "old_policy": op})
                     try:
                         arms.update(_run_steps(eng, model, run, i * len(olds) + j, profile=name, old_policy=op,
-                                               settings=rs, sampling=sampling, ckpt=root / run, bar=bar))
+                                               settings=rs, sampling=sampling, ckpt=root / run, bar=bar,
+                                               recorder=recorder))
                     finally:
                         if bar is not None:
                             bar.close()
+                        if recorder is not None:
+                            recorder.close()
                     log(f"{run}: {steps} steps in {time.perf_counter() - t_run:.1f} s")
                 t_close = time.perf_counter()
             log(f"{name}: engine closed in {time.perf_counter() - t_close:.1f} s; {time.perf_counter() - t0:.1f} s "

@@ -686,6 +686,45 @@ _OPTIONS = {"verl": {"rollout_is", "rollout_is_threshold", "rollout_rs"},
             "nemo-rl": {"kl_type"}}
 
 
+def _check_peer(names: str, options: Mapping[str, Any]) -> None:
+    if names not in _FUNCS:
+        raise ValueError(f"names={names!r}; use one of {list(DASHBOARDS)}")
+    unknown = sorted(set(options) - _OPTIONS[names])
+    if unknown:
+        raise ValueError(f"{names} has no option {unknown}; its options: {sorted(_OPTIONS[names]) or 'none'}")
+
+
+def peer_metrics(names: str, log_train, log_rollout, mask, **options: Any) -> dict[str, float]:
+    """One peer's dashboard metrics from plain arrays: the formulas of :func:`as_dashboard` without a
+    trace (what a training loop holds per step, e.g. :class:`rlparity.record.Recorder`).
+
+    Parameters
+    ----------
+    names : str
+        The peer, one of :data:`DASHBOARDS`.
+    log_train : numpy.ndarray
+        The trainer side's log-probabilities, ``(sequence, position)`` (nats).
+    log_rollout : numpy.ndarray
+        The rollout's (mu) log-probabilities, same shape.
+    mask : numpy.ndarray
+        Boolean, real tokens; tokens where either side is not finite are left out.
+    **options : Any
+        Keyword arguments, the peer's own knobs (as :func:`as_dashboard`; prime-rl ``advantages``).
+
+    Returns
+    -------
+    dict[str, float]
+        ``{peer metric name: value}``.
+
+    Raises
+    ------
+    ValueError
+        ``names`` is no peer, an option is not the peer's, or no token is usable.
+    """
+    _check_peer(names, options)
+    return _FUNCS[names](log_train, log_rollout, mask, **options)
+
+
 def as_dashboard(trace: xr.Dataset, names: str = "verl", *, trainer: TrainerSide | None = None, policy: str = "old",
                  as_dataset: bool = False, dim: Any = None, **options: Any) -> DashboardMetrics | xr.Dataset:
     """The trace's mismatch under one peer's dashboard names, with that peer's formulas.
@@ -724,11 +763,7 @@ def as_dashboard(trace: xr.Dataset, names: str = "verl", *, trainer: TrainerSide
     """
     refuse_dim(dim, "a peer's dashboard (one number per batch)",
                "select sequences first (trace.isel(sequence=...)) or use summary(dim=...)")
-    if names not in _FUNCS:
-        raise ValueError(f"names={names!r}; use one of {list(DASHBOARDS)}")
-    unknown = sorted(set(options) - _OPTIONS[names])
-    if unknown:
-        raise ValueError(f"{names} has no option {unknown}; its options: {sorted(_OPTIONS[names]) or 'none'}")
+    _check_peer(names, options)
     if policy not in ("old", "theta"):
         raise ValueError(f"policy={policy!r}; use 'old' (pi_old, the backend pair) or 'theta' (pi_theta)")
     trainer = trainer or defaults().trainer
@@ -763,5 +798,5 @@ def as_dashboard(trace: xr.Dataset, names: str = "verl", *, trainer: TrainerSide
     return out.to_dataset() if as_dataset else out
 
 
-__all__ = ["DASHBOARDS", "SOURCES", "DashboardMetrics", "as_dashboard", "nemo_rl_metrics", "pipelinerl_metrics",
-           "prime_rl_metrics", "slime_metrics", "trl_metrics", "verl_metrics"]
+__all__ = ["DASHBOARDS", "SOURCES", "DashboardMetrics", "as_dashboard", "nemo_rl_metrics", "peer_metrics",
+           "pipelinerl_metrics", "prime_rl_metrics", "slime_metrics", "trl_metrics", "verl_metrics"]
