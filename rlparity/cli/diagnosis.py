@@ -81,10 +81,10 @@ def check_cmd(
     from rlparity.diagnose.check import check, load_thresholds
 
     th = load_thresholds(thresholds)
-    if (trace is None) == (model is None):
-        raise BadInput("give either a TRACE store or --model to capture one")
     if out is not None:
         output_store(out)
+    if (trace is None) == (model is None):
+        raise BadInput("give either a TRACE store or --model to capture one")
     data: Any = trace if trace is not None else _capture(model, engine, profile, num_prompts, max_tokens,
                                                          temperature, top_k, out)
     result = check(data, th)
