@@ -216,6 +216,8 @@ def output_folder(out: Path, *stores: str, flag: str = "--out") -> Path:
     :class:`BadInput` naming the flag; nothing is made here."""
     if out.exists() and not out.is_dir():
         raise BadInput(f"{flag} {out}: a file; give a folder ({', '.join(stores) or 'the results'} go there)")
+    for name in stores:  # the stores first: their own refusal names what is in the way
+        output_store(out / name, flag)
     if out.is_dir() and any(out.iterdir()):
         from rlparity.trace.store_paths import store_kind
 
@@ -223,8 +225,6 @@ def output_folder(out: Path, *stores: str, flag: str = "--out") -> Path:
             others = sorted(p.name for p in out.iterdir())
             raise BadInput(f"{flag} {out}: a folder of other files ({', '.join(others[:3])}"
                            f"{', ...' if len(others) > 3 else ''}); give a new or empty folder")
-    for name in stores:
-        output_store(out / name, flag)
     return out
 
 
