@@ -196,6 +196,19 @@ def _slime_without_torch(w: Path) -> str | None:
     return one_line_refusal(res.returncode, res.stderr, r"needs torch")
 
 
+def _matrix(device: str):
+    from rlparity.experiments.faults import MatrixSettings
+
+    return MatrixSettings(device=device)
+
+
+def _gallery(w: Path, **kw):
+    """The gallery's own check, before it builds a model (the row fails if it gets that far)."""
+    from rlparity.experiments.gallery import gallery
+
+    return gallery(w / "gallery", device=kw.pop("device", "cpu"), size="no-such-size", **kw)
+
+
 def api_rows(w: Path) -> dict[str, Callable[[], str | None]]:
     from rlparity.testing import synthetic_trace
     from rlparity.trace import TraceValidationError
@@ -255,6 +268,11 @@ def api_rows(w: Path) -> dict[str, Callable[[], str | None]]:
                                                                r"no example"),
         "load_example('/abs/path')": lambda: _raises(lambda: example(str(HERE.parent / "rlparity/data/examples/"
                                                                          "cpu-head")), ValueError, r"no example"),
+        "MatrixSettings(device='tpu')": lambda: _raises(lambda: _matrix("tpu"), ValueError, r"'tpu' is not one"),
+        "gallery(device='tpu')": lambda: _raises(lambda: _gallery(w, device="tpu"), ValueError,
+                                                              r"'tpu' is not one"),
+        "gallery(ablation_knobs=['bogus'])": lambda: _raises(lambda: _gallery(w, ablation_knobs=["bogus"]),
+                                                             ValueError, r"unknown ablation knob"),
         "generic dump with a null trainer logprob": lambda: _generic_null(w),
         "slime .pt without torch": lambda: _slime_without_torch(w),
     }
