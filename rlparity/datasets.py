@@ -64,6 +64,13 @@ def list_examples() -> dict[str, dict[str, Any]]:
     return out
 
 
+def _shipped_name(name: Any) -> bool:
+    """Whether ``name`` can name a shipped file: a plain name, no folder in it (``../x``, ``a/b``, an
+    absolute path never leave the examples folder)."""
+    return isinstance(name, str) and bool(name) and Path(name).name == name and name not in (".", "..") \
+        and "\\" not in name
+
+
 def example_path(name: str) -> Path:
     """The store of a shipped example.
 
@@ -83,7 +90,7 @@ def example_path(name: str) -> Path:
         If no such example is shipped (the message lists the shipped ones).
     """
     path = examples_dir() / f"{name}.zarr"
-    if not path.exists():
+    if not _shipped_name(name) or not path.exists():
         names = ", ".join(sorted(p.stem for p in examples_dir().glob("*.zarr"))) or "none"
         raise ValueError(f"no example {name!r}; shipped examples: {names} (rlparity.datasets.list_examples())")
     return path
@@ -163,7 +170,7 @@ def load_result(name: str) -> dict[str, Any]:
     import json
 
     path = examples_dir() / f"{name}.json"
-    if not path.exists():
+    if not _shipped_name(name) or not path.exists():
         names = ", ".join(sorted(p.stem for p in examples_dir().glob("*.json"))) or "none"
         raise ValueError(f"no shipped result {name!r}; shipped results: {names}")
     return json.loads(path.read_text())
@@ -179,6 +186,8 @@ def load_floor_table(name: str, reference: str = "batch1") -> xr.Dataset:
         raise ValueError(f"shipped result {name!r} holds no floor table (keys: {sorted(res)}); "
                          "floor tables: the h200-floors-* results")
     shapes = list(res["table"])
+    if reference not in shapes:
+        raise ValueError(f"reference {reference!r} is not a shape of {name!r}; its shapes: {', '.join(shapes)}")
     cols = sorted({k for row in res["table"].values() for k in row})
     ds = xr.Dataset({c: ("shape", np.array([float(res["table"][s].get(c, np.nan)) for s in shapes]))
                      for c in cols}, coords={"shape": shapes})

@@ -1129,3 +1129,108 @@ def test_a_pools_idle_engine_is_shut_before_the_next_engine_in_its_thread(tmp_pa
         with pytest.raises(L.EngineLockError, match="already holds the engine lock"):
             with L.engine_lock(enabled=True):  # a live (not pooled) engine is never shut behind its back
                 pass
+
+
+# ----------------------------------------------------------------------------- issue 40: checked before anything runs
+
+
+def _leaf_commands() -> list[tuple[list[str], object]]:
+    """Every command of the real app (``rlparity ...``, sub-apps included), as typer builds it."""
+    import typer
+
+    from rlparity.cli.app import build_app
+
+    def walk(command, path):
+        if hasattr(command, "commands"):
+            for name, sub in command.commands.items():
+                yield from walk(sub, [*path, name])
+        else:
+            yield path, command
+
+    return list(walk(typer.main.get_command(build_app()), []))
+
+
+def _invalid_command_lines(path: list[str], command, w: Path, k: int) -> list[tuple[list[str], str, Path | None]]:
+    """For one command: ``(argv, marker, out)`` per invalid argument its parameters allow (the
+    marker must be in the one-line refusal; ``out``: the fresh ``--out`` that must not be left
+    behind). Required parameters get valid values; each argv holds exactly one invalid value."""
+    params = [p for p in command.params if p.expose_value]
+    fresh = w / f"fresh-{k}"
+    fill: list[str] = []
+    for p in params:
+        option = type(p).__name__ == "TyperOption"
+        if not p.required:
+            continue
+        value = ("tiny" if p.name in ("model", "source") else "generic" if p.name == "format"
+                 else str(fresh) if p.name == "out" else str(w / "plain.zarr"))
+        fill += [p.opts[0], value] if option else [value]
+    variants = []
+    for i, p in enumerate(params):
+        option = type(p).__name__ == "TyperOption"
+        ann = p.type_descriptor.annotation
+        bad = None
+        if p.name == "device":
+            bad, marker = "tpu", "tpu"
+        elif p.name == "out" and "Path" in str(ann):
+            bad, marker = str(w / "afile"), "afile"
+        elif p.name in ("model", "source", "new_weights") or (not option and "Path" in str(ann)):
+            bad, marker = str(w / "no" / "such" / "thing"), "no/such/thing"
+        elif option and getattr(p, "min", None) is not None and "int" in str(ann):
+            bad, marker = str(int(p.min) - 1), p.opts[0]
+        if bad is None:
+            continue
+        argv = list(path)
+        for q in params:  # the required ones valid, this one invalid
+            if q is p:
+                argv += [q.opts[0], bad] if option else [bad]
+            elif q.required:
+                opt = type(q).__name__ == "TyperOption"
+                value = ("tiny" if q.name in ("model", "source") else "generic" if q.name == "format"
+                         else str(fresh) if q.name == "out" else str(w / "plain.zarr"))
+                argv += [q.opts[0], value] if opt else [value]
+        variants.append((argv, marker, fresh))
+    if not variants:  # nothing typed to get wrong: an unknown option
+        variants.append(([*path, *fill, "--no-such-option"], "--no-such-option", fresh))
+    return variants
+
+
+def test_every_command_refuses_bad_arguments_before_vllm_or_a_model(tmp_path):
+    """Every command of the app (enumerated from typer, not a hand list), with each invalid value its
+    parameters allow (a --device rlparity does not run on, an --out that is a file, a model or input
+    path that does not exist, a count below its minimum): exit 2, one line naming it, no --out left,
+    and nothing reached first: the commands run under tests/cli_guard.py, where importing vLLM,
+    building or loading a model, or making an engine is an internal error (exit 3)."""
+    import hostile_issue40 as H
+
+    w = tmp_path / "w"
+    w.mkdir()
+    H.fixtures(w)
+    before = sorted(p.name for p in w.iterdir())
+    commands = _leaf_commands()
+    assert len(commands) >= 30 and {"floor", "verify-weights"} <= {" ".join(p) for p, _ in commands}
+    cases = [c for k, (path, command) in enumerate(commands) for c in _invalid_command_lines(path, command, w, k)]
+    assert len(cases) >= 60
+    (tmp_path / "cases.json").write_text(json.dumps([argv for argv, _, _ in cases]))
+    res = subprocess.run([sys.executable, str(ROOT / "tests" / "cli_guard.py"), str(tmp_path / "cases.json")],
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}, cwd=w,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    failures = []
+    for (argv, marker, fresh), got in zip(cases, json.loads(res.stdout)):
+        why = H.one_line_refusal(got["code"], got["stderr"], re.escape(marker))
+        if why is None and fresh.exists():
+            why = f"left {fresh.name} behind"
+        if why:
+            failures.append(f"rlparity {' '.join(argv)}: {why}")
+    assert not failures, "\n".join(failures)
+    assert sorted(p.name for p in w.iterdir()) == before, "a refused command wrote into the working folder"
+
+
+def test_hostile_inputs_of_issue_40_are_all_clean():
+    """tests/hostile_issue40.py, this checkout: every row refused in one line or left without a
+    verdict (37 of its 38 rows were not clean before issue 40's changes)."""
+    import hostile_issue40 as H
+
+    results = H.run_all()
+    assert len(results) >= 38
+    assert {k: v for k, v in results.items() if v is not None} == {}

@@ -101,6 +101,51 @@ def iter_safetensors(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
                 yield name, fh.get_tensor(name)
 
 
+def checkpoint_names(path: str | os.PathLike) -> list[str]:
+    """The tensor names of a local safetensors checkpoint, read from the files' headers only (no
+    tensor is loaded, torch is not needed): what a command checks before an engine starts.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A checkpoint directory or a ``.safetensors`` file (:func:`safetensors_files`).
+
+    Returns
+    -------
+    list of str
+        Every tensor name, sorted.
+
+    Raises
+    ------
+    ValueError
+        If a file is not a safetensors file (garbage, truncated, another format), or holds no tensor.
+    FileNotFoundError
+        If nothing is at ``path``, or the directory holds no ``.safetensors`` file.
+    """
+    import json
+    import struct
+
+    names: list[str] = []
+    for f in safetensors_files(path):
+        size = f.stat().st_size
+        with open(f, "rb") as fh:
+            head = fh.read(8)
+            n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+            try:
+                if not 2 <= n <= size - 8:
+                    raise ValueError
+                header = json.loads(fh.read(n))
+                if not isinstance(header, dict):
+                    raise ValueError
+            except (ValueError, UnicodeDecodeError):
+                raise ValueError(f"{f} is not a safetensors file (no readable header): save the weights with "
+                                 "save_pretrained(..., safe_serialization=True) or safetensors.torch.save_file") from None
+        names += [k for k in header if k != "__metadata__"]
+    if not names:
+        raise ValueError(f"{path} holds no tensor: pass the checkpoint the weights were saved to")
+    return sorted(names)
+
+
 def checkpoint_checksums(path: str | os.PathLike) -> dict[str, str] | None:
     """Per-tensor checksums of a local checkpoint (:func:`rlparity.trace.weights.checksums`).
 
@@ -630,5 +675,5 @@ def perturbed_checkpoint(model: str | os.PathLike, out: str | os.PathLike, *, si
 
 
 __all__ = ["EXTENSION", "LOAD_METHOD", "PROGRESS_METHOD", "UpdateRecord", "WeightState",
-           "WeightUpdateExtension", "checkpoint_checksums", "iter_safetensors", "pause_call", "perturbed_checkpoint", "resolve_source",
+           "WeightUpdateExtension", "checkpoint_checksums", "checkpoint_names", "iter_safetensors", "pause_call", "perturbed_checkpoint", "resolve_source",
            "safetensors_files", "versions_for", "write_state_dict"]

@@ -137,6 +137,97 @@ def output_store(out: Path, flag: str = "--out") -> Path:
     return out
 
 
+# ----------------------------------------------------------------------------- arguments, checked first
+# Every rule below runs before a model is built or an engine starts (typer callbacks, or the first
+# lines of a command); a refusal is a BadInput: one line, exit 2, nothing written.
+
+
+def check_device(value: str | None) -> str | None:
+    """The typer callback of every ``--device``: ``cpu``, ``cuda`` or ``cuda:N``
+    (:func:`rlparity.config.settings.device_name`); anything else is a :class:`BadInput`."""
+    from rlparity.config.settings import device_name
+
+    if value is None:
+        return None
+    try:
+        return device_name(value)
+    except ValueError as err:
+        raise BadInput(f"--device: {err}") from None
+
+
+def device_option(default: str = "cpu", help: str = "the trainer's device (cuda on a GPU host)"):
+    """A ``--device`` option (checked by :func:`check_device` when the command line is parsed)."""
+    return typer.Option(default, help=help, callback=check_device)
+
+
+def check_model(value: str | None) -> str | None:
+    """The typer callback of every model argument: a built-in name, a local path that exists, or a
+    hub id (``org/name``). Something written as a local path (``/``, ``.``, ``~``, two or more
+    ``/``) that does not exist is a :class:`BadInput`, before anything is built or started."""
+    if value is None or value == "":
+        return value
+    from rlparity.models import SIZES
+
+    text = str(value)
+    if text in SIZES or Path(text).expanduser().exists():
+        return value
+    if text.startswith(("/", ".", "~")) or text.count("/") > 1 or text.endswith((".zarr", ".safetensors")):
+        raise BadInput(f"{text}: no such model (checkpoint directory): pass an existing path, a hub id "
+                       f"(org/name) or a built-in model ({', '.join(SIZES)})")
+    return value
+
+
+def comma_list(text: str | None, flag: str, choices: Sequence[str] | None = None) -> list[str] | None:
+    """The items of a comma list given on the command line (``None`` stays ``None``).
+
+    An empty item (``a,,b``, ``,``, a trailing comma), a repeated one or one outside ``choices``
+    is a :class:`BadInput` naming the flag: an empty item never means a default.
+    """
+    if text is None:
+        return None
+    items = [x.strip() for x in str(text).split(",")]
+    if not any(items) or "" in items:
+        raise BadInput(f"{flag} {text!r}: an empty item; give a comma list without empty items"
+                       + (f" from {', '.join(choices)}" if choices else ""))
+    repeated = sorted({x for x in items if items.count(x) > 1})
+    if repeated:
+        raise BadInput(f"{flag} {text!r}: {repeated} given twice; name each item once")
+    unknown = [x for x in items if choices is not None and x not in choices]
+    if unknown:
+        raise BadInput(f"{flag}: unknown {unknown}; choose from {', '.join(choices)}")
+    return items
+
+
+def positive_ints(text: str, flag: str) -> list[int]:
+    """A comma list of positive integers (``1,2,4,8``); anything else is a :class:`BadInput`."""
+    try:
+        values = [int(x) for x in comma_list(text, flag) or []]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise BadInput(f"{flag} {text!r}: give a comma list of positive integers, e.g. 1,2,4,8")
+    return values
+
+
+def output_folder(out: Path, *stores: str, flag: str = "--out") -> Path:
+    """``out`` if a command may write its folder there (the stores ``stores`` inside it and its
+    JSON), checked before any model loads: missing, empty, or one an earlier run of the command
+    wrote (one of those stores is an rlparity store there). A file, or a folder of other files, is a
+    :class:`BadInput` naming the flag; nothing is made here."""
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"{flag} {out}: a file; give a folder ({', '.join(stores) or 'the results'} go there)")
+    for name in stores:  # the stores first: their own refusal names what is in the way
+        output_store(out / name, flag)
+    if out.is_dir() and any(out.iterdir()):
+        from rlparity.trace.store_paths import store_kind
+
+        if not any(store_kind(out / name) == "rlparity" for name in stores):
+            others = sorted(p.name for p in out.iterdir())
+            raise BadInput(f"{flag} {out}: a folder of other files ({', '.join(others[:3])}"
+                           f"{', ...' if len(others) > 3 else ''}); give a new or empty folder")
+    return out
+
+
 def model_path(model: str) -> str:
     """``tiny`` / ``small`` build (or reuse) the built-in model; anything else is a path or hub id."""
     from rlparity.models import SIZES, make_model
@@ -183,5 +274,6 @@ def dask_progress(on: bool):
     return TqdmCallback(desc="chunks", unit="task", disable=None, file=sys.stderr)
 
 
-__all__ = ["TrainerSide", "block_progress", "command_group", "dask_progress", "echo_json", "engine_settings", "model_path", "output_store", "read_prompts",
-           "sampling_settings", "select_arms", "validation_message"]
+__all__ = ["TrainerSide", "block_progress", "check_device", "check_model", "comma_list", "command_group",
+           "dask_progress", "device_option", "echo_json", "engine_settings", "model_path", "output_folder",
+           "output_store", "positive_ints", "read_prompts", "sampling_settings", "select_arms", "validation_message"]

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from rlparity.cli.common import echo_json
+from rlparity.cli.common import comma_list, device_option, echo_json, output_folder
 from rlparity.cli.contract import BadInput, engine_logs
 
 
@@ -48,13 +48,13 @@ def import_cmd(
 
 def gallery_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="folder for the stores and gallery.json"),
-    device: str = typer.Option("cuda", help="cuda (the GPU gallery) or cpu"),
+    device: str = device_option("cuda", help="cuda (the GPU gallery) or cpu"),
     size: str = typer.Option("small", help="built-in model: small (GPU), tiny or tiny-bf16 (CPU)"),
-    n_prompts: int = 128,
-    n_head_prompts: int = 256,
-    max_tokens: int = 32,
+    n_prompts: int = typer.Option(128, min=1),
+    n_head_prompts: int = typer.Option(256, min=1),
+    max_tokens: int = typer.Option(32, min=1),
     parts: str = typer.Option("semantic,head,fresh,ablation", help="comma-separated parts to run"),
-    ablation_prompts: int = typer.Option(8, help="prompts of the ablation part"),
+    ablation_prompts: int = typer.Option(8, min=1, help="prompts of the ablation part"),
     ablation_knobs: str = typer.Option("", help="comma-separated knobs of the ablation (default: the built-in "
                                                 "ones)"),
     fresh_size: Optional[str] = typer.Option(None, help="another built-in model for the fresh capture (default: "
@@ -63,13 +63,17 @@ def gallery_cmd(
     """Capture every diagnosis of the method on one device (semantic arms with a temperature sweep,
     the LM-head matrix, a fresh capture, the inference-path ablation) and write compact stores
     (what rlparity ships as example data) and gallery.json with every verdict."""
-    engine_logs()
-    from rlparity.experiments.gallery import gallery
+    from rlparity.experiments.ablation import KNOBS
+    from rlparity.experiments.gallery import PARTS, gallery
 
+    chosen = comma_list(parts, "--parts", list(PARTS))
+    knobs = comma_list(ablation_knobs, "--ablation-knobs", list(KNOBS)) if ablation_knobs else None
+    prefix = "h200" if device.startswith("cuda") else "cpu"
+    output_folder(out, *(f"{prefix}-{p}.zarr" for p in chosen if p != "fresh"))
+    engine_logs()
     res = gallery(out, device=device, size=size, n_prompts=n_prompts, n_head_prompts=n_head_prompts,
-                  max_tokens=max_tokens, parts=[p for p in parts.split(",") if p], ablation_prompts=ablation_prompts,
-                  ablation_knobs=[k for k in ablation_knobs.split(",") if k] or None, progress=False,
-                  fresh_size=fresh_size)
+                  max_tokens=max_tokens, parts=chosen, ablation_prompts=ablation_prompts, ablation_knobs=knobs,
+                  progress=False, fresh_size=fresh_size)
     errors = {k: v.splitlines()[-1] for k, v in res.items() if k.startswith("error")}
     for part in ("semantic", "head", "fresh"):
         for arm, v in (res.get(part) or {}).items():

@@ -9,7 +9,16 @@ from typing import Any, Optional
 
 import typer
 
-from rlparity.cli.common import block_progress, echo_json, engine_settings, model_path, output_store, sampling_settings, select_arms
+from rlparity.cli.common import (
+    block_progress,
+    check_model,
+    echo_json,
+    engine_settings,
+    model_path,
+    output_store,
+    sampling_settings,
+    select_arms,
+)
 from rlparity.cli.contract import EXIT_FAIL, EXIT_OK, BadInput, engine_logs, option_defaults
 
 _D = option_defaults()
@@ -57,10 +66,11 @@ def check_cmd(
     trace: Optional[Path] = typer.Argument(None, help="scored zarr store; omit to capture with --model"),
     thresholds: Optional[Path] = typer.Option(None, help="thresholds YAML (default: the shipped defaults, "
                                                          "rlparity/data/check.yaml)"),
-    model: Optional[str] = typer.Option(None, help="capture first: model path or hub id ('tiny' = built-in)"),
+    model: Optional[str] = typer.Option(None, help="capture first: model path or hub id ('tiny' = built-in)",
+                                        callback=check_model),
     engine: Optional[str] = typer.Option(None, help="engine settings as JSON (with --model)"),
     profile: Optional[str] = typer.Option(None, help="named or YAML engine profile (with --model)"),
-    num_prompts: int = 16,
+    num_prompts: int = typer.Option(16, min=1),
     max_tokens: int = _D.max_tokens,
     temperature: float = _D.temperature,
     top_k: int = _D.top_k,
@@ -71,10 +81,10 @@ def check_cmd(
     from rlparity.diagnose.check import check, load_thresholds
 
     th = load_thresholds(thresholds)
-    if (trace is None) == (model is None):
-        raise BadInput("give either a TRACE store or --model to capture one")
     if out is not None:
         output_store(out)
+    if (trace is None) == (model is None):
+        raise BadInput("give either a TRACE store or --model to capture one")
     data: Any = trace if trace is not None else _capture(model, engine, profile, num_prompts, max_tokens,
                                                          temperature, top_k, out)
     result = check(data, th)

@@ -15,14 +15,22 @@ from typing import Optional
 
 import typer
 
-from rlparity.cli.common import command_group
+from rlparity.cli.common import (
+    check_model,
+    comma_list,
+    command_group,
+    device_option,
+    output_folder,
+    output_store,
+    positive_ints,
+)
 from rlparity.cli.contract import BadInput, engine_logs, invocation_command, option_defaults
 
 _D = option_defaults()
 _R = _D.rl
 _GPU_MEMORY = typer.Option(None, help="vLLM's gpu_memory_utilization (default: the engine settings')")
 _SIZE = typer.Option("tiny", help="built-in model when --model is not given")
-_DEVICE = typer.Option("cpu", help="the trainer's device (cuda on a GPU host)")
+_DEVICE = device_option()
 
 
 class Loss(str, Enum):
@@ -44,14 +52,15 @@ def _built_model(size: str, device: str) -> str:
 
 def faults_cmd(
     out: Path = typer.Option(..., "--out", help="folder for the store and faults.json"),
-    model: Optional[str] = typer.Option(None, help="local checkpoint (version 0); default: the built-in --size"),
+    model: Optional[str] = typer.Option(None, help="local checkpoint (version 0); default: the built-in --size",
+                                        callback=check_model),
     size: str = _SIZE,
     device: str = _DEVICE,
     dtype: Optional[str] = typer.Option(None, help="body dtype on both sides (default: the checkpoint's)"),
     arms: Optional[str] = typer.Option(None, help="'single', 'pairs' or a comma list of arms like "
                                                   "raw_logprobs+stale_prefix_cache"),
-    n_prompts: int = 4,
-    max_tokens: int = 16,
+    n_prompts: int = typer.Option(4, min=1),
+    max_tokens: int = typer.Option(16, min=1),
     sigma: float = 0.05,
     inflight_tokens: Optional[int] = typer.Option(None, help="max_tokens of the requests in flight across the "
                                                              "update (default: --max-tokens; a GPU needs more, "
@@ -73,6 +82,7 @@ def faults_cmd(
     from rlparity.trace import save
 
     chosen = parse_arms(arms, platform="cuda" if device.startswith("cuda") else "cpu")
+    output_folder(out, f"{example or 'faults'}.zarr")
     out.mkdir(parents=True, exist_ok=True)
     model = model or _built_model(size, device)
     settings = MatrixSettings(n_prompts=n_prompts, max_tokens=max_tokens, sigma=sigma, device=device, dtype=dtype,
@@ -104,13 +114,14 @@ def faults_cmd(
 
 def floors_cmd(
     out: Path = typer.Option(..., "--out", help="folder for the store and floors.json"),
-    model: Optional[str] = typer.Option(None, help="local checkpoint; default: --shape, else the built-in --size"),
+    model: Optional[str] = typer.Option(None, help="local checkpoint; default: --shape, else the built-in --size",
+                                        callback=check_model),
     size: str = typer.Option("tiny", help="built-in trained model (tiny, tiny-bf16, small)"),
     shape: Optional[str] = typer.Option(None, help="a random model of a real shape built on the device (1.5b, 7b)"),
     device: str = _DEVICE,
     dtype: str = typer.Option("float32", help="body dtype on both sides"),
-    n_prompts: int = 64,
-    max_tokens: int = 64,
+    n_prompts: int = typer.Option(64, min=1),
+    max_tokens: int = typer.Option(64, min=1),
     shapes: Optional[str] = typer.Option(None, help="comma list of trainer shapes (default: all of SHAPES)"),
     gpu_memory_utilization: Optional[float] = _GPU_MEMORY,
     example: Optional[str] = typer.Option(None, help="save a compact example store DIR/NAME.zarr"),
@@ -129,15 +140,14 @@ def floors_cmd(
     from rlparity.models import make_model, make_prompts, make_shape_model
     from rlparity.trace import save
 
-    unknown = [s for s in (shapes or "").split(",") if s and s not in SHAPES]
-    if unknown:
-        raise BadInput(f"--shapes: unknown {unknown}; choose from {', '.join(SHAPES)}")
+    picked = comma_list(shapes, "--shapes", list(SHAPES))
+    output_folder(out, f"{example or 'floors'}.zarr")
     out.mkdir(parents=True, exist_ok=True)
     dev = {"device": device} if device != "cpu" else {}
     if not model:
         model = str(make_shape_model(shape, dtype=dtype, **dev)) if shape else str(make_model(size, progress=False,
                                                                                              **dev))
-    chosen = {k: SHAPES[k] for k in shapes.split(",")} if shapes else SHAPES
+    chosen = {k: SHAPES[k] for k in picked} if picked else SHAPES
     if REFERENCE not in chosen:
         chosen = {REFERENCE: SHAPES[REFERENCE], **chosen}
     engine = EngineSettings(logprobs_mode="processed_logprobs", head_dtype="float32", dtype=dtype,
@@ -175,14 +185,16 @@ def floors_cmd(
 
 def inflight_cmd(
     out: Path = typer.Option(..., "--out", help="folder for inflight.zarr and inflight.json"),
-    model: Optional[str] = typer.Option(None, help="local checkpoint (version 0); default: the built-in model"),
+    model: Optional[str] = typer.Option(None, help="local checkpoint (version 0); default: the built-in model",
+                                        callback=check_model),
     size: str = _SIZE,
-    new_weights: Optional[str] = typer.Option(None, help="checkpoint of version 1 (default: a perturbation)"),
+    new_weights: Optional[str] = typer.Option(None, help="checkpoint of version 1 (default: a perturbation)",
+                                              callback=check_model),
     sigma: float = typer.Option(0.05, help="relative noise of the default perturbation"),
     device: str = _DEVICE,
     dtype: str = typer.Option("float32", help="body dtype on both sides"),
-    n_prompts: int = 8,
-    max_tokens: int = 48,
+    n_prompts: int = typer.Option(8, min=1),
+    max_tokens: int = typer.Option(48, min=1),
     gpu_memory_utilization: Optional[float] = _GPU_MEMORY,
     ci: bool = typer.Option(False, "--ci", help="small sizes (4 prompts, 32 tokens)"),
 ):
@@ -194,6 +206,7 @@ def inflight_cmd(
     from rlparity.models import make_model
     from rlparity.trace import save
 
+    output_folder(out, "inflight.zarr")
     out.mkdir(parents=True, exist_ok=True)
     model = model or str(make_model(size, progress=False))
     n, mt = (4, 32) if ci else (n_prompts, max_tokens)
@@ -223,12 +236,12 @@ def inflight_cmd(
 def moe_cmd(
     out: Path = typer.Option(..., "--out", help="the zarr store to write (one arm per setting)"),
     size: str = typer.Option("tiny-moe", help="built-in MoE model (or --model PATH)"),
-    model: Optional[str] = None,
+    model: Optional[str] = typer.Option(None, callback=check_model),
     dense: str = typer.Option("tiny", help="built-in dense model for the comparison ('' = none)"),
     dtype: str = "float32",
-    device: str = "cpu",
-    n_prompts: int = 16,
-    max_tokens: int = 24,
+    device: str = device_option(),
+    n_prompts: int = typer.Option(16, min=1),
+    max_tokens: int = typer.Option(24, min=1),
 ):
     """The mixture-of-experts experiment on the built-in models: the store saved, the routing
     numbers and the diagnosis printed."""
@@ -242,6 +255,7 @@ def moe_cmd(
     from rlparity.models import make_model
     from rlparity.trace import save
 
+    output_store(out)
     model = model or str(make_model(size, progress=False, device=device))
     dense_model = str(make_model(dense, progress=False, device=device)) if dense else None
     try:
@@ -256,7 +270,8 @@ def moe_cmd(
 
 def rl_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="folder for rl.json, rl.zarr and rl_curves.csv"),
-    model: Optional[str] = typer.Option(None, help="local checkpoint (initial weights); default: the built-in --size"),
+    model: Optional[str] = typer.Option(None, help="local checkpoint (initial weights); default: the built-in --size",
+                                        callback=check_model),
     size: str = _SIZE,
     device: str = _DEVICE,
     profile: Optional[list[str]] = typer.Option(None, help="engine profile (repeat); default: "
@@ -292,7 +307,7 @@ def rl_cmd(
     engine_logs()
     import shutil
 
-    from rlparity.cli.common import echo_json, output_store, sampling_settings
+    from rlparity.cli.common import echo_json, sampling_settings
     from rlparity.config.provenance import write_json
     from rlparity.experiments.rl import OLD_POLICIES, diagnose_first_steps, pack, rl_profile, rl_run, summarize
     from rlparity.metrics import rl as mrl
@@ -302,9 +317,7 @@ def rl_cmd(
     # every refusal before a model is built or --out is made
     if lr <= 0:
         raise BadInput(f"--lr {lr}: the learning rate must be positive, e.g. --lr 1e-3")
-    if out.exists() and not out.is_dir():
-        raise BadInput(f"--out {out}: a file; give a folder (rl.json, rl.zarr and rl_curves.csv go there)")
-    output_store(out / "rl.zarr")
+    output_folder(out, "rl.zarr")
     bad = [o for o in old_policy or [] if o not in OLD_POLICIES]
     if bad:
         raise BadInput(f"--old-policy: unknown {bad}; choose from {', '.join(OLD_POLICIES)}")
@@ -356,13 +369,14 @@ def rl_cmd(
 
 def objective_cmd(
     out: Path = typer.Option(..., "--out", help="folder for the store and objective.json"),
-    model: Optional[str] = typer.Option(None, help="local checkpoint; default: the built-in --size"),
+    model: Optional[str] = typer.Option(None, help="local checkpoint; default: the built-in --size",
+                                        callback=check_model),
     size: str = _SIZE,
     device: str = _DEVICE,
     dtype: str = typer.Option("float32", help="body dtype on both sides"),
-    n_prompts: int = 16,
-    n_samples: int = 4,
-    max_tokens: int = 24,
+    n_prompts: int = typer.Option(16, min=1),
+    n_samples: int = typer.Option(4, min=1),
+    max_tokens: int = typer.Option(24, min=1),
     lr: float = 3e-5,
     cap: Optional[float] = typer.Option(None, help="the TIS cap C (default: the quantile that truncates "
                                                    "--truncate-share of the tokens)"),
@@ -391,6 +405,7 @@ def objective_cmd(
                                      engine=_engine(gpu_memory_utilization))
     except ValidationError as err:
         raise BadInput(validation_message(err)) from None
+    output_folder(out, f"{example or 'objective'}.zarr")
     out.mkdir(parents=True, exist_ok=True)
     model = model or _built_model(size, device)
     t0 = time.perf_counter()
@@ -423,13 +438,14 @@ def objective_cmd(
 
 def ablation_cmd(
     out: Path = typer.Option(..., "--out", help="folder for the store and ablation.json"),
-    model: Optional[str] = typer.Option(None, help="local checkpoint; default: the built-in --size"),
+    model: Optional[str] = typer.Option(None, help="local checkpoint; default: the built-in --size",
+                                        callback=check_model),
     size: str = _SIZE,
     device: str = _DEVICE,
     dtype: str = typer.Option("float32", help="body dtype pinned on both sides"),
     knobs: Optional[str] = typer.Option(None, help="comma list of knobs (default: every built-in knob)"),
-    n_prompts: int = 8,
-    max_tokens: int = 16,
+    n_prompts: int = typer.Option(8, min=1),
+    max_tokens: int = typer.Option(16, min=1),
     batch_sizes: str = typer.Option("1,2,4,8", help="batch sizes of the batch-composition test"),
     budget_s: Optional[float] = typer.Option(None, help="start no knob's engine after this many seconds (the rest "
                                                         "stay as rows saying so)"),
@@ -453,14 +469,9 @@ def ablation_cmd(
     from rlparity.score import Scorer
     from rlparity.trace import save
 
-    chosen = [k.strip() for k in knobs.split(",") if k.strip()] if knobs else list(abl.DEFAULT_KNOBS)
-    unknown = [k for k in chosen if k not in abl.KNOBS]
-    if unknown:
-        raise BadInput(f"unknown knob {unknown[0]!r}; use a comma list of {', '.join(abl.KNOBS)}")
-    try:
-        sizes = [int(b) for b in batch_sizes.split(",") if b.strip()]
-    except ValueError:
-        raise BadInput(f"--batch-sizes {batch_sizes!r}: give a comma list of positive integers, e.g. 1,2,4,8") from None
+    chosen = comma_list(knobs, "--knobs", list(abl.KNOBS)) or list(abl.DEFAULT_KNOBS)
+    sizes = positive_ints(batch_sizes, "--batch-sizes")
+    output_folder(out, f"{example or 'ablation'}.zarr")
     out.mkdir(parents=True, exist_ok=True)
     model = model or _built_model(size, device)
     prompts = abl.shared_prefix_prompts(n_prompts)

@@ -8,8 +8,8 @@ from typing import Optional
 
 import typer
 
-from rlparity.cli.common import command_group, echo_json
-from rlparity.cli.contract import EXIT_OK, BadInput, engine_logs
+from rlparity.cli.common import check_model, command_group, device_option, echo_json, output_store
+from rlparity.cli.contract import EXIT_OK, engine_logs
 
 
 def list_cmd():
@@ -26,12 +26,13 @@ def list_cmd():
 
 def run_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="zarr store to write (one arm per set of causes)"),
-    model: Optional[str] = typer.Option(None, help="local checkpoint directory (version 0); default: --size"),
+    model: Optional[str] = typer.Option(None, help="local checkpoint directory (version 0); default: --size",
+                                        callback=check_model),
     size: str = typer.Option("tiny", help="built-in model when --model is not given (tiny, tiny-bf16, small)"),
     arms: Optional[str] = typer.Option(None, help="'single', 'pairs', or arms like 'clean,raw_logprobs+"
                                            "stale_prefix_cache' (default: clean, every single cause, "
                                            "every pair of the pair causes)"),
-    device: str = typer.Option("cpu", help="the trainer's device (cuda on a GPU host)"),
+    device: str = device_option(),
     n_prompts: int = typer.Option(4, min=2, help="prompts per phase (before, across and after the update)"),
     max_tokens: int = typer.Option(16, min=4),
     sigma: float = typer.Option(0.05, min=1e-6, help="relative size of the weight update"),
@@ -45,10 +46,9 @@ def run_cmd(
     from rlparity.experiments.faults import MatrixSettings, parse_arms, run_matrix
     from rlparity.trace import save
 
-    if out.exists() and not (out / ".zattrs").exists() and not (out / "zarr.json").exists():
-        raise BadInput(f"--out {out} exists and is not a zarr store: pass a new path")
-    path = model_path(model or size)
+    output_store(out)
     chosen = parse_arms(arms, platform="cuda" if device.startswith("cuda") else "cpu")
+    path = model_path(model or size)
     traces = run_matrix(path, chosen, MatrixSettings(n_prompts=n_prompts, max_tokens=max_tokens, sigma=sigma,
                                                      device=device), log=lambda m: typer.echo(m, err=True))
     save(traces, out)

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from rlparity.cli.common import echo_json
+from rlparity.cli.common import check_model, comma_list, device_option, echo_json
 from rlparity.cli.contract import EXIT_OK, BadInput, engine_logs
 
 
@@ -20,7 +20,7 @@ def floor_cmd(
                                                      "rlparity.experiments.floors.SHAPES)"),
     n_prompts: int = typer.Option(16, min=1),
     max_tokens: int = typer.Option(32, min=1),
-    device: str = typer.Option("cpu", help="the trainer's device"),
+    device: str = device_option(help="the trainer's device"),
     dtype: str = typer.Option("float32", help="body dtype on both sides"),
     as_json: bool = typer.Option(False, "--json", help="print strict JSON"),
 ):
@@ -55,6 +55,7 @@ def floor_cmd(
         raise typer.Exit(EXIT_OK)
     if path.exists() and path.is_file():
         raise BadInput(f"{source} is a file: pass a model (checkpoint folder, hub id or built-in name) or a store")
+    check_model(source)
     engine_logs()
     from rlparity.cli.common import model_path, output_store
     from rlparity.config.settings import SamplingSettings
@@ -65,11 +66,9 @@ def floor_cmd(
     if out is not None:
         output_store(out)  # before the run, not after it
     chosen = SHAPES
-    if shapes:
-        bad = [s for s in shapes.split(",") if s not in SHAPES]
-        if bad:
-            raise BadInput(f"unknown trainer shape(s) {bad}; choose from {', '.join(SHAPES)}")
-        chosen = {REFERENCE: SHAPES[REFERENCE], **{s: SHAPES[s] for s in shapes.split(",")}}
+    picked = comma_list(shapes, "--shapes", list(SHAPES))
+    if picked:
+        chosen = {REFERENCE: SHAPES[REFERENCE], **{s: SHAPES[s] for s in picked}}
     arms = floor_run(model_path(source), make_prompts(n_prompts), SamplingSettings(temperature=0.7, top_k=20,
                      max_tokens=max_tokens, seed=0), shapes=chosen, dtype=dtype, device=device,
                      log=lambda m: typer.echo(m, err=True))

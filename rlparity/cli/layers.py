@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from rlparity.cli.common import command_group, echo_json
+from rlparity.cli.common import check_model, comma_list, command_group, device_option, echo_json
 from rlparity.cli.contract import EXIT_FAIL, EXIT_OK, BadInput, engine_logs
 
 
@@ -24,8 +24,9 @@ def profile_rows(arms) -> list[dict]:
             continue
         e = f.evidence
         rows.append({"arm": name, "comparison": e.get("comparison"), "finding": f.name,
-                     "site": e.get("site", "-"), "relative_error": e.get("relative_error", e.get("max_relative_error")),
-                     "ratio_to_floor": e.get("ratio_to_floor", e.get("max_ratio_to_floor")),
+                     "site": e.get("site", "-"),
+                     "relative_error": e.get("relative_error", e.get("max_relative_error", float("nan"))),
+                     "ratio_to_floor": e.get("ratio_to_floor", e.get("max_ratio_to_floor", float("nan"))),
                      "cause": f.cause or "", "summary": f.summary})
     return rows
 
@@ -36,7 +37,8 @@ def _show_rows(rows: list[dict], as_json: bool) -> None:
         return
     typer.echo(f"{'arm':<36} {'starts at':<16} {'rel. error':>10} {'x floor':>9}  cause")
     for r in rows:
-        site = r["site"] if r["finding"] == "divergence_starts_at" else "(within floor)"
+        site = {"divergence_starts_at": r["site"], "layers_not_judged": "(not judged)"}.get(r["finding"],
+                                                                                          "(within floor)")
         ratio = r["ratio_to_floor"]
         typer.echo(f"{r['arm']:<36} {site:<16} {r['relative_error']:>10.3g} "
                    f"{(f'{ratio:.3g}' if ratio == ratio else '-'):>9}  {r['cause']}")
@@ -44,12 +46,13 @@ def _show_rows(rows: list[dict], as_json: bool) -> None:
 
 def run_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="zarr store to write (one arm per scenario)"),
-    model: Optional[str] = typer.Option(None, help="local checkpoint directory (version 0); default: --size"),
+    model: Optional[str] = typer.Option(None, help="local checkpoint directory (version 0); default: --size",
+                                        callback=check_model),
     size: str = typer.Option("tiny", help="built-in model when --model is not given"),
     scenarios: Optional[str] = typer.Option(None, help="comma list of scenarios (default: all this platform runs): "
                                                 "clean, partial_weight_sync, stale_prefix_cache, "
                                                 "trainer_bf16_head, rollout_bf16_head, batch_variant_attention"),
-    device: str = typer.Option("cpu", help="the trainer's device (cuda on a GPU host)"),
+    device: str = device_option(),
     n_prompts: int = typer.Option(4, min=1, help="probe sequences"),
     max_tokens: int = typer.Option(16, min=1),
     as_json: bool = typer.Option(False, "--json", help="print the profiles as strict JSON"),
@@ -65,10 +68,7 @@ def run_cmd(
     from rlparity.experiments.layers import SCENARIOS, LayerSettings, run_layers
     from rlparity.trace import save
 
-    chosen = [s.strip() for s in scenarios.split(",") if s.strip()] if scenarios else None
-    bad = [s for s in chosen or [] if s not in SCENARIOS]
-    if bad:
-        raise BadInput(f"--scenarios: unknown {bad}; choose from {', '.join(SCENARIOS)}")
+    chosen = comma_list(scenarios, "--scenarios", list(SCENARIOS))
     output_store(out)
     if model is not None and not Path(model).is_dir():
         raise BadInput(f"--model {model}: no such checkpoint directory (the scenarios write new versions beside it)")
@@ -101,11 +101,18 @@ def show_cmd(
     if not rows:
         raise BadInput(f"{store} holds no layer profile (no arm has layer_diff_rms): run `rlparity layers run` first")
     _show_rows(rows, as_json)
-    raise typer.Exit(EXIT_FAIL if any(r["finding"] == "divergence_starts_at" for r in rows) else EXIT_OK)
+    if any(r["finding"] == "divergence_starts_at" for r in rows):
+        raise typer.Exit(EXIT_FAIL)
+    empty = [r["arm"] for r in rows if r["finding"] == "layers_not_judged"]
+    if empty:  # no verdict on nothing: not a pass
+        raise BadInput(f"{store}: the layer profile of arm(s) {empty} holds nothing to judge (no sequence, or no finite "
+                       "difference at any site): record it again with `rlparity layers run`")
+    raise typer.Exit(EXIT_OK)
 
 
 def verify_weights_cmd(
-    model: str = typer.Argument(..., help="the checkpoint the engine starts from (path, hub id, or tiny/small)"),
+    model: str = typer.Argument(..., help="the checkpoint the engine starts from (path, hub id, or tiny/small)",
+                                callback=check_model),
     update: Optional[Path] = typer.Option(None, help="a checkpoint (directory or .safetensors) to load into the "
                                               "running engine first, as an RL weight update does"),
     trainer: Optional[Path] = typer.Option(None, help="the trainer's weights (checkpoint directory or .safetensors); "
@@ -117,29 +124,47 @@ def verify_weights_cmd(
     """Read the weights the engine holds in its workers (fused qkv/gate_up split back into checkpoint
     names) and compare every tensor with the trainer's (checksums of bf16-rounded values). Exit 1
     naming each tensor and layer that differs."""
-    engine_logs()
-    from rlparity.capture import Engine
+    from rlparity.capture.weights import checkpoint_names
     from rlparity.cli.common import engine_settings, model_path
-    from rlparity.experiments.layers import verify_weights
-    from rlparity.trace.weights import layers_of
+    from rlparity.trace.weights import layers_of, tensors_not_equal
 
+    settings = engine_settings(engine, profile)
+    given = {}
     for name, p in (("--update", update), ("--trainer", trainer)):
-        if p is not None and not p.exists():
-            raise BadInput(f"{name} {p}: no such checkpoint (pass a directory with *.safetensors or a .safetensors file)")
+        if p is not None:
+            try:
+                given[name] = checkpoint_names(p)
+            except (OSError, ValueError) as err:
+                raise BadInput(f"{name} {p}: {err}") from None
     path = model_path(model)
     theirs = str(trainer or update or path)
-    if not Path(theirs).exists():
-        raise BadInput(f"the trainer's weights: {theirs} is not a local checkpoint; pass --trainer PATH")
-    settings = engine_settings(engine, profile)
+    if not Path(theirs).exists():  # neither --trainer nor --update: the model is the trainer's weights
+        raise BadInput(f"{model}: no local checkpoint of that name (the trainer's weights default to the model's "
+                       "files): pass a checkpoint directory, a built-in model, or --trainer PATH")
+    if given and Path(path).exists():
+        try:
+            own = set(checkpoint_names(path))
+        except (OSError, ValueError) as err:
+            raise BadInput(f"{model}: {err}") from None
+        for name, names in given.items():
+            if not own & set(names):
+                raise BadInput(f"{name} {trainer if name == '--trainer' else update}: none of its {len(names)} "
+                               f"tensor names ({names[0]}, ...) is one of {model}'s ({sorted(own)[0]}, ...): pass "
+                               "the weights of this model")
+    engine_logs()
+    from rlparity.capture import Engine
+    from rlparity.experiments.layers import verify_weights
+
     with Engine(path, settings) as eng:
         eng.start()
         if update is not None:
             eng.update_weights(str(update), 1, clear_cache=True)
         res = verify_weights(eng, theirs)
     cmp = res["compare"]
-    bad = sorted(set(cmp["differ"]) | set(cmp["missing_in_engine"]))
+    bad = tensors_not_equal(cmp)
     if as_json:
         echo_json({"equal": res["equal"], "differ": cmp["differ"], "missing_in_engine": cmp["missing_in_engine"],
+                   "not_finite": cmp.get("not_finite", []),
                    "only_in_engine": cmp["only_in_engine"], "layers": layers_of(bad), "n_compared": cmp["n_compared"],
                    "engine_seconds": res["engine_seconds"], "startup_s": eng.startup_s})
     elif res["equal"]:
@@ -150,7 +175,8 @@ def verify_weights_cmd(
                    f"(layers {layers_of(bad) or 'none'}; {cmp['n_compared']} compared)")
         for n in bad:
             layer = layers_of([n])
-            why = "missing in the engine" if n in cmp["missing_in_engine"] else "values differ"
+            why = ("missing in the engine" if n in cmp["missing_in_engine"] else "NaN or infinite values (not comparable)"
+                   if n in cmp.get("not_finite", ()) else "values differ")
             typer.echo(f"  {n}" + (f" (layer {layer[0]})" if layer else "") + f": {why}")
         typer.echo(f"fix: {res['finding'].fix}")
     raise typer.Exit(EXIT_OK if res["equal"] else EXIT_FAIL)

@@ -70,7 +70,12 @@ def main(argv: list[str] | None = None) -> int:
             ctx = getattr(e, "ctx", None)
             typer.echo(ctx.get_help() if ctx is not None else str(e))
             return EXIT_OK
-        e.show()
+        if not hasattr(e, "format_message"):
+            e.show()
+            return EXIT_BAD_INPUT
+        ctx = getattr(e, "ctx", None)  # a usage error: one line, as every refusal
+        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        typer.echo(f"rlparity: error: {_one_line(ValueError(e.format_message()))}{hint}", err=True)
         return EXIT_BAD_INPUT
     except _bad_input_types() as e:
         if INVOCATION["debug"]:

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from rlparity.cli.common import echo_json, model_path, output_store, sampling_settings
+from rlparity.cli.common import check_model, comma_list, echo_json, model_path, output_store, sampling_settings
 from rlparity.cli.contract import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, engine_logs, option_defaults
 
 _D = option_defaults()
@@ -34,7 +34,7 @@ def audit_cmd(
     profile: str = typer.Option(_D.profile, help="profile to audit against (name or YAML)"),
     engine_profile: Optional[str] = typer.Option(
         None, "--engine-profile", help="with SOURCE=start: start a real engine with this profile and audit it"),
-    model: str = typer.Option("tiny", help="with SOURCE=start: the model ('tiny' = built-in)"),
+    model: str = typer.Option("tiny", help="with SOURCE=start: the model ('tiny' = built-in)", callback=check_model),
     as_json: bool = typer.Option(False, "--json", help="print strict JSON"),
 ):
     """List every effective setting that differs from a profile, with why it matters.
@@ -68,11 +68,11 @@ def audit_cmd(
 
 def ablate_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="zarr store for every arm"),
-    model: str = typer.Option("tiny", help="'tiny' (built-in) or a model path"),
+    model: str = typer.Option("tiny", help="'tiny' (built-in) or a model path", callback=check_model),
     reference: str = typer.Option(_D.profile, help="reference profile (name or YAML)"),
     knob: Optional[list[str]] = typer.Option(None, help="knobs to change (default: all built-in)"),
-    num_prompts: int = 8,
-    max_tokens: int = 16,
+    num_prompts: int = typer.Option(8, min=1),
+    max_tokens: int = typer.Option(16, min=1),
     temperature: float = _D.temperature,
     top_k: int = _D.top_k,
     dtype: str = typer.Option("float32", help="body dtype pinned on both sides ('' = the profile's)"),
@@ -82,11 +82,13 @@ def ablate_cmd(
     engine_logs()
     from rlparity.capture.pool import shared_pool
     from rlparity.diagnose.path import ablation_findings
-    from rlparity.experiments.ablation import DEFAULT_KNOBS, ablation, shared_prefix_prompts
+    from rlparity.experiments.ablation import DEFAULT_KNOBS, KNOBS, ablation, shared_prefix_prompts
     from rlparity.metrics.ablation import ablation_table
     from rlparity.score import Scorer
     from rlparity.trace import save
 
+    if knob:
+        comma_list(",".join(knob), "--knob", list(KNOBS))
     output_store(out)
     path = model_path(model)
     prompts = shared_prefix_prompts(num_prompts)

@@ -12,7 +12,9 @@ import typer
 from rlparity.cli.common import (
     TrainerSide,
     block_progress,
+    check_model,
     dask_progress,
+    device_option,
     echo_json,
     engine_settings,
     output_store,
@@ -31,18 +33,24 @@ def make_model_cmd(
     size: str = typer.Option("tiny", help="built-in size: tiny (CPU/CI) or small (GPU)"),
     out: Optional[Path] = typer.Option(None, help="where to save (default: the rlparity cache)"),
     seed: int = 0,
-    vocab_pad_to: Optional[int] = typer.Option(None, help="pad the vocabulary to this size"),
-    device: str = "cpu",
+    vocab_pad_to: Optional[int] = typer.Option(None, min=1, help="pad the vocabulary to this size"),
+    device: str = device_option(help="the device it trains on"),
     force: bool = False,
 ):
     """Build, briefly train and save a small Llama model; print its path."""
-    from rlparity.models import make_model
+    from rlparity.cli.contract import BadInput
+    from rlparity.models import SIZES, make_model
+
+    if size not in SIZES:
+        raise BadInput(f"--size {size!r}: choose a built-in size: {', '.join(SIZES)}")
+    if out is not None and out.exists() and not out.is_dir():
+        raise BadInput(f"--out {out}: a file; give a folder for the model")
 
     typer.echo(make_model(size, out, seed=seed, vocab_pad_to=vocab_pad_to, device=device, force=force))
 
 
 def capture_cmd(
-    model: str = typer.Argument(..., help="local path or hub id ('tiny' = the built-in model)"),
+    model: str = typer.Argument(..., help="local path or hub id ('tiny' = the built-in model)", callback=check_model),
     out: Path = typer.Option(..., "--out", "-o", help="zarr store to write"),
     prompts: Optional[Path] = typer.Option(None, help="text file, one prompt per line, or JSONL with "
                                                       "'prompt'/'prompt_token_ids'/'messages'"),
@@ -50,8 +58,8 @@ def capture_cmd(
     temperature: float = _D.temperature,
     top_k: int = _D.top_k,
     top_p: float = _D.top_p,
-    max_tokens: int = 32,
-    n: int = 1,
+    max_tokens: int = typer.Option(32, min=1),
+    n: int = typer.Option(1, min=1),
     seed: int = _D.seed,
     engine: Optional[str] = typer.Option(None, help="engine settings as JSON, e.g. '{\"logprobs_mode\": "
                                                     "\"processed_logprobs\"}'"),
@@ -90,10 +98,11 @@ def capture_cmd(
 
 def score_cmd(
     trace: Path = typer.Argument(..., help="zarr store written by rlparity"),
-    model: Optional[str] = typer.Option(None, help="trainer model (default: each arm's own model)"),
+    model: Optional[str] = typer.Option(None, help="trainer model (default: each arm's own model)",
+                                        callback=check_model),
     dtype: str = "float32",
     head_dtype: str = "float32",
-    device: str = "cpu",
+    device: str = device_option(),
     arm: Optional[list[str]] = typer.Option(None, help="arms to rescore (default: all)"),
     trainer: Optional[str] = typer.Option(None, help="how the trainer computes, as JSON (TrainerSettings), e.g. "
                                                      "'{\"routing_replay\": \"also\", \"router_dtype\": "
@@ -191,8 +200,8 @@ def summary_cmd(
 def run_cmd(
     out: Path = typer.Option(Path("runs/quickstart.zarr"), "--out", "-o"),
     size: str = "tiny",
-    num_prompts: int = 32,
-    max_tokens: int = 32,
+    num_prompts: int = typer.Option(32, min=1),
+    max_tokens: int = typer.Option(32, min=1),
     temperature: float = _D.temperature,
     top_k: int = _D.top_k,
     overwrite: bool = typer.Option(True, help="replace the arms of an existing quick-start store"),

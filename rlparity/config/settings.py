@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar
+import re
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from rlparity.config.docfields import document_fields
 
@@ -19,6 +20,34 @@ LogprobsMode = Literal["raw_logprobs", "processed_logprobs", "raw_logits", "proc
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 _DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+
+
+def device_name(value: Any) -> str:
+    """A device rlparity's trainers and engines run on: ``cpu``, ``cuda`` or ``cuda:N``.
+
+    Parameters
+    ----------
+    value : object
+        The device as given (a string or a ``torch.device``).
+
+    Returns
+    -------
+    str
+        The device's name.
+
+    Raises
+    ------
+    ValueError
+        For any other device (``tpu``, ``cuda:x``, an empty string...), naming the choices.
+    """
+    text = str(value).strip()
+    if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", text):
+        raise ValueError(f"device {value!r} is not one rlparity runs on: pass cpu, cuda or cuda:N")
+    return text
+
+
+# a device field of a settings model: checked when the settings are made, before any model or engine
+Device = Annotated[str, AfterValidator(device_name)]
 
 
 def normalize_dtype(name: Any, *, what: str = "dtype") -> str:

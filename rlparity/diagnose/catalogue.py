@@ -380,6 +380,11 @@ _CODES: tuple[FindingCode, ...] = (
        calibrated_on=CPU_TINY + " (eager): clean arms on other prompts stay within 2x",
        causes=("rollout_bf16_head", "trainer_bf16_head", "stale_prefix_cache", "batch_variant_attention",
                "partial_weight_sync", "weights_differ")),
+    _c("layers_not_judged", PATH, (W,),
+       "The layer profile holds no sequence, or no finite difference at any site: nothing can be concluded about "
+       "where the states diverge (neither within the floor nor diverging).", layers.FIX_PROFILE, "layers",
+       rule="no finite relative error at any site of the profile (or zero layer sequences)",
+       calibrated_on=NOT_RECORDED),
     _c("layers_within_floor", PATH, (I,),
        "Every layer and module stays within its floor: the two sides agree layer by layer (with the largest ratio "
        "to the floor).", FIX_NONE, "layers", thresholds=("layer_floor_ratio", "layer_min_rel"),

@@ -45,7 +45,7 @@ from rlparity.metrics import inflight as mi
 from rlparity.metrics.floors import recorded_floors as trainer_floor
 from rlparity.metrics import routing as mr
 from rlparity.trace import has_trainer, trace_versions
-from rlparity.trace.weights import versions_that_differ
+from rlparity.trace.weights import tensors_not_equal, versions_that_differ
 
 
 @dataclass
@@ -460,7 +460,7 @@ def observed_claims(ev: ArmEvidence) -> None:
     pv = trace["policy_version"].values
     for v, cmp in versions_that_differ(trace.attrs, versions).items():
         ev.claim("weights_differ", pv == v, f"tokens of policy version {v} (the two sides' weights differ: "
-                 f"{len(cmp['differ']) + len(cmp['missing_in_engine'])} tensor(s))")
+                 f"{len(tensors_not_equal(cmp))} tensor(s))")
     settings = (trace.attrs.get("trainer") or {}).get("settings") or {}
     if settings.get("prompt_ids") == "retokenize":
         bad = prompt_mismatch_sequences(trace)

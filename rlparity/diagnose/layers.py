@@ -36,9 +36,11 @@ from rlparity.diagnose.head_precision import _BITS, FIX_ROLLOUT_FP32, FIX_TRAINE
 from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.diagnose.sync import FIX_ENGINE
 from rlparity.metrics.head_precision import cell_dtypes
-from rlparity.metrics.layers import first_divergence, within_floor
+from rlparity.metrics.layers import first_divergence, relative_error, within_floor
 from rlparity.trace.layers import has_layers, site_tensors
 
+FIX_PROFILE = ("record the profile again (`rlparity layers run`, or capture with the layer hooks on) on prompts that "
+               "produce response tokens; check the hooks saw the engine's states (no NaN everywhere)")
 FIX_KERNEL = ("run the engine with the attention backend (and kernels) the reference runs, or with batch-invariant "
               "kernels (VLLM_BATCH_INVARIANT=1 on a GPU); or accept the kernel's rounding as the floor")
 FIX_STALE = ("reset the prefix cache at every weight update (pause_generation(clear_cache=True) or "
@@ -125,7 +127,9 @@ def divergence_start(trace: xr.Dataset, *, floor_ratio: float | None = None, pri
     -------
     Finding or None
         ``divergence_starts_at`` (an error for weights or a stale cache, a warning for precision
-        or kernels) or ``layers_within_floor`` (info); ``None`` without a layer profile.
+        or kernels), ``layers_within_floor`` (info), or ``layers_not_judged`` (a warning: the
+        profile holds no sequence, or no finite difference at any site, so nothing can be
+        concluded); ``None`` without a layer profile.
     """
     if not has_layers(trace):
         return None
@@ -134,9 +138,15 @@ def divergence_start(trace: xr.Dataset, *, floor_ratio: float | None = None, pri
     vs = "the trainer" if info.get("comparison", "trainer") == "trainer" else \
         f"the engine of {info.get('reference', 'the reference arm')}"
     fr = defaults().layer_floor_ratio if floor_ratio is None else float(floor_ratio)
-    first = first_divergence(trace, floor_ratio=fr)
     common = {"comparison": vs, "path": info.get("path", "eager"), "probe": info.get("probe", ""),
               "floor_ratio": fr, "n_sequences": int(trace.sizes.get("layer_sequence", 0))}
+    n_finite = int(np.isfinite(relative_error(trace).values).sum()) if common["n_sequences"] else 0
+    if n_finite == 0:  # nothing measured: no verdict, neither "within" nor "diverges"
+        return Finding(Layer.INFERENCE_PATH, "layers_not_judged", Severity.WARNING,
+                       f"the layer profile against {vs} holds {common['n_sequences']} sequence(s) and no finite "
+                       "difference at any site: nothing can be concluded about where the states diverge",
+                       {**common, "n_finite_sites": 0}, FIX_PROFILE, arm)
+    first = first_divergence(trace, floor_ratio=fr)
     if first is None:
         w = within_floor(trace, floor_ratio=fr)
         return Finding(Layer.INFERENCE_PATH, "layers_within_floor", Severity.INFO,

@@ -29,7 +29,7 @@ from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import BACKEND_PAIR_D
 from rlparity.trace import has_trainer, trace_versions
-from rlparity.trace.weights import layers_of, versions_that_differ
+from rlparity.trace.weights import layers_of, tensors_not_equal, versions_that_differ
 
 PAIR = BACKEND_PAIR_D
 FIX_ENGINE = ("send every tensor of the new weights to the engine at each update (check the sync with "
@@ -76,7 +76,7 @@ def engine_weights_differ(cmp: dict[str, Any], version: int, *, arm: str | None 
     Finding
         An error naming up to 20 tensors and their layers, cause ``partial_weight_sync``.
     """
-    bad = sorted(set(cmp["differ"]) | set(cmp["missing_in_engine"]))
+    bad = tensors_not_equal(cmp)
     layers = layers_of(bad)
     return Finding(
         Layer.INFERENCE_PATH, "engine_weights_differ", Severity.ERROR,

@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rlparity.capture.floor import engine_floor
 from rlparity.config.logs import progress_log
-from rlparity.config.settings import EngineSettings, SamplingSettings, TrainerSettings
+from rlparity.config.settings import Device, EngineSettings, SamplingSettings, TrainerSettings
 from rlparity.diagnose.causes import CAUSES
 
 
@@ -325,7 +325,7 @@ class MatrixSettings(BaseModel):
                                         "update (None: max_tokens); on a GPU the default is over before a pause "
                                         "lands, so KV carried over the update needs longer requests there")
     dtype: str | None = Field(None, description="body dtype on both sides (None: the checkpoint's)")
-    device: str = "cpu"
+    device: Device = "cpu"
     batch_size: int = 16
     engine: dict[str, Any] = Field(default_factory=dict, description="other EngineSettings fields for every engine")
 
@@ -602,7 +602,8 @@ def parse_arms(spec: str | None, platform: str = "cpu") -> list[tuple[str, ...]]
     Raises
     ------
     ValueError
-        If an arm names an unknown cause or two conflicting ones.
+        If an arm names an unknown cause or two conflicting ones, or the list has an empty item
+        (``clean,,raw_logprobs``, ``raw_logprobs+``): an empty item never means the clean arm.
     """
     if spec in (None, "", "all"):
         return None
@@ -612,10 +613,14 @@ def parse_arms(spec: str | None, platform: str = "cpu") -> list[tuple[str, ...]]
     if spec == "pairs":
         return [a for a in full if len(a) != 1]
     out = []
-    for item in spec.split(","):
-        item = item.strip()
-        causes = () if item == CLEAN else tuple(c for c in item.split(ARM_SEP) if c)
+    for item in (x.strip() for x in spec.split(",")):
+        causes = () if item == CLEAN else tuple(c.strip() for c in item.split(ARM_SEP))
+        if not item or "" in causes:
+            raise ValueError(f"arms {spec!r}: an empty arm or cause in {item!r}; give a comma list of arms, each "
+                             f"{CLEAN!r} or causes joined by {ARM_SEP!r}, without empty items")
         compose(causes)  # validates the names
+        if causes in out:
+            raise ValueError(f"arms {spec!r}: the arm {item!r} is given twice; name each arm once")
         out.append(causes)
     return out
 

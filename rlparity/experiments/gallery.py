@@ -187,6 +187,24 @@ class GallerySettings:
     fresh_size: str | None = None
 
 
+def _check(s: GallerySettings) -> None:
+    """Refuse settings the gallery cannot run, before a model is built or an engine starts."""
+    from rlparity.config.settings import device_name
+    from rlparity.experiments.ablation import KNOBS
+
+    device_name(s.device)
+    unknown = sorted(set(s.parts) - set(PARTS))
+    if unknown or not s.parts:
+        raise ValueError(f"unknown gallery part(s) {unknown or list(s.parts)}; choose from {', '.join(PARTS)}")
+    knobs = sorted(set(s.ablation_knobs or ()) - set(KNOBS))
+    if knobs:
+        raise ValueError(f"unknown ablation knob(s) {knobs}; choose from {', '.join(KNOBS)}")
+    small = {k: getattr(s, k) for k in ("n_prompts", "n_head_prompts", "max_tokens", "ablation_prompts")
+             if getattr(s, k) < 1}
+    if small:
+        raise ValueError(f"gallery sizes must be at least 1: {small}")
+
+
 def gallery(out_dir: str | os.PathLike, settings: GallerySettings | None = None, *, progress: bool = False,
             **overrides: Any) -> dict[str, Any]:
     r"""Run the gallery and write its stores and ``gallery.json`` into ``out_dir``.
@@ -216,7 +234,8 @@ def gallery(out_dir: str | os.PathLike, settings: GallerySettings | None = None,
     Raises
     ------
     ValueError
-        If a part is unknown.
+        If a setting is out of range (a part or knob unknown, a count below 1, a device rlparity does
+        not run on): checked before any model is built.
     TypeError
         If an override is not a field of :class:`GallerySettings`.
     """
@@ -224,9 +243,7 @@ def gallery(out_dir: str | os.PathLike, settings: GallerySettings | None = None,
     from rlparity.models import make_model, make_prompts
     from rlparity.score import Scorer
 
-    unknown = sorted(set(s.parts) - set(PARTS))
-    if unknown:
-        raise ValueError(f"unknown gallery part(s) {unknown}; choose from {', '.join(PARTS)}")
+    _check(s)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     prefix = s.name_prefix or ("h200" if s.device.startswith("cuda") else "cpu")

@@ -40,7 +40,7 @@ import xarray as xr
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlparity.config.logs import progress_log
-from rlparity.config.settings import EngineSettings, SamplingSettings
+from rlparity.config.settings import Device, EngineSettings, SamplingSettings
 from rlparity.metrics.layers import floor_from, site_errors
 from rlparity.trace.layers import layer_dataset, sites, vocab_columns, with_layers
 
@@ -320,7 +320,7 @@ class LayerSettings(BaseModel):
                                                        "tokens each: the CPU build caches blocks of 128 tokens)")
     vocab_columns: int = Field(1024, ge=8, description="vocabulary columns the lm_head site compares")
     dtype: str | None = Field(None, description="body dtype on both sides (None: the checkpoint's)")
-    device: str = "cpu"
+    device: Device = "cpu"
     other_attention_backend: str = Field("TRITON_ATTN", description="the backend of batch_variant_attention")
     engine: dict[str, Any] = Field(default_factory=dict, description="other EngineSettings fields for every engine")
 

@@ -27,7 +27,7 @@ import xarray as xr
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlparity.config.logs import progress_log
-from rlparity.config.settings import EngineSettings, SamplingSettings, TrainerSettings
+from rlparity.config.settings import Device, EngineSettings, SamplingSettings, TrainerSettings
 from rlparity.experiments.faults import FAULTS, compose
 
 MOE_ARM = "moe"
@@ -71,7 +71,7 @@ class MoESettings(BaseModel):
     top_k: int = Field(20, ge=0)
     seed: int = 0
     dtype: str = Field("float32", description="body dtype on both sides")
-    device: str = "cpu"
+    device: Device = "cpu"
     batch_size: int = 16
     faults: tuple[str, ...] = Field(("trainer_bf16_router",), description="router faults, one arm each")
     replay: bool = Field(True, description="rescore with the engine's routes forced (trainer_replay_* readings)")

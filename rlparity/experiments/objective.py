@@ -21,6 +21,7 @@ import xarray as xr
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlparity.config.defaults import TrainerSide
+from rlparity.config.settings import Device
 from rlparity.diagnose.findings import Finding
 from rlparity.diagnose.objective import VERL_HEALTHY, correction_hides_backend_mismatch, corrected_health
 from rlparity.metrics import objective as ob
@@ -228,7 +229,7 @@ class ObjectiveSettings(BaseModel):
     threshold: Optional[tuple[float, float]] = (0.9, 1.1)
     cap: Optional[float] = Field(None, gt=1.0)
     truncate_share: float = Field(0.1, gt=0.0, lt=1.0)
-    device: str = "cpu"
+    device: Device = "cpu"
     dtype: str = "float32"
     engine: dict[str, Any] = Field(default_factory=dict)
 

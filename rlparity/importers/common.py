@@ -910,8 +910,9 @@ def check_values(rec: Record) -> int:
                                                  "itself: check its logprobs_mode and what the dump stores there"),
             ("rollout", r > POSITIVE_TOLERANCE, "positive (not a log-probability)", _NOT_LOGPROB)]
         if t is not None:
-            checks += [("trainer", np.isnan(t), "NaN", f"the trainer's forward pass produced NaN there; re-run the "
-                                                       f"trainer step or {_NO_TRAINER}"),
+            checks += [("trainer", np.isnan(t), "NaN", "a missing value (null or NaN), not a token of probability 0 (write "
+                        f"-Infinity for that): the trainer's forward pass produced NaN there or the dump left it out; "
+                        f"re-run the trainer step or {_NO_TRAINER}"),
                        ("trainer", t > POSITIVE_TOLERANCE, "positive or +inf (not a log-probability)", _NOT_LOGPROB)]
         if e is not None:
             checks.append(("entropy", ~np.isfinite(e), "null/non-finite",
@@ -1292,7 +1293,7 @@ class ArmBuilder:
                          "old_log_probs = rollout_log_probs); nothing to compare there")
         if self.n_trainer_zero_prob_tokens:
             notes.append(f"{self.n_trainer_zero_prob_tokens} sampled token(s) have trainer logprob -inf (probability "
-                         "0 for the trainer; a null in JSON dumps that cannot write -inf)")
+                         "0 for the trainer)")
         unknown_cuts = self.unknown & ({"top_k", "top_p"} - set(spec.applies))
         if unknown_cuts:
             notes.append(f"{'/'.join(sorted(unknown_cuts))} not known: if the run used them, this framework's "

@@ -5,9 +5,9 @@ One row per sampled sequence: ``input_ids`` (prompt + response), ``response_mask
 ``temperature``, ``top_k``, ``top_p``, ``policy_version``, ``reward``, ``finish_reason``,
 ``step``, ``run``, ``split``, ``prompt_index``, ``sample_index``, ``prompt_text``,
 ``prompt_messages``. Per-token arrays either cover every token of ``input_ids`` or only the
-response region (the tokens after the prompt: verl's layout). ``null`` in ``old_log_probs`` is a
-token of probability 0 (``-inf``, which JSON cannot write); in ``rollout_log_probs`` on a sampled
-token it is refused. One arm per (launch, run, split, step) (per file without ``step``).
+response region (the tokens after the prompt: verl's layout). ``null`` on a sampled token is a
+missing value, refused in ``rollout_log_probs`` and ``old_log_probs`` alike (never read as a
+token of probability 0: write ``-Infinity``, as Python's ``json`` does, for that). One arm per (launch, run, split, step) (per file without ``step``).
 A row without ``input_ids`` that is verl's ``rollout_data_dir`` dump or TRL's completions log
 (decoded text only) is recognised and refused with the recipe that works.
 
@@ -118,7 +118,7 @@ def parse_row(row: Mapping[str, Any], where: str, default_label: str, info: dict
 
     The sampled tokens come from ``response_mask`` (over all tokens or the last ones) or
     ``prompt_length``; per-token fields may cover all tokens or those after the prompt; a null
-    ``old_log_probs`` is a token of probability 0 (``-inf``).
+    ``old_log_probs`` is a missing value (NaN, refused on a sampled token by the value checks).
 
     Parameters
     ----------
@@ -182,8 +182,8 @@ def parse_row(row: Mapping[str, Any], where: str, default_label: str, info: dict
 
     rollout = per_token("rollout_log_probs", need(row, "rollout_log_probs", where, what), floats)
     old = row.get("old_log_probs")
-    # JSON cannot write -inf: a null trainer logprob is a token of probability 0
-    trainer = per_token("old_log_probs", old, floats, null=-np.inf) if old is not None else None
+    # a null is a missing value, not a probability-0 token (that is -Infinity): refused by check_values
+    trainer = per_token("old_log_probs", old, floats) if old is not None else None
     pv = _scalar(row.get("policy_version"))
     if pv is not None and not isinstance(pv, (int, float, bool)):
         version: Any = per_token("policy_version", pv, ints)

@@ -139,9 +139,15 @@ def load_weights_only(file: Path) -> Any:
         If the file needs full pickle, naming the classes it holds (slime's ``Sample.SpecInfo``
         gets a recipe to convert the file).
     ImportFormatError
-        If torch cannot read the file, or a value is nested too deeply.
+        If torch is not installed (a ``.pt`` file is torch's format), torch cannot read the file, or
+        a value is nested too deeply.
     """
-    import torch
+    try:
+        import torch
+    except ImportError:
+        raise ImportFormatError(f"{file}: a .pt file (torch.save) needs torch to be read, and torch is not "
+                                "installed here: install it (pip install torch, or rlparity[cpu]) and import again")\
+            from None
 
     def refuse(err: Exception) -> PickleRefusedError:
         classes = pickled_classes(file)

@@ -23,7 +23,7 @@ import xarray as xr
 from rlparity.config.defaults import TrainerSide
 from rlparity.config.provenance import make_attrs
 from rlparity.metrics import core
-from rlparity.metrics.summary import log_ratio, reduce, trainer_variable
+from rlparity.metrics.summary import _require_trainer, log_ratio, reduce, trainer_variable
 
 FLOOR_VARIABLES = {"floor_mean_abs": "mean |a - b| over tokens", "floor_rms": "RMS of a - b",
                    "floor_max_abs": "max |a - b|", "n_tokens": "tokens finite in both readings"}
@@ -135,10 +135,19 @@ def trainer_floor(a: xr.Dataset, b: xr.Dataset, *, trainer: TrainerSide | None =
     Returns
     -------
     xarray.Dataset
+
+    Raises
+    ------
+    TraceValidationError
+        If either side lacks the ``trainer`` reading (not scored, or scored with the other one).
+    ValueError
+        If the two are not readings of the same tokens.
     """
+    var = trainer_variable(trainer)
+    for side in (a, b):
+        _require_trainer(side, var)
     if a.sizes != b.sizes or not np.array_equal(a["token_id"].values, b["token_id"].values):
         raise ValueError("the two readings are not of the same tokens: rescore one trace twice")
-    var = trainer_variable(trainer)
     mask = a["response_mask"] & b["response_mask"]
     out = xr.Dataset({k: reduce(lambda x, y, m, axis, k=k: floor_stats(x, y, m, axis=axis)[k], a[var], b[var], mask,
                                 dim=dim) for k in FLOOR_VARIABLES})

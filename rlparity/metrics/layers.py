@@ -32,7 +32,7 @@ import numpy as np
 import xarray as xr
 
 from rlparity.config.defaults import defaults
-from rlparity.trace.layers import POSITION_DIM, SEQUENCE_DIM, SITE_DIM, has_layers, site_list
+from rlparity.trace.layers import LAYER_VARS, POSITION_DIM, SEQUENCE_DIM, SITE_DIM, has_layers, site_list
 
 # ------------------------------------------------------------------------------- numpy core
 def site_errors(engine: Mapping[str, Any], reference: Mapping[str, Any], length: int
@@ -111,8 +111,17 @@ def pooled_relative_error(diff_rms: np.ndarray, state_rms: np.ndarray, axis: int
 
 # ------------------------------------------------------------------------------- xarray layer
 def _layers(data: xr.Dataset) -> xr.Dataset:
+    """``data`` if it holds a whole layer profile (every variable the judging reads, with its dims);
+    else a :class:`~rlparity.trace.TraceValidationError` naming what is missing."""
+    from rlparity.trace import TraceValidationError
+
     if not has_layers(data):
-        raise ValueError("no layer profile (layer_diff_rms): run a layer capture first (`rlparity layers`)")
+        raise TraceValidationError("no layer profile (layer_diff_rms): run a layer capture first (`rlparity layers`)")
+    needed = ("layer_diff_rms", "layer_state_rms", "layer_floor", "layer_cached")
+    bad = [k for k in needed if k not in data.variables or data[k].dims != LAYER_VARS[k][0]]
+    if bad:
+        raise TraceValidationError(f"the layer profile is incomplete: {bad} missing or not over "
+                                   f"{[LAYER_VARS[k][0] for k in bad]}; record it again with `rlparity layers run`")
     return data
 
 

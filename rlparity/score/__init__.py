@@ -57,7 +57,7 @@ from rlparity.score.routing import RouterControl, forced_rows
 from rlparity.trace import latest_version, sequences, token_checksum, trace_versions, validate
 from rlparity.trace.floor import spread
 from rlparity.trace.prompts import chat_token_ids
-from rlparity.trace.schema import TOKEN_DIMS, annotate
+from rlparity.trace.schema import TOKEN_DIMS, annotate, route_id_problem
 
 __all__ = ["FP32_GEMMS", "SAMPLING_EPS", "STATS", "Scorer", "TrainerSettings", "VocabularyError", "check_vocabulary",
            "dropout_of", "head_stats", "head_stats_reference", "processed_logits", "project", "score", "set_dropout",
@@ -418,6 +418,10 @@ class Scorer:
                              f"layers {self.router.layers}: score with the model that sampled the trace")
         routes = trace["routed_experts"].values.copy()
         prompt = trace["prompt_routed_experts"].values.copy() if "prompt_routed_experts" in trace else None
+        for name, ids in (("routed_experts", routes), ("prompt_routed_experts", prompt)):
+            why = None if ids is None else route_id_problem(name, ids, self.router.num_experts)
+            if why:  # before any forward: an id beyond the model's would index past its experts
+                raise ValueError(f"routing replay: {why}")
         engine = sequences(trace)
         skipped = [i for i, ((p, _), (q, _)) in enumerate(zip(engine, seqs)) if p != q]
         routes[skipped] = -1

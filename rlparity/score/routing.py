@@ -134,6 +134,17 @@ class RouterControl:
         return [i for i, _ in self.routers]
 
     @property
+    def num_experts(self) -> int:
+        """The experts each router chooses from (rows of the first router's weight).
+
+        Returns
+        -------
+        int
+            ``gate.weight.shape[0]``.
+        """
+        return int(self.routers[0][1].weight.shape[0])
+
+    @property
     def top_k(self) -> int:
         """The number of experts each router selects per token.
 

@@ -432,9 +432,9 @@ def is_lazy(trace: xr.Dataset) -> bool:
     Returns
     -------
     bool
-        True when ``rollout_logprob`` is chunked.
+        True when ``rollout_logprob`` is chunked (False without it: validation then says what is missing).
     """
-    return trace["rollout_logprob"].chunks is not None
+    return "rollout_logprob" in trace.variables and trace["rollout_logprob"].chunks is not None
 
 
 def block_size(trace: xr.Dataset, default: int = 4096) -> int:

@@ -615,6 +615,12 @@ def validate(ds: xr.Dataset, *, require_trainer: bool = False, where: str = "tra
         if kind == "f" and dims == TOKEN_DIMS and name in ds.variables:
             problems.extend(_token_float_problems(name, ds[name].values, mask, n_real))
     problems.extend(_sequence_float_problems(ds))
+    n_experts = max(int((ds.attrs.get(k) or {}).get("num_experts") or 0) for k in ("routing_capture", "trainer_router"))
+    for name in ROUTE_VARS:
+        if name in ds.variables:
+            why = route_id_problem(name, ds[name].values, n_experts or None)
+            if why:
+                problems.append(why)
     if trainer_present:
         scored = ds.attrs.get("scored_token_checksum")
         if scored is not None and scored != token_checksum(ds):
@@ -622,6 +628,38 @@ def validate(ds: xr.Dataset, *, require_trainer: bool = False, where: str = "tra
     if problems:
         _raise(where, problems)
     return ds
+
+
+ROUTE_VARS = ("routed_experts", "prompt_routed_experts", "trainer_routed_experts")
+
+
+def route_id_problem(name: str, ids: np.ndarray, num_experts: int | None = None) -> str | None:
+    """What is wrong with recorded expert ids, or ``None``: an id is ``-1`` (not recorded) or an
+    expert of the model, ``0 .. num_experts - 1`` (unknown ``num_experts``: only ``>= -1`` is checked).
+
+    Parameters
+    ----------
+    name : str
+        The variable, for the message.
+    ids : numpy.ndarray
+        Expert ids.
+    num_experts : int, optional
+        The model's experts per MoE layer.
+
+    Returns
+    -------
+    str or None
+        One line naming how many ids are out of range and the range, or ``None``.
+    """
+    ids = np.asarray(ids)
+    hi = num_experts if num_experts else None
+    bad = (ids < -1) | ((ids >= hi) if hi is not None else False)
+    k = int(np.count_nonzero(bad))
+    if not k:
+        return None
+    rng = f"0 .. {hi - 1}" if hi is not None else "0 and up"
+    return (f"{name} holds {k} expert id(s) outside {rng} (e.g. {int(ids[bad].flat[0])}; -1 = not recorded): "
+            "an id names no expert of the model; record the routes again from the model that sampled them")
 
 
 def _sequence_float_problems(ds: xr.Dataset) -> list[str]:

@@ -19,6 +19,8 @@ import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+# the checksum prefix of a tensor with NaN or infinite values: never equal to anything
+NOT_FINITE = "not-finite:"
 # above this many bytes of checkpoint, fingerprints are skipped (reading them would cost seconds)
 MAX_FINGERPRINT_BYTES = 4 << 30
 
@@ -26,7 +28,9 @@ MAX_FINGERPRINT_BYTES = 4 << 30
 def tensor_checksum(tensor: Any) -> str:
     """CRC-32 (hex) of ``tensor`` rounded to bfloat16, on the CPU.
 
-    Integer tensors are checksummed as they are.
+    Integer tensors are checksummed as they are. ``-0.0`` counts as ``+0.0`` (the same weight); a
+    tensor holding NaN or an infinity gets a checksum starting with :data:`NOT_FINITE`, which
+    :func:`compare_checksums` never counts as equal (NaN weights are no evidence that two sides agree).
 
     Parameters
     ----------
@@ -36,16 +40,16 @@ def tensor_checksum(tensor: Any) -> str:
     Returns
     -------
     str
-        8 hex digits.
+        8 hex digits (after :data:`NOT_FINITE` for a tensor with NaN or infinite values).
     """
     import torch
 
     t = tensor.detach()
     if not t.is_floating_point():
-        data = t.to("cpu").contiguous().numpy().tobytes()
-    else:
-        data = t.to("cpu", torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes()
-    return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+        return f"{zlib.crc32(t.to('cpu').contiguous().numpy().tobytes()) & 0xFFFFFFFF:08x}"
+    b = t.to("cpu", torch.bfloat16) + 0.0  # -0.0 + 0.0 is +0.0: the sign of a zero is not a different weight
+    crc = f"{zlib.crc32(b.contiguous().view(torch.int16).numpy().tobytes()) & 0xFFFFFFFF:08x}"
+    return crc if bool(torch.isfinite(b).all()) else NOT_FINITE + crc
 
 
 def checksums(named_tensors: Iterable[tuple[str, Any]]) -> dict[str, str]:
@@ -83,15 +87,34 @@ def compare_checksums(engine: Mapping[str, str], trainer: Mapping[str, str]) -> 
     dict[str, Any]
         ``n_compared``, ``differ`` (tensors whose checksums differ), ``missing_in_engine`` (tensors
         the trainer has that the engine's record lacks: not loaded, a partial update),
-        ``only_in_engine`` and ``equal`` (nothing differs or is missing).
+        ``only_in_engine``, ``not_finite`` (common tensors holding NaN or infinities on either side:
+        not comparable, so never equal) and ``equal`` (nothing differs, is missing or is not finite).
     """
     common = sorted(set(engine) & set(trainer))
-    differ = [n for n in common if engine[n] != trainer[n]]
+    not_finite = [n for n in common if str(engine[n]).startswith(NOT_FINITE) or str(trainer[n]).startswith(NOT_FINITE)]
+    differ = [n for n in common if engine[n] != trainer[n] and n not in not_finite]
     tied = {"lm_head.weight", "model.embed_tokens.weight"}
     missing = sorted(n for n in set(trainer) - set(engine) if not (n in tied and tied & set(engine)))
     extra = sorted(n for n in set(engine) - set(trainer) if not (n in tied and tied & set(trainer)))
     return {"n_compared": len(common), "differ": differ, "missing_in_engine": missing, "only_in_engine": extra,
-            "equal": not differ and not missing}
+            "not_finite": not_finite, "equal": not differ and not missing and not not_finite}
+
+
+def tensors_not_equal(cmp: Mapping[str, Any]) -> list[str]:
+    """The tensors a comparison cannot call equal: they differ, are missing in the engine, or hold
+    NaN or infinities (a record written before ``not_finite`` existed has none).
+
+    Parameters
+    ----------
+    cmp : Mapping[str, Any]
+        A :func:`compare_checksums` result.
+
+    Returns
+    -------
+    list of str
+        The names, sorted.
+    """
+    return sorted(set(cmp["differ"]) | set(cmp["missing_in_engine"]) | set(cmp.get("not_finite", ())))
 
 
 def layers_of(names: Iterable[str]) -> list[int]:
@@ -196,5 +219,5 @@ def versions_that_differ(attrs: Mapping[str, Any], versions: list[int]) -> dict[
     return out
 
 
-__all__ = ["MAX_FINGERPRINT_BYTES", "checksums", "compare_checksums", "engine_effective", "layers_of",
-           "tensor_checksum", "trainer_checksums", "versions_that_differ"]
+__all__ = ["MAX_FINGERPRINT_BYTES", "NOT_FINITE", "checksums", "compare_checksums", "engine_effective", "layers_of",
+           "tensor_checksum", "tensors_not_equal", "trainer_checksums", "versions_that_differ"]
