@@ -66,6 +66,7 @@ def main() -> None:
     ap.add_argument("--out", default="artifacts/stability")
     a = ap.parse_args()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as tests/conftest.py: spinning threads collapse under load
     from rlparity.models import make_model
 
     model = str(make_model("tiny-bf16", progress=False))

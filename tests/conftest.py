@@ -16,6 +16,11 @@ import pytest
 
 os.environ.setdefault("RLPARITY_CACHE", os.path.join(os.path.dirname(__file__), "..", ".cache"))
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# OpenMP threads that sleep at a barrier instead of spinning (before torch is imported, inherited by the
+# notebooks' kernels and the engines): on a machine where another process is busy, torch's two spinning
+# threads made a tiny-model rescoring take 33.7 s instead of 2.2 s (issue 42: a loaded `make test` ran
+# 1 h 52 min; measured with load average 9-12 on the 2-core machine).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def has_gpu() -> bool:
