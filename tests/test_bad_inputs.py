@@ -1234,3 +1234,34 @@ def test_hostile_inputs_of_issue_40_are_all_clean():
     results = H.run_all()
     assert len(results) >= 38
     assert {k: v for k, v in results.items() if v is not None} == {}
+
+
+# --- issue 40, the store-side rows: a malformed integrity record and a .zmetadata nested past the parser -----------
+
+def _edit_root_attrs(store: Path, edit) -> None:
+    meta = json.loads((store / ".zmetadata").read_text())
+    edit(meta["metadata"][".zattrs"])
+    (store / ".zmetadata").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("bad", [["a", "b"], "arms", {"a": ["x"]}, {"a": {"v": 3}}])
+@pytest.mark.parametrize("chunks", [None, 4])
+def test_a_malformed_integrity_record_is_damage_on_every_path(tmp_path, bad, chunks):
+    store = tmp_path / "s.zarr"
+    T.save(synthetic_trace(n_sequences=8, max_len=6, arm="a"), store)
+    _edit_root_attrs(store, lambda root: root["rlparity_integrity"].update(arms=bad))
+    with pytest.raises(T.StoreDamagedError, match=r"integrity record is malformed") as e:
+        T.open_arms(store, chunks=chunks)
+    assert "\n" not in str(e.value)
+    with pytest.raises(T.StoreDamagedError, match=r"integrity record is malformed"):  # appending an arm too
+        T.add_arm(synthetic_trace(n_sequences=4, max_len=6, arm="b"), store, arm="b")
+
+
+def test_a_zmetadata_nested_100k_deep_is_refused_in_one_line(tmp_path):
+    store = tmp_path / "s.zarr"
+    T.save(synthetic_trace(n_sequences=4, max_len=6, arm="a"), store)
+    (store / ".zmetadata").write_text('{"metadata": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    for chunks in (None, 2):
+        with pytest.raises(T.StoreError, match=r"no readable consolidated metadata") as e:
+            T.open_arms(store, chunks=chunks)
+        assert not isinstance(e.value, RecursionError) and "\n" not in str(e.value)

@@ -159,7 +159,7 @@ def _read_meta(p: Path) -> dict[str, Any] | None:
         with open(p / ".zmetadata", "rb") as fh:
             meta = json.load(fh)
         return meta["metadata"] if isinstance(meta.get("metadata"), dict) else None
-    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+    except (OSError, ValueError, AttributeError, KeyError, TypeError, RecursionError):  # nested 100k deep
         return None
 
 

@@ -207,7 +207,7 @@ def add_arm(ds: xr.Dataset, path: str | os.PathLike, arm: str | None = None) -> 
         new = ds.assign_attrs(arm=arm)
         meta = _read_meta(p) if kind == "rlparity" else None
         root = (meta or {}).get(".zattrs") or {}
-        record = root.get(INTEGRITY_ATTR)
+        record = _integrity(root, str(p)) if root.get(STORE_MARKER) == STORE_FORMAT else None
         if meta is not None and root.get(STORE_MARKER) == STORE_FORMAT and isinstance(record, Mapping) \
                 and record.get("algorithm") == DIGEST_ALGORITHM:
             check_chunks(p, meta)  # never carry a damaged arm forward silently
@@ -222,11 +222,30 @@ def add_arm(ds: xr.Dataset, path: str | os.PathLike, arm: str | None = None) -> 
         return _write(arms, p, overwrite=True, validated=kept_names)
 
 
+def _integrity(root: Mapping[str, Any], shown: str) -> Mapping[str, Any] | None:
+    """The store's integrity record, its shape checked: ``{"algorithm": str, "arms": {arm: {var: digest}}}``.
+
+    None when the root has none; a record of another shape is damage (one line), never a KeyError or
+    an AttributeError later.
+    """
+    record = root.get(INTEGRITY_ATTR)
+    if record is None:
+        return None
+    arms = record.get("arms") if isinstance(record, Mapping) else None
+    if not (isinstance(arms, Mapping) and all(isinstance(a, str) and isinstance(v, Mapping)
+                                              and all(isinstance(d, str) for d in v.values())
+                                              for a, v in arms.items())):
+        raise StoreDamagedError(f"the store is damaged: {shown}'s integrity record is malformed (it must map each arm "
+                                "to its variables' digests): restore it from a copy or re-create it")
+    return record
+
+
 def _read(p: Path, shown: str, chunks: Any = None) -> xr.DataTree:
     meta = _read_meta(p)
     if meta is None:
-        raise StoreError(f"{shown} is not a readable rlparity zarr store: it has no consolidated metadata "
-                         "(.zmetadata), so rlparity.trace.save did not write it")
+        raise StoreError(f"{shown} is not a readable rlparity zarr store: it has no readable consolidated metadata "
+                         "(.zmetadata missing, not JSON or nested past what a parser reads), so rlparity.trace.save "
+                         "did not write it as it is")
     root = meta.get(".zattrs") or {}
     fmt = root.get(STORE_MARKER)
     if fmt is not None and fmt != STORE_FORMAT:
@@ -245,7 +264,7 @@ def _read(p: Path, shown: str, chunks: Any = None) -> xr.DataTree:
     if not tree.children:
         raise StoreError(f"{shown} holds no arms: it was not written by rlparity.trace.save")
     if fmt is not None:
-        record = root.get(INTEGRITY_ATTR)
+        record = _integrity(root, shown)
         if not isinstance(record, Mapping):
             raise StoreDamagedError(f"the store is damaged: {shown} is marked as an rlparity store but has no "
                                     "integrity record: restore it from a copy or re-create it")
