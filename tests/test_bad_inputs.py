@@ -1265,3 +1265,21 @@ def test_a_zmetadata_nested_100k_deep_is_refused_in_one_line(tmp_path):
         with pytest.raises(T.StoreError, match=r"no readable consolidated metadata") as e:
             T.open_arms(store, chunks=chunks)
         assert not isinstance(e.value, RecursionError) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("chunks", [None, 4])
+def test_a_chunk_of_another_size_is_said_as_such(tmp_path, chunks):
+    """A chunk file copied from a store of another shape: numpy's 'cannot reshape array of size 144 into shape
+    (8, 6)' becomes what it means (issue 40: messages that mislead)."""
+    a, b = tmp_path / "a.zarr", tmp_path / "b.zarr"
+    T.save(synthetic_trace(n_sequences=8, max_len=6, arm="x"), a)
+    T.save(synthetic_trace(n_sequences=16, max_len=9, arm="x"), b)
+    shutil.copy(sorted((b / "x" / "rollout_logprob").glob("[0-9]*"))[0],
+                sorted((a / "x" / "rollout_logprob").glob("[0-9]*"))[0])
+    with pytest.raises(T.StoreDamagedError) as e:
+        from rlparity.metrics import summary
+
+        summary(T.open_arms(a, chunks=chunks)["x"])
+    msg = str(e.value)
+    assert "cannot reshape" not in msg and "\n" not in msg
+    assert re.search(r"a chunk file holds \d+ values where the store's layout has room for 48", msg), msg

@@ -30,6 +30,7 @@ from rlparity.trace.store import (
     digest_update,
     verify_integrity,
 )
+from rlparity.trace.store_paths import decode_failure
 from rlparity.trace.store_integrity import _canonical_dtype, _digest
 
 LAZY_RECORD = "_rlparity_lazy_integrity"  # the record a lazy tree's arms are checked against as they are read
@@ -300,8 +301,8 @@ def _where(trace: xr.Dataset) -> str:
 
 def _damaged(trace: xr.Dataset, what: str, err: Exception) -> StoreDamagedError:
     """The error of a store whose chunk files no longer decode (eager: ``open_arms`` says the same)."""
-    return StoreDamagedError(f"the store is damaged: reading {_where(trace)} {what} failed ({type(err).__name__}: "
-                             f"{' '.join(str(err).split())}): restore it from a copy or re-create it")
+    return StoreDamagedError(f"the store is damaged: reading {_where(trace)} {what} failed ({decode_failure(err)}): "
+                             "restore it from a copy or re-create it")
 
 
 def _read_block(trace: xr.Dataset, names: list[str], start: int, stop: int) -> xr.Dataset:

@@ -10,6 +10,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rlparity.trace.schema import TraceValidationError
 
 STORE_FORMAT = 1
@@ -26,6 +28,31 @@ class StoreError(TraceValidationError):
 
 class StoreDamagedError(StoreError):
     """A store reads back other data than was saved: missing chunks, changed or torn data."""
+
+
+_RESHAPE = re.compile(r"cannot reshape array of size (\d+) into shape \(([\d, ]+)\)")
+
+
+def decode_failure(err: BaseException) -> str:
+    """Why a chunk did not decode, in the user's terms (for a :class:`StoreDamagedError`).
+
+    Parameters
+    ----------
+    err : BaseException
+        What zarr or numpy raised.
+
+    Returns
+    -------
+    str
+        ``"<type>: <message>"``, with numpy's "cannot reshape" said as a chunk of the wrong size.
+    """
+    text = " ".join(str(err).split())
+    m = _RESHAPE.search(text)
+    if m:
+        room = int(np.prod([int(v) for v in m.group(2).replace(" ", "").split(",") if v]))
+        return (f"a chunk file holds {m.group(1)} values where the store's layout has room for {room}: it was "
+                "copied from another store or written with other chunks")
+    return f"{type(err).__name__}: {text}"
 
 
 # ----------------------------------------------------------------------------- names and paths

@@ -45,7 +45,7 @@ from rlparity.trace.store import (
 )
 from rlparity.trace.store_files import _open_tree
 from rlparity.trace.store_integrity import _lossless
-from rlparity.trace.store_paths import _read_meta
+from rlparity.trace.store_paths import _read_meta, decode_failure
 
 _ARM_ATTR = "rlparity_arm"
 _WRITE = {"zarr_format": 2, "write_empty_chunks": True}
@@ -258,8 +258,8 @@ def _read(p: Path, shown: str, chunks: Any = None) -> xr.DataTree:
         tree = _open_tree(p, chunks)
     except Exception as err:  # zarr raises several kinds for a store that is not one, or a broken chunk
         if fmt is not None:
-            raise StoreDamagedError(f"the store is damaged: reading {shown} failed ({type(err).__name__}: "
-                                    f"{err}): restore it from a copy or re-create it") from err
+            raise StoreDamagedError(f"the store is damaged: reading {shown} failed ({decode_failure(err)}): "
+                                    "restore it from a copy or re-create it") from err
         raise StoreError(f"{shown} is not a readable rlparity zarr store: {err}") from err
     if not tree.children:
         raise StoreError(f"{shown} holds no arms: it was not written by rlparity.trace.save")
