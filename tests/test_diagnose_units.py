@@ -392,3 +392,60 @@ def test_weight_sync_names_the_side_from_the_fingerprints():
         "trainer_weights_stale", "trainer_stale_weights", 0)
     assert sync.weight_sync(tr.drop_vars(["trainer_logprob", "trainer_processed_logprob"])) == []
     assert sync.trace_findings(_two_versions(0.01, 0.011)) == []
+
+
+# ------------------------------------------------------------------------------ issue 41: a higher floor is no sync fault
+@pytest.mark.parametrize("fresh_only", [False, True], ids=["keep", "wait"])
+def test_a_version_with_a_higher_floor_is_not_a_weight_mismatch(fresh_only):
+    """Version 1's weights give a 5x higher numeric floor (its self-check says so) and 5x the
+    residual on every token, fresh or spanning the update: no ``weights_differ_at_version``."""
+    from rlparity.diagnose import diagnose
+    from rlparity.metrics.floors import version_floors
+
+    tr = _two_versions(0.01, 0.05, self_checks={0: 0.008, 1: 0.04}, fresh_only=fresh_only)
+    assert version_floors(tr) == {0: 0.008, 1: 0.04}
+    a, _ = _by_version(tr)
+    ev = build(tr)
+    ve = ev.version_excess
+    assert a[1].mean() / a[0].mean() > 3  # against the lowest version alone, it would be flagged
+    assert ve["measured_against"] == "each version's own floor" and ve["flagged"] == []
+    over = {0: a[0].mean() / 0.008, 1: a[1].mean() / 0.04}  # each version's mean |r| over its own floor
+    lo = min(over, key=over.get)
+    assert ve["lowest_version"] == lo
+    assert ve[f"version_{1 - lo}_over_lowest"] == pytest.approx(over[1 - lo] / over[lo], rel=1e-12)
+    assert over[1 - lo] / over[lo] < 1.5
+    assert "weights_differ" not in ev.claims and sync.weight_sync(tr, evidence=ev) == []
+    assert "weights_differ_at_version" not in {f.name for f in diagnose({"a": tr})}
+    # without the per-version floors the numbers cannot tell: the old comparison stands
+    bare = _two_versions(0.01, 0.05, fresh_only=fresh_only)
+    assert build(bare).version_excess["flagged"] == [1]
+    # fingerprints recorded on both sides and equal: the weights were the same, whatever the numbers
+    same = _two_versions(0.01, 0.05, fresh_only=fresh_only, engine_sums={"0": V0, "1": V1},
+                         trainer_sums={"0": V0, "1": V1})
+    ve = build(same).version_excess
+    assert ve["flagged"] == [] and ve["fingerprints_equal"] == [0, 1] and sync.weight_sync(same) == []
+
+
+@pytest.mark.parametrize("fresh_only", [False, True], ids=["keep", "wait"])
+def test_a_real_partial_sync_is_still_named(fresh_only):
+    """The engine kept version 0's values of one layer: version 1's tokens carry 10x the residual
+    everywhere while the trainer's own floor barely moves; flagged by the numbers, and named
+    engine_weights_differ when the checksums were recorded."""
+    from rlparity.diagnose import diagnose
+
+    tr = _two_versions(0.01, 0.1, self_checks={0: 0.008, 1: 0.009}, fresh_only=fresh_only)
+    a, _ = _by_version(tr)
+    ve = build(tr).version_excess
+    assert ve["flagged"] == [1]
+    assert ve["version_1_over_lowest"] == pytest.approx((a[1].mean() / 0.009) / (a[0].mean() / 0.008), rel=1e-12)
+    (f,) = sync.weight_sync(tr)
+    assert f.name == "weights_differ_at_version" and "over its own floor" in f.summary
+    assert "weights_differ_at_version" in {g.name for g in diagnose({"a": tr})}
+    # a higher floor at version 1 does not hide an excess far above it
+    assert build(_two_versions(0.01, 0.2, self_checks={0: 0.008, 1: 0.02}, fresh_only=fresh_only)
+                 ).version_excess["flagged"] == [1]
+    partial = {k: v for k, v in V1.items() if ".layers.1." not in k}
+    tr = _two_versions(0.01, 0.1, self_checks={0: 0.008, 1: 0.009}, fresh_only=fresh_only,
+                       engine_sums={"0": V0, "1": partial}, trainer_sums={"0": V0, "1": V1})
+    (f,) = sync.weight_sync(tr)
+    assert (f.name, f.evidence["layers"]) == ("engine_weights_differ", [1])
