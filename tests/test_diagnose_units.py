@@ -449,3 +449,54 @@ def test_a_real_partial_sync_is_still_named(fresh_only):
                        engine_sums={"0": V0, "1": partial}, trainer_sums={"0": V0, "1": V1})
     (f,) = sync.weight_sync(tr)
     assert (f.name, f.evidence["layers"]) == ("engine_weights_differ", [1])
+
+
+# ------------------------------------------------------------------------------ edges the mutation run found
+def test_decomposition_edges_padding_infinite_tokens_and_empty_parts():
+    # a ragged trace (padding) with one token the trainer gives probability 0 (d = -inf)
+    d = [[0.1, -0.2, 0.3, -np.inf], [0.05, 0.02]]
+    tr = _scored(d, trainer_attrs={"self_check": _self_check(0.01)})
+    ev = build(tr)
+    dec = at.decompose(ev)
+    fin = np.array([0.1, -0.2, 0.3, 0.05, 0.02])
+    assert dec.n_tokens == 5 and dec.total == pytest.approx(np.abs(fin).sum(), rel=1e-12)
+    assert dec.background == pytest.approx(np.abs(fin).mean(), rel=1e-12)
+    assert dec.semantic == pytest.approx(0.0, abs=1e-15)  # identity sampling: |r| = |d|
+    assert dec.global_ == pytest.approx(5 * (np.abs(fin).mean() - 0.01), rel=1e-12)
+    # a claim whose tokens sit below the background explains nothing (never a negative part)
+    low = np.zeros(ev.mask.shape, dtype=bool)
+    low[1, :2] = True
+    ev.claim("stale_prefix_cache", low, "low")
+    dec = at.decompose(ev)
+    assert dec.localized == {"stale_prefix_cache": 0.0}
+    assert dec.background == pytest.approx(np.abs([0.1, -0.2, 0.3]).mean(), rel=1e-12)
+    # every token claimed: the background is 0
+    ev.claim("kv_carried_over", ev.mask, "all")
+    assert at.decompose(ev).background == 0.0
+    # no tokens, no mismatch: no floor share; per-token values divide by max(N, 1)
+    empty = at.Decomposition(0, 0.0, 0.01, 0.0, 2.0, 0.0, {"x": 4.0})
+    assert empty.floor_share is None and at.Decomposition(10, 0.0, 0.01, 0.0, 0.0, 0.0).floor_share is None
+    assert at.Decomposition(10, 0.5, 0.01, 0.0, 0.0, 0.0).floor_share == pytest.approx(0.01 / 0.05)
+    assert empty.to_dict()["semantic_mean_abs"] == 2.0 and empty.to_dict()["localized_mean_abs"] == {"x": 4.0}
+    per = at.Decomposition(4, 2.0, 0.01, 0.1, 0.4, 0.8, {"x": 1.2}).to_dict()
+    assert per["excess_mean_abs_d"] == pytest.approx(0.6) and per["semantic_mean_abs"] == pytest.approx(0.1)
+    assert per["localized_mean_abs"] == {"x": pytest.approx(0.3)}
+
+
+def test_no_global_part_means_no_global_estimates():
+    ev = _evidence(D, R, trainer_attrs={"self_check": _self_check(0.002)})
+    zero = at.Decomposition(60, 1.0, 0.01, 0.0, 0.0, 0.0)
+    assert at._global_estimates([_f("rollout_bf16_head")], ev, zero) == {}
+    small = at.Decomposition(60, 1.0, 0.01, 0.0, 0.0, 0.5)  # half a nat in all: still split
+    assert at._global_estimates([_f("rollout_bf16_head")], ev, small) == {"rollout_bf16_head": 0.5}
+    assert at._global_estimates([_f("rollout_bf16_head", Severity.INFO)], ev, small) == {}
+
+
+def test_engine_weights_differ_keeps_the_numbers_and_names_at_most_20_tensors():
+    names = [f"model.layers.{i}.w" for i in range(25)]
+    f = sync.engine_weights_differ({"differ": names, "missing_in_engine": [], "n_compared": 25}, 1,
+                                   effect={"version_excess": {"flagged": [1]}})
+    assert f.evidence["tensors"] == sorted(names)[:20] and f.evidence["n_tensors_differ"] == 25
+    assert f.evidence["version_excess"] == {"flagged": [1]} and f.evidence["layers"] == list(range(25))
+    assert "version_excess" not in sync.engine_weights_differ(
+        {"differ": names[:1], "missing_in_engine": [], "n_compared": 1}, 1).evidence
