@@ -364,8 +364,10 @@ _CODES: tuple[FindingCode, ...] = (
        "Without fingerprints: the tokens of one policy version disagree with the trainer far more than the other "
        "versions' (semantic cause corrected), so the two sides held different weights for it (side unknown).",
        sync.FIX_ENGINE + "; or " + sync.FIX_TRAINER, "sync",
-       rule="a version's mean |r| at least `stale_ratio` times the lowest version's and 5 standard errors above it "
-            "(evidence.version_excess)", thresholds=("stale_ratio",),
+       rule="a version's mean |r| at least `stale_ratio` times the lowest version's and 5 standard errors above it, "
+            "each over its own floor where the trainer's self-check measured one per version; never for a version "
+            "whose fingerprints were recorded on both sides and agree (evidence.version_excess)",
+       thresholds=("stale_ratio",),
        calibrated_on="the stale-cache bar (stale_ratio, CPU float32), not calibrated for versions separately",
        causes=("weights_differ",)),
     # --- inference path: where the layers part ---------------------------------------------------------------

@@ -43,9 +43,11 @@ from rlparity.config.defaults import defaults
 from rlparity.metrics import TRAINER_VARIABLE, core, log_ratio, trainer_readings, trainer_side
 from rlparity.metrics import inflight as mi
 from rlparity.metrics.floors import recorded_floors as trainer_floor
+from rlparity.metrics.floors import version_floors
 from rlparity.metrics import routing as mr
 from rlparity.trace import has_trainer, trace_versions
-from rlparity.trace.weights import tensors_not_equal, versions_that_differ
+from rlparity.trace.weights import (compare_checksums, engine_effective, tensors_not_equal, trainer_checksums,
+                                     versions_that_differ)
 
 
 @dataclass
@@ -574,8 +576,12 @@ def version_excess(ev: ArmEvidence, *, ratio: float, z: float = 5.0) -> dict[str
 
     Per policy version, mean ``|r|`` of its tokens no other cause explains; a version whose mean is
     at least ``ratio`` times the lowest version's and ``z`` standard errors above it is claimed (the
-    two sides held different weights for it). Needs two versions, each scored at its own version,
-    and no fingerprint claim already.
+    two sides held different weights for it). Each version is measured against its own floor where
+    the trainer's self-check recorded one for every version (``self_check_per_version``): the means
+    are divided by each version's floor first, so a version whose weights merely have a higher
+    numeric floor (the same excess over its floor on every token) is not claimed. A version whose
+    engine and trainer fingerprints were both recorded and agree is never claimed. Needs two
+    versions, each scored at its own version, and no fingerprint claim already.
 
     Parameters
     ----------
@@ -589,8 +595,10 @@ def version_excess(ev: ArmEvidence, *, ratio: float, z: float = 5.0) -> dict[str
     Returns
     -------
     dict
-        Mean ``|r|`` and token count per version, the lowest version, each version's ratio to it,
-        the thresholds and the ``flagged`` versions; empty when the test does not apply.
+        Mean ``|r|`` and token count per version, the lowest version, each version's ratio to it
+        (over the floors when measured against them: ``floor_by_version``), the versions whose
+        fingerprints agree (``fingerprints_equal``), the thresholds and the ``flagged`` versions;
+        empty when the test does not apply.
     """
     trace = ev.trace
     versions = trace_versions(trace)
@@ -608,18 +616,32 @@ def version_excess(ev: ArmEvidence, *, ratio: float, z: float = 5.0) -> dict[str
             stats[v] = (float(a.mean()), float(a.std(ddof=1) / np.sqrt(a.size)), int(a.size))
     if len(stats) < 2:
         return {}
-    low_v = min(stats, key=lambda v: stats[v][0])
-    low = stats[low_v][0]
+    # each version against its own floor, where one was measured for every version (else floor 1:
+    # the versions' means compared as they are)
+    floors = version_floors(trace, ev.side)
+    own_floor = all(v in floors for v in stats)
+    scale = {v: floors[v] if own_floor else 1.0 for v in stats}
+    low_v = min(stats, key=lambda v: stats[v][0] / scale[v])
+    low = stats[low_v][0] / scale[low_v]
+    engine, trainer = engine_effective(trace.attrs), trainer_checksums(trace.attrs, versions)
+    same = [v for v in stats if v in engine and v in trainer and compare_checksums(engine[v], trainer[v])["equal"]]
     out: dict[str, Any] = {"abs_residual_mean_by_version": {str(v): s[0] for v, s in stats.items()},
                            "n_tokens_by_version": {str(v): s[2] for v, s in stats.items()},
                            "lowest_version": low_v, "ratio_threshold": ratio, "z_threshold": z, "flagged": []}
+    if floors:
+        out["floor_by_version"] = {str(v): f for v, f in floors.items()}
+        out["measured_against"] = "each version's own floor" if own_floor else \
+            "the lowest version's mean (a floor is missing for some version)"
+    if same:
+        out["fingerprints_equal"] = same
     for v, (m, se, _) in stats.items():
         if v == low_v:
             continue
-        zz = (m - low) / se if se > 0 else float("inf")
-        r = m / low if low > 0 else float("inf")
+        expected = low * scale[v]  # the lowest version's mean |r|, scaled to this version's floor
+        zz = (m - expected) / se if se > 0 else float("inf")
+        r = m / expected if expected > 0 else float("inf")
         out[f"version_{v}_over_lowest"] = r
-        if r >= ratio and zz >= z:
+        if r >= ratio and zz >= z and v not in same:
             out["flagged"].append(v)
             ev.claim("weights_differ", (pv == v) & ev.mask, f"tokens of policy version {v}")
     return out

@@ -8,7 +8,8 @@ Two kinds of evidence, used together:
   version with (``attrs["trainer"]["weight_checksums_per_version"]``); see
   :mod:`rlparity.trace.weights`. An update that leaves tensors out keeps the engine's older values
   for them: the engine's effective weights at a version are every load up to it, in order.
-* **numbers**: the tokens of a version whose residual stands far above the other versions'
+* **numbers**: the tokens of a version whose residual stands far above the other versions', each
+  over its own floor where the trainer's self-check measured one per version
   (:func:`rlparity.diagnose.evidence.version_excess`).
 
 Findings: ``engine_weights_differ`` (the engine holds other values for some tensors than the
@@ -127,11 +128,12 @@ def weight_sync(trace: xr.Dataset, *, evidence: ArmEvidence | None = None) -> li
         named.add(v)
     for v in sorted(flagged - named):
         ratio = numbers.get(f"version_{v}_over_lowest")
+        floors = " (each over its own floor)" if numbers.get("measured_against") == "each version's own floor" else ""
         out.append(Finding(
             Layer.INFERENCE_PATH, "weights_differ_at_version", Severity.WARNING,
             f"the tokens of policy version {v} disagree with the trainer {ratio:.3g}x more than those of version "
-            f"{numbers.get('lowest_version')} (residual, semantic cause corrected): the engine and the trainer held "
-            "different weights for it", {"version": v, **numbers, "pair": PAIR},
+            f"{numbers.get('lowest_version')}{floors} (residual, semantic cause corrected): the engine and the trainer "
+            "held different weights for it", {"version": v, **numbers, "pair": PAIR},
             FIX_ENGINE + "; or " + FIX_TRAINER, arm, cause="weights_differ", tokens=_tokens(trace, ev, v)))
     return out
 

@@ -51,17 +51,49 @@ def recorded_floors(trace: xr.Dataset, side: str = "processed") -> dict[str, flo
     if not check:
         per = t.get("self_check_per_version") or {}
         check = next((v for v in per.values() if v), None)
-    out = {f"{k}_{s}": float("nan") for k in ("batch_shape", "run_to_run", "engine_batch") for s in ("rms", "mean_abs")}
+    out = {**_self_check_floors(check, side), "engine_batch_rms": float("nan"), "engine_batch_mean_abs": float("nan")}
+    eng = (trace.attrs.get("engine_floor") or {}).get("batch_shape") or {}
+    for stat in ("rms", "mean_abs"):
+        if eng.get(stat) is not None:
+            out[f"engine_batch_{stat}"] = float(eng[stat])
+    return out
+
+
+def _self_check_floors(check, side: str) -> dict[str, float]:
+    """``batch_shape`` and ``run_to_run`` mean ``|x|`` and RMS of one self-check record (NaN where absent)."""
+    out = {f"{k}_{s}": float("nan") for k in ("batch_shape", "run_to_run") for s in ("rms", "mean_abs")}
     if isinstance(check, Mapping):
         for key in ("batch_shape", "run_to_run"):
             v = check.get(f"{key}_{side}") or {}
             for stat in ("rms", "mean_abs"):
                 if isinstance(v, Mapping) and v.get(stat) is not None:
                     out[f"{key}_{stat}"] = float(v[stat])
-    eng = (trace.attrs.get("engine_floor") or {}).get("batch_shape") or {}
-    for stat in ("rms", "mean_abs"):
-        if eng.get(stat) is not None:
-            out[f"engine_batch_{stat}"] = float(eng[stat])
+    return out
+
+
+def version_floors(trace: xr.Dataset, side: str = "processed") -> dict[int, float]:
+    """The trainer's batch-shape floor (mean ``|x|``, nats) at each policy version of a trace scored
+    per version: what its self-check measured with that version's weights.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One arm, scored per version (``attrs["trainer"]["self_check_per_version"]``).
+    side : {"processed", "raw"}
+        The trainer reading.
+
+    Returns
+    -------
+    dict[int, float]
+        ``{version: floor}`` for the versions whose self-check measured a finite floor above 0;
+        empty when none was recorded.
+    """
+    per = (trace.attrs.get("trainer") or {}).get("self_check_per_version") or {}
+    out = {}
+    for v, check in per.items():
+        f = _self_check_floors(check, side)["batch_shape_mean_abs"]
+        if np.isfinite(f) and f > 0:
+            out[int(v)] = f
     return out
 
 
@@ -214,4 +246,5 @@ def floor_table(arms: Mapping[str, xr.Dataset], reference: str, *, trainer: Trai
     return table
 
 
-__all__ = ["FLOOR_VARIABLES", "floor_stats", "floor_table", "floors_beside_gap", "recorded_floors", "trainer_floor"]
+__all__ = ["FLOOR_VARIABLES", "floor_stats", "floor_table", "floors_beside_gap", "recorded_floors", "trainer_floor",
+           "version_floors"]

@@ -1,0 +1,502 @@
+"""Unit tests of the diagnosis rules on traces built by hand (no engine, issue 41 item 4).
+
+Every expected value is written out here, in float64 or by hand: the decomposition of an arm's
+excess, the split rules of the causes acting on every token, the floor and run-to-run share rules,
+the per-version excess (``version_excess``) and the localized test (its ratio and its z parts), the
+weight-sync findings and the checksum comparisons they rest on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlparity.diagnose import attribution as at
+from rlparity.diagnose import evidence as evm
+from rlparity.diagnose import sync, trainer
+from rlparity.diagnose.evidence import ArmEvidence, build
+from rlparity.diagnose.findings import Finding, Layer, Severity
+from rlparity.trace import from_rollouts
+from rlparity.trace.weights import compare_checksums, engine_effective, trainer_checksums, versions_that_differ
+
+
+# ----------------------------------------------------------------------------------- helpers
+def _scored(d, *, versions=None, trainer_attrs=None, attrs=None):
+    """A scored trace with greedy-free identity sampling: trainer = rollout + ``d`` per token (so
+    the residual is ``-d``); ``d`` and ``versions`` are lists of rows (ragged allowed)."""
+    n = len(d)
+    versions = versions if versions is not None else [[0] * len(row) for row in d]
+    tr = from_rollouts(prompt_token_ids=[[1, 2, 3]] * n, token_ids=[[5] * len(row) for row in d],
+                       rollout_logprobs=[[-1.0] * len(row) for row in d], policy_versions=versions,
+                       attrs={"arm": "a", **(attrs or {})})
+    dd = np.full((n, tr.sizes["position"]), np.nan)
+    for i, row in enumerate(d):
+        dd[i, :len(row)] = row
+    for var in ("trainer_logprob", "trainer_processed_logprob"):
+        tr[var] = (("sequence", "position"), -1.0 + dd)
+    tr.attrs["trainer"] = {"model": "m", **(trainer_attrs or {})}
+    return tr
+
+
+def _self_check(batch_shape_mean_abs=None, run_to_run_rms=None, batch_shape_rms=None):
+    out = {}
+    if batch_shape_mean_abs is not None:
+        out["batch_shape_processed"] = {"mean_abs": batch_shape_mean_abs,
+                                        "rms": batch_shape_rms if batch_shape_rms is not None else batch_shape_mean_abs}
+    if run_to_run_rms is not None:
+        out["run_to_run_processed"] = {"rms": run_to_run_rms, "mean_abs": run_to_run_rms}
+    return out
+
+
+def _evidence(d, r, claims=None, trainer_attrs=None, attrs=None):
+    """An ArmEvidence over a rectangular ``d`` / residual ``r`` (every token real), claims by hand."""
+    d = np.asarray(d, dtype=np.float64)
+    tr = _scored(d.tolist(), trainer_attrs=trainer_attrs, attrs=attrs)
+    mask = np.ones(d.shape, dtype=bool)
+    ev = ArmEvidence(tr, "processed", mask, d, residual=np.asarray(r, dtype=np.float64))
+    for c, t in (claims or {}).items():
+        ev.claim(c, t, c)
+    return ev
+
+
+def _f(cause, sev=Severity.WARNING, name=None, layer=Layer.INFERENCE_PATH):
+    return Finding(layer, name or f"found_{cause}", sev, "s", arm="a", cause=cause)
+
+
+RNG = np.random.default_rng(41)
+D = RNG.normal(0.0, 0.05, size=(6, 10))
+R = 0.6 * D + RNG.normal(0.0, 0.002, size=D.shape)  # the semantic correction removes part of |d|
+STALE = np.zeros(D.shape, dtype=bool)
+STALE[:2] = True
+D[:2] += 0.5
+R[:2] += 0.3  # the stale sequences stand far above the background
+
+
+def _reference(d, r, claimed, floor):
+    """The decomposition written out in float64 (module docstring of attribution)."""
+    ad, ar = np.abs(d.astype(np.float64)), np.abs(r.astype(np.float64))
+    n = d.size
+    b = ar[~claimed].mean()
+    return {"n": n, "total": ad.sum(), "b": b, "semantic": ad.sum() - ar.sum(), "global": n * (b - floor),
+            "localized": (ar[claimed] - b).sum()}
+
+
+# ------------------------------------------------------------------------------ decomposition
+def test_decomposition_is_the_float64_sums():
+    f = 0.004
+    ev = _evidence(D, R, {"stale_prefix_cache": STALE}, {"self_check": _self_check(batch_shape_mean_abs=f)})
+    dec = at.decompose(ev)
+    ref = _reference(D, R, STALE, f)
+    assert dec.n_tokens == ref["n"] == 60
+    assert dec.total == pytest.approx(ref["total"], rel=1e-12)
+    assert dec.floor == f and dec.background == pytest.approx(ref["b"], rel=1e-12)
+    assert dec.semantic == pytest.approx(ref["semantic"], rel=1e-12)
+    assert dec.global_ == pytest.approx(ref["global"], rel=1e-12)
+    assert dec.localized == {"stale_prefix_cache": pytest.approx(ref["localized"], rel=1e-12)}
+    assert dec.excess == pytest.approx(ref["semantic"] + ref["global"] + ref["localized"], rel=1e-12)
+    assert dec.floor_share == pytest.approx(f / (ref["total"] / 60), rel=1e-12)
+    per = dec.to_dict()
+    assert per["global_mean_abs"] == pytest.approx(ref["b"] - f, rel=1e-12)
+    assert per["mean_abs_d"] == pytest.approx(np.abs(D).mean(), rel=1e-12)
+    # a floor above the background leaves no global part; no part is ever negative
+    dec = at.decompose(_evidence(D, R, {"stale_prefix_cache": STALE}, {"self_check": _self_check(1.0)}))
+    assert dec.global_ == 0.0 and dec.floor == 1.0
+
+
+def test_floor_is_the_larger_recorded_floor_of_a_deterministic_trainer():
+    tr = _scored([[0.1] * 4], trainer_attrs={"self_check": _self_check(0.002)},
+                 attrs={"engine_floor": {"batch_shape": {"mean_abs": 0.003, "rms": 0.004}}})
+    assert evm.floor_mean_abs(tr) == 0.003
+    tr.attrs["engine_floor"]["batch_shape"]["mean_abs"] = 0.001
+    assert evm.floor_mean_abs(tr) == 0.002
+    # a trainer moving from run to run has no floor to speak of
+    tr.attrs["trainer"]["self_check"] = _self_check(0.002, run_to_run_rms=1e-4)
+    assert evm.floor_mean_abs(tr) == 0.0
+    assert evm.floor_mean_abs(_scored([[0.1] * 4])) == 0.0
+
+
+# ------------------------------------------------------------------------------ split rules
+def test_semantic_and_global_parts_split_evenly_among_their_causes():
+    ev = _evidence(D, R, {"stale_prefix_cache": STALE}, {"self_check": _self_check(0.004)})
+    dec = at.decompose(ev)
+    ref = _reference(D, R, STALE, 0.004)
+    findings = [_f("trainer_temperature", layer=Layer.SEMANTIC), _f("trainer_top_k", layer=Layer.SEMANTIC),
+                _f("rollout_bf16_head"), _f("stale_prefix_cache", Severity.ERROR),
+                _f("trainer_batch_variance"),  # a floor cause: never takes the global part
+                _f("trainer_dropout", Severity.INFO),  # information names no cause
+                _f("trainer_bf16_head", name="zero_probability_tokens")]  # local evidence of a global cause
+    e = at.energies(findings, ev, dec)
+    # the semantic part: half to each sampling cause; the global part: a third to each cause acting on every token
+    assert e["trainer_temperature"] == pytest.approx(ref["semantic"] / 2 + ref["global"] / 3, rel=1e-12)
+    assert e["trainer_top_k"] == pytest.approx(ref["semantic"] / 2 + ref["global"] / 3, rel=1e-12)
+    assert e["rollout_bf16_head"] == pytest.approx(ref["global"] / 3, rel=1e-12)
+    assert e["stale_prefix_cache"] == pytest.approx(ref["localized"], rel=1e-12)
+    assert e["trainer_batch_variance"] == 0.0 and e["trainer_bf16_head"] == 0.0 and "trainer_dropout" not in e
+    assert sum(e.values()) == pytest.approx(dec.excess, rel=1e-12)
+    assert at._global_estimates(findings, ev, dec) == {c: pytest.approx(ref["global"] / 3, rel=1e-12) for c in
+                                                       ("trainer_temperature", "trainer_top_k", "rollout_bf16_head")}
+    # raw logprobs named: it takes the whole semantic part
+    e = at.energies([_f("raw_logprobs", Severity.ERROR, layer=Layer.SEMANTIC), _f("trainer_temperature")], ev, dec)
+    assert e["raw_logprobs"] == pytest.approx(ref["semantic"], rel=1e-12)
+    assert e["trainer_temperature"] == pytest.approx(ref["global"], rel=1e-12)
+    # no sampling cause: a noisy trainer makes the rollout match neither reading
+    assert at.neither_makers({"trainer_dropout", "rollout_bf16_head"}) == ["trainer_dropout"]
+    assert at.neither_makers({"trainer_top_k", "trainer_dropout"}) == ["trainer_top_k"]
+    assert at.neither_makers({"rollout_bf16_head"}) == []
+
+
+def test_dropout_takes_its_measured_run_to_run_noise_and_the_rest_goes_evenly():
+    run = 0.004
+    ev = _evidence(D, R, trainer_attrs={"self_check": _self_check(0.002, run_to_run_rms=run)})
+    dec = at.decompose(ev)
+    b = np.abs(R).mean()
+    assert dec.floor == 0.0 and dec.global_ == pytest.approx(60 * b, rel=1e-12)  # a moving trainer has no floor
+    est = 60 * run / np.sqrt(np.pi)  # one draw's mean |noise| from the RMS of two draws' difference
+    assert est < dec.global_
+    g = at._global_estimates([_f("trainer_dropout"), _f("rollout_bf16_head"), _f("trainer_bf16_head")], ev, dec)
+    assert g["trainer_dropout"] == pytest.approx(est, rel=1e-12)
+    assert g["rollout_bf16_head"] == pytest.approx((60 * b - est) / 2, rel=1e-12) == g["trainer_bf16_head"]
+    # alone, dropout takes the whole global part; without its run-to-run number it takes nothing beside others
+    assert at._global_estimates([_f("trainer_dropout")], ev, dec) == {"trainer_dropout": pytest.approx(60 * b)}
+    ev.trace.attrs["trainer"]["self_check"] = _self_check(0.002)
+    dec = at.decompose(ev)
+    g = at._global_estimates([_f("trainer_dropout"), _f("rollout_bf16_head")], ev, dec)
+    assert g["trainer_dropout"] == 0.0 and g["rollout_bf16_head"] == pytest.approx(dec.global_)
+    assert at._global_estimates([_f("stale_prefix_cache")], ev, dec) == {}
+
+
+def test_attribute_gives_shares_of_the_excess_and_the_headline():
+    ev = _evidence(D, R, {"weights_differ": STALE}, {"self_check": _self_check(0.004)})
+    ref = _reference(D, R, STALE, 0.004)
+    findings = [_f("partial_weight_sync", Severity.ERROR), _f("rollout_bf16_head"),
+                _f("raw_logprobs", Severity.ERROR, layer=Layer.SEMANTIC)]
+    out, rec = at.attribute(findings, ev)
+    total = ref["semantic"] + ref["global"] + ref["localized"]
+    want = {"partial_weight_sync": ref["localized"] / total, "rollout_bf16_head": ref["global"] / total,
+            "raw_logprobs": ref["semantic"] / total}
+    assert rec["shares"] == {c: pytest.approx(v, rel=1e-10) for c, v in want.items()}
+    assert rec["cause"] == max(want, key=want.get)
+    assert {f.cause: f.share for f in out} == rec["shares"]
+    assert rec["tokens_explained"] == {"weights_differ": 20}
+    assert at.attribute(findings, None) == (findings, {})
+
+
+# ------------------------------------------------------------------------------ trainer floors
+def _gap_trace(gap, bs_floor=None, engine_floor=None, run=None, **trainer_attrs):
+    check = _self_check(bs_floor, run_to_run_rms=run) if bs_floor is not None or run is not None else None
+    attrs = {"engine_floor": {"batch_shape": {"mean_abs": engine_floor, "rms": engine_floor}}} if engine_floor else {}
+    d = [[gap, -gap] * 4] * 4
+    return _scored(d, trainer_attrs={"self_check": check, **trainer_attrs}, attrs=attrs)
+
+
+@pytest.mark.parametrize("share, severity", [(0.3, Severity.WARNING), (0.2, Severity.INFO)])
+def test_a_floor_warns_from_a_quarter_of_the_gap(share, severity):
+    gap = 0.02  # above tol_trainer (1e-3 nats)
+    tr = _gap_trace(gap, bs_floor=share * gap, engine_floor=share * gap)
+    found = {f.name: f for f in trainer.floor_findings(tr)}
+    for name, cause in (("trainer_not_batch_invariant", "trainer_batch_variance"),
+                        ("engine_not_batch_invariant", "batch_variant_attention")):
+        f = found[name]
+        assert f.severity == severity and f.evidence["share_of_gap"] == pytest.approx(share, rel=1e-12)
+        assert f.evidence["gap_mean_abs_d"] == pytest.approx(gap, rel=1e-12)
+        assert f.cause == (cause if severity == Severity.WARNING else None)
+    # a gap below tol_trainer never warns, whatever the share
+    small = trainer.floor_findings(_gap_trace(5e-4, bs_floor=4e-4), tol=1e-3)
+    assert [f.severity for f in small] == [Severity.INFO]
+    # a nondeterministic trainer: no batch-shape finding (its own finding says it); no floor: nothing
+    assert trainer.floor_findings(_gap_trace(gap, bs_floor=0.3 * gap, run=1e-3)) == []
+    assert trainer.floor_findings(_gap_trace(gap)) == []
+
+
+@pytest.mark.parametrize("run_share, expected", [(0.2, Severity.WARNING), (0.05, None)])
+def test_run_to_run_counts_from_a_tenth_of_the_background(run_share, expected):
+    gap = 0.02
+    tr = _gap_trace(gap, run=run_share * gap)
+    ev = build(tr)
+    # identity sampling: r = mu - trainer = -d, so the background RMS is the gap itself
+    assert float(np.sqrt(np.mean(ev.residual[ev.finite_tokens] ** 2))) == pytest.approx(gap, rel=1e-12)
+    f = trainer.trainer_determinism(tr, evidence=ev)
+    if expected is None:
+        assert f is None
+    else:
+        assert f.severity == expected and f.cause == "trainer_dropout"
+        assert f.evidence["run_to_run_rms"] == pytest.approx(run_share * gap)
+        assert f.evidence["background_rms"] == pytest.approx(gap, rel=1e-12)
+    # train mode with dropout on is an error whatever the movement
+    err = trainer.trainer_determinism(_gap_trace(gap, run=run_share * gap, training_mode=True, dropout=0.1))
+    assert err.severity == Severity.ERROR and err.evidence["dropout"] == 0.1
+    assert trainer.trainer_determinism(_gap_trace(gap, run=0.0)) is None
+    assert trainer.trainer_determinism(_gap_trace(gap)) is None  # no self-check
+    bare = _gap_trace(gap).drop_vars(["trainer_logprob", "trainer_processed_logprob"])
+    assert trainer.trainer_determinism(bare) is None and trainer.floor_findings(bare) == []
+
+
+# ------------------------------------------------------------------------------ localized test
+def _loc(claimed_vals, free_vals):
+    c, f = np.asarray(claimed_vals, float), np.asarray(free_vals, float)
+    r = np.concatenate([c, f])[None, :]
+    claim = np.zeros(r.shape, dtype=bool)
+    claim[0, :c.size] = True
+    ev = _evidence(r, r, {"kv_carried_over": claim})
+    return ev, c, f
+
+
+def _hand_se(c, f):
+    return np.sqrt(c.var(ddof=1) / c.size + f.var(ddof=1) / f.size)
+
+
+def test_localized_test_measures_by_ratio_alone():
+    # claimed tokens at 5x the background; the excess far below tol, so only the ratio can measure it
+    ev, c, f = _loc([0.05, 0.06, 0.04, 0.05], [0.01, 0.011, 0.009, 0.01, 0.012, 0.008])
+    t = ev.localized_test("kv_carried_over", ratio=3.0, tol=10.0)
+    assert t["ratio"] == pytest.approx(c.mean() / f.mean(), rel=1e-12) and t["ratio"] > 3
+    assert t["excess"] == pytest.approx(c.mean() - f.mean(), rel=1e-12)
+    assert t["excess_se"] == pytest.approx(_hand_se(c, f), rel=1e-12)
+    assert t["verdict"] == "measured"
+    # the same tokens against a ratio they do not reach: the excess is far below tol -> "small"
+    assert ev.localized_test("kv_carried_over", ratio=6.0, tol=10.0)["verdict"] == "small"
+    # a background of exactly 0: an infinite ratio measures
+    ev0, _, _ = _loc([0.05, 0.06], [0.0, 0.0, 0.0])
+    assert ev0.localized_test("kv_carried_over", ratio=3.0, tol=10.0)["verdict"] == "measured"
+
+
+def test_localized_test_measures_by_excess_and_z():
+    rng = np.random.default_rng(0)
+    c = 0.12 + 0.01 * rng.standard_normal(40)
+    f = 0.10 + 0.01 * rng.standard_normal(200)
+    ev, c, f = _loc(c, f)
+    se = _hand_se(c, f)
+    z = (c.mean() - f.mean()) / se
+    assert 4 < z and c.mean() / f.mean() < 1.5  # the ratio test alone would not measure it
+    t = ev.localized_test("kv_carried_over", ratio=1.5, tol=0.005)
+    assert t["z"] == pytest.approx(z, rel=1e-10) and t["verdict"] == "measured"
+    # the excess above tol but not z standard errors: inconclusive; below tol with confidence: small
+    assert ev.localized_test("kv_carried_over", ratio=1.5, tol=0.005, z=z + 1)["verdict"] == "inconclusive"
+    assert ev.localized_test("kv_carried_over", ratio=1.5, tol=c.mean() - f.mean() + 2 * se + 1e-4)["verdict"] == \
+        "small"
+    assert ev.localized_test("stale_prefix_cache", ratio=1.5, tol=0.005) == {
+        "n_tokens": 0, "n_background_tokens": 200, "verdict": "small"}
+
+
+# ------------------------------------------------------------------------------ version excess
+def _two_versions(v0_scale, v1_scale, *, n=8, width=12, seed=3, self_checks=None, trainer_sums=None,
+                  engine_sums=None, fresh_only=False):
+    """Half the sequences span the update (v0 then v1), half are fresh at v1 (``fresh_only``: none
+    span, as under a wait-mode update); |d| ~ scale per version."""
+    rng = np.random.default_rng(seed)
+    versions, d = [], []
+    for i in range(n):
+        if i < n // 2:
+            v = [0] * width if fresh_only else [0] * (width // 2) + [1] * (width - width // 2)
+        else:
+            v = [1] * width
+        versions.append(v)
+        d.append([(v0_scale if x == 0 else v1_scale) * (1 + 0.3 * rng.standard_normal()) for x in v])
+    ta = {"scored_by": "policy_version"}
+    if self_checks is not None:
+        ta["self_check_per_version"] = {str(k): _self_check(v) for k, v in self_checks.items()}
+    if trainer_sums is not None:
+        ta["weight_checksums_per_version"] = trainer_sums
+    attrs = {"engine_weight_checksums": engine_sums} if engine_sums is not None else {}
+    return _scored(d, versions=versions, trainer_attrs=ta, attrs=attrs)
+
+
+def _by_version(tr):
+    """|d| per version on the tokens no update record explains: the v1 tokens of a sequence that
+    spans the update sat on KV of v0 (kv_carried_over), so they are left out."""
+    a = np.abs(tr["trainer_processed_logprob"].values - tr["rollout_logprob"].values)
+    pv, m = tr["policy_version"].values, tr["response_mask"].values
+    spans = ((pv == 0) & m).any(axis=1)[:, None] & (pv == 1)
+    return {v: a[(pv == v) & m & ~spans] for v in (0, 1)}, spans
+
+
+def test_version_excess_flags_the_version_that_stands_out():
+    tr = _two_versions(0.01, 0.1)
+    ev = build(tr)
+    ve = ev.version_excess
+    a, spans = _by_version(tr)
+    assert np.array_equal(ev.claims["kv_carried_over"], spans)
+    assert ve["abs_residual_mean_by_version"] == {str(v): pytest.approx(a[v].mean(), rel=1e-12) for v in (0, 1)}
+    assert ve["lowest_version"] == 0 and ve["version_1_over_lowest"] == pytest.approx(a[1].mean() / a[0].mean())
+    n1 = int((tr["policy_version"].values == 1).sum())
+    assert ve["flagged"] == [1] and ev.claims["weights_differ"].sum() == n1
+    (f,) = sync.weight_sync(tr, evidence=ev)
+    assert (f.name, f.severity, f.cause) == ("weights_differ_at_version", Severity.WARNING, "weights_differ")
+    assert f.tokens["n_tokens"] == n1
+    # 2x: below the ratio (3, defaults().stale_ratio); one version only, or scored with one weight set: no test
+    assert build(_two_versions(0.01, 0.02)).version_excess["flagged"] == []
+    assert evm.version_excess(build(_scored([[0.1] * 6] * 2)), ratio=3.0) == {}
+    one_set = _two_versions(0.01, 0.1)
+    one_set.attrs["trainer"]["scored_by"] = None
+    assert "weights_differ" not in build(one_set).claims
+
+
+def test_version_excess_needs_z_standard_errors_too():
+    # 10x on four tokens of enormous spread: the ratio is reached, z is not
+    d = [[0.01, 0.011, 0.009, 0.01, 0.012], [0.001, 0.4, 0.002, 0.003]]
+    tr = _scored(d, versions=[[0] * 5, [1] * 4], trainer_attrs={"scored_by": "policy_version"})
+    ev = build(tr)
+    a1 = np.abs(np.array(d[1]))
+    se = a1.std(ddof=1) / 2
+    z = (a1.mean() - np.mean(np.abs(d[0]))) / se
+    assert a1.mean() / np.mean(np.abs(d[0])) > 3 and z < 5
+    assert ev.version_excess["flagged"] == []
+    assert evm.version_excess(build(tr), ratio=3.0, z=z - 0.1)["flagged"] == [1]
+
+
+# ------------------------------------------------------------------------------ checksums
+def test_compare_checksums_by_hand():
+    eng = {"a": "1", "b": "2", "lm_head.weight": "9", "only_e": "7"}
+    trn = {"a": "1", "b": "3", "model.embed_tokens.weight": "9", "c": "4"}
+    cmp = compare_checksums(eng, trn)
+    # lm_head / embed_tokens: tied, present on one side each -> neither missing nor extra
+    assert cmp == {"n_compared": 2, "differ": ["b"], "missing_in_engine": ["c"], "only_in_engine": ["only_e"],
+                   "equal": False}
+    assert compare_checksums({"a": "1", "x": "0"}, {"a": "1"})["equal"]  # extra engine tensors: still equal
+    assert not compare_checksums({"a": "1"}, {"a": "1", "lm_head.weight": "9"})["equal"]  # untied: missing
+
+
+V0 = {"model.layers.0.w": "00", "model.layers.1.w": "01", "lm_head.weight": "0h"}
+V1 = {"model.layers.0.w": "10", "model.layers.1.w": "11", "lm_head.weight": "1h"}
+
+
+def test_versions_that_differ_reads_the_engine_loads_in_order():
+    partial = {k: v for k, v in V1.items() if ".layers.1." not in k}  # the update left layer 1 out
+    attrs = {"engine_weight_checksums": {"0": V0, "1": partial},
+             "trainer": {"weight_checksums_per_version": {"0": V0, "1": V1}}}
+    assert engine_effective(attrs)[1] == {**V1, "model.layers.1.w": "01"}  # layer 1 keeps v0's values
+    out = versions_that_differ(attrs, [0, 1])
+    assert list(out) == [1] and out[1]["differ"] == ["model.layers.1.w"] and out[1]["same_as"] == []
+    # the trainer scored version 1 with version 0's weights: same_as names it
+    stale = {"engine_weight_checksums": {"0": V0, "1": V1}, "trainer": {"weight_checksums_per_version": {"0": V0,
+                                                                                                            "1": V0}}}
+    assert versions_that_differ(stale, [0, 1])[1]["same_as"] == [0]
+    # one fingerprint covers a trace only when it holds one version
+    assert trainer_checksums({"trainer": {"weight_checksums": V0}}, [0]) == {0: V0}
+    assert trainer_checksums({"trainer": {"weight_checksums": V0}}, [0, 1]) == {}
+    assert versions_that_differ({"engine_weight_checksums": {"0": V0}}, [0]) == {}
+
+
+def test_weight_sync_names_the_side_from_the_fingerprints():
+    partial = {k: v for k, v in V1.items() if ".layers.1." not in k}
+    tr = _two_versions(0.01, 0.1, engine_sums={"0": V0, "1": partial}, trainer_sums={"0": V0, "1": V1})
+    ev = build(tr)
+    assert ev.version_excess == {}  # the fingerprints already name the version
+    (f,) = sync.weight_sync(tr, evidence=ev)
+    assert (f.name, f.severity, f.cause) == ("engine_weights_differ", Severity.ERROR, "partial_weight_sync")
+    assert f.evidence["tensors"] == ["model.layers.1.w"] and f.evidence["layers"] == [1]
+    assert f.evidence["n_tensors_compared"] == 3
+    tr = _two_versions(0.01, 0.1, engine_sums={"0": V0, "1": V1}, trainer_sums={"0": V0, "1": V0})
+    (f,) = sync.weight_sync(tr)
+    assert (f.name, f.cause, f.evidence["trainer_weights_equal_engine_version"]) == (
+        "trainer_weights_stale", "trainer_stale_weights", 0)
+    assert sync.weight_sync(tr.drop_vars(["trainer_logprob", "trainer_processed_logprob"])) == []
+    assert sync.trace_findings(_two_versions(0.01, 0.011)) == []
+
+
+# ------------------------------------------------------------------------------ issue 41: a higher floor is no sync fault
+@pytest.mark.parametrize("fresh_only", [False, True], ids=["keep", "wait"])
+def test_a_version_with_a_higher_floor_is_not_a_weight_mismatch(fresh_only):
+    """Version 1's weights give a 5x higher numeric floor (its self-check says so) and 5x the
+    residual on every token, fresh or spanning the update: no ``weights_differ_at_version``."""
+    from rlparity.diagnose import diagnose
+    from rlparity.metrics.floors import version_floors
+
+    tr = _two_versions(0.01, 0.05, self_checks={0: 0.008, 1: 0.04}, fresh_only=fresh_only)
+    assert version_floors(tr) == {0: 0.008, 1: 0.04}
+    a, _ = _by_version(tr)
+    ev = build(tr)
+    ve = ev.version_excess
+    assert a[1].mean() / a[0].mean() > 3  # against the lowest version alone, it would be flagged
+    assert ve["measured_against"] == "each version's own floor" and ve["flagged"] == []
+    over = {0: a[0].mean() / 0.008, 1: a[1].mean() / 0.04}  # each version's mean |r| over its own floor
+    lo = min(over, key=over.get)
+    assert ve["lowest_version"] == lo
+    assert ve[f"version_{1 - lo}_over_lowest"] == pytest.approx(over[1 - lo] / over[lo], rel=1e-12)
+    assert over[1 - lo] / over[lo] < 1.5
+    assert "weights_differ" not in ev.claims and sync.weight_sync(tr, evidence=ev) == []
+    assert "weights_differ_at_version" not in {f.name for f in diagnose({"a": tr})}
+    # without the per-version floors the numbers cannot tell: the old comparison stands
+    bare = _two_versions(0.01, 0.05, fresh_only=fresh_only)
+    assert build(bare).version_excess["flagged"] == [1]
+    # fingerprints recorded on both sides and equal: the weights were the same, whatever the numbers
+    same = _two_versions(0.01, 0.05, fresh_only=fresh_only, engine_sums={"0": V0, "1": V1},
+                         trainer_sums={"0": V0, "1": V1})
+    ve = build(same).version_excess
+    assert ve["flagged"] == [] and ve["fingerprints_equal"] == [0, 1] and sync.weight_sync(same) == []
+
+
+@pytest.mark.parametrize("fresh_only", [False, True], ids=["keep", "wait"])
+def test_a_real_partial_sync_is_still_named(fresh_only):
+    """The engine kept version 0's values of one layer: version 1's tokens carry 10x the residual
+    everywhere while the trainer's own floor barely moves; flagged by the numbers, and named
+    engine_weights_differ when the checksums were recorded."""
+    from rlparity.diagnose import diagnose
+
+    tr = _two_versions(0.01, 0.1, self_checks={0: 0.008, 1: 0.009}, fresh_only=fresh_only)
+    a, _ = _by_version(tr)
+    ve = build(tr).version_excess
+    assert ve["flagged"] == [1]
+    assert ve["version_1_over_lowest"] == pytest.approx((a[1].mean() / 0.009) / (a[0].mean() / 0.008), rel=1e-12)
+    (f,) = sync.weight_sync(tr)
+    assert f.name == "weights_differ_at_version" and "over its own floor" in f.summary
+    assert "weights_differ_at_version" in {g.name for g in diagnose({"a": tr})}
+    # a higher floor at version 1 does not hide an excess far above it
+    assert build(_two_versions(0.01, 0.2, self_checks={0: 0.008, 1: 0.02}, fresh_only=fresh_only)
+                 ).version_excess["flagged"] == [1]
+    partial = {k: v for k, v in V1.items() if ".layers.1." not in k}
+    tr = _two_versions(0.01, 0.1, self_checks={0: 0.008, 1: 0.009}, fresh_only=fresh_only,
+                       engine_sums={"0": V0, "1": partial}, trainer_sums={"0": V0, "1": V1})
+    (f,) = sync.weight_sync(tr)
+    assert (f.name, f.evidence["layers"]) == ("engine_weights_differ", [1])
+
+
+# ------------------------------------------------------------------------------ edges the mutation run found
+def test_decomposition_edges_padding_infinite_tokens_and_empty_parts():
+    # a ragged trace (padding) with one token the trainer gives probability 0 (d = -inf)
+    d = [[0.1, -0.2, 0.3, -np.inf], [0.05, 0.02]]
+    tr = _scored(d, trainer_attrs={"self_check": _self_check(0.01)})
+    ev = build(tr)
+    dec = at.decompose(ev)
+    fin = np.array([0.1, -0.2, 0.3, 0.05, 0.02])
+    assert dec.n_tokens == 5 and dec.total == pytest.approx(np.abs(fin).sum(), rel=1e-12)
+    assert dec.background == pytest.approx(np.abs(fin).mean(), rel=1e-12)
+    assert dec.semantic == pytest.approx(0.0, abs=1e-15)  # identity sampling: |r| = |d|
+    assert dec.global_ == pytest.approx(5 * (np.abs(fin).mean() - 0.01), rel=1e-12)
+    # a claim whose tokens sit below the background explains nothing (never a negative part)
+    low = np.zeros(ev.mask.shape, dtype=bool)
+    low[1, :2] = True
+    ev.claim("stale_prefix_cache", low, "low")
+    dec = at.decompose(ev)
+    assert dec.localized == {"stale_prefix_cache": 0.0}
+    assert dec.background == pytest.approx(np.abs([0.1, -0.2, 0.3]).mean(), rel=1e-12)
+    # every token claimed: the background is 0
+    ev.claim("kv_carried_over", ev.mask, "all")
+    assert at.decompose(ev).background == 0.0
+    # no tokens, no mismatch: no floor share; per-token values divide by max(N, 1)
+    empty = at.Decomposition(0, 0.0, 0.01, 0.0, 2.0, 0.0, {"x": 4.0})
+    assert empty.floor_share is None and at.Decomposition(10, 0.0, 0.01, 0.0, 0.0, 0.0).floor_share is None
+    assert at.Decomposition(10, 0.5, 0.01, 0.0, 0.0, 0.0).floor_share == pytest.approx(0.01 / 0.05)
+    assert empty.to_dict()["semantic_mean_abs"] == 2.0 and empty.to_dict()["localized_mean_abs"] == {"x": 4.0}
+    per = at.Decomposition(4, 2.0, 0.01, 0.1, 0.4, 0.8, {"x": 1.2}).to_dict()
+    assert per["excess_mean_abs_d"] == pytest.approx(0.6) and per["semantic_mean_abs"] == pytest.approx(0.1)
+    assert per["localized_mean_abs"] == {"x": pytest.approx(0.3)}
+
+
+def test_no_global_part_means_no_global_estimates():
+    ev = _evidence(D, R, trainer_attrs={"self_check": _self_check(0.002)})
+    zero = at.Decomposition(60, 1.0, 0.01, 0.0, 0.0, 0.0)
+    assert at._global_estimates([_f("rollout_bf16_head")], ev, zero) == {}
+    small = at.Decomposition(60, 1.0, 0.01, 0.0, 0.0, 0.5)  # half a nat in all: still split
+    assert at._global_estimates([_f("rollout_bf16_head")], ev, small) == {"rollout_bf16_head": 0.5}
+    assert at._global_estimates([_f("rollout_bf16_head", Severity.INFO)], ev, small) == {}
+
+
+def test_engine_weights_differ_keeps_the_numbers_and_names_at_most_20_tensors():
+    names = [f"model.layers.{i}.w" for i in range(25)]
+    f = sync.engine_weights_differ({"differ": names, "missing_in_engine": [], "n_compared": 25}, 1,
+                                   effect={"version_excess": {"flagged": [1]}})
+    assert f.evidence["tensors"] == sorted(names)[:20] and f.evidence["n_tensors_differ"] == 25
+    assert f.evidence["version_excess"] == {"flagged": [1]} and f.evidence["layers"] == list(range(25))
+    assert "version_excess" not in sync.engine_weights_differ(
+        {"differ": names[:1], "missing_in_engine": [], "n_compared": 1}, 1).evidence
