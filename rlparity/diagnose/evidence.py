@@ -395,7 +395,15 @@ def semantic_fit(trace: xr.Dataset, tokens: np.ndarray, *, semantic_tol: float |
     fit = {**fit, **sequence_se(refit, y, x, tokens, fit["alpha_se"])}
     alpha, se = fit["alpha"], fit["alpha_se"]
     band = max(semantic_tol, 3 * se) if np.isfinite(se) else semantic_tol
-    if not np.isfinite(alpha) or not np.isfinite(se) or se > semantic_tol:
+    # the trainer's own run-to-run noise (its self-check, both readings) against the gap the fit must resolve:
+    # two noisy readings from one forward put the noise on both sides of the fit (errors in variables)
+    floors = {side: trainer_floor(trace, side)["run_to_run_rms"] for side in ("processed", "raw")}
+    noise = float(sum(floors.values()) / np.sqrt(2))
+    ratio = noise / fit["separation_rms"] if fit.get("separation_rms") else float("nan")
+    fit = {**fit, "trainer_noise_rms": noise, "trainer_noise_ratio": ratio}
+    if np.isfinite(ratio) and ratio > defaults().semantic_max_trainer_noise:
+        reading = "untestable"
+    elif not np.isfinite(alpha) or not np.isfinite(se) or se > semantic_tol:
         reading = "untestable"
     elif abs(alpha - 1) <= band:
         reading = "processed"

@@ -119,6 +119,8 @@ def logprob_semantics(trace: xr.Dataset, *, semantic_tol: float | None = None,
                           "separation_rms": fit.get("separation_rms"), "n_tokens_fitted": fit.get("n_tokens"),
                           "n_sequences_fitted": fit.get("n_sequences_fitted"),
                           "alpha_se_jackknife": fit.get("alpha_se_jackknife"),
+                          "trainer_noise_rms": fit.get("trainer_noise_rms"),
+                          "trainer_noise_ratio": fit.get("trainer_noise_ratio"),
                           "downweighted_share": fit.get("downweighted_share"),
                           "reading": "mu - log pi_raw = alpha (log pi_processed - log pi_raw) + noise; "
                                      "alpha 1 = processed, 0 = raw (robust fit)"})
@@ -133,7 +135,11 @@ def logprob_semantics(trace: xr.Dataset, *, semantic_tol: float | None = None,
                            evidence_, FIX_PROCESSED, arm, cause="raw_logprobs")
         if ev_.reading == "untestable":
             n_seq = fit.get("n_sequences_fitted") or 0
-            why = (f"only {n_seq} sequences to fit on (a reading needs {defaults().min_fit_sequences})"
+            noisy = fit.get("trainer_noise_ratio", float("nan"))
+            why = (f"the trainer's own run-to-run noise, {fit['trainer_noise_rms']:.3g} nats RMS, is {noisy:.2g} times "
+                   "the gap between its processed and raw readings (its self-check): a trainer that does not repeat "
+                   "itself cannot tell them apart" if np.isfinite(noisy) and noisy > defaults().semantic_max_trainer_noise
+                   else f"only {n_seq} sequences to fit on (a reading needs {defaults().min_fit_sequences})"
                    if n_seq < defaults().min_fit_sequences else
                    f"alpha {alpha:.3g} +- {se:.2g} over {n_seq} sequences, with the readings "
                    f"{fit.get('separation_rms', float('nan')):.2g} nats apart: at this noise the fit cannot tell them "
