@@ -5,7 +5,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -35,7 +35,8 @@
 # **Question:** can an off-policy correction (token TIS, a sequence mask) stand in for backend parity?
 #
 # **Verdict:** no. On raw logprobs verl's health rules pass *before* any correction (the dashboard never sees the
-# bug), the correction moves the mean ratio towards 1, and the update it gives is not the parity update;
+# bug), the correction pulls the raw mean ratio down (on a small capture sometimes past 1), and the update it
+# gives is not the parity update;
 # `diagnose` reports the semantic error first and `correction_hides_backend_mismatch` after it.
 #
 # **H100 (vLLM 0.26, float32 body, `small` model, 32 prompts x 8 samples x 48 tokens):** raw mean ratio 1.030,
@@ -210,7 +211,8 @@ assert res["same_samples"], "logprobs_mode must not change the sampled tokens"
 assert "correction_hides_backend_mismatch" in raw_obj, report
 assert not par_problems, par_problems
 assert demo["before"]["mean_ratio"] > 1.01  # the raw backend ratio is off
-assert abs(demo["after"]["mean_ratio"] - 1) < abs(demo["before"]["mean_ratio"] - 1)  # the correction moves it to 1
+# not asserted: that truncation brings the mean ratio closer to 1. It lowers it, but a fresh-clone `make test`
+# (2026-12-06) saw it overshoot below 1 on the CI capture's 512 tokens; what the chapter claims is below
 assert demo["corrected_health"]["looks_healthy"], demo["corrected_health"]  # and the dashboard looks fine
 assert abs(demo["truncated_fraction"] - truncate_share) < 0.05 or cap is not None  # the cap truncates
 assert 0 <= demo["masked_fraction"]["tokens"] < 1
