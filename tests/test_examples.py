@@ -287,8 +287,13 @@ def test_h200_fault_matrix_is_scored_from_the_stored_arms():
     assert a["recall_overall"] >= 0.95 and a["false_alarms_total"] == 0, a
     assert set(scores["not_injected"].sel(arm="kv_carried_over").item().split(", ")) == {"kv_carried_over"}
     # the semantic cause survives every path cause it is paired with on the GPU
-    for pair in ("raw_logprobs+stale_prefix_cache", "raw_logprobs+partial_weight_sync", "raw_logprobs+trainer_dropout"):
+    for pair in ("raw_logprobs+stale_prefix_cache", "raw_logprobs+partial_weight_sync"):
         assert scores["headline_cause"].sel(arm=pair).item() == "raw_logprobs", pair
+    # beside dropout (the trainer's run-to-run noise 6.4 times the gap between its readings) the numbers cannot
+    # read the semantics (issue 42): raw logprobs is named from the engine's record, the dropout heads the arm
+    pair = "raw_logprobs+trainer_dropout"
+    assert scores["headline_cause"].sel(arm=pair).item() == "trainer_dropout"
+    assert not scores["missed"].sel(arm=pair).item()
     conf = scores["confusion"]
     assert int(conf.sel(true_cause="partial_weight_sync", named_cause="partial_weight_sync")) == 4
 
