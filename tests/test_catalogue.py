@@ -116,7 +116,7 @@ def test_the_catalogue_lists_exactly_the_codes_the_package_can_emit():
     stale = sorted(set(cat) - set(emitted))
     assert not missing, f"codes emitted but not in rlparity.diagnose.catalogue: {missing}"
     assert not stale, f"codes in the catalogue that nothing emits: {stale}"
-    assert len(cat) == len(emitted) == 54  # issue 40: layers_not_judged
+    assert len(cat) == len(emitted) == 59  # issue 41: trainer_logprobs_untempered, rollout_logprobs_untempered, effective_temperatures, head_rounding_in_differences, head_record_contradicted
 
 
 def test_every_entry_says_what_it_means_how_it_is_decided_and_how_to_fix_it():
@@ -159,10 +159,10 @@ def test_the_page_and_the_terminal_text_hold_every_code_with_its_anchor():
     for code, c in catalogue().items():
         assert f"({c.anchor})=\n### `{code}`" in md, code
         assert f"](#{c.anchor})" in md
-    assert "54 codes" in md
+    assert "59 codes" in md
     one = catalogue_text("stale_prefix_cache_after_update")
     assert "defaults().stale_ratio = 3" in one and "reset the prefix cache" in one
-    assert len(catalogue_text().splitlines()) == 54
+    assert len(catalogue_text().splitlines()) == 59
     with pytest.raises(KeyError, match="did you mean stale_prefix_cache_after_update"):
         lookup("stale_prefix_cache_after_updat")
 

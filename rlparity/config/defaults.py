@@ -241,6 +241,22 @@ class Defaults(BaseModel):
     min_fit_sequences: int = Field(4, ge=2, description="fewest sequences on which a semantic or renormalization fit "
                                    "may name a reading; fewer: untestable (issue 42: 12 CPU sequences under dropout "
                                    "gave alpha from -2.1 to 1.0 across dropout seeds)")
+    sharpness_band: tuple[float, float] = Field((0.01, 0.37), description="range of -log p (nats) of the trainer's raw "
+                                                "reading on which a side's temperature is read from the numbers: below, "
+                                                "float and bf16 rounding dominate log(-log p); above, the argmax holds "
+                                                "less than 69% of the mass and the small-tail law fails (issue 41)")
+    temperature_z: float = Field(3.0, gt=0, description="standard errors (of log beta) by which a side's fitted "
+                                 "inverse temperature must sit on one side of the midpoint between 1 and 1/T before "
+                                 "it is called tempered or untempered (issue 41)")
+    temperature_min_gap: float = Field(0.1, gt=0, description="|log T| below which a request's temperature is too "
+                                       "close to 1 for the numbers to tell a tempered side from an untempered one")
+    head_rounding_share: float = Field(0.38, gt=0, description="median over non-argmax tokens of |r| over the bf16 "
+                                       "rounding scale of the logits (spacing of the largest logit / sqrt 6 / T) at "
+                                       "or above which, by temperature_z jackknife errors, the differences are read "
+                                       "as one side's bf16 logits. Held out (not the H200 fault matrix): parity arms "
+                                       "0.001-0.33 (h200-inflight 0.29-0.33, h100-ablation 0.14-0.17, h200-rl, "
+                                       "h200-moe, h200/cpu-semantic fp32), one bf16 side 0.42-1.22 (h200-head, "
+                                       "h200-semantic, cpu-head, cpu-semantic, h200-rl bf16-head) (issue 41)")
     offset_z: float = Field(4.0, gt=0, description="standard errors a mean offset of d must exceed to count as a "
                                                   "semantic mismatch when the trace holds one trainer reading")
     boundary_flip_share: float = Field(0.005, ge=0, le=1, description="share of tokens just outside the trainer's "
@@ -255,6 +271,13 @@ class Defaults(BaseModel):
     stale_ratio: float = Field(3.0, gt=1, description="mean |d| of sequences with stale prefix-cache hits over the "
                                                       "noise floor at which the stale cache counts as measured "
                                                       "(and an error); the issue's bar, met by 10^4x on CPU fp32")
+    version_ratio: float = Field(1.6, gt=1, description="median |r| of a later policy version's tokens (over its own "
+                                 "floor) as a multiple of the first version's at which the two sides held different "
+                                 "weights for it. Held out: the H200 inflight arms (no weight fault) measure 0.83-0.89; "
+                                 "the H200 fault matrix's arms without a weight fault 0.46-1.30, a one-layer partial "
+                                 "sync 2.06 and a skipped trainer sync 5.26 (issue 41)")
+    version_z: float = Field(3.0, gt=0, description="jackknife (over sequences) standard errors by which the log of "
+                             "that ratio must exceed 0 (issue 41)")
     layer_floor_ratio: float = Field(4.0, gt=1, description="a site of the per-layer divergence profile leaves its "
                                      "floor when its relative error exceeds this many times the floor (the clean arm's "
                                      "relative error there); clean arms on other prompts stay within 2x on CPU float32 "

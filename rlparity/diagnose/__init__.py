@@ -115,8 +115,8 @@ def diagnose(data: Any, options: DiagnoseOptions | None = None, *, title: str = 
         raise ValueError(f"reference={opts.reference!r} is not an arm of the data; arms: {sorted(arms)}")
     report = Report(title=title, context={"arms": list(arms), "options": opts.model_dump(),
                                           **({"lazy_sample": sampled} if sampled else {})})
-    evidence = {name: build_evidence(ds, trainer=opts.trainer, semantic_tol=opts.semantic_tol,
-                                     stale_ratio=opts.stale_ratio) if has_trainer(ds) else None
+    evidence = {name: build_evidence(ds, trainer=opts.trainer, semantic_tol=opts.semantic_tol)
+                if has_trainer(ds) else None
                 for name, ds in arms.items()}
     per_arm: dict[str, list[Finding]] = {name: [] for name in arms}
     step: dict[int, int] = {}  # id(finding) -> index of the layer module that made it

@@ -38,7 +38,7 @@ from rlparity.diagnose.findings import Finding, Layer, Severity
 # the evidence claim a cause's tokens are recorded under, where it differs from the cause
 CLAIM_OF = {"partial_weight_sync": "weights_differ", "trainer_stale_weights": "weights_differ"}
 SAMPLING_CAUSES = ("trainer_temperature", "trainer_top_k", "sampling_penalty")
-HEAD_CAUSES = ("rollout_bf16_head", "trainer_bf16_head")
+HEAD_CAUSES = ("rollout_bf16_head", "trainer_bf16_head", "bf16_head_rounding")
 NOISY_TRAINER = ("trainer_dropout",)
 # findings that name a global cause from evidence on a few tokens only (see _global_estimates)
 LOCAL_EVIDENCE = ("zero_probability_tokens",)

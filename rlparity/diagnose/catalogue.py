@@ -167,6 +167,28 @@ _CODES: tuple[FindingCode, ...] = (
        "sequences: it describes another distribution than the sampler's, whatever the logprobs mode.",
        semantic.FIX_TRAINER_SAMPLING, "semantic", rule="per sequence, temperatures not equal (rtol 1e-6)",
        causes=("trainer_temperature",)),
+    _c("trainer_logprobs_untempered", SEM, (E,),
+       "By its own numbers the trainer's processed reading is at temperature ~1 while the tokens were drawn at the "
+       "requests' temperature: the trainer does not divide its logits by it. Read from the logprobs alone (no "
+       "recorded setting); a recorded trainer temperature the numbers contradict is named in the summary.",
+       semantic.FIX_TRAINER_SAMPLING, "semantic",
+       rule="per request temperature T (|log T| >= `temperature_min_gap`), the slope beta of log(-log p) of the "
+            "processed reading on the raw one over tokens with -log p_raw in `sharpness_band`: untempered when "
+            "|log beta| + `temperature_z` se < |log T| / 2 while the rollout's is tempered (|log beta| - z se above it)",
+       thresholds=("sharpness_band", "temperature_z", "temperature_min_gap"),
+       calibrated_on="H200 bf16 small at T=0.7: a tempered side reads T 0.66-0.68, an untempered one 0.99-1.02; tiny "
+                     "CPU model at T=0.5/0.7/1.3: tempered 0.43/0.61/1.48, untempered 0.99-1.00 (held out: cpu-semantic, "
+                     "h200-semantic)", causes=("trainer_temperature",)),
+    _c("rollout_logprobs_untempered", SEM, (E,),
+       "By their own numbers the rollout's logprobs are at temperature ~1 while the sampler drew at the requests' "
+       "temperature: vLLM's raw logprobs. Named when the semantic fit cannot say it (the trainer's two readings "
+       "coincide, or both sides are untempered).", semantic.FIX_PROCESSED, "semantic",
+       rule="as trainer_logprobs_untempered, for the rollout's logprobs, while the trainer's reading is tempered or "
+            "untempered too (then both are named)", thresholds=("sharpness_band", "temperature_z", "temperature_min_gap"),
+       calibrated_on="as trainer_logprobs_untempered", causes=("raw_logprobs",)),
+    _c("effective_temperatures", SEM, (I,),
+       "The temperature each side's logprobs are at, read from the numbers, where they agree with each other.",
+       FIX_NONE, "semantic", rule="metrics.effective_temperature per request temperature"),
     _c("trainer_cut_differs", SEM, (E,),
        "The trainer cut another top-k / top-p set than the engine's sampler on some sequences: it renormalises "
        "over another set of tokens.", semantic.FIX_TRAINER_SAMPLING, "semantic",
@@ -301,6 +323,23 @@ _CODES: tuple[FindingCode, ...] = (
     _c("head_precision_unrecorded", PATH, (I,),
        "The rollout's or the trainer's LM-head dtype is not recorded: the head precision cannot be compared.",
        "capture with rlparity (it reads the engine's head dtype back) and record the trainer's head dtype", "head_precision"),
+    _c("head_rounding_in_differences", PATH, (W,),
+       "The head dtypes are not recorded, and the differences have the size of bfloat16 rounding of the logits: one "
+       "side computes its logits in bf16 and the other does not (or both, in different kernels). The numbers do not "
+       "say which side.", head_precision.FIX_EITHER_FP32, "head_precision",
+       rule="median over non-argmax tokens of |r| / (bf16 spacing of the trainer's largest logit / sqrt 6 / T) at "
+            "least `head_rounding_share` by `temperature_z` jackknife errors; untestable beside another cause that "
+            "moves every token (penalty, temperature, cut, dropout) or a trainer whose run-to-run noise is a quarter "
+            "of the rounding scale", thresholds=("head_rounding_share", "temperature_z"),
+       calibrated_on="held out from the H200 fault matrix: parity 0.001-0.33 (h200-inflight, h100-ablation, h200-rl, "
+                     "h200-moe, the fp32 semantic arms), one bf16 side 0.42-1.22 (h200-head, h200-semantic, cpu-head, "
+                     "cpu-semantic, h200-rl's bf16-head arm)", causes=("bf16_head_rounding",)),
+    _c("head_record_contradicted", PATH, (W,),
+       "Both sides are recorded as computing their logits in float32, yet the differences have the size of bfloat16 "
+       "rounding of the logits: a logits cast, a bf16 lm_head weight or a kernel that rounds its output.",
+       head_precision.FIX_EITHER_FP32, "head_precision", rule="as head_rounding_in_differences, on an arm whose "
+       "recorded head dtypes are both float32", thresholds=("head_rounding_share", "temperature_z"),
+       calibrated_on="as head_rounding_in_differences", causes=("bf16_head_rounding",)),
     _c("head_fp32_matched_closest", PATH, (I,),
        "Over a head-dtype matrix: the matched float32 cell has the smallest gap; every mismatched cell is larger.",
        FIX_NONE, "head_precision", rule="the matched cell's RMS of d is the lowest of the matrix", across_arms=True),
@@ -361,14 +400,17 @@ _CODES: tuple[FindingCode, ...] = (
        rule="the trainer's checksums for version v equal the engine's for another version",
        calibrated_on="exact (checksums)", causes=("trainer_stale_weights",)),
     _c("weights_differ_at_version", PATH, (W,),
-       "Without fingerprints: the tokens of one policy version disagree with the trainer far more than the other "
-       "versions' (semantic cause corrected), so the two sides held different weights for it (side unknown).",
+       "Without fingerprints: the tokens of a later policy version disagree with the trainer far more than the "
+       "first version's (semantic cause corrected), so the two sides held different weights for it (side unknown).",
        sync.FIX_ENGINE + "; or " + sync.FIX_TRAINER, "sync",
-       rule="a version's mean |r| at least `stale_ratio` times the lowest version's and 5 standard errors above it, "
-            "each over its own floor where the trainer's self-check measured one per version; never for a version "
-            "whose fingerprints were recorded on both sides and agree (evidence.version_excess)",
-       thresholds=("stale_ratio",),
-       calibrated_on="the stale-cache bar (stale_ratio, CPU float32), not calibrated for versions separately",
+       rule="a later version's median |r| at least `version_ratio` times the first version's and its log-ratio "
+            "`version_z` jackknife (over sequences) standard errors above 0, each over its own floor where the "
+            "trainer's self-check measured one per version; never for a version whose fingerprints were recorded on "
+            "both sides and agree (evidence.version_excess)",
+       thresholds=("version_ratio", "version_z"),
+       calibrated_on="held out: the H200 inflight arms (no weight fault) at 0.83-0.89x; on the H200 fault matrix the "
+                     "arms without a weight fault read 0.46-1.30x, a one-layer partial sync 2.06x, a skipped trainer "
+                     "sync 5.26x",
        causes=("weights_differ",)),
     # --- inference path: where the layers part ---------------------------------------------------------------
     _c("divergence_starts_at", PATH, (W, E),

@@ -68,6 +68,8 @@ CAUSES: dict[str, Cause] = {c.key: c for c in (
           "the engine projects to logits in a lower precision than the trainer"),
     Cause("trainer_bf16_head", Layer.INFERENCE_PATH, "global", "trainer",
           "the trainer projects to logits in a lower precision than the engine"),
+    Cause("bf16_head_rounding", Layer.INFERENCE_PATH, "global", "both",
+          "one side's logits carry bfloat16 rounding the other's do not share (side unknown from the numbers)"),
     Cause("stale_prefix_cache", Layer.INFERENCE_PATH, "localized", "update",
           "prompts reuse prefix-cache KV computed by the weights before an update (no cache reset)"),
     Cause("kv_carried_over", Layer.INFERENCE_PATH, "localized", "update",

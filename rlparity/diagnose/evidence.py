@@ -579,84 +579,107 @@ def prompt_mismatch_sequences(trace: xr.Dataset) -> np.ndarray:
     return out
 
 
-def version_excess(ev: ArmEvidence, *, ratio: float, z: float = 5.0) -> dict[str, Any]:
-    """Claim the policy versions whose tokens stand far above the others' as ``weights_differ``.
+def version_excess(ev: ArmEvidence, *, ratio: float | None = None, z: float | None = None) -> dict[str, Any]:
+    """Claim the policy versions whose tokens stand far above the first version's as ``weights_differ``.
 
-    Per policy version, mean ``|r|`` of its tokens no other cause explains; a version whose mean is
-    at least ``ratio`` times the lowest version's and ``z`` standard errors above it is claimed (the
-    two sides held different weights for it). Each version is measured against its own floor where
-    the trainer's self-check recorded one for every version (``self_check_per_version``): the means
-    are divided by each version's floor first, so a version whose weights merely have a higher
-    numeric floor (the same excess over its floor on every token) is not claimed. A version whose
-    engine and trainer fingerprints were both recorded and agree is never claimed. Needs two
-    versions, each scored at its own version, and no fingerprint claim already.
+    Both sides load the first version of a trace from one checkpoint; a partial sync or a trainer
+    that skipped one shows on the versions after an update. Per policy version, the median ``|r|``
+    of its tokens no other cause explains (robust: a few tokens of a near-flat distribution carry
+    most of the mean, 27x the median on the H200 ``small`` model), each divided by that version's own
+    floor where the trainer's self-check measured one for every version (``self_check_per_version``),
+    so a version whose weights merely have a higher numeric floor is not claimed. A later version
+    whose ratio to the first version's is at least ``ratio`` and whose log-ratio is ``z`` standard
+    errors above 0 is claimed; the error is a delete-a-group jackknife over sequences (tokens of one
+    sequence are not independent draws), and with fewer than ``defaults().min_fit_sequences``
+    sequences nothing is claimed. A version whose engine and trainer fingerprints were both recorded
+    and agree is never claimed. Needs two versions, each scored at its own version, and no
+    fingerprint claim already.
 
     Parameters
     ----------
     ev : ArmEvidence
         The evidence (with its residual); claims are added in place.
-    ratio : float
-        The ratio to the lowest version's mean ``|r|`` a version must reach.
-    z : float, default 5.0
-        Standard errors above the lowest version's mean it must also reach.
+    ratio : float, optional
+        The ratio to the first version's median ``|r|`` a version must reach; None:
+        ``defaults().version_ratio``.
+    z : float, optional
+        Jackknife standard errors of the log-ratio it must also reach; None: ``defaults().version_z``.
 
     Returns
     -------
     dict
-        Mean ``|r|`` and token count per version, the lowest version, each version's ratio to it
-        (over the floors when measured against them: ``floor_by_version``), the versions whose
-        fingerprints agree (``fingerprints_equal``), the thresholds and the ``flagged`` versions;
-        empty when the test does not apply.
+        Mean and median ``|r|`` and token count per version, the ``reference_version``, each later
+        version's ratio to it (``version_<v>_over_reference``, over the floors when measured against
+        them: ``floor_by_version``) and its ``z_by_version``, the versions whose fingerprints agree
+        (``fingerprints_equal``), the thresholds and the ``flagged`` versions; empty when the test
+        does not apply.
     """
+    o = defaults()
+    ratio = o.version_ratio if ratio is None else ratio
+    z = o.version_z if z is None else z
     trace = ev.trace
     versions = trace_versions(trace)
     scored_by = (trace.attrs.get("trainer") or {}).get("scored_by")
     if len(versions) < 2 or scored_by != "policy_version" or ev.residual is None:
         return {}
-    pv = trace["policy_version"].values
-    free = ev.unclaimed()
     if "weights_differ" in ev.claims:  # the fingerprints already name the versions
         return {}
+    pv = trace["policy_version"].values
+    absr = np.abs(ev.residual)
+    free = ev.unclaimed() & np.isfinite(absr)
     stats = {}
     for v in versions:
-        a = np.abs(ev.residual[free & (pv == v)])
+        a = absr[free & (pv == v)]
         if a.size >= 4:
-            stats[v] = (float(a.mean()), float(a.std(ddof=1) / np.sqrt(a.size)), int(a.size))
+            stats[v] = (float(a.mean()), float(np.median(a)), int(a.size))
     if len(stats) < 2:
         return {}
-    # each version against its own floor, where one was measured for every version (else floor 1:
-    # the versions' means compared as they are)
+    # each version against its own floor, where one was measured for every version (else floor 1)
     floors = version_floors(trace, ev.side)
     own_floor = all(v in floors for v in stats)
     scale = {v: floors[v] if own_floor else 1.0 for v in stats}
-    low_v = min(stats, key=lambda v: stats[v][0] / scale[v])
-    low = stats[low_v][0] / scale[low_v]
+    ref = min(stats)
     engine, trainer = engine_effective(trace.attrs), trainer_checksums(trace.attrs, versions)
     same = [v for v in stats if v in engine and v in trainer and compare_checksums(engine[v], trainer[v])["equal"]]
     out: dict[str, Any] = {"abs_residual_mean_by_version": {str(v): s[0] for v, s in stats.items()},
+                           "abs_residual_median_by_version": {str(v): s[1] for v, s in stats.items()},
                            "n_tokens_by_version": {str(v): s[2] for v, s in stats.items()},
-                           "lowest_version": low_v, "ratio_threshold": ratio, "z_threshold": z, "flagged": []}
+                           "reference_version": ref, "ratio_threshold": ratio, "z_threshold": z,
+                           "statistic": "median |r| per version (over its own floor), against the first version's; "
+                                        "z from a jackknife over sequences",
+                           "z_by_version": {}, "flagged": []}
     if floors:
         out["floor_by_version"] = {str(v): f for v, f in floors.items()}
         out["measured_against"] = "each version's own floor" if own_floor else \
-            "the lowest version's mean (a floor is missing for some version)"
+            "the first version's median (a floor is missing for some version)"
     if same:
         out["fingerprints_equal"] = same
-    for v, (m, se, _) in stats.items():
-        if v == low_v:
+    for v in stats:
+        if v == ref:
             continue
-        expected = low * scale[v]  # the lowest version's mean |r|, scaled to this version's floor
-        zz = (m - expected) / se if se > 0 else float("inf")
-        r = m / expected if expected > 0 else float("inf")
-        out[f"version_{v}_over_lowest"] = r
-        if r >= ratio and zz >= z and v not in same:
+
+        def log_ratio_of(m, v=v):
+            a, b = absr[m & (pv == v)], absr[m & (pv == ref)]
+            if a.size == 0 or b.size == 0:
+                return float("nan")
+            return float(np.log(max(np.median(a), 1e-300) / scale[v]) - np.log(max(np.median(b), 1e-300) / scale[ref]))
+
+        lr = log_ratio_of(free)
+        both = free & ((pv == v) | (pv == ref))
+        n_seq = int(both.reshape(both.shape[0], -1).any(axis=1).sum())
+        se = core.jackknife_slope_se(log_ratio_of, both, groups=o.jackknife_groups)["se"]
+        if n_seq < o.min_fit_sequences:
+            se = float("nan")
+        zz = lr / se if np.isfinite(se) and se > 0 else float("nan")
+        out[f"version_{v}_over_reference"] = float(np.exp(lr))
+        out["z_by_version"][str(v)] = zz
+        if np.exp(lr) >= ratio and np.isfinite(zz) and zz >= z and v not in same:
             out["flagged"].append(v)
             ev.claim("weights_differ", (pv == v) & ev.mask, f"tokens of policy version {v}")
     return out
 
 
-def build(trace: xr.Dataset, *, trainer: str | None = None, semantic_tol: float | None = None,
-          stale_ratio: float | None = None) -> ArmEvidence:
+def build(trace: xr.Dataset, *, trainer: str | None = None, semantic_tol: float | None = None) -> ArmEvidence:
     """The evidence of one scored arm (see the module docstring).
 
     Parameters
@@ -668,8 +691,6 @@ def build(trace: xr.Dataset, *, trainer: str | None = None, semantic_tol: float 
         holds.
     semantic_tol : float, optional
         Tolerance of the semantic fit (:func:`semantic_fit`); None: ``defaults().semantic_tol``.
-    stale_ratio : float, optional
-        The ratio :func:`version_excess` flags at; None: ``defaults().stale_ratio``.
 
     Returns
     -------
@@ -681,13 +702,12 @@ def build(trace: xr.Dataset, *, trainer: str | None = None, semantic_tol: float 
     d = log_ratio(trace, side).values if has_trainer(trace) else np.full(mask.shape, np.nan)
     ev = ArmEvidence(trace, side, mask, d)
     observed_claims(ev)
-    ratio = defaults().stale_ratio if stale_ratio is None else stale_ratio
     for _ in range(2):  # fit, claim the versions that stand out, fit again without them
         ev.fit = semantic_fit(trace, ev.unclaimed(), semantic_tol=semantic_tol)
         ev.reading = ev.fit["reading"]
         ev.residual = residual_for(trace, ev.fit, side)
         before = set(ev.claims)
-        ev.version_excess = version_excess(ev, ratio=ratio) or ev.version_excess
+        ev.version_excess = version_excess(ev) or ev.version_excess
         if set(ev.claims) == before:
             break
     if routing_claims(ev):  # after the versions: flips where the weights differ are not routing's

@@ -51,8 +51,71 @@ def _gap_evidence(trace: xr.Dataset, trainer: str | None = None, eps: float | No
     return ev
 
 
+# causes that move every token on their own: with one of them named, the residual's size says nothing of rounding
+_OTHER_GLOBAL = ("sampling_penalty", "trainer_temperature", "trainer_top_k", "trainer_dropout")
+FIX_EITHER_FP32 = FIX_ROLLOUT_FP32 + "; and " + FIX_TRAINER_FP32
+
+
+def rounding_from_numbers(trace: xr.Dataset, evidence=None, prior=()) -> dict:
+    """Whether the differences have the size of bfloat16 rounding of the logits (issue 41).
+
+    :func:`rlparity.metrics.head_precision.rounding_scale` on the residual of the tokens no other
+    cause explains; ``rounding`` is True when its median ratio is ``defaults().head_rounding_share``
+    or more by ``temperature_z`` jackknife errors. Untestable (``testable`` False, with ``why``) without
+    the trainer's largest logit and token rank, with a trainer whose own run-to-run noise is a quarter
+    of the rounding scale or more (dropout), or when another cause that moves every token is named.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+    evidence : ArmEvidence, optional
+        Its evidence (the residual); built here when not given.
+    prior : sequence of Finding, default ()
+        The earlier layers' findings for the arm.
+
+    Returns
+    -------
+    dict
+        ``testable``, ``why``, the statistic (``share``, ``share_se``, ``n_tokens``, ``n_sequences``),
+        the threshold and ``rounding``.
+    """
+    from rlparity.diagnose.evidence import build
+    from rlparity.metrics.head_precision import bf16_spacing, rounding_scale
+
+    o = defaults()
+    out: dict = {"testable": False, "threshold": o.head_rounding_share, "rounding": False}
+    if "trainer_max_logit" not in trace or "trainer_token_rank" not in trace:
+        return {**out, "why": "the trace records neither the trainer's largest logit nor its token rank"}
+    other = sorted({f.cause for f in prior if f.cause in _OTHER_GLOBAL and f.severity.rank >= 1})
+    if other:
+        return {**out, "why": f"another cause moves every token ({', '.join(other)})"}
+    ev = evidence if evidence is not None else build(trace)
+    if ev.residual is None:
+        return {**out, "why": "no residual"}
+    temp = np.broadcast_to(trace["temperature"].values[:, None], ev.mask.shape) if "temperature" in trace else \
+        np.ones(ev.mask.shape)
+    use = ev.unclaimed() & np.isfinite(ev.residual)
+    scale = bf16_spacing(trace["trainer_max_logit"].values) / np.sqrt(6.0) / np.where(temp > 0, temp, 1.0)
+    noise = ev.trainer_floor().get("run_to_run_mean_abs", float("nan"))
+    typical = float(np.nanmedian(np.where(use, scale, np.nan))) if use.any() else float("nan")
+    if np.isfinite(noise) and np.isfinite(typical) and noise >= 0.25 * typical:
+        return {**out, "why": f"the trainer's own run-to-run noise ({noise:.3g} nats) is a quarter of the rounding "
+                              f"scale ({typical:.3g}) or more"}
+    f = rounding_scale(np.abs(ev.residual), trace["trainer_max_logit"].values, temp, trace["trainer_token_rank"].values,
+                       use, groups=o.jackknife_groups)
+    if f["n_sequences"] < o.min_fit_sequences or not np.isfinite(f["share_se"]):
+        return {**out, **f, "why": f"{f['n_sequences']} sequences with tokens below the argmax (a reading needs "
+                                   f"{o.min_fit_sequences})"}
+    rounding = f["share"] - o.temperature_z * f["share_se"] >= o.head_rounding_share
+    return {**out, **f, "testable": True, "why": "", "rounding": bool(rounding),
+            "reading": "median over non-argmax tokens of |r| / (bf16 spacing of the largest logit / sqrt 6 / T): "
+                       "~0.72 for one side's logits rounded to bf16, parity 0.001-0.33 (metrics.head_precision."
+                       "rounding_scale)"}
+
+
 def head_precision(trace: xr.Dataset, *, tol: float | None = None, trainer: str | None = None,
-                   eps: float | None = None) -> Finding | None:
+                   eps: float | None = None, evidence=None, prior=()) -> Finding | None:
     """Compare the rollout's effective LM-head dtype with the trainer's.
 
     The evidence is the measured gap: RMS and max ``|d|`` (nats), mean ratio, the Pearson
@@ -70,14 +133,21 @@ def head_precision(trace: xr.Dataset, *, tol: float | None = None, trainer: str 
         The trainer reading; None: the default.
     eps : float, optional
         Clip range of the clip fraction in the evidence; None: ``defaults().eps``.
+    evidence : ArmEvidence, optional
+        The arm's evidence, for the reading from the numbers (:func:`rounding_from_numbers`).
+    prior : sequence of Finding, default ()
+        The earlier layers' findings for the arm.
 
     Returns
     -------
     Finding or None
         ``head_precision_mismatch`` (warning, naming the lower-precision side's cause),
         ``head_precision_low`` (both in a 16-bit dtype: warning above ``tol``, else info),
-        ``head_precision_matched`` or ``head_precision_unrecorded`` (info); ``None`` for an
-        unscored trace.
+        ``head_precision_matched`` or ``head_precision_unrecorded`` (info); where the dtypes are not
+        recorded and the differences have the size of bf16 rounding of the logits,
+        ``head_rounding_in_differences`` (warning, cause ``bf16_head_rounding``: the side is unknown);
+        where both are recorded as float32 and the numbers say otherwise,
+        ``head_record_contradicted`` (warning); ``None`` for an unscored trace.
     """
     if not has_trainer(trace):
         return None
@@ -87,6 +157,21 @@ def head_precision(trace: xr.Dataset, *, tol: float | None = None, trainer: str 
     r, t = dt["rollout_head"], dt["trainer_head"]
     ev = {"rollout_head_dtype": r, "trainer_head_dtype": t, "rollout_body_dtype": dt["rollout_body"],
           "trainer_body_dtype": dt["trainer_body"], **_gap_evidence(trace, trainer, eps)}
+    numbers = rounding_from_numbers(trace, evidence, prior)
+    ev["from_the_numbers"] = numbers
+    said = (f"median |r| below the argmax {numbers.get('share', float('nan')):.2f} +- "
+            f"{numbers.get('share_se', float('nan')):.2g} of the bf16 rounding scale of the logits (parity reads "
+            f"0.001-0.33, one bf16 side 0.42-1.22)")
+    if (r is None or t is None) and numbers["rounding"]:
+        return Finding(Layer.INFERENCE_PATH, "head_rounding_in_differences", Severity.WARNING,
+                       f"the differences have the size of bfloat16 rounding of the logits ({said}): one side computes "
+                       "its logits in bf16 and the other does not (or both, in different kernels); the numbers do "
+                       "not say which side", ev, FIX_EITHER_FP32, arm, cause="bf16_head_rounding")
+    if r == t == "float32" and numbers["rounding"]:
+        return Finding(Layer.INFERENCE_PATH, "head_record_contradicted", Severity.WARNING,
+                       f"both sides are recorded as projecting to logits in float32, yet the differences have the "
+                       f"size of bfloat16 rounding of the logits ({said}): a logits cast, a bf16 lm_head weight or "
+                       "a kernel that rounds its output", ev, FIX_EITHER_FP32, arm, cause="bf16_head_rounding")
     if r is None or t is None:
         missing = "rollout (engine_effective.head_dtype)" if r is None else "trainer (trainer.head_dtype)"
         return Finding(Layer.INFERENCE_PATH, "head_precision_unrecorded", Severity.INFO,
@@ -125,9 +210,10 @@ def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, pr
     options : DiagnoseOptions, optional
         Reads ``tol``, ``trainer`` and ``eps``; None: the defaults.
     prior : sequence of Finding, default ()
-        The earlier layers' findings for the arm (unused here).
+        The earlier layers' findings for the arm (another cause that moves every token makes the
+        reading from the numbers untestable).
     evidence : ArmEvidence, optional
-        The arm's evidence (unused here).
+        The arm's evidence (its residual, for the reading from the numbers).
 
     Returns
     -------
@@ -135,7 +221,7 @@ def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, pr
         :func:`head_precision`'s finding, or empty.
     """
     opts = options or DiagnoseOptions()
-    f = head_precision(trace, tol=opts.tol, trainer=opts.trainer, eps=opts.eps)
+    f = head_precision(trace, tol=opts.tol, trainer=opts.trainer, eps=opts.eps, evidence=evidence, prior=prior)
     return [f] if f is not None else []
 
 

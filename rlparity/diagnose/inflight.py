@@ -98,7 +98,7 @@ def stale_prefix_cache(trace: xr.Dataset, *, trainer: str | None = None, stale_r
                        "prefix cache filled before a weight update that did not reset it: their prefix KV was computed "
                        "by the old weights (score the trace to measure the effect)", ev, FIX_STALE, arm,
                        cause="stale_prefix_cache")
-    e = evidence if evidence is not None else build(trace, trainer=trainer, stale_ratio=stale_ratio)
+    e = evidence if evidence is not None else build(trace, trainer=trainer)
     t = e.localized_test("stale_prefix_cache", ratio=stale_ratio, tol=tol)
     ev.update({"stale_abs_residual_mean": t.get("abs_residual_mean"),
                "background_abs_residual_mean": t.get("background_abs_residual_mean"),
@@ -159,7 +159,7 @@ def kv_carried_over(trace: xr.Dataset, *, trainer: str | None = None, stale_rati
                        f"{seqs} sequences continued across a weight update on KV of the old weights "
                        f"({ev['n_carried_tokens']} tokens; score the trace to measure the effect)", ev, FIX_CARRIED, arm,
                        cause="kv_carried_over")
-    e = evidence if evidence is not None else build(trace, trainer=trainer, stale_ratio=stale_ratio)
+    e = evidence if evidence is not None else build(trace, trainer=trainer)
     t = e.localized_test("kv_carried_over", ratio=stale_ratio, tol=tol)
     c, f = t.get("abs_residual_mean", float("nan")), t.get("background_abs_residual_mean", float("nan"))
     ev.update({"carried_abs_residual_mean": c, "background_abs_residual_mean": f,
@@ -258,7 +258,7 @@ def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, pr
     opts = options or DiagnoseOptions()
     ev = evidence
     if ev is None and has_trainer(trace):
-        ev = build(trace, trainer=opts.trainer, semantic_tol=opts.semantic_tol, stale_ratio=opts.stale_ratio)
+        ev = build(trace, trainer=opts.trainer, semantic_tol=opts.semantic_tol)
     found = [stale_prefix_cache(trace, trainer=opts.trainer, stale_ratio=opts.stale_ratio, tol=opts.tol_trainer,
                                 evidence=ev),
              kv_carried_over(trace, trainer=opts.trainer, stale_ratio=opts.stale_ratio, tol=opts.tol_trainer,

@@ -35,6 +35,7 @@ NOTHING = "(nothing)"
 UNATTRIBUTED = "(unattributed)"
 # a finding whose cause names a class of true causes (the side unknown): right for either
 EQUIVALENT = {"weights_differ": ("partial_weight_sync", "trainer_stale_weights"),
+              "bf16_head_rounding": ("rollout_bf16_head", "trainer_bf16_head"),
               "moe_routing_disagreement": ("trainer_bf16_router", "rollout_bf16_router")}
 
 
@@ -91,6 +92,131 @@ def not_injected(trace: xr.Dataset, causes: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+# causes that change one side's reading only, and the reading they change: their effect is measured against
+# the clean arm's reading of the same tokens (same prompts and seeds), a record the diagnosis of the arm never reads
+READING_OF = {"trainer_top_k": "trainer_processed_logprob", "trainer_temperature": "trainer_processed_logprob",
+              "trainer_bf16_head": "trainer_processed_logprob", "rollout_bf16_head": "rollout_logprob",
+              "raw_logprobs": "rollout_logprob"}
+TIE_SHARE = 0.1  # two causes whose single arms' excess mean |d| are within 10% of the larger: a tie
+
+
+def _clean_arm(arms: Mapping[str, xr.Dataset]) -> xr.Dataset | None:
+    return next((ds for ds in arms.values() if truth(ds) == ()), None)
+
+
+def _mean_abs_d(ds: xr.Dataset) -> float:
+    from rlparity.metrics import core, log_ratio
+
+    if "trainer_processed_logprob" not in ds:
+        return float("nan")
+    return float(core.masked_mean(np.abs(log_ratio(ds, "processed").values), ds["response_mask"].values.astype(bool)))
+
+
+def reading_effect(arm: xr.Dataset, clean: xr.Dataset, cause: str) -> float | None:
+    """How far a one-side cause moved that side's reading: mean ``|reading - clean arm's|`` (nats).
+
+    Over the tokens both arms sampled alike (same sequence, position and token id). ``None`` when the
+    cause has no single reading (:data:`READING_OF`) or the arms share no token.
+
+    Parameters
+    ----------
+    arm, clean : xarray.Dataset
+        An arm of a fault matrix and the matrix's clean arm.
+    cause : str
+        One cause injected into ``arm``.
+
+    Returns
+    -------
+    float or None
+        The mean absolute change (nats).
+    """
+    var = READING_OF.get(cause)
+    if var is None or var not in arm or var not in clean or arm["token_id"].shape != clean["token_id"].shape:
+        return None
+    same = (arm["response_mask"].values & clean["response_mask"].values
+            & (arm["token_id"].values == clean["token_id"].values))
+    a, b = arm[var].values.astype(float), clean[var].values.astype(float)
+    ok = same & np.isfinite(a) & np.isfinite(b)
+    return float(np.mean(np.abs(a[ok] - b[ok]))) if ok.any() else None
+
+
+def no_effect(arms: Mapping[str, xr.Dataset]) -> dict[str, dict[str, str]]:
+    """Per arm, the one-side causes whose recipe moved no number: ``{arm: {cause: why}}``.
+
+    A cause of :data:`READING_OF` took no effect when it moved its side's reading by less than a
+    hundredth of that side's own floor against the clean arm (:func:`reading_effect`), e.g. a
+    trainer that skips a top-k cut the engine applies where the cut removes e^-6 of the mass.
+    Measured on records the diagnosis of the arm never reads (the clean arm); only arms whose other
+    causes leave that reading alone are checked.
+
+    Parameters
+    ----------
+    arms : mapping of str to xarray.Dataset
+        The arms of a fault matrix.
+
+    Returns
+    -------
+    dict
+        ``{arm: {cause: why it is left out}}``; empty without a clean arm.
+    """
+    from rlparity.diagnose.evidence import floor_mean_abs
+
+    clean = _clean_arm(arms)
+    if clean is None:
+        return {}
+    out: dict[str, dict[str, str]] = {}
+    for name, ds in arms.items():
+        t = truth(ds) or ()
+        for c in t:
+            var = READING_OF.get(c)
+            if var is None or any(READING_OF.get(o) == var for o in t if o != c):
+                continue
+            eff = reading_effect(ds, clean, c)
+            floor = (floor_mean_abs(clean) if var != "rollout_logprob"
+                     else float(((clean.attrs.get("engine_floor") or {}).get("batch_shape") or {}).get("mean_abs",
+                                                                                                   float("nan"))))
+            if eff is not None and np.isfinite(floor) and floor > 0 and eff < 0.01 * floor:
+                out.setdefault(name, {})[c] = (f"moved the {var} of the clean arm's tokens by {eff:.2g} nats on average, "
+                                               f"under a hundredth of that side's floor ({floor:.2g}): nothing to find")
+    return out
+
+
+def dominance(arms: Mapping[str, xr.Dataset]) -> dict[str, dict[str, Any]]:
+    """Per pair arm, which cause explains most, from the matrix's single-cause arms.
+
+    The cause whose single arm has the larger excess mean ``|d|`` over the clean arm dominates; within
+    :data:`TIE_SHARE` of the larger it is a tie (either headline counts). Read from other arms, never
+    from the pair's own diagnosis.
+
+    Parameters
+    ----------
+    arms : mapping of str to xarray.Dataset
+        The arms of a fault matrix.
+
+    Returns
+    -------
+    dict
+        ``{pair arm: {"excess": {cause: nats}, "dominant": cause or None, "tie": bool}}`` for the pairs
+        whose two single arms and a clean arm are in the matrix.
+    """
+    clean = _clean_arm(arms)
+    if clean is None:
+        return {}
+    base = _mean_abs_d(clean)
+    singles = {truth(ds)[0]: _mean_abs_d(ds) - base for ds in arms.values() if truth(ds) is not None
+               and len(truth(ds)) == 1}
+    out = {}
+    for name, ds in arms.items():
+        t = truth(ds)
+        if t is None or len(t) != 2 or not all(c in singles and np.isfinite(singles[c]) for c in t):
+            continue
+        ex = {c: float(singles[c]) for c in t}
+        big, small = sorted(t, key=lambda c: -ex[c])
+        tie = ex[big] <= 0 or (ex[big] - ex[small]) <= TIE_SHARE * abs(ex[big])
+        out[name] = {"excess": ex, "dominant": None if tie else big, "tie": bool(tie)}
+    return out
+
+
 def _resolve(named: set[str], true: tuple[str, ...]) -> set[str]:
     """Named causes with the class-level ones mapped onto the true cause they stand for."""
     out = set()
@@ -100,7 +226,7 @@ def _resolve(named: set[str], true: tuple[str, ...]) -> set[str]:
     return out
 
 
-def arm_score(report: Report, arm: str, true: tuple[str, ...]) -> dict[str, Any]:
+def arm_score(report: Report, arm: str, true: tuple[str, ...], excluded: tuple[str, ...] = ()) -> dict[str, Any]:
     """One arm's verdict against its causes (see the module docstring).
 
     Findings whose cause is a floor of the platform (:data:`rlparity.diagnose.causes.FLOOR_CAUSES`:
@@ -115,6 +241,9 @@ def arm_score(report: Report, arm: str, true: tuple[str, ...]) -> dict[str, Any]
         The arm scored.
     true : tuple of str
         Its causes that took effect (empty for a clean arm).
+    excluded : tuple of str, default ()
+        Causes injected into it that took no effect (:func:`not_injected`, :func:`no_effect`): a finding
+        naming one is listed apart like a floor, neither right nor a false alarm.
 
     Returns
     -------
@@ -124,16 +253,17 @@ def arm_score(report: Report, arm: str, true: tuple[str, ...]) -> dict[str, Any]
     """
     problems = [f for f in report if f.arm == arm and f.severity.rank >= 1]
     named = _resolve({f.cause for f in problems if f.cause}, true)
-    real = [f for f in problems if f.cause not in FLOOR_CAUSES or f.cause in true]
+    apart = set(FLOOR_CAUSES) | set(excluded)
+    real = [f for f in problems if f.cause not in apart or f.cause in true]
     head = report.headline(arm)
-    if head is not None and head.cause in FLOOR_CAUSES and head.cause not in true:
+    if head is not None and head.cause in apart and head.cause not in true:
         head = next((f for f in report._ordered() if f in real), None)
     head_cause = next(iter(_resolve({head.cause}, true))) if head is not None and head.cause else None
     unattributed = sorted({f.name for f in real if not f.cause})
     right = (not real) if not true else head_cause in true
     return {"arm": arm, "true": list(true), "named": sorted(named), "headline": head.name if head else None,
             "headline_cause": head_cause, "headline_right": bool(right),
-            "missed": sorted(set(true) - named), "false": sorted(named - set(true) - set(FLOOR_CAUSES)),
+            "missed": sorted(set(true) - named), "false": sorted(named - set(true) - apart),
             "unattributed": unattributed, "floors": sorted({f.name for f in problems if f.cause in FLOOR_CAUSES})}
 
 
@@ -160,14 +290,21 @@ def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
     ValueError
         If no arm carries a ground truth.
     """
-    rows = []
+    rows, every = [], []
+    idle = no_effect(arms)
+    dom = dominance(arms)
     for name, ds in arms.items():
         t = truth(ds)
         if t is not None:
-            skip = not_injected(ds, t)
-            row = arm_score(report, name, tuple(c for c in t if c not in skip))
+            skip = {**not_injected(ds, t), **idle.get(name, {})}
+            row = arm_score(report, name, tuple(c for c in t if c not in skip), excluded=tuple(skip))
             row["not_injected"] = sorted(skip)
+            d = dom.get(name)
+            row["dominant"] = ("(tie)" if d["tie"] else d["dominant"]) if d else ""
+            row["headline_dominant"] = (row["headline_cause"] in t if d["tie"] else row["headline_cause"] == d["dominant"]
+                                        ) if d else None
             rows.append(row)
+            every.append(arm_score(report, name, tuple(t)))
     if not rows:
         raise ValueError("no arm carries a ground truth (attrs['faults']['causes']): score a fault matrix "
                          "(rlparity faults run)")
@@ -200,7 +337,8 @@ def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
          "false_named": ("arm", np.array([", ".join(r["false"]) for r in rows], dtype=str)),
          "unattributed": ("arm", np.array([", ".join(r["unattributed"]) for r in rows], dtype=str)),
          "floors": ("arm", np.array([", ".join(r["floors"]) for r in rows], dtype=str)),
-         "not_injected": ("arm", np.array([", ".join(r["not_injected"]) for r in rows], dtype=str))},
+         "not_injected": ("arm", np.array([", ".join(r["not_injected"]) for r in rows], dtype=str)),
+         "dominant_cause": ("arm", np.array([r["dominant"] for r in rows], dtype=str))},
         coords={"cause": causes, "arm": [r["arm"] for r in rows], "true_cause": true_axis, "named_cause": named_axis})
     ds["recall"].attrs = {"long_name": "share of the arms with the cause where a finding at WARNING or above names it"}
     ds["false_alarms"].attrs = {"long_name": "arms without the cause where a finding at WARNING or above names it"}
@@ -208,9 +346,16 @@ def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
                                           "injected; (nothing) = none named)"}
     ds["headline_right"].attrs = {"long_name": "the headline's cause is a true cause (clean arm: no problem at all)"}
 
-    def rate(sel):
+    def rate(sel, right=right):
         return float(right[sel].mean()) if sel.any() else float("nan")
 
+    # the same report scored against every injected cause, nothing left out (issue 41: every score with and
+    # without exclusions)
+    n_all = np.array([len(r["true"]) for r in every])
+    right_all = np.array([r["headline_right"] for r in every])
+    present_all = sum(len(r["true"]) for r in every)
+    hit_all = sum(len(set(r["true"]) & set(r["named"])) for r in every)
+    decided = [r for r in rows if r["headline_dominant"] is not None]
     clean = n_true == 0
     ds.attrs = make_attrs(
         headline_right_single=rate(n_true == 1), headline_right_pairs=rate(n_true == 2),
@@ -220,6 +365,11 @@ def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
         unattributed_problems=int(sum(bool(r["unattributed"]) for r in rows)), n_arms=len(rows),
         arms_with_floor_findings=int(sum(bool(r["floors"]) for r in rows)),
         recipes_not_injected=int(sum(len(r["not_injected"]) for r in rows)),
+        every_cause_headline_right_single=rate(n_all == 1, right_all),
+        every_cause_headline_right_pairs=rate(n_all == 2, right_all),
+        every_cause_recall=float(hit_all / max(present_all, 1)),
+        pairs_with_dominance=len(decided), dominance_ties=int(sum(r["dominant"] == "(tie)" for r in decided)),
+        dominance_agreement=(float(np.mean([r["headline_dominant"] for r in decided])) if decided else float("nan")),
         platforms=sorted({str((arms[r["arm"]].attrs.get("faults") or {}).get("platform")) for r in rows}))
     return ds
 
@@ -304,7 +454,11 @@ def format_scores(scores: xr.Dataset) -> str:
     lines = [f"fault matrix: {a['n_arms']} arms; headline right: single causes {a['headline_right_single']:.0%}, "
              f"pairs {a['headline_right_pairs']:.0%}; recall {a['recall_overall']:.0%}; "
              f"false alarms {a['false_alarms_total']}; clean arms with a problem {a['clean_arms_with_problems']} of "
-             f"{a['clean_arms']}; recipes that did not take effect {a['recipes_not_injected']}"]
+             f"{a['clean_arms']}; recipes that did not take effect {a['recipes_not_injected']}",
+             f"counting every injected cause: single {a['every_cause_headline_right_single']:.0%}, pairs "
+             f"{a['every_cause_headline_right_pairs']:.0%}, recall {a['every_cause_recall']:.0%}; the headline names the "
+             f"dominant cause on {a['dominance_agreement']:.0%} of {a['pairs_with_dominance']} pairs "
+             f"({a['dominance_ties']} ties)"]
     lines.append(f"{'cause':<26} {'present':>7} {'recall':>7} {'false':>6} {'headline':>8}")
     for c in scores["cause"].values.tolist():
         r = scores.sel(cause=c)
@@ -322,5 +476,5 @@ def format_scores(scores: xr.Dataset) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["CLEAN", "ECHO_ATTRS", "ECHO_ENGINE_ATTRS", "ECHO_TRAINER_ATTRS", "ECHO_VARIABLES", "EQUIVALENT", "NOTHING", "UNATTRIBUTED", "arm_score", "format_scores", "not_injected", "blind_view", "score_matrix", "score_views",
+__all__ = ["CLEAN", "READING_OF", "TIE_SHARE", "dominance", "no_effect", "reading_effect", "ECHO_ATTRS", "ECHO_ENGINE_ATTRS", "ECHO_TRAINER_ATTRS", "ECHO_VARIABLES", "EQUIVALENT", "NOTHING", "UNATTRIBUTED", "arm_score", "format_scores", "not_injected", "blind_view", "score_matrix", "score_views",
            "truth"]

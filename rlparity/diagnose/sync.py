@@ -127,13 +127,14 @@ def weight_sync(trace: xr.Dataset, *, evidence: ArmEvidence | None = None) -> li
             out.append(engine_weights_differ(cmp, v, arm=arm, effect=effect, tokens=_tokens(trace, ev, v)))
         named.add(v)
     for v in sorted(flagged - named):
-        ratio = numbers.get(f"version_{v}_over_lowest")
+        ratio = numbers.get(f"version_{v}_over_reference")
         floors = " (each over its own floor)" if numbers.get("measured_against") == "each version's own floor" else ""
         out.append(Finding(
             Layer.INFERENCE_PATH, "weights_differ_at_version", Severity.WARNING,
-            f"the tokens of policy version {v} disagree with the trainer {ratio:.3g}x more than those of version "
-            f"{numbers.get('lowest_version')}{floors} (residual, semantic cause corrected): the engine and the trainer "
-            "held different weights for it", {"version": v, **numbers, "pair": PAIR},
+            f"the tokens of policy version {v} disagree with the trainer {ratio:.3g}x more (median |r|) than those of "
+            f"version {numbers.get('reference_version')}, the first one{floors} ({numbers['z_by_version'][str(v)]:.1f} "
+            "standard errors over sequences; residual, semantic cause corrected): the engine and the trainer held "
+            "different weights for it", {"version": v, **numbers, "pair": PAIR},
             FIX_ENGINE + "; or " + FIX_TRAINER, arm, cause="weights_differ", tokens=_tokens(trace, ev, v)))
     return out
 
@@ -147,7 +148,7 @@ def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, pr
     trace : xarray.Dataset
         An arm.
     options : DiagnoseOptions, optional
-        Reads ``trainer``, ``semantic_tol`` and ``stale_ratio`` (for the evidence built here);
+        Reads ``trainer`` and ``semantic_tol`` (for the evidence built here);
         None: the defaults.
     prior : sequence of Finding, default ()
         The earlier layers' findings for the arm (unused here).
@@ -161,7 +162,7 @@ def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, pr
     """
     opts = options or DiagnoseOptions()
     if evidence is None and has_trainer(trace):
-        evidence = build(trace, trainer=opts.trainer, semantic_tol=opts.semantic_tol, stale_ratio=opts.stale_ratio)
+        evidence = build(trace, trainer=opts.trainer, semantic_tol=opts.semantic_tol)
     return weight_sync(trace, evidence=evidence)
 
 

@@ -178,7 +178,7 @@ def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, pr
     """
     opts = options or DiagnoseOptions()
     if evidence is None and has_trainer(trace):
-        evidence = build(trace, trainer=opts.trainer, semantic_tol=opts.semantic_tol, stale_ratio=opts.stale_ratio)
+        evidence = build(trace, trainer=opts.trainer, semantic_tol=opts.semantic_tol)
     found = [trainer_determinism(trace, evidence=evidence), *floor_findings(trace, evidence=evidence,
                                                                              tol=opts.tol_trainer)]
     return [f for f in found if f is not None]

@@ -10,7 +10,7 @@ registers the ``Dataset.parity`` accessor (``trace.parity.summary(dim="sequence"
 from rlparity.metrics import accessor as _accessor  # noqa: F401  (registers Dataset.parity)
 from rlparity.metrics import core, objective
 from rlparity.metrics.dashboard import DASHBOARDS, as_dashboard
-from rlparity.metrics.semantic import by_temperature, temperature_table, zero_prob_tokens
+from rlparity.metrics.semantic import by_temperature, effective_temperature, temperature_table, zero_prob_tokens
 from rlparity.metrics.summary import (
     BACKEND_PAIR,
     BACKEND_PAIR_D,
@@ -29,6 +29,6 @@ from rlparity.metrics.summary import (
     trainer_variable,
 )
 
-__all__ = ["BACKEND_PAIR", "BACKEND_PAIR_D", "DASHBOARDS", "SUMMARY_VARIABLES", "TRAINER_VARIABLE", "as_dashboard", "by_temperature",
+__all__ = ["BACKEND_PAIR", "BACKEND_PAIR_D", "DASHBOARDS", "SUMMARY_VARIABLES", "TRAINER_VARIABLE", "as_dashboard", "by_temperature", "effective_temperature",
            "core", "format_summary", "format_summary_table", "log_ratio", "objective", "pair_attrs", "reduce", "scalars", "summary", "table_records", "temperature_table", "trainer_readings", "trainer_side", "trainer_variable",
            "zero_prob_tokens"]

@@ -74,6 +74,63 @@ def temperature_table(data, trainer: TrainerSide | None = None) -> xr.Dataset:
     return out
 
 
+SHARPNESS_READINGS = {"rollout": "rollout_logprob", "trainer": "trainer_processed_logprob"}
+
+
+def effective_temperature(trace: xr.Dataset) -> xr.Dataset:
+    """The temperature each side's logprobs are at, read from the numbers (dim ``temperature``).
+
+    Per request temperature: the inverse temperature ``beta`` of the rollout's logprobs and of the
+    trainer's processed reading against the trainer's raw reading (temperature 1 by definition),
+    :func:`rlparity.metrics.core.sharpness_fit` on the tokens the raw reading is confident about
+    (``-log p`` in ``defaults().sharpness_band``). ``beta ~ 1 / T`` for a side that applied the
+    request's temperature, ``~ 1`` for one that did not (vLLM's ``raw_logprobs``; a trainer that
+    does not divide the logits). Needs no recorded setting: a user's own run, a peer's dump.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm with ``trainer_logprob`` (the raw reading) and ``temperature`` per sequence.
+
+    Returns
+    -------
+    xarray.Dataset
+        Over ``temperature``: ``beta_<side>``, ``beta_<side>_se``, ``temperature_<side>``
+        (``1 / beta``) for ``side`` in ``rollout`` / ``trainer`` (NaN where the reading is absent),
+        and ``n_tokens`` / ``n_sequences`` fitted; empty (no ``temperature``) without the raw reading.
+    """
+    if "trainer_logprob" not in trace or "temperature" not in trace:
+        return xr.Dataset(coords={"temperature": np.zeros(0)})
+    o = defaults()
+    mask = trace["response_mask"].values.astype(bool)
+    temps = trace["temperature"].values
+    ref = trace["trainer_logprob"].values
+    rows = {}
+    for t in np.unique(temps[np.isfinite(temps)]):
+        m = mask & (temps == t)[:, None]
+        row = {}
+        for side, var in SHARPNESS_READINGS.items():
+            if var not in trace:
+                row.update({f"beta_{side}": np.nan, f"beta_{side}_se": np.nan})
+                continue
+            f = core.sharpness_fit(trace[var].values, ref, m, band=o.sharpness_band, groups=o.jackknife_groups)
+            row.update({f"beta_{side}": f["beta"], f"beta_{side}_se": f["beta_se"],
+                        "n_tokens": f["n_tokens"], "n_sequences": f["n_sequences"]})
+        rows[float(t)] = row
+    keys = ["beta_rollout", "beta_rollout_se", "beta_trainer", "beta_trainer_se", "n_tokens", "n_sequences"]
+    ds = xr.Dataset({k: ("temperature", np.array([rows[t].get(k, np.nan) for t in rows], dtype=float)) for k in keys},
+                    coords={"temperature": np.array(list(rows), dtype=float)})
+    for side in SHARPNESS_READINGS:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ds[f"temperature_{side}"] = 1.0 / ds[f"beta_{side}"]
+        ds[f"beta_{side}"].attrs = {"long_name": f"inverse temperature of the {side}'s logprobs against the trainer's "
+                                                 "raw reading (slope of log(-log p) on confident tokens)"}
+        ds[f"temperature_{side}"].attrs = {"long_name": f"the {side}'s effective temperature, from the numbers"}
+    ds["temperature"].attrs = {"long_name": "the request's sampling temperature"}
+    ds.attrs = make_attrs(arm=trace.attrs.get("arm", "default"), band_nats=list(o.sharpness_band))
+    return ds
+
+
 BF16_ULP = 2.0 ** -7  # the spacing of bfloat16 numbers relative to their size (8 significant bits)
 
 

@@ -1,0 +1,235 @@
+"""Issue 41: causes read from the logprobs alone: the temperature each side applied, and bf16 rounding of
+the logits on one side.
+
+The reference is a float64 simulator written here: random logits per position, tokens drawn at the
+request's temperature, each side's logprob computed as ``log softmax(z / T_side)`` by numpy. The
+detector reads only the logprobs and the request's temperature (no recorded trainer setting, no
+``logprobs_mode``); the truth (which side divided by the temperature) stays in this file.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlparity.diagnose.findings import Severity
+from rlparity.diagnose.semantic import _temperature_state, temperature_from_numbers
+from rlparity.metrics import core, effective_temperature
+from rlparity.trace import from_rollouts
+
+
+def _log_softmax(z):
+    m = z.max(axis=-1, keepdims=True)
+    return z - m - np.log(np.exp(z - m).sum(axis=-1, keepdims=True))
+
+
+def _arm(*, rollout_t, trainer_t, temperature=0.7, n_seq=24, length=24, vocab=64, seed=0):
+    """A scored arm from the simulator: tokens drawn at ``temperature``; the rollout reports
+    ``log softmax(z / rollout_t)``, the trainer's processed reading ``log softmax(z / trainer_t)`` and
+    its raw one ``log softmax(z)``."""
+    rng = np.random.default_rng(seed)
+    # peaked distributions like a language model's: one strong logit, a few near it, a long tail
+    z = rng.normal(0.0, 1.0, size=(n_seq, length, vocab))
+    z[..., 0] += rng.uniform(2.0, 7.0, size=(n_seq, length))
+    z[..., 1:4] += rng.uniform(0.0, 2.0, size=(n_seq, length, 3))
+    p = np.exp(_log_softmax(z / temperature))
+    u = rng.random((n_seq, length, 1))
+    tok = np.minimum((p.cumsum(axis=-1) < u).sum(axis=-1), vocab - 1)
+
+    def at(t):
+        return np.take_along_axis(_log_softmax(z / t), tok[..., None], axis=-1)[..., 0]
+
+    tr = from_rollouts(prompt_token_ids=[[1, 2, 3]] * n_seq, token_ids=tok.tolist(),
+                       rollout_logprobs=at(rollout_t).tolist(), temperature=temperature, attrs={"arm": "sim"})
+    tr["trainer_logprob"] = (("sequence", "position"), at(1.0))
+    tr["trainer_processed_logprob"] = (("sequence", "position"), at(trainer_t))
+    tr.attrs["trainer"] = {"model": "m"}
+    return tr
+
+
+def test_sharpness_fit_recovers_the_inverse_temperature_of_a_two_logit_law():
+    """Where one competitor holds the tail, -log p_beta = log(1 + exp(-beta gap)): the slope of
+    log(-log p) on the temperature-1 reading's is beta, up to the log(1 + x) ~ x step."""
+    rng = np.random.default_rng(1)
+    gap = rng.uniform(1.5, 4.5, size=(30, 20))
+    ref = -np.log1p(np.exp(-gap))  # temperature 1
+    for beta in (0.8, 1.0, 1.0 / 0.7, 2.0):
+        f = core.sharpness_fit(-np.log1p(np.exp(-beta * gap)), ref, np.ones(gap.shape, bool))
+        assert f["beta"] == pytest.approx(beta, rel=0.06), beta
+        assert f["n_sequences"] == 30 and (f["beta_se"] > 0 or beta == 1.0)
+    # the same reading against itself: exactly 1, whatever the tokens
+    f = core.sharpness_fit(ref, ref, np.ones(gap.shape, bool))
+    assert f["beta"] == pytest.approx(1.0, abs=1e-12)
+    # tokens outside the band are not used: an empty band gives no fit
+    f = core.sharpness_fit(ref, ref, np.ones(gap.shape, bool), band=(5.0, 6.0))
+    assert f["n_tokens"] == 0 and np.isnan(f["beta"])
+
+
+def test_effective_temperature_reads_each_side_from_the_simulator():
+    et = effective_temperature(_arm(rollout_t=0.7, trainer_t=1.0))
+    row = et.sel(temperature=0.7, method="nearest")
+    assert float(row["temperature_trainer"]) == pytest.approx(1.0, abs=0.01)  # untempered: exactly 1
+    # tempered: the near-tied competitors of this simulator (three logits boosted beside the argmax) bias the fit's
+    # inverse temperature up, so the reading sits below 0.7, far from 1: the rule only needs the side of the midpoint
+    assert 0.4 < float(row["temperature_rollout"]) < 0.7
+    assert int(row["n_sequences"]) == 24
+
+
+@pytest.mark.parametrize("rollout_t, trainer_t, expected", [
+    (0.7, 0.7, {}),
+    (0.7, 1.0, {"trainer_logprobs_untempered": "trainer_temperature"}),
+    (1.0, 0.7, {"rollout_logprobs_untempered": "raw_logprobs"}),
+    (1.0, 1.0, {"trainer_logprobs_untempered": "trainer_temperature", "rollout_logprobs_untempered": "raw_logprobs"}),
+], ids=["parity", "trainer-untempered", "rollout-raw", "both-untempered"])
+def test_temperature_from_numbers_names_the_side_that_did_not_temper(rollout_t, trainer_t, expected):
+    found = temperature_from_numbers(_arm(rollout_t=rollout_t, trainer_t=trainer_t))
+    errors = {f.name: f.cause for f in found if f.severity is Severity.ERROR}
+    assert errors == expected
+    if not expected:
+        (f,) = found
+        assert f.name == "effective_temperatures" and f.evidence["rollout"] == f.evidence["trainer"] == "tempered"
+
+
+def test_a_recorded_setting_the_numbers_contradict_is_said():
+    tr = _arm(rollout_t=0.7, trainer_t=1.0)
+    tr["trainer_temperature"] = ("sequence", np.full(tr.sizes["sequence"], 0.7, dtype=np.float32))
+    (f,) = [g for g in temperature_from_numbers(tr) if g.severity is Severity.ERROR]
+    assert f.evidence["record_contradicted"] == "trainer_temperature" and "contradict" in f.summary
+    raw = _arm(rollout_t=1.0, trainer_t=0.7)
+    raw.attrs["engine_effective"] = {"logprobs_mode": "processed_logprobs"}
+    (f,) = temperature_from_numbers(raw)
+    assert f.cause == "raw_logprobs" and f.evidence["record_contradicted"] == "logprobs_mode"
+
+
+def test_nothing_to_read_at_temperature_one_or_on_a_noisy_side():
+    assert temperature_from_numbers(_arm(rollout_t=1.0, trainer_t=1.0, temperature=1.0)) == []
+    # states by hand: the midpoint between log 1 = 0 and log(1/0.7) = 0.357 is 0.178
+    assert _temperature_state(1.0, 0.01, 0.7) == "untempered"
+    assert _temperature_state(1 / 0.66, 0.02, 0.7) == "tempered"
+    assert _temperature_state(1.22, 0.03, 0.7) == "inconclusive"  # the penalty arm's reading: between them
+    assert _temperature_state(1.0, 0.1, 0.7) == "inconclusive"  # 3 errors of 0.1 reach past the midpoint
+    assert _temperature_state(1 / 1.3, 0.001, 1.3) == "tempered"  # a temperature above 1: beta below 1
+    assert _temperature_state(1 / 0.7, 0.001, 1.3) == "inconclusive"  # sharper than 1 at T = 1.3: neither
+    assert _temperature_state(1.5, 0.01, 0.97) == "identity"
+
+
+def test_the_h200_arms_read_from_the_numbers_alone():
+    """The shipped H200 matrix, blind (no recorded setting): the trainer that does not divide by the
+    temperature and the engine's raw logprobs are named from the logprobs; the clean arm is at parity."""
+    from rlparity.datasets import load_example
+    from rlparity.diagnose.scoring import blind_view
+
+    m = load_example("h200-faults")
+    causes = {a: {f.cause for f in temperature_from_numbers(blind_view(m[a])) if f.severity is Severity.ERROR}
+              for a in ("clean", "trainer_temperature", "raw_logprobs+trainer_temperature", "sampling_penalty",
+                        "trainer_dropout")}
+    assert causes == {"clean": set(), "trainer_temperature": {"trainer_temperature"},
+                      "raw_logprobs+trainer_temperature": {"trainer_temperature", "raw_logprobs"},
+                      "sampling_penalty": set(), "trainer_dropout": set()}
+
+
+# ------------------------------------------------------------------------------ bf16 rounding of the logits
+def _to_bf16(x):
+    """Round float32 values to bfloat16 (nearest, ties to even) by hand on the bits: the reference."""
+    b = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return b.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def test_bf16_rounding_by_hand():
+    from rlparity.metrics.head_precision import bf16_spacing
+
+    assert _to_bf16(1.0 + 2 ** -9) == 1.0 and _to_bf16(1.0 + 3 * 2 ** -9) == 1.0 + 2 ** -7
+    assert bf16_spacing(np.array([1.0, 1.99, 2.0, 6.4, -6.4, 8.0]) ).tolist() == [2 ** -7, 2 ** -7, 2 ** -6, 2 ** -5,
+                                                                                 2 ** -5, 2 ** -4]
+    assert np.isnan(bf16_spacing(np.array([0.0, np.nan]))).all()
+
+
+def _rounded_arm(*, rollout_bf16, trainer_bf16, n_seq=24, length=24, vocab=64, temperature=0.7, seed=0, noise=0.0):
+    """Tokens drawn at ``temperature``; each side's processed logprob from the same logits, rounded to bf16
+    on the side(s) asked, plus optional independent noise (nats) on the rollout."""
+    rng = np.random.default_rng(seed)
+    # a language model's logits: the argmax at 5-9 and a few runners-up 1-3 below it (the same bf16 spacing),
+    # a long tail far below
+    z = rng.normal(0.0, 1.0, size=(n_seq, length, vocab))
+    top = rng.uniform(5.0, 9.0, size=(n_seq, length, 1))
+    z[..., :1] = top
+    z[..., 1:4] = top - rng.uniform(1.0, 3.0, size=(n_seq, length, 3))
+    p = np.exp(_log_softmax(z / temperature))
+    u = rng.random((n_seq, length, 1))
+    tok = np.minimum((p.cumsum(axis=-1) < u).sum(axis=-1), vocab - 1)
+
+    def lp(logits, t):
+        return np.take_along_axis(_log_softmax(logits / t), tok[..., None], axis=-1)[..., 0]
+
+    zr = _to_bf16(z) if rollout_bf16 else z
+    zt = _to_bf16(z) if trainer_bf16 else z
+    mu = np.minimum(lp(zr, temperature) + noise * rng.standard_normal(tok.shape), 0.0)
+    tr = from_rollouts(prompt_token_ids=[[1, 2, 3]] * n_seq, token_ids=tok.tolist(), rollout_logprobs=mu.tolist(),
+                       temperature=temperature, attrs={"arm": "sim"})
+    tr["trainer_logprob"] = (("sequence", "position"), lp(zt, 1.0))
+    tr["trainer_processed_logprob"] = (("sequence", "position"), lp(zt, temperature))
+    tr["trainer_max_logit"] = (("sequence", "position"), zt.max(axis=-1))
+    order = np.argsort(-zt, axis=-1)
+    tr["trainer_token_rank"] = (("sequence", "position"), np.argmax(order == tok[..., None], axis=-1))
+    tr.attrs["trainer"] = {"model": "m"}
+    return tr
+
+
+@pytest.mark.parametrize("rollout_bf16, trainer_bf16, noise, rounding", [
+    (True, False, 0.0, True), (False, True, 0.0, True), (False, False, 1e-4, False), (True, True, 1e-4, False),
+], ids=["rollout-bf16", "trainer-bf16", "parity", "both-bf16-same-kernel"])
+def test_rounding_from_numbers_sees_one_side_rounded(rollout_bf16, trainer_bf16, noise, rounding):
+    from rlparity.diagnose.head_precision import head_precision, rounding_from_numbers
+
+    tr = _rounded_arm(rollout_bf16=rollout_bf16, trainer_bf16=trainer_bf16, noise=noise)
+    r = rounding_from_numbers(tr)
+    assert r["testable"] and r["rounding"] is rounding, r
+    if rounding:
+        assert 0.4 < r["share"] < 1.0  # the triangular law's median, 0.72 at the largest logit's spacing
+        f = head_precision(tr)
+        assert (f.name, f.severity, f.cause) == ("head_rounding_in_differences", Severity.WARNING, "bf16_head_rounding")
+    else:
+        assert r["share"] < 0.1
+        assert head_precision(tr).name == "head_precision_unrecorded"
+
+
+def test_a_recorded_fp32_head_the_numbers_contradict_is_said():
+    from rlparity.diagnose.head_precision import head_precision
+
+    tr = _rounded_arm(rollout_bf16=True, trainer_bf16=False)
+    tr.attrs["engine_effective"] = {"head_dtype": "float32"}
+    tr.attrs["trainer"]["head_dtype"] = "float32"
+    f = head_precision(tr)
+    assert (f.name, f.cause) == ("head_record_contradicted", "bf16_head_rounding")
+
+
+def test_rounding_is_untestable_beside_a_noisy_trainer_or_another_global_cause():
+    from rlparity.diagnose.head_precision import rounding_from_numbers
+
+    tr = _rounded_arm(rollout_bf16=True, trainer_bf16=False)
+    tr.attrs["trainer"]["self_check"] = {"run_to_run_processed": {"rms": 0.5, "mean_abs": 0.5}}
+    r = rounding_from_numbers(tr)
+    assert not r["testable"] and "run-to-run" in r["why"]
+    from rlparity.diagnose.findings import Finding, Layer
+
+    pen = Finding(Layer.SEMANTIC, "sampling_penalty_not_in_trainer", Severity.ERROR, "s", cause="sampling_penalty")
+    r = rounding_from_numbers(_rounded_arm(rollout_bf16=True, trainer_bf16=False), prior=(pen,))
+    assert not r["testable"] and "sampling_penalty" in r["why"]
+
+
+def test_the_h200_head_arms_read_from_the_numbers_alone():
+    """Blind (the head dtypes stripped): both bf16-head arms of the H200 matrix are named, with the side left
+    open; the clean arm and the arms of other causes are not."""
+    from rlparity.datasets import load_example
+    from rlparity.diagnose import diagnose
+    from rlparity.diagnose.scoring import blind_view
+
+    m = load_example("h200-faults")
+    arms = {a: blind_view(m[a]) for a in ("clean", "rollout_bf16_head", "trainer_bf16_head", "sampling_penalty",
+                                          "trainer_dropout", "partial_weight_sync")}
+    rep = diagnose(arms)
+    named = {a: {f.name for f in rep if f.arm == a and f.cause == "bf16_head_rounding"} for a in arms}
+    assert named == {"clean": set(), "rollout_bf16_head": {"head_rounding_in_differences"},
+                     "trainer_bf16_head": {"head_rounding_in_differences"}, "sampling_penalty": set(),
+                     "trainer_dropout": set(), "partial_weight_sync": set()}
