@@ -68,6 +68,8 @@ def faults_cmd(
     update_after: float = typer.Option(1 / 3, help="share of the in-flight tokens before the update"),
     gpu_memory_utilization: Optional[float] = _GPU_MEMORY,
     example: Optional[str] = typer.Option(None, help="save a compact example store DIR/NAME.zarr with provenance"),
+    seed: int = typer.Option(0, help="seeds the prompts, the requests and the version-1 perturbation (another seed: "
+                                     "a matrix held out from one scored before)"),
 ):
     """The fault matrix on a built-in model (or --model): DIR/faults.zarr (every arm; with --example
     NAME a compact example store DIR/NAME.zarr), DIR/faults.json (the scores, every arm's headline);
@@ -87,7 +89,7 @@ def faults_cmd(
     model = model or _built_model(size, device)
     settings = MatrixSettings(n_prompts=n_prompts, max_tokens=max_tokens, sigma=sigma, device=device, dtype=dtype,
                               engine=_engine(gpu_memory_utilization), inflight_tokens=inflight_tokens,
-                              update_after=update_after)
+                              update_after=update_after, seed=seed)
     t0 = time.perf_counter()
     traces = run_matrix(model, chosen, settings, workdir=out / "checkpoints")
     elapsed = time.perf_counter() - t0
