@@ -216,6 +216,10 @@ def test_rounding_is_untestable_beside_a_noisy_trainer_or_another_global_cause()
     pen = Finding(Layer.SEMANTIC, "sampling_penalty_not_in_trainer", Severity.ERROR, "s", cause="sampling_penalty")
     r = rounding_from_numbers(_rounded_arm(rollout_bf16=True, trainer_bf16=False), prior=(pen,))
     assert not r["testable"] and "sampling_penalty" in r["why"]
+    # tokens at the cut's edge name the trainer's cut from a few tokens, and a bf16 head makes them itself: no gate
+    # (held-out H100 matrices: the bf16 head beside KV carried over was missed before)
+    edge = Finding(Layer.SEMANTIC, "zero_probability_tokens", Severity.ERROR, "s", cause="trainer_top_k")
+    assert rounding_from_numbers(_rounded_arm(rollout_bf16=True, trainer_bf16=False), prior=(edge,))["rounding"]
 
 
 def test_the_h200_head_arms_read_from_the_numbers_alone():

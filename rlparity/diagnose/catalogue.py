@@ -333,7 +333,8 @@ _CODES: tuple[FindingCode, ...] = (
             "of the rounding scale", thresholds=("head_rounding_share", "temperature_z"),
        calibrated_on="held out from the H200 fault matrix: parity 0.001-0.33 (h200-inflight, h100-ablation, h200-rl, "
                      "h200-moe, the fp32 semantic arms), one bf16 side 0.42-1.22 (h200-head, h200-semantic, cpu-head, "
-                     "cpu-semantic, h200-rl's bf16-head arm)", causes=("bf16_head_rounding",)),
+                     "cpu-semantic, h200-rl's bf16-head arm); checked on three held-out H100 matrices: parity arms "
+                     "0.10-0.20, one bf16 side 0.55-0.78", causes=("bf16_head_rounding",)),
     _c("head_record_contradicted", PATH, (W,),
        "Both sides are recorded as computing their logits in float32, yet the differences have the size of bfloat16 "
        "rounding of the logits: a logits cast, a bf16 lm_head weight or a kernel that rounds its output.",
@@ -410,7 +411,9 @@ _CODES: tuple[FindingCode, ...] = (
        thresholds=("version_ratio", "version_z"),
        calibrated_on="held out: the H200 inflight arms (no weight fault) at 0.83-0.89x; on the H200 fault matrix the "
                      "arms without a weight fault read 0.46-1.30x, a one-layer partial sync 2.06x, a skipped trainer "
-                     "sync 5.26x",
+                     "sync 5.26x; on three held-out H100 matrices (seeds 1-3) clean 0.41-0.61x, a skipped trainer sync "
+                     "9.2-11.7x (named), a one-layer partial sync 0.74-1.29x (not seen: version 1's own level is "
+                     "unknown within one arm)",
        causes=("weights_differ",)),
     # --- inference path: where the layers part ---------------------------------------------------------------
     _c("divergence_starts_at", PATH, (W, E),

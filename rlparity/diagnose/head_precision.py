@@ -53,6 +53,8 @@ def _gap_evidence(trace: xr.Dataset, trainer: str | None = None, eps: float | No
 
 # causes that move every token on their own: with one of them named, the residual's size says nothing of rounding
 _OTHER_GLOBAL = ("sampling_penalty", "trainer_temperature", "trainer_top_k", "trainer_dropout")
+# findings that name such a cause from a few tokens at the cut's edge, which a bf16 head itself produces
+_LOCAL_SIGNS = ("zero_probability_tokens", "topk_boundary_flips")
 FIX_EITHER_FP32 = FIX_ROLLOUT_FP32 + "; and " + FIX_TRAINER_FP32
 
 
@@ -87,7 +89,8 @@ def rounding_from_numbers(trace: xr.Dataset, evidence=None, prior=()) -> dict:
     out: dict = {"testable": False, "threshold": o.head_rounding_share, "rounding": False}
     if "trainer_max_logit" not in trace or "trainer_token_rank" not in trace:
         return {**out, "why": "the trace records neither the trainer's largest logit nor its token rank"}
-    other = sorted({f.cause for f in prior if f.cause in _OTHER_GLOBAL and f.severity.rank >= 1})
+    other = sorted({f.cause for f in prior if f.cause in _OTHER_GLOBAL and f.severity.rank >= 1
+                    and f.name not in _LOCAL_SIGNS})
     if other:
         return {**out, "why": f"another cause moves every token ({', '.join(other)})"}
     ev = evidence if evidence is not None else build(trace)
