@@ -472,7 +472,9 @@ def observed_claims(ev: ArmEvidence) -> None:
         ev.claim("weights_differ", pv == v, f"tokens of policy version {v} (the two sides' weights differ: "
                  f"{len(tensors_not_equal(cmp))} tensor(s))")
     settings = (trace.attrs.get("trainer") or {}).get("settings") or {}
-    if settings.get("prompt_ids") == "retokenize":
+    # the trainer's own tokenization is recorded; unless the trainer says it scored with the engine's ids, the
+    # responses after other prompt ids are its to explain (a user's run records no scorer setting)
+    if settings.get("prompt_ids", "retokenize") == "retokenize":
         bad = prompt_mismatch_sequences(trace)
         if bad.any():
             ev.claim("prompt_token_mismatch", bad[:, None] & ev.mask,
@@ -639,6 +641,12 @@ def version_excess(ev: ArmEvidence, *, ratio: float | None = None, z: float | No
     own_floor = all(v in floors for v in stats)
     scale = {v: floors[v] if own_floor else 1.0 for v in stats}
     ref = min(stats)
+    # a trainer that does not repeat itself (dropout) moves every version's residual by its own noise: the medians
+    # then compare noise, not weights (CPU stability runs: 7 of 10 false claims were dropout arms)
+    noise = trainer_floor(trace, ev.side).get("run_to_run_mean_abs", float("nan"))
+    if np.isfinite(noise) and noise >= 0.25 * stats[ref][1]:
+        return {"untestable": f"the trainer's run-to-run noise ({noise:.3g} nats) is a quarter of version {ref}'s "
+                              f"median |r| ({stats[ref][1]:.3g}) or more", "flagged": []}
     engine, trainer = engine_effective(trace.attrs), trainer_checksums(trace.attrs, versions)
     same = [v for v in stats if v in engine and v in trainer and compare_checksums(engine[v], trainer[v])["equal"]]
     out: dict[str, Any] = {"abs_residual_mean_by_version": {str(v): s[0] for v, s in stats.items()},
