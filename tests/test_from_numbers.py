@@ -65,6 +65,40 @@ def test_sharpness_fit_recovers_the_inverse_temperature_of_a_two_logit_law():
     assert f["n_tokens"] == 0 and np.isnan(f["beta"])
 
 
+def test_sharpness_fit_uses_exactly_the_band_and_a_sequence_jackknife():
+    """The tokens used, the error and the smallest fit, against references written here."""
+    rng = np.random.default_rng(5)
+    n_seq, length = 25, 8
+    ref = -rng.uniform(0.02, 0.3, size=(n_seq, length))
+    lp = -np.exp(1.3 * np.log(-ref) + 0.05 * rng.standard_normal(ref.shape))
+    ref[0, :4] = [-0.01, -0.37, -0.0099, -0.3701]  # both edges kept, just outside them not
+    lp[1, 0] = 0.0  # a logprob of exactly 0 has no log(-log p): left out
+    mask = np.ones(ref.shape, bool)
+    mask[2, :] = False
+    f = core.sharpness_fit(lp, ref, mask)
+    used = mask & (-ref >= 0.01) & (-ref <= 0.37) & (lp < 0)
+    assert f["n_tokens"] == int(used.sum()) == n_seq * length - 8 - 2 - 1
+    assert f["n_sequences"] == n_seq - 1
+    # the jackknife by hand: sequence i (of those with tokens) in group i mod 20, the Huber slope refitted
+    x, y = np.log(-ref), np.log(-np.where(lp < 0, lp, -1.0))
+    rows = [i for i in range(n_seq) if used[i].any()]
+    est = []
+    for g in range(20):
+        keep = used & np.array([i in rows and rows.index(i) % 20 != g for i in range(n_seq)])[:, None]
+        est.append(core.robust_reading_fit(np.where(keep, y, 0.0), np.where(keep, x, 0.0), keep)["alpha"])
+    est = np.array(est)
+    se_jk = np.sqrt(19 / 20 * np.sum((est - est.mean()) ** 2))
+    assert f["beta_se_jackknife"] == pytest.approx(se_jk, rel=1e-6)
+    assert f["beta_se"] == max(f["beta_se_jackknife"], f["beta_se_token"])
+    assert f["beta"] == pytest.approx(1.3, abs=0.05)
+    # fewer than three tokens: no fit; three: a fit
+    few = np.zeros(ref.shape, bool)
+    few[3, :2] = True
+    assert np.isnan(core.sharpness_fit(lp, ref, few)["beta"])
+    few[3, 2] = True
+    assert np.isfinite(core.sharpness_fit(lp, ref, few)["beta"])
+
+
 def test_effective_temperature_reads_each_side_from_the_simulator():
     et = effective_temperature(_arm(rollout_t=0.7, trainer_t=1.0))
     row = et.sel(temperature=0.7, method="nearest")
@@ -237,3 +271,49 @@ def test_the_h200_head_arms_read_from_the_numbers_alone():
     assert named == {"clean": set(), "rollout_bf16_head": {"head_rounding_in_differences"},
                      "trainer_bf16_head": {"head_rounding_in_differences"}, "sampling_penalty": set(),
                      "trainer_dropout": set(), "partial_weight_sync": set()}
+
+
+def test_effective_temperature_needs_the_raw_reading_and_the_temperature():
+    tr = _arm(rollout_t=0.7, trainer_t=0.7)
+    assert effective_temperature(tr.drop_vars("trainer_logprob")).sizes["temperature"] == 0
+    assert effective_temperature(tr.drop_vars("temperature")).sizes["temperature"] == 0
+    assert effective_temperature(tr).sizes["temperature"] == 1
+
+
+# ------------------------------------------------------------------------------ scoring: effect and dominance
+def _truth_arm(causes, *, shift_trainer=0.0, shift_rollout=0.0, floor=0.01):
+    tr = _arm(rollout_t=0.7, trainer_t=0.7)
+    tr["trainer_processed_logprob"] = tr["trainer_processed_logprob"] - shift_trainer
+    tr["rollout_logprob"] = tr["rollout_logprob"] - shift_rollout
+    tr.attrs["faults"] = {"causes": list(causes)}
+    tr.attrs["trainer"]["self_check"] = {"batch_shape_processed": {"mean_abs": floor, "rms": floor}}
+    tr.attrs["engine_floor"] = {"batch_shape": {"mean_abs": floor, "rms": floor}}
+    return tr
+
+
+def test_a_recipe_that_moved_no_number_is_left_out_and_dominance_comes_from_the_single_arms():
+    from rlparity.diagnose.scoring import dominance, no_effect, reading_effect
+
+    clean = _truth_arm(())
+    idle = _truth_arm(("trainer_top_k",), shift_trainer=0.009 * 0.01)  # under a hundredth of the floor 0.01
+    moved = _truth_arm(("trainer_temperature",), shift_trainer=0.011 * 0.01 * 100)  # 0.011 nats: above it
+    head = _truth_arm(("rollout_bf16_head",), shift_rollout=0.05)
+    pair = _truth_arm(("trainer_temperature", "rollout_bf16_head"), shift_trainer=0.011, shift_rollout=0.05)
+    both_trainer = _truth_arm(("trainer_top_k", "trainer_temperature"), shift_trainer=0.0)
+    arms = {"clean": clean, "idle": idle, "moved": moved, "head": head, "pair": pair, "both": both_trainer}
+    assert reading_effect(idle, clean, "trainer_top_k") == pytest.approx(0.009 * 0.01, rel=1e-6)
+    assert reading_effect(head, clean, "rollout_bf16_head") == pytest.approx(0.05, rel=1e-6)
+    assert reading_effect(head, clean, "kv_carried_over") is None  # no single reading
+    out = no_effect(arms)
+    # two causes on the trainer's reading: which one moved it cannot be told, so neither is left out
+    assert set(out) == {"idle"} and set(out["idle"]) == {"trainer_top_k"}
+    assert no_effect({k: v for k, v in arms.items() if k != "clean"}) == {}
+    # dominance: the single arms' excess mean |d| over the clean arm's
+    dom = dominance(arms)
+    assert set(dom) == {"pair", "both"}
+    assert dom["pair"]["dominant"] == "rollout_bf16_head" and not dom["pair"]["tie"]
+    assert dom["pair"]["excess"]["rollout_bf16_head"] == pytest.approx(0.05, rel=1e-3)
+    # within a tenth of the larger: a tie
+    close = _truth_arm(("rollout_bf16_head",), shift_rollout=0.0115)
+    dom = dominance({"clean": clean, "moved": moved, "head": close, "pair": pair})
+    assert dom["pair"]["tie"] and dom["pair"]["dominant"] is None
