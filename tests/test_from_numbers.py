@@ -241,6 +241,9 @@ def test_a_recorded_fp32_head_the_numbers_contradict_is_said():
 def test_rounding_is_untestable_beside_a_noisy_trainer_or_another_global_cause():
     from rlparity.diagnose.head_precision import rounding_from_numbers
 
+    for var in ("trainer_max_logit", "trainer_token_rank"):
+        r = rounding_from_numbers(_rounded_arm(rollout_bf16=True, trainer_bf16=False).drop_vars(var))
+        assert not r["testable"] and not r["rounding"] and "records" in r["why"]
     tr = _rounded_arm(rollout_bf16=True, trainer_bf16=False)
     tr.attrs["trainer"]["self_check"] = {"run_to_run_processed": {"rms": 0.5, "mean_abs": 0.5}}
     r = rounding_from_numbers(tr)
@@ -317,3 +320,36 @@ def test_a_recipe_that_moved_no_number_is_left_out_and_dominance_comes_from_the_
     close = _truth_arm(("rollout_bf16_head",), shift_rollout=0.0115)
     dom = dominance({"clean": clean, "moved": moved, "head": close, "pair": pair})
     assert dom["pair"]["tie"] and dom["pair"]["dominant"] is None
+
+
+def test_rounding_scale_against_a_reference_by_hand():
+    """The statistic written out: the median over tokens below the argmax of |r| over the bf16 spacing of the
+    largest logit (2^(floor(log2|z|) - 7)) / sqrt 6 / T, T = 1 where the request's is 0; its error a delete-a-group
+    jackknife over sequences (group i mod 20)."""
+    from rlparity.metrics.head_precision import rounding_scale
+
+    rng = np.random.default_rng(11)
+    n_seq, length = 26, 6
+    r = np.abs(rng.normal(0.0, 0.01, size=(n_seq, length)))
+    z = rng.uniform(2.5, 12.0, size=(n_seq, length))
+    t = np.where(rng.random((n_seq, length)) < 0.2, 0.0, 0.7)
+    rank = rng.integers(0, 3, size=(n_seq, length))
+    mask = np.ones((n_seq, length), bool)
+    mask[0] = False
+    r[1, 0] = np.nan
+    f = rounding_scale(r, z, t, rank, mask)
+    spacing = 2.0 ** (np.floor(np.log2(z)) - 7)
+    q = r / (spacing / np.sqrt(6.0) / np.where(t > 0, t, 1.0))
+    sel = mask & (rank >= 1) & np.isfinite(q)
+    assert f["n_tokens"] == int(sel.sum()) and f["n_sequences"] == int(sel.any(axis=1).sum())
+    assert f["share"] == pytest.approx(np.median(q[sel]), rel=1e-12)
+    rows = [i for i in range(n_seq) if sel[i].any()]
+    est = np.array([np.median(q[sel & np.array([i in rows and rows.index(i) % 20 != g for i in range(n_seq)])[:, None]])
+                    for g in range(20)])
+    assert f["share_se"] == pytest.approx(np.sqrt(19 / 20 * np.sum((est - est.mean()) ** 2)), rel=1e-9)
+    two = np.zeros_like(mask)
+    two[2, :2] = True
+    rank2 = np.ones_like(rank)
+    assert np.isnan(rounding_scale(r, z, t, rank2, two)["share"])
+    two[2, 2] = True
+    assert np.isfinite(rounding_scale(r, z, t, rank2, two)["share"])
