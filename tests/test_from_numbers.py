@@ -353,3 +353,40 @@ def test_rounding_scale_against_a_reference_by_hand():
     assert np.isnan(rounding_scale(r, z, t, rank2, two)["share"])
     two[2, 2] = True
     assert np.isfinite(rounding_scale(r, z, t, rank2, two)["share"])
+
+
+def test_temperature_states_at_their_edges():
+    assert _temperature_state(2.0, 0.2, 0.5) == "tempered"  # error 3 x 0.2 / 2 in log beta: inside the half
+    assert _temperature_state(2.0, 0.3, 0.5) == "inconclusive"
+    for t in (float("nan"), 0.0, -0.7):
+        assert _temperature_state(1.0, 0.01, t) == "identity"
+    for beta, se in ((float("nan"), 0.01), (0.0, 0.01), (-1.0, 0.01), (1.0, float("nan"))):
+        assert _temperature_state(beta, se, 0.7) == "inconclusive"
+
+
+def test_what_the_record_says_is_confirmed_or_contradicted():
+    from rlparity.diagnose.findings import Finding, Layer
+
+    # the trainer's temperature recorded as 1 (it did not temper) and already named from the record: confirmed
+    tr = _arm(rollout_t=0.7, trainer_t=1.0)
+    tr["trainer_temperature"] = ("sequence", np.ones(tr.sizes["sequence"], dtype=np.float32))
+    rec = Finding(Layer.SEMANTIC, "trainer_temperature_differs", Severity.ERROR, "s", cause="trainer_temperature")
+    found = temperature_from_numbers(tr, recorded=(rec,))
+    assert [f.name for f in found] == ["effective_temperatures"]
+    assert rec.evidence["confirmed_by_numbers"]["trainer"] == "untempered"
+    # the semantic fit already names raw logprobs: the numbers add no second finding for it
+    raw = _arm(rollout_t=1.0, trainer_t=0.7)
+    sem = Finding(Layer.SEMANTIC, "raw_logprobs_used_as_processed", Severity.ERROR, "s", cause="raw_logprobs")
+    assert [f.name for f in temperature_from_numbers(raw, semantics=sem)] == ["effective_temperatures"]
+    # both untempered: the rollout's finding says the trainer's are too
+    both = {f.name: f for f in temperature_from_numbers(_arm(rollout_t=1.0, trainer_t=1.0))}
+    assert "the trainer's are too" in both["rollout_logprobs_untempered"].summary
+    one = {f.name: f for f in temperature_from_numbers(_arm(rollout_t=1.0, trainer_t=0.7))}
+    assert "the trainer's are too" not in one["rollout_logprobs_untempered"].summary
+    # an engine that says raw_logprobs while its logprobs follow the temperature
+    said_raw = _arm(rollout_t=0.7, trainer_t=0.7)
+    said_raw.attrs["engine_effective"] = {"logprobs_mode": "raw_logprobs"}
+    (f,) = temperature_from_numbers(said_raw)
+    assert f.name == "effective_temperatures" and "yet its logprobs follow the temperature" in f.summary
+    (f,) = temperature_from_numbers(_arm(rollout_t=0.7, trainer_t=0.7))
+    assert "yet" not in f.summary and "T=0.7" in f.summary
