@@ -310,8 +310,24 @@ def test_a_recipe_that_moved_no_number_is_left_out_and_dominance_comes_from_the_
     out = no_effect(arms)
     # two causes on the trainer's reading: which one moved it cannot be told, so neither is left out
     assert set(out) == {"idle"} and set(out["idle"]) == {"trainer_top_k"}
+    # the bar is a hundredth of the side's own floor: 1.5 hundredths is an effect; the engine's side is measured
+    # against the engine's floor (here 10x the trainer's)
+    assert no_effect({"clean": clean, "x": _truth_arm(("trainer_top_k",), shift_trainer=0.015 * 0.01)}) == {}
+    eng_clean = _truth_arm(())
+    eng_clean.attrs["engine_floor"] = {"batch_shape": {"mean_abs": 0.1, "rms": 0.1}}
+    small = _truth_arm(("rollout_bf16_head",), shift_rollout=0.5 * 0.01 * 0.1)
+    assert set(no_effect({"clean": eng_clean, "x": small})) == {"x"}
+    assert no_effect({"clean": clean, "x": small}) == {}  # against the trainer's floor (0.01) it would count
     assert no_effect({k: v for k, v in arms.items() if k != "clean"}) == {}
-    # dominance: the single arms' excess mean |d| over the clean arm's
+    # dominance: the single arms' excess mean |d| over the clean arm's (a clean arm off by 0.02 nats: the excess
+    # is measured from there)
+    base = _truth_arm((), shift_rollout=-0.02)
+    dom = dominance({"clean": base, "moved": _truth_arm(("trainer_temperature",), shift_trainer=0.011, shift_rollout=-0.02),
+                     "head": _truth_arm(("rollout_bf16_head",), shift_rollout=-0.07),
+                     "pair": pair})
+    assert dom["pair"]["excess"]["rollout_bf16_head"] == pytest.approx(0.05, rel=1e-3)
+    assert dom["pair"]["excess"]["trainer_temperature"] == pytest.approx(0.011, rel=1e-3)
+    assert dom["pair"]["dominant"] == "rollout_bf16_head"
     dom = dominance(arms)
     assert set(dom) == {"pair", "both"}
     assert dom["pair"]["dominant"] == "rollout_bf16_head" and not dom["pair"]["tie"]
