@@ -406,3 +406,35 @@ def test_what_the_record_says_is_confirmed_or_contradicted():
     assert f.name == "effective_temperatures" and "yet its logprobs follow the temperature" in f.summary
     (f,) = temperature_from_numbers(_arm(rollout_t=0.7, trainer_t=0.7))
     assert "yet" not in f.summary and "T=0.7" in f.summary
+
+
+def test_rounding_reading_at_its_gates():
+    """The noise gate at a quarter of the typical rounding scale (written out here), the smallest sample, the
+    error that must clear the bar, and a prior finding that is only information."""
+    from rlparity.diagnose.evidence import build
+    from rlparity.diagnose.findings import Finding, Layer
+    from rlparity.diagnose.head_precision import rounding_from_numbers
+
+    tr = _rounded_arm(rollout_bf16=True, trainer_bf16=False)
+    ev = build(tr)
+    use = ev.unclaimed() & np.isfinite(ev.residual)
+    spacing = 2.0 ** (np.floor(np.log2(np.abs(tr["trainer_max_logit"].values))) - 7)
+    typical = float(np.median((spacing / np.sqrt(6.0) / 0.7)[use]))
+    for factor, gated in ((1.02, True), (0.98, False)):
+        t = tr.copy()
+        t.attrs = {**tr.attrs, "trainer": {**tr.attrs["trainer"], "self_check": {
+            "run_to_run_processed": {"rms": factor * 0.25 * typical, "mean_abs": factor * 0.25 * typical}}}}
+        assert (not rounding_from_numbers(t)["testable"]) is gated, factor
+    info = Finding(Layer.SEMANTIC, "sampling_penalty_not_in_trainer", Severity.INFO, "s", cause="sampling_penalty")
+    assert rounding_from_numbers(tr, prior=(info,))["rounding"]
+    few = _rounded_arm(rollout_bf16=True, trainer_bf16=False, n_seq=3)
+    r = rounding_from_numbers(few)
+    assert not r["testable"] and "sequences" in r["why"]
+    # the bar is cleared by the share less 3 errors: a share above it whose error reaches below is not enough
+    from rlparity.config import defaults_context
+
+    r = rounding_from_numbers(tr)
+    with defaults_context(head_rounding_share=r["share"] - 2 * r["share_se"]):
+        assert not rounding_from_numbers(tr)["rounding"]
+    with defaults_context(head_rounding_share=r["share"] - 4 * r["share_se"]):
+        assert rounding_from_numbers(tr)["rounding"]
