@@ -363,6 +363,29 @@ def test_only_versions_after_the_first_are_claimed():
     assert ve["flagged"] == [] and sync.weight_sync(tr) == []
 
 
+def test_version_excess_at_its_edges():
+    """Four tokens make a version's median; four sequences make its error; one weight set or no residual: no
+    test at all."""
+    def ve_of(d, vs):
+        ev = build(_scored(d, versions=vs, trainer_attrs={"scored_by": "policy_version"}))
+        ev.claims.pop("weights_differ", None)  # the defaults may have claimed it: test the rule itself
+        return evm.version_excess(ev)
+
+    ve = ve_of([[0.01] * 6, [0.012] * 6, [0.05] * 6, [0.06] * 4], [[0] * 6, [0] * 6, [1] * 6, [1] * 4])
+    assert ve["n_tokens_by_version"] == {"0": 12, "1": 10} and np.isfinite(ve["z_by_version"]["1"])
+    # version 1 has three tokens: no median to compare
+    assert ve_of([[0.01] * 6, [0.012] * 6, [0.05] * 3 + [0.01] * 3], [[0] * 6, [0] * 6, [1] * 3 + [0] * 3]) == {}
+    ve = ve_of([[0.01] * 6, [0.012] * 6, [0.05] * 4 + [0.01] * 2], [[0] * 6, [0] * 6, [1] * 4 + [0] * 2])
+    assert ve["n_tokens_by_version"]["1"] == 4 and not np.isfinite(ve["z_by_version"]["1"])  # 3 sequences
+    one_set = _two_versions(0.01, 0.1)
+    one_set.attrs["trainer"]["scored_by"] = None
+    assert evm.version_excess(build(one_set)) == {}
+    ev = build(_two_versions(0.01, 0.1))
+    ev.claims.pop("weights_differ", None)
+    ev.residual = None
+    assert evm.version_excess(ev) == {}
+
+
 def test_a_trainer_that_does_not_repeat_itself_leaves_the_versions_untested():
     """Dropout moves every version's residual by the trainer's own noise: with run-to-run noise a quarter of
     the first version's median |r| or more, no version is claimed (CPU stability runs: 7 of 10 false claims)."""
