@@ -585,3 +585,21 @@ def test_engine_weights_differ_keeps_the_numbers_and_names_at_most_20_tensors():
     assert f.evidence["version_excess"] == {"flagged": [1]} and f.evidence["layers"] == list(range(25))
     assert "version_excess" not in sync.engine_weights_differ(
         {"differ": names[:1], "missing_in_engine": [], "n_compared": 1}, 1).evidence
+
+
+def test_zero_probability_tokens_split_between_two_localized_causes_are_explained():
+    """A stale cache and KV carried over an update may each hold some of the probability-0 tokens (held-out H100
+    matrix, seed 1: one each, named the trainer's cut, a false alarm): together they cover them."""
+    d = np.full((4, 6), 0.01)
+    d[0, 1] = d[2, 3] = -np.inf
+    stale = np.zeros(d.shape, bool)
+    stale[0] = True
+    carried = np.zeros(d.shape, bool)
+    carried[2, 2:] = True
+    ev = _evidence(d, np.where(np.isfinite(d), d, np.nan), claims={"stale_prefix_cache": stale,
+                                                                   "kv_carried_over": carried})
+    assert at._covering_claim(ev) in ("stale_prefix_cache", "kv_carried_over")
+    carried[2, 3] = False  # one of two outside every claim: 50% < 90%
+    ev = _evidence(d, np.where(np.isfinite(d), d, np.nan), claims={"stale_prefix_cache": stale,
+                                                                   "kv_carried_over": carried})
+    assert at._covering_claim(ev) is None

@@ -235,13 +235,14 @@ def neither_makers(named: set[str]) -> list[str]:
 
 
 def _covering_claim(ev: ArmEvidence, share: float = 0.9) -> str | None:
-    """The localized cause whose tokens hold at least ``share`` of the probability-0 tokens."""
+    """The localized cause holding most of the probability-0 tokens, when the localized causes together hold at
+    least ``share`` of them (two such causes may split them: a stale cache and KV carried over an update)."""
     zero = ev.mask & np.isneginf(ev.d)
     n = int(zero.sum())
     if not n:
         return None
     best = max(ev.claims.items(), key=lambda kv: int((kv[1] & zero).sum()), default=None)
-    if best is None or (best[1] & zero).sum() < share * n:
+    if best is None or (ev.claimed() & zero).sum() < share * n:
         return None
     return {"weights_differ": "weights_differ"}.get(best[0], best[0])
 
