@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from rlparity.diagnose.findings import Severity
-from rlparity.diagnose.semantic import _temperature_state, temperature_from_numbers
+from rlparity.diagnose.temperature import _temperature_state, temperature_from_numbers
 from rlparity.metrics import core, effective_temperature
+from rlparity.metrics.semantic import sharpness_fit
 from rlparity.trace import from_rollouts
 
 
@@ -54,14 +55,14 @@ def test_sharpness_fit_recovers_the_inverse_temperature_of_a_two_logit_law():
     gap = rng.uniform(1.5, 4.5, size=(30, 20))
     ref = -np.log1p(np.exp(-gap))  # temperature 1
     for beta in (0.8, 1.0, 1.0 / 0.7, 2.0):
-        f = core.sharpness_fit(-np.log1p(np.exp(-beta * gap)), ref, np.ones(gap.shape, bool))
+        f = sharpness_fit(-np.log1p(np.exp(-beta * gap)), ref, np.ones(gap.shape, bool))
         assert f["beta"] == pytest.approx(beta, rel=0.06), beta
         assert f["n_sequences"] == 30 and (f["beta_se"] > 0 or beta == 1.0)
     # the same reading against itself: exactly 1, whatever the tokens
-    f = core.sharpness_fit(ref, ref, np.ones(gap.shape, bool))
+    f = sharpness_fit(ref, ref, np.ones(gap.shape, bool))
     assert f["beta"] == pytest.approx(1.0, abs=1e-12)
     # tokens outside the band are not used: an empty band gives no fit
-    f = core.sharpness_fit(ref, ref, np.ones(gap.shape, bool), band=(5.0, 6.0))
+    f = sharpness_fit(ref, ref, np.ones(gap.shape, bool), band=(5.0, 6.0))
     assert f["n_tokens"] == 0 and np.isnan(f["beta"])
 
 
@@ -75,7 +76,7 @@ def test_sharpness_fit_uses_exactly_the_band_and_a_sequence_jackknife():
     lp[1, 0] = 0.0  # a logprob of exactly 0 has no log(-log p): left out
     mask = np.ones(ref.shape, bool)
     mask[2, :] = False
-    f = core.sharpness_fit(lp, ref, mask)
+    f = sharpness_fit(lp, ref, mask)
     used = mask & (-ref >= 0.01) & (-ref <= 0.37) & (lp < 0)
     assert f["n_tokens"] == int(used.sum()) == n_seq * length - 8 - 2 - 1
     assert f["n_sequences"] == n_seq - 1
@@ -94,9 +95,9 @@ def test_sharpness_fit_uses_exactly_the_band_and_a_sequence_jackknife():
     # fewer than three tokens: no fit; three: a fit
     few = np.zeros(ref.shape, bool)
     few[3, :2] = True
-    assert np.isnan(core.sharpness_fit(lp, ref, few)["beta"])
+    assert np.isnan(sharpness_fit(lp, ref, few)["beta"])
     few[3, 2] = True
-    assert np.isfinite(core.sharpness_fit(lp, ref, few)["beta"])
+    assert np.isfinite(sharpness_fit(lp, ref, few)["beta"])
 
 
 def test_effective_temperature_reads_each_side_from_the_simulator():

@@ -171,7 +171,7 @@ _CODES: tuple[FindingCode, ...] = (
        "By its own numbers the trainer's processed reading is at temperature ~1 while the tokens were drawn at the "
        "requests' temperature: the trainer does not divide its logits by it. Read from the logprobs alone (no "
        "recorded setting); a recorded trainer temperature the numbers contradict is named in the summary.",
-       semantic.FIX_TRAINER_SAMPLING, "semantic",
+       semantic.FIX_TRAINER_SAMPLING, "temperature",
        rule="per request temperature T (|log T| >= `temperature_min_gap`), the slope beta of log(-log p) of the "
             "processed reading on the raw one over tokens with -log p_raw in `sharpness_band`: untempered when "
             "|log beta| + `temperature_z` se < |log T| / 2 while the rollout's is tempered (|log beta| - z se above it)",
@@ -182,13 +182,13 @@ _CODES: tuple[FindingCode, ...] = (
     _c("rollout_logprobs_untempered", SEM, (E,),
        "By their own numbers the rollout's logprobs are at temperature ~1 while the sampler drew at the requests' "
        "temperature: vLLM's raw logprobs. Named when the semantic fit cannot say it (the trainer's two readings "
-       "coincide, or both sides are untempered).", semantic.FIX_PROCESSED, "semantic",
+       "coincide, or both sides are untempered).", semantic.FIX_PROCESSED, "temperature",
        rule="as trainer_logprobs_untempered, for the rollout's logprobs, while the trainer's reading is tempered or "
             "untempered too (then both are named)", thresholds=("sharpness_band", "temperature_z", "temperature_min_gap"),
        calibrated_on="as trainer_logprobs_untempered", causes=("raw_logprobs",)),
     _c("effective_temperatures", SEM, (I,),
        "The temperature each side's logprobs are at, read from the numbers, where they agree with each other.",
-       FIX_NONE, "semantic", rule="metrics.effective_temperature per request temperature"),
+       FIX_NONE, "temperature", rule="metrics.effective_temperature per request temperature"),
     _c("trainer_cut_differs", SEM, (E,),
        "The trainer cut another top-k / top-p set than the engine's sampler on some sequences: it renormalises "
        "over another set of tokens.", semantic.FIX_TRAINER_SAMPLING, "semantic",

@@ -160,6 +160,7 @@ def no_effect(arms: Mapping[str, xr.Dataset]) -> dict[str, dict[str, str]]:
         ``{arm: {cause: why it is left out}}``; empty without a clean arm.
     """
     from rlparity.diagnose.evidence import floor_mean_abs
+    from rlparity.metrics.floors import recorded_floors
 
     clean = _clean_arm(arms)
     if clean is None:
@@ -173,8 +174,7 @@ def no_effect(arms: Mapping[str, xr.Dataset]) -> dict[str, dict[str, str]]:
                 continue
             eff = reading_effect(ds, clean, c)
             floor = (floor_mean_abs(clean) if var != "rollout_logprob"
-                     else float(((clean.attrs.get("engine_floor") or {}).get("batch_shape") or {}).get("mean_abs",
-                                                                                                   float("nan"))))
+                     else recorded_floors(clean)["engine_batch_mean_abs"])
             if eff is not None and np.isfinite(floor) and floor > 0 and eff < 0.01 * floor:
                 out.setdefault(name, {})[c] = (f"moved the {var} of the clean arm's tokens by {eff:.2g} nats on average, "
                                                f"under a hundredth of that side's floor ({floor:.2g}): nothing to find")

@@ -245,133 +245,6 @@ def trainer_sampling(trace: xr.Dataset) -> list[Finding]:
     return out
 
 
-def _temperature_state(beta: float, se: float, temperature: float) -> str:
-    """``tempered`` / ``untempered`` / ``inconclusive`` / ``identity`` for one side at one request temperature.
-
-    A side at temperature 1 against the raw reading has ``beta = 1`` exactly (the same model), so
-    untempered is ``|log beta|`` below half of ``|log 1/T|`` by ``temperature_z`` errors. A tempered
-    side's fitted ``log beta`` has the sign of ``log 1/T`` and at least its size (the fit's bias only
-    inflates it: 1.1x on the H200 ``small`` model, 1.2-1.5x on the tiny CPU one), so tempered is
-    ``|log beta|`` above that half by as many errors.
-    """
-    o = defaults()
-    if not (np.isfinite(temperature) and temperature > 0) or abs(np.log(temperature)) < o.temperature_min_gap:
-        return "identity"
-    if not (np.isfinite(beta) and beta > 0 and np.isfinite(se)):
-        return "inconclusive"
-    lb, target, err = float(np.log(beta)), float(-np.log(temperature)), o.temperature_z * se / beta
-    half = abs(target) / 2
-    if abs(lb) + err < half:
-        return "untempered"
-    if np.sign(lb) == np.sign(target) and abs(lb) - err > half:
-        return "tempered"
-    return "inconclusive"
-
-
-def _side_state(states: list[str]) -> str:
-    decisive = {s for s in states if s in ("tempered", "untempered")}
-    return decisive.pop() if len(decisive) == 1 else "mixed" if decisive else "inconclusive"
-
-
-def temperature_from_numbers(trace: xr.Dataset, *, recorded: tuple[Finding, ...] = (),
-                             semantics: Finding | None = None) -> list[Finding]:
-    """Which side applied the request's temperature, read from the logprobs alone (issue 41).
-
-    :func:`rlparity.metrics.effective_temperature` fits each side's inverse temperature against the
-    trainer's raw reading per request temperature; each side is then *tempered* (at the request's
-    temperature), *untempered* (at temperature 1) or inconclusive (:func:`_temperature_state`).
-    Nothing recorded about either side's settings is read, so a user's own run and a peer's dump
-    are judged alike; where the trace does record them (the engine's ``logprobs_mode``, the
-    trainer's ``trainer_temperature``) and the numbers contradict the record, the finding says so.
-
-    * rollout tempered, trainer untempered: ``trainer_logprobs_untempered`` (error, cause
-      ``trainer_temperature``): the trainer does not divide its logits by the temperature;
-    * rollout untempered, trainer tempered: ``rollout_logprobs_untempered`` (error, cause
-      ``raw_logprobs``), unless the semantic fit already names raw logprobs;
-    * both untempered while the request's temperature is not 1: both of the above (each side scores
-      the temperature-1 distribution; the tokens were drawn from another one);
-    * otherwise ``effective_temperatures`` (info) with the estimates.
-
-    Parameters
-    ----------
-    trace : xarray.Dataset
-        A scored arm with the trainer's raw reading.
-    recorded : tuple of Finding, default ()
-        The findings from recorded settings (:func:`trainer_sampling`): a recorded trainer
-        temperature that already names the cause is not repeated, only confirmed.
-    semantics : Finding, optional
-        The semantic fit's finding (:func:`logprob_semantics`).
-
-    Returns
-    -------
-    list of Finding
-        Empty when the trace has no raw reading or every request is at temperature ~1.
-    """
-    from rlparity.metrics import effective_temperature
-
-    fit = effective_temperature(trace)
-    if fit.sizes.get("temperature", 0) == 0:
-        return []
-    arm = trace.attrs.get("arm")
-    rows, states = {}, {"rollout": [], "trainer": []}
-    for t in fit["temperature"].values:
-        row = fit.sel(temperature=t)
-        rows[f"T={float(t):g}"] = {k: float(row[k]) for k in fit.data_vars}
-        for side in states:
-            st = _temperature_state(float(row[f"beta_{side}"]), float(row[f"beta_{side}_se"]), float(t))
-            rows[f"T={float(t):g}"][f"{side}_state"] = st
-            states[side].append(st)
-    if all(st == "identity" for st in states["rollout"]):
-        return []
-    rollout, trainer = _side_state(states["rollout"]), _side_state(states["trainer"])
-    ev = {"by_request_temperature": rows, "rollout": rollout, "trainer": trainer, "pair": PAIR,
-          "reading": "slope of log(-log p) on the trainer's raw log(-log p) over confident tokens: the inverse "
-                     "temperature against temperature 1 (metrics.effective_temperature)"}
-    mode = (trace.attrs.get("engine_effective") or {}).get("logprobs_mode")
-    requested = sorted({k for k, st in zip(rows, states["rollout"]) if st != "identity"})
-    est = {side: ", ".join(f"{k}: {rows[k][f'temperature_{side}']:.2f}" for k in requested) for side in states}
-    out = []
-    trainer_named = any(f.cause == "trainer_temperature" for f in recorded)
-    if trainer == "untempered":
-        note = ""
-        if "trainer_temperature" in trace:
-            tt = np.unique(trace["trainer_temperature"].values[np.isfinite(trace["trainer_temperature"].values)])
-            if tt.size and not np.allclose(tt, 1.0):
-                note = f"; the trace records the trainer's temperature as {tt.tolist()}: the numbers contradict it"
-                ev["record_contradicted"] = "trainer_temperature"
-        if trainer_named and not note:
-            for f in recorded:
-                if f.cause == "trainer_temperature":
-                    f.evidence["confirmed_by_numbers"] = ev
-        else:
-            out.append(Finding(Layer.SEMANTIC, "trainer_logprobs_untempered", Severity.ERROR,
-                               f"the trainer's processed logprobs are at temperature ~1 by their own numbers "
-                               f"({est['trainer']}, against the requests' temperatures) while the tokens were drawn "
-                               f"at the requests' temperature: the trainer does not divide its logits by it{note}",
-                               ev, FIX_TRAINER_SAMPLING, arm, cause="trainer_temperature"))
-    semantic_raw = semantics is not None and semantics.cause == "raw_logprobs"
-    if rollout == "untempered" and trainer in ("tempered", "untempered") and not semantic_raw:
-        note = ""
-        if mode == "processed_logprobs":
-            note = "; the engine reports logprobs_mode=processed_logprobs: the numbers contradict it"
-            ev["record_contradicted"] = "logprobs_mode"
-        both = " (the trainer's are too: both sides score the temperature-1 distribution)" if trainer == "untempered" else ""
-        out.append(Finding(Layer.SEMANTIC, "rollout_logprobs_untempered", Severity.ERROR,
-                           f"the rollout's logprobs are at temperature ~1 by their own numbers ({est['rollout']}) "
-                           f"while the sampler drew at the requests' temperature{both}: they are vLLM's raw logprobs"
-                           f"{note}", ev, FIX_PROCESSED, arm, cause="raw_logprobs"))
-    if not out:
-        contradicted = None
-        if rollout == "tempered" and mode == "raw_logprobs":
-            contradicted = "the engine reports logprobs_mode=raw_logprobs, yet its logprobs follow the temperature"
-        severity = Severity.INFO
-        out.append(Finding(Layer.SEMANTIC, "effective_temperatures", severity,
-                           f"from the numbers: the rollout's logprobs are {rollout} ({est['rollout']}), the trainer's "
-                           f"{trainer} ({est['trainer']})" + (f"; {contradicted}" if contradicted else ""),
-                           ev, "", arm))
-    return out
-
-
 def sampling_penalty(trace: xr.Dataset, *, evidence: ArmEvidence | None = None) -> Finding | None:
     """An error when the engine's requests used a sampling penalty the trainer does not apply.
 
@@ -696,6 +569,8 @@ def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, pr
     semantics = logprob_semantics(trace, semantic_tol=opts.semantic_tol, offset_z=opts.offset_z, evidence=ev)
     noise = semantics.evidence.get("noise_floor_rms")
     recorded = tuple(trainer_sampling(trace))
+    from rlparity.diagnose.temperature import temperature_from_numbers
+
     found = [semantics, *recorded, *temperature_from_numbers(trace, recorded=recorded, semantics=semantics),
              sampling_penalty(trace, evidence=ev),
              renormalization(trace, semantic_tol=opts.semantic_tol),
@@ -709,5 +584,5 @@ def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]
 
 
 __all__ = ["FIX_TRAINER_SAMPLING", "logprob_semantics", "prompt_token_parity", "renormalization", "repeated_tokens",
-           "sampling_penalty", "temperature_from_numbers", "trace_findings", "trainer_is_rollout_copy", "trainer_sampling",
+           "sampling_penalty", "trace_findings", "trainer_is_rollout_copy", "trainer_sampling",
            "zero_probability_tokens"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import xarray as xr
 
@@ -74,6 +76,62 @@ def temperature_table(data, trainer: TrainerSide | None = None) -> xr.Dataset:
     return out
 
 
+def sharpness_fit(logprob: np.ndarray, reference: np.ndarray, mask: np.ndarray, *, band: tuple[float, float] = (0.01, 0.37),
+                  groups: int = 20) -> dict[str, Any]:
+    """How sharp one reading is against another: the inverse temperature between them, from the numbers.
+
+    For a token the reference gives most of the mass (``-log p`` in ``band``; above ``-log 0.5`` it
+    is surely the argmax), ``-log p_beta = log(1 + sum_j exp(-beta Delta_j))``, ``Delta_j`` the gaps
+    of the other logits to it; while the tail is small this is ``~ sum_j exp(-beta Delta_j)``, so
+    ``log(-log p)`` scales with the inverse temperature ``beta``. The slope of ``log(-logprob)`` on
+    ``log(-reference)`` through the origin (a Huber fit, :func:`rlparity.metrics.core.robust_reading_fit`) is then the ratio
+    of the two readings' inverse temperatures: 1 when both are at one temperature, ``1 / T`` for a
+    reading at temperature ``T`` against a temperature-1 reference (the trainer's raw reading). Many
+    near-tied competitors bias it slightly upwards (the soft minimum of the gaps moves with beta):
+    about +5% on the H200 ``small`` model at T = 0.7. Tokens are chosen on the reference only, so
+    the choice does not lean on the reading fitted. The standard error is the larger of the
+    sandwich one and a delete-a-group jackknife over sequences (:func:`rlparity.metrics.core.jackknife_slope_se`).
+
+    Parameters
+    ----------
+    logprob : numpy.ndarray
+        The reading whose sharpness is measured, ``(sequence, position)`` (nats).
+    reference : numpy.ndarray
+        The reference reading of the same tokens (nats).
+    mask : numpy.ndarray
+        Boolean, True on real tokens.
+    band : tuple of float, default (0.01, 0.37)
+        The range of ``-reference`` (nats) the fit uses: below, float rounding and bf16 noise dominate
+        ``log(-log p)``; above, the small-tail approximation fails.
+    groups : int, default 20
+        Most jackknife groups.
+
+    Returns
+    -------
+    dict
+        ``beta`` (the slope), ``beta_se``, ``beta_se_token``, ``beta_se_jackknife``, ``n_tokens``
+        and ``n_sequences`` (NaN slope and errors with fewer than 3 tokens).
+    """
+    lp = np.asarray(logprob, dtype=float)
+    ref = np.asarray(reference, dtype=float)
+    lo, hi = band
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sel = np.asarray(mask, bool) & np.isfinite(lp) & np.isfinite(ref) & (-ref >= lo) & (-ref <= hi) & (lp < 0)
+        y = np.where(sel, np.log(-lp), 0.0)
+        x = np.where(sel, np.log(-ref), 0.0)
+    n_seq = int(sel.reshape(sel.shape[0], -1).any(axis=1).sum()) if sel.ndim > 1 else int(sel.sum())
+    if sel.sum() < 3:
+        nan = float("nan")
+        return {"beta": nan, "beta_se": nan, "beta_se_token": nan, "beta_se_jackknife": nan,
+                "n_tokens": int(sel.sum()), "n_sequences": n_seq}
+    fit = core.robust_reading_fit(y, x, sel)
+    jk = core.jackknife_slope_se(lambda m: core.robust_reading_fit(y, x, m, start=fit["alpha"])["alpha"], sel,
+                                groups=groups)
+    se = max(fit["alpha_se"], jk["se"]) if np.isfinite(jk["se"]) else float("nan")
+    return {"beta": float(fit["alpha"]), "beta_se": float(se), "beta_se_token": float(fit["alpha_se"]),
+            "beta_se_jackknife": float(jk["se"]), "n_tokens": int(sel.sum()), "n_sequences": n_seq}
+
+
 SHARPNESS_READINGS = {"rollout": "rollout_logprob", "trainer": "trainer_processed_logprob"}
 
 
@@ -82,7 +140,7 @@ def effective_temperature(trace: xr.Dataset) -> xr.Dataset:
 
     Per request temperature: the inverse temperature ``beta`` of the rollout's logprobs and of the
     trainer's processed reading against the trainer's raw reading (temperature 1 by definition),
-    :func:`rlparity.metrics.core.sharpness_fit` on the tokens the raw reading is confident about
+    :func:`sharpness_fit` on the tokens the raw reading is confident about
     (``-log p`` in ``defaults().sharpness_band``). ``beta ~ 1 / T`` for a side that applied the
     request's temperature, ``~ 1`` for one that did not (vLLM's ``raw_logprobs``; a trainer that
     does not divide the logits). Needs no recorded setting: a user's own run, a peer's dump.
@@ -113,7 +171,7 @@ def effective_temperature(trace: xr.Dataset) -> xr.Dataset:
             if var not in trace:
                 row.update({f"beta_{side}": np.nan, f"beta_{side}_se": np.nan})
                 continue
-            f = core.sharpness_fit(trace[var].values, ref, m, band=o.sharpness_band, groups=o.jackknife_groups)
+            f = sharpness_fit(trace[var].values, ref, m, band=o.sharpness_band, groups=o.jackknife_groups)
             row.update({f"beta_{side}": f["beta"], f"beta_{side}_se": f["beta_se"],
                         "n_tokens": f["n_tokens"], "n_sequences": f["n_sequences"]})
         rows[float(t)] = row
