@@ -19,6 +19,7 @@ from rlparity.config.provenance import make_attrs
 from rlparity.config.defaults import TrainerSide, defaults
 from rlparity.metrics import core
 from rlparity.metrics.objective import token_clip_fraction
+from rlparity.metrics.floor_records import floors_beside_gap
 from rlparity.metrics.stream import summary_stream
 from rlparity.trace import TraceValidationError, has_trainer, is_lazy
 
@@ -373,8 +374,6 @@ def token_statistics(log_pi: np.ndarray, log_mu: np.ndarray, mask: np.ndarray, *
 def _finish(ds: xr.Dataset, trace: xr.Dataset, trainer: TrainerSide | None, eps: float,
             dim: str | Sequence[str] | None) -> xr.Dataset:
     """Names, units and provenance of a summary dataset."""
-    from rlparity.metrics.floors import floors_beside_gap
-
     gap = float(ds["abs_log_ratio_mean"]) if ds["abs_log_ratio_mean"].ndim == 0 else float(
         core.masked_mean(np.abs(log_ratio(trace, trainer).values), trace["response_mask"].values))
     for k, v in floors_beside_gap(trace, gap, trainer_side(trace, trainer)).items():
