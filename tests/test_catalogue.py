@@ -16,6 +16,7 @@ import pytest
 
 from rlparity.diagnose.catalogue import catalogue, catalogue_markdown, catalogue_text, lookup, thresholds
 from rlparity.diagnose.findings import Finding, Layer, Report, Severity, catalogue_anchor
+from rlparity.diagnose.topic import topics
 
 PACKAGE = Path(__file__).resolve().parent.parent / "rlparity"
 
@@ -116,7 +117,54 @@ def test_the_catalogue_lists_exactly_the_codes_the_package_can_emit():
     stale = sorted(set(cat) - set(emitted))
     assert not missing, f"codes emitted but not in rlparity.diagnose.catalogue: {missing}"
     assert not stale, f"codes in the catalogue that nothing emits: {stale}"
-    assert len(cat) == len(emitted) == 59  # issue 41: trainer_logprobs_untempered, rollout_logprobs_untempered, effective_temperatures, head_rounding_in_differences, head_record_contradicted
+    assert len(cat) == len(emitted) >= 61  # 61 with issue 35's stop_tokens topic
+
+
+def test_topics_declare_their_codes_in_their_own_module_and_run_in_the_methods_order():
+    """The topic protocol (issue 35): every code is declared by the topic module that emits it, the
+    topics run backend first (semantic < inference path < objective), and a clash is refused."""
+    from dataclasses import replace
+
+    from rlparity.diagnose import topic as topic_mod
+    from rlparity.diagnose.findings import Layer
+
+    ts = topics()
+    names = [t.name for t in ts]
+    assert names[:3] == ["semantic", "temperature", "stop_tokens"] and names[-1] == "objective"
+    assert "layers" in names and names.index("head_precision") < names.index("layers")  # layers reads the head's fixes
+    rank = {Layer.SEMANTIC: 0, Layer.INFERENCE_PATH: 1, Layer.OBJECTIVE: 2}
+    layer_of = [max(rank[c.layer] for c in t.codes) for t in ts]
+    assert layer_of == sorted(layer_of), list(zip(names, layer_of))
+    for t in ts:
+        assert all(c.module == f"rlparity.diagnose.{t.name}" for c in t.codes), t.name
+    # a second topic with an order or a code already taken is refused with a message naming it
+    import importlib
+    import types
+
+    fake = types.ModuleType("rlparity.diagnose._fake_topic")
+    fake.TOPIC = replace(ts[0], name="_fake_topic", order=ts[0].order)
+    real_import = importlib.import_module
+
+    def patched(name, *a, **k):
+        return fake if name.endswith("._fake_topic") else real_import(name, *a, **k)
+
+    import pkgutil
+    real_iter = pkgutil.iter_modules
+    try:
+        topic_mod.topics.cache_clear()
+        topic_mod.importlib.import_module = patched
+        topic_mod.pkgutil.iter_modules = lambda path: [*real_iter(path), pkgutil.ModuleInfo(None, "_fake_topic", False)]
+        with pytest.raises(ValueError, match="share an order"):
+            topic_mod.topics()
+        fake.TOPIC = replace(ts[0], name="_fake_topic", order=999)
+        topic_mod.topics.cache_clear()
+        with pytest.raises(ValueError, match="declared by two topics"):
+            topic_mod.topics()
+    finally:
+        topic_mod.importlib.import_module = real_import
+        topic_mod.pkgutil.iter_modules = real_iter
+        topic_mod.topics.cache_clear()
+    assert [t.name for t in topic_mod.topics()] == names
 
 
 def test_every_entry_says_what_it_means_how_it_is_decided_and_how_to_fix_it():
@@ -159,10 +207,10 @@ def test_the_page_and_the_terminal_text_hold_every_code_with_its_anchor():
     for code, c in catalogue().items():
         assert f"({c.anchor})=\n### `{code}`" in md, code
         assert f"](#{c.anchor})" in md
-    assert "59 codes" in md
+    assert f"{len(catalogue())} codes" in md
     one = catalogue_text("stale_prefix_cache_after_update")
     assert "defaults().stale_ratio = 3" in one and "reset the prefix cache" in one
-    assert len(catalogue_text().splitlines()) == 59
+    assert len(catalogue_text().splitlines()) == len(catalogue())
     with pytest.raises(KeyError, match="did you mean stale_prefix_cache_after_update"):
         lookup("stale_prefix_cache_after_updat")
 

@@ -1,14 +1,15 @@
 """Diagnoses: turn traces into findings with verdicts (layer, severity, evidence, fix).
 
-``diagnose(data, **options)`` runs every check of every layer module, in layer order, and returns
-a :class:`Report`. A layer module (:mod:`~rlparity.diagnose.semantic`,
+``diagnose(data, **options)`` runs every check of every topic, in the method's order, and returns
+a :class:`Report`. A topic is one module with a ``TOPIC`` (:mod:`rlparity.diagnose.topic`:
+:mod:`~rlparity.diagnose.semantic`, :mod:`~rlparity.diagnose.temperature`,
 :mod:`~rlparity.diagnose.path`, :mod:`~rlparity.diagnose.head_precision`, :mod:`~rlparity.diagnose.routing`,
-:mod:`~rlparity.diagnose.inflight`,
-:mod:`~rlparity.diagnose.objective`)
-contributes
+:mod:`~rlparity.diagnose.inflight`, :mod:`~rlparity.diagnose.sync`, :mod:`~rlparity.diagnose.layers`,
+:mod:`~rlparity.diagnose.trainer`, :mod:`~rlparity.diagnose.objective`, ...) that declares its finding
+codes and contributes
 
 * ``trace_findings(trace, options, prior) -> list[Finding]``: checks on one arm (``prior``: the
-  earlier layers' findings for that arm), and
+  earlier topics' findings for that arm), and
 * ``arms_findings(arms, options) -> list[Finding]``: checks that compare arms of one store.
 
 Both receive the same :class:`DiagnoseOptions`; an unknown option is an error.
@@ -18,18 +19,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlparity.diagnose import head_precision, inflight, layers, objective, path, routing, semantic, sync, trainer
 from rlparity.diagnose.attribution import attribute
 from rlparity.diagnose.causes import CAUSES
 from rlparity.diagnose.evidence import build as build_evidence
 from rlparity.diagnose.findings import Finding, Layer, Report, Severity
 from rlparity.diagnose.options import DiagnoseOptions
+from rlparity.diagnose.topic import topics
 from rlparity.trace import as_arms, has_trainer, is_lazy, load_sample, validate
-
-# in layer order: the backend (semantic, inference path: settings, LM head, MoE routing, inflight updates, weight
-# sync, the trainer's determinism) before the objective, which sees the backend's findings (a
-# correction must not hide a backend error)
-LAYERS = (semantic, path, head_precision, routing, inflight, sync, layers, trainer, objective)
 
 # a lazy arm is judged on at most about this many real tokens (the largest lazy arm sets the stride)
 LAZY_SAMPLE_TOKENS = 2_000_000
@@ -121,13 +117,16 @@ def diagnose(data: Any, options: DiagnoseOptions | None = None, *, title: str = 
     per_arm: dict[str, list[Finding]] = {name: [] for name in arms}
     step: dict[int, int] = {}  # id(finding) -> index of the layer module that made it
     shared: list[Finding] = []
-    for k, layer in enumerate(LAYERS):
+    # the topics in the method's order (topic.topics): the backend (semantic, inference path: settings, LM head,
+    # MoE routing, inflight updates, weight sync, the trainer's determinism) before the objective, which sees the
+    # backend's findings (a correction must not hide a backend error)
+    for k, topic in enumerate(topics()):
         for name, ds in arms.items():
-            new = layer.trace_findings(ds, opts, list(per_arm[name]), evidence=evidence[name])
+            new = topic.trace_findings(ds, opts, list(per_arm[name]), evidence=evidence[name])
             step.update((id(f), k) for f in new)
             per_arm[name].extend(new)
         if len(arms) > 1:
-            for f in layer.arms_findings(arms, opts):
+            for f in topic.arms_findings(arms, opts):
                 step[id(f)] = k
                 (per_arm[f.arm] if f.arm in per_arm else shared).append(f)
     found: list[tuple[int, int, Finding]] = []

@@ -25,6 +25,7 @@ from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import BACKEND_PAIR_D, core, log_ratio, summary
 from rlparity.metrics.head_precision import CELL_DIMS, cell_dtypes, head_table, matched_advantage
 from rlparity.trace import arm_factors, has_trainer
+from rlparity.diagnose.topic import CPU_TINY, FIX_NONE, FindingCode, I, PATH, Topic, W, code
 
 PAIR = BACKEND_PAIR_D
 FIX_ROLLOUT_FP32 = ("run the rollout LM head in float32: LLM(..., hf_overrides={'head_dtype': 'float32'}) "
@@ -309,6 +310,56 @@ def arms_findings(arms: Mapping[str, xr.Dataset], options: DiagnoseOptions | Non
     f = head_matrix_finding(arms, trainer=opts.trainer, eps=opts.eps)
     return [f] if f is not None else []
 
+
+
+# the finding codes this topic emits (collected by rlparity.diagnose.catalogue)
+CODES: tuple[FindingCode, ...] = (
+    code("head_precision_mismatch", PATH, (W,),
+           "The rollout engine and the trainer project to logits in different precisions: they round every logit "
+           "differently, so every token's probability disagrees (MiniMax-M1's mismatch).",
+           FIX_ROLLOUT_FP32 + " (a low-precision rollout head); or " + FIX_TRAINER_FP32
+           + " (a low-precision trainer head)", "head_precision", rule="the two recorded head dtypes differ",
+           calibrated_on="exact (recorded dtypes)", causes=("rollout_bf16_head", "trainer_bf16_head")),
+    code("head_precision_low", PATH, (I, W),
+           "Both sides project to logits in a low precision (e.g. bf16): matched, but each rounds its logits in its own "
+           "kernel; a warning when the measured gap is above the tolerance.",
+           FIX_ROLLOUT_FP32 + "; and " + FIX_TRAINER_FP32, "head_precision", rule="RMS of d above `tol` nats",
+           thresholds=("tol",), calibrated_on=CPU_TINY, causes=("rollout_bf16_head",)),
+    code("head_precision_matched", PATH, (I,),
+           "Both sides project to logits in float32: the LM head adds no precision mismatch.", FIX_NONE, "head_precision",
+           calibrated_on="exact (recorded dtypes)"),
+    code("head_precision_unrecorded", PATH, (I,),
+           "The rollout's or the trainer's LM-head dtype is not recorded: the head precision cannot be compared.",
+           "capture with rlparity (it reads the engine's head dtype back) and record the trainer's head dtype", "head_precision"),
+    code("head_rounding_in_differences", PATH, (W,),
+           "The head dtypes are not recorded, and the differences have the size of bfloat16 rounding of the logits: one "
+           "side computes its logits in bf16 and the other does not (or both, in different kernels). The numbers do not "
+           "say which side.", FIX_EITHER_FP32, "head_precision",
+           rule="median over non-argmax tokens of |r| / (bf16 spacing of the trainer's largest logit / sqrt 6 / T) at "
+                "least `head_rounding_share` by `temperature_z` jackknife errors; untestable beside another cause that "
+                "moves every token (penalty, temperature, cut, dropout) or a trainer whose run-to-run noise is a quarter "
+                "of the rounding scale", thresholds=("head_rounding_share", "temperature_z"),
+           calibrated_on="held out from the H200 fault matrix: parity 0.001-0.33 (h200-inflight, h100-ablation, h200-rl, "
+                         "h200-moe, the fp32 semantic arms), one bf16 side 0.42-1.22 (h200-head, h200-semantic, cpu-head, "
+                         "cpu-semantic, h200-rl's bf16-head arm); checked on three held-out H100 matrices: parity arms "
+                         "0.10-0.20, one bf16 side 0.55-0.78", causes=("bf16_head_rounding",)),
+    code("head_record_contradicted", PATH, (W,),
+           "Both sides are recorded as computing their logits in float32, yet the differences have the size of bfloat16 "
+           "rounding of the logits: a logits cast, a bf16 lm_head weight or a kernel that rounds its output.",
+           FIX_EITHER_FP32, "head_precision", rule="as head_rounding_in_differences, on an arm whose "
+           "recorded head dtypes are both float32", thresholds=("head_rounding_share", "temperature_z"),
+           calibrated_on="as head_rounding_in_differences", causes=("bf16_head_rounding",)),
+    code("head_fp32_matched_closest", PATH, (I,),
+           "Over a head-dtype matrix: the matched float32 cell has the smallest gap; every mismatched cell is larger.",
+           FIX_NONE, "head_precision", rule="the matched cell's RMS of d is the lowest of the matrix", across_arms=True),
+    code("head_fp32_not_closest", PATH, (W,),
+           "Over a head-dtype matrix: a mismatched cell is as close as the matched float32 one, so something other than "
+           "the head (e.g. the body precision) limits parity.",
+           "pin the body dtype on both sides and compare the body's hidden states", "head_precision",
+           rule="some mismatched cell's RMS of d is not above the matched cell's", across_arms=True),
+)
+
+TOPIC = Topic('head_precision', 30, CODES, trace_findings, arms_findings)
 
 __all__ = ["FIX_ROLLOUT_FP32", "FIX_TRAINER_FP32", "arms_findings", "head_matrix_finding", "head_precision",
            "trace_findings"]

@@ -31,6 +31,7 @@ from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import BACKEND_PAIR_D
 from rlparity.metrics import inflight as mi
 from rlparity.trace import has_trainer, trace_versions
+from rlparity.diagnose.topic import E, FIX_NONE, FindingCode, I, LOCALIZED, NOT_RECORDED, PATH, Topic, W, code
 
 PAIR = BACKEND_PAIR_D
 FIX_STALE = ("reset the prefix cache whenever the weights change: pause_generation(..., clear_cache=True) "
@@ -320,6 +321,39 @@ def arms_findings(arms: Mapping[str, xr.Dataset], options: DiagnoseOptions | Non
         return []
     return matrix_findings(arms, options)
 
+
+
+# the finding codes this topic emits (collected by rlparity.diagnose.catalogue)
+CODES: tuple[FindingCode, ...] = (
+    code("stale_prefix_cache_after_update", PATH, (W, E),
+           "Sequences took prompt tokens from a prefix cache filled before a weight update that did not reset it: their "
+           "prefix KV was computed by the old weights. An error when the trace is unscored (stale by construction) or "
+           "the effect is measured; a warning when the blocks may have been written after the update or another "
+           "cause's mismatch hides the effect.", FIX_STALE, "inflight", rule=LOCALIZED,
+           thresholds=("stale_ratio", "tol_trainer"), calibrated_on="CPU float32 (the bar of 3x is met by 10^4x there); "
+                                                                   "tol_trainer " + NOT_RECORDED,
+           causes=("stale_prefix_cache",)),
+    code("kv_carried_over_update", PATH, (I, W),
+           "Requests kept across a weight update (pause mode keep, cache not cleared) sampled their later tokens with "
+           "the new weights on KV the old weights computed. A warning when measured or not separable from another "
+           "cause; information when small or the trace is unscored.", FIX_CARRIED, "inflight", rule=LOCALIZED,
+           thresholds=("stale_ratio", "tol_trainer"), calibrated_on="CPU float32; tol_trainer " + NOT_RECORDED,
+           causes=("kv_carried_over",)),
+    code("scored_at_one_version", PATH, (W,),
+           "The tokens come from several policy versions but the trainer scored them all with one set of weights: d "
+           "mixes policy lag with the backend mismatch.", FIX_VERSIONS, "inflight",
+           rule="two or more versions and the trainer did not score by policy_version", causes=("mixed_versions",)),
+    code("policy_lag", PATH, (I,),
+           "The policy lag of the tokens (share sampled by weights older than the latest, mean and max lag per token "
+           "and per sequence), as PipelineRL logs it.", FIX_NONE, "inflight",
+           rule="reported when the trace records updates or holds several versions"),
+    code("inflight_stale_arms", PATH, (I,),
+           "Over an inflight matrix: the arms with stale prefix-cache hits, and each one's mean |d| after the update "
+           "against the same arm with the cache reset (each stale arm has its own finding).", FIX_STALE,
+           "inflight", across_arms=True),
+)
+
+TOPIC = Topic('inflight', 50, CODES, trace_findings, arms_findings)
 
 __all__ = ["FIX_CARRIED", "FIX_STALE", "FIX_VERSIONS", "arms_findings", "kv_carried_over", "matrix_findings",
            "policy_lag", "scored_at_one_version", "stale_prefix_cache", "trace_findings"]

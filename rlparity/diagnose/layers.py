@@ -38,6 +38,7 @@ from rlparity.diagnose.sync import FIX_ENGINE
 from rlparity.metrics.head_precision import cell_dtypes
 from rlparity.metrics.layers import first_divergence, relative_error, within_floor
 from rlparity.trace.layers import has_layers, site_tensors
+from rlparity.diagnose.topic import CPU_TINY, E, FIX_NONE, FindingCode, I, NOT_RECORDED, PATH, Topic, W, code
 
 FIX_PROFILE = ("record the profile again (`rlparity layers run`, or capture with the layer hooks on) on prompts that "
                "produce response tokens; check the hooks saw the engine's states (no NaN everywhere)")
@@ -218,5 +219,32 @@ def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]
     """
     return []
 
+
+
+# the finding codes this topic emits (collected by rlparity.diagnose.catalogue)
+CODES: tuple[FindingCode, ...] = (
+    code("divergence_starts_at", PATH, (W, E),
+           "From a per-layer profile: the first layer and module at which the engine's states leave their floor, and the "
+           "cause that place identifies (the LM head's precision, a stale prefix cache, other attention kernels, or one "
+           "module's weights). An error for weights or a stale cache, a warning for precision or kernels.",
+           "the fix of the cause it names: " + FIX_STALE + "; " + FIX_KERNEL + "; "
+           + FIX_WEIGHTS_UNKNOWN, "layers",
+           rule="a site leaves its floor when its relative error exceeds `layer_floor_ratio` times the clean arm's there "
+                "and `layer_min_rel`", thresholds=("layer_floor_ratio", "layer_min_rel"),
+           calibrated_on=CPU_TINY + " (eager): clean arms on other prompts stay within 2x",
+           causes=("rollout_bf16_head", "trainer_bf16_head", "stale_prefix_cache", "batch_variant_attention",
+                   "partial_weight_sync", "weights_differ")),
+    code("layers_not_judged", PATH, (W,),
+           "The layer profile holds no sequence, or no finite difference at any site: nothing can be concluded about "
+           "where the states diverge (neither within the floor nor diverging).", FIX_PROFILE, "layers",
+           rule="no finite relative error at any site of the profile (or zero layer sequences)",
+           calibrated_on=NOT_RECORDED),
+    code("layers_within_floor", PATH, (I,),
+           "Every layer and module stays within its floor: the two sides agree layer by layer (with the largest ratio "
+           "to the floor).", FIX_NONE, "layers", thresholds=("layer_floor_ratio", "layer_min_rel"),
+           calibrated_on=CPU_TINY + " (eager)"),
+)
+
+TOPIC = Topic('layers', 70, CODES, trace_findings, arms_findings)
 
 __all__ = ["arms_findings", "divergence_start", "trace_findings"]

@@ -29,6 +29,7 @@ from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import objective as ob
 from rlparity.metrics.dashboard import verl_metrics
+from rlparity.diagnose.topic import E, FindingCode, LITERATURE, OBJ, Topic, W, code
 
 FIX_BACKEND_FIRST = ("fix the backend first (the semantic / inference-path errors: e.g. processed logprobs, "
                      "matched precision), re-capture, and only then tune the objective's corrections")
@@ -489,6 +490,47 @@ def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]
     """
     return []
 
+
+
+# the finding codes this topic emits (collected by rlparity.diagnose.catalogue)
+CODES: tuple[FindingCode, ...] = (
+    code("backend_ratio_not_centred", OBJ, (W, E),
+           "The mean backend ratio pi_old/mu is not 1 (it is in expectation under mu when both are distributions over "
+           "the same tokens): every correction weight built on it is biased.", FIX_BACKEND_FIRST, "objective",
+           rule="|mean - 1| above `objective.backend_ratio_tol` and `objective.backend_ratio_z` standard errors; an "
+                "error beyond 5x the tolerance", thresholds=("objective.backend_ratio_tol", "objective.backend_ratio_z"),
+           calibrated_on="rlparity check's band (mean ratio in [0.98, 1.02]; peers' published gates)"),
+    code("ess_collapse", OBJ, (W, E),
+           "The normalised effective sample size of the raw (untruncated) importance weights of a pair (backend or "
+           "update), token or sequence level, is low: the batch counts as a small share of its size.",
+           FIX_BACKEND_FIRST + " (backend pair); " + FIX_UPDATE + " (update pair)", "objective",
+           rule="ESS below `objective.ess_min` warns, below `objective.ess_collapse` is an error",
+           thresholds=("objective.ess_min", "objective.ess_collapse"), calibrated_on=LITERATURE),
+    code("masked_fraction_high", OBJ, (W, E),
+           "A configured rejection rule drops a large share of the tokens: the update trains on a different, smaller "
+           "batch.", FIX_BACKEND_FIRST + " (backend pair); widen the band or take a smaller step (update pair)",
+           "objective", rule="masked share above `objective.masked_fraction_max` warns, above "
+                             "`objective.masked_fraction_error` is an error",
+           thresholds=("objective.masked_fraction_max", "objective.masked_fraction_error"), calibrated_on=LITERATURE),
+    code("update_ratio_clipped_often", OBJ, (W,),
+           "The update pair (pi_theta, pi_old) is clipped often: PPO's token clip or GSPO's sequence clip; the step "
+           "leaves the trust region.", FIX_UPDATE, "objective",
+           rule="token clip fraction (ratio outside [1-eps, 1+eps]) above `objective.clip_fraction_max`, or GSPO "
+                "sequence clip fraction above `objective.sequence_clip_fraction_max`; when the trace records the "
+                "step (`train_step`), only that loss's rule, at the step's own clip",
+           thresholds=("eps", "objective.gspo_eps_low", "objective.gspo_eps_high", "objective.clip_fraction_max",
+                       "objective.sequence_clip_fraction_max"), calibrated_on=LITERATURE),
+    code("correction_hides_backend_mismatch", OBJ, (E,),
+           "An off-policy correction is configured (or token TIS makes the backend weights pass verl's health rules) "
+           "while the semantic or inference-path layer reports an error: the correction compensates the bug, its "
+           "metrics look healthy, and the update is not the parity update.",
+           FIX_BACKEND_FIRST + "; remove the correction until the backend pair is in parity", "objective",
+           rule="a backend error plus a configured correction, or corrected weights within verl's health rules (mean in "
+                "[0.5, 2], ESS >= 0.3, std <= 1, chi2_token <= 1) at the cap `objective.is_cap`",
+           thresholds=("objective.is_cap", "rlparity.diagnose.objective:VERL_HEALTHY"), calibrated_on=LITERATURE),
+)
+
+TOPIC = Topic('objective', 90, CODES, trace_findings, arms_findings)
 
 __all__ = ["FIX_BACKEND_FIRST", "FIX_UPDATE", "VERL_HEALTHY", "arms_findings", "backend_ratio_not_centred",
            "correction_hides_backend_mismatch", "objective_findings",

@@ -30,6 +30,7 @@ from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import BACKEND_PAIR_D
 from rlparity.metrics.ablation import REFERENCE, ablation_plan, ablation_table, is_ablation
 from rlparity.metrics.summary import REFERENCE_PAIR_D
+from rlparity.diagnose.topic import FIX_NONE, FIX_SETTING, FindingCode, I, NOT_RECORDED, PATH, Topic, W, code
 
 # the path settings audited per arm, and the finding each gives when it differs from the profile
 SETTING_DIFFERS = {"enable_prefix_caching": "enable_prefix_caching_differs",
@@ -338,6 +339,67 @@ def arms_findings(arms: Mapping[str, xr.Dataset], options: DiagnoseOptions | Non
         return []
     return ablation_findings(arms, options)
 
+
+
+# the finding codes this topic emits (collected by rlparity.diagnose.catalogue)
+CODES: tuple[FindingCode, ...] = (
+    code("enable_prefix_caching_differs", PATH, (I,),
+           "The engine ran with prefix caching other than the reference profile: a cached prefix is reused from another "
+           "request's computation (a risk for parity, not a measurement: the ablation measures what it moves).",
+           FIX_SETTING, "path", rule="the engine's effective setting, read back from the running engine, against the "
+                                     "profile (`profile`)", thresholds=("profile",), calibrated_on="exact (a setting)"),
+    code("async_scheduling_differs", PATH, (I,),
+           "The engine ran with async scheduling other than the reference profile: it overlaps scheduling with the "
+           "previous step's execution (a risk for parity, not a measurement).", FIX_SETTING, "path",
+           rule="the effective setting against the profile (`profile`)", thresholds=("profile",),
+           calibrated_on="exact (a setting)"),
+    code("generation_config_differs", PATH, (I, W),
+           "The engine's generation_config differs from the reference profile; a warning when the model's "
+           "generation_config.json really sets sampling defaults (requests that omit them sample from another "
+           "distribution).", FIX_SETTING, "path", rule="the effective setting against the profile (`profile`)",
+           thresholds=("profile",), calibrated_on="exact (a setting)"),
+    code("setting_not_applicable", PATH, (I,),
+           "An ablation setting this platform could not run (e.g. a GPU-only knob on CPU), with the reason.",
+           "run the ablation on a platform that supports it (e.g. the GPU) to measure this setting", "path",
+           across_arms=True),
+    code("batch_composition_nondeterminism", PATH, (W,),
+           "The ablation's reference engine is not batch-invariant: one prompt at temperature 0 gives several greedy "
+           "outputs or a logprob spread depending on the batch it runs in.",
+           "the settings of the same ablation that cut the spread to half the reference's or less, named with their "
+           "spreads (on the H100: FLEX attention 0, eager 0.014, batch-invariant kernels 0.016 against 0.063 nats), "
+           "and whether batch-invariant kernels removed it; with none, enable batch-invariant kernels "
+           "(VLLM_BATCH_INVARIANT=1) where the platform supports them, or accept it and rescore every rollout with "
+           "the trainer", "path",
+           rule="more than one distinct greedy output, or a logprob spread above `tol_reference` nats",
+           thresholds=("tol_reference",), calibrated_on="exact (0: any bitwise difference)", across_arms=True),
+    code("setting_moves_trainer_gap", PATH, (I, W),
+           "An ablation setting moves the mean |d| against the trainer: a warning when it widens the gap, "
+           "information when it narrows it.", FIX_SETTING, "path",
+           rule="|mean |d| of the arm - mean |d| of the reference arm| above `tol_trainer` nats",
+           thresholds=("tol_trainer",), calibrated_on=NOT_RECORDED, across_arms=True),
+    code("setting_changes_numerics", PATH, (I,),
+           "An ablation setting changes the rollout logprobs against the reference arm (or the sampled tokens) but not "
+           "the gap to the trainer.", FIX_NONE, "path",
+           rule="max |d_ref| above `tol_reference` nats or fewer than all sequences identical, trainer gap unmoved",
+           thresholds=("tol_reference", "tol_trainer"), calibrated_on="exact (0: any bitwise difference)",
+           across_arms=True),
+    code("batch_determinism_worse", PATH, (W,),
+           "With this ablation setting one prompt's greedy output depends on its batch more than in the reference.",
+           FIX_SETTING, "path", rule="(distinct greedy outputs, logprob spread) above the reference arm's",
+           thresholds=("tol_reference",), calibrated_on="exact (0: any bitwise difference)", across_arms=True),
+    code("batch_determinism_better", PATH, (I,),
+           "With this ablation setting one prompt's greedy output depends on its batch less than in the reference.",
+           "to make batch composition matter less, use the setting (the finding names it)", "path",
+           rule="(distinct greedy outputs, logprob spread) below the reference arm's", thresholds=("tol_reference",),
+           calibrated_on="exact (0: any bitwise difference)", across_arms=True),
+    code("setting_no_effect", PATH, (I,),
+           "An ablation setting leaves every rollout logprob bitwise equal to the reference arm's on this platform "
+           "(with the share of prompt tokens served from the prefix cache).", FIX_NONE, "path",
+           rule="no metric moves beyond `tol_reference` / `tol_trainer`", thresholds=("tol_reference", "tol_trainer"),
+           calibrated_on="exact (0: any bitwise difference)", across_arms=True),
+)
+
+TOPIC = Topic('path', 20, CODES, trace_findings, arms_findings)
 
 __all__ = ["PATH_SETTINGS", "SETTING_DIFFERS", "ablation_findings", "arms_findings", "moved_settings", "path_settings",
            "setting_fix", "trace_findings"]

@@ -32,6 +32,7 @@ from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import BACKEND_PAIR_D
 from rlparity.metrics.routing import flip_summary, has_routes, routing_table
 from rlparity.trace import has_trainer
+from rlparity.diagnose.topic import FIX_NONE, FindingCode, I, LOCALIZED, NOT_RECORDED, PATH, Topic, W, code
 
 PAIR = BACKEND_PAIR_D
 FIX_REPLAY = ("replay the engine's routes in the trainer (routing replay, R3: capture routed_experts with vLLM's "
@@ -181,5 +182,24 @@ def arms_findings(arms: Mapping[str, xr.Dataset], options: DiagnoseOptions | Non
     """
     return []
 
+
+
+# the finding codes this topic emits (collected by rlparity.diagnose.catalogue)
+CODES: tuple[FindingCode, ...] = (
+    code("moe_routing_disagreement", PATH, (I, W),
+           "The engine and the trainer route some tokens to different experts (routing flips); those tokens are "
+           "computed by different weights on each side. A warning when the flipped tokens stand above the background or "
+           "routing replay removes at least half of their mismatch; information when the flips barely move them or "
+           "another cause explains them.", FIX_REPLAY + "; " + FIX_FP32_ROUTER, "routing",
+           rule=LOCALIZED + "; or replay removes at least REPLAY_SHARE of the flipped tokens' mean |d|",
+           thresholds=("stale_ratio", "tol_trainer", "rlparity.diagnose.routing:REPLAY_SHARE"),
+           calibrated_on="stale_ratio on CPU float32; REPLAY_SHARE " + NOT_RECORDED,
+           causes=("moe_routing_disagreement", "trainer_bf16_router", "rollout_bf16_router")),
+    code("moe_routes_agree", PATH, (I,),
+           "The engine and the trainer route every token to the same experts in every MoE layer.", FIX_NONE, "routing",
+           calibrated_on="exact (expert ids)"),
+)
+
+TOPIC = Topic('routing', 40, CODES, trace_findings, arms_findings)
 
 __all__ = ["FIX_FP32_ROUTER", "FIX_REPLAY", "REPLAY_SHARE", "arms_findings", "routing_finding", "trace_findings"]

@@ -31,6 +31,7 @@ from rlparity.metrics import (
     trainer_readings,
     zero_prob_tokens,
 )
+from rlparity.diagnose.topic import E, FIX_NONE, FindingCode, H200_BF16, I, SEM, Topic, W, code
 
 FIX_PROCESSED = ("start vLLM with --logprobs-mode processed_logprobs "
                  "(LLM(..., logprobs_mode='processed_logprobs'))")
@@ -568,11 +569,8 @@ def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, pr
         return [copy]
     semantics = logprob_semantics(trace, semantic_tol=opts.semantic_tol, offset_z=opts.offset_z, evidence=ev)
     noise = semantics.evidence.get("noise_floor_rms")
-    recorded = tuple(trainer_sampling(trace))
-    from rlparity.diagnose.temperature import temperature_from_numbers
-
-    found = [semantics, *recorded, *temperature_from_numbers(trace, recorded=recorded, semantics=semantics),
-             sampling_penalty(trace, evidence=ev),
+    # the effective temperature read from the numbers is the next topic's (rlparity.diagnose.temperature)
+    found = [semantics, *trainer_sampling(trace), sampling_penalty(trace, evidence=ev),
              renormalization(trace, semantic_tol=opts.semantic_tol),
              *zero_probability_tokens(trace, noise_rms=noise), prompt_token_parity(trace)]
     return [f for f in found if f is not None]
@@ -582,6 +580,121 @@ def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]
     """The semantic layer has no check across arms."""
     return []
 
+
+
+# the finding codes this topic emits (collected by rlparity.diagnose.catalogue)
+CODES: tuple[FindingCode, ...] = (
+    code("raw_logprobs_used_as_processed", SEM, (W, E),
+           "The rollout's logprobs are raw (log softmax of the logits, before temperature and top-k/top-p) while the "
+           "trainer recomputes the processed distribution the sampler drew from. An error when the fit of mu on the "
+           "line between the trainer's raw and processed readings reads raw; a warning when the running engine "
+           "reports logprobs_mode=raw_logprobs but the numbers cannot confirm it.",
+           FIX_PROCESSED, "semantic",
+           rule="mu - raw = alpha (processed - raw) + noise, a robust fit on the tokens no other cause explains: "
+                "alpha within `semantic_tol` of 0 (or 3 standard errors, if larger) reads raw",
+           thresholds=("semantic_tol",),
+           calibrated_on="dimensionless (a share of the gap between the two readings); checked on " + H200_BF16
+                         + " (example h200-semantic): the processed arms at alpha 1.000, the raw arms at 0.000",
+           causes=("raw_logprobs",)),
+    code("logprobs_processed", SEM, (I,),
+           "The rollout's logprobs are the processed distribution the sampler drew from (the parity reading).",
+           FIX_NONE, "semantic", rule="alpha within `semantic_tol` of 1; with one trainer reading, the mean offset of d "
+                                      "within `offset_z` standard errors of a faithful rollout's",
+           thresholds=("semantic_tol", "offset_z"), calibrated_on="dimensionless; checked on " + H200_BF16),
+    code("logprobs_raw", SEM, (I,),
+           "With one trainer reading (an imported dump) that is raw: the rollout's logprobs agree with it on average.",
+           FIX_NONE, "semantic", rule="mean(d) + var(d)/2 within `offset_z` standard errors of 0",
+           thresholds=("offset_z",), calibrated_on="a statistical bound in standard errors (any device)"),
+    code("logprobs_not_processed", SEM, (E,),
+           "With one trainer reading (processed): the rollout's logprobs sit below the trainer's on average by more "
+           "than a faithful rollout's noise allows, the signature of vLLM's raw logprobs.",
+           FIX_PROCESSED + "; confirm with `rlparity score --model MODEL` (adds the raw reading)", "semantic",
+           rule="a faithful rollout has mean(d) + var(d)/2 = 0; an offset above 0 by more than `offset_z` standard errors",
+           thresholds=("offset_z",), calibrated_on="a statistical bound in standard errors (any device)",
+           causes=("raw_logprobs",)),
+    code("logprobs_match_neither", SEM, (W,),
+           "The rollout's logprobs lie between or beyond the trainer's processed and raw readings (or, with one "
+           "reading, are offset from it): another temperature, other sampling parameters or another distribution.",
+           "compare the engine's sampling parameters with the trainer's (temperature, top-k, top-p, penalties, the "
+           "model's generation_config)", "semantic",
+           rule="alpha neither within `semantic_tol` of 0 nor of 1; with one reading, an offset beyond `offset_z` "
+                "standard errors that is not the raw-mode signature", thresholds=("semantic_tol", "offset_z"),
+           calibrated_on="dimensionless; checked on " + H200_BF16),
+    code("logprob_semantics_untestable", SEM, (I,),
+           "Which reading the rollout reports cannot be told: sampling is the identity (temperature 1, no top-k/top-p), "
+           "so raw and processed coincide, or the two readings are too close at this noise.",
+           "capture at the temperature / top-k / top-p your RL run uses, or capture more tokens", "semantic",
+           rule="the fit's alpha band is wider than the gap between the readings (ArmEvidence.reading == 'untestable')",
+           thresholds=("semantic_tol",), calibrated_on="dimensionless"),
+    code("trainer_temperature_differs", SEM, (E,),
+           "The trainer computed its processed reading at another temperature than the engine sampled at, on some "
+           "sequences: it describes another distribution than the sampler's, whatever the logprobs mode.",
+           FIX_TRAINER_SAMPLING, "semantic", rule="per sequence, temperatures not equal (rtol 1e-6)",
+           causes=("trainer_temperature",)),
+    code("trainer_cut_differs", SEM, (E,),
+           "The trainer cut another top-k / top-p set than the engine's sampler on some sequences: it renormalises "
+           "over another set of tokens.", FIX_TRAINER_SAMPLING, "semantic",
+           rule="per sequence, top-k differs (0 and -1 both mean off) or top-p differs by more than 1e-9",
+           causes=("trainer_top_k",)),
+    code("sampling_penalty_not_in_trainer", SEM, (E,),
+           "The engine sampled with a repetition, presence or frequency penalty; its processed logprobs include it, "
+           "the trainer's do not. The evidence compares the residual of repeated tokens with new ones.",
+           "sample without penalties in RL (repetition_penalty=1, presence/frequency 0), or apply the same penalty to "
+           "the trainer's logits (vLLM's rules)", "semantic", rule="any sequence with a penalty other than neutral",
+           causes=("sampling_penalty",)),
+    code("trainer_is_rollout_copy", SEM, (E,),
+           "The trainer's only reading (an imported dump's) equals the rollout's logprobs bit for bit: the trainer "
+           "side is a copy of mu (verl's bypass mode), and parity of a copy with itself proves nothing. When it fires, "
+           "the other semantic checks are skipped.",
+           "recompute pi_old with the trainer: `rlparity score STORE --model MODEL` (or dump the trainer's own "
+           "old_log_probs, not the rollout's)", "semantic",
+           rule="at least 99% of at least 8 tokens bitwise identical, with one trainer reading",
+           calibrated_on="exact (bitwise equality)"),
+    code("rollout_not_renormalized", SEM, (E,),
+           "The rollout's logprobs apply temperature but not the top-k/top-p renormalization: they are off by the log "
+           "of the kept mass on every token.",
+           "return the sampler's distribution: " + FIX_PROCESSED + "; in your own sampler, renormalise over "
+                                                                              "the kept set", "semantic",
+           rule="mu - log pi_processed = beta * log kept mass: beta within `semantic_tol` of 1 (or 3 standard errors) "
+                "and clearly away from 0", thresholds=("semantic_tol",), calibrated_on="dimensionless"),
+    code("topk_topp_renormalization", SEM, (I,),
+           "How much top-k/top-p cut on average (the mean log kept mass): what a trainer that skipped the "
+           "renormalization would be off by, per token.", FIX_NONE, "semantic",
+           rule="reported whenever a request uses top-k/top-p and the trainer recorded the kept mass"),
+    code("topk_boundary_flips", SEM, (I, W),
+           "Sampled tokens the trainer's processed distribution excludes, sitting just outside its top-k/top-p set "
+           "within rounding of the edge: the engine's precision put them inside. A handful is expected from a bf16 "
+           "engine.",
+           "mask them out of the loss (pi_old = 0 makes the ratio infinite) or compute the cut in float32 on both sides",
+           "semantic", rule="a flip is within `boundary_flip_ulps` bfloat16 ulps of the largest logit (or 3 noise RMS) "
+                            "of the edge; a warning when their share of tokens exceeds `boundary_flip_share`",
+           thresholds=("boundary_flip_share", "boundary_flip_ulps"),
+           calibrated_on="H200 bf16: the parity arm has about 1e-4 flips per token (the default's description)"),
+    code("zero_probability_tokens", SEM, (E,),
+           "Sampled tokens clearly outside the trainer's top-k/top-p set (pi_old = 0: the ratio is infinite there): the "
+           "two sides cut different sets (another top-k/top-p, ties at the k-th logit dropped).",
+           "make the trainer apply the engine's exact top-k/top-p (vLLM keeps ties at the k-th logit) with the same "
+           "sampling parameters, or mask these tokens out of the loss; do not average log 0 away", "semantic",
+           rule="any sampled token with trainer probability 0 beyond the boundary-flip margin; its tokens have "
+                "infinite |d|, so it takes a share of the excess only together with trainer_cut_differs (a trainer "
+                "that cuts another set acts on every token); alone it is evidence about those tokens",
+           thresholds=("boundary_flip_ulps",), calibrated_on="bfloat16 rounding (2^-7 relative)",
+           causes=("trainer_top_k",)),
+    code("prompt_token_mismatch", SEM, (E,),
+           "The engine's prompt ids differ from the trainer's own tokenization of the same prompt (a chat template, "
+           "BOS or special-token setting): the trainer scores the response after another prompt.",
+           "send the trainer's token ids to the engine (prompt_token_ids=...) or tokenize the same way on both sides: "
+           "the same add_special_tokens, and chat through the chat template", "semantic",
+           rule="any prompt whose ids differ", calibrated_on="exact (token ids)", causes=("prompt_token_mismatch",)),
+    code("prompt_tokens_match", SEM, (I,),
+           "The engine's prompt ids equal the trainer's tokenization of every prompt.", FIX_NONE, "semantic",
+           calibrated_on="exact (token ids)"),
+    code("prompt_tokens_unchecked", SEM, (I,),
+           "Prompts were given as token ids only: nothing for the trainer to re-tokenize.",
+           "store the prompt text (or chat messages) with the ids to check them", "semantic"),
+)
+
+TOPIC = Topic('semantic', 10, CODES, trace_findings, arms_findings)
 
 __all__ = ["FIX_TRAINER_SAMPLING", "logprob_semantics", "prompt_token_parity", "renormalization", "repeated_tokens",
            "sampling_penalty", "trace_findings", "trainer_is_rollout_copy", "trainer_sampling",

@@ -31,6 +31,7 @@ from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import BACKEND_PAIR_D
 from rlparity.trace import has_trainer, trace_versions
 from rlparity.trace.weights import layers_of, tensors_not_equal, versions_that_differ
+from rlparity.diagnose.topic import E, FindingCode, PATH, Topic, W, code
 
 PAIR = BACKEND_PAIR_D
 FIX_ENGINE = ("send every tensor of the new weights to the engine at each update (check the sync with "
@@ -183,5 +184,37 @@ def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]
     """
     return []
 
+
+
+# the finding codes this topic emits (collected by rlparity.diagnose.catalogue)
+CODES: tuple[FindingCode, ...] = (
+    code("engine_weights_differ", PATH, (E,),
+           "For a policy version the engine ran other values than the trainer's weights in some tensors (named, with "
+           "their layers): the update did not carry them (a partial sync).", FIX_ENGINE, "sync",
+           rule="per-tensor checksums of the engine's loads against the trainer's weights differ",
+           calibrated_on="exact (checksums)", causes=("partial_weight_sync",)),
+    code("trainer_weights_stale", PATH, (E,),
+           "The trainer scored the tokens of a version with the weights the engine ran as an older version: its sync to "
+           "the new version did not happen before it computed pi_old.", FIX_TRAINER, "sync",
+           rule="the trainer's checksums for version v equal the engine's for another version",
+           calibrated_on="exact (checksums)", causes=("trainer_stale_weights",)),
+    code("weights_differ_at_version", PATH, (W,),
+           "Without fingerprints: the tokens of a later policy version disagree with the trainer far more than the "
+           "first version's (semantic cause corrected), so the two sides held different weights for it (side unknown).",
+           FIX_ENGINE + "; or " + FIX_TRAINER, "sync",
+           rule="a later version's median |r| at least `version_ratio` times the first version's and its log-ratio "
+                "`version_z` jackknife (over sequences) standard errors above 0, each over its own floor where the "
+                "trainer's self-check measured one per version; never for a version whose fingerprints were recorded on "
+                "both sides and agree (evidence.version_excess)",
+           thresholds=("version_ratio", "version_z"),
+           calibrated_on="held out: the H200 inflight arms (no weight fault) at 0.83-0.89x; on the H200 fault matrix the "
+                         "arms without a weight fault read 0.46-1.30x, a one-layer partial sync 2.06x, a skipped trainer "
+                         "sync 5.26x; on three held-out H100 matrices (seeds 1-3) clean 0.41-0.61x, a skipped trainer sync "
+                         "9.2-11.7x (named), a one-layer partial sync 0.74-1.29x (not seen: version 1's own level is "
+                         "unknown within one arm)",
+           causes=("weights_differ",)),
+)
+
+TOPIC = Topic('sync', 60, CODES, trace_findings, arms_findings)
 
 __all__ = ["FIX_ENGINE", "FIX_TRAINER", "arms_findings", "engine_weights_differ", "trace_findings", "weight_sync"]

@@ -13,6 +13,7 @@ import xarray as xr
 from rlparity.config.defaults import defaults
 from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.diagnose.semantic import FIX_PROCESSED, FIX_TRAINER_SAMPLING, PAIR
+from rlparity.diagnose.topic import E, FIX_NONE, FindingCode, I, SEM, Topic, code
 
 
 def _temperature_state(beta: float, se: float, temperature: float) -> str:
@@ -142,4 +143,67 @@ def temperature_from_numbers(trace: xr.Dataset, *, recorded: tuple[Finding, ...]
     return out
 
 
-__all__ = ["temperature_from_numbers"]
+
+
+# what semantic.logprob_semantics and semantic.trainer_sampling can emit: the prior findings this topic reads
+SEMANTIC_READINGS = ("raw_logprobs_used_as_processed", "logprobs_processed", "logprobs_raw", "logprobs_not_processed",
+                     "logprobs_match_neither", "logprob_semantics_untestable")
+RECORDED_SAMPLING = ("trainer_temperature_differs", "trainer_cut_differs")
+
+
+def trace_findings(trace: xr.Dataset, options=None, prior=(), *, evidence=None) -> list[Finding]:
+    """The temperature topic's checks on one arm: :func:`temperature_from_numbers`, reading the
+    semantic topic's findings on the arm (its fit, the recorded sampling settings); nothing when the
+    trainer's logprobs are a copy of the rollout's (``trainer_is_rollout_copy``).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        One scored arm.
+    options : DiagnoseOptions, optional
+        Unused (the thresholds are ``defaults()``'s).
+    prior : sequence of Finding
+        The findings of the topics before this one, on this arm.
+    evidence : ArmEvidence, optional
+        Unused.
+
+    Returns
+    -------
+    list of Finding
+    """
+    prior = list(prior)
+    if any(f.name == "trainer_is_rollout_copy" for f in prior):
+        return []
+    semantics = next((f for f in prior if f.name in SEMANTIC_READINGS), None)
+    recorded = tuple(f for f in prior if f.name in RECORDED_SAMPLING)
+    return temperature_from_numbers(trace, recorded=recorded, semantics=semantics)
+
+# the finding codes this topic emits (collected by rlparity.diagnose.catalogue)
+CODES: tuple[FindingCode, ...] = (
+    code("trainer_logprobs_untempered", SEM, (E,),
+           "By its own numbers the trainer's processed reading is at temperature ~1 while the tokens were drawn at the "
+           "requests' temperature: the trainer does not divide its logits by it. Read from the logprobs alone (no "
+           "recorded setting); a recorded trainer temperature the numbers contradict is named in the summary.",
+           FIX_TRAINER_SAMPLING, "temperature",
+           rule="per request temperature T (|log T| >= `temperature_min_gap`), the slope beta of log(-log p) of the "
+                "processed reading on the raw one over tokens with -log p_raw in `sharpness_band`: untempered when "
+                "|log beta| + `temperature_z` se < |log T| / 2 while the rollout's is tempered (|log beta| - z se above it)",
+           thresholds=("sharpness_band", "temperature_z", "temperature_min_gap"),
+           calibrated_on="H200 bf16 small at T=0.7: a tempered side reads T 0.66-0.68, an untempered one 0.99-1.02; tiny "
+                         "CPU model at T=0.5/0.7/1.3: tempered 0.43/0.61/1.48, untempered 0.99-1.00 (held out: cpu-semantic, "
+                         "h200-semantic)", causes=("trainer_temperature",)),
+    code("rollout_logprobs_untempered", SEM, (E,),
+           "By their own numbers the rollout's logprobs are at temperature ~1 while the sampler drew at the requests' "
+           "temperature: vLLM's raw logprobs. Named when the semantic fit cannot say it (the trainer's two readings "
+           "coincide, or both sides are untempered).", FIX_PROCESSED, "temperature",
+           rule="as trainer_logprobs_untempered, for the rollout's logprobs, while the trainer's reading is tempered or "
+                "untempered too (then both are named)", thresholds=("sharpness_band", "temperature_z", "temperature_min_gap"),
+           calibrated_on="as trainer_logprobs_untempered", causes=("raw_logprobs",)),
+    code("effective_temperatures", SEM, (I,),
+           "The temperature each side's logprobs are at, read from the numbers, where they agree with each other.",
+           FIX_NONE, "temperature", rule="metrics.effective_temperature per request temperature"),
+)
+
+TOPIC = Topic('temperature', 15, CODES, trace_findings)
+
+__all__ = ["temperature_from_numbers", "trace_findings"]

@@ -18,6 +18,7 @@ from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import BACKEND_PAIR_D, core
 from rlparity.trace import has_trainer
+from rlparity.diagnose.topic import E, FindingCode, I, NOT_RECORDED, PATH, Topic, W, code
 
 PAIR = BACKEND_PAIR_D
 FIX_DROPOUT = ("compute pi_old in eval mode (model.eval(), or dropout 0 in the config) inside torch.no_grad(): "
@@ -201,6 +202,34 @@ def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]
     """
     return []
 
+
+
+# the finding codes this topic emits (collected by rlparity.diagnose.catalogue)
+CODES: tuple[FindingCode, ...] = (
+    code("trainer_not_deterministic", PATH, (W, E),
+           "A second identical forward moves the trainer's logprobs (its self-check): dropout left on or "
+           "nondeterministic kernels, so pi_old changes from run to run. An error in train mode with dropout.",
+           FIX_DROPOUT + "; or nondeterministic kernels: torch.use_deterministic_algorithms(True)", "trainer",
+           rule="run-to-run RMS at least RUN_TO_RUN_SHARE of the background RMS (or train mode with dropout > 0)",
+           thresholds=("rlparity.diagnose.trainer:RUN_TO_RUN_SHARE",), calibrated_on=NOT_RECORDED,
+           causes=("trainer_dropout",)),
+    code("trainer_not_batch_invariant", PATH, (I, W),
+           "The trainer's logprobs move with the batch shape (the same sequences scored alone vs in their batch): a "
+           "warning when that floor is a large part of the measured gap, information (part of the floor) below.",
+           FIX_TRAINER_BATCH, "trainer",
+           rule="floor mean |x| at least FLOOR_SHARE of the gap (mean |d|), on a gap above `tol_trainer` nats",
+           thresholds=("rlparity.diagnose.trainer:FLOOR_SHARE", "tol_trainer"), calibrated_on=NOT_RECORDED,
+           causes=("trainer_batch_variance",)),
+    code("engine_not_batch_invariant", PATH, (I, W),
+           "The engine's logprobs move with the batch a request runs in (the same requests sampled again alone): a "
+           "warning when that floor is a large part of the measured gap, information (part of the floor) below.",
+           FIX_ENGINE_BATCH, "trainer",
+           rule="floor mean |x| at least FLOOR_SHARE of the gap (mean |d|), on a gap above `tol_trainer` nats",
+           thresholds=("rlparity.diagnose.trainer:FLOOR_SHARE", "tol_trainer"), calibrated_on=NOT_RECORDED,
+           causes=("batch_variant_attention",)),
+)
+
+TOPIC = Topic('trainer', 80, CODES, trace_findings, arms_findings)
 
 __all__ = ["FIX_DROPOUT", "FIX_ENGINE_BATCH", "FIX_TRAINER_BATCH", "FLOOR_SHARE", "RUN_TO_RUN_SHARE", "arms_findings",
            "floor_findings", "trace_findings", "trainer_determinism"]
