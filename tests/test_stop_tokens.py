@@ -66,3 +66,40 @@ def test_consistent_stops_are_information_and_too_few_or_too_varied_ends_say_not
     two = _with_stops(10, {8: 2}, last_ids=[EOS] * 6 + [30] * 4)
     two_ids, _ = stop_ids(two)
     assert sorted(two_ids) == [30, EOS]
+
+
+def test_the_stop_ids_at_their_edges():
+    """Edges the mutation run found untested: the minimum count, the cover reached exactly, three ids,
+    an empty response, a stop id just before the last token, a trace without finish reasons."""
+    assert stop_ids(_with_stops(5, {}).drop_vars("finish_reason")) == ([], 0)
+    assert stop_token_parity(_with_stops(4, {})).name == "stop_tokens_consistent"  # exactly STOP_MIN_SEQUENCES
+    # 8 of 10 end with EOS: 80% < 90%, so the next id joins; 9 of 10 then reach the cover exactly
+    assert stop_ids(_with_stops(10, {}, last_ids=[EOS] * 8 + [30, 29]))[0] == [EOS, 30]
+    assert stop_ids(_with_stops(10, {}, last_ids=[EOS] * 4 + [30] * 3 + [29] * 3))[0] == [EOS, 30, 29]  # three: kept
+    assert stop_ids(_with_stops(10, {}, last_ids=[EOS] * 4 + [30] * 2 + [29] * 2 + [28] * 2))[0] == []  # four: none
+    # a stop id on the token before the last one is inside the response
+    tr = _with_stops(5, {})
+    lengths = tr["response_mask"].values.sum(axis=1)
+    tok = tr["token_id"].values.copy()
+    tok[8, lengths[8] - 2] = EOS
+    tr = tr.assign(token_id=(tr["token_id"].dims, tok))
+    f = stop_token_parity(tr.assign_attrs(scored_token_checksum=token_checksum(tr)))
+    assert f.name == "stop_token_inside_response" and f.evidence["first_positions"] == [int(lengths[8]) - 2]
+    # an empty response is neither a stop response nor a response
+    tr = _with_stops(5, {})
+    mask = tr["response_mask"].values.copy()
+    mask[0] = False
+    tr = tr.assign(response_mask=(tr["response_mask"].dims, mask))
+    assert stop_ids(tr) == ([EOS], 4)
+    assert stop_token_parity(tr).evidence["n_responses"] == 11
+
+
+def test_a_one_token_response_that_is_the_stop_id_counts():
+    tr = _with_stops(5, {})
+    mask, tok = tr["response_mask"].values.copy(), tr["token_id"].values.copy()
+    mask[0] = False
+    mask[0, 0] = True
+    tok[0, 0] = EOS  # the engine stopped at once
+    tr = tr.assign(response_mask=(tr["response_mask"].dims, mask), token_id=(tr["token_id"].dims, tok))
+    assert stop_ids(tr) == ([EOS], 5)
+    assert stop_token_parity(tr).evidence["n_responses"] == 12
