@@ -103,21 +103,4 @@ CAUSES: dict[str, Cause] = {c.key: c for c in (
 FLOOR_CAUSES = ("trainer_batch_variance", "batch_variant_attention")
 
 
-def cause_title(key: str | None) -> str:
-    """The one-line title of a cause.
-
-    Parameters
-    ----------
-    key : str or None
-        A key of :data:`CAUSES`.
-
-    Returns
-    -------
-    str
-        Its title; ``""`` for ``None`` or an unknown key.
-    """
-    c = CAUSES.get(key or "")
-    return c.title if c else ""
-
-
-__all__ = ["CAUSES", "FLOOR_CAUSES", "Cause", "Kind", "cause_title"]
+__all__ = ["CAUSES", "FLOOR_CAUSES", "Cause", "Kind"]

@@ -45,10 +45,6 @@ FIX_VERSIONS = ("score every token with the weights that sampled it: rlparity.sc
                 "{version: checkpoint, ...}); the latest-weights reading goes to trainer_latest_*")
 
 
-def _measured(ratio: float, threshold: float) -> bool:
-    return bool(np.isfinite(ratio) and ratio >= threshold) or ratio == float("inf")
-
-
 def _residual_note(ev: ArmEvidence) -> str:
     reading = ev.reading if ev.reading in ("processed", "raw") else ev.side
     return f"r = mu - the trainer's {reading} reading (the semantic cause corrected), nats"

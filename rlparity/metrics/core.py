@@ -80,27 +80,6 @@ def _ratio(num: np.ndarray, n: np.ndarray) -> np.ndarray:
     return out if np.ndim(out) else float(out)
 
 
-def masked_sum(x: np.ndarray, mask: np.ndarray, axis=None) -> np.ndarray:
-    """Sum of ``x`` over real tokens where it is finite (0 where there are none).
-
-    Parameters
-    ----------
-    x : numpy.ndarray
-        Values per token.
-    mask : numpy.ndarray
-        Boolean, True on real tokens (broadcast against ``x``).
-    axis : int, tuple of int or None, default None
-        Axes to reduce; ``None`` reduces all.
-
-    Returns
-    -------
-    numpy.ndarray
-        The sums, in the unit of ``x``.
-    """
-    m = finite_mask(x, mask)
-    return np.sum(np.where(m, x, 0.0), axis=axis)
-
-
 def masked_mean(x: np.ndarray, mask: np.ndarray, axis=None) -> np.ndarray:
     """Mean of ``x`` over real tokens where it is finite.
 
