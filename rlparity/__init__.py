@@ -48,7 +48,7 @@ def __getattr__(name):
     The subpackages are modules, never shadowed by functions of the same name, so
     ``rlparity.capture.EngineSettings`` works whatever was imported before.
     """
-    if name in _SUBPACKAGES or name == "io":  # io: the deprecated name of importers (warns), for one release
+    if name in _SUBPACKAGES:
         import importlib
 
         return importlib.import_module(f"rlparity.{name}")

@@ -34,8 +34,11 @@ class Cli:
 
 def cli_rows() -> list[Cli]:
     return [
-        Cli("floor on a missing path", ["floor", "{w}/no/such/model"], r"no such model"),
-        Cli("floor --device tpu", ["floor", "tiny", "--device", "tpu"], r"--device.*'tpu'.*cpu, cuda or cuda:N"),
+        Cli("floor on a missing path", ["floor", "{w}/no/such/store"], r"is not a store.*experiment floors"),
+        Cli("floor on a model name", ["floor", "tiny"], r"tiny is not a store.*experiment floors --model"),
+        Cli("experiment floors --device tpu", ["experiment", "floors", "--out", "{w}/o0", "--device", "tpu"],
+            r"--device.*'tpu'.*cpu, cuda or cuda:N", "{w}/o0"),
+        Cli("ablate (moved)", ["ablate", "--out", "{w}/o6"], r"rlparity experiment ablation", "{w}/o6"),
         Cli("layers run --device tpu", ["layers", "run", "--out", "{w}/o1.zarr", "--device", "tpu"], r"--device",
             "{w}/o1.zarr"),
         Cli("verify-weights --trainer garbage", ["verify-weights", "{w}/model", "--trainer", "{w}/garbage.safetensors"],
@@ -47,10 +50,10 @@ def cli_rows() -> list[Cli]:
             r"nosuchmodel: no local checkpoint"),
         Cli("layers run --scenarios ','", ["layers", "run", "--out", "{w}/o2.zarr", "--scenarios", ","],
             r"--scenarios.*empty item", "{w}/o2.zarr"),
-        Cli("faults run --arms 'clean,,raw_logprobs+'", ["faults", "run", "--out", "{w}/o3.zarr", "--arms",
-                                                         "clean,,raw_logprobs+"], r"empty arm", "{w}/o3.zarr"),
-        Cli("faults run --arms 'raw_logprobs+'", ["faults", "run", "--out", "{w}/o3b.zarr", "--arms", "raw_logprobs+"],
-            r"empty arm", "{w}/o3b.zarr"),
+        Cli("experiment faults --arms 'clean,,raw_logprobs+'", ["experiment", "faults", "--out", "{w}/o3", "--arms",
+                                                                "clean,,raw_logprobs+"], r"empty arm", "{w}/o3"),
+        Cli("experiment faults --arms 'raw_logprobs+'", ["experiment", "faults", "--out", "{w}/o3b", "--arms",
+                                                         "raw_logprobs+"], r"empty arm", "{w}/o3b"),
         Cli("experiment ablation --batch-sizes 0,-1", ["experiment", "ablation", "--out", "{w}/o4", "--batch-sizes",
                                                        "0,-1"], r"--batch-sizes.*positive integers", "{w}/o4"),
         Cli("gallery --n-prompts -3", ["gallery", "--out", "{w}/o5", "--n-prompts", "-3"], r"--n-prompts", "{w}/o5"),

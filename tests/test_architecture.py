@@ -109,45 +109,26 @@ def test_every_part_of_the_package_is_reachable_as_an_attribute():
 
     parts = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     parts |= {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
-    assert set(rlparity._SUBPACKAGES) == parts - {"cli", "testing", "__main__", "io"}  # io: deprecated alias
+    assert set(rlparity._SUBPACKAGES) == parts - {"cli", "testing", "__main__"}
     for name in rlparity._SUBPACKAGES:
         assert getattr(rlparity, name).__name__ == f"rlparity.{name}"
 
 
-def test_the_old_name_rlparity_io_still_works_and_warns():
-    """``rlparity.io`` (renamed ``rlparity.importers``, issue 23 item 7) keeps working for one release:
-    importing it, the module or a submodule, warns once with a DeprecationWarning naming the new
-    name and gives the very same objects. In a fresh interpreter, where nothing is cached."""
-    code = textwrap.dedent("""
-        import json, warnings
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            import rlparity.io as old
-            import rlparity.io.generic as old_generic
-            from rlparity.io import read
-        import rlparity.importers as new
-        import rlparity.importers.generic as new_generic
-        print(json.dumps({"same": old is new, "generic": old_generic is new_generic, "read": read is new.read,
-                          "attr": __import__("rlparity").io is new,
-                          "warnings": [(w.category.__name__, str(w.message)) for w in caught]}))
-    """)
+def test_the_removed_alias_rlparity_io_is_gone():
+    """``rlparity.io`` (the name before ``rlparity.importers``, issue 23) was removed in issue 35:
+    importing it fails, and nothing of the package refers to it."""
+    code = "import importlib.util; print(importlib.util.find_spec('rlparity.io') is None)"
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert res.returncode == 0, res.stderr
-    got = json.loads(res.stdout.strip().splitlines()[-1])
-    assert got["same"] and got["generic"] and got["read"] and got["attr"], got
-    assert [c for c, _ in got["warnings"]] == ["DeprecationWarning"], got
-    assert "rlparity.importers" in got["warnings"][0][1]
+    assert res.returncode == 0 and res.stdout.strip() == "True", res.stderr
 
 
-@pytest.mark.parametrize("old, new", [("Measured", "ValueWithCounts"), ("real", "real_tokens"),
-                                      ("usable", "finite_tokens")])
-def test_renamed_objective_names_still_work_and_warn(old, new):
-    """The objective core's names before issue 23 (item 7) give the renamed objects, with a
-    DeprecationWarning naming the new name; an unknown name is still an AttributeError."""
+def test_the_names_before_issue_23_are_gone():
+    """The objective core's names before issue 23 (``Measured``, ``real``, ``usable``), kept one
+    release with a warning, were removed in issue 35: plain AttributeErrors."""
     import rlparity.metrics.objective as ob
 
-    with pytest.warns(DeprecationWarning, match=new):
-        assert getattr(ob, old) is getattr(ob, new)
-    with pytest.raises(AttributeError):
-        ob.no_such_name  # noqa: B018
+    for old in ("Measured", "real", "usable"):
+        with pytest.raises(AttributeError):
+            getattr(ob, old)
+    assert ob.ValueWithCounts and ob.real_tokens and ob.finite_tokens

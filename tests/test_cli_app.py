@@ -110,7 +110,7 @@ def test_importing_the_cli_registers_nothing(tmp_path):
     names = list(first.list_commands(ctx))
     assert names == list(second.list_commands(ctx))
     assert names[:5] == ["make-model", "capture", "score", "summary", "run"]
-    assert {"faults", "layers", "experiment", "book", "verify-weights", "floor", "rl-run"} <= set(names)
+    assert {"faults", "layers", "experiment", "book", "verify-weights", "floor"} <= set(names)
     experiment = first.get_command(ctx, "experiment")
     assert sorted(experiment.list_commands(ctx)) == ["ablation", "faults", "floors", "inflight", "moe", "objective", "rl"]
 

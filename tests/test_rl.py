@@ -247,9 +247,9 @@ def test_rl_run_cli_refuses_bad_input_before_any_engine_starts(cli, tmp_path):
     for args, msg in [(["--profile", "nope"], "unknown profile 'nope'"), (["--lr", "0"], "--lr 0.0"),
                       (["--n-samples", "1"], "--n-samples"), (["--old-policy", "theta"], "--old-policy"),
                       (["--loss", "dpo"], "--loss")]:
-        r = cli("rl-run", "-o", out, "--steps", "1", *args)
+        r = cli("experiment", "rl", "-o", out, "--steps", "1", *args)
         assert r.exit_code == 2 and msg in r.stderr, (args, r.output)
-    assert "parity-bf16-head" in cli("rl-run", "-o", out, "--profile", "nope").stderr  # the derived profile is named
+    assert "parity-bf16-head" in cli("experiment", "rl", "-o", out, "--profile", "nope").stderr  # the derived profile is named
     assert not out.exists()
 
 

@@ -7,7 +7,24 @@ from __future__ import annotations
 
 import typer
 
-from rlparity.cli.contract import EXIT_CODES_HELP, INVOCATION
+from rlparity.cli.contract import EXIT_CODES_HELP, INVOCATION, BadInput
+
+# commands that moved (issue 35: one command per job): the old name answers, in one line, with the new one (exit 2)
+MOVED = {"ablate": "rlparity experiment ablation", "rl-run": "rlparity experiment rl",
+         "faults run": "rlparity experiment faults"}
+
+
+def moved_command(old: str) -> typer.models.CommandFunctionType:
+    """A hidden command under the old name ``old`` that says where the job moved (exit 2)."""
+    def moved(ctx: typer.Context) -> None:
+        new = MOVED[old]
+        raise BadInput(f"`rlparity {old}` is now `{new}` (the same job, one command): see `{new} --help`")
+
+    moved.__doc__ = f"Moved: {MOVED[old]}."
+    return moved
+
+
+MOVED_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 
 def _print_version(value: bool) -> None:
@@ -40,21 +57,22 @@ def build_app() -> typer.Typer:
         "make-model": traces.make_model_cmd, "capture": traces.capture_cmd, "score": traces.score_cmd,
         "summary": traces.summary_cmd, "run": traces.run_cmd,
         "diagnose": diagnosis.diagnose_cmd, "check": diagnosis.check_cmd, "findings": diagnosis.findings_cmd,
-        "profiles": path.profiles_cmd, "audit": path.audit_cmd, "ablate": path.ablate_cmd,
+        "profiles": path.profiles_cmd, "audit": path.audit_cmd,
         "import": data_sources.import_cmd, "gallery": data_sources.gallery_cmd, "examples": data_sources.examples_cmd,
     }
     for name, command in commands.items():
         app.command(name)(command)
-    app.add_typer(faults.build_app(), name="faults")
+    fault_app = faults.build_app()
+    fault_app.command("run", hidden=True, context_settings=MOVED_SETTINGS)(moved_command("faults run"))
+    app.add_typer(fault_app, name="faults")
     app.command("floor")(floors.floor_cmd)
     app.add_typer(layers.build_app(), name="layers")
     app.command("verify-weights")(layers.verify_weights_cmd)
     app.add_typer(experiment.build_app(), name="experiment")
-    # one command, two names: `rl-run` (the name README used first) is `experiment rl`, same options and folder
-    app.command("rl-run", help="Alias of `rlparity experiment rl` (the same command: --out is its folder).")(
-        experiment.rl_cmd)
+    for old in ("ablate", "rl-run"):
+        app.command(old, hidden=True, context_settings=MOVED_SETTINGS)(moved_command(old))
     app.command("book")(book.book_cmd)
     return app
 
 
-__all__ = ["build_app"]
+__all__ = ["MOVED", "build_app"]

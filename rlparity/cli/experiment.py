@@ -305,7 +305,7 @@ def rl_cmd(
     mu as PipelineRL uses it), each from the same initial weights and seeds. Writes DIR/rl.json (the
     curves, written first), DIR/rl.zarr (every step's trace, arms <run>@step_NNN, also packed into
     tar parts), DIR/rl_curves.csv; prints each run against the first profile's run of the same
-    ratio denominator. ``rlparity rl-run`` is the same command."""
+    ratio denominator."""
     engine_logs()
     import shutil
 
@@ -445,19 +445,22 @@ def ablation_cmd(
     size: str = _SIZE,
     device: str = _DEVICE,
     dtype: str = typer.Option("float32", help="body dtype pinned on both sides"),
+    reference: str = typer.Option(_D.profile, help="the reference profile every knob is changed from (name or YAML)"),
     knobs: Optional[str] = typer.Option(None, help="comma list of knobs (default: every built-in knob)"),
     n_prompts: int = typer.Option(8, min=1),
     max_tokens: int = typer.Option(16, min=1),
+    temperature: float = typer.Option(_D.temperature, help="sampling temperature"),
+    top_k: int = typer.Option(_D.top_k, help="sampling top-k (0 = off)"),
     batch_sizes: str = typer.Option("1,2,4,8", help="batch sizes of the batch-composition test"),
     budget_s: Optional[float] = typer.Option(None, help="start no knob's engine after this many seconds (the rest "
                                                         "stay as rows saying so)"),
     gpu_memory_utilization: Optional[float] = _GPU_MEMORY,
     example: Optional[str] = typer.Option(None, help="save a compact example store DIR/NAME.zarr"),
 ):
-    """Chapter 2's one-knob ablation from pipelinerl-parity with the batch-composition test:
-    DIR/ablation.json (the table, what moved, the batch table, the findings) and the store
-    (--example NAME: a compact example store with provenance). ``rlparity ablate`` is the same
-    ablation into a store of the user's choosing."""
+    """One-knob-at-a-time inference-path ablation from a reference profile (default
+    pipelinerl-parity), same prompts and seeds, with the batch-composition test: DIR/ablation.json
+    (the table, what moved, the batch table, the findings) and the store (--example NAME: a
+    compact example store with provenance)."""
     engine_logs()
     from rlparity.capture import SamplingSettings
     from rlparity.capture.pool import shared_pool
@@ -477,11 +480,11 @@ def ablation_cmd(
     out.mkdir(parents=True, exist_ok=True)
     model = model or _built_model(size, device)
     prompts = abl.shared_prefix_prompts(n_prompts)
-    sampling = SamplingSettings(temperature=_D.temperature, top_k=_D.top_k, max_tokens=max_tokens, seed=0)
+    sampling = SamplingSettings(temperature=temperature, top_k=top_k, max_tokens=max_tokens, seed=0)
     scorer = Scorer(model, dtype=dtype, head_dtype="float32", device=device, progress=False)
     t0 = time.perf_counter()
     try:
-        arms = abl.ablation(model, prompts, sampling, reference=_D.profile, knobs=chosen,
+        arms = abl.ablation(model, prompts, sampling, reference=reference, knobs=chosen,
                             engine={"dtype": dtype, **_engine(gpu_memory_utilization)}, scorer=scorer,
                             batch=abl.BatchProbe(sizes=sizes, max_tokens=max_tokens), budget_s=budget_s)
     finally:

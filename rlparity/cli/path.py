@@ -1,13 +1,12 @@
-"""Inference-path commands: ``profiles``, ``audit``, ``ablate``."""
+"""Inference-path commands: ``profiles``, ``audit`` (the ablation is ``rlparity experiment ablation``)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import typer
 
-from rlparity.cli.common import check_model, comma_list, echo_json, model_path, output_store, sampling_settings
+from rlparity.cli.common import check_model, echo_json, model_path
 from rlparity.cli.contract import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, engine_logs, option_defaults
 
 _D = option_defaults()
@@ -66,42 +65,3 @@ def audit_cmd(
     raise typer.Exit(EXIT_OK if res.ok else EXIT_FAIL)
 
 
-def ablate_cmd(
-    out: Path = typer.Option(..., "--out", "-o", help="zarr store for every arm"),
-    model: str = typer.Option("tiny", help="'tiny' (built-in) or a model path", callback=check_model),
-    reference: str = typer.Option(_D.profile, help="reference profile (name or YAML)"),
-    knob: Optional[list[str]] = typer.Option(None, help="knobs to change (default: all built-in)"),
-    num_prompts: int = typer.Option(8, min=1),
-    max_tokens: int = typer.Option(16, min=1),
-    temperature: float = _D.temperature,
-    top_k: int = _D.top_k,
-    dtype: str = typer.Option("float32", help="body dtype pinned on both sides ('' = the profile's)"),
-):
-    """One-knob-at-a-time inference-path ablation from a reference profile, same prompts and
-    seeds; every arm lands in one store; prints the table and the findings."""
-    engine_logs()
-    from rlparity.capture.pool import shared_pool
-    from rlparity.diagnose.path import ablation_findings
-    from rlparity.experiments.ablation import DEFAULT_KNOBS, KNOBS, ablation, shared_prefix_prompts
-    from rlparity.metrics.ablation import ablation_table
-    from rlparity.score import Scorer
-    from rlparity.trace import save
-
-    if knob:
-        comma_list(",".join(knob), "--knob", list(KNOBS))
-    output_store(out)
-    path = model_path(model)
-    prompts = shared_prefix_prompts(num_prompts)
-    sampling = sampling_settings(temperature=temperature, top_k=top_k, max_tokens=max_tokens, seed=0)
-    scorer = Scorer(path, dtype=dtype or "float32", head_dtype="float32", progress=False)
-    try:
-        arms = ablation(path, prompts, sampling, reference=reference, knobs=knob or DEFAULT_KNOBS,
-                        engine={"dtype": dtype} if dtype else None, scorer=scorer)
-    finally:
-        shared_pool().close()
-    save(arms, out)
-    table = ablation_table(arms).to_dataframe()
-    typer.echo(table.drop(columns=["reason"]).to_string())
-    for f in ablation_findings(arms):
-        typer.echo(str(f))
-    typer.echo(f"wrote {len(arms)} arm(s) to {out}")

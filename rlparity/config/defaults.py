@@ -146,8 +146,8 @@ class ObjectiveDefaults(BaseModel):
 
 @document_fields
 class RLDefaults(BaseModel):
-    """The online RL run's defaults (:func:`rlparity.experiments.rl.rl_run`, ``rlparity experiment rl``,
-    alias ``rlparity rl-run``). The sizes fit the GPU call's budget (3 engine starts and
+    """The online RL run's defaults (:func:`rlparity.experiments.rl.rl_run`, ``rlparity experiment rl``).
+    The sizes fit the GPU call's budget (3 engine starts and
     ``steps`` steps of the tiny model, for each profile and ratio denominator, in under 9 minutes on one
     H200); the notebook's CI run uses fewer steps and a larger learning rate."""
 

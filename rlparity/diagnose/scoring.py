@@ -307,7 +307,7 @@ def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
             every.append(arm_score(report, name, tuple(t)))
     if not rows:
         raise ValueError("no arm carries a ground truth (attrs['faults']['causes']): score a fault matrix "
-                         "(rlparity faults run)")
+                         "(rlparity experiment faults)")
     causes = [c for c in CAUSES if any(c in r["true"] or (c in r["named"] and c not in FLOOR_CAUSES) for r in rows)]
     named_all = sorted({c for r in rows for c in r["named"]} | ({UNATTRIBUTED} if any(r["unattributed"] for r in rows)
                                                                 else set()))

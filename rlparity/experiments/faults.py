@@ -22,9 +22,9 @@ one engine starts per engine setting.
 The ground truth is in each arm's ``attrs["faults"]`` (``causes``, the recipe); the diagnosis never
 reads it. :func:`rlparity.diagnose.scoring.score_matrix` compares the report with it.
 
-From a shell: ``rlparity faults run --size tiny --out runs/faults.zarr`` and
-``rlparity faults score runs/faults.zarr`` (or ``rlparity experiment faults --out DIR``: the store, the scores
-in ``DIR/faults.json``, ``--example NAME`` for a compact example store).
+From a shell: ``rlparity experiment faults --size tiny --out runs/faults`` (the store
+``runs/faults/faults.zarr``, the scores in ``runs/faults/faults.json``, ``--example NAME`` for a compact
+example store) and ``rlparity faults score runs/faults/faults.zarr``.
 """
 
 from __future__ import annotations

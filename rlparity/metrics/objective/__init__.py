@@ -110,20 +110,6 @@ from rlparity.metrics.objective.traces import (
     trace_blocks,
 )
 
-# the names these had before issue 23 (item 7), kept for one release: each warns on use
-_RENAMED = {"Measured": "ValueWithCounts", "real": "real_tokens", "usable": "finite_tokens"}
-
-
-def __getattr__(name):
-    if name in _RENAMED:
-        import warnings
-
-        warnings.warn(f"rlparity.metrics.objective.{name} is renamed {_RENAMED[name]}; the old name goes in the "
-                      "next release", DeprecationWarning, stacklevel=2)
-        return globals()[_RENAMED[name]]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = [
     "BAND_RULES", "KL_RULES", "OBJECTIVE_DEFAULTS", "PAIRS", "POLICY_NAMES", "POLICY_VARIABLES", "RULES", "Kind",
     "ValueWithCounts", "PairName",
