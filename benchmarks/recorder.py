@@ -41,7 +41,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "rlparity" / "data" / "examples"
 
 def shipped_step_seconds() -> float | None:
     """The median wall seconds of a step of the shipped H200 RL run (tiny model, 128 x 24 tokens)."""
-    from rlparity.trace.store_paths import _read_meta
+    from rlparity.trace.storage.paths import _read_meta
 
     meta = _read_meta(EXAMPLE) or {}
     walls = [v["rl"]["seconds"]["wall"] for k, v in meta.items()

@@ -2,9 +2,9 @@
 targets, moved here from the tests: no wall-clock asserts in tests).
 
 Saves a synthetic scored trace of about ``--tokens`` response tokens, then times, ``--repeats``
-times each (median): the chunk-file check (:func:`rlparity.trace.store.check_chunks`), a full
+times each (median): the chunk-file check (:func:`rlparity.trace.storage.check_chunks`), a full
 :func:`rlparity.trace.load` (which includes both checks), and the CRC-32 of every variable
-(:func:`rlparity.trace.store.dataset_digests`). Targets: the chunk check under 0.2 s and the CRC
+(:func:`rlparity.trace.storage.dataset_digests`). Targets: the chunk check under 0.2 s and the CRC
 under 0.35x of the load at about 0.8M tokens.
 
     python benchmarks/store_integrity.py --tokens 800000
@@ -50,8 +50,8 @@ def main() -> None:
     a = ap.parse_args()
 
     from rlparity import trace as T
-    from rlparity.trace import store as S
-    from rlparity.trace.store_paths import _read_meta
+    from rlparity.trace import storage as S
+    from rlparity.trace.storage.paths import _read_meta
 
     ds = build(a.tokens)
     with tempfile.TemporaryDirectory() as d:

@@ -28,7 +28,7 @@ from conftest import snapshot
 from rlparity import trace as T
 from rlparity.capture import lock as L
 from rlparity.testing import synthetic_trace
-from rlparity.trace.store import dataset_digests
+from rlparity.trace.storage import dataset_digests
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = synthetic_trace(seed=3)
@@ -1043,7 +1043,7 @@ def test_install_store_records_integrity_for_a_streaming_writer(tmp_path):
 
 def test_read_only_location_still_reads(tmp_path, monkeypatch):
     """No lock file can be made (simulated: root ignores permissions): the load goes ahead."""
-    from rlparity.trace import store_locking
+    from rlparity.trace.storage import locking as store_locking
 
     store = T.save(BASE, tmp_path / "s.zarr")
     real = store_locking._open_lock_file

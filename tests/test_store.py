@@ -17,9 +17,9 @@ import xarray as xr
 
 from rlparity import trace as T
 from rlparity.testing import synthetic_trace
-from rlparity.trace import store as S
-from rlparity.trace import store_locking, store_paths
-from rlparity.trace.store import dataset_digests
+from rlparity.trace import storage as S
+from rlparity.trace.storage import locking as store_locking, paths as store_paths
+from rlparity.trace.storage import dataset_digests
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -177,7 +177,7 @@ def test_readers_never_see_a_torn_store(tmp_path):
 def test_unlocked_readers_are_caught_not_fooled(tmp_path, monkeypatch):
     """Where no lock can be taken (a read-only location), the integrity record catches a read torn
     by a swap: the load retries, and raises rather than return mixed data."""
-    from rlparity.trace import zarr_io as io
+    from rlparity.trace.storage import zarr_io as io
 
     real, real_read = store_locking._open_lock_file, io._read
     caught = []

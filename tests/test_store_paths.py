@@ -18,8 +18,8 @@ from rlparity.metrics import as_dashboard, summary
 from rlparity.metrics import objective as ob
 from rlparity.testing import synthetic_trace
 from rlparity.trace import StoreDamagedError, StoreError, TraceValidationError
-from rlparity.trace.store import integrity_record
-from rlparity.trace.store_files import _write_root_attrs
+from rlparity.trace.storage import integrity_record
+from rlparity.trace.storage.files import _write_root_attrs
 
 pytest.importorskip("dask")
 
@@ -222,8 +222,8 @@ def test_a_lazy_arm_is_validated_once_then_reads_only_what_it_needs(tmp_path):
     path = _save(_trace(), tmp_path / "s.zarr", chunk=8)
     lazy = rt.open_arms(path, chunks=5)[ARM]
     view = lazy.isel(sequence=slice(0, 10))
-    check = view.encoding[rt.lazy.LAZY_RECORD]["check"]
-    assert check is lazy.encoding[rt.lazy.LAZY_RECORD]["check"] and not check.valid
+    check = view.encoding[rt.storage.lazy.LAZY_RECORD]["check"]
+    assert check is lazy.encoding[rt.storage.lazy.LAZY_RECORD]["check"] and not check.valid
     summary(lazy)
     assert check.valid  # every view shares it
     parts = list(rt.blocks(lazy, variables=["response_mask", VAR]))

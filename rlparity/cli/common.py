@@ -128,7 +128,7 @@ def output_store(out: Path, flag: str = "--out") -> Path:
     """``out`` if a store may be written there, checked before any model loads or engine starts:
     missing, an empty folder or an rlparity store; '.', '..', '/', the working directory, a file or
     a folder of other files is a :class:`BadInput` naming the flag."""
-    from rlparity.trace.store import StoreError, check_target
+    from rlparity.trace.storage import StoreError, check_target
 
     try:
         check_target(out, overwrite=True)
@@ -219,7 +219,7 @@ def output_folder(out: Path, *stores: str, flag: str = "--out") -> Path:
     for name in stores:  # the stores first: their own refusal names what is in the way
         output_store(out / name, flag)
     if out.is_dir() and any(out.iterdir()):
-        from rlparity.trace.store_paths import store_kind
+        from rlparity.trace.storage.paths import store_kind
 
         if not any(store_kind(out / name) == "rlparity" for name in stores):
             others = sorted(p.name for p in out.iterdir())

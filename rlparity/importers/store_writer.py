@@ -20,7 +20,7 @@ import numpy as np
 import xarray as xr
 
 from rlparity.trace import ALL_VARS, annotate, install_store, temp_store
-from rlparity.trace.store import check_target
+from rlparity.trace.storage import check_target
 
 ZARR = {"zarr_format": 2}
 
@@ -108,7 +108,7 @@ def write_store(chunks: Iterable[tuple[str, xr.Dataset]], path: str | os.PathLik
     path.parent.mkdir(parents=True, exist_ok=True)
     layout: dict[str, _ArmLayout] = {}
     # both folders are guarded while this process lives and removed on exit; a killed import's are
-    # removed by the next open or save of the store (rlparity.trace.store.recover)
+    # removed by the next open or save of the store (rlparity.trace.storage.recover)
     with temp_store(path) as tmp, temp_store(path, kind="staging") as staging:
         _assemble_into(chunks, tmp, staging, layout, final_attrs)
         install_store(tmp, path, overwrite=overwrite)  # validated, marked, swapped in under the store lock

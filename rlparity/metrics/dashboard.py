@@ -23,11 +23,11 @@ A lazy trace (``open_arms(store, chunks=N)``) is streamed: every formula is writ
 reduce it chunk by chunk (see the note above :func:`_masked_max`), and all the metrics of a
 dashboard, its counts and the gap beside the floors come from one ``dask.compute``. Its arm is
 validated whole first, once, as the eager open validates it
-(:func:`rlparity.trace.lazy.ensure_validated`). The chunks are then read by dask straight from
+(:func:`rlparity.trace.storage.lazy.ensure_validated`). The chunks are then read by dask straight from
 zarr and checked as :func:`rlparity.trace.blocks` checks them: the same computation takes each
-chunk's CRC-32 (:func:`rlparity.trace.lazy.chunk_digests`), and the chunks' CRCs combined in order
+chunk's CRC-32 (:func:`rlparity.trace.storage.lazy.chunk_digests`), and the chunks' CRCs combined in order
 must equal the store's record for every variable the dashboard read (prime-rl's ``advantage``,
-read whole, against its own: :func:`rlparity.trace.lazy.load_variable`), or
+read whole, against its own: :func:`rlparity.trace.storage.lazy.load_variable`), or
 :class:`rlparity.trace.StoreDamagedError` is raised instead of a number.
 """
 
@@ -46,7 +46,7 @@ from rlparity.config.provenance import make_attrs
 from rlparity.metrics.dims import refuse_dim
 from rlparity.metrics.floors import floors_beside_gap
 from rlparity.trace import is_lazy
-from rlparity.trace.lazy import chunk_digests, ensure_validated, load_variable, verify_chunk_digests
+from rlparity.trace.storage.lazy import chunk_digests, ensure_validated, load_variable, verify_chunk_digests
 from rlparity.metrics.objective import (
     OBJECTIVE_DEFAULTS,
     POLICY_NAMES,

@@ -35,7 +35,7 @@ from rlparity.metrics.objective import policy_variable
 from rlparity.record.live import ALARMS, LEVELS, PREFIX, Alarm, StepArrays, digest_change, step_alarms, step_metrics
 from rlparity.record.store import FINISH_REASONS, RunWriter
 from rlparity.trace.schema import pad_rows
-from rlparity.trace.store import StoreError
+from rlparity.trace.storage import StoreError
 from rlparity.trace.weights import tensor_checksum
 
 

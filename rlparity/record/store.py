@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from rlparity.trace.store import StoreDamagedError, StoreError, write_root
+from rlparity.trace.storage import StoreDamagedError, StoreError, write_root
 
 RUN_MARKER = "rlparity_run"
 RUN_FORMAT = 1

@@ -1,8 +1,8 @@
 """The trace data model (schema, construction, validation) and its zarr storage."""
 
 from rlparity.trace.factors import FACTORS_ATTR, arm_factors, by_factors, factors, stack_cells, with_factors
-from rlparity.trace.zarr_io import add_arm, as_arms, load, open_arms, open_experiment, save
-from rlparity.trace.lazy import blocks, is_lazy, load_sample
+from rlparity.trace.storage.zarr_io import add_arm, as_arms, load, open_arms, open_experiment, save
+from rlparity.trace.storage.lazy import blocks, is_lazy, load_sample
 from rlparity.trace.schema import (
     ALL_VARS,
     ROLLOUT_VARS,
@@ -22,7 +22,7 @@ from rlparity.trace.schema import (
     validate,
     with_trainer,
 )
-from rlparity.trace.store import (
+from rlparity.trace.storage import (
     ARM_NAME_PATTERN,
     StoreDamagedError,
     StoreError,

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from rlparity.trace.zarr_io import as_arms
+from rlparity.trace.storage.zarr_io import as_arms
 from rlparity.trace.legacy import legacy_factors
 
 FACTORS_ATTR = "factors"

@@ -1,4 +1,4 @@
-"""Store mechanics under :mod:`rlparity.trace.zarr_io`: the per-store lock, the crash-safe swap, the
+"""Store mechanics under :mod:`rlparity.trace.storage.zarr_io`: the per-store lock, the crash-safe swap, the
 integrity record and the recovery of an interrupted save.
 
 A store ``DIR/NAME`` is a zarr (format 2, consolidated) group with one child group per arm. Beside
@@ -30,17 +30,17 @@ A streaming writer uses the same pieces as :func:`rlparity.trace.save`::
         ...                                       # append as data arrives (mode="a")
         install_store(tmp, path, overwrite=True)  # integrity record, lock, crash-safe swap
 
-One topic a module, every public name importable from here: :mod:`~rlparity.trace.store_paths`
-(names, paths, errors, what is at a path), :mod:`~rlparity.trace.store_locking` (the lock),
-:mod:`~rlparity.trace.store_integrity` (digests and chunk checks), :mod:`~rlparity.trace.store_files`
-(metadata files, links, opening) and :mod:`~rlparity.trace.store_recovery` (temporary store, swap,
+One topic a module, every public name importable from here: :mod:`~rlparity.trace.storage.paths`
+(names, paths, errors, what is at a path), :mod:`~rlparity.trace.storage.locking` (the lock),
+:mod:`~rlparity.trace.storage.integrity` (digests and chunk checks), :mod:`~rlparity.trace.storage.files`
+(metadata files, links, opening) and :mod:`~rlparity.trace.storage.recovery` (temporary store, swap,
 recovery).
 """
 
 from __future__ import annotations
 
-from rlparity.trace.store_files import consolidate, link_tree, write_root
-from rlparity.trace.store_integrity import (
+from rlparity.trace.storage.files import consolidate, link_tree, write_root
+from rlparity.trace.storage.integrity import (
     DIGEST_ALGORITHM,
     check_chunks,
     dataset_digests,
@@ -51,8 +51,8 @@ from rlparity.trace.store_integrity import (
     round_trip_changes,
     verify_integrity,
 )
-from rlparity.trace.store_locking import store_lock
-from rlparity.trace.store_paths import (
+from rlparity.trace.storage.locking import store_lock
+from rlparity.trace.storage.paths import (
     ARM_NAME_PATTERN,
     INTEGRITY_ATTR,
     STORE_FORMAT,
@@ -65,7 +65,7 @@ from rlparity.trace.store_paths import (
     store_kind,
     store_path,
 )
-from rlparity.trace.store_recovery import install_store, recover, recover_if_needed, temp_store
+from rlparity.trace.storage.recovery import install_store, recover, recover_if_needed, temp_store
 
 __all__ = [
     "ARM_NAME_PATTERN", "DIGEST_ALGORITHM", "INTEGRITY_ATTR", "STORE_FORMAT", "STORE_MARKER", "StoreDamagedError",

@@ -12,10 +12,10 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from rlparity.trace.store_files import _open_tree, _write_root_attrs
-from rlparity.trace.store_integrity import integrity_record, missing_chunks
-from rlparity.trace.store_locking import store_lock
-from rlparity.trace.store_paths import (
+from rlparity.trace.storage.files import _open_tree, _write_root_attrs
+from rlparity.trace.storage.integrity import integrity_record, missing_chunks
+from rlparity.trace.storage.locking import store_lock
+from rlparity.trace.storage.paths import (
     INTEGRITY_ATTR,
     STORE_FORMAT,
     STORE_MARKER,

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from rlparity.trace.store_paths import _read_meta
+from rlparity.trace.storage.paths import _read_meta
 
 _ZARR_OPEN = {"engine": "zarr", "consolidated": True, "zarr_format": 2}
 

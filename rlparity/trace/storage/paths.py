@@ -1,4 +1,4 @@
-"""A store's names and paths, its errors, and what is at a path (see :mod:`rlparity.trace.store` for
+"""A store's names and paths, its errors, and what is at a path (see :mod:`rlparity.trace.storage` for
 the layout: ``DIR/NAME`` and the hidden ``.NAME.lock``, ``.NAME.tmp-*``, ``.NAME.old-*`` and
 ``.NAME.staging-*`` beside it)."""
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from rlparity.trace.store_paths import StoreDamagedError, StoreError
+from rlparity.trace.storage.paths import StoreDamagedError, StoreError
 
 DIGEST_ALGORITHM = "crc32-values-1"
 # Our own digest, not zarr's ``crc32c`` codec (format 3; numcodecs' ``CRC32C`` filter in format 2):

@@ -2,7 +2,7 @@
 
 A store is an ``xarray.DataTree`` with one child group per arm (``/<arm>``); each arm is a
 trace ``Dataset``. :func:`save` writes to a temporary folder beside the target and swaps it into
-place (:func:`rlparity.trace.store.install_store`), so a crash leaves the old store or the complete
+place (:func:`rlparity.trace.storage.install_store`), so a crash leaves the old store or the complete
 new one, never a half-written one, and never deletes anything that is not an rlparity store.
 Opening a store recovers an interrupted save, checks every chunk is present and every variable
 reads back what was saved (CRC-32 recorded at save), then validates every arm.
@@ -18,9 +18,9 @@ from typing import Any
 
 import xarray as xr
 
-from rlparity.trace.lazy import LAZY_RECORD, ArmCheck, lazy_chunks, validate_structure
+from rlparity.trace.storage.lazy import LAZY_RECORD, ArmCheck, lazy_chunks, validate_structure
 from rlparity.trace.schema import validate
-from rlparity.trace.store import (
+from rlparity.trace.storage import (
     DIGEST_ALGORITHM,
     INTEGRITY_ATTR,
     STORE_FORMAT,
@@ -43,9 +43,9 @@ from rlparity.trace.store import (
     verify_integrity,
     write_root,
 )
-from rlparity.trace.store_files import _open_tree
-from rlparity.trace.store_integrity import _lossless
-from rlparity.trace.store_paths import _read_meta, decode_failure
+from rlparity.trace.storage.files import _open_tree
+from rlparity.trace.storage.integrity import _lossless
+from rlparity.trace.storage.paths import _read_meta, decode_failure
 
 _ARM_ATTR = "rlparity_arm"
 _WRITE = {"zarr_format": 2, "write_empty_chunks": True}
@@ -133,7 +133,7 @@ def save(data: xr.Dataset | xr.DataTree | Mapping[str, xr.Dataset], path: str | 
 
     Every arm is validated first. ``path`` may be missing, an empty directory, or (with
     ``overwrite``) an rlparity store, which is replaced whole; anything else is refused
-    (:class:`~rlparity.trace.store.StoreError`) and left untouched. The write goes to a temporary
+    (:class:`~rlparity.trace.storage.StoreError`) and left untouched. The write goes to a temporary
     store beside ``path`` and is swapped in under the store lock, crash-safely.
 
     Parameters
@@ -270,7 +270,7 @@ def _read(p: Path, shown: str, chunks: Any = None) -> xr.DataTree:
                                     "integrity record: restore it from a copy or re-create it")
         if chunks is None:
             verify_integrity(p, {k: v.to_dataset() for k, v in tree.children.items()}, record)
-        else:  # lazy: checked block by block as it is read (rlparity.trace.lazy.ensure_validated)
+        else:  # lazy: checked block by block as it is read (rlparity.trace.storage.lazy.ensure_validated)
             want = record.get("arms") or {}  # the algorithm and the arms now; the values as they are read
             verify_integrity(p, dict.fromkeys(tree.children), record,
                              digests={k: want.get(k) or {} for k in tree.children})
@@ -285,12 +285,12 @@ def open_experiment(path: str | os.PathLike, *, chunks: Any = None) -> xr.DataTr
     """Open a store as a DataTree (one child per arm), loaded into memory and validated.
 
     Recovers an interrupted save first; reads under the shared store lock; a missing chunk or data
-    that differs from what was saved raises :class:`~rlparity.trace.store.StoreDamagedError`.
+    that differs from what was saved raises :class:`~rlparity.trace.storage.StoreDamagedError`.
 
     With ``chunks`` the store opens lazily: the structure, the chunk files and the record's arms are
     checked now; the values by the same rules as the eager open (schema, CRC-32 against the record
     made at save, the scored token checksum) the first time an arm is read, whole and block by block
-    (:func:`rlparity.trace.lazy.ensure_validated`); later reads load only what they need, their
+    (:func:`rlparity.trace.storage.lazy.ensure_validated`); later reads load only what they need, their
     CRC-32 still checked.
 
     Parameters

@@ -5,7 +5,7 @@ per block). Nothing is trusted unread, and a lazy arm is held to the rules of th
 first read validates it whole, block by block (:func:`ensure_validated`: every block against the
 schema, every variable's running CRC-32 against the digest recorded at save (:class:`StreamDigests`),
 the trainer's tokens against the scored token checksum; a chunk that no longer decodes, or a record
-that does not match, is :class:`~rlparity.trace.store.StoreDamagedError` before any schema problem).
+that does not match, is :class:`~rlparity.trace.storage.StoreDamagedError` before any schema problem).
 Every view of the arm shares the outcome (:class:`ArmCheck`), so later reads (:func:`blocks` with
 ``variables=``, the dask reductions with :func:`chunk_digests`) load only the variables they need,
 their CRC-32 still checked. Memory is one block, whatever the trace's size."""
@@ -23,15 +23,15 @@ import numpy as np
 import xarray as xr
 
 from rlparity.trace.schema import ALL_VARS, CHECKSUM_MISMATCH, TRAINER_VARS, TraceValidationError, validate
-from rlparity.trace.store import (
+from rlparity.trace.storage import (
     DIGEST_ALGORITHM,
     StoreDamagedError,
     digest_start,
     digest_update,
     verify_integrity,
 )
-from rlparity.trace.store_paths import decode_failure
-from rlparity.trace.store_integrity import _canonical_dtype, _digest
+from rlparity.trace.storage.paths import decode_failure
+from rlparity.trace.storage.integrity import _canonical_dtype, _digest
 
 LAZY_RECORD = "_rlparity_lazy_integrity"  # the record a lazy tree's arms are checked against as they are read
 
@@ -164,7 +164,7 @@ class ArmCheck:
                 or getattr(mine.data, "name", None) != getattr(theirs.data, "name", 0):
             return None
         if self._direct is None:
-            from rlparity.trace.store_files import _ZARR_OPEN
+            from rlparity.trace.storage.files import _ZARR_OPEN
 
             self._direct = xr.open_dataset(self.path, group=self.arm, **_ZARR_OPEN)
         return self._direct.variables.get(name)
@@ -697,7 +697,7 @@ def chunk_digests(trace: xr.Dataset, names: list[str]) -> dict[str, list[Any]]:
 
 
 def verify_chunk_digests(trace: xr.Dataset, computed: Mapping[str, list[tuple[int, int]]]) -> None:
-    """Raise :class:`~rlparity.trace.store.StoreDamagedError` unless the computed chunks'
+    """Raise :class:`~rlparity.trace.storage.StoreDamagedError` unless the computed chunks'
     CRC-32s, combined in order, equal the store's record for those variables.
 
     Parameters

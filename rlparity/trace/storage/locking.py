@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from rlparity.trace.store_paths import StoreError, lock_file, store_path
+from rlparity.trace.storage.paths import StoreError, lock_file, store_path
 
 # Not filelock's: its FileLock is exclusive only (readers here share the lock), and its ReadWriteLock
 # is an SQLite database file, not the ``flock`` on ``.NAME.lock`` that every rlparity version writing
