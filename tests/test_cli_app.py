@@ -19,7 +19,7 @@ import typer
 ROOT = Path(__file__).resolve().parent.parent
 CLI = ROOT / "rlparity" / "cli"
 # the modules allowed to import the entry point / the root app (the entry points themselves)
-ENTRY_POINTS = {"rlparity.cli.main": {"rlparity.cli", "rlparity.cli.__main__"},
+ENTRY_POINTS = {"rlparity.cli.main": {"rlparity.cli"},
                 "rlparity.cli.app": {"rlparity.cli", "rlparity.cli.main"}}
 
 

@@ -83,3 +83,21 @@ def test_audit_server_command_line(tiny_model):
     assert fixed.ok, str(fixed)
     with pytest.raises(ValueError, match="no model"):
         audit("vllm serve --port 8000")
+
+
+def test_the_reference_engine_reads_as_the_reference_profile_and_keeps_the_experiments_own_settings():
+    """rlparity.config.profiles.reference_engine (issue 35: the reference engine written once): the
+    profile YAML's reading of the logprobs and its head, read here with yaml itself, and the
+    experiment's changes on top; nothing else of the profile (prefix caching and async scheduling are
+    each experiment's factor)."""
+    import yaml
+
+    from rlparity.config.profiles import PROFILE_DIR, reference_engine
+    from rlparity.config.settings import EngineSettings
+
+    raw = yaml.safe_load((PROFILE_DIR / "pipelinerl-parity.yaml").read_text())["settings"]
+    got = reference_engine(dtype="bfloat16", enable_prefix_caching=True)
+    want = EngineSettings(logprobs_mode=raw["logprobs_mode"], head_dtype=raw["head_dtype"],
+                          generation_config=raw["generation_config"], dtype="bfloat16", enable_prefix_caching=True)
+    assert got == want and got.async_scheduling is None
+    assert reference_engine(head_dtype="bfloat16").head_dtype == "bfloat16"  # a change wins over the profile

@@ -133,7 +133,8 @@ def floors_cmd(
     store)."""
     engine_logs()
     from rlparity.config.provenance import write_json
-    from rlparity.config.settings import EngineSettings, SamplingSettings
+    from rlparity.config.profiles import reference_engine
+    from rlparity.config.settings import SamplingSettings
     from rlparity.diagnose import diagnose
     from rlparity.experiments.floors import REFERENCE, SHAPES, floor_run
     from rlparity.experiments.gallery import provenance
@@ -152,8 +153,7 @@ def floors_cmd(
     chosen = {k: SHAPES[k] for k in picked} if picked else SHAPES
     if REFERENCE not in chosen:
         chosen = {REFERENCE: SHAPES[REFERENCE], **chosen}
-    engine = EngineSettings(logprobs_mode="processed_logprobs", head_dtype="float32", dtype=dtype,
-                            generation_config="vllm", enable_prefix_caching=False, **_engine(gpu_memory_utilization))
+    engine = reference_engine(dtype=dtype, enable_prefix_caching=False, **_engine(gpu_memory_utilization))
     t0 = time.perf_counter()
     arms = floor_run(model, make_prompts(n_prompts), SamplingSettings(temperature=0.7, top_k=20, max_tokens=max_tokens,
                      seed=0), shapes=chosen, engine=engine, dtype=dtype, device=device)

@@ -9,7 +9,8 @@ Exit codes (the same for every command, written in ``rlparity --help`` and READM
 * 3: internal error (a bug in rlparity or a library: the traceback with ``--debug``)
 
 JSON output (``--json``) is strict: NaN and infinities are ``null``. Only the entry points
-(:mod:`rlparity.cli`, ``python -m rlparity``, ``python -m rlparity.cli``) import this module.
+(:mod:`rlparity.cli` for the console script, :mod:`rlparity.__main__` for ``python -m rlparity``) import
+this module.
 """
 
 from __future__ import annotations

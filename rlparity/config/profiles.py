@@ -136,6 +136,29 @@ def load_profile(name_or_path: str | os.PathLike | EngineSettings | None = None)
     return read_profile(name_or_path)["settings"]
 
 
+# what every experiment's reference engine takes from the reference profile: its reading of the logprobs and its head
+REFERENCE_READING = ("logprobs_mode", "head_dtype", "generation_config")
+
+
+def reference_engine(**changes: Any) -> EngineSettings:
+    """The reference engine of an experiment: the ``pipelinerl-parity`` profile's reading (processed
+    logprobs, the fp32 LM head, vLLM's own sampling defaults: :data:`REFERENCE_READING`) with the
+    experiment's own settings (``dtype``, and prefix caching or eager mode where they are its
+    factors; the profile's other settings are left to the engine unless given).
+
+    Parameters
+    ----------
+    **changes
+        Fields of :class:`EngineSettings`; they win over the profile's.
+
+    Returns
+    -------
+    EngineSettings
+    """
+    profile = load_profile("pipelinerl-parity")
+    return EngineSettings(**{**{k: getattr(profile, k) for k in REFERENCE_READING}, **changes})
+
+
 def save_profile(settings: EngineSettings, path: str | os.PathLike, description: str = "") -> Path:
     """Write ``settings`` as a profile YAML (only the fields that differ from ``EngineSettings()``).
 
@@ -160,5 +183,5 @@ def save_profile(settings: EngineSettings, path: str | os.PathLike, description:
     return path
 
 
-__all__ = ["PROFILE_DIR", "load_profile", "profile_names", "read_profile",
+__all__ = ["PROFILE_DIR", "REFERENCE_READING", "load_profile", "profile_names", "read_profile", "reference_engine",
            "save_profile", "settings_from_mapping"]

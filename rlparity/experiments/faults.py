@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rlparity.capture.floor import engine_floor
 from rlparity.config.logs import progress_log
+from rlparity.config.profiles import reference_engine
 from rlparity.config.settings import Device, EngineSettings, SamplingSettings, TrainerSettings
 from rlparity.diagnose.causes import CAUSES
 
@@ -540,9 +541,8 @@ def run_matrix_repeats(model: str | os.PathLike, arms: Sequence[Iterable[str]] |
     for p in plans:
         by_engine.setdefault(p.engine_key(), []).append(p)
     for group in by_engine.values():
-        base = {"logprobs_mode": "processed_logprobs", "head_dtype": "float32", "dtype": dtype,
-                "generation_config": "vllm", "enable_prefix_caching": True, "capture_routing": True if moe else None}
-        settings_ = EngineSettings(**{**base, **s0.engine, **group[0].engine})
+        base = {"dtype": dtype, "enable_prefix_caching": True, "capture_routing": True if moe else None}
+        settings_ = reference_engine(**{**base, **s0.engine, **group[0].engine})
         t0 = time.perf_counter()
         captures: dict[tuple[int, str], xr.Dataset] = {}
         with AsyncEngine(str(v0), settings_) as eng:

@@ -23,6 +23,7 @@ from typing import Any
 import xarray as xr
 
 from rlparity.config.logs import progress_log
+from rlparity.config.profiles import reference_engine
 from rlparity.config.settings import EngineSettings, SamplingSettings, TrainerSettings
 
 # name -> Scorer batch size and TrainerSettings fields
@@ -115,8 +116,7 @@ def floor_run(model: str | os.PathLike, prompts: Sequence, sampling: SamplingSet
 
     shapes = dict(shapes or SHAPES)
     sampling = sampling or SamplingSettings(temperature=0.7, top_k=20, max_tokens=32, seed=0)
-    settings = engine or EngineSettings(logprobs_mode="processed_logprobs", head_dtype="float32", dtype=dtype,
-                                        generation_config="vllm", enable_prefix_caching=False)
+    settings = engine or reference_engine(dtype=dtype, enable_prefix_caching=False)
     shared_pool().close()
     with Engine(str(model), settings) as eng:
         rollout = eng.capture(list(prompts), sampling, arm="floors", progress=False)

@@ -45,6 +45,7 @@ import xarray as xr
 
 from rlparity.config.defaults import default_sampling
 from rlparity.config.logs import progress_log
+from rlparity.config.profiles import reference_engine
 from rlparity.config.settings import EngineSettings, SamplingSettings, with_overrides
 from rlparity.metrics.inflight import PAUSE_MODES, arm_name
 
@@ -67,8 +68,7 @@ def base_settings(dtype: str = "float32", **changes: Any) -> EngineSettings:
     EngineSettings
         The settings.
     """
-    return EngineSettings(logprobs_mode="processed_logprobs", head_dtype="float32", dtype=dtype,
-                          generation_config="vllm", **changes)
+    return reference_engine(dtype=dtype, **changes)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ import xarray as xr
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlparity.config.logs import progress_log
+from rlparity.config.profiles import reference_engine
 from rlparity.config.settings import Device, EngineSettings, SamplingSettings
 from rlparity.metrics.layers import floor_from, site_errors
 from rlparity.trace.layers import layer_dataset, sites, vocab_columns, with_layers
@@ -343,9 +344,8 @@ class _Run:
         self.floor_prompts = shared_prefix_prompts(s.n_floor, prefix_problems=s.prefix_problems, seed=s.seed + 1)
         self.sampling = SamplingSettings(temperature=s.temperature, top_k=s.top_k, max_tokens=s.max_tokens,
                                          seed=s.seed)
-        self.base = EngineSettings(**{"logprobs_mode": "processed_logprobs", "head_dtype": "float32",
-                                      "dtype": self.dtype, "generation_config": "vllm", "enable_prefix_caching": True,
-                                      "enforce_eager": True, **s.engine})
+        self.base = reference_engine(**{"dtype": self.dtype, "enable_prefix_caching": True, "enforce_eager": True,
+                                        **s.engine})
         self.trainer = Scorer(str(self.v1), dtype=self.dtype, head_dtype="float32", device=s.device, progress=False)
         self.arms: dict[str, xr.Dataset] = {}
         self.record: dict[str, Any] = {

@@ -27,6 +27,7 @@ import xarray as xr
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlparity.config.logs import progress_log
+from rlparity.config.profiles import reference_engine
 from rlparity.config.settings import Device, EngineSettings, SamplingSettings, TrainerSettings
 from rlparity.experiments.faults import FAULTS, compose
 
@@ -96,9 +97,8 @@ def engine_settings(s: MoESettings, **changes: Any) -> EngineSettings:
     EngineSettings
         The settings.
     """
-    base = {"logprobs_mode": "processed_logprobs", "head_dtype": "float32", "dtype": s.dtype,
-            "generation_config": "vllm", "enable_prefix_caching": False, "capture_routing": True}
-    return EngineSettings(**{**base, **s.engine, **changes})
+    base = {"dtype": s.dtype, "enable_prefix_caching": False, "capture_routing": True}
+    return reference_engine(**{**base, **s.engine, **changes})
 
 
 def moe_run(model: str | os.PathLike, dense: str | os.PathLike | None = None, settings: MoESettings | None = None,
