@@ -201,11 +201,50 @@ def test_a_floor_warns_from_a_quarter_of_the_gap(share, severity):
         assert f.evidence["gap_mean_abs_d"] == pytest.approx(gap, rel=1e-12)
         assert f.cause == (cause if severity == Severity.WARNING else None)
     # a gap below tol_trainer never warns, whatever the share
-    small = trainer.floor_findings(_gap_trace(5e-4, bs_floor=4e-4), tol=1e-3)
+    small = trainer.floor_findings(_gap_trace(5e-4, bs_floor=3e-4), tol=1e-3)
     assert [f.severity for f in small] == [Severity.INFO]
     # a nondeterministic trainer: no batch-shape finding (its own finding says it); no floor: nothing
     assert trainer.floor_findings(_gap_trace(gap, bs_floor=0.3 * gap, run=1e-3)) == []
     assert trainer.floor_findings(_gap_trace(gap)) == []
+
+
+@pytest.mark.parametrize("trainer_share, engine_share, at_parity", [(0.9, 0.0, True), (0.5, 0.31, True),
+                                                                      (0.5, 0.29, False), (0.79, 0.0, False),
+                                                                      (0.801, 0.0, True)])
+def test_an_arm_whose_gap_is_its_own_floor_is_at_parity_not_warned(trainer_share, engine_share, at_parity):
+    """Issue 41: floors together at least PARITY_FLOOR_SHARE (0.8) of the gap -> gap_within_floor
+    (information) and the floor findings are information; below it the floor warns as before."""
+    gap = 0.02
+    tr = _gap_trace(gap, bs_floor=trainer_share * gap, engine_floor=engine_share * gap or None)
+    found = {f.name: f for f in trainer.floor_findings(tr)}
+    if at_parity:
+        f = found["gap_within_floor"]
+        assert f.severity == Severity.INFO and f.cause is None
+        assert f.evidence["floors_share_of_gap"] == pytest.approx(trainer_share + engine_share, rel=1e-12)
+        assert f.evidence["gap_mean_abs_d"] == pytest.approx(gap, rel=1e-12)  # d = +-gap on every token
+        assert all(x.severity == Severity.INFO for x in found.values())
+    else:
+        assert "gap_within_floor" not in found
+        assert found["trainer_not_batch_invariant"].severity == Severity.WARNING
+    # another cause named before this topic: never at parity, the floor warns as before
+    named = trainer.floor_findings(tr, prior=[_f("stale_prefix_cache", Severity.WARNING)])
+    assert "gap_within_floor" not in {f.name for f in named}
+    assert {f.name: f.severity for f in named}["trainer_not_batch_invariant"] == Severity.WARNING
+    # a floor cause named before (information or warning) does not count as another cause
+    assert ("gap_within_floor" in {f.name for f in trainer.floor_findings(
+        tr, prior=[_f("batch_variant_attention", Severity.WARNING)])}) == at_parity
+    # a trainer that does not repeat itself is never at parity; one whose second forward moved nothing is
+    assert "gap_within_floor" not in {f.name for f in trainer.floor_findings(
+        _gap_trace(gap, bs_floor=trainer_share * gap, run=1e-3))}
+    assert ("gap_within_floor" in {f.name for f in trainer.floor_findings(
+        _gap_trace(gap, bs_floor=trainer_share * gap, engine_floor=engine_share * gap or None, run=0.0))}) == at_parity
+    # a second forward that moved nothing still measures the batch shape; a floor of exactly 0 (a
+    # batch-invariant trainer) says nothing
+    assert "trainer_not_batch_invariant" in {f.name for f in trainer.floor_findings(
+        _gap_trace(gap, bs_floor=trainer_share * gap, run=0.0))}
+    assert trainer.floor_findings(_gap_trace(gap, bs_floor=0.0)) == []
+    # no gap at all: nothing to be at parity with, and no division by it
+    assert "gap_within_floor" not in {f.name for f in trainer.floor_findings(_gap_trace(0.0, bs_floor=1e-3))}
 
 
 @pytest.mark.parametrize("run_share, expected", [(0.2, Severity.WARNING), (0.05, None)])
