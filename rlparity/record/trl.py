@@ -92,8 +92,8 @@ class GRPORecording:
                  cpu_sync: bool | None = None, keep_tensors: bool = False):
         args = trainer.args
         if not getattr(trainer, "use_vllm", False) or args.vllm_mode != "colocate":
-            raise ValueError("record_grpo needs GRPOConfig(use_vllm=True, vllm_mode='colocate'): it reads the engine's "
-                             "weights in the trainer's process")
+            raise ValueError("record_grpo needs GRPOConfig(use_vllm=True, vllm_mode='colocate'): the mode it is built "
+                             "and tested for (TRL's server-mode weight sync needs CUDA)")
         if not args.vllm_importance_sampling_correction:
             raise ValueError("record_grpo needs GRPOConfig(vllm_importance_sampling_correction=True): without it TRL "
                              "computes no pi_old (old_per_token_logps) to compare with vLLM's logprobs")
@@ -105,8 +105,9 @@ class GRPORecording:
         self.keep_tensors = keep_tensors
         self.records: list[StepRecord] = []
         self.last: StepMetrics | None = None
-        self.seconds = 0.0  # digests + Recorder.step, summed over the run
-        self.sync_seconds = 0.0
+        self.digest_seconds = 0.0  # checksumming the weights sent, summed over the run
+        self.step_seconds = 0.0  # building the step and Recorder.step
+        self.sync_seconds = 0.0  # the weight syncs themselves (not rlparity's cost)
         self._rewards: Any = None
         self._digest: dict[str, int] | None = None
         self._digest_version: int | None = None
@@ -155,7 +156,7 @@ class GRPORecording:
         self._digest = _sample(sums, self.digest_sample)
         self._digest_version = int(self.trainer.state.global_step)
         self._digest_fresh = True
-        self.seconds += spent
+        self.digest_seconds += spent
 
     def _calculate_rewards(self, *a: Any, **kw: Any) -> Any:
         out = self._originals["rewards"](*a, **kw)
@@ -174,11 +175,16 @@ class GRPORecording:
         try:
             metrics = self.recorder.step(record)
         finally:
-            self.seconds += time.perf_counter() - t0
+            self.step_seconds += time.perf_counter() - t0
         self.last = metrics
         for name, value in metrics.items():
             tr._metrics["train"][name].append(float(value))
         return out
+
+    @property
+    def seconds(self) -> float:
+        """What recording cost the run so far: the digests and the steps (seconds)."""
+        return self.digest_seconds + self.step_seconds
 
     # ------------------------------------------------------------------------------ one step
     def step_record(self, out: Mapping[str, Any]) -> StepRecord:
@@ -273,7 +279,8 @@ def record_grpo(trainer: Any, path: str | os.PathLike, settings: RecorderSetting
     Returns
     -------
     GRPORecording
-        The attached hook (``.recorder``, ``.last``, ``.seconds``); ``close()`` after training.
+        The attached hook (``.recorder``, ``.last``, ``.seconds`` spent recording); ``close()`` after
+        training.
 
     Raises
     ------
