@@ -101,7 +101,7 @@ class SyncedWeights:
         vg.sync_weights = sync
 
 
-def run_one(name: str, steps: int, store: Path, model: str, seed: int) -> dict:
+def run_one(name: str, steps: int, store: Path, model: str, seed: int, stop_on: str | None = None) -> dict:
     import torch
     from datasets import Dataset
 
@@ -109,7 +109,7 @@ def run_one(name: str, steps: int, store: Path, model: str, seed: int) -> dict:
     import vllm
     from rlparity.capture.lock import engine_lock
     from rlparity.models import make_prompts
-    from rlparity.record import open_run
+    from rlparity.record import RunAlarmError, open_run
     from rlparity.record.trl import record_grpo
     from trl import GRPOConfig, GRPOTrainer
 
@@ -127,17 +127,22 @@ def run_one(name: str, steps: int, store: Path, model: str, seed: int) -> dict:
         def raw_llm(*a, **kw):
             return llm_class(*a, **{**kw, "logprobs_mode": "raw_logprobs"})
         trl.generation.vllm_generation.LLM = raw_llm
-    t0 = time.perf_counter()
     try:
         with engine_lock():
+            t0 = time.perf_counter()  # after the lock: waiting for another engine is not this run's time
             trainer = GRPOTrainer(model=model, reward_funcs=answer_reward, args=args, train_dataset=ds)
             t_init = time.perf_counter() - t0
             engine = {"logprobs_mode": "raw_logprobs" if spec["raw_logprobs"] else "processed_logprobs",
                       "dtype": "bfloat16"}
-            hook = record_grpo(trainer, store, engine=engine, overwrite=True)
+            hook = record_grpo(trainer, store, engine=engine, overwrite=True, stop_on=stop_on)
             weights = SyncedWeights(trainer)
             t1 = time.perf_counter()
-            trainer.train()
+            stopped = None
+            try:
+                trainer.train()
+            except RunAlarmError as err:  # stop_on: the run ends at the step whose alarm it names
+                stopped = {"after_step": err.alarms[0].step, "alarms": [a.code for a in err.alarms],
+                           "trainer_global_step": int(trainer.state.global_step)}
             t_train = time.perf_counter() - t1
             hook.close()
             history = [h for h in trainer.state.log_history if "rlparity/n_tokens" in h]
@@ -154,7 +159,7 @@ def run_one(name: str, steps: int, store: Path, model: str, seed: int) -> dict:
         "run": name, "settings": {**spec, "temperature": 0.7, "batch": batch, "num_generations": group,
                                   "max_completion_length": 8, "model_dtype": "float32", "engine": engine},
         "steps_recorded": int(run.sizes["step"]), "steps_logged": len(history),
-        "alarms_by_step": alarms_by_step, "error_alarms": errors,
+        "alarms_by_step": alarms_by_step, "stop_on": stop_on, "stopped": stopped, "error_alarms": errors,
         "weight_changes_per_sync": weights.changes,
         "wall_seconds": {"init": round(t_init, 2), "train": round(t_train, 2),
                          "recorder": round(hook.seconds, 3), "recorder_digest": round(hook.digest_seconds, 3),
@@ -166,7 +171,18 @@ def run_one(name: str, steps: int, store: Path, model: str, seed: int) -> dict:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| run | steps | error alarms (steps) | warnings (steps) | mean abs(log ratio) | train s | recorder share |",
+    versions = results[0]["versions"] if results else {}
+    lines = [f"TRL {versions.get('trl')} GRPOTrainer, vLLM {versions.get('vllm')} colocated on the CPU (2 cores), "
+             f"tiny-bf16, {results[0]['steps_recorded'] if results else 0} steps of 16 completions x 8 tokens, "
+             "temperature 0.7, recorded by `rlparity.record.trl.record_grpo` (`scripts/trl_grpo.py`). Steps are the "
+             "run store's (TRL's global_step at generation); the step after sync k is step k. Recorder share: the "
+             "digests of the weights sent plus `Recorder.step`, over the training wall time.", "",
+             "- clean: float32 weights with bf16 autocast (TRL's default), engine in processed_logprobs, lr 1e-5",
+             "- raw_logprobs: the engine started with logprobs_mode=raw_logprobs (planted)",
+             "- fp32_tiny_step: float32 trainer without autocast, lr 1e-10: no bf16 value moves at most syncs (planted)",
+             "- fp32_small_step: the same at lr 1e-9: 1-4 bf16 values of 8.6M move at most syncs, none at five",
+             "",
+             "| run | steps | error alarms (steps) | warnings (steps) | mean abs(log ratio) | train s | recorder share |",
              "|---|---|---|---|---|---|---|"]
     for r in results:
         by: dict[str, list[int]] = {}
@@ -203,6 +219,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/trl_grpo_cpu.json"))
     p.add_argument("--store-dir", type=Path, default=Path("runs/trl_grpo"))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop-on", choices=("error", "warning"), help="stop a run at its first alarm of this level")
     p.add_argument("--one", help=argparse.SUPPRESS)  # one run in this process, its result to --out
     a = p.parse_args()
     from rlparity.models import make_model
@@ -210,14 +227,15 @@ def main() -> None:
     model = str(make_model("tiny-bf16", progress=False))
     a.store_dir.mkdir(parents=True, exist_ok=True)
     if a.one:
-        a.out.write_text(json.dumps(run_one(a.one, a.steps, a.store_dir / f"{a.one}.zarr", model, a.seed), default=float))
+        a.out.write_text(json.dumps(run_one(a.one, a.steps, a.store_dir / f"{a.one}.zarr", model, a.seed, a.stop_on), default=float))
         return
     t0 = time.perf_counter()
     results = []
     for name in a.runs.split(","):  # each run in its own process: its engine and process group end with it
         part = a.store_dir / f"{name}.json"
         subprocess.run([sys.executable, __file__, "--one", name, "--steps", str(a.steps), "--out", str(part),
-                        "--store-dir", str(a.store_dir), "--seed", str(a.seed)], check=True)
+                        "--store-dir", str(a.store_dir), "--seed", str(a.seed),
+                        *(["--stop-on", a.stop_on] if a.stop_on else [])], check=True)
         results.append(json.loads(part.read_text()))
     summary = {"what": "TRL GRPOTrainer with rlparity.record.trl.record_grpo, vLLM colocate on CPU",
                "model": "tiny-bf16", "vllm_mode": "colocate", "device": "cpu",
