@@ -91,9 +91,11 @@ def grpo_run(trl, tiny_bf16_model, tmp_path_factory):
         hook = record_grpo(trainer, out / "run.zarr", keep_tensors=True)
         trainer.train()
         hook.close()
+        left = [n for n in ("_generate_and_score_completions", "_calculate_rewards") if n in vars(trainer)]
+        left += ["sync_weights"] if "sync_weights" in vars(trainer.vllm_generation) else []
         history = list(trainer.state.log_history)
         _shut_down(trainer)  # before the lock goes: the next engine may start in another process
-    return {"store": out / "run.zarr", "hook": hook, "seen": seen, "history": history}
+    return {"store": out / "run.zarr", "hook": hook, "seen": seen, "history": history, "left_wrapped": left}
 
 
 @pytest.mark.engine
@@ -153,6 +155,7 @@ def test_rlparity_metrics_and_alarms_reach_trls_log_history(grpo_run):
     assert versions == list(range(STEPS))  # a sync before every generation, at the trainer's step
     changed = [h["rlparity/weights_changed_share"] for h in logged[1:]]
     assert all(c > 0 for c in changed)
+    assert grpo_run["left_wrapped"] == []  # close() gave the trainer its own methods back
 
 
 @pytest.mark.engine

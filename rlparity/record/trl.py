@@ -45,6 +45,7 @@ from rlparity.record.recorder import Recorder, RecorderSettings, StepMetrics, St
 from rlparity.trace.weights import tensor_checksum
 
 INSTALL_HINT = "rlparity.record.trl needs TRL: pip install 'rlparity[trl]'"
+_NONE = object()
 
 
 def _trl() -> Any:
@@ -119,6 +120,10 @@ class GRPORecording:
             "rewards": trainer._calculate_rewards,
             "sync": vg.sync_weights,
         }
+        # (object, attribute, the instance's own attribute before, if it had one): what close() puts back
+        self._wrapped = [(obj, name, obj.__dict__.get(name, _NONE)) for obj, name in
+                         ((trainer, "_generate_and_score_completions"), (trainer, "_calculate_rewards"),
+                          (vg, "sync_weights"))]
         trainer._generate_and_score_completions = self._generate_and_score_completions
         trainer._calculate_rewards = self._calculate_rewards
         vg.sync_weights = self._sync_weights
@@ -237,13 +242,12 @@ class GRPORecording:
     # ------------------------------------------------------------------------------ end
     def close(self) -> None:
         """Commit the steps still queued, release the store and give the trainer its own methods back."""
-        tr = self.trainer
-        tr._generate_and_score_completions = self._originals["generate"]
-        tr._calculate_rewards = self._originals["rewards"]
-        tr.vllm_generation.sync_weights = self._originals["sync"]
-        for name in ("_generate_and_score_completions", "_calculate_rewards"):
-            tr.__dict__.pop(name, None)
-        tr.vllm_generation.__dict__.pop("sync_weights", None)
+        for obj, name, before in self._wrapped:
+            if before is _NONE:
+                obj.__dict__.pop(name, None)  # the class's method again
+            else:
+                setattr(obj, name, before)
+        self._wrapped = []
         self.recorder.close()
 
 
