@@ -16,7 +16,7 @@ Runs (``--runs``, default all three):
     trainer's float32 weights move, but no update crosses a bf16 rounding boundary at the first
     syncs, so the weights the engine is sent (and holds) stay bitwise the same there.
 ``fp32_small_step``
-    the same at lr 1e-9, where each sync moves one or two bf16 values of 330k: the per-tensor
+    the same at lr 1e-9, where each sync moves one to four bf16 values of 8.5M: the per-tensor
     digest sees them, so ``weights_unchanged`` (no tensor changed) stays silent: the alarm's limit.
 
 Every run holds rlparity's engine lock; each engine is shut down before the next run starts.
@@ -180,7 +180,7 @@ def table(results: list[dict]) -> str:
              "- clean: float32 weights with bf16 autocast (TRL's default), engine in processed_logprobs, lr 1e-5",
              "- raw_logprobs: the engine started with logprobs_mode=raw_logprobs (planted)",
              "- fp32_tiny_step: float32 trainer without autocast, lr 1e-10: no bf16 value moves at most syncs (planted)",
-             "- fp32_small_step: the same at lr 1e-9: 1-4 bf16 values of 8.6M move at most syncs, none at five",
+             "- fp32_small_step: the same at lr 1e-9: 1-4 bf16 values of 8.5M move at most syncs, none at five",
              "",
              "| run | steps | error alarms (steps) | warnings (steps) | mean abs(log ratio) | train s | recorder share |",
              "|---|---|---|---|---|---|---|"]
