@@ -287,3 +287,26 @@ def test_cli_bad_input_is_one_line_exit_2(stores, cli, tmp_path):
         assert len(lines) == 1 and text in lines[0] and "Traceback" not in res.stderr, res.stderr
     res = cli("doctor", stores["clean"], "--window", "0")
     assert res.exit_code == 2
+
+
+# ------------------------------------------------------------------------------ the figures
+
+def test_figures_draw_the_doctors_numbers(stores):
+    from rlparity.plot.doctor import plot_growth, plot_mismatch_over_steps
+    from rlparity.plot.layout import book_layout, layout_problems
+
+    r = doctor({"raw6": read(stores["raw6"])}, window=4, n_boot=20).runs["raw6"]
+    fig = plot_mismatch_over_steps(r.steps, alarms=r.alarms, first_named=r.first_named)
+    by_name = {t.name: t for t in fig.data}
+    np.testing.assert_allclose(by_name["mean |d|"].y, r.steps["abs_log_ratio_mean"].values)
+    np.testing.assert_allclose(by_name["k3"].y, r.steps["kl_k3"].values)
+    warn = by_name["alarm (warning)"]
+    assert sorted(set(warn.x)) == sorted({a["step"] for a in r.alarms if a["level"] == "warning"})
+    assert [s["x0"] for s in fig.layout.shapes] == [6]  # raw_logprobs named at step 6
+    bars = plot_growth(r.windows)
+    parts = {t.name: t for t in bars.data}
+    assert list(parts["residual"].x) == ["4-7", "8-11"]
+    assert parts["measured change"].y[1] == pytest.approx(r.windows[2]["growth"]["change"])
+    assert layout_problems(book_layout(fig)) == [] and layout_problems(book_layout(bars)) == []  # the book can show them
+    with pytest.raises(ValueError, match="at least two windows"):
+        plot_growth(r.windows[:1])
