@@ -84,7 +84,9 @@ def test_step_and_lag_tables_equal_a_plain_recomputation(tmp_path):
     Python over the ragged rows that were recorded (float32 storage: rel 1e-5)."""
     rng = np.random.default_rng(3)
     rows = []
-    with Recorder(tmp_path / "lag.zarr", background=False) as rec:
+    floors = {"trainer": {"self_check": {"batch_shape_processed": {"mean_abs": 0.0012, "rms": 0.002}}},
+              "engine_floor": {"batch_shape": {"mean_abs": 0.0007, "rms": 0.001}}}
+    with Recorder(tmp_path / "lag.zarr", background=False, attrs=floors) as rec:
         for k in range(4):
             n = 6
             lengths = rng.integers(1, 20, n)
@@ -112,6 +114,10 @@ def test_step_and_lag_tables_equal_a_plain_recomputation(tmp_path):
             if sel:
                 assert float(r.lags["abs_log_ratio_mean"].sel(step=k, lag=lag)) == pytest.approx(
                     sum(abs(t[0]) for t in sel) / len(sel), rel=1e-5)
+    # the floors the run recorded stand beside every step
+    assert r.steps["trainer_floor"].values.tolist() == [0.0012] * 4
+    assert r.steps["engine_floor"].values.tolist() == [0.0007] * 4
+    assert "0.0012/0.0007" in str(rep)
     data = rep.to_dict()["runs"]["lag"]
     assert sum(x["n_tokens"] for x in data["lags"] if x["step"] == 3) == int(r.steps["n_tokens"].sel(step=3))
 
@@ -310,3 +316,15 @@ def test_figures_draw_the_doctors_numbers(stores):
     assert layout_problems(book_layout(fig)) == [] and layout_problems(book_layout(bars)) == []  # the book can show them
     with pytest.raises(ValueError, match="at least two windows"):
         plot_growth(r.windows[:1])
+
+
+def test_a_category_the_base_window_never_held_is_merged_and_said():
+    """Later tokens of a lag the base window never saw cannot be priced by its fit: they count in the
+    nearest lag it held, so the lag part is 0 and their excess is in the residual, and the result says so."""
+    rng = np.random.default_rng(2)
+    base = simulate(rng, range(0, 5), lengths=(10, 60), nlm_scale=0.6, lag_p=[1.0], n_seq=30)
+    later = simulate(rng, range(5, 10), lengths=(10, 60), nlm_scale=0.6, lag_p=[0.5, 0.5], n_seq=30)
+    g = mr.growth_decomposition(base, later, n_boot=50)
+    assert g["merged"] == {"lag": {"1": 0}} and g["parts"]["lag"]["value"] == 0.0
+    truth_lag = BETA["lag"][1] * float(np.mean(later.lag == 1))
+    assert g["parts"]["residual"]["low"] <= truth_lag <= g["parts"]["residual"]["high"]

@@ -253,6 +253,10 @@ def run_page(r: RunDoctor) -> list[str]:
             cells = [f"{g['parts'][p]['value']:+.2e} [{g['parts'][p]['low']:+.1e},{g['parts'][p]['high']:+.1e}]"
                      for p in (*mr.PARTS, "residual")]
             lines.append(f"    {w['start']:>4}-{w['end']:<4}  {g['change']:+.2e}  " + "  ".join(f"{c:>22}" for c in cells))
+        merged = {(grp, int(c), int(to)) for w in grown for grp, m in w["growth"]["merged"].items() for c, to in m.items()}
+        if merged:
+            lines.append("    not in the base window, counted in the nearest category it holds (their own excess goes to "
+                         "the residual): " + ", ".join(f"{grp} {c} -> {to}" for grp, c, to in sorted(merged)))
     return lines
 
 
