@@ -328,3 +328,17 @@ def test_a_category_the_base_window_never_held_is_merged_and_said():
     assert g["merged"] == {"lag": {"1": 0}} and g["parts"]["lag"]["value"] == 0.0
     truth_lag = BETA["lag"][1] * float(np.mean(later.lag == 1))
     assert g["parts"]["residual"]["low"] <= truth_lag <= g["parts"]["residual"]["high"]
+
+
+def test_a_long_run_prints_one_row_per_window(tmp_path):
+    path = tmp_path / "long.zarr"
+    with Recorder(path, sampling={"temperature": 0.7}, background=False, dashboards=()) as rec:
+        for k in range(35):
+            tr = synthetic_trace(n_sequences=4, max_len=12, noise=0.01, seed=k)
+            rec.step(StepRecord.from_trace(tr, trainer="processed"), trainer_version=k, policy_versions=k)
+    rep = doctor({"long": read(path)}, window=10, n_boot=10)
+    page = str(rep)
+    assert "mismatch per window (35 steps; every step in --json)" in page
+    for row in ("0-9", "10-19", "20-29", "30-39"):
+        assert f"  {row:>9}  " in page
+    assert len(rep.to_dict()["runs"]["long"]["steps"]) == 35 and "floors: none recorded" in page

@@ -211,6 +211,9 @@ def run_page(r: RunDoctor) -> list[str]:
             note = (f"{n_alarms} alarms " if n_alarms else "") + (f"-> {w['headline']['cause']}" if w["headline"] else "")
             rows.append((f"{w['start']}-{w['end']}", w, floors, note.strip() or "ok"))
         lines += [f"  mismatch per window ({len(ks)} steps; every step in --json):", *_mismatch_rows("steps", rows)]
+    if not np.isfinite(r.steps["trainer_floor"].values).any() and not np.isfinite(r.steps["engine_floor"].values).any():
+        lines.append("  floors: none recorded (no trainer self-check, no engine batch floor): `rlparity experiment "
+                     "floors` measures them")
     lag_n = r.lags["n_tokens"].values
     used = [j for j in range(lag_n.shape[1]) if lag_n[:, j].sum() > 0]
     if used and (len(used) > 1 or used[0] != 0):
