@@ -250,6 +250,10 @@ def test_the_decomposition_through_a_recorded_run_store(tmp_path):
     for part in ("length", "residual"):
         assert g["parts"][part]["low"] <= truth[part] <= g["parts"][part]["high"], (part, truth[part], g["parts"][part])
     assert g["change"] == pytest.approx(float(np.abs(later.d).mean() - np.abs(base.d).mean()), abs=1e-6)
+    k3 = rep.runs["sim"].windows[1]["growth_k3"]  # the k3 term decomposed the same way: parts add to its change
+    k3_change = float(np.mean(np.expm1(later.d) - later.d) - np.mean(np.expm1(base.d) - base.d))
+    assert k3["change"] == pytest.approx(k3_change, rel=1e-3)
+    assert sum(p["value"] for p in k3["parts"].values()) == pytest.approx(k3["change"], rel=1e-9)
 
 
 # ------------------------------------------------------------------------------ the command

@@ -65,7 +65,8 @@ class RunDoctor:
     windows : list of dict
         Per window: ``start``, ``end``, ``steps`` (recorded), the window's mismatch
         (:func:`rlparity.metrics.run.token_row`), ``causes`` (``{cause: steps naming it}``),
-        ``headline`` and ``growth`` (the decomposition against the first window; None for it).
+        ``headline``, ``growth`` (the decomposition of mean ``|d|`` against the first window; None
+        for it) and ``growth_k3`` (the same of the k3 term ``exp(d) - 1 - d``).
     first_named : dict
         Per cause, the first step naming it and its window.
     """
@@ -348,16 +349,17 @@ def doctor_run(name: str, steps: Mapping[int, xr.Dataset], *, window: int = DEFA
             finding = next(diag[k]["headline"] for k in ks if diag[k]["headline"]
                            and diag[k]["headline"]["cause"] == cause)
             headline = {**finding, "steps": n}
-        growth = None
+        growth = growth_k3 = None
         if base_tokens is None:
             base_tokens = pooled
         elif pooled.d.size and base_tokens.d.size:
             growth = mr.growth_decomposition(base_tokens, pooled, n_boot=n_boot, seed=seed + w)
+            growth_k3 = mr.growth_decomposition(base_tokens, pooled, target="k3", n_boot=n_boot, seed=seed + w)
         row = mr.token_row(pooled)
         row.update(n_tokens=int(row["n_tokens"]), n_zero_prob=int(row["n_zero_prob"]))
         windows.append({"start": start, "end": end, "steps": ks, **row,
                         "causes": dict(named), "other_findings": dict(other), "headline": headline,
-                        "growth": growth})
+                        "growth": growth, "growth_k3": growth_k3})
     return RunDoctor(name, table, lags, diag, alarms, windows, first)
 
 
