@@ -176,62 +176,50 @@ def _mismatch_rows(label: str, rows: list[tuple[str, dict[str, Any], str, str]])
     return out
 
 
-def run_page(r: RunDoctor) -> list[str]:
-    """One run's part of the doctor's page, line by line.
-
-    Parameters
-    ----------
-    r : RunDoctor
-        The run.
-
-    Returns
-    -------
-    list of str
-        The lines: the mismatch per step (or per window for long runs), per lag, the alarms, the
-        cause per window and the first step naming each, the growth decomposition.
-    """
+def _table_lines(r: RunDoctor) -> list[str]:
+    """The mismatch per step (per window for a long run), the floors, the lags and the alarms."""
     ks = [int(k) for k in r.steps["step"].values]
-    lines = [f"run {r.name}: {len(ks)} steps recorded ({ks[0]}..{ks[-1]})"]
     alarms_at: dict[int, list[str]] = {}
     for a in r.alarms:
         alarms_at.setdefault(a["step"], []).append(f"{a['code']}({a['level'][0]})")
+    rows = []
     if len(ks) <= MAX_STEP_ROWS:
-        rows = []
         for i, k in enumerate(ks):
             row = {v: float(r.steps[v].values[i]) for v in r.steps.data_vars}
             head = r.step_causes[k]["headline"]
             note = " ".join(alarms_at.get(k, [])) + (f" -> {head['cause']}" if head else "")
             rows.append((str(k), row, f"{_f(row['trainer_floor'])}/{_f(row['engine_floor'])}", note.strip() or "ok"))
-        lines += ["  mismatch per step:", *_mismatch_rows("step", rows)]
+        lines = ["  mismatch per step:", *_mismatch_rows("step", rows)]
     else:
-        rows = []
         for w in r.windows:
             sel = r.steps.sel(step=w["steps"])
             floors = f"{_f(float(sel['trainer_floor'].mean()))}/{_f(float(sel['engine_floor'].mean()))}"
             n_alarms = sum(len(alarms_at.get(k, [])) for k in w["steps"])
             note = (f"{n_alarms} alarms " if n_alarms else "") + (f"-> {w['headline']['cause']}" if w["headline"] else "")
             rows.append((f"{w['start']}-{w['end']}", w, floors, note.strip() or "ok"))
-        lines += [f"  mismatch per window ({len(ks)} steps; every step in --json):", *_mismatch_rows("steps", rows)]
+        lines = [f"  mismatch per window ({len(ks)} steps; every step in --json):", *_mismatch_rows("steps", rows)]
     if not np.isfinite(r.steps["trainer_floor"].values).any() and not np.isfinite(r.steps["engine_floor"].values).any():
         lines.append("  floors: none recorded (no trainer self-check, no engine batch floor): `rlparity experiment "
                      "floors` measures them")
-    lag_n = r.lags["n_tokens"].values
+    lag_n, lag_d = r.lags["n_tokens"].values, r.lags["abs_log_ratio_mean"].values
     used = [j for j in range(lag_n.shape[1]) if lag_n[:, j].sum() > 0]
     if used and (len(used) > 1 or used[0] != 0):
         top = int(r.lags.attrs["lag_max"])
         lines.append("  mean |d| by policy lag (tokens):  " + "  ".join(
-            f"lag {j}{'+' if j == top else ''}: {_f(float(np.nansum(r.lags['abs_log_ratio_mean'].values[:, j] * lag_n[:, j]) / lag_n[:, j].sum()), '.4g')} "
-            f"({int(lag_n[:, j].sum())})" for j in used))
+            f"lag {j}{'+' if j == top else ''}: {_f(float(np.nansum(lag_d[:, j] * lag_n[:, j]) / lag_n[:, j].sum()), '.4g')}"
+            f" ({int(lag_n[:, j].sum())})" for j in used))
     else:
         lines.append("  policy lag: every token on-policy (lag 0)")
-    if r.alarms:
-        counts = Counter((a["code"], a["level"]) for a in r.alarms)
-        lines.append("  alarms: " + "; ".join(
-            f"{code} ({level}) at {n} steps from step {min(a['step'] for a in r.alarms if a['code'] == code)}"
-            for (code, level), n in counts.items()))
-    else:
-        lines.append("  alarms: none recorded")
-    lines.append("  cause per window (each step diagnosed alone; the headline named on most of the window's steps):")
+    counts = Counter((a["code"], a["level"]) for a in r.alarms)
+    lines.append("  alarms: " + ("; ".join(
+        f"{code} ({level}) at {n} steps from step {min(a['step'] for a in r.alarms if a['code'] == code)}"
+        for (code, level), n in counts.items()) or "none recorded"))
+    return lines
+
+
+def _cause_lines(r: RunDoctor) -> list[str]:
+    """The cause of every window and the first step naming each cause."""
+    lines = ["  cause per window (each step diagnosed alone; the headline named on most of the window's steps):"]
     for w in r.windows:
         n = len(w["steps"])
         if w["headline"] is None:
@@ -246,22 +234,47 @@ def run_page(r: RunDoctor) -> list[str]:
     if r.first_named:
         lines.append("  first named: " + "; ".join(f"{c} at step {v['step']} (window {v['window'][0]}-{v['window'][1]})"
                                                for c, v in r.first_named.items()))
-    grown = [w for w in r.windows if w["growth"] is not None]
-    if grown:
-        base = r.windows[0]
-        lines.append(f"  why it changes: mean |d| of each window minus steps {base['start']}-{base['end']} "
-                     f"({_f(base['abs_log_ratio_mean'], '.4g')}), split by shift-share, 95% bootstrap over sequences:")
-        lines.append(f"    {'steps':>9}  {'change':>9}  " + "  ".join(f"{p:>22}" for p in (*mr.PARTS, "residual")))
-        for w in grown:
-            g = w["growth"]
-            cells = [f"{g['parts'][p]['value']:+.2e} [{g['parts'][p]['low']:+.1e},{g['parts'][p]['high']:+.1e}]"
-                     for p in (*mr.PARTS, "residual")]
-            lines.append(f"    {w['start']:>4}-{w['end']:<4}  {g['change']:+.2e}  " + "  ".join(f"{c:>22}" for c in cells))
-        merged = {(grp, int(c), int(to)) for w in grown for grp, m in w["growth"]["merged"].items() for c, to in m.items()}
-        if merged:
-            lines.append("    not in the base window, counted in the nearest category it holds (their own excess goes to "
-                         "the residual): " + ", ".join(f"{grp} {c} -> {to}" for grp, c, to in sorted(merged)))
     return lines
+
+
+def _growth_lines(r: RunDoctor) -> list[str]:
+    """The decomposition of every window's change of mean |d| against the first window."""
+    grown = [w for w in r.windows if w["growth"] is not None]
+    if not grown:
+        return []
+    base = r.windows[0]
+    lines = [f"  why it changes: mean |d| of each window minus steps {base['start']}-{base['end']} "
+             f"({_f(base['abs_log_ratio_mean'], '.4g')}), split by shift-share, 95% bootstrap over sequences:",
+             f"    {'steps':>9}  {'change':>9}  " + "  ".join(f"{p:>22}" for p in (*mr.PARTS, "residual"))]
+    for w in grown:
+        g = w["growth"]
+        cells = [f"{g['parts'][p]['value']:+.2e} [{g['parts'][p]['low']:+.1e},{g['parts'][p]['high']:+.1e}]"
+                 for p in (*mr.PARTS, "residual")]
+        lines.append(f"    {w['start']:>4}-{w['end']:<4}  {g['change']:+.2e}  " + "  ".join(f"{c:>22}" for c in cells))
+    merged = {(grp, int(c), int(to)) for w in grown for grp, m in w["growth"]["merged"].items() for c, to in m.items()}
+    if merged:
+        lines.append("    not in the base window, counted in the nearest category it holds (their own excess goes to "
+                     "the residual): " + ", ".join(f"{grp} {c} -> {to}" for grp, c, to in sorted(merged)))
+    return lines
+
+
+def run_page(r: RunDoctor) -> list[str]:
+    """One run's part of the doctor's page, line by line.
+
+    Parameters
+    ----------
+    r : RunDoctor
+        The run.
+
+    Returns
+    -------
+    list of str
+        The lines: the mismatch per step (or per window for long runs) beside the floors, per lag,
+        the alarms, the cause per window and the first step naming each, the growth decomposition.
+    """
+    ks = [int(k) for k in r.steps["step"].values]
+    return [f"run {r.name}: {len(ks)} steps recorded ({ks[0]}..{ks[-1]})", *_table_lines(r), *_cause_lines(r),
+            *_growth_lines(r)]
 
 
 def _step_diagnosis(trace: xr.Dataset, arm: str, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -278,6 +291,22 @@ def _step_diagnosis(trace: xr.Dataset, arm: str, options: Mapping[str, Any]) -> 
             "headline": None if head is None else {"cause": head.cause, "finding": head.name,
                                                    "layer": head.layer.value, "severity": head.severity.value,
                                                    "share": head.share, "fix": head.fix}}
+
+
+def _window_headline(ks: list[int], diag: Mapping[int, Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The window's headline: the cause most of its steps give as theirs (ties: the larger mean share)."""
+    heads = Counter(diag[k]["headline"]["cause"] for k in ks if diag[k]["headline"] is not None)
+    if not heads:
+        return None
+
+    def rank(kv: tuple[str, int]) -> tuple[int, float]:
+        shares = [diag[k]["headline"]["share"] or 0.0 for k in ks
+                  if diag[k]["headline"] and diag[k]["headline"]["cause"] == kv[0]]
+        return kv[1], float(np.mean(shares)) if shares else 0.0
+
+    cause, n = max(heads.items(), key=rank)
+    finding = next(diag[k]["headline"] for k in ks if diag[k]["headline"] and diag[k]["headline"]["cause"] == cause)
+    return {**finding, "steps": n}
 
 
 def doctor_run(name: str, steps: Mapping[int, xr.Dataset], *, window: int = DEFAULT_WINDOW,
@@ -333,22 +362,11 @@ def doctor_run(name: str, steps: Mapping[int, xr.Dataset], *, window: int = DEFA
         pooled = mr.concat_tokens([tokens[k] for k in ks])
         named = Counter(c for k in ks for c in diag[k]["causes"])
         other = Counter(c for k in ks for c in diag[k]["other_findings"])
-        heads = Counter(diag[k]["headline"]["cause"] for k in ks if diag[k]["headline"] is not None)
         start, end = w * int(window), (w + 1) * int(window) - 1
         for k in ks:
             for c in diag[k]["causes"]:
                 first.setdefault(c, {"step": k, "window": [start, end]})
-        headline = None
-        if heads:
-            def rank(kv: tuple[str, int]) -> tuple[int, float]:
-                shares = [diag[k]["headline"]["share"] or 0.0 for k in ks
-                          if diag[k]["headline"] and diag[k]["headline"]["cause"] == kv[0]]
-                return kv[1], float(np.mean(shares)) if shares else 0.0
-
-            cause, n = max(heads.items(), key=rank)
-            finding = next(diag[k]["headline"] for k in ks if diag[k]["headline"]
-                           and diag[k]["headline"]["cause"] == cause)
-            headline = {**finding, "steps": n}
+        headline = _window_headline(ks, diag)
         growth = growth_k3 = None
         if base_tokens is None:
             base_tokens = pooled
