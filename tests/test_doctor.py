@@ -346,3 +346,43 @@ def test_a_long_run_prints_one_row_per_window(tmp_path):
     for row in ("0-9", "10-19", "20-29", "30-39"):
         assert f"  {row:>9}  " in page
     assert len(rep.to_dict()["runs"]["long"]["steps"]) == 35 and "floors: none recorded" in page
+
+
+def _log_softmax(x):
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+def stale_like_step(rng, *, stale: int, n: int = 32, vocab: int = 32, temperature: float = 0.7, shift: float = 0.5):
+    """One step where the first ``stale`` sequences were sampled by an engine whose logits differ from the
+    trainer's (as KV left by older weights would make them): tokens drawn from the engine's own processed
+    distribution, mu its logprob, pi_old the trainer's processed logprob of the same token."""
+    toks, mus, pis = [], [], []
+    for i in range(n):
+        L = int(rng.integers(24, 49))
+        logits = rng.normal(0, 2.5, (L, vocab))
+        engine = _log_softmax((logits + (rng.normal(0, shift, logits.shape) if i < stale else 0.0)) / temperature)
+        t = np.array([rng.choice(vocab, p=np.exp(row)) for row in engine])
+        idx = np.arange(L)
+        mus.append(np.minimum(engine[idx, t] + rng.normal(0, 0.01, L), 0.0))
+        pis.append(_log_softmax(logits / temperature)[idx, t])
+        toks.append(t)
+    return {"prompt_token_ids": [[1, 2, 3]] * n, "token_ids": toks, "rollout_logprobs": mus, "trainer_logprobs": pis}
+
+
+def test_a_stale_cache_like_excess_from_step_6_shows_from_step_6(tmp_path):
+    """A run store carries no engine cache records, so no diagnosis can name the stale prefix cache
+    itself: what the doctor shows from step 6, and not before, is the recorder's floor jump and a
+    change of mean |d| the decomposition puts in the residual (the tokens did not move to other cells)."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "stale.zarr"
+    with Recorder(path, sampling={"temperature": 0.7}, background=False, dashboards=()) as rec:
+        for k in range(12):
+            rec.step(**stale_like_step(rng, stale=8 if k >= 6 else 0), trainer_version=k, policy_versions=k)
+    r = doctor({"stale": read(path)}, window=4, n_boot=200).runs["stale"]
+    jumps = sorted(a["step"] for a in r.alarms if a["code"] == "floor_jump")
+    assert jumps == list(range(6, 12))
+    assert all(w["headline"] is None for w in r.windows[:1]) and "raw_logprobs" not in r.first_named
+    g = r.windows[2]["growth"]  # steps 8-11, all stale-like, against steps 0-3
+    assert g["parts"]["residual"]["low"] > 0.5 * g["change"] > 0
+    assert all(abs(g["parts"][p]["value"]) < 0.05 * g["change"] for p in mr.PARTS)
