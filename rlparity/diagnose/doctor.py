@@ -349,7 +349,9 @@ def doctor_run(name: str, steps: Mapping[int, xr.Dataset], *, window: int = DEFA
     tokens = mr.run_tokens(steps, trainer=trainer)
     table = mr.step_table(steps, trainer=trainer, tokens=tokens)
     lags = mr.lag_table(tokens)
-    diag = {k: _step_diagnosis(steps[k], f"{name}@step_{k}", opts) for k in sorted(steps)}
+    nothing = {"causes": [], "other_findings": [], "errors": [], "headline": None, "note": "no token to judge"}
+    diag = {k: _step_diagnosis(steps[k], f"{name}@step_{k}", opts) if tokens[k].d.size else dict(nothing)
+            for k in sorted(steps)}
     alarms = [{"step": int(k), "code": code, "level": level}
               for k in sorted(steps) for code, level in (steps[k].attrs.get("record_alarms") or {}).items()]
     first: dict[str, dict[str, Any]] = {}
