@@ -356,7 +356,10 @@ def step_trace(run: xr.Dataset, step: int) -> xr.Dataset:
     Returns
     -------
     xarray.Dataset
-        The step's sequences (float64 logprobs), validated, its metrics in ``attrs["record_metrics"]``.
+        The step's sequences (float64 logprobs), validated, its metrics in ``attrs["record_metrics"]``,
+        the alarms that fired at it in ``attrs["record_alarms"]`` (``{code: "warning" | "error"}``)
+        and the floors the run recorded (the run's ``trainer`` and ``engine_floor`` attributes, as a
+        trace carries them, where the loop gave them).
     """
     from rlparity.config.provenance import make_attrs
     from rlparity.trace.schema import SCHEMA_VERSION, annotate, validate
@@ -397,9 +400,13 @@ def step_trace(run: xr.Dataset, step: int) -> xr.Dataset:
     })
     metrics = {str(k): float(v) for k, v in zip(one["metric"].values, one["metric_value"].values)} \
         if "metric" in one.dims else {}
+    levels = {1: "warning", 2: "error"}
+    alarms = {str(c): levels.get(int(v), "error") for c, v in zip(one["alarm"].values, one["alarm_level"].values)
+              if int(v) > 0} if "alarm" in one.dims else {}
+    floors = {k: run.attrs[k] for k in ("trainer", "engine_floor") if isinstance(run.attrs.get(k), dict)}
     attrs = make_attrs(schema_version=SCHEMA_VERSION, arm=f"step_{int(step):06d}",
                        latest_policy_version=int(one["trainer_version"]), record_step=int(step),
-                       record_metrics=metrics, model=run.attrs.get("model"))
+                       record_metrics=metrics, record_alarms=alarms, model=run.attrs.get("model"), **floors)
     ds = xr.Dataset(data, coords={"sequence": np.arange(n), "position": np.arange(width),
                                   "prompt_position": np.arange(pwidth)}, attrs=attrs)
     return validate(annotate(ds), where=f"step {step} of the run")
