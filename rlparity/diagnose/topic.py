@@ -158,12 +158,48 @@ def thresholds(entry: FindingCode) -> list[dict[str, Any]]:
 
 def code(code: str, layer: Layer, sev: Sequence[Severity], meaning: str, fix: str, module: str,
          **kw: Any) -> FindingCode:
-    """A catalogue entry (:class:`FindingCode`) of the topic module ``rlparity.diagnose.<module>``."""
+    """A catalogue entry (:class:`FindingCode`) of the topic module ``rlparity.diagnose.<module>``.
+
+    Parameters
+    ----------
+    code : str
+        The finding's name.
+    layer : Layer
+        The layer that emits it.
+    sev : sequence of Severity
+        The severities the check gives it.
+    meaning : str
+        What it means.
+    fix : str
+        The fix in the user's terms.
+    module : str
+        The topic module's last name part (``"semantic"``).
+    **kw
+        The other fields of :class:`FindingCode` (``rule``, ``thresholds``, ``calibrated_on``,
+        ``causes``, ``across_arms``).
+
+    Returns
+    -------
+    FindingCode
+    """
     return FindingCode(code, layer, tuple(sev), meaning, fix, f"rlparity.diagnose.{module}", **kw)
 
 
 def no_arms_findings(arms: Mapping[str, Any], options: Any = None) -> list[Finding]:
-    """A topic without a check across arms."""
+    """A topic without a check across arms.
+
+    Parameters
+    ----------
+    arms : mapping of str to xarray.Dataset
+        The arms (left alone).
+    options : DiagnoseOptions, optional
+        Left alone.
+
+    Returns
+    -------
+    list of Finding
+        ``[]``.
+    """
     return []
 
 
