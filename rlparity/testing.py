@@ -61,7 +61,8 @@ def synthetic_trace(
         Standard deviation (nats) of Gaussian noise on the rollout logprobs only (capped at 0).
     head_noise : float, default 0.0
         Standard deviation of noise on the rollout logits before the softmax (a stand-in for a
-        low-precision LM head).
+        low-precision LM head): the engine samples its tokens from the noisy distribution and reports
+        their logprobs under it.
     trainer_noise : float, default 0.0
         Standard deviation of noise on the trainer's logits (a stand-in for dropout left on): one
         draw feeds both trainer readings, its scale varies by sequence (log-normal, as a dropout
@@ -103,13 +104,15 @@ def synthetic_trace(
         with np.errstate(divide="ignore"):
             kept.append(np.log(np.exp(scaled - fm).sum(axis=1)) - np.log(np.exp(full - fm).sum(axis=1)))
         rlog = _log_softmax(logits)
-        t = np.array([rng.choice(vocab, p=np.exp(row)) for row in plog])
+        # the engine samples from its own (noisy-head) processed distribution, as a low-precision head does
+        roll_logits = logits + rng.normal(0, head_noise, size=logits.shape) if head_noise else logits
+        roll_scaled = np.where(np.isfinite(scaled), roll_logits / temperature, -np.inf)
+        sampler = _log_softmax(roll_scaled) if head_noise else plog
+        t = np.array([rng.choice(vocab, p=np.exp(row)) for row in sampler])
         idx = np.arange(L)
         cut = ~np.isfinite(scaled).all(axis=1)
         edge = np.where(np.isfinite(scaled), logits, np.inf).min(axis=1)
         margins.append(np.where(cut, edge - logits[idx, t], np.nan))
-        roll_logits = logits + rng.normal(0, head_noise, size=logits.shape) if head_noise else logits
-        roll_scaled = np.where(np.isfinite(scaled), roll_logits / temperature, -np.inf)
         roll = (_log_softmax(roll_scaled) if logprobs_mode == "processed_logprobs"
                 else _log_softmax(roll_logits))[idx, t]
         roll = np.minimum(roll + rng.normal(0, noise, size=L), 0.0) if noise else roll

@@ -13,7 +13,7 @@ from test_engine import PROCESSED, RAW, SAMPLING
 
 
 def run_check(*args):
-    return subprocess.run([sys.executable, "-m", "rlparity.cli", "check", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "rlparity", "check", *map(str, args)],
                           capture_output=True, text=True)
 
 

@@ -125,7 +125,7 @@ def test_cli_diagnose_exit_codes(tmp_path):
           "processed": synthetic_trace(top_k=8)}, tmp_path / "x.zarr")
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "rlparity.cli", "diagnose", *map(str, args)],
+        return subprocess.run([sys.executable, "-m", "rlparity", "diagnose", *map(str, args)],
                               capture_output=True, text=True)
 
     r = run(tmp_path / "x.zarr")
