@@ -122,9 +122,10 @@ def _capture(model, engine_json, profile, num_prompts, max_tokens, temperature, 
     from rlparity.score import score
     from rlparity.trace import add_arm
 
-    model = model_path(model)
+    # the settings first: a bad --engine / --profile is refused before a built-in model is built
     settings = engine_settings(engine_json, profile)
     sampling = sampling_settings(temperature=temperature, top_k=top_k, max_tokens=max_tokens)
+    model = model_path(model)
     with Engine(model, settings) as eng:
         trace = eng.capture(make_prompts(num_prompts), sampling, arm="check", progress=False)
     if out is not None:

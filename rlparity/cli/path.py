@@ -50,7 +50,8 @@ def audit_cmd(
         from rlparity.capture import Engine
         from rlparity.config.profiles import load_profile
 
-        with Engine(model_path(model), load_profile(engine_profile or "vllm-v1-defaults")) as eng:
+        settings = load_profile(engine_profile or "vllm-v1-defaults")  # a bad profile: refused before a model is built
+        with Engine(model_path(model), settings) as eng:
             res = audit(eng, profile)
     else:
         res = audit(source, profile)
