@@ -342,7 +342,7 @@ def test_stop_on_error_raises_after_the_step_is_recorded(tmp_path):
 
 def test_live_metrics_equal_an_independent_float64_recomputation(tmp_path):
     s = synthetic_step(4, noise=0.05, n=6)
-    s["trainer_updated_logprobs"] = [p + 0.01 for p in s["trainer_logprobs"]]
+    s["trainer_updated_logprobs"] = [p - 0.01 for p in s["trainer_logprobs"]]  # a logprob stays <= 0
     with Recorder(tmp_path / "run.zarr", eps=0.2) as rec:
         out = rec.step(**s)
     d_seq = [[float(p) - float(m) for p, m in zip(ps, ms)] for ps, ms in zip(s["trainer_logprobs"], s["rollout_logprobs"])]
@@ -362,7 +362,7 @@ def test_live_metrics_equal_an_independent_float64_recomputation(tmp_path):
         "rlparity/clip_fraction": sum(1 for x in w if x < 0.8 or x > 1.2) / n,
         "rlparity/prob_diff_mean": sum(abs(a - b) for a, b in zip(pi, mu)) / n,
         "rlparity/lag_max": 0.0,
-        "rlparity/update/kl_k3": math.exp(0.01) - 1 - 0.01,
+        "rlparity/update/kl_k3": math.exp(-0.01) - 1 + 0.01,
         # verl: token means with its 1e-8 in the denominator; sequence means for the log-ppl
         "rollout_corr/kl": -sum(d) / (n + 1e-8),
         "rollout_corr/k3_kl": sum(math.exp(x) - x - 1 for x in d) / (n + 1e-8),
@@ -436,3 +436,26 @@ def test_a_loop_that_never_closes_the_recorder_still_commits_its_steps_at_exit(t
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert open_run(path).attrs["steps"] == 4
+
+
+def test_a_step_without_tokens_is_recorded_and_positive_logprobs_are_refused_in_one_line(tmp_path):
+    """Found by the doctor's tests: a step whose responses are all empty crashed the metrics (a
+    zero-size reduction); a trainer logprob above 0 was recorded and the store then refused by every
+    reader (the trace schema). Now the empty step is recorded with NaN metrics, and a positive logprob
+    is refused before anything is written, naming where it is."""
+    from rlparity.record import Recorder, open_run
+
+    path = tmp_path / "r.zarr"
+    with Recorder(path) as rec:
+        m = rec.step(prompt_token_ids=[[1, 2]] * 2, token_ids=[[], []], rollout_logprobs=[[], []],
+                     trainer_logprobs=[[], []])
+        assert np.isnan(m["rlparity/abs_log_ratio_mean"]) and not m.alarms
+        with pytest.raises(ValueError, match=r"trainer_logprobs is positive at 1 tokens \(first: sequence 0, token "
+                                             r"1, \+0\.5\)"):
+            rec.step(prompt_token_ids=[[1, 2]] * 2, token_ids=[[3, 4], [5]], rollout_logprobs=[[-0.1, -0.2], [-0.3]],
+                     trainer_logprobs=[[-0.1, 0.5], [-0.3]])
+        m = rec.step(prompt_token_ids=[[1, 2]] * 2, token_ids=[[3, 4], [5]], rollout_logprobs=[[-0.1, -0.2], [-0.3]],
+                     trainer_logprobs=[[-0.1, 1e-7], [-0.3]])  # rounding above 0 within the schema's tolerance
+        assert m["rlparity/abs_log_ratio_mean"] == pytest.approx((0.2 + 1e-7) / 3)
+    run = open_run(path)
+    assert run.sizes["step"] == 2 and int(run["response_length"].isel(step=0).max()) == 0

@@ -140,7 +140,7 @@ def masked_max_abs(x: np.ndarray, mask: np.ndarray, axis=None) -> np.ndarray:
         The largest absolute values, in the unit of ``x``.
     """
     m = finite_mask(x, mask)
-    top = np.max(np.where(m, np.abs(x), -np.inf), axis=axis)
+    top = np.max(np.where(m, np.abs(x), -np.inf), axis=axis, initial=-np.inf)  # an empty array: no tokens
     return np.where(count(m, axis) > 0, top, np.nan) if np.ndim(top) else (float(top) if m.any() else np.nan)
 
 
@@ -188,12 +188,17 @@ def masked_quantile(x: np.ndarray, mask: np.ndarray, q, axis=None) -> np.ndarray
         where no token is usable.
     """
     m = finite_mask(x, mask)
+    v = np.where(m, x, np.nan)
+    if v.size == 0:  # no tokens at all (numpy gives one NaN whatever q and axis): NaN in the result's shape
+        axes = range(v.ndim) if axis is None else np.atleast_1d(axis) % max(v.ndim, 1)
+        rest = tuple(n for k, n in enumerate(v.shape) if k not in set(int(a) for a in axes))
+        return np.full(np.shape(q) + rest, np.nan)
     with np.errstate(invalid="ignore"):
         import warnings
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices are NaN, by design
-            return np.nanquantile(np.where(m, x, np.nan), q, axis=axis)
+            return np.nanquantile(v, q, axis=axis)
 
 
 def abs_stats(d: np.ndarray, mask: np.ndarray) -> dict[str, float]:
@@ -603,7 +608,7 @@ def lag_stats(lag: np.ndarray, mask: np.ndarray, axis=None) -> dict[str, np.ndar
         along ``axis``.
     """
     m = finite_mask(lag, mask)
-    top = np.max(np.where(m, lag, -np.inf), axis=axis)
+    top = np.max(np.where(m, lag, -np.inf), axis=axis, initial=-np.inf)  # an empty array: no tokens
     n = count(m, axis)
     return {"lag_max": np.where(n > 0, top, np.nan) if np.ndim(top) else (float(top) if n else np.nan),
             "lag_mean": masked_mean(lag, m, axis=axis),

@@ -34,7 +34,7 @@ from rlparity.metrics.dashboard import DASHBOARDS
 from rlparity.metrics.objective import policy_variable
 from rlparity.record.live import ALARMS, LEVELS, PREFIX, Alarm, StepArrays, digest_change, step_alarms, step_metrics
 from rlparity.record.store import FINISH_REASONS, RunWriter
-from rlparity.trace.schema import pad_rows
+from rlparity.trace.schema import POSITIVE_TOLERANCE, pad_rows
 from rlparity.trace.storage import StoreError
 from rlparity.trace.weights import tensor_checksum
 
@@ -473,7 +473,8 @@ class Recorder:
         mask_in = None if r.response_mask is None else np.asarray(_numpy(r.response_mask), bool)
         tok_rows = _rows(r.token_ids, mask_in, "token_ids")
         lengths = np.array([len(t) for t in tok_rows], np.int64)
-        n, width = len(tok_rows), int(lengths.max(initial=0))
+        # at least one position: a step whose responses are all empty still writes its (padding) chunks
+        n, width = len(tok_rows), max(1, int(lengths.max(initial=0)))
         mask = np.arange(width)[None, :] < lengths[:, None]
 
         def per_token(value: Any, what: str, fill: Any, dtype: Any) -> np.ndarray:
@@ -493,6 +494,13 @@ class Recorder:
         f64 = {name: per_token(value, name, np.nan, np.float64)
                for name, value in (("rollout_logprobs", r.rollout_logprobs), ("trainer_logprobs", r.trainer_logprobs),
                                    ("trainer_updated_logprobs", r.trainer_updated_logprobs)) if value is not None}
+        for name, v in f64.items():  # the trace schema's rule: a step the readers would refuse is refused here
+            with np.errstate(invalid="ignore"):
+                pos = mask & (v > POSITIVE_TOLERANCE) & np.isfinite(v)
+            if pos.any():
+                i, j = (int(x[0]) for x in np.nonzero(pos))
+                raise ValueError(f"{name} is positive at {int(pos.sum())} tokens (first: sequence {i}, token {j}, "
+                                 f"{v[i, j]:+.4g}): pass log-probabilities (nats, <= 0), not probabilities or logits")
         tok = pad_rows(tok_rows, -1, np.int64, width)
         pmask = None if r.prompt_mask is None else np.asarray(_numpy(r.prompt_mask), bool)
         prompt_rows = _rows(r.prompt_token_ids, pmask, "prompt_token_ids")
