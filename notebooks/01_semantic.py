@@ -5,7 +5,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -66,7 +66,7 @@ from pathlib import Path
 from rlparity.config import defaults
 from rlparity.config.provenance import write_json
 from rlparity.datasets import list_examples, load_example
-from rlparity.diagnose import diagnose, semantic
+from rlparity.diagnose import diagnose, processing
 from rlparity.experiments.semantic import prompts_with_ids, semantic_experiment
 from rlparity.metrics import temperature_table
 from rlparity.models import make_model, make_prompts
@@ -158,7 +158,7 @@ psem.plot_ratio_by_position(arms)
 rollout = arms["processed_logprobs"].drop_vars([v for v in arms["processed_logprobs"].data_vars
                                                  if v.startswith("trainer_")])
 wrong_topk = scorer.score(rollout.assign(top_k=rollout["top_k"] * 0 + 2)).assign_attrs(arm="trainer-top-k-2")
-zero_finding = next(f for f in semantic.zero_probability_tokens(wrong_topk) if f.name == "zero_probability_tokens")
+zero_finding = next(f for f in processing.zero_probability_tokens(wrong_topk) if f.name == "zero_probability_tokens")
 display(zero_finding)  # the finding, compact: its fix, the evidence folded away
 psem.plot_zero_prob_map({"processed_logprobs": arms["processed_logprobs"], "trainer top-k 2": wrong_topk})
 

@@ -130,7 +130,7 @@ def test_topics_declare_their_codes_in_their_own_module_and_run_in_the_methods_o
 
     ts = topics()
     names = [t.name for t in ts]
-    assert names[:3] == ["semantic", "temperature", "stop_tokens"] and names[-1] == "objective"
+    assert names[:4] == ["semantic", "temperature", "processing", "stop_tokens"] and names[-1] == "objective"
     assert "layers" in names and names.index("head_precision") < names.index("layers")  # layers reads the head's fixes
     rank = {Layer.SEMANTIC: 0, Layer.INFERENCE_PATH: 1, Layer.OBJECTIVE: 2}
     layer_of = [max(rank[c.layer] for c in t.codes) for t in ts]

@@ -63,7 +63,7 @@ def test_processed_report_has_no_semantic_problem(processed, capture_trace, scor
 def test_prompt_tokenized_without_special_tokens_is_flagged(capture_trace, scorer_fp32, tiny_model):
     from transformers import AutoTokenizer
 
-    from rlparity.diagnose import semantic as S
+    from rlparity.diagnose import processing as S
     from rlparity.experiments.semantic import prompts_with_ids
     from rlparity.models import make_prompts
 
@@ -121,7 +121,7 @@ def test_raw_report_names_the_mismatch_and_its_temperature_signature(raw, captur
 
 
 def test_trainer_with_other_top_k_gives_probability_zero_tokens(processed, scorer_fp32):
-    from rlparity.diagnose import semantic as S
+    from rlparity.diagnose import processing as S
 
     rollout = processed.drop_vars([v for v in processed.data_vars if v.startswith("trainer_")])
     other = scorer_fp32.score(rollout.assign(top_k=rollout["top_k"] * 0 + 2))  # trainer uses top-k 2

@@ -393,7 +393,7 @@ def test_prompt_text_is_imported_and_checked_with_the_frameworks_tokenization(sc
     """NeMo-RL's content and slime's prompt are chat-templated text tokenized without special
     tokens; PipelineRL's text[:-n_predicted] has the BOS stripped and is tokenized with them. Each
     import records the rule; tokenized the other way the check finds the extra BOS."""
-    from rlparity.diagnose.semantic import prompt_token_parity
+    from rlparity.diagnose.processing import prompt_token_parity
 
     nemo = rio.read("nemo-rl", NEMO / "exp_001", **K8)["step_1"]
     row = _lines(NEMO / "exp_001" / "train_data_step1.jsonl")[0]

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from rlparity.diagnose import Severity, diagnose
+from rlparity.diagnose import processing as P
 from rlparity.diagnose import semantic as S
 from rlparity.metrics import by_temperature, zero_prob_tokens
 from rlparity.testing import synthetic_trace
@@ -70,15 +71,15 @@ def test_zero_probability_tokens_are_counted_located_and_split_by_cause():
     assert z.sizes["token"] == 3 and sorted(z["sequence_index"].values.tolist()) == [3, 5, 6]
     assert dict(zip(z["sequence_index"].values.tolist(), z["cause"].values.tolist())) == {
         3: "outside", 5: "outside", 6: "boundary"}
-    found = {f.name: f for f in S.zero_probability_tokens(tr)}
+    found = {f.name: f for f in P.zero_probability_tokens(tr)}
     assert found["zero_probability_tokens"].severity == Severity.ERROR
     assert found["zero_probability_tokens"].evidence["n_tokens_with_cause"] == 2
     assert found["zero_probability_tokens"].evidence["positions"] == [0, 2]
     assert found["topk_boundary_flips"].severity == Severity.INFO  # 1 of ~290 tokens is below the share
-    assert S.zero_probability_tokens(base) == []
+    assert P.zero_probability_tokens(base) == []
     # many flips: a warning, and a larger measured noise widens the margin
     many = _excluded(base, [(i, 0) for i in range(16)], [0.05] * 16)
-    assert {f.name: f.severity for f in S.zero_probability_tokens(many)} == {"topk_boundary_flips": Severity.WARNING}
+    assert {f.name: f.severity for f in P.zero_probability_tokens(many)} == {"topk_boundary_flips": Severity.WARNING}
     assert set(zero_prob_tokens(many)["cause"].values) == {"boundary"}  # 0.05 < 2 bf16 ulps of the max logit
     far = _excluded(base, [(i, 0) for i in range(4)], [0.5] * 4)
     assert set(zero_prob_tokens(far)["cause"].values) == {"outside"}
@@ -87,15 +88,15 @@ def test_zero_probability_tokens_are_counted_located_and_split_by_cause():
 
 def test_renormalization_offset_and_unrenormalized_rollout():
     tr = synthetic_trace(top_k=4)
-    f = S.renormalization(tr)
+    f = P.renormalization(tr)
     assert f.name == "topk_topp_renormalization"
     assert f.evidence["mean_log_kept_mass"] < -0.01
     # a rollout that applied temperature but skipped the renormalization
     bad = tr.copy()
     bad["rollout_logprob"] = tr["trainer_processed_logprob"] + tr["trainer_log_kept_mass"]
-    g = S.renormalization(bad)
+    g = P.renormalization(bad)
     assert g.name == "rollout_not_renormalized" and g.severity == Severity.ERROR
-    assert S.renormalization(synthetic_trace()) is None  # no top-k/top-p: nothing to renormalize
+    assert P.renormalization(synthetic_trace()) is None  # no top-k/top-p: nothing to renormalize
 
 
 def _with_trainer_prompts(tr, rows):
@@ -112,12 +113,12 @@ def _with_trainer_prompts(tr, rows):
 def test_prompt_token_parity():
     tr = synthetic_trace(n_sequences=4)
     same = [p[p >= 0].tolist() for p in tr["prompt_token_id"].values]
-    assert S.prompt_token_parity(_with_trainer_prompts(tr, same)).name == "prompt_tokens_match"
+    assert P.prompt_token_parity(_with_trainer_prompts(tr, same)).name == "prompt_tokens_match"
     extra_bos = [[1] + r for r in same[:2]] + same[2:]
-    f = S.prompt_token_parity(_with_trainer_prompts(tr, extra_bos))
+    f = P.prompt_token_parity(_with_trainer_prompts(tr, extra_bos))
     assert f.name == "prompt_token_mismatch" and f.evidence["n_mismatched"] == 2
     assert f.evidence["sequences"] == [0, 1] and "BOS" in f.summary
-    assert S.prompt_token_parity(tr) is None
+    assert P.prompt_token_parity(tr) is None
 
 
 def test_cli_diagnose_exit_codes(tmp_path):

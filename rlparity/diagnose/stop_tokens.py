@@ -149,6 +149,6 @@ CODES: tuple[FindingCode, ...] = (
          rule="as stop_token_inside_response, with no stop id inside a response"),
 )
 
-TOPIC = Topic("stop_tokens", 17, CODES, trace_findings)
+TOPIC = Topic("stop_tokens", 18, CODES, trace_findings)
 
 __all__ = ["STOP_COVER", "STOP_MAX_IDS", "STOP_MIN_SEQUENCES", "stop_ids", "stop_token_parity", "trace_findings"]

@@ -12,7 +12,7 @@ import xarray as xr
 
 from rlparity.config.defaults import defaults
 from rlparity.diagnose.findings import Finding, Layer, Severity
-from rlparity.diagnose.semantic import FIX_PROCESSED, FIX_TRAINER_SAMPLING, PAIR
+from rlparity.diagnose.semantic import FIX_PROCESSED, FIX_TRAINER_SAMPLING, PAIR, SEMANTIC_READINGS
 from rlparity.diagnose.topic import E, FIX_NONE, FindingCode, I, SEM, Topic, code
 
 
@@ -145,9 +145,7 @@ def temperature_from_numbers(trace: xr.Dataset, *, recorded: tuple[Finding, ...]
 
 
 
-# what semantic.logprob_semantics and semantic.trainer_sampling can emit: the prior findings this topic reads
-SEMANTIC_READINGS = ("raw_logprobs_used_as_processed", "logprobs_processed", "logprobs_raw", "logprobs_not_processed",
-                     "logprobs_match_neither", "logprob_semantics_untestable")
+# what semantic.trainer_sampling can emit: the recorded settings this topic confirms or contradicts
 RECORDED_SAMPLING = ("trainer_temperature_differs", "trainer_cut_differs")
 
 

@@ -213,7 +213,9 @@ class Topic:
         The topic's name (its module's last part).
     order : int
         Its place in the method: topics run in increasing order, and each sees the findings of
-        those before it on the same arm (the semantic layer first, the objective last).
+        those before it on the same arm (the semantic layer first, the objective last). A report
+        lists its findings by section, the tens of the order (the semantic topics 10-19 are one
+        section), arms within a section and topics within an arm.
     codes : tuple of FindingCode
         Every finding code its checks emit.
     trace_findings : callable

@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rlparity.capture.floor import engine_floor
 from rlparity.config.logs import progress_log
 from rlparity.config.profiles import reference_engine
-from rlparity.config.settings import Device, EngineSettings, SamplingSettings, TrainerSettings
+from rlparity.config.settings import Device, SamplingSettings, TrainerSettings
 from rlparity.diagnose.causes import CAUSES
 
 

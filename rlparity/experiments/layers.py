@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rlparity.config.logs import progress_log
 from rlparity.config.profiles import reference_engine
-from rlparity.config.settings import Device, EngineSettings, SamplingSettings
+from rlparity.config.settings import Device, SamplingSettings
 from rlparity.metrics.layers import floor_from, site_errors
 from rlparity.trace.layers import layer_dataset, sites, vocab_columns, with_layers
 
