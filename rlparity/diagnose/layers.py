@@ -202,25 +202,6 @@ def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, pr
     return [f] if f is not None else []
 
 
-def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]:
-    """No per-layer check compares arms: a comparison with another arm's engine is a profile of its own.
-
-    Parameters
-    ----------
-    arms : mapping of str to xarray.Dataset
-        The arms of the store (ignored).
-    options : DiagnoseOptions, optional
-        Ignored.
-
-    Returns
-    -------
-    list of Finding
-        Nothing: ``[]``.
-    """
-    return []
-
-
-
 # the finding codes this topic emits (collected by rlparity.diagnose.catalogue)
 CODES: tuple[FindingCode, ...] = (
     code("divergence_starts_at", PATH, (W, E),
@@ -245,6 +226,6 @@ CODES: tuple[FindingCode, ...] = (
            calibrated_on=CPU_TINY + " (eager)"),
 )
 
-TOPIC = Topic('layers', 70, CODES, trace_findings, arms_findings)
+TOPIC = Topic('layers', 70, CODES, trace_findings)
 
-__all__ = ["arms_findings", "divergence_start", "trace_findings"]
+__all__ = ["divergence_start", "trace_findings"]

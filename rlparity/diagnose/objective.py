@@ -473,25 +473,6 @@ def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None,
     return objective_findings(trace, prior, trainer=opts.trainer, correction=opts.correction, eps=opts.eps)
 
 
-def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]:
-    """The objective layer judges each arm alone; nothing across arms.
-
-    Parameters
-    ----------
-    arms : mapping of str to xarray.Dataset
-        The store's arms (unused).
-    options : DiagnoseOptions, optional
-        The options (unused).
-
-    Returns
-    -------
-    list of Finding
-        Empty.
-    """
-    return []
-
-
-
 # the finding codes this topic emits (collected by rlparity.diagnose.catalogue)
 CODES: tuple[FindingCode, ...] = (
     code("backend_ratio_not_centred", OBJ, (W, E),
@@ -530,8 +511,8 @@ CODES: tuple[FindingCode, ...] = (
            thresholds=("objective.is_cap", "rlparity.diagnose.objective:VERL_HEALTHY"), calibrated_on=LITERATURE),
 )
 
-TOPIC = Topic('objective', 90, CODES, trace_findings, arms_findings)
+TOPIC = Topic('objective', 90, CODES, trace_findings)
 
-__all__ = ["FIX_BACKEND_FIRST", "FIX_UPDATE", "VERL_HEALTHY", "arms_findings", "backend_ratio_not_centred",
+__all__ = ["FIX_BACKEND_FIRST", "FIX_UPDATE", "VERL_HEALTHY", "backend_ratio_not_centred",
            "correction_hides_backend_mismatch", "objective_findings",
            "corrected_health", "ess_collapse", "masked_fraction_high", "trace_findings", "update_ratio_clipped_often"]

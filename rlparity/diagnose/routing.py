@@ -21,8 +21,6 @@ both sides' routes (a dense model, or a capture without ``capture_routing``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import xarray as xr
 
 from rlparity.config.defaults import defaults
@@ -165,25 +163,6 @@ def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, pr
     return [f] if f is not None else []
 
 
-def arms_findings(arms: Mapping[str, xr.Dataset], options: DiagnoseOptions | None = None) -> list[Finding]:
-    """No routing check compares arms.
-
-    Parameters
-    ----------
-    arms : mapping of str to xarray.Dataset
-        Every arm of the store (unused).
-    options : DiagnoseOptions, optional
-        The options (unused).
-
-    Returns
-    -------
-    list of Finding
-        Always empty.
-    """
-    return []
-
-
-
 # the finding codes this topic emits (collected by rlparity.diagnose.catalogue)
 CODES: tuple[FindingCode, ...] = (
     code("moe_routing_disagreement", PATH, (I, W),
@@ -200,6 +179,6 @@ CODES: tuple[FindingCode, ...] = (
            calibrated_on="exact (expert ids)"),
 )
 
-TOPIC = Topic('routing', 40, CODES, trace_findings, arms_findings)
+TOPIC = Topic('routing', 40, CODES, trace_findings)
 
-__all__ = ["FIX_FP32_ROUTER", "FIX_REPLAY", "REPLAY_SHARE", "arms_findings", "routing_finding", "trace_findings"]
+__all__ = ["FIX_FP32_ROUTER", "FIX_REPLAY", "REPLAY_SHARE", "routing_finding", "trace_findings"]

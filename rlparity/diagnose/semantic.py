@@ -324,12 +324,6 @@ def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, pr
     return [semantics, *trainer_sampling(trace)]
 
 
-def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]:
-    """The semantic layer has no check across arms."""
-    return []
-
-
-
 # the finding codes this topic emits (collected by rlparity.diagnose.catalogue)
 CODES: tuple[FindingCode, ...] = (
     code("raw_logprobs_used_as_processed", SEM, (W, E),
@@ -394,7 +388,7 @@ CODES: tuple[FindingCode, ...] = (
            calibrated_on="exact (bitwise equality)"),
 )
 
-TOPIC = Topic('semantic', 10, CODES, trace_findings, arms_findings)
+TOPIC = Topic('semantic', 10, CODES, trace_findings)
 
 __all__ = ["FIX_PROCESSED", "FIX_TRAINER_SAMPLING", "PAIR", "SEMANTIC_READINGS", "logprob_semantics", "trace_findings",
            "trainer_is_rollout_copy", "trainer_sampling"]

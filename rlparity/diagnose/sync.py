@@ -167,25 +167,6 @@ def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, pr
     return weight_sync(trace, evidence=evidence)
 
 
-def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]:
-    """No weight-sync check compares arms: each arm carries its own fingerprints.
-
-    Parameters
-    ----------
-    arms : mapping of str to xarray.Dataset
-        The store's arms (not read).
-    options : DiagnoseOptions, optional
-        Not read.
-
-    Returns
-    -------
-    list of Finding
-        An empty list.
-    """
-    return []
-
-
-
 # the finding codes this topic emits (collected by rlparity.diagnose.catalogue)
 CODES: tuple[FindingCode, ...] = (
     code("engine_weights_differ", PATH, (E,),
@@ -215,6 +196,6 @@ CODES: tuple[FindingCode, ...] = (
            causes=("weights_differ",)),
 )
 
-TOPIC = Topic('sync', 60, CODES, trace_findings, arms_findings)
+TOPIC = Topic('sync', 60, CODES, trace_findings)
 
-__all__ = ["FIX_ENGINE", "FIX_TRAINER", "arms_findings", "engine_weights_differ", "trace_findings", "weight_sync"]
+__all__ = ["FIX_ENGINE", "FIX_TRAINER", "engine_weights_differ", "trace_findings", "weight_sync"]

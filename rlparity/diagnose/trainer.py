@@ -212,25 +212,6 @@ def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, pr
     return [f for f in found if f is not None]
 
 
-def arms_findings(arms, options: DiagnoseOptions | None = None) -> list[Finding]:
-    """The floors are judged arm by arm: there is no check across arms.
-
-    Parameters
-    ----------
-    arms : mapping of str to xarray.Dataset
-        The arms (left alone).
-    options : DiagnoseOptions, optional
-        Left alone.
-
-    Returns
-    -------
-    list of Finding
-        ``[]``.
-    """
-    return []
-
-
-
 # the finding codes this topic emits (collected by rlparity.diagnose.catalogue)
 CODES: tuple[FindingCode, ...] = (
     code("trainer_not_deterministic", PATH, (W, E),
@@ -266,8 +247,7 @@ CODES: tuple[FindingCode, ...] = (
                        "h200-layers, h100-ablation, h200-moe): no shipped arm reads at parity"),
 )
 
-TOPIC = Topic('trainer', 80, CODES, trace_findings, arms_findings)
+TOPIC = Topic('trainer', 80, CODES, trace_findings)
 
 __all__ = ["FIX_DROPOUT", "FIX_ENGINE_BATCH", "FIX_TRAINER_BATCH", "FLOOR_SHARE", "PARITY_FLOOR_SHARE", "RUN_TO_RUN_SHARE",
-           "arms_findings",
            "floor_findings", "trace_findings", "trainer_determinism"]
