@@ -158,8 +158,10 @@ def test_topics_declare_their_codes_in_their_own_module_and_run_in_the_methods_o
             topic_mod.topics()
         fake.TOPIC = replace(ts[0], name="_fake_topic", order=999)
         topic_mod.topics.cache_clear()
-        with pytest.raises(ValueError, match="declared by two topics"):
+        with pytest.raises(ValueError, match="declared by two topics") as err:
             topic_mod.topics()
+        # the message names the codes declared twice (the copied topic's), not every code
+        assert "'raw_logprobs_used_as_processed'" in str(err.value) and "'stop_tokens_consistent'" not in str(err.value)
     finally:
         topic_mod.importlib.import_module = real_import
         topic_mod.pkgutil.iter_modules = real_iter

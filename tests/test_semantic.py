@@ -250,3 +250,17 @@ def test_a_trainer_that_does_not_repeat_itself_cannot_read_the_semantics(rms, ex
         assert "run-to-run noise" in f.summary
     else:
         assert f.name == "raw_logprobs_used_as_processed" and f.severity == Severity.ERROR
+
+
+def test_the_processing_topic_reads_the_semantic_reading_and_says_nothing_after_a_copy():
+    """diagnose.processing runs after the reading (issue 35's split of the semantic layer): it speaks
+    whatever the reading said, and stops when the semantic topic found the trainer side a copy of mu."""
+    from rlparity.diagnose.findings import Finding, Layer, Severity
+
+    tr = synthetic_trace(top_k=8, arm="a")
+    alone = {f.name for f in P.trace_findings(tr)}  # no options, no evidence, no prior: built here
+    assert "topk_topp_renormalization" in alone
+    reading = Finding(Layer.SEMANTIC, "logprobs_processed", Severity.INFO, "s", {"noise_floor_rms": 0.0}, "", "a")
+    assert {f.name for f in P.trace_findings(tr, prior=[reading])} == alone
+    copy = Finding(Layer.SEMANTIC, "trainer_is_rollout_copy", Severity.ERROR, "s", {}, "", "a")
+    assert P.trace_findings(tr, prior=[reading, copy]) == []
