@@ -264,3 +264,17 @@ def test_the_processing_topic_reads_the_semantic_reading_and_says_nothing_after_
     assert {f.name for f in P.trace_findings(tr, prior=[reading])} == alone
     copy = Finding(Layer.SEMANTIC, "trainer_is_rollout_copy", Severity.ERROR, "s", {}, "", "a")
     assert P.trace_findings(tr, prior=[reading, copy]) == []
+
+
+def test_the_temperature_topic_says_nothing_after_a_copy():
+    """diagnose.temperature reads the semantic topic's findings: after trainer_is_rollout_copy it is
+    silent; after any other reading it speaks as temperature_from_numbers does."""
+    from rlparity.diagnose import temperature as T
+    from rlparity.diagnose.findings import Finding, Layer, Severity
+
+    tr = synthetic_trace(top_k=8, arm="a")
+    reading = Finding(Layer.SEMANTIC, "logprobs_processed", Severity.INFO, "s", {}, "", "a")
+    want = [f.name for f in T.temperature_from_numbers(tr)]
+    assert want and [f.name for f in T.trace_findings(tr, prior=[reading])] == want
+    copy = Finding(Layer.SEMANTIC, "trainer_is_rollout_copy", Severity.ERROR, "s", {}, "", "a")
+    assert T.trace_findings(tr, prior=[reading, copy]) == []
