@@ -115,7 +115,7 @@ def diagnose(data: Any, options: DiagnoseOptions | None = None, *, title: str = 
                 if has_trainer(ds) else None
                 for name, ds in arms.items()}
     per_arm: dict[str, list[Finding]] = {name: [] for name in arms}
-    step: dict[int, int] = {}  # id(finding) -> the report section of the topic that made it (its order's tens)
+    section: dict[int, int] = {}  # id(finding) -> the report section of the topic that made it (its order's tens)
     shared: list[Finding] = []
     # the topics in the method's order (topic.topics): the backend (semantic, inference path: settings, LM head,
     # MoE routing, inflight updates, weight sync, the trainer's determinism) before the objective, which sees the
@@ -123,20 +123,20 @@ def diagnose(data: Any, options: DiagnoseOptions | None = None, *, title: str = 
     for topic in topics():
         for name, ds in arms.items():
             new = topic.trace_findings(ds, opts, list(per_arm[name]), evidence=evidence[name])
-            step.update((id(f), topic.order // 10) for f in new)
+            section.update((id(f), topic.order // 10) for f in new)
             per_arm[name].extend(new)
         if len(arms) > 1:
             for f in topic.arms_findings(arms, opts):
-                step[id(f)] = topic.order // 10
+                section[id(f)] = topic.order // 10
                 (per_arm[f.arm] if f.arm in per_arm else shared).append(f)
     found: list[tuple[int, int, Finding]] = []
     for a, name in enumerate(arms):
-        layer_of = [step[id(f)] for f in per_arm[name]]
+        section_of = [section[id(f)] for f in per_arm[name]]
         attributed, record = attribute(per_arm[name], evidence[name])
-        found += [(k, a, f) for k, f in zip(layer_of, attributed)]
+        found += [(k, a, f) for k, f in zip(section_of, attributed)]
         if record:
             report.attribution[name] = record
-    found += [(step[id(f)], len(arms), f) for f in shared]
+    found += [(section[id(f)], len(arms), f) for f in shared]
     # the report lists the sections in the order of the method (backend before objective), arms within, the topics of
     # a section in their order (a stable sort: each arm's findings are in topic order)
     report.extend(f for _, _, f in sorted(found, key=lambda t: (t[0], t[1])))
