@@ -56,7 +56,7 @@ def batch(k: int, sequences: int, length: int, prompt: int) -> dict:
     pi = [np.minimum(m + rng.normal(0, 0.01, n), 0.0) for m, n in zip(mu, lengths)]
     return {"prompt_token_ids": [rng.integers(0, 50, prompt) for _ in range(sequences)],
             "token_ids": [rng.integers(0, 50, n) for n in lengths], "rollout_logprobs": mu, "trainer_logprobs": pi,
-            "trainer_updated_logprobs": [p + 1e-3 for p in pi], "policy_versions": k, "trainer_version": k,
+            "trainer_updated_logprobs": [np.minimum(p + 1e-3, 0.0) for p in pi], "policy_versions": k, "trainer_version": k,
             "rewards": rng.uniform(0, 1, sequences), "advantages": rng.normal(0, 1, sequences), "weight_version": k,
             "weight_digest": {f"layer.{i}": int(rng.integers(0, 2**32)) for i in range(32)}}
 
