@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 RATES = ("n_arms", "headline_right_single", "headline_right_pairs", "recall_overall", "false_alarms_total",
-         "clean_arms_with_problems", "recipes_not_injected", "every_cause_headline_right_single",
+         "clean_arms_with_problems", "clean_arms_with_floor_warnings", "recipes_not_injected", "every_cause_headline_right_single",
          "every_cause_headline_right_pairs", "every_cause_recall", "pairs_with_dominance", "dominance_ties",
          "dominance_agreement")
 
@@ -70,7 +70,7 @@ def main() -> None:
             r = results[name][view]["rates"]
             print(f"{name:14s} {view:5s} single {r['headline_right_single']:.0%} pairs {r['headline_right_pairs']:.0%} "
                   f"recall {r['recall_overall']:.0%} false {r['false_alarms_total']} clean-with-problem "
-                  f"{r['clean_arms_with_problems']} | every cause: {r['every_cause_headline_right_single']:.0%} "
+                  f"{r['clean_arms_with_problems']} floor-warned {r['clean_arms_with_floor_warnings']} | every cause: {r['every_cause_headline_right_single']:.0%} "
                   f"{r['every_cause_headline_right_pairs']:.0%} {r['every_cause_recall']:.0%} | dominance "
                   f"{r['dominance_agreement']:.0%} of {r['pairs_with_dominance']} ({r['dominance_ties']} ties)",
                   flush=True)

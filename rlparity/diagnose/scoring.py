@@ -364,6 +364,9 @@ def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
         clean_arms=int(clean.sum()), clean_arms_with_problems=int((~right[clean]).sum()) if clean.any() else 0,
         unattributed_problems=int(sum(bool(r["unattributed"]) for r in rows)), n_arms=len(rows),
         arms_with_floor_findings=int(sum(bool(r["floors"]) for r in rows)),
+        # a floor finding at WARNING on an arm where nothing was injected: never a false alarm above, but a
+        # warning a user at parity would read (issue 41)
+        clean_arms_with_floor_warnings=int(sum(bool(r["floors"]) for r in rows if not r["true"])),
         recipes_not_injected=int(sum(len(r["not_injected"]) for r in rows)),
         every_cause_headline_right_single=rate(n_all == 1, right_all),
         every_cause_headline_right_pairs=rate(n_all == 2, right_all),
@@ -454,7 +457,8 @@ def format_scores(scores: xr.Dataset) -> str:
     lines = [f"fault matrix: {a['n_arms']} arms; headline right: single causes {a['headline_right_single']:.0%}, "
              f"pairs {a['headline_right_pairs']:.0%}; recall {a['recall_overall']:.0%}; "
              f"false alarms {a['false_alarms_total']}; clean arms with a problem {a['clean_arms_with_problems']} of "
-             f"{a['clean_arms']}; recipes that did not take effect {a['recipes_not_injected']}",
+             f"{a['clean_arms']} (with a floor warning {a.get('clean_arms_with_floor_warnings', 0)}); recipes that did "
+             f"not take effect {a['recipes_not_injected']}",
              f"counting every injected cause: single {a['every_cause_headline_right_single']:.0%}, pairs "
              f"{a['every_cause_headline_right_pairs']:.0%}, recall {a['every_cause_recall']:.0%}; the headline names the "
              f"dominant cause on {a['dominance_agreement']:.0%} of {a['pairs_with_dominance']} pairs "
