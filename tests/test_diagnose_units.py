@@ -575,6 +575,28 @@ def test_a_real_partial_sync_is_still_named(fresh_only):
     assert (f.name, f.evidence["layers"]) == ("engine_weights_differ", [1])
 
 
+def test_a_partial_sync_that_moves_few_tokens_far_is_flagged_by_the_mean():
+    """A partial sync seen on the held-out H100 matrices: version 1's median |r| is version 0's, but two tokens of
+    every version-1 sequence sit 40x higher. The median test cannot see it; the mean test (its ratio written out
+    by hand here) flags it. The same trace without the far tokens is flagged by neither."""
+    rng = np.random.default_rng(5)
+    n, width = 24, 12
+    versions = [[1] * width if i % 2 else [0] * width for i in range(n)]
+    base = [[0.01 * (1 + 0.3 * rng.standard_normal()) for _ in range(width)] for _ in range(n)]
+    far = [[x * (40 if versions[i][j] == 1 and j in (3, 8) else 1) for j, x in enumerate(row)]
+           for i, row in enumerate(base)]
+    ta = {"scored_by": "policy_version"}
+    tr = _scored(far, versions=versions, trainer_attrs=ta)
+    a, _ = _by_version(tr)
+    ve = build(tr).version_excess
+    assert np.median(a[1]) / np.median(a[0]) < 1.6  # the median alone: not flagged
+    assert ve["version_1_over_reference"] == pytest.approx(np.median(a[1]) / np.median(a[0]), rel=1e-12)
+    assert ve["mean_over_reference_by_version"]["1"] == pytest.approx(np.mean(a[1]) / np.mean(a[0]), rel=1e-12)
+    assert ve["flagged"] == [1] and ve["flagged_by"] == {"1": ["mean"]}
+    quiet = build(_scored(base, versions=versions, trainer_attrs=ta)).version_excess
+    assert quiet["flagged"] == [] and quiet["mean_over_reference_by_version"]["1"] < 1.6
+
+
 # ------------------------------------------------------------------------------ edges the mutation run found
 def test_decomposition_edges_padding_infinite_tokens_and_empty_parts():
     # a ragged trace (padding) with one token the trainer gives probability 0 (d = -inf)

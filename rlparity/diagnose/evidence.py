@@ -581,18 +581,26 @@ def prompt_mismatch_sequences(trace: xr.Dataset) -> np.ndarray:
     return out
 
 
+# the two statistics of the per-version test: the median (robust: a few tokens of a near-flat distribution carry
+# most of the mean) and the mean (a partial sync moves a few tokens a lot: on the held-out H100 matrices the median
+# found 3 of 24 partial-sync arms, the mean 11, with no false flag on their 75 other arms at ratio 1.6 and z 3;
+# the H200 example's partial syncs show in the median only). Either one at the ratio and z flags a version.
+VERSION_STATISTICS = {"median": np.median, "mean": np.mean}
+
+
 def version_excess(ev: ArmEvidence, *, ratio: float | None = None, z: float | None = None) -> dict[str, Any]:
     """Claim the policy versions whose tokens stand far above the first version's as ``weights_differ``.
 
     Both sides load the first version of a trace from one checkpoint; a partial sync or a trainer
-    that skipped one shows on the versions after an update. Per policy version, the median ``|r|``
-    of its tokens no other cause explains (robust: a few tokens of a near-flat distribution carry
-    most of the mean, 27x the median on the H200 ``small`` model), each divided by that version's own
-    floor where the trainer's self-check measured one for every version (``self_check_per_version``),
+    that skipped one shows on the versions after an update. Per policy version, the median and the
+    mean ``|r|`` of its tokens no other cause explains (:data:`VERSION_STATISTICS`: the median is
+    robust, as a few tokens of a near-flat distribution carry most of the mean, 27x the median on the
+    H200 ``small`` model; the mean sees a partial sync that moves few tokens far), each divided by
+    that version's own floor where the trainer's self-check measured one for every version (``self_check_per_version``),
     so a version whose weights merely have a higher numeric floor is not claimed. A later version
     whose ratio to the first version's is at least ``ratio`` and whose log-ratio is ``z`` standard
-    errors above 0 is claimed; the error is a delete-a-group jackknife over sequences (tokens of one
-    sequence are not independent draws), and with fewer than ``defaults().min_fit_sequences``
+    errors above 0, in either statistic, is claimed; the error is a delete-a-group jackknife over
+    sequences (tokens of one sequence are not independent draws), and with fewer than ``defaults().min_fit_sequences``
     sequences nothing is claimed. A version whose engine and trainer fingerprints were both recorded
     and agree is never claimed. Needs two versions, each scored at its own version, and no
     fingerprint claim already.
@@ -653,8 +661,8 @@ def version_excess(ev: ArmEvidence, *, ratio: float | None = None, z: float | No
                            "abs_residual_median_by_version": {str(v): s[1] for v, s in stats.items()},
                            "n_tokens_by_version": {str(v): s[2] for v, s in stats.items()},
                            "reference_version": ref, "ratio_threshold": ratio, "z_threshold": z,
-                           "statistic": "median |r| per version (over its own floor), against the first version's; "
-                                        "z from a jackknife over sequences",
+                           "statistic": "median and mean |r| per version (over its own floor), against the first "
+                                        "version's; z from a jackknife over sequences; either one flags",
                            "z_by_version": {}, "flagged": []}
     if floors:
         out["floor_by_version"] = {str(v): f for v, f in floors.items()}
@@ -665,24 +673,31 @@ def version_excess(ev: ArmEvidence, *, ratio: float | None = None, z: float | No
     for v in stats:
         if v == ref:
             continue
-
-        def log_ratio_of(m, v=v):
-            a, b = absr[m & (pv == v)], absr[m & (pv == ref)]
-            if a.size == 0 or b.size == 0:
-                return float("nan")
-            return float(np.log(max(np.median(a), 1e-300) / scale[v]) - np.log(max(np.median(b), 1e-300) / scale[ref]))
-
-        lr = log_ratio_of(free)
         both = free & ((pv == v) | (pv == ref))
         n_seq = int(both.reshape(both.shape[0], -1).any(axis=1).sum())
-        se = core.jackknife_slope_se(log_ratio_of, both, groups=o.jackknife_groups)["se"]
-        if n_seq < o.min_fit_sequences:
-            se = float("nan")
-        zz = lr / se if np.isfinite(se) and se > 0 else float("nan")
+        tests = {}
+        for name, reduce in VERSION_STATISTICS.items():
+
+            def log_ratio_of(m, v=v, reduce=reduce):
+                a, b = absr[m & (pv == v)], absr[m & (pv == ref)]
+                if a.size == 0 or b.size == 0:
+                    return float("nan")
+                return float(np.log(max(reduce(a), 1e-300) / scale[v]) - np.log(max(reduce(b), 1e-300) / scale[ref]))
+
+            lr = log_ratio_of(free)
+            se = core.jackknife_slope_se(log_ratio_of, both, groups=o.jackknife_groups)["se"]
+            if n_seq < o.min_fit_sequences:
+                se = float("nan")
+            tests[name] = (lr, lr / se if np.isfinite(se) and se > 0 else float("nan"))
+        lr, zz = tests["median"]
         out[f"version_{v}_over_reference"] = float(np.exp(lr))
         out["z_by_version"][str(v)] = zz
-        if np.exp(lr) >= ratio and np.isfinite(zz) and zz >= z and v not in same:
+        out.setdefault("mean_over_reference_by_version", {})[str(v)] = float(np.exp(tests["mean"][0]))
+        out.setdefault("mean_z_by_version", {})[str(v)] = tests["mean"][1]
+        passed = [n for n, (lr_, z_) in tests.items() if np.exp(lr_) >= ratio and np.isfinite(z_) and z_ >= z]
+        if passed and v not in same:
             out["flagged"].append(v)
+            out.setdefault("flagged_by", {})[str(v)] = passed
             ev.claim("weights_differ", (pv == v) & ev.mask, f"tokens of policy version {v}")
     return out
 
