@@ -26,7 +26,6 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, StrictStr, \
     ValidationError, model_validator
 
-from rlparity.trace.schema import TraceValidationError
 
 Number = Union[StrictInt, StrictFloat]  # an int stays an int, a float a float: the record round-trips
 Str = StrictStr | None
@@ -36,8 +35,9 @@ Dict = dict[str, Any] | None
 List = list[Any] | tuple[Any, ...] | None
 
 
-class ArmRecordError(TraceValidationError):
-    """An arm's metadata holds a value of the wrong type; the message names the key and the fix."""
+class ArmRecordError(ValueError):
+    """An arm's metadata holds a value of the wrong type; the message names the key and the fix
+    (:func:`rlparity.trace.validate` reports it as a :class:`~rlparity.trace.TraceValidationError`)."""
 
 
 def _plain(value: Any) -> Any:
@@ -118,18 +118,19 @@ class _Record(BaseModel):
         return bool(self.model_fields_set or self.model_extra)
 
     def get(self, key: str, default: Any = None) -> Any:
-        """A setting by its stored name, known or not (``default`` where the record does not hold it).
+        """A setting by its stored name, known or not, as ``dict.get`` reads the stored mapping.
 
         Parameters
         ----------
         key : str
             The stored name.
         default : Any, optional
-            What a missing or ``None`` value reads as.
+            What a key the record does not hold reads as (a stored ``None`` stays ``None``).
         """
         names = {(f.alias or n): n for n, f in type(self).model_fields.items()}
-        value = getattr(self, names[key]) if key in names else (self.model_extra or {}).get(key)
-        return default if value is None else value
+        if key in names:
+            return getattr(self, names[key]) if names[key] in self.model_fields_set else default
+        return (self.model_extra or {}).get(key, default)
 
 
 class EngineRecord(_Record):
@@ -282,6 +283,11 @@ class ArmRecord(_Record):
                 f"arm {name or 'default'!r}: attrs{path} = {value!r:.80} is not {expected}: "
                 f"set it right (or delete it) in the arm's attrs and save the arm again (rlparity.trace.save)"
             ) from None
+
+    @property
+    def name(self) -> str:
+        """The arm's name: ``arm``, ``"default"`` where the attrs do not name it (as a store names a lone trace)."""
+        return self.arm if self.arm is not None else "default"
 
     @property
     def effective(self) -> EngineRecord:
