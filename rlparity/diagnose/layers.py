@@ -67,7 +67,7 @@ def _head_sides(trace: xr.Dataset, info: dict[str, Any]) -> tuple[str | None, st
 
 def _cause(trace: xr.Dataset, first: dict[str, Any], prior) -> tuple[str | None, str, str]:
     """``(cause, why, fix)`` for a divergence that starts at ``first``."""
-    info = trace.attrs.get("layer_capture") or {}
+    info = arm_record(trace).layer_capture or {}
     module, layer = first["module"], first["layer"]
     diverging = [q for q in first["sequences"] if q["diverges"]]
     if module == "lm_head":
@@ -135,8 +135,8 @@ def divergence_start(trace: xr.Dataset, *, floor_ratio: float | None = None, pri
     """
     if not has_layers(trace):
         return None
-    info = trace.attrs.get("layer_capture") or {}
-    arm = arm_record(trace).arm
+    rec = arm_record(trace)
+    info, arm = rec.layer_capture or {}, rec.arm
     vs = "the trainer" if info.get("comparison", "trainer") == "trainer" else \
         f"the engine of {info.get('reference', 'the reference arm')}"
     fr = defaults().layer_floor_ratio if floor_ratio is None else float(floor_ratio)

@@ -216,7 +216,7 @@ class ArmRecord(_Record):
     capture_backend: Str = None
     engine_requested: EngineRecord | None = None
     engine_effective: EngineRecord | None = None
-    sampling: List = None
+    sampling: dict[str, Any] | list[Any] | tuple[Any, ...] | None = None  # per request (a capture), or one for all
     sampling_unknown: List = None
     seeds: Dict = None
     generate_s: Number | None = None
@@ -277,7 +277,8 @@ class ArmRecord(_Record):
             e = err.errors()[0]
             path, value = _where(attrs, e["loc"])
             kinds = {x["type"] for x in err.errors() if x["loc"][:len(e["loc"]) - 1] == e["loc"][:-1]}
-            expected = "a number" if {"int_type", "float_type"} <= kinds else _EXPECTED.get(e["type"], e["msg"])
+            expected = ("a number" if {"int_type", "float_type"} <= kinds else "a mapping or a list"
+                        if {"dict_type", "list_type"} <= kinds else _EXPECTED.get(e["type"], e["msg"]))
             name = arm if arm is not None else (attrs.get("arm") if isinstance(attrs, Mapping) else None)
             raise ArmRecordError(
                 f"arm {name or 'default'!r}: attrs{path} = {value!r:.80} is not {expected}: "
