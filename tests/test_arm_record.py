@@ -184,3 +184,20 @@ def test_weight_records_read_through_the_record():
     assert trainer_checksums(attrs, [0, 1]) == {0: {"w": "a"}}
     one = {"trainer": {"weight_checksums": {"w": "z"}}}
     assert trainer_checksums(one, [4]) == {4: {"w": "z"}} and trainer_checksums(one, [4, 5]) == {}
+
+
+def test_the_error_names_a_key_inside_a_json_string_and_a_mapping():
+    with pytest.raises(ArmRecordError, match=r"^arm 'default': attrs\['engine_effective'\]\['dtype'\] = 3 is not a "
+                                             r"string: "):
+        ArmRecord.from_attrs({"engine_effective": '{"dtype": 3}'})
+    with pytest.raises(ArmRecordError, match=r"^arm 'x': attrs\['versions'\]\['torch'\] = 2 is not a string: "):
+        ArmRecord.from_attrs({"versions": {"torch": 2}}, arm="x")
+    with pytest.raises(ArmRecordError, match=r"attrs\['engine_effective'\] = '\{oops' is not a mapping: "):
+        ArmRecord.from_attrs({"engine_effective": "{oops"})  # not JSON: refused, not guessed
+
+
+def test_accessors_of_a_record():
+    rec = ArmRecord.from_attrs({"arm": "", "engine_effective": {"dtype": "float16"}, "trainer": {"dtype": "float32"}})
+    assert rec.name == "" and rec.effective.dtype == "float16" and rec.requested is ArmRecord.EMPTY_ENGINE
+    assert rec.scorer.dtype == "float32" and ArmRecord().scorer is ArmRecord.EMPTY_TRAINER
+    assert arm_record({"arm": "m"}).arm == "m"  # the attrs themselves, or an arm

@@ -177,7 +177,7 @@ def effective_of(source: Any) -> tuple[dict[str, Any], str]:
 
             arms = open_arms(p)
             first = next(iter(arms.values()))
-            return effective_of(first)[0], f"trace {p} arm {first.attrs.get('arm')!r}"
+            return effective_of(first)[0], f"trace {p} arm {arm_record(first).arm!r}"
         if " " in s or s.startswith("--") or s.startswith("vllm"):
             return resolve_kwargs(parse_command_line(s)), "command line"
         raise ValueError(f"cannot audit {s!r}: pass an Engine, a vllm.LLM, a trace, a YAML/JSON file of "

@@ -79,7 +79,7 @@ def arm_cell(trace: xr.Dataset, name: str | None = None) -> dict[str, Any]:
     """
     f = arm_factors(trace, name)
     if not set(CELL_FACTORS) <= set(f):
-        raise ValueError(f"arm {name or trace.attrs.get('arm')!r} records no inflight cell (factors mode, "
+        raise ValueError(f"arm {name or arm_record(trace).arm!r} records no inflight cell (factors mode, "
                          "clear_cache, prefix_caching): capture it with rlparity.experiments.inflight.inflight_matrix")
     return {k: f[k] for k in CELL_FACTORS}
 

@@ -739,7 +739,7 @@ def check_vocabulary(trace: xr.Dataset, size: int, model: str) -> None:
     if bad.size:
         rows = np.flatnonzero((trace["prompt_token_id"].values >= size).any(axis=1)
                               | (trace["token_id"].values >= size).any(axis=1))
-        arm = trace.attrs.get("arm", "the trace")
+        arm = arm_record(trace).arm or "the trace"
         raise VocabularyError(
             f"arm {arm!r}: token id(s) {bad[:8].tolist()}{' ...' if bad.size > 8 else ''} ({int(bad.size)} distinct, in "
             f"{rows.size} sequence(s), first {rows[:5].tolist()}) are beyond the vocabulary of {model} ({size} "

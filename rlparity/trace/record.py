@@ -20,17 +20,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, ClassVar, Union, get_args, get_origin
+from typing import Any, ClassVar, TypeVar, Union, get_args, get_origin
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, StrictStr, \
-    ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+from rlparity.config.docfields import document_fields
 
 
-Number = Union[StrictInt, StrictFloat]  # an int stays an int, a float a float: the record round-trips
-Str = StrictStr | None
-Int = StrictInt | None
-Bool = StrictBool | None
+# strict (the records' config): an int stays an int and a float a float, so the record round-trips,
+# and "3" is no int nor 1 a bool
+Number = int | float
+Str = str | None
+Int = int | None
+Bool = bool | None
 Dict = dict[str, Any] | None
 List = list[Any] | tuple[Any, ...] | None
 
@@ -69,9 +72,18 @@ def _where(attrs: Any, loc: tuple) -> tuple[str, Any]:
                 break
         if isinstance(value, Mapping) and part in value:
             path, value = path + f"[{part!r}]", _plain(value[part])
-        elif isinstance(value, list) and isinstance(part, int) and part < len(value):
-            path, value = path + f"[{part}]", value[part]
     return path, value
+
+
+_M = TypeVar("_M")
+
+
+def _documented(model: type[_M]) -> type[_M]:
+    """:func:`~rlparity.config.docfields.document_fields`, and the unknown keys a record keeps."""
+    document_fields(model)
+    model.__doc__ = (model.__doc__ or "").rstrip("\n") + (
+        "\n**extra_data : Any\n    Keys rlparity does not know, kept as they are stored (:meth:`get` reads them).\n")
+    return model
 
 
 class _Record(BaseModel):
@@ -79,6 +91,15 @@ class _Record(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True, strict=True)
     _keys: tuple[str, ...] = PrivateAttr(default=())
+
+    def model_post_init(self, context: Any, /) -> None:
+        """Nothing after validation: the validator keeps the keys' order (pydantic's hook).
+
+        Parameters
+        ----------
+        context : Any
+            Pydantic's validation context.
+        """
 
     @model_validator(mode="wrap")
     @classmethod
@@ -133,65 +154,68 @@ class _Record(BaseModel):
         return (self.model_extra or {}).get(key, default)
 
 
+@_documented
 class EngineRecord(_Record):
     """The engine's settings, as requested (``engine_requested``) or as the engine reported them
     (``engine_effective``); ``None`` where not given (requested) or not reported (effective).
     Settings not named here are kept (:meth:`get` reads them)."""
 
-    model: Str = None
-    dtype: Str = None
-    head_dtype: Str = None
-    logprobs_mode: Str = None
-    attention_backend: Str = None
-    attention_backend_requested: Str = None
-    async_scheduling: Bool = None
-    batch_invariant: Bool = None
-    enable_prefix_caching: Bool = None
-    enable_chunked_prefill: Bool = None
-    enforce_eager: Bool = None
-    disable_cascade_attn: Bool = None
-    compilation_mode: Str = None
-    cudagraph_mode: Str = None
-    device: Str = None
-    generation_config: Str = None
-    generation_config_sampling_defaults: Dict = None
-    block_size: Int = None
-    max_model_len: Int = None
-    max_num_batched_tokens: Int = None
-    max_num_seqs: Int = None
-    seed: Int = None
-    tensor_parallel_size: Int = None
-    data_parallel_size: Int = None
-    gpu_memory_utilization: Number | None = None
-    capture_routing: Bool = None
-    extra: Dict = None  # the engine keyword arguments passed through as given (EngineSettings.extra)
+    model: Str = Field(None, description="the model path or hub id the engine loaded")
+    dtype: Str = Field(None, description="the body's dtype (float32, bfloat16, float16)")
+    head_dtype: Str = Field(None, description="the LM head's dtype (model = the body's)")
+    logprobs_mode: Str = Field(None, description="what vLLM returns as logprobs (raw_logprobs, processed_logprobs...)")
+    attention_backend: Str = Field(None, description="the attention backend the engine ran")
+    attention_backend_requested: Str = Field(None, description="the attention backend asked for (auto = vLLM's choice)")
+    async_scheduling: Bool = Field(None, description="vLLM's asynchronous scheduling")
+    batch_invariant: Bool = Field(None, description="vLLM's batch-invariant kernels")
+    enable_prefix_caching: Bool = Field(None, description="the prefix cache")
+    enable_chunked_prefill: Bool = Field(None, description="chunked prefill")
+    enforce_eager: Bool = Field(None, description="eager mode (no CUDA graphs, no compilation)")
+    disable_cascade_attn: Bool = Field(None, description="cascade attention turned off")
+    compilation_mode: Str = Field(None, description="the compilation mode")
+    cudagraph_mode: Str = Field(None, description="the CUDA graph mode")
+    device: Str = Field(None, description="the device the engine ran on")
+    generation_config: Str = Field(None, description="where the sampling defaults come from (vllm, auto = the model's generation_config.json)")
+    generation_config_sampling_defaults: Dict = Field(None, description="the sampling defaults the model's generation config sets")
+    block_size: Int = Field(None, description="the KV-cache block size")
+    max_model_len: Int = Field(None, description="the longest sequence the engine takes")
+    max_num_batched_tokens: Int = Field(None, description="tokens per scheduler step")
+    max_num_seqs: Int = Field(None, description="sequences per scheduler step")
+    seed: Int = Field(None, description="the engine's seed")
+    tensor_parallel_size: Int = Field(None, description="tensor-parallel ranks")
+    data_parallel_size: Int = Field(None, description="data-parallel ranks")
+    gpu_memory_utilization: Number | None = Field(None, description="the share of GPU memory the engine may take")
+    capture_routing: Bool = Field(None, description="whether the engine returned its routed experts")
+    extra: Dict = Field(None, description="engine keyword arguments passed through as given (EngineSettings.extra)")
 
 
+@_documented
 class TrainerRecord(_Record):
     """How the trainer scored the arm (``trainer``: :mod:`rlparity.score`, or an importer's)."""
 
-    library: Str = None
-    model: Str = None
-    device: Str = None
-    dtype: Str = None
-    head_dtype: Str = None
-    fp32_gemm: Str = None
-    topk_ties: Str = None
-    scored_by: Str = None  # "policy_version": each token scored with the weights that sampled it
-    settings: Dict = None  # the scorer's settings (prompt_ids, ...)
-    prompt_tokenization: Dict = None
-    training_mode: Bool = None
-    dropout: Number | None = None
-    score_s: Number | None = None
-    shape: Dict = None
-    self_check: Dict = None
-    self_check_per_version: Dict = None
-    weight_checksums: Dict = None
-    weight_checksums_per_version: Dict = None
-    per_version: Dict = None
-    latest_version: Int = None
+    library: Str = Field(None, description="the library that scored (transformers)")
+    model: Str = Field(None, description="the trainer's model path or hub id")
+    device: Str = Field(None, description="the device the trainer scored on")
+    dtype: Str = Field(None, description="the trainer's body dtype")
+    head_dtype: Str = Field(None, description="the trainer's LM-head dtype")
+    fp32_gemm: Str = Field(None, description="the float32 matmul precision setting")
+    topk_ties: Str = Field(None, description="how top-k ties were kept")
+    scored_by: Str = Field(None, description="policy_version: each token scored with the weights that sampled it")
+    settings: Dict = Field(None, description="the scorer's settings (prompt_ids, train_mode...)")
+    prompt_tokenization: Dict = Field(None, description="how the trainer tokenized the prompts")
+    training_mode: Bool = Field(None, description="whether the trainer scored in train mode")
+    dropout: Number | None = Field(None, description="the largest dropout probability of the trainer's model")
+    score_s: Number | None = Field(None, description="seconds the scoring took")
+    shape: Dict = Field(None, description="the batch shape the trainer scored in")
+    self_check: Dict = Field(None, description="the trainer's floors: sequences rescored alone, twice")
+    self_check_per_version: Dict = Field(None, description="the self-check per policy version")
+    weight_checksums: Dict = Field(None, description="the checksums of the weights the trainer scored with")
+    weight_checksums_per_version: Dict = Field(None, description="those checksums per policy version")
+    per_version: Dict = Field(None, description="the model of each policy version")
+    latest_version: Int = Field(None, description="the latest policy version scored")
 
 
+@_documented
 class ArmRecord(_Record):
     """An arm's metadata, every key a store holds typed; see the module docstring.
 
@@ -200,53 +224,53 @@ class ArmRecord(_Record):
     """
 
     # the arm and the data model
-    arm: Str = None
-    schema_version: Int = None
-    factors: Dict = None
+    arm: Str = Field(None, description="the arm's name")
+    schema_version: Int = Field(None, description="the trace schema's version")
+    factors: Dict = Field(None, description="the experiment's factors of the arm (rlparity.trace.with_factors)")
     # provenance (rlparity.config.provenance.make_attrs)
-    created_at: Str = None
-    library: Str = None
-    library_version: Str = None
-    versions: dict[str, StrictStr | None] | None = None
-    host: Dict = None
+    created_at: Str = Field(None, description="when the trace was made (UTC, ISO 8601)")
+    library: Str = Field(None, description="the library that wrote it (rlparity)")
+    library_version: Str = Field(None, description="rlparity's version")
+    versions: dict[str, str | None] | None = Field(None, description="the versions of the libraries whose numerics the trace depends on")
+    host: Dict = Field(None, description="the machine and system")
     # the capture: model, engine, sampling
-    model: Str = None
-    model_fingerprint: Str = None
-    model_is_local: Bool = None
-    capture_backend: Str = None
-    engine_requested: EngineRecord | None = None
-    engine_effective: EngineRecord | None = None
-    sampling: dict[str, Any] | list[Any] | tuple[Any, ...] | None = None  # per request (a capture), or one for all
-    sampling_unknown: List = None
-    seeds: Dict = None
-    generate_s: Number | None = None
-    startup_s: Number | None = None
-    import_: Dict = Field(default=None, alias="import")
+    model: Str = Field(None, description="the model path or hub id")
+    model_fingerprint: Str = Field(None, description="a fingerprint of the model's weights")
+    model_is_local: Bool = Field(None, description="whether the model is a local path")
+    capture_backend: Str = Field(None, description="what captured the rollouts (vllm-offline, vllm-async, import:FORMAT...)")
+    engine_requested: EngineRecord | None = Field(None, description="the engine's settings as requested")
+    engine_effective: EngineRecord | None = Field(None, description="the engine's settings as it reported them after start-up")
+    sampling: dict[str, Any] | list[Any] | tuple[Any, ...] | None = Field(None, description="the sampling parameters, per request or one mapping for all")
+    sampling_unknown: List = Field(None, description="the sampling fields an imported dump does not record")
+    seeds: Dict = Field(None, description="the engine's and the requests' seeds")
+    generate_s: Number | None = Field(None, description="seconds the generation took")
+    startup_s: Number | None = Field(None, description="seconds the engine took to start")
+    import_: Dict = Field(None, alias="import", description="what an import read, supplied, excluded and missed (stored as import)")
     # weight versions (inflight updates, RL steps)
-    latest_policy_version: Int = None
-    weight_updates: List = None
-    engine_clock: Str = None
-    engine_weight_checksums: Dict = None
+    latest_policy_version: Int = Field(None, description="the engine's weights version when the capture ended")
+    weight_updates: List = Field(None, description="the weight updates during the capture (mode, cache reset, times)")
+    engine_clock: Str = Field(None, description="what the token and submit times count")
+    engine_weight_checksums: Dict = Field(None, description="per version, the checksums of the weights the engine loaded")
     # the trainer's side
-    trainer: TrainerRecord | None = None
-    trainer_router: Dict = None
-    routing_capture: Dict = None
-    scored_token_checksum: Str = None
-    lazy_sample: Str = None
+    trainer: TrainerRecord | None = Field(None, description="how the trainer scored the arm")
+    trainer_router: Dict = Field(None, description="the trainer's MoE routers (layers, top-k, dtype, replay)")
+    routing_capture: Dict = Field(None, description="how the engine's routes were taken")
+    scored_token_checksum: Str = Field(None, description="the checksum of the tokens the trainer scored")
+    lazy_sample: Str = Field(None, description="which sequences a lazy read kept")
     # the records of the experiment that wrote the arm
-    head_experiment: Dict = None
-    inflight: Dict = None
-    rl: Dict = None
-    train_step: Dict = None
-    objective_correction: Dict = None
-    faults: Dict = None
-    fault_protocol: Dict = None
-    engine_floor: Dict = None
-    floor_shape: Str = None
-    layer_capture: Dict = None
-    layer_scenario: Str = None
-    moe_experiment: Dict = None
-    ablation: Dict = None
+    head_experiment: Dict = Field(None, description="the LM-head precision cell (legacy factors)")
+    inflight: Dict = Field(None, description="the inflight weight-update cell (legacy factors)")
+    rl: Dict = Field(None, description="the online RL run and step")
+    train_step: Dict = Field(None, description="the optimizer step's settings (loss, clip, corrections)")
+    objective_correction: Dict = Field(None, description="the objective correction the run applies (tis, cap, masks)")
+    faults: Dict = Field(None, description="the faults injected (the ground truth of a fault arm)")
+    fault_protocol: Dict = Field(None, description="how a fault arm was run")
+    engine_floor: Dict = Field(None, description="the engine's batch-shape floor")
+    floor_shape: Str = Field(None, description="the batch shape of a floor arm")
+    layer_capture: Dict = Field(None, description="how per-layer states were captured")
+    layer_scenario: Str = Field(None, description="the scenario of a layer arm")
+    moe_experiment: Dict = Field(None, description="the MoE experiment's settings")
+    ablation: Dict = Field(None, description="the engine-setting ablation's plan and knob")
 
     EMPTY_ENGINE: ClassVar[EngineRecord]
     EMPTY_TRAINER: ClassVar[TrainerRecord]

@@ -808,6 +808,6 @@ def concat_sequences(traces: Sequence[xr.Dataset]) -> xr.Dataset:
             out[name] = out[name].astype(traces[0][name].dtype)
     if "scored_token_checksum" in out.attrs:
         # the trainer side stays tied to the rollout only if every part was
-        ok = all(t.attrs.get("scored_token_checksum") == token_checksum(t) for t in traces)
+        ok = all(arm_record(t).scored_token_checksum == token_checksum(t) for t in traces)
         out.attrs["scored_token_checksum"] = token_checksum(out) if ok else "parts-mismatched"
     return annotate(out)
