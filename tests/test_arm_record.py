@@ -153,6 +153,8 @@ def test_unknown_keys_survive_save_and_load(tmp_path):
     ("engine_effective", "fast", "['engine_effective']", "a mapping"),
     ("engine_effective", {"logprobs_mode": 1}, "['engine_effective']['logprobs_mode']", "a string"),
     ("trainer", {"dropout": "0.1"}, "['trainer']['dropout']", "a number"),
+    ("startup_s", {"s": 1.0}, "['startup_s']", "a number"),  # a mapping where a number belongs
+    ("trainer", {"shape": 3}, "['trainer']['shape']", "a mapping or a string"),
     ("trainer", {"training_mode": 1}, "['trainer']['training_mode']", "true or false"),
     ("latest_policy_version", 1.5, "['latest_policy_version']", "an integer"),
     ("latest_policy_version", True, "['latest_policy_version']", "an integer"),
@@ -201,3 +203,18 @@ def test_accessors_of_a_record():
     assert rec.name == "" and rec.effective.dtype == "float16" and rec.requested is ArmRecord.EMPTY_ENGINE
     assert rec.scorer.dtype == "float32" and ArmRecord().scorer is ArmRecord.EMPTY_TRAINER
     assert arm_record({"arm": "m"}).arm == "m"  # the attrs themselves, or an arm
+
+
+def test_attrs_that_are_no_mapping_are_refused():
+    with pytest.raises(ArmRecordError, match=r"^arm 'default': attrs = \['arm'\] is not a mapping: "):
+        ArmRecord.from_attrs(["arm"])
+
+
+def test_the_records_document_every_field():
+    """The API page of the record is its schema: every stored key with its type and meaning."""
+    doc = ArmRecord.__doc__
+    assert doc.startswith("An arm's metadata, every key a store holds typed")
+    for name in ("engine_effective : EngineRecord, optional", "latest_policy_version : int, optional",
+                 "import_ : dict[str, Any], optional", "**extra_data : Any"):
+        assert name in doc
+    assert "logprobs_mode : str, optional" in EngineRecord.__doc__

@@ -81,9 +81,35 @@ _M = TypeVar("_M")
 def _documented(model: type[_M]) -> type[_M]:
     """:func:`~rlparity.config.docfields.document_fields`, and the unknown keys a record keeps."""
     document_fields(model)
-    model.__doc__ = (model.__doc__ or "").rstrip("\n") + (
+    model.__doc__ = str(model.__doc__).rstrip("\n") + (
         "\n**extra_data : Any\n    Keys rlparity does not know, kept as they are stored (:meth:`get` reads them).\n")
     return model
+
+
+def _decoded(model: type[BaseModel], data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` as a record reads it: numpy scalars as Python's, a record kept as a JSON string decoded."""
+    data = {str(k): _plain(v) for k, v in data.items()}
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        if isinstance(data.get(key), str) and _wants_container(field.annotation):
+            try:
+                data[key] = json.loads(data[key])
+            except ValueError:
+                pass  # not JSON: refused as a string where a mapping belongs
+    return data
+
+
+def _refusal(err: ValidationError, attrs: Any, arm: str | None) -> ArmRecordError:
+    """The one-line error of a validation failure: the arm, the stored key, its value, what it should be, the fix."""
+    e = err.errors()[0]
+    path, value = _where(attrs, e["loc"])
+    kinds = {x["type"] for x in err.errors() if x["loc"][:len(e["loc"]) - 1] == e["loc"][:-1]}
+    expected = ("a number" if {"int_type", "float_type"} <= kinds else "a mapping or a list"
+                if {"dict_type", "list_type"} <= kinds else "a mapping or a string"
+                if {"dict_type", "string_type"} <= kinds else _EXPECTED.get(e["type"], e["msg"]))
+    name = arm if arm is not None else (attrs.get("arm") if isinstance(attrs, Mapping) else None)
+    return ArmRecordError(f"arm {name or 'default'!r}: attrs{path} = {value!r:.80} is not {expected}: set it right "
+                          "(or delete it) in the arm's attrs and save the arm again (rlparity.trace.save)")
 
 
 class _Record(BaseModel):
@@ -106,14 +132,7 @@ class _Record(BaseModel):
     def _read(cls, data: Any, handler: Any) -> Any:
         if not isinstance(data, Mapping):
             return handler(data)
-        data = {str(k): _plain(v) for k, v in data.items()}
-        for name, field in cls.model_fields.items():
-            key = field.alias or name
-            if isinstance(data.get(key), str) and _wants_container(field.annotation):
-                try:
-                    data[key] = json.loads(data[key])
-                except ValueError:
-                    pass  # not JSON: refused below as a string where a mapping belongs
+        data = _decoded(cls, data)
         out = handler(data)
         out._keys = tuple(data)
         return out
@@ -206,7 +225,7 @@ class TrainerRecord(_Record):
     training_mode: Bool = Field(None, description="whether the trainer scored in train mode")
     dropout: Number | None = Field(None, description="the largest dropout probability of the trainer's model")
     score_s: Number | None = Field(None, description="seconds the scoring took")
-    shape: Dict = Field(None, description="the batch shape the trainer scored in")
+    shape: dict[str, Any] | str | None = Field(None, description="the batch shape the trainer scored in (a label or its layout)")
     self_check: Dict = Field(None, description="the trainer's floors: sequences rescored alone, twice")
     self_check_per_version: Dict = Field(None, description="the self-check per policy version")
     weight_checksums: Dict = Field(None, description="the checksums of the weights the trainer scored with")
@@ -298,16 +317,7 @@ class ArmRecord(_Record):
         try:
             return cls.model_validate(attrs)
         except ValidationError as err:
-            e = err.errors()[0]
-            path, value = _where(attrs, e["loc"])
-            kinds = {x["type"] for x in err.errors() if x["loc"][:len(e["loc"]) - 1] == e["loc"][:-1]}
-            expected = ("a number" if {"int_type", "float_type"} <= kinds else "a mapping or a list"
-                        if {"dict_type", "list_type"} <= kinds else _EXPECTED.get(e["type"], e["msg"]))
-            name = arm if arm is not None else (attrs.get("arm") if isinstance(attrs, Mapping) else None)
-            raise ArmRecordError(
-                f"arm {name or 'default'!r}: attrs{path} = {value!r:.80} is not {expected}: "
-                f"set it right (or delete it) in the arm's attrs and save the arm again (rlparity.trace.save)"
-            ) from None
+            raise _refusal(err, attrs, arm) from None
 
     @property
     def name(self) -> str:
