@@ -22,6 +22,7 @@ from typing import Any
 from rlparity.capture.engine_config import cpu_engine_kwargs, effective_config
 from rlparity.config.profile_diff import WHY, AuditResult, Difference, audit_json, compare
 from rlparity.config.settings import EngineSettings
+from rlparity.trace import arm_record
 
 # ------------------------------------------------------------------------------ sources
 _SERVER_HEADS = (("vllm", "serve"), ("python", "-m", "vllm.entrypoints.openai.api_server"),
@@ -146,10 +147,10 @@ def effective_of(source: Any) -> tuple[dict[str, Any], str]:
     import xarray as xr
 
     if isinstance(source, xr.Dataset):
-        eff = source.attrs.get("engine_effective")
-        if not eff:
+        rec = arm_record(source)
+        if not rec.engine_effective:
             raise ValueError("the trace has no 'engine_effective' attr: it was not captured by rlparity")
-        return dict(eff), f"trace arm {source.attrs.get('arm', '?')!r}"
+        return rec.engine_effective.to_attrs(), f"trace arm {rec.arm if rec.arm is not None else '?'!r}"
     if hasattr(source, "effective_config") and callable(source.effective_config):
         return dict(source.effective_config()), f"{type(source).__name__} {getattr(source, 'model', '')}".strip()
     if hasattr(source, "llm_engine"):  # vllm.LLM
@@ -176,7 +177,7 @@ def effective_of(source: Any) -> tuple[dict[str, Any], str]:
 
             arms = open_arms(p)
             first = next(iter(arms.values()))
-            return effective_of(first)[0], f"trace {p} arm {first.attrs.get('arm')!r}"
+            return effective_of(first)[0], f"trace {p} arm {arm_record(first).arm!r}"
         if " " in s or s.startswith("--") or s.startswith("vllm"):
             return resolve_kwargs(parse_command_line(s)), "command line"
         raise ValueError(f"cannot audit {s!r}: pass an Engine, a vllm.LLM, a trace, a YAML/JSON file of "

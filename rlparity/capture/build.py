@@ -14,7 +14,7 @@ import xarray as xr
 
 from rlparity.config.provenance import jsonable
 from rlparity.capture.requests import Request, sampling_attrs
-from rlparity.trace import annotate, from_rollouts, pad_rows
+from rlparity.trace import annotate, arm_record, from_rollouts, pad_rows
 
 
 @dataclass
@@ -125,7 +125,7 @@ def build_trace(completions: Sequence[Completion], *, attrs: Mapping[str, Any]) 
         attrs=jsonable(dict(attrs)),
     )
     ds = _with_penalties(_with_inflight(ds, completions), completions)
-    return _with_routing(ds, completions, ds.attrs.get("routing_capture"))
+    return _with_routing(ds, completions, arm_record(ds).routing_capture)
 
 
 def _with_routing(ds: xr.Dataset, completions: Sequence[Completion], info: Mapping[str, Any] | None

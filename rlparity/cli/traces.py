@@ -115,7 +115,7 @@ def score_cmd(
     model's routers are recorded too (top-k and margins, beside the engine's routes)."""
     from rlparity.cli.common import trainer_settings
     from rlparity.score import Scorer
-    from rlparity.trace import open_arms, save
+    from rlparity.trace import arm_record, open_arms, save
 
     how = trainer_settings(trainer)
     if nproc > 1:
@@ -135,7 +135,7 @@ def score_cmd(
     chosen = select_arms(arms, arm, trace)
     scorers: dict[str, Scorer] = {}
     for name, ds in chosen.items():
-        m = model or ds.attrs.get("model")
+        m = model or arm_record(ds).model
         if not m:
             raise ValueError(f"arm {name!r} names no model: pass --model PATH_OR_HUB_ID")
         if m not in scorers:

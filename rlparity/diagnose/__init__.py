@@ -25,7 +25,7 @@ from rlparity.diagnose.evidence import build as build_evidence
 from rlparity.diagnose.findings import Finding, Layer, Report, Severity
 from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.diagnose.topic import topics
-from rlparity.trace import as_arms, has_trainer, is_lazy, load_sample, validate
+from rlparity.trace import arm_record, as_arms, has_trainer, is_lazy, load_sample, validate
 
 # a lazy arm is judged on at most about this many real tokens (the largest lazy arm sets the stride)
 LAZY_SAMPLE_TOKENS = 2_000_000
@@ -45,7 +45,7 @@ def _in_memory(arms: dict[str, Any], max_tokens: int, progress: Any = None) -> t
     every = max(1, -(-tokens // max(int(max_tokens), 1)))
     loaded = {name: load_sample(ds, every=every, progress=progress) if name in lazy else ds
               for name, ds in arms.items()}
-    return loaded, {name: loaded[name].attrs["lazy_sample"] for name in lazy if every > 1}
+    return loaded, {name: arm_record(loaded[name]).lazy_sample for name in lazy if every > 1}
 
 
 def diagnose(data: Any, options: DiagnoseOptions | None = None, *, title: str = "rlparity findings",
@@ -100,7 +100,7 @@ def diagnose(data: Any, options: DiagnoseOptions | None = None, *, title: str = 
         or an option is unknown or invalid.
     """
     opts = DiagnoseOptions.make(options, **changes)
-    arms = {name: ds if ds.attrs.get("arm") == name else ds.assign_attrs(arm=name)
+    arms = {name: ds if arm_record(ds).arm == name else ds.assign_attrs(arm=name)
             for name, ds in as_arms(data).items()}
     if not arms:
         raise ValueError("no arms to diagnose: pass a trace, {arm: trace} or a store with at least one arm")

@@ -45,7 +45,7 @@ from rlparity.metrics import inflight as mi
 from rlparity.metrics.floors import recorded_floors as trainer_floor
 from rlparity.metrics.floors import version_floors
 from rlparity.metrics import routing as mr
-from rlparity.trace import has_trainer, trace_versions
+from rlparity.trace import arm_record, has_trainer, trace_versions
 from rlparity.trace.weights import (compare_checksums, engine_effective, tensors_not_equal, trainer_checksums,
                                      versions_that_differ)
 
@@ -463,15 +463,15 @@ def observed_claims(ev: ArmEvidence) -> None:
     if carried.any():
         ev.claim("kv_carried_over", carried & ~stale[:, None], "tokens sampled on KV of older weights")
     versions = trace_versions(trace)
-    scored_by = (trace.attrs.get("trainer") or {}).get("scored_by")
-    if len(versions) > 1 and scored_by != "policy_version":
+    rec = arm_record(trace)
+    if len(versions) > 1 and rec.scorer.scored_by != "policy_version":
         pv = trace["policy_version"].values
         ev.claim("mixed_versions", pv != max(versions), "tokens of older versions scored with one weight set")
     pv = trace["policy_version"].values
     for v, cmp in versions_that_differ(trace.attrs, versions).items():
         ev.claim("weights_differ", pv == v, f"tokens of policy version {v} (the two sides' weights differ: "
                  f"{len(tensors_not_equal(cmp))} tensor(s))")
-    settings = (trace.attrs.get("trainer") or {}).get("settings") or {}
+    settings = rec.scorer.settings or {}
     # the trainer's own tokenization is recorded; unless the trainer says it scored with the engine's ids, the
     # responses after other prompt ids are its to explain (a user's run records no scorer setting)
     if settings.get("prompt_ids", "retokenize") == "retokenize":
@@ -498,10 +498,9 @@ def router_dtypes(trace: xr.Dataset) -> dict[str, str | None]:
     dict of str to str or None
         ``{"engine": dtype, "trainer": dtype}``, None where not recorded.
     """
-    eff = trace.attrs.get("engine_effective") or {}
-    req = trace.attrs.get("engine_requested") or {}
-    engine = eff.get("dtype") or req.get("dtype")
-    trainer = (trace.attrs.get("trainer_router") or {}).get("router_dtype")
+    rec = arm_record(trace)
+    engine = rec.effective.dtype or rec.requested.dtype
+    trainer = (rec.trainer_router or {}).get("router_dtype")
     return {"engine": str(engine) if engine else None, "trainer": str(trainer) if trainer else None}
 
 
@@ -629,8 +628,7 @@ def version_excess(ev: ArmEvidence, *, ratio: float | None = None, z: float | No
     z = o.version_z if z is None else z
     trace = ev.trace
     versions = trace_versions(trace)
-    scored_by = (trace.attrs.get("trainer") or {}).get("scored_by")
-    if len(versions) < 2 or scored_by != "policy_version" or ev.residual is None:
+    if len(versions) < 2 or arm_record(trace).scorer.scored_by != "policy_version" or ev.residual is None:
         return {}
     if "weights_differ" in ev.claims:  # the fingerprints already name the versions
         return {}

@@ -24,7 +24,7 @@ from rlparity.config.defaults import defaults
 from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import BACKEND_PAIR_D, core, log_ratio, summary
 from rlparity.metrics.head_precision import CELL_DIMS, cell_dtypes, head_table, matched_advantage
-from rlparity.trace import arm_factors, has_trainer
+from rlparity.trace import arm_factors, arm_record, has_trainer
 from rlparity.diagnose.topic import CPU_TINY, FIX_NONE, FindingCode, I, PATH, Topic, W, code
 
 PAIR = BACKEND_PAIR_D
@@ -157,7 +157,7 @@ def head_precision(trace: xr.Dataset, *, tol: float | None = None, trainer: str 
         return None
     tol = defaults().tol if tol is None else tol
     dt = cell_dtypes(trace)
-    arm = trace.attrs.get("arm")
+    arm = arm_record(trace).arm
     r, t = dt["rollout_head"], dt["trainer_head"]
     ev = {"rollout_head_dtype": r, "trainer_head_dtype": t, "rollout_body_dtype": dt["rollout_body"],
           "trainer_body_dtype": dt["trainer_body"], **_gap_evidence(trace, trainer, eps)}

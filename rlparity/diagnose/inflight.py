@@ -30,7 +30,7 @@ from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import BACKEND_PAIR_D
 from rlparity.metrics import inflight as mi
-from rlparity.trace import has_trainer, trace_versions
+from rlparity.trace import arm_record, has_trainer, trace_versions
 from rlparity.diagnose.topic import E, FIX_NONE, FindingCode, I, LOCALIZED, NOT_RECORDED, PATH, Topic, W, code
 
 PAIR = BACKEND_PAIR_D
@@ -87,7 +87,7 @@ def stale_prefix_cache(trace: xr.Dataset, *, trainer: str | None = None, stale_r
     tol = defaults().tol_trainer if tol is None else tol
     ev = {**mi.stale_evidence(trace, trainer), "pair": PAIR, "stale_ratio_threshold": stale_ratio,
           "updates": [{k: u.get(k) for k in ("version", "mode", "clear_cache", "cache_reset")} for u in mi.updates(trace)]}
-    arm = trace.attrs.get("arm")
+    arm = arm_record(trace).arm
     n, tot = ev["n_stale_sequences"], ev["n_sequences"]
     if "stale_abs_log_ratio_mean" not in ev:
         return Finding(Layer.INFERENCE_PATH, "stale_prefix_cache_after_update", Severity.ERROR,
@@ -150,7 +150,7 @@ def kv_carried_over(trace: xr.Dataset, *, trainer: str | None = None, stale_rati
     tol = defaults().tol_trainer if tol is None else tol
     seqs = int(carried.any(axis=1).sum())
     ev = {"n_sequences": seqs, "n_carried_tokens": int(carried.sum()), "pair": PAIR}
-    arm = trace.attrs.get("arm")
+    arm = arm_record(trace).arm
     if not has_trainer(trace):
         return Finding(Layer.INFERENCE_PATH, "kv_carried_over_update", Severity.INFO,
                        f"{seqs} sequences continued across a weight update on KV of the old weights "
@@ -190,13 +190,13 @@ def scored_at_one_version(trace: xr.Dataset) -> Finding | None:
     if not has_trainer(trace):
         return None
     versions = trace_versions(trace)
-    scored_by = (trace.attrs.get("trainer") or {}).get("scored_by")
-    if len(versions) < 2 or scored_by == "policy_version":
+    rec = arm_record(trace)
+    if len(versions) < 2 or rec.scorer.scored_by == "policy_version":
         return None
     return Finding(Layer.INFERENCE_PATH, "scored_at_one_version", Severity.WARNING,
                    f"the tokens come from policy versions {versions} but the trainer scored them all with one set of "
-                   f"weights ({(trace.attrs.get('trainer') or {}).get('model')}): d mixes policy lag with the backend "
-                   "mismatch", {"versions": versions, "pair": PAIR}, FIX_VERSIONS, trace.attrs.get("arm"),
+                   f"weights ({rec.scorer.model}): d mixes policy lag with the backend "
+                   "mismatch", {"versions": versions, "pair": PAIR}, FIX_VERSIONS, rec.arm,
                    cause="mixed_versions")
 
 
@@ -226,7 +226,7 @@ def policy_lag(trace: xr.Dataset) -> Finding | None:
     return Finding(Layer.INFERENCE_PATH, "policy_lag", Severity.INFO,
                    f"{ev['offpolicy_share']:.0%} of tokens were sampled by weights older than the latest (version "
                    f"{ev['latest_version']}): mean lag {ev['lag_mean']:.3g}, max {ev['lag_max']:.3g}", ev, "",
-                   trace.attrs.get("arm"))
+                   arm_record(trace).arm)
 
 
 def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, prior=(),

@@ -37,6 +37,7 @@ from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.diagnose.sync import FIX_ENGINE
 from rlparity.metrics.head_precision import cell_dtypes
 from rlparity.metrics.layers import first_divergence, relative_error, within_floor
+from rlparity.trace import arm_record
 from rlparity.trace.layers import has_layers, site_tensors
 from rlparity.diagnose.topic import CPU_TINY, E, FIX_NONE, FindingCode, I, NOT_RECORDED, PATH, Topic, W, code
 
@@ -52,8 +53,8 @@ FIX_WEIGHTS_UNKNOWN = ("load the same checkpoint on both sides; `rlparity verify
 
 def _updated(trace: xr.Dataset) -> bool:
     """Whether the engine loaded weights after it started (an update path that can be partial)."""
-    return bool(trace.attrs.get("weight_updates") or len(trace.attrs.get("engine_weight_checksums") or {}) > 1
-                or trace.attrs.get("latest_policy_version"))
+    rec = arm_record(trace)
+    return bool(rec.weight_updates or len(rec.engine_weight_checksums or {}) > 1 or rec.latest_policy_version)
 
 
 def _head_sides(trace: xr.Dataset, info: dict[str, Any]) -> tuple[str | None, str | None]:
@@ -66,7 +67,7 @@ def _head_sides(trace: xr.Dataset, info: dict[str, Any]) -> tuple[str | None, st
 
 def _cause(trace: xr.Dataset, first: dict[str, Any], prior) -> tuple[str | None, str, str]:
     """``(cause, why, fix)`` for a divergence that starts at ``first``."""
-    info = trace.attrs.get("layer_capture") or {}
+    info = arm_record(trace).layer_capture or {}
     module, layer = first["module"], first["layer"]
     diverging = [q for q in first["sequences"] if q["diverges"]]
     if module == "lm_head":
@@ -134,8 +135,8 @@ def divergence_start(trace: xr.Dataset, *, floor_ratio: float | None = None, pri
     """
     if not has_layers(trace):
         return None
-    info = trace.attrs.get("layer_capture") or {}
-    arm = trace.attrs.get("arm")
+    rec = arm_record(trace)
+    info, arm = rec.layer_capture or {}, rec.arm
     vs = "the trainer" if info.get("comparison", "trainer") == "trainer" else \
         f"the engine of {info.get('reference', 'the reference arm')}"
     fr = defaults().layer_floor_ratio if floor_ratio is None else float(floor_ratio)

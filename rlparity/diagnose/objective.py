@@ -30,6 +30,7 @@ from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import objective as ob
 from rlparity.metrics.dashboard import verl_metrics
 from rlparity.diagnose.topic import E, FindingCode, LITERATURE, OBJ, Topic, W, code
+from rlparity.trace import arm_record
 
 FIX_BACKEND_FIRST = ("fix the backend first (the semantic / inference-path errors: e.g. processed logprobs, "
                      "matched precision), re-capture, and only then tune the objective's corrections")
@@ -98,7 +99,7 @@ def ess_collapse(trace: xr.Dataset, *, pairs: Iterable[str] | None = None, train
         out.append(Finding(Layer.OBJECTIVE, "ess_collapse", sev,
                            f"the {ev['pair']} importance weights have a {worst.replace('_', ' ')} ESS of "
                            f"{ess[worst]:.3g}: the batch counts as {ess[worst]:.1%} of its size", ev, fix,
-                           trace.attrs.get("arm")))
+                           arm_record(trace).arm))
     return out
 
 
@@ -141,8 +142,7 @@ def masked_fraction_high(trace: xr.Dataset, *, pair: str = "backend", rules: Ite
     hi_err = o.masked_fraction_error if masked_fraction_error is None else masked_fraction_error
     if pair not in ob.available_pairs(trace, trainer):
         return []
-    configured = (trace.attrs.get("objective_correction") or {}).get("masks") \
-        if isinstance(trace.attrs.get("objective_correction"), Mapping) else None
+    configured = (arm_record(trace).objective_correction or {}).get("masks")
     rules = list(rules or configured or [])
     verb = "drops" if (configured and set(rules) <= set(configured)) else "would drop"
     out = []
@@ -162,7 +162,7 @@ def masked_fraction_high(trace: xr.Dataset, *, pair: str = "backend", rules: Ite
                else "widen the band or take a smaller step; " + FIX_UPDATE)
         out.append(Finding(Layer.OBJECTIVE, "masked_fraction_high", sev,
                            f"{rule} {verb} {f:.1%} of the tokens ({float(seq):.1%} of the sequences) on the "
-                           f"{ev['pair']}", ev, fix, trace.attrs.get("arm")))
+                           f"{ev['pair']}", ev, fix, arm_record(trace).arm))
     return out
 
 
@@ -202,7 +202,7 @@ def update_ratio_clipped_often(trace: xr.Dataset, *, trainer: TrainerSide | None
     o = ob.OBJECTIVE_DEFAULTS
     if "update" not in ob.available_pairs(trace, trainer):
         return []
-    step = trace.attrs.get("train_step") or {}
+    step = arm_record(trace).train_step or {}
     loss = str(step.get("loss") or "").lower()
     recorded = (step.get("eps_low"), step.get("eps_high"))
     has_clip = None not in recorded
@@ -224,12 +224,12 @@ def update_ratio_clipped_often(trace: xr.Dataset, *, trainer: TrainerSide | None
         out.append(Finding(Layer.OBJECTIVE, "update_ratio_clipped_often", Severity.WARNING,
                            f"{float(tok):.1%} of the tokens have pi_theta/pi_old outside [1-{e:g}, 1+{e:g}]: "
                            "the step leaves PPO's trust region", {**base, "threshold": tmax}, FIX_UPDATE,
-                           trace.attrs.get("arm")))
+                           arm_record(trace).arm))
     if judge_sequence and float(seq) > smax:
         out.append(Finding(Layer.OBJECTIVE, "update_ratio_clipped_often", Severity.WARNING,
                            f"{float(seq):.1%} of the sequences have a geometric pi_theta/pi_old outside "
                            f"[1-{gl:g}, 1+{gh:g}] (GSPO clip)", {**base, "threshold": smax, "level": "sequence"},
-                           FIX_UPDATE, trace.attrs.get("arm")))
+                           FIX_UPDATE, arm_record(trace).arm))
     return out
 
 
@@ -279,7 +279,7 @@ def backend_ratio_not_centred(trace: xr.Dataset, *, trainer: TrainerSide | None 
     sev = Severity.ERROR if abs(mean - 1) > 5 * tol else Severity.WARNING
     return [Finding(Layer.OBJECTIVE, "backend_ratio_not_centred", sev,
                     f"the backend ratio pi_old/mu averages {mean:.4f}, not 1 ({z:.0f} standard errors): every "
-                    "correction weight built on it is biased", ev, FIX_BACKEND_FIRST, trace.attrs.get("arm"))]
+                    "correction weight built on it is biased", ev, FIX_BACKEND_FIRST, arm_record(trace).arm)]
 
 
 def corrected_health(trace: xr.Dataset, *, trainer: TrainerSide | None = None, cap: float | None = None,
@@ -332,10 +332,10 @@ def _correction_names(correction: Any) -> list[str]:
 def _configured(trace: xr.Dataset, correction) -> Any:
     if correction:
         return correction
-    c = trace.attrs.get("objective_correction")
-    if c:
-        return c
-    step = trace.attrs.get("train_step") or {}
+    rec = arm_record(trace)
+    if rec.objective_correction:
+        return rec.objective_correction
+    step = rec.train_step or {}
     used = {k: v for k, v in (step.get("corrections") or {}).items() if v}
     return used or None
 
@@ -388,7 +388,7 @@ def correction_hides_backend_mismatch(trace: xr.Dataset, findings: Iterable[Find
                     f"{why} while the backend is broken ({', '.join(ev['backend_errors'])}): the correction "
                     "compensates the bug, its metrics look healthy, and the update is not the parity update",
                     ev, FIX_BACKEND_FIRST + "; remove the correction until the backend pair is in parity",
-                    trace.attrs.get("arm"))]
+                    arm_record(trace).arm)]
 
 
 def objective_findings(trace: xr.Dataset, findings: Iterable[Finding] = (), *, trainer: TrainerSide | None = None,

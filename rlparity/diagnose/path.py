@@ -31,6 +31,7 @@ from rlparity.metrics import BACKEND_PAIR_D
 from rlparity.metrics.ablation import REFERENCE, ablation_plan, ablation_table, is_ablation
 from rlparity.metrics.summary import REFERENCE_PAIR_D
 from rlparity.diagnose.topic import FIX_NONE, FIX_SETTING, FindingCode, I, NOT_RECORDED, PATH, Topic, W, code
+from rlparity.trace import arm_record
 
 # the path settings audited per arm, and the finding each gives when it differs from the profile
 SETTING_DIFFERS = {"enable_prefix_caching": "enable_prefix_caching_differs",
@@ -88,10 +89,10 @@ def path_settings(trace: xr.Dataset, profile: str | None = None) -> list[Finding
         One ``*_differs`` finding per path setting (:data:`PATH_SETTINGS`) that differs; empty
         when the trace records no effective configuration (e.g. imported from another framework).
     """
-    eff = trace.attrs.get("engine_effective")
-    if not eff:
+    rec = arm_record(trace)
+    if not rec.engine_effective:
         return []
-    res = compare(eff, profile, source=f"arm {trace.attrs.get('arm')!r}")
+    res = compare(rec.engine_effective.to_attrs(), profile, source=f"arm {rec.arm!r}")
     out = []
     for d in res.differences:
         if d.setting not in PATH_SETTINGS:
@@ -102,7 +103,7 @@ def path_settings(trace: xr.Dataset, profile: str | None = None) -> list[Finding
         extra = {}
         note = " (a risk, not a measurement: the ablation measures what it moves)"
         if d.setting == "generation_config":
-            model_defaults = eff.get("generation_config_sampling_defaults") or {}
+            model_defaults = rec.effective.generation_config_sampling_defaults or {}
             extra["generation_config_sampling_defaults"] = model_defaults
             if model_defaults:
                 sev = Severity.WARNING
@@ -112,7 +113,7 @@ def path_settings(trace: xr.Dataset, profile: str | None = None) -> list[Finding
             f"{d.setting} is {d.effective!r} in the engine (profile {res.profile}: {d.expected!r}): {d.why}{note}",
             {"setting": d.setting, "effective": d.effective, "expected": d.expected, "profile": res.profile,
              "source": "engine_effective, read back from the running engine", **extra},
-            setting_fix(d.setting, d.expected), trace.attrs.get("arm")))
+            setting_fix(d.setting, d.expected), rec.arm))
     return out
 
 

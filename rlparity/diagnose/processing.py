@@ -25,7 +25,7 @@ from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.diagnose.semantic import FIX_PROCESSED, PAIR, SEMANTIC_READINGS
 from rlparity.diagnose.topic import E, FIX_NONE, FindingCode, I, SEM, Topic, W, code
 from rlparity.metrics import TRAINER_VARIABLE, core, log_ratio, zero_prob_tokens
-from rlparity.trace import has_trainer
+from rlparity.trace import arm_record, has_trainer
 
 
 def sampling_penalty(trace: xr.Dataset, *, evidence: ArmEvidence | None = None) -> Finding | None:
@@ -76,7 +76,7 @@ def sampling_penalty(trace: xr.Dataset, *, evidence: ArmEvidence | None = None) 
                    ev, "sample without penalties in RL (repetition_penalty=1, presence/frequency 0), or apply the same "
                    "penalty to the trainer's logits (vLLM's rules: divide positive / multiply negative logits of seen "
                    "tokens by the repetition penalty, subtract the presence and frequency terms)",
-                   trace.attrs.get("arm"), cause="sampling_penalty")
+                   arm_record(trace).arm, cause="sampling_penalty")
 
 
 def repeated_tokens(trace: xr.Dataset) -> np.ndarray:
@@ -147,7 +147,7 @@ def renormalization(trace: xr.Dataset, *, semantic_tol: float | None = None) -> 
                 "rms_d_vs_trainer_tempered_not_renormalized": float(core.masked_rms(d + kept, mask)),
                 "reading": "mu - log pi_processed = beta * log kept mass + noise; beta 1 = not renormalized",
                 "pair": PAIR, "units": "nats"}
-    arm = trace.attrs.get("arm")
+    arm = arm_record(trace).arm
     beta, se = fit["alpha"], fit["alpha_se"]
     if np.isfinite(beta) and np.isfinite(se) and se < semantic_tol and abs(beta - 1) <= max(semantic_tol, 3 * se) \
             and abs(beta) > max(semantic_tol, 3 * se):
@@ -189,7 +189,7 @@ def zero_probability_tokens(trace: xr.Dataset, *, noise_rms: float | None = None
     if z is None or z.sizes["token"] == 0:
         return []
     n_tokens = max(int(trace["response_mask"].values.sum()), 1)
-    arm = trace.attrs.get("arm")
+    arm = arm_record(trace).arm
     out = []
     for cause in ("boundary", "outside", "unclassified"):
         sel = z.where(z["cause"] == cause, drop=True) if (z["cause"] == cause).any() else None
@@ -255,10 +255,10 @@ def prompt_token_parity(trace: xr.Dataset) -> Finding | None:
         if a != b:
             first = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             bad.append((int(i), first, a, b))
-    arm = trace.attrs.get("arm")
+    arm = arm_record(trace).arm
     evidence: dict = {"n_checked": int(checked.size), "n_ids_only_unchecked": int((tlen < 0).sum()),
                       "n_mismatched": len(bad),
-                      "trainer_tokenization": (trace.attrs.get("trainer", {}) or {}).get("prompt_tokenization")}
+                      "trainer_tokenization": arm_record(trace).scorer.prompt_tokenization}
     if not bad:
         if checked.size == 0:
             return Finding(Layer.SEMANTIC, "prompt_tokens_unchecked", Severity.INFO,

@@ -29,7 +29,7 @@ from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import BACKEND_PAIR_D
 from rlparity.metrics.routing import flip_summary, has_routes, routing_table
-from rlparity.trace import has_trainer
+from rlparity.trace import arm_record, has_trainer
 from rlparity.diagnose.topic import FIX_NONE, FindingCode, I, LOCALIZED, NOT_RECORDED, PATH, Topic, W, code
 
 PAIR = BACKEND_PAIR_D
@@ -74,7 +74,7 @@ def routing_finding(trace: xr.Dataset, *, evidence: ArmEvidence | None = None, t
     ratio = defaults().stale_ratio if ratio is None else ratio
     tol = defaults().tol_trainer if tol is None else tol
     ev = evidence if evidence is not None else build(trace, trainer=trainer)
-    arm = trace.attrs.get("arm")
+    arm = arm_record(trace).arm
     table = routing_table(trace)
     summ = flip_summary(trace, ev.side)
     layers = [int(x) for x in table["moe_layer"].values]
@@ -85,7 +85,7 @@ def routing_finding(trace: xr.Dataset, *, evidence: ArmEvidence | None = None, t
         "topk_agreement_by_layer": {str(L): float(table["topk_agreement"].sel(moe_layer=L)) for L in layers},
         "abs_d_flipped": float(summ["abs_d_flipped"]), "abs_d_unflipped": float(summ["abs_d_unflipped"]),
         "router_dtypes": router_dtypes(trace), "pair": PAIR,
-        "routing_capture": (trace.attrs.get("routing_capture") or {}).get("method")}
+        "routing_capture": (arm_record(trace).routing_capture or {}).get("method")}
     if "margin_at_flips_median" in table:
         evid["router_margin_at_flips_median"] = {str(L): float(table["margin_at_flips_median"].sel(moe_layer=L))
                                                  for L in layers}

@@ -29,6 +29,7 @@ import xarray as xr
 from rlparity.config.provenance import make_attrs
 from rlparity.diagnose.causes import CAUSES, FLOOR_CAUSES
 from rlparity.diagnose.findings import Report
+from rlparity.trace import arm_record
 
 CLEAN = "clean"
 NOTHING = "(nothing)"
@@ -52,8 +53,8 @@ def truth(trace: xr.Dataset) -> tuple[str, ...] | None:
     tuple of str or None
         The causes (empty for a clean arm); ``None`` when the arm carries no ground truth.
     """
-    f = trace.attrs.get("faults")
-    if not isinstance(f, Mapping) or "causes" not in f:
+    f = arm_record(trace).faults
+    if f is None or "causes" not in f:
         return None
     return tuple(str(c) for c in f["causes"])
 
@@ -373,7 +374,7 @@ def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
         every_cause_recall=float(hit_all / max(present_all, 1)),
         pairs_with_dominance=len(decided), dominance_ties=int(sum(r["dominant"] == "(tie)" for r in decided)),
         dominance_agreement=(float(np.mean([r["headline_dominant"] for r in decided])) if decided else float("nan")),
-        platforms=sorted({str((arms[r["arm"]].attrs.get("faults") or {}).get("platform")) for r in rows}))
+        platforms=sorted({str((arm_record(arms[r["arm"]]).faults or {}).get("platform")) for r in rows}))
     return ds
 
 

@@ -33,6 +33,7 @@ from rlparity.metrics import (
     trainer_readings,
 )
 from rlparity.diagnose.topic import E, FIX_NONE, FindingCode, H200_BF16, I, SEM, Topic, W, code
+from rlparity.trace import arm_record
 
 FIX_PROCESSED = ("start vLLM with --logprobs-mode processed_logprobs "
                  "(LLM(..., logprobs_mode='processed_logprobs'))")
@@ -99,8 +100,8 @@ def logprob_semantics(trace: xr.Dataset, *, semantic_tol: float | None = None,
     ev_ = evidence if evidence is not None else build(trace, semantic_tol=semantic_tol)
     mask = trace["response_mask"].values.astype(bool)
     readings = trainer_readings(trace)
-    evidence_: dict = {"pair": PAIR, "trainer_readings": readings,
-                       "engine_logprobs_mode": (trace.attrs.get("engine_effective") or {}).get("logprobs_mode")}
+    rec = arm_record(trace)
+    evidence_: dict = {"pair": PAIR, "trainer_readings": readings, "engine_logprobs_mode": rec.effective.logprobs_mode}
     for side in readings:
         evidence_[f"rms_d_vs_trainer_{side}"] = float(core.masked_rms(log_ratio(trace, side).values, mask))
     evidence_.update(_offsets_by_temperature(trace, readings[0]))
@@ -109,7 +110,7 @@ def logprob_semantics(trace: xr.Dataset, *, semantic_tol: float | None = None,
         evidence_["tokens_left_out"] = {c: int((t & mask).sum()) for c, t in ev_.claims.items()}
         evidence_["left_out_why"] = ("explained by another identified cause: the fit is made on the tokens no "
                                      "other cause explains")
-    arm = trace.attrs.get("arm")
+    arm = rec.arm
     if identity_sampling(trace):
         return Finding(Layer.SEMANTIC, "logprob_semantics_untestable", Severity.INFO,
                        "sampling is the identity (T=1, no top-k/top-p): raw and processed coincide",
@@ -220,7 +221,7 @@ def trainer_sampling(trace: xr.Dataset) -> list[Finding]:
     """
     mask = trace["response_mask"].values.astype(bool)
     has = mask.any(axis=1)
-    arm = trace.attrs.get("arm")
+    arm = arm_record(trace).arm
     out = []
     if "trainer_temperature" in trace:
         et, tt = trace["temperature"].values, trace["trainer_temperature"].values
@@ -284,7 +285,7 @@ def trainer_is_rollout_copy(trace: xr.Dataset) -> Finding | None:
                            "tokens: the trainer side is a copy of mu, and parity of a copy with itself proves "
                            "nothing", {"share_identical": same, "n_tokens": n, "trainer_reading": side},
                            "recompute pi_old with the trainer: `rlparity score STORE --model MODEL` (or dump the "
-                           "trainer's own old_log_probs, not the rollout's)", trace.attrs.get("arm"))
+                           "trainer's own old_log_probs, not the rollout's)", arm_record(trace).arm)
     return None
 
 

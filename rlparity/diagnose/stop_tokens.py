@@ -28,6 +28,7 @@ import xarray as xr
 
 from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.diagnose.topic import FIX_NONE, NOT_RECORDED, FindingCode, Topic, code
+from rlparity.trace import arm_record
 
 # the stop ids: the fewest last ids that end this share of the `stop` responses, if there are at most STOP_MAX_IDS
 STOP_COVER = 0.9
@@ -95,7 +96,7 @@ def stop_token_parity(trace: xr.Dataset) -> Finding | None:
     before_end = mask & (np.arange(mask.shape[1])[None, :] < (lengths - 1)[:, None])
     inside = before_end & np.isin(tokens, ids)
     rows = np.flatnonzero(inside.any(axis=1))
-    arm = trace.attrs.get("arm")
+    arm = arm_record(trace).arm
     ev = {"stop_ids": ids, "n_stop_responses": n_stop, "n_responses": int((lengths > 0).sum()),
           "n_responses_past_a_stop_id": int(rows.size), "n_tokens_inside": int(inside.sum()),
           "sequences": rows[:20].tolist(),

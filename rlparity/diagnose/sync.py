@@ -29,7 +29,7 @@ from rlparity.diagnose.evidence import ArmEvidence, build
 from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import BACKEND_PAIR_D
-from rlparity.trace import has_trainer, trace_versions
+from rlparity.trace import arm_record, has_trainer, trace_versions
 from rlparity.trace.weights import layers_of, tensors_not_equal, versions_that_differ
 from rlparity.diagnose.topic import E, FindingCode, PATH, Topic, W, code
 
@@ -108,7 +108,7 @@ def weight_sync(trace: xr.Dataset, *, evidence: ArmEvidence | None = None) -> li
     if not has_trainer(trace):
         return []
     ev = evidence if evidence is not None else build(trace)
-    arm = trace.attrs.get("arm")
+    arm = arm_record(trace).arm
     numbers = ev.version_excess or {}
     flagged = set(numbers.get("flagged", []))
     out: list[Finding] = []

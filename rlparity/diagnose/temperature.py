@@ -14,6 +14,7 @@ from rlparity.config.defaults import defaults
 from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.diagnose.semantic import FIX_PROCESSED, FIX_TRAINER_SAMPLING, PAIR, SEMANTIC_READINGS
 from rlparity.diagnose.topic import E, FIX_NONE, FindingCode, I, SEM, Topic, code
+from rlparity.trace import arm_record
 
 
 def _temperature_state(beta: float, se: float, temperature: float) -> str:
@@ -83,7 +84,7 @@ def temperature_from_numbers(trace: xr.Dataset, *, recorded: tuple[Finding, ...]
     fit = effective_temperature(trace)
     if fit.sizes.get("temperature", 0) == 0:
         return []
-    arm = trace.attrs.get("arm")
+    arm = arm_record(trace).arm
     rows, states = {}, {"rollout": [], "trainer": []}
     for t in fit["temperature"].values:
         row = fit.sel(temperature=t)
@@ -98,7 +99,7 @@ def temperature_from_numbers(trace: xr.Dataset, *, recorded: tuple[Finding, ...]
     ev = {"by_request_temperature": rows, "rollout": rollout, "trainer": trainer, "pair": PAIR,
           "reading": "slope of log(-log p) on the trainer's raw log(-log p) over confident tokens: the inverse "
                      "temperature against temperature 1 (metrics.effective_temperature)"}
-    mode = (trace.attrs.get("engine_effective") or {}).get("logprobs_mode")
+    mode = arm_record(trace).effective.logprobs_mode
     requested = sorted({k for k, st in zip(rows, states["rollout"]) if st != "identity"})
     est = {side: ", ".join(f"{k}: {rows[k][f'temperature_{side}']:.2f}" for k in requested) for side in states}
     out = []

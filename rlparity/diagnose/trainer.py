@@ -17,7 +17,7 @@ from rlparity.diagnose.evidence import ArmEvidence, build, trainer_floor
 from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import BACKEND_PAIR_D, core
-from rlparity.trace import has_trainer
+from rlparity.trace import arm_record, has_trainer
 from rlparity.diagnose.causes import FLOOR_CAUSES
 from rlparity.diagnose.topic import E, FIX_NONE, FindingCode, I, PATH, Topic, W, code
 
@@ -60,16 +60,16 @@ def trainer_determinism(trace: xr.Dataset, *, evidence: ArmEvidence | None = Non
     if not has_trainer(trace):
         return None
     ev = evidence if evidence is not None else build(trace)
-    t = trace.attrs.get("trainer") or {}
+    rec = arm_record(trace)
     floor = trainer_floor(trace, ev.side)
     run = floor["run_to_run_rms"]
-    dropout = float(t.get("dropout") or 0.0)
-    training = bool(t.get("training_mode"))
+    dropout = float(rec.scorer.dropout or 0.0)
+    training = bool(rec.scorer.training_mode)
     background = float(core.masked_rms(ev.residual, ev.unclaimed())) if ev.residual is not None else float("nan")
     evid = {"run_to_run_rms": run, "batch_shape_rms": floor["batch_shape_rms"], "background_rms": background,
             "training_mode": training, "dropout": dropout, "pair": PAIR,
             "measured_on": "the trainer's self-check: sequences rescored alone, twice"}
-    arm = trace.attrs.get("arm")
+    arm = rec.arm
     moving = np.isfinite(run) and run > 0 and (not np.isfinite(background) or run >= RUN_TO_RUN_SHARE * background)
     if training and dropout > 0:
         return Finding(Layer.INFERENCE_PATH, "trainer_not_deterministic", Severity.ERROR,
@@ -162,7 +162,8 @@ def floor_findings(trace: xr.Dataset, *, evidence: ArmEvidence | None = None, to
     ev = evidence if evidence is not None else build(trace)
     f = trainer_floor(trace, ev.side)
     gap = _gap(ev)
-    arm = trace.attrs.get("arm")
+    rec = arm_record(trace)
+    arm = rec.arm
     out = []
     floors = [f[f"{k}_mean_abs"] for k in ("batch_shape", "engine_batch")
               if np.isfinite(f[f"{k}_mean_abs"]) and f[f"{k}_mean_abs"] > 0]
@@ -182,8 +183,7 @@ def floor_findings(trace: xr.Dataset, *, evidence: ArmEvidence | None = None, to
         share = mean_abs / gap if gap > 0 else float("inf")
         evid = {"floor_mean_abs": mean_abs, "floor_rms": rms, "gap_mean_abs_d": gap, "share_of_gap": share,
                 "threshold_share": FLOOR_SHARE, "material_gap": tol, "pair": PAIR,
-                "attention_backend": (trace.attrs.get("engine_effective") or {}).get("attention_backend")
-                if key == "engine_batch" else (trace.attrs.get("trainer") or {}).get("shape")}
+                "attention_backend": rec.effective.attention_backend if key == "engine_batch" else rec.scorer.shape}
         summary = f"{what} by {mean_abs:.3g} nats mean |x| ({rms:.3g} RMS): {share:.0%} of the measured gap ({gap:.3g})"
         if share >= FLOOR_SHARE and gap > tol and not within:
             out.append(Finding(Layer.INFERENCE_PATH, name, Severity.WARNING, summary, evid, fix, arm, cause=cause))

@@ -36,6 +36,7 @@ from rlparity.config.provenance import library_versions
 from rlparity.config.defaults import default_sampling, defaults
 from rlparity.config.settings import EngineSettings, SamplingSettings
 from rlparity.metrics.ablation import REFERENCE
+from rlparity.trace import arm_record
 
 
 @dataclass(frozen=True)
@@ -334,7 +335,7 @@ def ablation(model: str | os.PathLike, prompts: Sequence, sampling: SamplingSett
                                    fillers=prompts[1:], max_tokens=batch.max_tokens)
             tr = tr.assign({f"batch_{k}": v for k, v in bc.data_vars.items()})
             tr = tr.assign_coords(bc.coords)
-        return scorer.score(tr), tr.attrs["engine_effective"]
+        return scorer.score(tr), arm_record(tr).effective.to_attrs()
 
     arms: dict[str, xr.Dataset] = {}
     t0 = time.perf_counter()

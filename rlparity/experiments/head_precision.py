@@ -23,7 +23,7 @@ import xarray as xr
 from rlparity.config.defaults import default_sampling
 from rlparity.config.settings import FLOAT_DTYPES, EngineSettings, SamplingSettings, dtype_name, normalize_dtype
 from rlparity.metrics.head_precision import DEFAULT_HEADS, arm_name
-from rlparity.trace import with_factors
+from rlparity.trace import arm_record, with_factors
 
 HEAD_DTYPES = FLOAT_DTYPES
 
@@ -116,10 +116,10 @@ def head_matrix(model: str | os.PathLike, prompts: Sequence, sampling: SamplingS
         settings = base.replace(logprobs_mode="processed_logprobs", head_dtype=rh, dtype=dtype)
         eng = pool.get(model, settings)
         rollout = eng.capture(list(prompts), sampling, arm=f"rollout-{rh}", progress=progress)
-        eff = rollout.attrs.get("engine_effective", {})
-        if eff.get("head_dtype") not in (None, rh) or eff.get("dtype") not in (None, dtype):
+        eff = arm_record(rollout).effective
+        if eff.head_dtype not in (None, rh) or eff.dtype not in (None, dtype):
             raise RuntimeError(f"asked the engine for head {rh} / body {dtype}, it reports head "
-                               f"{eff.get('head_dtype')} / body {eff.get('dtype')}")
+                               f"{eff.head_dtype} / body {eff.dtype}")
         for th in trainer_head:
             sc = scorers[th]
             scored = sc.score(rollout)

@@ -30,6 +30,7 @@ from rlparity.config.logs import progress_log
 from rlparity.config.profiles import reference_engine
 from rlparity.config.settings import Device, EngineSettings, SamplingSettings, TrainerSettings
 from rlparity.experiments.faults import FAULTS, compose
+from rlparity.trace import arm_record
 
 MOE_ARM = "moe"
 DENSE_ARM = "dense"
@@ -156,7 +157,7 @@ def moe_run(model: str | os.PathLike, dense: str | os.PathLike | None = None, se
             eng = pool.get(str(model), engine_settings(s, **p.engine))
             captures[key] = eng.capture(prompts, sampling, arm=MOE_ARM, progress=False)
             log(f"captured {p.engine or 'base'} in {time.perf_counter() - t0:.1f} s "
-                f"({captures[key].attrs.get('routing_capture', {}).get('method')})")
+                f"({(arm_record(captures[key]).routing_capture or {}).get('method')})")
         trainer = TrainerSettings(**{**p.trainer, "routing_replay": replay})
         scorer = Scorer(str(model), dtype=s.dtype, head_dtype="float32", device=s.device, batch_size=s.batch_size,
                         progress=False, settings=trainer)

@@ -91,7 +91,7 @@ def make_example(stores: Sequence[str | os.PathLike], path: str | os.PathLike, *
     from rlparity.config.provenance import jsonable
     from rlparity.datasets import compact
     from rlparity.metrics import rl as mrl
-    from rlparity.trace import open_arms, save
+    from rlparity.trace import arm_record, open_arms, save
 
     if keep_steps not in ("ends", "all"):
         raise ValueError(f"keep_steps={keep_steps!r}: use 'ends' (first and last step of each run) or 'all'")
@@ -102,7 +102,7 @@ def make_example(stores: Sequence[str | os.PathLike], path: str | os.PathLike, *
         if clash:
             raise ValueError(f"{store} repeats run steps already read ({clash[:3]}...): give each run once")
         arms.update(got)
-    prints = {str(ds.attrs.get("model_fingerprint")) for ds in arms.values()}
+    prints = {str(arm_record(ds).model_fingerprint) for ds in arms.values()}
     if len(prints) != 1:
         raise ValueError(f"the runs start from different weights (model fingerprints {sorted(prints)}): "
                          "compare runs of one model only")
@@ -111,17 +111,17 @@ def make_example(stores: Sequence[str | os.PathLike], path: str | os.PathLike, *
     curves = mrl.rl_curves(arms, profiles=runs)
     last = {run: max(s for r, s in parsed.values() if r == run) for run in runs}
     kept = {a: ds for a, ds in arms.items() if keep_steps == "all" or parsed[a][1] in (0, last[parsed[a][0]])}
-    first = next(iter(arms.values()))
-    versions = first.attrs.get("versions") or {}
+    first = arm_record(next(iter(arms.values())))
+    versions = first.versions or {}
     prov = {"description": description or (
                 f"online GSPO on the tiny model's arithmetic task, {len(curves['step'])} steps per run, runs "
                 f"{', '.join(runs)}; curves of every step in the root attr rl_curves, traces of the first and "
                 "last step of each run"),
-            "device": str((first.attrs.get("trainer") or {}).get("device", "")),
+            "device": str(first.scorer.get("device", "")),
             "device_name": device_name or "",
             **{k: versions.get(k) for k in ("vllm", "torch", "transformers")},
-            "date": str(first.attrs.get("created_at", ""))[:10], "model": str(first.attrs.get("model", "")),
-            "model_fingerprint": prints.pop(), "sizes": (first.attrs.get("rl") or {}).get("sizes", {}),
+            "date": str(first.get("created_at", ""))[:10], "model": str(first.get("model", "")),
+            "model_fingerprint": prints.pop(), "sizes": (first.rl or {}).get("sizes", {}),
             "command": command or "rlparity experiment rl --out DIR --profile P (one call per profile)"}
     tree = xr.DataTree.from_dict({f"/{k}": compact(v) for k, v in kept.items()})
     tree.attrs = jsonable({"example": prov, "rl_curves": mrl.curves_records(curves),

@@ -47,6 +47,7 @@ from rlparity.importers.common import (
 )
 from rlparity.importers.formats import FORMAT_MODULES, Format, get_format, stream_chunks
 from rlparity.importers.store_writer import assemble, write_store
+from rlparity.trace import arm_record
 
 #: sequences per chunk: memory holds one chunk (plus one record) whatever the file size
 DEFAULT_CHUNK_SIZE = 2048
@@ -195,7 +196,7 @@ def coordinates(arms: Mapping[str, xr.Dataset]) -> xr.Dataset:
         ``sequences``, ``tokens`` and ``excluded_tokens``.
     """
     names = list(arms)
-    imp = [arms[a].attrs.get("import") or {} for a in names]
+    imp = [arm_record(arms[a]).import_ or {} for a in names]
     coords = [i.get("coords") or {} for i in imp]
 
     def col(key: str, fill: Any) -> list:
@@ -239,7 +240,7 @@ def select(arms: Mapping[str, xr.Dataset], **where: Any) -> dict[str, xr.Dataset
         raise ValueError(f"unknown coordinate(s) {unknown}: select by run, launch, split, step or kind")
     out = {}
     for name, ds in arms.items():
-        c = (ds.attrs.get("import") or {}).get("coords") or {}
+        c = (arm_record(ds).import_ or {}).get("coords") or {}
         if all(c.get(k) == v for k, v in where.items()):
             out[name] = ds
     return out

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from rlparity.trace import from_rollouts, pad_rows, validate, with_trainer
+from rlparity.trace import arm_record, from_rollouts, pad_rows, validate, with_trainer
 from rlparity.trace.schema import POSITIVE_TOLERANCE
 
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p")
@@ -242,7 +242,7 @@ def sampling_unknown(trace: xr.Dataset) -> list[str]:
     list of str
         The unknown fields, in the order ``temperature``, ``top_k``, ``top_p``.
     """
-    listed = list(trace.attrs.get("sampling_unknown") or [])
+    listed = list(arm_record(trace).sampling_unknown or [])
     found = set(listed)
     if "temperature" in trace and np.isnan(trace["temperature"].values).any():
         found.add("temperature")
@@ -272,8 +272,8 @@ def require_sampling(trace: xr.Dataset, fields: Sequence[str] = SAMPLING_FIELDS,
     missing = [f for f in sampling_unknown(trace) if f in fields]
     if not missing:
         return
-    src = (trace.attrs.get("import") or {}).get("file") or "the dump"
-    fmt = (trace.attrs.get("import") or {}).get("format") or "FORMAT"
+    imp = arm_record(trace).import_ or {}
+    src, fmt = imp.get("file") or "the dump", imp.get("format") or "FORMAT"
     flags = " ".join(OPTION_FLAG[f] for f in missing)
     kwargs = ", ".join(OPTION_KWARG[f] for f in missing)
     raise MissingSamplingError(

@@ -23,7 +23,7 @@ from rlparity.config.defaults import TrainerSide, defaults
 from rlparity.metrics import core
 from rlparity.metrics.dims import refuse_dim
 from rlparity.metrics.summary import BACKEND_PAIR_D, REFERENCE_PAIR_D, summary
-from rlparity.trace import as_arms, has_trainer
+from rlparity.trace import arm_record, as_arms, has_trainer
 
 REFERENCE = "reference"
 
@@ -42,7 +42,7 @@ def ablation_plan(arms: Mapping[str, xr.Dataset]) -> list[dict[str, Any]]:
         One entry per knob (``arm``, ``field``, ``value``, ``status``, ``reason``...).
     """
     for tr in arms.values():
-        rec = tr.attrs.get("ablation")
+        rec = arm_record(tr).ablation
         if rec:
             return list(rec["plan"])
     raise ValueError("these arms were not made by rlparity.experiments.ablation.ablation "

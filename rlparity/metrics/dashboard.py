@@ -45,7 +45,7 @@ from rlparity.config.defaults import TrainerSide, defaults
 from rlparity.config.provenance import make_attrs
 from rlparity.metrics.dims import refuse_dim
 from rlparity.metrics.floors import floors_beside_gap
-from rlparity.trace import is_lazy
+from rlparity.trace import arm_record, is_lazy
 from rlparity.trace.storage.lazy import chunk_digests, ensure_validated, load_variable, verify_chunk_digests
 from rlparity.metrics.objective import (
     OBJECTIVE_DEFAULTS,
@@ -792,7 +792,7 @@ def as_dashboard(trace: xr.Dataset, names: str = "verl", *, trainer: TrainerSide
                            n_tokens=n_tokens, n_excluded=n_excluded,
                            source=SOURCES[names], trainer_side=trainer,
                            options=str({k: v for k, v in options.items() if k != "advantages"}),
-                           arm=trace.attrs.get("arm", "default"),
+                           arm=arm_record(trace).name,
                            # beside the peer's numbers: the gap the trainer's own batch shape produces
                            **floors_beside_gap(trace, gap, trainer))
     return out.to_dataset() if as_dataset else out

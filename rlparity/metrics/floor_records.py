@@ -13,6 +13,8 @@ from collections.abc import Mapping
 import numpy as np
 import xarray as xr
 
+from rlparity.trace import arm_record
+
 
 def recorded_floors(trace: xr.Dataset, side: str = "processed") -> dict[str, float]:
     """The floors a trace recorded (mean ``|x|`` and RMS, nats; NaN where not measured): the
@@ -31,13 +33,13 @@ def recorded_floors(trace: xr.Dataset, side: str = "processed") -> dict[str, flo
     -------
     dict[str, float]
     """
-    t = trace.attrs.get("trainer") or {}
-    check = t.get("self_check")
+    rec = arm_record(trace)
+    check = rec.scorer.self_check
     if not check:
-        per = t.get("self_check_per_version") or {}
+        per = rec.scorer.self_check_per_version or {}
         check = next((v for v in per.values() if v), None)
     out = {**_self_check_floors(check, side), "engine_batch_rms": float("nan"), "engine_batch_mean_abs": float("nan")}
-    eng = (trace.attrs.get("engine_floor") or {}).get("batch_shape") or {}
+    eng = (rec.engine_floor or {}).get("batch_shape") or {}
     for stat in ("rms", "mean_abs"):
         if eng.get(stat) is not None:
             out[f"engine_batch_{stat}"] = float(eng[stat])
@@ -73,7 +75,7 @@ def version_floors(trace: xr.Dataset, side: str = "processed") -> dict[int, floa
         ``{version: floor}`` for the versions whose self-check measured a finite floor above 0;
         empty when none was recorded.
     """
-    per = (trace.attrs.get("trainer") or {}).get("self_check_per_version") or {}
+    per = arm_record(trace).scorer.self_check_per_version or {}
     out = {}
     for v, check in per.items():
         f = _self_check_floors(check, side)["batch_shape_mean_abs"]

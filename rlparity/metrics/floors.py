@@ -25,6 +25,7 @@ from rlparity.config.provenance import make_attrs
 from rlparity.metrics import core
 from rlparity.metrics.floor_records import floors_beside_gap, recorded_floors, version_floors  # noqa: F401 (re-exported)
 from rlparity.metrics.summary import _require_trainer, log_ratio, reduce, trainer_variable
+from rlparity.trace import arm_record
 
 FLOOR_VARIABLES = {"floor_mean_abs": "mean |a - b| over tokens", "floor_rms": "RMS of a - b",
                    "floor_max_abs": "max |a - b|", "n_tokens": "tokens finite in both readings"}
@@ -94,8 +95,7 @@ def trainer_floor(a: xr.Dataset, b: xr.Dataset, *, trainer: TrainerSide | None =
                                 dim=dim) for k in FLOOR_VARIABLES})
     for k, long in FLOOR_VARIABLES.items():
         out[k].attrs = {"long_name": long, "units": "tokens" if k == "n_tokens" else "nats"}
-    out.attrs = make_attrs(reading=var, shape_a=(a.attrs.get("trainer") or {}).get("shape"),
-                           shape_b=(b.attrs.get("trainer") or {}).get("shape"))
+    out.attrs = make_attrs(reading=var, shape_a=arm_record(a).scorer.shape, shape_b=arm_record(b).scorer.shape)
     return out
 
 
@@ -135,7 +135,7 @@ def floor_table(arms: Mapping[str, xr.Dataset], reference: str, *, trainer: Trai
     rows = {}
     for name, ds in arms.items():
         f = trainer_floor(ref, ds, trainer=trainer, dim=dim)
-        sec = float((ds.attrs.get("trainer") or {}).get("score_s") or np.nan)
+        sec = float(arm_record(ds).scorer.score_s or np.nan)
         rows[name] = {**{k: f[k].astype(float) for k in FLOOR_VARIABLES},
                       "tokens_per_s": xr.DataArray(n_tok / sec if sec > 0 else np.nan)}
     names = list(rows)
@@ -150,8 +150,8 @@ def floor_table(arms: Mapping[str, xr.Dataset], reference: str, *, trainer: Trai
                     }.items():
         table[k].attrs["long_name"] = long
     table.attrs = make_attrs(reference=reference, reading=trainer_variable(trainer),
-                             shapes={n: (arms[n].attrs.get("trainer") or {}).get("shape") for n in names},
-                             engine_floor=ref.attrs.get("engine_floor"))
+                             shapes={n: arm_record(arms[n]).scorer.shape for n in names},
+                             engine_floor=arm_record(ref).engine_floor)
     return table
 
 

@@ -24,7 +24,7 @@ from rlparity.config.defaults import TrainerSide, defaults
 from rlparity.config.settings import normalize_dtype
 from rlparity.metrics import core
 from rlparity.metrics.summary import SUMMARY_VARIABLES, log_ratio, pair_attrs, reduce, summary, trainer_variable
-from rlparity.trace import arm_factors, as_arms, stack_cells
+from rlparity.trace import arm_factors, arm_record, as_arms, stack_cells
 
 DEFAULT_HEADS = ("bfloat16", "float32")
 CELL_DIMS = ("rollout_head", "trainer_head")
@@ -66,9 +66,8 @@ def cell_dtypes(trace: xr.Dataset) -> dict[str, str | None]:
     -------
     dict[str, str | None]
     """
-    eff = trace.attrs.get("engine_effective") or {}
-    req = trace.attrs.get("engine_requested") or {}
-    trainer = trace.attrs.get("trainer") or {}
+    rec = arm_record(trace)
+    eff, req, trainer = rec.effective, rec.requested, rec.scorer
 
     def norm(v):
         if v in (None, "", "model"):
@@ -78,12 +77,11 @@ def cell_dtypes(trace: xr.Dataset) -> dict[str, str | None]:
         except ValueError:
             return str(v)
 
-    rollout_head = eff.get("head_dtype") or req.get("head_dtype")
+    rollout_head = eff.head_dtype or req.head_dtype
     if rollout_head == "model":  # vLLM's "same as the body"
-        rollout_head = eff.get("dtype") or req.get("dtype")
-    return {"rollout_head": norm(rollout_head), "trainer_head": norm(trainer.get("head_dtype")),
-            "rollout_body": norm(eff.get("dtype") or req.get("dtype")),
-            "trainer_body": norm(trainer.get("dtype"))}
+        rollout_head = eff.dtype or req.dtype
+    return {"rollout_head": norm(rollout_head), "trainer_head": norm(trainer.head_dtype),
+            "rollout_body": norm(eff.dtype or req.dtype), "trainer_body": norm(trainer.dtype)}
 
 
 BF16_SIGNIFICAND_BITS = 8

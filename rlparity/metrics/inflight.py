@@ -32,7 +32,7 @@ from rlparity.config.defaults import TrainerSide
 from rlparity.metrics import core
 from rlparity.metrics.dims import refuse_dim
 from rlparity.metrics.summary import log_ratio, pair_attrs, reduce, trainer_variable
-from rlparity.trace import arm_factors, as_arms, latest_version
+from rlparity.trace import arm_factors, arm_record, as_arms, latest_version
 
 PAUSE_MODES = ("keep", "wait", "abort")
 LATEST_VARIABLE = {"processed": "trainer_latest_processed_logprob", "raw": "trainer_latest_logprob"}
@@ -79,7 +79,7 @@ def arm_cell(trace: xr.Dataset, name: str | None = None) -> dict[str, Any]:
     """
     f = arm_factors(trace, name)
     if not set(CELL_FACTORS) <= set(f):
-        raise ValueError(f"arm {name or trace.attrs.get('arm')!r} records no inflight cell (factors mode, "
+        raise ValueError(f"arm {name or arm_record(trace).arm!r} records no inflight cell (factors mode, "
                          "clear_cache, prefix_caching): capture it with rlparity.experiments.inflight.inflight_matrix")
     return {k: f[k] for k in CELL_FACTORS}
 
@@ -112,7 +112,7 @@ def updates(trace: xr.Dataset) -> list[dict[str, Any]]:
     -------
     list[dict[str, Any]]
     """
-    return [u for u in trace.attrs.get("weight_updates", []) or [] if u.get("mode") != "label"]
+    return [u for u in arm_record(trace).weight_updates or [] if u.get("mode") != "label"]
 
 
 # ------------------------------------------------------------------------------ lag
@@ -167,7 +167,7 @@ def lag_summary(trace: xr.Dataset, *, dim: str | Sequence[str] | None = None, la
     out["lag_max"].attrs = {"long_name": "largest lag", "units": "versions"}
     out["lag_mean"].attrs = {"long_name": "mean lag", "units": "versions"}
     out["offpolicy_share"].attrs = {"long_name": "share of tokens sampled by older weights than the latest (lag > 0)"}
-    out.attrs = {"latest_version": lg.attrs["latest_version"], "arm": trace.attrs.get("arm", "default")}
+    out.attrs = {"latest_version": lg.attrs["latest_version"], "arm": arm_record(trace).name}
     return out
 
 
@@ -223,7 +223,7 @@ def carried_tokens(trace: xr.Dataset) -> np.ndarray:
     mask = trace["response_mask"].values.astype(bool)
     # a label-only version change (no weights loaded) carries nothing over
     reset = {int(u["version"]): bool(u.get("cache_reset")) or u.get("mode") == "label"
-             for u in trace.attrs.get("weight_updates", []) or []}
+             for u in arm_record(trace).weight_updates or []}
     changed = mask & (pv != first_version(trace)[:, None])
     kept = np.vectorize(lambda v: not reset.get(int(v), False), otypes=[bool])(pv) if pv.size else pv.astype(bool)
     return changed & kept
@@ -306,7 +306,7 @@ def stale_evidence(trace: xr.Dataset, trainer: TrainerSide | None = None) -> dic
                "stale_over_floor": s / f if f > 0 else float("inf") if s > 0 else float("nan"),
                "n_stale_tokens": int(core.count(core.finite_mask(d, sel_stale))),
                "n_floor_tokens": int(core.count(core.finite_mask(d, sel_floor))),
-               "scored_by": (trace.attrs.get("trainer") or {}).get("scored_by", "one set of weights")})
+               "scored_by": arm_record(trace).scorer.get("scored_by", "one set of weights")})
     return ev
 
 

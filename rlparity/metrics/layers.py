@@ -33,6 +33,7 @@ import xarray as xr
 
 from rlparity.config.defaults import defaults
 from rlparity.trace.layers import LAYER_VARS, POSITION_DIM, SEQUENCE_DIM, SITE_DIM, has_layers, site_list
+from rlparity.trace import arm_record
 
 # ------------------------------------------------------------------------------- numpy core
 def site_errors(engine: Mapping[str, Any], reference: Mapping[str, Any], length: int
@@ -159,7 +160,7 @@ def relative_error(data: xr.Dataset, dim: str | Sequence[str] | None = None) -> 
                              input_core_dims=[list(dims), list(dims)], kwargs={"axis": tuple(range(-len(dims), 0))})
     return out.rename("relative_error").assign_attrs(
         long_name="RMS of the engine's state minus the reference's, over RMS of the reference's state",
-        units="1", comparison=(ds.attrs.get("layer_capture") or {}).get("comparison", "trainer"))
+        units="1", comparison=(arm_record(ds).layer_capture or {}).get("comparison", "trainer"))
 
 
 def floor_from(clean: xr.Dataset | Iterable[xr.Dataset]) -> xr.DataArray:
@@ -319,7 +320,7 @@ def profile_table(arms: Mapping[str, xr.Dataset]) -> xr.Dataset:
         raise ValueError("the arms' profiles cover different sites (different models): compare one model at a time")
     rel = xr.concat([relative_error(arms[a]) for a in names], dim="arm")
     fl = xr.concat([arms[a]["layer_floor"] for a in names], dim="arm")
-    comp = [(arms[a].attrs.get("layer_capture") or {}).get("comparison", "trainer") for a in names]
+    comp = [(arm_record(arms[a]).layer_capture or {}).get("comparison", "trainer") for a in names]
     return xr.Dataset({"relative_error": rel, "floor": fl, "comparison": ("arm", np.array(comp, dtype=str))},
                       coords={"arm": names})
 

@@ -43,7 +43,7 @@ from rlparity.metrics.dashboard import pipelinerl_metrics
 from rlparity.metrics.dims import refuse_dim
 from rlparity.metrics.inflight import lag_summary
 from rlparity.metrics.summary import trainer_side
-from rlparity.trace import arm_factors, as_arms
+from rlparity.trace import arm_factors, arm_record, as_arms
 from rlparity.trace.legacy import legacy_run_profile, legacy_run_step
 
 STEP_WIDTH = 3
@@ -165,7 +165,7 @@ def run_steps(arms) -> dict[str, tuple[str, int]]:
     several = len({x["old_policy"] for x in f.values()}) > 1
     out = {}
     for a, ds in arms.items():
-        run = (ds.attrs.get("rl") or {}).get("run")
+        run = (arm_record(ds).rl or {}).get("run")
         if not run:
             run = f"{f[a]['profile']}+{f[a]['old_policy']}" if several else str(f[a]["profile"])
         out[a] = (str(run), int(f[a]["step"]))
@@ -209,7 +209,7 @@ def step_metrics(trace: xr.Dataset, *, loss: str | None = None, trainer: Trainer
     """
     refuse_dim(dim, "a step's numbers (logged once per step)",
                "per sequence or position: summary(trace, dim=...) or the objective metrics' dim=")
-    rec = trace.attrs.get("rl") or {}
+    rec = arm_record(trace).rl or {}
     loss = loss or rec.get("loss") or defaults().rl.loss
     side = trainer_side(trace, trainer)
     mask = trace["response_mask"].values.astype(bool)
@@ -280,7 +280,7 @@ def rl_curves(arms, *, loss: str | None = None, trainer: TrainerSide | None = No
     for name, (prof, step) in run_steps(arms).items():
         ds = arms[name]
         cells[(prof, step)] = ds
-        idx = (ds.attrs.get("rl") or {}).get("profile_index")
+        idx = (arm_record(ds).rl or {}).get("profile_index")
         order.setdefault(prof, float(idx) if idx is not None else len(order) + 1e6)
         f = arm_factors(ds, name)
         info.setdefault(prof, (str(f["profile"]), str(f["old_policy"])))
@@ -297,7 +297,7 @@ def rl_curves(arms, *, loss: str | None = None, trainer: TrainerSide | None = No
         if prof not in names:
             continue
         row = step_metrics(ds, loss=loss, trainer=trainer)
-        losses.add(loss or (ds.attrs.get("rl") or {}).get("loss") or defaults().rl.loss)
+        losses.add(loss or (arm_record(ds).rl or {}).get("loss") or defaults().rl.loss)
         for k, v in row.items():
             data[k][names.index(prof), steps.index(step)] = v
     side = trainer_side(next(iter(cells.values())), trainer)

@@ -38,6 +38,7 @@ from rlparity.metrics import core
 from rlparity.metrics.floor_records import recorded_floors
 from rlparity.metrics.objective import policy_logprob
 from rlparity.metrics.summary import trainer_side
+from rlparity.trace import arm_record
 
 LOW_PROB = 0.1  # mu below this is a low-probability token
 POSITION_EDGES = (0, 16, 64, 256, 1024)  # response position buckets [e_i, e_i+1); the last is open
@@ -121,7 +122,7 @@ def step_tokens(trace: xr.Dataset, step: int = 0, *, trainer: TrainerSide | None
     with np.errstate(invalid="ignore"):
         d = log_pi - log_mu
     ok = core.finite_mask(d, mask)
-    latest = trace.attrs.get("latest_policy_version")
+    latest = arm_record(trace).latest_policy_version
     pv = trace["policy_version"].values if "policy_version" in trace else np.zeros(mask.shape, np.int64)
     lag = core.token_lag(pv, mask, latest=None if latest is None else int(latest))
     seq, pos = np.nonzero(ok)

@@ -11,7 +11,7 @@ from rlparity.config.provenance import make_attrs
 from rlparity.config.defaults import TrainerSide, defaults
 from rlparity.metrics import core
 from rlparity.metrics.summary import pair_attrs, summary, trainer_variable
-from rlparity.trace import as_arms
+from rlparity.trace import arm_record, as_arms
 
 TEMPERATURE_VARIABLES = ("log_ratio_mean", "abs_log_ratio_rms", "mean_ratio", "n_tokens", "n_zero_prob")
 
@@ -50,7 +50,7 @@ def by_temperature(trace: xr.Dataset, trainer: TrainerSide | None = None) -> xr.
         return s.drop_attrs()
 
     ds = trace.groupby("temperature").map(row)
-    ds.attrs = pair_attrs(trainer, arm=trace.attrs.get("arm", "default"))
+    ds.attrs = pair_attrs(trainer, arm=arm_record(trace).name)
     return ds
 
 
@@ -185,7 +185,7 @@ def effective_temperature(trace: xr.Dataset) -> xr.Dataset:
                                                  "raw reading (slope of log(-log p) on confident tokens)"}
         ds[f"temperature_{side}"].attrs = {"long_name": f"the {side}'s effective temperature, from the numbers"}
     ds["temperature"].attrs = {"long_name": "the request's sampling temperature"}
-    ds.attrs = make_attrs(arm=trace.attrs.get("arm", "default"), band_nats=list(o.sharpness_band))
+    ds.attrs = make_attrs(arm=arm_record(trace).name, band_nats=list(o.sharpness_band))
     return ds
 
 
@@ -258,7 +258,7 @@ def zero_prob_tokens(trace: xr.Dataset, trainer: TrainerSide | None = None, *,
         "precision_margin": ("token", precision, {"long_name": "margin within which a token counts as a flip"}),
         "cause": ("token", cause.astype(str)),
     }, coords={"token": np.arange(seq.size)})
-    ds.attrs = make_attrs(trainer_side=trainer or defaults().trainer, arm=trace.attrs.get("arm", "default"),
+    ds.attrs = make_attrs(trainer_side=trainer or defaults().trainer, arm=arm_record(trace).name,
                           long_name="tokens the trainer gives probability 0", noise_rms=noise_rms)
     return ds
 

@@ -21,7 +21,7 @@ from rlparity.metrics import core
 from rlparity.metrics.objective import token_clip_fraction
 from rlparity.metrics.floor_records import floors_beside_gap
 from rlparity.metrics.stream import summary_stream
-from rlparity.trace import TraceValidationError, has_trainer, is_lazy
+from rlparity.trace import arm_record, has_trainer, is_lazy, TraceValidationError
 
 TRAINER_VARIABLE = {"processed": "trainer_processed_logprob", "raw": "trainer_logprob"}
 BACKEND_PAIR = "backend (pi_old, mu)"
@@ -381,7 +381,7 @@ def _finish(ds: xr.Dataset, trace: xr.Dataset, trainer: TrainerSide | None, eps:
     for name, (long_name, units) in {**SUMMARY_VARIABLES, **FLOOR_SUMMARY_VARIABLES}.items():
         ds[name].attrs = {"long_name": long_name.replace("eps]", f"eps] (eps={eps:g})") if name == "clip_fraction"
                           else long_name, **({"units": units} if units else {})}
-    ds.attrs = pair_attrs(trainer, arm=trace.attrs.get("arm", "default"), eps=eps,
+    ds.attrs = pair_attrs(trainer, arm=arm_record(trace).name, eps=eps,
                           reduced_dims=list(reduce_dims(dim)))
     return ds
 

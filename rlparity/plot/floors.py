@@ -13,6 +13,7 @@ from rlparity.metrics import core
 from rlparity.metrics.floors import trainer_floor
 from rlparity.metrics.summary import log_ratio
 from rlparity.plot.palette import color
+from rlparity.trace import arm_record
 
 
 def plot_floor_table(tables: Mapping[str, xr.Dataset]) -> go.Figure:
@@ -82,8 +83,8 @@ def plot_floor_by_position(a: xr.Dataset, b: xr.Dataset) -> go.Figure:
         go.Scatter(x=pos, y=gap, mode="lines", name="backend gap mean |d|",
                    line={"dash": "dash", "color": color("backend gap mean |d|")},
                    hovertemplate="position %{x}: %{y:.3g} nats<extra></extra>")])
-    sa = (a.attrs.get("trainer") or {}).get("shape") or {}
-    sb = (b.attrs.get("trainer") or {}).get("shape") or {}
+    sa = arm_record(a).scorer.shape or {}
+    sb = arm_record(b).scorer.shape or {}
     fig.update_layout(title=f"Floor per position: batch {sa.get('batch_size')} {sa.get('layout')} vs batch "
                             f"{sb.get('batch_size')} {sb.get('layout')}",
                       xaxis={"title": "response position"}, yaxis={"type": "log", "title": "nats"}, autosize=True,

@@ -15,7 +15,7 @@ from plotly.subplots import make_subplots
 from rlparity.config.defaults import TrainerSide
 from rlparity.metrics import objective as ob
 from rlparity.plot.palette import color
-from rlparity.trace import as_arms
+from rlparity.trace import arm_record, as_arms
 
 
 def plot_backend_vs_update_ratio(arms, trainer: TrainerSide | None = None, bins: int = 80) -> go.Figure:
@@ -94,7 +94,7 @@ def plot_weights_truncation(trace: xr.Dataset, *, cap: float | None = None, trai
     fig.add_vline(x=c, line_dash="dash", line_color="#e45756")
     fig.add_vline(x=1.0, line_dash="dot", line_color="grey")
     fig.update_layout(barmode="stack", bargap=0,
-                      title=f"{trace.attrs.get('arm', '')}: backend weights pi_old/mu<br>token TIS at C = {c:.3g} "
+                      title=f"{arm_record(trace).arm or ''}: backend weights pi_old/mu<br>token TIS at C = {c:.3g} "
                             f"truncates {above.mean():.1%} of tokens (token ESS {ess:.3f})", height=420,
                       xaxis_title="weight pi_old/mu (a ratio: 1 = parity)", yaxis_title="tokens")
     fig.update_yaxes(type="log", dtick=1)

@@ -54,7 +54,7 @@ from rlparity.score.lm_head_stats import (
 )
 from rlparity.config.settings import TrainerSettings
 from rlparity.score.routing import RouterControl, forced_rows
-from rlparity.trace import latest_version, sequences, token_checksum, trace_versions, validate
+from rlparity.trace import arm_record, latest_version, sequences, token_checksum, trace_versions, validate
 from rlparity.trace.floor import spread
 from rlparity.trace.prompts import chat_token_ids
 from rlparity.trace.schema import TOKEN_DIMS, annotate, route_id_problem
@@ -582,7 +582,7 @@ class Scorer:
         bool
             Whether to add special tokens.
         """
-        rule = (trace.attrs.get("import") or {}).get("prompt_tokenization") or {}
+        rule = (arm_record(trace).import_ or {}).get("prompt_tokenization") or {}
         return bool(rule.get("add_special_tokens", self.add_special_tokens))
 
     def shape(self) -> dict[str, Any]:
@@ -739,7 +739,7 @@ def check_vocabulary(trace: xr.Dataset, size: int, model: str) -> None:
     if bad.size:
         rows = np.flatnonzero((trace["prompt_token_id"].values >= size).any(axis=1)
                               | (trace["token_id"].values >= size).any(axis=1))
-        arm = trace.attrs.get("arm", "the trace")
+        arm = arm_record(trace).arm or "the trace"
         raise VocabularyError(
             f"arm {arm!r}: token id(s) {bad[:8].tolist()}{' ...' if bad.size > 8 else ''} ({int(bad.size)} distinct, in "
             f"{rows.size} sequence(s), first {rows[:5].tolist()}) are beyond the vocabulary of {model} ({size} "
@@ -960,7 +960,7 @@ def score(trace: xr.Dataset, model: str | os.PathLike | None = None, *, dtype: s
     ValueError
         If no model is given and the trace names none.
     """
-    model = model or trace.attrs.get("model")
+    model = model or arm_record(trace).model
     if not model:
         raise ValueError("the trace names no model: pass model=PATH_OR_HUB_ID")
     return Scorer(model, dtype=dtype, head_dtype=head_dtype, device=device, **kwargs).score(trace)

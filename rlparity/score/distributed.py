@@ -138,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--trainer", default=None, help="TrainerSettings as JSON")
     a = p.parse_args(argv)
-    from rlparity.trace import open_arms, save
+    from rlparity.trace import arm_record, open_arms, save
 
     cuda = a.device.startswith("cuda")
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -154,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if unknown:
             raise ValueError(f"no arm(s) {unknown} in {a.store}; it holds {sorted(arms)}")
         for name in chosen:
-            m = a.model or arms[name].attrs.get("model")
+            m = a.model or arm_record(arms[name]).model
             if not m:
                 raise ValueError(f"arm {name!r} names no model: pass --model PATH_OR_HUB_ID")
             scored = score_distributed(arms[name], m, settings=settings, dtype=a.dtype, head_dtype=a.head_dtype,

@@ -31,6 +31,7 @@ import xarray as xr
 
 from rlparity.config.provenance import make_attrs
 from rlparity.config.settings import with_overrides
+from rlparity.trace.record import ArmRecord, ArmRecordError, arm_record
 
 SCHEMA_VERSION = 1
 TOKEN_DIMS = ("sequence", "position")
@@ -558,6 +559,10 @@ def validate(ds: xr.Dataset, *, require_trainer: bool = False, where: str = "tra
     problem = _schema_version_problem(ds)
     if problem:
         _raise(where, [problem])
+    try:
+        rec = ArmRecord.from_attrs(ds.attrs)
+    except ArmRecordError as err:
+        _raise(where, [str(err)])
     problems: list[str] = []
     missing = [v for v in ROLLOUT_VARS if v not in ds.variables]
     if missing:
@@ -615,14 +620,14 @@ def validate(ds: xr.Dataset, *, require_trainer: bool = False, where: str = "tra
         if kind == "f" and dims == TOKEN_DIMS and name in ds.variables:
             problems.extend(_token_float_problems(name, ds[name].values, mask, n_real))
     problems.extend(_sequence_float_problems(ds))
-    n_experts = max(int((ds.attrs.get(k) or {}).get("num_experts") or 0) for k in ("routing_capture", "trainer_router"))
+    n_experts = max(int((r or {}).get("num_experts") or 0) for r in (rec.routing_capture, rec.trainer_router))
     for name in ROUTE_VARS:
         if name in ds.variables:
             why = route_id_problem(name, ds[name].values, n_experts or None)
             if why:
                 problems.append(why)
     if trainer_present:
-        scored = ds.attrs.get("scored_token_checksum")
+        scored = rec.scored_token_checksum
         if scored is not None and scored != token_checksum(ds):
             problems.append(CHECKSUM_MISMATCH)
     if problems:
@@ -719,7 +724,7 @@ def latest_version(ds: xr.Dataset) -> int:
     int
         The version; 0 for a trace without real tokens or record.
     """
-    v = ds.attrs.get("latest_policy_version")
+    v = arm_record(ds).latest_policy_version
     if v is not None:
         return int(v)
     versions = trace_versions(ds)
@@ -803,6 +808,6 @@ def concat_sequences(traces: Sequence[xr.Dataset]) -> xr.Dataset:
             out[name] = out[name].astype(traces[0][name].dtype)
     if "scored_token_checksum" in out.attrs:
         # the trainer side stays tied to the rollout only if every part was
-        ok = all(t.attrs.get("scored_token_checksum") == token_checksum(t) for t in traces)
+        ok = all(arm_record(t).scored_token_checksum == token_checksum(t) for t in traces)
         out.attrs["scored_token_checksum"] = token_checksum(out) if ok else "parts-mismatched"
     return annotate(out)

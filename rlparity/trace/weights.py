@@ -19,6 +19,8 @@ import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from rlparity.trace.record import arm_record
+
 # the checksum prefix of a tensor with NaN or infinite values: never equal to anything
 NOT_FINITE = "not-finite:"
 # above this many bytes of checkpoint, fingerprints are skipped (reading them would cost seconds)
@@ -156,7 +158,7 @@ def engine_effective(attrs: Mapping[str, Any]) -> dict[int, dict[str, str]]:
     dict[int, dict[str, str]]
         ``{version: {tensor: checksum}}``.
     """
-    loads = {int(k): v for k, v in (attrs.get("engine_weight_checksums") or {}).items() if v}
+    loads = {int(k): v for k, v in (arm_record(attrs).engine_weight_checksums or {}).items() if v}
     out, cur = {}, {}
     for v in sorted(loads):
         cur = {**cur, **loads[v]}
@@ -182,12 +184,11 @@ def trainer_checksums(attrs: Mapping[str, Any], versions: list[int]) -> dict[int
     dict[int, dict[str, str]]
         ``{version: {tensor: checksum}}``; empty where the trainer recorded none.
     """
-    t = attrs.get("trainer") or {}
-    per = t.get("weight_checksums_per_version")
-    if per:
-        return {int(k): v for k, v in per.items() if v}
-    if t.get("weight_checksums") and len(versions) == 1:
-        return {versions[0]: t["weight_checksums"]}
+    t = arm_record(attrs).scorer
+    if t.weight_checksums_per_version:
+        return {int(k): v for k, v in t.weight_checksums_per_version.items() if v}
+    if t.weight_checksums and len(versions) == 1:
+        return {versions[0]: t.weight_checksums}
     return {}
 
 

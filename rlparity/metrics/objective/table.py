@@ -34,6 +34,7 @@ from rlparity.metrics.objective.arrays import (
     share_parts,
 )
 from rlparity.metrics.objective.settings import BAND_RULES, OBJECTIVE_DEFAULTS
+from rlparity.trace import arm_record
 from rlparity.metrics.objective.traces import (available_pairs, concat_sequences, pair_direction, pair_log_ratio,
                                               pair_variables, trace_blocks)
 
@@ -184,6 +185,6 @@ def objective_summary(trace: xr.Dataset, *, trainer: TrainerSide | None = None, 
     ds = ds.assign_coords(pair_name=("pair", [pair_direction(p, trainer)["pair"] for p in pairs]),
                           direction=("pair", [pair_direction(p, trainer)["direction"] for p in pairs]))
     ds["mean_log_ratio"].attrs["units"] = "nats"
-    ds.attrs = make_attrs(trainer_side=trainer, arm=trace.attrs.get("arm", "default"),
+    ds.attrs = make_attrs(trainer_side=trainer, arm=arm_record(trace).name,
                           defaults={"eps": defaults().eps, **defaults().objective.model_dump(mode="json")})
     return ds

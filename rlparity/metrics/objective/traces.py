@@ -46,7 +46,7 @@ from rlparity.metrics.objective.arrays import (
     token_counts,
 )
 from rlparity.metrics.objective.settings import BAND_RULES, OBJECTIVE_DEFAULTS, Kind, PairName
-from rlparity.trace import blocks, is_lazy
+from rlparity.trace import arm_record, blocks, is_lazy
 from rlparity.trace.storage.lazy import ensure_validated
 
 POLICY_VARIABLES = {
@@ -646,5 +646,5 @@ def decoupled(trace: xr.Dataset, *, cap: float | None = None, trainer: TrainerSi
             "direction": "exp(correction) * exp(update)", "trainer_side": trainer}
         ds[k] = (DIMS, _lazy_tokens(trace, part, names), {**attrs, "units": "1"})
     ds.attrs = make_attrs(cap="none" if cap is None else cap, trainer_side=trainer,
-                          arm=trace.attrs.get("arm", "default"))
+                          arm=arm_record(trace).name)
     return ds
