@@ -10,8 +10,9 @@ setup:
 quickstart: setup
 	$(VENV)/bin/rlparity run --out runs/quickstart.zarr
 
+# two lanes at once: the tests that start vLLM engines, and beside them the others (scripts/test_lanes.py)
 test:
-	$(PY) -m pytest -q --durations=40 tests
+	$(PY) scripts/test_lanes.py --durations=30 tests
 
 # `pip install .` without extras in a fresh virtualenv, then the commands that need no engine on a fixture
 base-install:
