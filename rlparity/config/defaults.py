@@ -220,6 +220,13 @@ class Defaults(BaseModel):
     # metrics
     trainer: TrainerSide = Field("processed", description="trainer reading the rollout must match")
     eps: float = Field(0.2, gt=0, description="PPO clip range: tokens with ratio outside [1-eps, 1+eps]")
+    ratio_bands: dict[str, tuple[float, float]] = Field(
+        default_factory=lambda: {"0.999-1.002": (0.999, 1.002), "1%": (0.99, 1.01), "5%": (0.95, 1.05)},
+        description="ratio bands rho = pi_old/mu of the sequence-level views and the baseline table: the share of "
+                    "tokens, and of whole sequences (every token inside), with rho in [low, high]")
+    baseline_min_runs: int = Field(5, ge=1, description="runs a baseline row needs before its percentiles are "
+                                   "read as a distribution; fewer: the row says it is from too few runs")
+    top_tokens: int = Field(10, ge=1, description="tokens listed per step by the doctor's top-KL table")
     # diagnoses
     tol: float = Field(0.02, gt=0, description="RMS of d (nats) under which two sides count as matched; "
                                                 "calibrated on CPU float32 captures of the tiny model")
