@@ -306,3 +306,33 @@ def test_correction_gradients_against_float64(tiny_model):
                                                               rel=2e-4)
     assert by["token_tis"]["cosine_vs_parity"] < 0.999  # the noise moves the update: the check can fail
     assert by["token_mask"]["dropped_token_share"] > 0
+
+
+# ---------------------------------------------------------------- the doctor's page
+
+def test_doctor_places_views_and_counterfactuals():
+    from rlparity.diagnose.doctor import doctor
+    from rlparity.plot.doctor import plot_sequence_views
+    from rlparity.testing import synthetic_trace
+
+    steps = {k: synthetic_trace(n_sequences=8, max_len=10, noise=0.01 * (k + 1), seed=k).assign_attrs(_attrs())
+             for k in range(3)}
+    table = [0.002, 0.004, 0.009, 0.05, 0.1]
+    rows = bl.build_rows([("s", f"r{j}", f"r{j}", _trace(np.full((4, 4), s), np.ones((4, 4), bool), _attrs()), "H200")
+                          for j, s in enumerate(table)])
+    rep = doctor({"run": steps}, n_boot=0, baselines=rows, device="H200")
+    r = rep.runs["run"]
+    for k in range(3):
+        p = r.normal["steps"][str(k)]["abs_log_ratio_mean"]
+        m = steps[k]["response_mask"].values.astype(bool)
+        d = np.where(m, steps[k]["trainer_processed_logprob"].values - steps[k]["rollout_logprob"].values, np.nan)
+        x = [abs(float(v)) for v in d[m]]
+        ref = 100 * (sum(t < sum(x) / len(x) for t in table)) / len(table)
+        assert p["exact"] and p["percentile"] == pytest.approx(ref)
+        assert r.views[k]["token_share"] == pytest.approx(sq.band_shares(d, m)["token_share"])
+    assert r.counterfactual["step"] == 2 and [c["correction"] for c in r.counterfactual["rows"]] == list(cf.CORRECTIONS)
+    page = str(rep)
+    assert "is it normal" in page and "does it matter" in page and "inside ratio bands" in page
+    fig = plot_sequence_views(r.views)
+    assert len(fig.data) == 2 * len(r.views[0]["token_share"]) + 2
+    assert list(fig.data[0].x) == [0, 1, 2]
