@@ -163,7 +163,21 @@ def percentile_of(x: float, values: Iterable[float]) -> float:
 
 @dataclass
 class BaselineRow:
-    """One row: its key, its unit values per metric and what it was measured on."""
+    """One row: its key, its unit values per metric and what it was measured on.
+
+    Parameters
+    ----------
+    key : dict[str, str]
+        One value per :data:`KEY_FIELDS`.
+    values : dict[str, list of float]
+        Per metric, one value per unit.
+    sources : dict[str, list of str]
+        Per store, its units (arms or ``run@step``).
+    runs : list of str
+        The runs (``store:run``) the units belong to.
+    n_tokens : int
+        Real tokens over the units.
+    """
 
     key: dict[str, str]
     values: dict[str, list[float]] = field(default_factory=dict)
@@ -173,13 +187,35 @@ class BaselineRow:
 
     @property
     def n_units(self) -> int:
+        """Units (clean batches) in the row.
+
+        Returns
+        -------
+        int
+            Their number.
+        """
         return sum(len(v) for v in self.sources.values())
 
     @property
     def few(self) -> bool:
+        """Whether the row comes from fewer than ``defaults().baseline_min_runs`` runs.
+
+        Returns
+        -------
+        bool
+            True when too few.
+        """
         return len(self.runs) < defaults().baseline_min_runs
 
     def to_dict(self) -> dict[str, Any]:
+        """The row as plain data (what ``baselines.json`` holds).
+
+        Returns
+        -------
+        dict
+            ``key``, ``n_runs``, ``n_units``, ``n_tokens``, ``runs``, ``sources``, ``few_runs``,
+            ``percentiles`` (per metric, :data:`PERCENTILES`) and ``values`` (sorted).
+        """
         pct = {m: {f"p{q}": float(np.nanpercentile(v, q)) if np.isfinite(v).any() else None for q in PERCENTILES}
                for m, v in self.values.items()}
         return {"key": self.key, "n_runs": len(self.runs), "n_units": self.n_units, "n_tokens": self.n_tokens,
@@ -188,6 +224,18 @@ class BaselineRow:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> BaselineRow:
+        """A row from :meth:`to_dict`'s data.
+
+        Parameters
+        ----------
+        d : Mapping
+            The row's data.
+
+        Returns
+        -------
+        BaselineRow
+            The row.
+        """
         return cls(dict(d["key"]), {m: list(v) for m, v in d["values"].items()},
                    {s: list(u) for s, u in d["sources"].items()}, list(d["runs"]), int(d["n_tokens"]))
 
@@ -281,7 +329,18 @@ def nearest_row(key: Mapping[str, str], rows: Iterable[BaselineRow]) -> tuple[Ba
 
 
 def describe_key(key: Mapping[str, str]) -> str:
-    """A row's key in words, e.g. ``dense bf16 on vllm 0.26.0 (FLASH_ATTN) with a fp32 head, H200``."""
+    """A row's key in words, e.g. ``dense bf16 on vllm 0.26.0 (FLASH_ATTN) with a fp32 head, H200``.
+
+    Parameters
+    ----------
+    key : Mapping[str, str]
+        A key of :data:`KEY_FIELDS`.
+
+    Returns
+    -------
+    str
+        The key in words.
+    """
     return (f"{key.get('family', '?')} {key.get('dtype', '?')} on {key.get('engine', '?')} "
             f"({key.get('attention_backend', '?')}) with a {key.get('head', '?')}, {key.get('device', '?')}")
 
