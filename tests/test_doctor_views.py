@@ -336,3 +336,29 @@ def test_doctor_places_views_and_counterfactuals():
     fig = plot_sequence_views(r.views)
     assert len(fig.data) == 2 * len(r.views[0]["token_share"]) + 2
     assert list(fig.data[0].x) == [0, 1, 2]
+
+
+def test_edges_and_empty_sequences():
+    d = np.array([[0.0, math.log(2.0), 0.0], [-np.inf, -np.inf, np.nan]])
+    mask = np.array([[True, True, True], [True, True, False]])
+    s = sq.band_shares(d, mask, bands={"exact": (1.0, 1.0)})
+    assert s["token_share"]["exact"] == pytest.approx(2 / 5)  # rho == 1 on both edges is inside
+    assert s["above_ln2_token_share"] == pytest.approx(2 / 5)  # |d| == ln 2 is not above; -inf is
+    m = sq.sequence_mean_abs(d, mask)
+    assert m[0] == pytest.approx(math.log(2) / 3) and math.isnan(m[1])
+    assert len(sq.top_kl(d, mask, n=100)) == 5
+
+
+def test_baseline_key_fields():
+    assert bl.baseline_key(_attrs(), device="H100") == {
+        "family": "dense", "dtype": "bf16", "engine": "vllm 0.26.0", "attention_backend": "FLASH_ATTN",
+        "head": "fp32 head", "device": "H100"}
+    moe = bl.baseline_key(_attrs(routing_capture={"mode": "engine"}))
+    assert moe["family"] == "moe" and moe["device"] == "cuda"
+    a = _attrs()
+    a["engine_effective"]["head_dtype"] = None
+    assert bl.baseline_key(a)["head"] == "bf16 engine / fp32 trainer head"  # falls back to the engine's dtype
+    a["trainer"]["head_dtype"] = None
+    assert bl.baseline_key(a)["head"] == "bf16 head"
+    kept = _attrs(weight_updates=[{"cache_reset": False}])  # prefix cache off: nothing stale
+    assert bl.is_clean(kept)[0]
