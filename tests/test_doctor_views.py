@@ -362,3 +362,12 @@ def test_baseline_key_fields():
     assert bl.baseline_key(a)["head"] == "bf16 head"
     kept = _attrs(weight_updates=[{"cache_reset": False}])  # prefix cache off: nothing stale
     assert bl.is_clean(kept)[0]
+
+
+def test_one_token_sequence_and_prefix_cache_reset():
+    d = np.array([[0.5, np.nan], [0.1, 0.3]])
+    m = sq.sequence_mean_abs(d, ~np.isnan(d))
+    assert m[0] == pytest.approx(0.5) and m[1] == pytest.approx(0.2)
+    on = _attrs(weight_updates=[{"cache_reset": True}])
+    on["engine_effective"]["enable_prefix_caching"] = True
+    assert bl.is_clean(on)[0]
