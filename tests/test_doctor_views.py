@@ -226,6 +226,7 @@ def test_each_correction_equals_the_peer_formula(correction):
     assert row["ess"] == pytest.approx(ess, abs=1e-9) or (math.isnan(ess) and math.isnan(row["ess"]))
     dropped = [i for i in range(12) if any(usable[i, t] and not K[i, t] for t in range(6))]
     assert row["dropped_sequences"] == dropped
+    assert row["dropped_sequence_share"] == pytest.approx(len(dropped) / 12)
     assert row["dropped_token_share"] == pytest.approx(sum(1 for i in range(12) for t in range(6)
                                                            if usable[i, t] and not K[i, t]) / usable.sum())
 
@@ -236,6 +237,9 @@ def test_would_hide_rules():
     assert not cf.would_hide({**base, "ess": 0.2})
     assert not cf.would_hide({**base, "dropped_token_share": 0.5})
     assert not cf.would_hide({**base, "correction": "none"})
+    assert cf.would_hide({**base, "ess": 0.3, "dropped_token_share": 0.1})  # the rules' edges are healthy
+    w, keep = cf.correction_weights(np.array([[math.log(2.0), math.log(2.5)]]), correction="token_mis")
+    assert keep.tolist() == [[True, False]] and w[0, 0] == pytest.approx(2.0)  # rho == C is kept
 
 
 # ---------------------------------------------------------------- gradients on the tiny model
