@@ -24,14 +24,10 @@ import numpy as np
 import xarray as xr
 
 from rlparity.config.defaults import TrainerSide
+from rlparity.experiments.objective import _cos
 from rlparity.metrics import counterfactual as cf
 from rlparity.metrics.objective import finite_tokens, importance_weights, pair_log_ratio
 from rlparity.train import train_step
-
-
-def _cos(a: np.ndarray, b: np.ndarray) -> float:
-    na, nb = np.linalg.norm(a), np.linalg.norm(b)
-    return float(a @ b / (na * nb)) if na > 0 and nb > 0 else float("nan")
 
 
 def _ratio(a: np.ndarray, b: np.ndarray) -> float:
