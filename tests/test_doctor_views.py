@@ -170,10 +170,13 @@ def test_clean_rule():
 C = 2.0
 
 
-def _peer_reference(d, mask, correction):
-    """Pure-Python float64 per-token (weight, keep) from the peers' documented formulas: verl
-    rollout_corr (token / sequence IS truncated at C, rollout_rs seq_mean_k3), prime-rl's token
-    mask (masked where ratio < 1/C or > C), MIS (ratio > C dropped), geometric / product bands."""
+def _peer_reference(d, mask, correction, log_mu, adv):
+    """Pure-Python float64 per-token (weight, keep) from the peers' formulas: verl rollout_corr
+    (token / sequence IS truncated at C, rollout_rs seq_mean_k3), the IcePop token mask (masked
+    where ratio < 1/C or > C), MIS (ratio > C dropped), geometric / product bands, prime-rl's DPPO
+    mask (scripts/peers/prime_rl_token_export.py: torch.where(A > 0, p > high, p < -low) with
+    p = exp(trainer) - exp(inference), 0.2 / 0.2) and NeMo-RL's sequence mask
+    (scripts/peers/nemo_rl_logger.py: keep mean_t exp(|d|) <= threshold)."""
     n, L = d.shape
     W = np.full(d.shape, np.nan)
     K = np.zeros(d.shape, bool)
@@ -200,8 +203,14 @@ def _peer_reference(d, mask, correction):
                 w, k = 1.0, mean_k3 <= 5e-7
             elif correction == "geometric_rejection":
                 w, k = 1.0, ok and 0.999 <= math.exp(s / len(toks)) <= 1.001
-            else:  # product_band_mask
+            elif correction == "product_band_mask":
                 w, k = 1.0, ok and 0.5 <= math.exp(s) <= 2.0
+            elif correction == "dppo_mask":
+                p = math.exp(float(log_mu[i, t]) + x) - math.exp(float(log_mu[i, t]))
+                w, k = 1.0, not (p > 0.2 if adv[i] > 0 else p < -0.2)
+            else:  # seq_error_mask
+                err = sum(math.exp(abs(y)) for _, y in toks) / len(toks) if ok else float("inf")
+                w, k = 1.0, err <= 1.05
             W[i, t], K[i, t] = w, k
     return W, K
 
@@ -215,11 +224,14 @@ def test_each_correction_equals_the_peer_formula(correction):
     mask = np.ones_like(d, bool)
     mask[6, 3:] = False
     d = np.where(mask, d, np.nan)
-    w, keep = cf.correction_weights(d, mask, correction=correction)
-    W, K = _peer_reference(d, mask, correction)
+    log_mu = np.log(rng.uniform(0.05, 0.9, d.shape))
+    adv = rng.normal(size=12)
+    adv[5] = 0.0
+    w, keep = cf.correction_weights(d, mask, correction=correction, log_mu=log_mu, advantages=adv)
+    W, K = _peer_reference(d, mask, correction, log_mu, adv)
     np.testing.assert_array_equal(keep, K)
     np.testing.assert_allclose(np.where(K, w, 0.0), np.where(K, W, 0.0), rtol=0, atol=1e-9)
-    row = cf.counterfactual_row(d, mask, correction=correction)
+    row = cf.counterfactual_row(d, mask, correction=correction, log_mu=log_mu, advantages=adv)
     usable = mask & np.isfinite(d)
     eff = [W[i, t] if K[i, t] else 0.0 for i in range(12) for t in range(6) if usable[i, t]]
     ess = sum(eff) ** 2 / (len(eff) * sum(x * x for x in eff)) if any(eff) else float("nan")
@@ -229,6 +241,25 @@ def test_each_correction_equals_the_peer_formula(correction):
     assert row["dropped_sequence_share"] == pytest.approx(len(dropped) / 12)
     assert row["dropped_token_share"] == pytest.approx(sum(1 for i in range(12) for t in range(6)
                                                            if usable[i, t] and not K[i, t]) / usable.sum())
+
+
+def test_dppo_mask_matches_the_prime_rl_dashboard_and_needs_advantages():
+    from rlparity.metrics.dashboard import prime_rl_metrics
+
+    rng = np.random.default_rng(4)
+    log_mu = np.log(rng.uniform(0.05, 0.95, (10, 7)))
+    log_pi = np.minimum(log_mu + rng.normal(0, 0.5, log_mu.shape), 0.0)
+    mask = np.ones(log_mu.shape, bool)
+    adv = rng.normal(size=10)
+    _, keep = cf.correction_weights(log_pi - log_mu, mask, correction="dppo_mask", log_mu=log_mu, advantages=adv)
+    peer = prime_rl_metrics(log_pi, log_mu, mask, advantages=adv)
+    share = (~keep).mean(axis=1)
+    assert 0 < share.mean() < 1
+    assert share.mean() == pytest.approx(peer["is_masked/mean"], abs=1e-12)
+    assert share.max() == pytest.approx(peer["is_masked/max"], abs=1e-12)
+    with pytest.raises(ValueError, match="needs log_mu"):
+        cf.correction_weights(log_pi - log_mu, mask, correction="dppo_mask")
+    assert "dppo_mask" not in [r["correction"] for r in cf.counterfactual_table(log_pi - log_mu, mask)]
 
 
 def test_would_hide_rules():
@@ -284,7 +315,7 @@ def test_correction_gradients_against_float64(tiny_model):
     mu = np.minimum(t["trainer_logprob"].values - rng.normal(0, 0.3, m.shape), -1e-6)  # an engine off by noise
     t["rollout_logprob"] = (("sequence", "position"), np.where(m, mu, np.nan))
     t["reward"] = ("sequence", (t["sample_index"].values % 2).astype(float))
-    rows = correction_gradients(t, tiny_model, corrections=["none", "token_tis", "token_mask", "token_mis"],
+    rows = correction_gradients(t, tiny_model, corrections=["none", "token_tis", "token_mask", "token_mis", "dppo_mask"],
                                 trainer="raw")
     by = {r["correction"]: r for r in rows}
     assert by["none"]["cosine_vs_parity"] == pytest.approx(1.0, abs=1e-9)
@@ -294,8 +325,9 @@ def test_correction_gradients_against_float64(tiny_model):
     ref = t.assign(advantage=("sequence", adv))
     d = t["trainer_logprob"].values - t["rollout_logprob"].values
     g = {}
-    for c in ("none", "token_tis", "token_mask", "token_mis"):
-        w, keep = cf.correction_weights(np.where(m, d, np.nan), m, correction=c)
+    for c in ("none", "token_tis", "token_mask", "token_mis", "dppo_mask"):
+        w, keep = cf.correction_weights(np.where(m, d, np.nan), m, correction=c,
+                                        log_mu=t["rollout_logprob"].values, advantages=adv)
         g[c] = _f64_gradient(tiny_model, ref, np.where(keep, w, 0.0))
     w_is = np.where(m, np.exp(np.where(m, d, 0.0)), 0.0)
     g_is = _f64_gradient(tiny_model, ref, w_is)
@@ -303,7 +335,7 @@ def test_correction_gradients_against_float64(tiny_model):
     def cos(a, b):
         return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
 
-    for c in ("token_tis", "token_mask", "token_mis"):
+    for c in ("token_tis", "token_mask", "token_mis", "dppo_mask"):
         assert by[c]["cosine_vs_parity"] == pytest.approx(cos(g[c], g["none"]), abs=2e-4)
         assert by[c]["cosine_vs_full_is"] == pytest.approx(cos(g[c], g_is), abs=2e-4)
         assert by[c]["norm_ratio_vs_parity"] == pytest.approx(np.linalg.norm(g[c]) / np.linalg.norm(g["none"]),
@@ -334,7 +366,8 @@ def test_doctor_places_views_and_counterfactuals():
         ref = 100 * (sum(t < sum(x) / len(x) for t in table)) / len(table)
         assert p["exact"] and p["percentile"] == pytest.approx(ref)
         assert r.views[k]["token_share"] == pytest.approx(sq.band_shares(d, m)["token_share"])
-    assert r.counterfactual["step"] == 2 and [c["correction"] for c in r.counterfactual["rows"]] == list(cf.CORRECTIONS)
+    names = [c["correction"] for c in r.counterfactual["rows"]]
+    assert r.counterfactual["step"] == 2 and names == [c for c in cf.CORRECTIONS if c not in cf.NEEDS_ADVANTAGES]
     page = str(rep)
     assert "is it normal" in page and "does it matter" in page and "inside ratio bands" in page
     fig = plot_sequence_views(r.views)

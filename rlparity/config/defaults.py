@@ -97,6 +97,14 @@ class ObjectiveDefaults(BaseModel):
             "seq_max_k2": 0.2402265069591007, "seq_max_k3": 0.3068528194400547,
         },
         description="rejection thresholds per rule (verl's rollout_rs options): k1 a band, k2/k3 an upper bound")
+    dppo_mask_low: float = Field(0.2, gt=0, description="prime-rl's DPPO token mask: drop a token of a non-positive "
+                                 "advantage whose probability difference p_trainer - p_inference < -dppo_mask_low "
+                                 "(prime-rl's default)")
+    dppo_mask_high: float = Field(0.2, gt=0, description="and a token of a positive advantage whose difference > "
+                                  "dppo_mask_high (prime-rl's default)")
+    seq_mult_prob_error_max: float = Field(1.05, gt=1, description="NeMo-RL's sequence mask: drop a sequence whose "
+                                           "mean exp(|d|) over its tokens exceeds this (NeMo-RL's gate on "
+                                           "token_mult_prob_error; its own threshold is off by default)")
     # findings (rlparity.diagnose.objective); verl's docs' health rules where they exist
     ess_min: float = Field(0.3, gt=0, le=1, description="normalised ESS of raw weights below which a "
                                                         "warning fires (verl's docs warn at ESS < 0.3)")

@@ -508,7 +508,9 @@ def _counterfactual(steps: Mapping[int, xr.Dataset], diag: Mapping[int, Mapping[
     if not (mask & np.isfinite(d)).any():
         return {}
     causes = list(diag[k]["causes"])
-    rows = mcf.counterfactual_table(d, mask)
+    t = steps[k]
+    adv = t["advantage"].values if "advantage" in t else None  # prime-rl's DPPO mask needs them
+    rows = mcf.counterfactual_table(d, mask, log_mu=np.where(mask, t["rollout_logprob"].values, np.nan), advantages=adv)
     for row in rows:
         row["hides"] = causes if mcf.would_hide(row) else []
     return {"step": int(k), "causes": causes, "rows": rows}

@@ -28,6 +28,8 @@ from rlparity.experiments.objective import _cos
 from rlparity.metrics import counterfactual as cf
 from rlparity.metrics.objective import finite_tokens, importance_weights, pair_log_ratio
 from rlparity.train import train_step
+from rlparity.train.reward import group_advantages
+from rlparity.train.step import StepSettings
 
 
 def _ratio(a: np.ndarray, b: np.ndarray) -> float:
@@ -71,6 +73,11 @@ def correction_gradients(trace: xr.Dataset, model: Any, *, corrections: Iterable
     """
     d = pair_log_ratio(trace, "backend", trainer).values
     mask = trace["response_mask"].values.astype(bool)
+    st = StepSettings()
+    r = trace["reward"].values if rewards is None else (rewards(trace) if callable(rewards) else rewards)
+    adv = group_advantages(np.asarray(r, float), trace[train_options.get("group_by", st.group_by)].values,
+                           scale=train_options.get("advantage_scale", st.advantage_scale))
+    log_mu = np.where(mask, trace["rollout_logprob"].values, np.nan)
     names = list(corrections or cf.CORRECTIONS)
     common = dict(rewards=rewards, loss=loss, trainer=trainer, step=False, return_gradient=True, **train_options)
     usable = finite_tokens(d, mask)
@@ -86,8 +93,8 @@ def correction_gradients(trace: xr.Dataset, model: Any, *, corrections: Iterable
     causes = list(causes)
     rows = []
     for c in names:
-        row = cf.counterfactual_row(d, mask, correction=c)
-        w, keep = cf.correction_weights(d, mask, correction=c)
+        row = cf.counterfactual_row(d, mask, correction=c, log_mu=log_mu, advantages=adv)
+        w, keep = cf.correction_weights(d, mask, correction=c, log_mu=log_mu, advantages=adv)
         g = g_par if c == "none" else grad(np.where(keep, w, 0.0), keep)
         if g is None:
             row.update(cosine_vs_parity=float("nan"), norm_ratio_vs_parity=0.0, cosine_vs_full_is=float("nan"),

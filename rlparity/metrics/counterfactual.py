@@ -16,7 +16,12 @@ thresholds from ``defaults().objective``, ``C = is_cap``):
   ``seq_mean_k3``);
 * ``geometric_rejection``: drop a sequence whose geometric ratio ``exp(mean_t d)`` leaves the
   geometric band (verl ``seq_mean_k1`` / GSPO-style);
-* ``product_band_mask``: drop a sequence whose product ratio leaves the product band.
+* ``product_band_mask``: drop a sequence whose product ratio leaves the product band;
+* ``dppo_mask``: prime-rl's DPPO mask on the probability difference ``p = pi_old - mu``: drop a
+  token of a positive advantage with ``p > dppo_mask_high`` and of a non-positive advantage with
+  ``p < -dppo_mask_low`` (needs ``log_mu`` and the per-sequence ``advantages``);
+* ``seq_error_mask``: NeMo-RL's sequence mask, drop a sequence whose ``mean_t exp(|d|)``
+  (its ``seq_mult_prob_error``) exceeds ``seq_mult_prob_error_max``.
 
 For each: the tokens and sequences it drops, the normalised ESS ``(sum w)^2 / (n sum w^2)`` of
 the weights it applies over the usable tokens (a dropped token weighs 0) and the largest weight.
@@ -63,6 +68,27 @@ def _token_mis(d, mask):
         return w, np.isfinite(w) & (w <= OBJECTIVE_DEFAULTS.is_cap)
 
 
+def _seq_error_mask(d, mask):
+    u = finite_tokens(d, mask)
+    real = real_tokens(d, mask)
+    n = real.sum(axis=-1)
+    err = np.where(u, np.exp(np.abs(np.where(u, d, 0.0))), np.inf)
+    s = np.where(real, err, 0.0).sum(axis=-1) / np.maximum(n, 1)
+    return np.where(u, 1.0, np.nan), u & (s <= OBJECTIVE_DEFAULTS.seq_mult_prob_error_max)[:, None]
+
+
+def _dppo_mask(d, mask, log_mu, advantages):
+    u = finite_tokens(d, mask)
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = np.exp(np.where(u, log_mu + d, 0.0)) - np.exp(np.where(u, log_mu, 0.0))
+    a = np.asarray(advantages, float)[:, None]
+    bad = np.where(a > 0, p > OBJECTIVE_DEFAULTS.dppo_mask_high, p < -OBJECTIVE_DEFAULTS.dppo_mask_low)
+    return np.where(u, 1.0, np.nan), u & ~bad
+
+
+NEEDS_ADVANTAGES = ("dppo_mask",)
+
+
 def _mask_rule(rule: str) -> Callable:
     def f(d, mask):
         u = finite_tokens(d, mask)
@@ -81,10 +107,16 @@ CORRECTIONS: dict[str, tuple[Callable, str]] = {
                                                           "exp(mean d) leaves the geometric band"),
     "product_band_mask": (_mask_rule("product_band"), "product band mask: drop a sequence whose prod rho "
                                                       "leaves the product band"),
+    "dppo_mask": (_dppo_mask, "prime-rl DPPO mask: drop a token whose pi_old - mu passes the bound on its "
+                              "advantage's side"),
+    "seq_error_mask": (_seq_error_mask, "NeMo-RL sequence mask: drop a sequence whose mean exp(|d|) exceeds "
+                                        "its bound"),
 }
 
 
-def correction_weights(d: np.ndarray, mask: np.ndarray | None = None, *, correction: str) -> tuple[np.ndarray, np.ndarray]:
+def correction_weights(d: np.ndarray, mask: np.ndarray | None = None, *, correction: str,
+                       log_mu: np.ndarray | None = None, advantages: np.ndarray | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
     """The weights and keep flags of one correction.
 
     Parameters
@@ -95,6 +127,10 @@ def correction_weights(d: np.ndarray, mask: np.ndarray | None = None, *, correct
         Real tokens (``None``: every non-NaN entry of ``d``).
     correction : str
         One of :data:`CORRECTIONS`.
+    log_mu : numpy.ndarray, optional
+        The engine's log-probabilities (nats), shaped like ``d`` (``dppo_mask`` needs them).
+    advantages : numpy.ndarray, optional
+        One advantage per sequence (``dppo_mask`` needs them).
 
     Returns
     -------
@@ -105,11 +141,18 @@ def correction_weights(d: np.ndarray, mask: np.ndarray | None = None, *, correct
     if correction not in CORRECTIONS:
         raise ValueError(f"correction={correction!r}; use one of {list(CORRECTIONS)}")
     d = np.asarray(d, dtype=float)
-    w, keep = CORRECTIONS[correction][0](d, mask)
+    if correction in NEEDS_ADVANTAGES:
+        if log_mu is None or advantages is None:
+            raise ValueError(f"correction={correction!r} needs log_mu (the engine's log-probabilities) and advantages "
+                             "(one per sequence)")
+        w, keep = CORRECTIONS[correction][0](d, mask, np.asarray(log_mu, float), advantages)
+    else:
+        w, keep = CORRECTIONS[correction][0](d, mask)
     return w, np.asarray(keep, bool) & finite_tokens(d, mask)
 
 
-def counterfactual_row(d: np.ndarray, mask: np.ndarray | None = None, *, correction: str) -> dict[str, Any]:
+def counterfactual_row(d: np.ndarray, mask: np.ndarray | None = None, *, correction: str,
+                       log_mu: np.ndarray | None = None, advantages: np.ndarray | None = None) -> dict[str, Any]:
     """What one correction does to a step.
 
     Parameters
@@ -120,6 +163,10 @@ def counterfactual_row(d: np.ndarray, mask: np.ndarray | None = None, *, correct
         Real tokens.
     correction : str
         One of :data:`CORRECTIONS`.
+    log_mu : numpy.ndarray, optional
+        The engine's log-probabilities (``dppo_mask``).
+    advantages : numpy.ndarray, optional
+        One advantage per sequence (``dppo_mask``).
 
     Returns
     -------
@@ -130,7 +177,7 @@ def counterfactual_row(d: np.ndarray, mask: np.ndarray | None = None, *, correct
         tokens), ``max_weight``, ``n_usable`` and ``n_zero_prob`` (real tokens with a non-finite
         ``d``: no correction can use them).
     """
-    w, keep = correction_weights(d, mask, correction=correction)
+    w, keep = correction_weights(d, mask, correction=correction, log_mu=log_mu, advantages=advantages)
     usable = finite_tokens(d, mask)
     eff = np.where(usable, np.where(keep, w, 0.0), np.nan)
     n_use = int(usable.sum())
@@ -146,8 +193,10 @@ def counterfactual_row(d: np.ndarray, mask: np.ndarray | None = None, *, correct
 
 
 def counterfactual_table(d: np.ndarray, mask: np.ndarray | None = None, *,
-                         corrections: list[str] | None = None) -> list[dict[str, Any]]:
-    """:func:`counterfactual_row` for every correction (default all of :data:`CORRECTIONS`).
+                         corrections: list[str] | None = None, log_mu: np.ndarray | None = None,
+                         advantages: np.ndarray | None = None) -> list[dict[str, Any]]:
+    """:func:`counterfactual_row` for every correction (default all of :data:`CORRECTIONS`, less
+    those needing ``log_mu`` and ``advantages`` when they are not given).
 
     Parameters
     ----------
@@ -157,13 +206,19 @@ def counterfactual_table(d: np.ndarray, mask: np.ndarray | None = None, *,
         Real tokens.
     corrections : list of str, optional
         Which corrections.
+    log_mu : numpy.ndarray, optional
+        The engine's log-probabilities.
+    advantages : numpy.ndarray, optional
+        One advantage per sequence.
 
     Returns
     -------
     list of dict
         One row per correction.
     """
-    return [counterfactual_row(d, mask, correction=c) for c in (corrections or list(CORRECTIONS))]
+    have = log_mu is not None and advantages is not None
+    names = corrections or [c for c in CORRECTIONS if have or c not in NEEDS_ADVANTAGES]
+    return [counterfactual_row(d, mask, correction=c, log_mu=log_mu, advantages=advantages) for c in names]
 
 
 def would_hide(row: dict[str, Any], *, ess_min: float | None = None, dropped_max: float | None = None) -> bool:
@@ -191,4 +246,4 @@ def would_hide(row: dict[str, Any], *, ess_min: float | None = None, dropped_max
     return bool(np.isfinite(row["ess"]) and row["ess"] >= e and row["dropped_token_share"] <= m)
 
 
-__all__ = ["CORRECTIONS", "correction_weights", "counterfactual_row", "counterfactual_table", "would_hide"]
+__all__ = ["CORRECTIONS", "NEEDS_ADVANTAGES", "correction_weights", "counterfactual_row", "counterfactual_table", "would_hide"]
