@@ -257,8 +257,9 @@ def test_dppo_mask_matches_the_prime_rl_dashboard_and_needs_advantages():
     assert 0 < share.mean() < 1
     assert share.mean() == pytest.approx(peer["is_masked/mean"], abs=1e-12)
     assert share.max() == pytest.approx(peer["is_masked/max"], abs=1e-12)
-    with pytest.raises(ValueError, match="needs log_mu"):
-        cf.correction_weights(log_pi - log_mu, mask, correction="dppo_mask")
+    for given in ({}, {"log_mu": log_mu}, {"advantages": adv}):
+        with pytest.raises(ValueError, match="needs log_mu"):
+            cf.correction_weights(log_pi - log_mu, mask, correction="dppo_mask", **given)
     assert "dppo_mask" not in [r["correction"] for r in cf.counterfactual_table(log_pi - log_mu, mask)]
 
 
