@@ -409,3 +409,29 @@ def test_one_token_sequence_and_prefix_cache_reset():
     on = _attrs(weight_updates=[{"cache_reset": True}])
     on["engine_effective"]["enable_prefix_caching"] = True
     assert bl.is_clean(on)[0]
+
+
+def test_cli_json_places_the_shipped_runs_and_refuses_a_missing_model(cli):
+    import json
+
+    res = cli("doctor", "h200-rl", "--json", "--boot", "0")
+    assert res.exit_code == 1, res.output[-2000:]  # causes are named on two profiles
+    data = json.loads(res.stdout)
+    par = data["runs"]["pipelinerl-parity+pi_old"]
+    p0 = par["normal"]["steps"]["0"]["abs_log_ratio_mean"]
+    assert p0["exact"] and p0["row"]["device"] == "H200" and p0["few_runs"]  # the device from the example's name
+    assert 0 < p0["percentile"] < 100
+    v1 = data["runs"]["vllm-v1-defaults+pi_old"]
+    assert v1["normal"]["steps"]["0"]["abs_log_ratio_mean"]["percentile"] == 100.0
+    assert v1["counterfactual"]["step"] == 0 and v1["counterfactual"]["causes"] == ["raw_logprobs"]
+    hides = {r["correction"] for r in v1["counterfactual"]["rows"] if r["hides"]}
+    assert {"token_tis", "token_mask", "dppo_mask"} <= hides and "geometric_rejection" not in hides
+    assert set(par["views"]["99"]["token_share"]) == set(defaults_bands())
+    bad = cli("doctor", "h200-rl", "--model", "/nonexistent-model")
+    assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--model" in bad.stderr
+
+
+def defaults_bands():
+    from rlparity.config import defaults
+
+    return defaults().ratio_bands
