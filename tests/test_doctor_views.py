@@ -369,6 +369,9 @@ def test_doctor_places_views_and_counterfactuals():
         assert r.views[k]["token_share"] == pytest.approx(sq.band_shares(d, m)["token_share"])
     names = [c["correction"] for c in r.counterfactual["rows"]]
     assert r.counterfactual["step"] == 2 and names == [c for c in cf.CORRECTIONS if c not in cf.NEEDS_ADVANTAGES]
+    clean = {k: synthetic_trace(n_sequences=8, max_len=10, noise=0.0, seed=k).assign_attrs(_attrs()) for k in range(3)}
+    rc = doctor({"clean": clean}, n_boot=0, baselines=rows, device="H200").runs["clean"]
+    assert not rc.first_named and rc.counterfactual["step"] == 2  # no cause: the last step
     page = str(rep)
     assert "is it normal" in page and "does it matter" in page and "inside ratio bands" in page
     fig = plot_sequence_views(r.views)
