@@ -316,10 +316,14 @@ def test_correction_gradients_against_float64(tiny_model):
     mu = np.minimum(t["trainer_logprob"].values - rng.normal(0, 0.3, m.shape), -1e-6)  # an engine off by noise
     t["rollout_logprob"] = (("sequence", "position"), np.where(m, mu, np.nan))
     t["reward"] = ("sequence", (t["sample_index"].values % 2).astype(float))
-    rows = correction_gradients(t, tiny_model, corrections=["none", "token_tis", "token_mask", "token_mis", "dppo_mask"],
-                                trainer="raw")
+    rows = correction_gradients(t, tiny_model, corrections=["none", "token_tis", "token_mask", "token_mis", "dppo_mask",
+                                                          "sequence_mean_mask"], trainer="raw")
     by = {r["correction"]: r for r in rows}
     assert by["none"]["cosine_vs_parity"] == pytest.approx(1.0, abs=1e-9)
+    gone = by["sequence_mean_mask"]  # its bound (5e-7 nats) drops every sequence of this noisy engine: no update
+    assert gone["dropped_token_share"] == 1.0 and gone["grad_norm"] == 0.0
+    assert gone["norm_ratio_vs_parity"] == 0.0 and gone["norm_ratio_vs_full_is"] == 0.0
+    assert math.isnan(gone["cosine_vs_parity"]) and not gone["looks_healthy"]
     from rlparity.train.reward import group_advantages
 
     adv = group_advantages(t["reward"].values, t["prompt_index"].values, scale="std")
