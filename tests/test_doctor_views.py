@@ -319,6 +319,7 @@ def test_correction_gradients_against_float64(tiny_model):
     rows = correction_gradients(t, tiny_model, corrections=["none", "token_tis", "token_mask", "token_mis", "dppo_mask",
                                                           "sequence_mean_mask"], trainer="raw")
     by = {r["correction"]: r for r in rows}
+    assert len(rows) == 6  # the corrections asked for, no more
     assert by["none"]["cosine_vs_parity"] == pytest.approx(1.0, abs=1e-9)
     gone = by["sequence_mean_mask"]  # its bound (5e-7 nats) drops every sequence of this noisy engine: no update
     assert gone["dropped_token_share"] == 1.0 and gone["grad_norm"] == 0.0
