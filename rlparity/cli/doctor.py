@@ -71,6 +71,14 @@ def doctor_cmd(
                                                "decomposed, per window)"),
     boot: int = typer.Option(200, min=0, help="bootstrap replicates of the growth decomposition's intervals"),
     as_json: bool = typer.Option(False, "--json", help="print strict JSON"),
+    model: Path = typer.Option(None, "--model", help="the trainer at the weights of the counterfactual step (a local "
+                                                     "path): each correction's real policy gradient against the parity "
+                                                     "and the full-IS gradients (cosine, norm ratio), on CPU"),
+    device: str = typer.Option(None, "--device", help="the card the run ran on (e.g. H100, H200, cpu), matched against "
+                                                      "the baseline table's rows; default: a shipped example's prefix, "
+                                                      "else the trainer's device from the attrs"),
+    tokenizer: Path = typer.Option(None, "--tokenizer", help="a local tokenizer folder: the top tokens by KL with "
+                                                             "their text"),
 ):
     """Is my number normal, when did it change, why does it grow: per step the mismatch (mean |d|,
     k3) beside the recorded floors, per policy lag, the recorder's alarms, the cause of each window
@@ -86,7 +94,25 @@ def doctor_cmd(
 
         if str(run) in list_examples():
             path = example_path(str(run))
-    report = doctor(read_runs(path), window=window, n_boot=boot, source=str(run))
+            device = device or {"h100": "H100", "h200": "H200", "cpu": "cpu"}.get(str(run).split("-")[0])
+    decode = None
+    if tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        if not Path(tokenizer).is_dir():
+            raise BadInput(f"--tokenizer {tokenizer} is not a folder: give a local tokenizer folder (e.g. the model's)")
+        decode = AutoTokenizer.from_pretrained(str(tokenizer)).decode
+    if model is not None and not Path(model).is_dir():
+        raise BadInput(f"--model {model} is not a folder: give the local checkpoint of the trainer at that step")
+    runs = read_runs(path)
+    report = doctor(runs, window=window, n_boot=boot, source=str(run), decode=decode, device=device)
+    if model is not None:
+        from rlparity.experiments.counterfactual import correction_gradients
+
+        for name, r in report.runs.items():
+            c = r.counterfactual
+            if c:
+                c["rows"] = correction_gradients(runs[name][c["step"]], str(model), causes=c["causes"])
     if as_json:
         echo_json(report.to_dict())
     else:

@@ -97,6 +97,14 @@ class ObjectiveDefaults(BaseModel):
             "seq_max_k2": 0.2402265069591007, "seq_max_k3": 0.3068528194400547,
         },
         description="rejection thresholds per rule (verl's rollout_rs options): k1 a band, k2/k3 an upper bound")
+    dppo_mask_low: float = Field(0.2, gt=0, description="prime-rl's DPPO token mask: drop a token of a non-positive "
+                                 "advantage whose probability difference p_trainer - p_inference < -dppo_mask_low "
+                                 "(prime-rl's default)")
+    dppo_mask_high: float = Field(0.2, gt=0, description="and a token of a positive advantage whose difference > "
+                                  "dppo_mask_high (prime-rl's default)")
+    seq_mult_prob_error_max: float = Field(1.05, gt=1, description="NeMo-RL's sequence mask: drop a sequence whose "
+                                           "mean exp(|d|) over its tokens exceeds this (NeMo-RL's gate on "
+                                           "token_mult_prob_error; its own threshold is off by default)")
     # findings (rlparity.diagnose.objective); verl's docs' health rules where they exist
     ess_min: float = Field(0.3, gt=0, le=1, description="normalised ESS of raw weights below which a "
                                                         "warning fires (verl's docs warn at ESS < 0.3)")
@@ -220,6 +228,13 @@ class Defaults(BaseModel):
     # metrics
     trainer: TrainerSide = Field("processed", description="trainer reading the rollout must match")
     eps: float = Field(0.2, gt=0, description="PPO clip range: tokens with ratio outside [1-eps, 1+eps]")
+    ratio_bands: dict[str, tuple[float, float]] = Field(
+        default_factory=lambda: {"0.999-1.002": (0.999, 1.002), "1%": (0.99, 1.01), "5%": (0.95, 1.05)},
+        description="ratio bands rho = pi_old/mu of the sequence-level views and the baseline table: the share of "
+                    "tokens, and of whole sequences (every token inside), with rho in [low, high]")
+    baseline_min_runs: int = Field(5, ge=1, description="runs a baseline row needs before its percentiles are "
+                                   "read as a distribution; fewer: the row says it is from too few runs")
+    top_tokens: int = Field(10, ge=1, description="tokens listed per step by the doctor's top-KL table")
     # diagnoses
     tol: float = Field(0.02, gt=0, description="RMS of d (nats) under which two sides count as matched; "
                                                 "calibrated on CPU float32 captures of the tiny model")

@@ -14,7 +14,16 @@
   named from the first step whose own trace shows it, never earlier: steps are never pooled
   with steps before the cause appeared;
 * why it grows: the change of mean ``|d|`` of every window against the first, split into
-  composition parts and a residual (:func:`rlparity.metrics.run.growth_decomposition`).
+  composition parts and a residual (:func:`rlparity.metrics.run.growth_decomposition`);
+* is it normal: each step's mean ``|d|``, k3 and share with ``|d| > ln 2`` placed in the baseline
+  table shipped with the package (:func:`rlparity.metrics.baselines.place`: the row of the run's
+  setting, or the nearest row and the fields that differ);
+* the sequence-level views per step (:mod:`rlparity.metrics.sequences`: band shares of tokens and
+  of whole sequences, ``|d| > ln 2``, per-sequence mean ``|d|``, the top tokens by KL);
+* does it matter: on the last step (or the first step naming a cause), what each correction the
+  peers ship would drop, its ESS, and whether it would leave the batch looking healthy while a
+  cause is named (:mod:`rlparity.metrics.counterfactual`; the gradients need the model:
+  :func:`rlparity.experiments.counterfactual.correction_gradients`, ``rlparity doctor --model``).
 
 A cause is a key of :data:`rlparity.diagnose.causes.CAUSES` that a finding at warning or above
 claims; findings without a cause (the objective layer's: ESS, clipping) are listed beside the
@@ -34,7 +43,10 @@ import xarray as xr
 
 from rlparity.config.defaults import TrainerSide
 from rlparity.diagnose.findings import Severity
+from rlparity.metrics import baselines as mb
+from rlparity.metrics import counterfactual as mcf
 from rlparity.metrics import run as mr
+from rlparity.metrics import sequences as msq
 
 DEFAULT_WINDOW = 10
 MAX_STEP_ROWS = 30  # the page lists every step up to this many, else one row per window
@@ -69,6 +81,16 @@ class RunDoctor:
         for it) and ``growth_k3`` (the same of the k3 term ``exp(d) - 1 - d``).
     first_named : dict
         Per cause, the first step naming it and its window.
+    normal : dict
+        ``key`` (the run's baseline key) and per step the placement of its numbers
+        (:func:`rlparity.metrics.baselines.place`) of ``abs_log_ratio_mean``, ``kl_k3`` and
+        ``above_ln2_token_share``; empty without a table.
+    views : dict
+        Per step: band shares of tokens and sequences, ``|d| > ln 2`` shares, per-sequence mean
+        ``|d|`` (median, max), the top tokens by KL.
+    counterfactual : dict
+        ``step``, ``causes`` (named on it) and ``rows`` (:func:`rlparity.metrics.counterfactual.counterfactual_table`
+        with ``hides``); empty when there is no token.
     """
 
     name: str
@@ -78,6 +100,9 @@ class RunDoctor:
     alarms: list[dict[str, Any]]
     windows: list[dict[str, Any]]
     first_named: dict[str, dict[str, Any]] = field(default_factory=dict)
+    normal: dict[str, Any] = field(default_factory=dict)
+    views: dict[int, dict[str, Any]] = field(default_factory=dict)
+    counterfactual: dict[str, Any] = field(default_factory=dict)
 
     @property
     def problem(self) -> bool:
@@ -98,7 +123,8 @@ class RunDoctor:
         -------
         dict
             ``name``, ``problem``, ``steps`` (rows), ``lags`` (rows of ``(step, lag)``),
-            ``step_causes``, ``alarms``, ``windows`` and ``first_named``.
+            ``step_causes``, ``alarms``, ``windows``, ``first_named``, ``normal``, ``views`` and
+            ``counterfactual``.
         """
         lags = [{"step": int(k), "lag": int(j), "abs_log_ratio_mean": float(self.lags["abs_log_ratio_mean"][i, j]),
                  "n_tokens": int(self.lags["n_tokens"][i, j])}
@@ -107,7 +133,8 @@ class RunDoctor:
         return {"name": self.name, "problem": self.problem, "steps": _step_records(self.steps), "lags": lags,
                 "lag_max_label": f"{int(self.lags.attrs['lag_max'])}+",
                 "step_causes": {str(k): v for k, v in self.step_causes.items()}, "alarms": self.alarms,
-                "windows": self.windows, "first_named": self.first_named}
+                "windows": self.windows, "first_named": self.first_named, "normal": self.normal,
+                "views": {str(k): v for k, v in self.views.items()}, "counterfactual": self.counterfactual}
 
 
 @dataclass
@@ -258,6 +285,55 @@ def _growth_lines(r: RunDoctor) -> list[str]:
     return lines
 
 
+def _normal_lines(r: RunDoctor) -> list[str]:
+    """Where the first and the last step fall in the baseline table."""
+    if not r.normal.get("steps"):
+        return []
+    ks = sorted(r.normal["steps"], key=int)
+    lines = ["  is it normal (the baseline table of clean batches shipped with rlparity):"]
+    for k in dict.fromkeys([ks[0], ks[-1]]):
+        p = r.normal["steps"][k]["abs_log_ratio_mean"]
+        lines.append(f"    step {k}: mean |d| {_f(p['value'], '.4g')} is {p['text']}")
+    return lines
+
+
+def _view_lines(r: RunDoctor) -> list[str]:
+    """The last step's sequence-level view and top tokens."""
+    if not r.views:
+        return []
+    k = max(r.views)
+    v = r.views[k]
+    bands = ", ".join(f"{b}: {_f(v['token_share'][b], '.3f')} tok / {_f(v['sequence_share'][b], '.3f')} seq"
+                      for b in v["token_share"])
+    lines = [f"  step {k} inside ratio bands (rho = pi_old/mu): {bands}; |d| > ln 2: "
+             f"{_f(v['above_ln2_token_share'], '.3g')} tok / {_f(v['above_ln2_sequence_share'], '.3g')} seq; "
+             f"per-sequence mean |d| median {_f(v['sequence_mean_abs_median'], '.3g')}, "
+             f"max {_f(v['sequence_mean_abs_max'], '.3g')}"]
+    tops = v["top_tokens"][:5]
+    if tops:
+        lines.append("    top tokens by k3: " + "; ".join(
+            f"seq {t['sequence']} pos {t['position']} " + (f"{t['text']!r} " if t["text"] is not None else
+                                                         f"id {t['token_id']} ")
+            + f"d {_f(t['d'], '+.3g')}" for t in tops))
+    return lines
+
+
+def _counterfactual_lines(r: RunDoctor) -> list[str]:
+    """What each correction would do on the step the doctor picked."""
+    c = r.counterfactual
+    if not c:
+        return []
+    lines = [f"  does it matter: each correction on step {c['step']} (drops, ESS of the weights it applies; "
+             "gradients: rlparity doctor --model PATH):"]
+    for row in c["rows"]:
+        hide = f"; would hide {', '.join(row['hides'])}" if row["hides"] else ""
+        grad = (f"; gradient cos {row['cosine_vs_parity']:.4f} vs parity, {row['cosine_vs_full_is']:.4f} vs full IS, "
+                f"norm x{row['norm_ratio_vs_parity']:.3f}" if "cosine_vs_parity" in row else "")
+        lines.append(f"    {row['correction']:>20}: drops {_f(row['dropped_token_share'], '.3f')} tok, "
+                     f"{_f(row['dropped_sequence_share'], '.3f')} seq; ESS {_f(row['ess'], '.3f')}{grad}{hide}")
+    return lines
+
+
 def run_page(r: RunDoctor) -> list[str]:
     """One run's part of the doctor's page, line by line.
 
@@ -273,8 +349,8 @@ def run_page(r: RunDoctor) -> list[str]:
         the alarms, the cause per window and the first step naming each, the growth decomposition.
     """
     ks = [int(k) for k in r.steps["step"].values]
-    return [f"run {r.name}: {len(ks)} steps recorded ({ks[0]}..{ks[-1]})", *_table_lines(r), *_cause_lines(r),
-            *_growth_lines(r)]
+    return [f"run {r.name}: {len(ks)} steps recorded ({ks[0]}..{ks[-1]})", *_table_lines(r), *_normal_lines(r),
+            *_view_lines(r), *_cause_lines(r), *_growth_lines(r), *_counterfactual_lines(r)]
 
 
 def _step_diagnosis(trace: xr.Dataset, arm: str, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -311,7 +387,8 @@ def _window_headline(ks: list[int], diag: Mapping[int, Mapping[str, Any]]) -> di
 
 def doctor_run(name: str, steps: Mapping[int, xr.Dataset], *, window: int = DEFAULT_WINDOW,
                trainer: TrainerSide | None = None, n_boot: int = 200, seed: int = 0,
-               options: Mapping[str, Any] | None = None) -> RunDoctor:
+               options: Mapping[str, Any] | None = None, baselines=None, decode=None,
+               device: str | None = None) -> RunDoctor:
     """The doctor on one run.
 
     Parameters
@@ -330,6 +407,13 @@ def doctor_run(name: str, steps: Mapping[int, xr.Dataset], *, window: int = DEFA
         Seeds the bootstrap.
     options : Mapping[str, Any], optional
         Options of :func:`rlparity.diagnose.diagnose` for every step.
+    baselines : list of BaselineRow, optional
+        The baseline table (default the shipped one, :func:`rlparity.metrics.baselines.load_baselines`).
+    decode : callable, optional
+        ``token ids -> text`` for the top tokens (e.g. a tokenizer's ``decode``).
+    device : str, optional
+        The card of the run's key in the baseline table (e.g. ``"H100"``); None: the trainer's
+        device from the attrs (``cuda`` / ``cpu``), which matches no GPU row exactly.
 
     Returns
     -------
@@ -380,12 +464,62 @@ def doctor_run(name: str, steps: Mapping[int, xr.Dataset], *, window: int = DEFA
         windows.append({"start": start, "end": end, "steps": ks, **row,
                         "causes": dict(named), "other_findings": dict(other), "headline": headline,
                         "growth": growth, "growth_k3": growth_k3})
-    return RunDoctor(name, table, lags, diag, alarms, windows, first)
+    normal = _placements(steps, baselines, device)
+    views = {int(k): _view(steps[k], trainer, decode) for k in sorted(steps) if tokens[k].d.size}
+    counterfactual = _counterfactual(steps, diag, first, trainer)
+    return RunDoctor(name, table, lags, diag, alarms, windows, first, normal, views, counterfactual)
+
+
+def _placements(steps: Mapping[int, xr.Dataset], baselines, device: str | None = None) -> dict[str, Any]:
+    """Each step's numbers placed in the baseline table (the run's key: its first step's attrs)."""
+    rows = mb.load_baselines() if baselines is None else list(baselines)
+    if not rows:
+        return {}
+    first = steps[min(steps)]
+    key = mb.baseline_key(first.attrs, device=device)
+    out: dict[str, Any] = {"key": key, "steps": {}}
+    for k in sorted(steps):
+        vals = mb.unit_values(steps[k])
+        if not vals["n_tokens"]:
+            continue
+        out["steps"][str(int(k))] = {m: mb.place(vals[m], m, key, rows) for m in mb.METRICS}
+    return out
+
+
+def _view(trace: xr.Dataset, trainer: TrainerSide | None, decode) -> dict[str, Any]:
+    v = msq.sequence_view(trace, trainer=trainer)
+    per_seq = v["sequence_mean_abs_log_ratio"].values
+    fin = per_seq[np.isfinite(per_seq)]
+    return {"token_share": dict(zip(map(str, v["band"].values), map(float, v["token_share"].values))),
+            "sequence_share": dict(zip(map(str, v["band"].values), map(float, v["sequence_share"].values))),
+            "above_ln2_token_share": float(v["above_ln2_token_share"]),
+            "above_ln2_sequence_share": float(v["above_ln2_sequence_share"]),
+            "sequence_mean_abs_median": float(np.median(fin)) if fin.size else float("nan"),
+            "sequence_mean_abs_max": float(fin.max()) if fin.size else float("nan"),
+            "sequence_mean_abs": [float(x) for x in per_seq],
+            "top_tokens": msq.top_kl_tokens(trace, trainer=trainer, decode=decode)}
+
+
+def _counterfactual(steps: Mapping[int, xr.Dataset], diag: Mapping[int, Mapping[str, Any]],
+                    first: Mapping[str, Mapping[str, Any]], trainer: TrainerSide | None) -> dict[str, Any]:
+    """The corrections on the first step naming a cause, else on the last step."""
+    k = min((v["step"] for v in first.values()), default=max(steps))
+    d, mask, _ = msq.backend_log_ratio(steps[k], trainer)
+    if not (mask & np.isfinite(d)).any():
+        return {}
+    causes = list(diag[k]["causes"])
+    t = steps[k]
+    adv = t["advantage"].values if "advantage" in t else None  # prime-rl's DPPO mask needs them
+    rows = mcf.counterfactual_table(d, mask, log_mu=np.where(mask, t["rollout_logprob"].values, np.nan), advantages=adv)
+    for row in rows:
+        row["hides"] = causes if mcf.would_hide(row) else []
+    return {"step": int(k), "causes": causes, "rows": rows}
 
 
 def doctor(runs: Mapping[str, Mapping[int, xr.Dataset]], *, window: int = DEFAULT_WINDOW,
            trainer: TrainerSide | None = None, n_boot: int = 200, seed: int = 0,
-           options: Mapping[str, Any] | None = None, source: str = "") -> DoctorReport:
+           options: Mapping[str, Any] | None = None, source: str = "", baselines=None,
+           decode=None, device: str | None = None) -> DoctorReport:
     """The doctor on every run: per step the mismatch and its floors, per lag, the alarms, the cause
     of each window and the first step naming it, and why the mismatch grows.
 
@@ -411,6 +545,12 @@ def doctor(runs: Mapping[str, Mapping[int, xr.Dataset]], *, window: int = DEFAUL
         Options of :func:`rlparity.diagnose.diagnose` for every step.
     source : str, default ""
         What was read (shown on the page).
+    baselines : list of BaselineRow, optional
+        The baseline table (default the shipped one).
+    decode : callable, optional
+        ``token ids -> text`` for the top tokens.
+    device : str, optional
+        The card of the runs' key in the baseline table (e.g. ``"H100"``).
 
     Returns
     -------
@@ -425,7 +565,9 @@ def doctor(runs: Mapping[str, Mapping[int, xr.Dataset]], *, window: int = DEFAUL
     if not runs:
         raise ValueError("no run to read: pass {run: {step: trace}}")
     return DoctorReport({name: doctor_run(name, steps, window=window, trainer=trainer, n_boot=n_boot, seed=seed,
-                                          options=options) for name, steps in runs.items()}, int(window), source)
+                                          options=options, baselines=baselines, decode=decode,
+                                          device=device)
+                            for name, steps in runs.items()}, int(window), source)
 
 
 __all__ = ["DEFAULT_WINDOW", "DoctorReport", "MAX_STEP_ROWS", "RunDoctor", "doctor", "doctor_run", "run_page"]

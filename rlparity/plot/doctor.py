@@ -118,4 +118,40 @@ def plot_growth(windows: Sequence[Mapping[str, Any]], *, title: str = "why the m
     return fig
 
 
-__all__ = ["plot_growth", "plot_mismatch_over_steps"]
+
+
+def plot_sequence_views(views: Mapping[int, Mapping[str, Any]], *,
+                        title: str = "inside the ratio bands, per step") -> go.Figure:
+    """The sequence-level views over steps: per band the share of tokens (solid) and of whole
+    sequences (dashed) with ``rho = pi_old/mu`` inside it, and the shares with ``|d| > ln 2``.
+
+    Parameters
+    ----------
+    views : Mapping[int, Mapping]
+        ``RunDoctor.views``: per step, ``token_share`` / ``sequence_share`` (``{band: share}``),
+        ``above_ln2_token_share``, ``above_ln2_sequence_share``.
+    title : str
+        The figure's title.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        One line per band and level.
+    """
+    ks = sorted(int(k) for k in views)
+    fig = go.Figure()
+    if not ks:
+        return fig
+    bands = list(views[ks[0]]["token_share"])
+    for b in bands:
+        for level, dash in (("token", "solid"), ("sequence", "dash")):
+            fig.add_scatter(x=ks, y=[views[k][f"{level}_share"][b] for k in ks], mode="lines+markers",
+                            name=f"{level}s in {b}", line={"dash": dash})
+    for level, dash in (("token", "solid"), ("sequence", "dash")):
+        fig.add_scatter(x=ks, y=[views[k][f"above_ln2_{level}_share"] for k in ks], mode="lines+markers",
+                        name=f"{level}s with |d| > ln 2", line={"dash": dash, "color": "black"})
+    fig.update_layout(title=title, xaxis_title="step", yaxis_title="share", yaxis_range=[0, 1.02])
+    return fig
+
+
+__all__ = ["plot_growth", "plot_mismatch_over_steps", "plot_sequence_views"]
