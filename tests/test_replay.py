@@ -208,3 +208,27 @@ def test_bisect_names_a_planted_bf16_head_first_within_the_budget(tiny_model, po
     assert rep["knobs"][0]["knob"] == "head_precision" and rep["knobs"][0]["floor_units"] > 100
     assert rep["knobs"][0]["share_moved"] > 0.5
     assert rep["replay_vs_capture"]["max_abs"] < 1e-4
+
+
+# ------------------------------------------------------------------------------------------ CLI refusals
+def test_cli_refuses_bad_input_in_one_line(cli, tmp_path):
+    from rlparity.trace import add_arm
+
+    store = tmp_path / "two.zarr"
+    add_arm(synthetic_trace(n_sequences=2, seed=0, arm="a"), store, "a")
+    add_arm(synthetic_trace(n_sequences=2, seed=1, arm="b"), store, "b")
+    cases = [
+        (("replay", tmp_path / "missing.zarr"), "no such store"),
+        (("replay", store), "pick one with --arm"),
+        (("replay", store, "--arm", "c"), "no arm 'c'"),
+        (("replay", store, "--arm", "a"), "no local checkpoint"),
+        (("replay", store, "--arm", "a", "--mode", "sideways"), "--mode"),
+        (("replay", store, "--arm", "a", "--step", "1"), "not a run store"),
+        (("bisect", store, "--arm", "a", "--knobs", "eager,warp"), "unknown ['warp']"),
+        (("bisect", store, "--arm", "a", "--budget", "0"), "--budget"),
+    ]
+    for args, msg in cases:
+        r = cli(*args)
+        assert r.exit_code == 2, (args, r.output)
+        assert msg in r.output, (args, r.output)
+        assert len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
