@@ -198,7 +198,10 @@ def bisect(model: str | os.PathLike, trace: xr.Dataset, *, settings: EngineSetti
                 plan.append({**entry, "status": "not_applicable",
                              "reason": f"the engine did not run with {k.knob.field}={value!r}: {_error_chain(err)}"})
                 continue
-            plan.append({**entry, "status": "ran", "reason": ""})
+            note = ("a prefill replay never reads the prefix cache unless warm (vLLM skips it for prompt_logprobs): "
+                    "this arm differs from the baseline only by what the cache setting changes otherwise"
+                    if use == "prefill" and k.knob.field == "enable_prefix_caching" and not k.warm else "")
+            plan.append({**entry, "status": "ran", "reason": "", "note": note})
     finally:
         if own:
             pool.close()
