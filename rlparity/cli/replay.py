@@ -101,12 +101,12 @@ def replay_cmd(
     from rlparity.capture.replay import logprobs_mode, replay, replay_engine_settings, replay_modes
     from rlparity.metrics.replay import capture_gap
 
+    engine_logs()  # before vLLM resolves any configuration: its log lines go to the engine log, not stdout
     try:
         logprobs_mode(trace, settings)
         modes, why_not = replay_modes(path, settings, mode)
     except ValueError as err:
         raise BadInput(str(err)) from None
-    engine_logs()
     from rlparity.capture import Engine
 
     both = "both" if len(modes) > 1 else modes[0]
@@ -165,12 +165,12 @@ def bisect_cmd(
     path, settings = _model_and_settings(trace, model, engine, profile)
     from rlparity.capture.replay import logprobs_mode, replay_modes
 
+    engine_logs()  # before vLLM resolves any configuration: its log lines go to the engine log, not stdout
     try:
         logprobs_mode(trace, settings)
         replay_modes(path, settings, mode)
     except ValueError as err:
         raise BadInput(str(err)) from None
-    engine_logs()
     try:
         arms, record = bisect(path, trace, settings=settings, knobs=chosen, budget=budget, mode=mode,
                               log=lambda m: typer.echo(m, err=True))
