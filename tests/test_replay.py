@@ -38,7 +38,8 @@ def _reference_processed(logits: np.ndarray, t: float, k: int, p: float) -> np.n
     return x - (m + np.log(np.exp(x - m).sum()))
 
 
-@pytest.mark.parametrize("t,k,p", [(0.7, 20, 1.0), (0.7, 5, 0.9), (1.3, 0, 0.8), (0.5, 0, 1.0), (1.0, 3, 1.0)])
+@pytest.mark.parametrize("t,k,p", [(0.7, 20, 1.0), (0.7, 5, 0.9), (1.3, 0, 0.8), (0.5, 0, 1.0), (1.0, 3, 1.0),
+                                   (0.9, 1, 1.0), (1e-5, 4, 1.0)])
 def test_processed_from_raw_matches_the_sampler_transform(t, k, p):
     rng = np.random.default_rng(0)
     logits = rng.normal(0, 3.0, size=64)
@@ -48,11 +49,12 @@ def test_processed_from_raw_matches_the_sampler_transform(t, k, p):
     top = set(np.argsort(-raw)[:need].tolist()) if need > 0 else set(range(64))
     for tok in range(64):
         ids = sorted(top | {tok})  # what prompt_logprobs=need returns: a dict by token id, the target's included
-        got = processed_from_raw(raw[ids], raw[tok], t, k, p)
-        if np.isfinite(ref[tok]):
-            assert abs(got - ref[tok]) < 1e-12
-        else:
-            assert got == -np.inf
+        for cand in (raw[ids], raw):  # what the engine returns, or the whole vocabulary: the same reading
+            got = processed_from_raw(cand, raw[tok], t, k, p)
+            if np.isfinite(ref[tok]):
+                assert abs(got - ref[tok]) < 1e-12 * max(1.0, abs(ref[tok]))
+            else:
+                assert got == -np.inf
 
 
 def test_processed_from_raw_matches_the_trainer_transform():
@@ -82,6 +84,8 @@ def test_logprobs_needed_per_sampling():
     assert prompt_logprobs_needed(1.0, 0, 1.0, "processed_logprobs") == 0  # nothing processed
     assert prompt_logprobs_needed(0.0, 20, 1.0, "processed_logprobs") == 0  # greedy: vLLM leaves it raw
     assert prompt_logprobs_needed(1.0, 0, 0.9, "processed_logprobs") == -1
+    assert prompt_logprobs_needed(1.0, 1, 1.0, "processed_logprobs") == 1
+    assert prompt_logprobs_needed(1e-5, 20, 1.0, "processed_logprobs") == 20  # vLLM: greedy below 1e-5 only
 
 
 def test_shift_in_floor_units_by_hand():
@@ -140,6 +144,9 @@ def test_capture_settings_read_from_the_trace():
     tr.attrs["engine_effective"] = {"logprobs_mode": "processed_logprobs"}
     s = capture_settings(tr)
     assert s.head_dtype == "bfloat16" and s.logprobs_mode == "processed_logprobs"
+    tr.attrs["engine_requested"] = {"logprobs_mode": None}
+    tr.attrs["engine_effective"] = {"logprobs_mode": "raw_logits"}
+    assert capture_settings(tr).logprobs_mode is None  # a logits mode is never taken as a logprobs semantic
     tr.attrs.pop("engine_requested")
     assert capture_settings(tr) is None
 
@@ -202,7 +209,7 @@ def test_bisect_names_a_planted_bf16_head_first_within_the_budget(tiny_model, po
     starts = pool.starts
     arms, record = bisect(tiny_model, capture, knobs=["max_num_seqs", "head_precision", "eager"], budget=3,
                           mode="prefill", pool=pool)
-    assert record["engine_starts"] == pool.starts - starts <= 3
+    assert record["engine_starts"] == pool.starts - starts <= record["engine_start_attempts"] <= 3
     assert {BASELINE, FLOOR, "knob_max_num_seqs", "knob_head_precision"} <= set(arms)
     assert [p["status"] for p in record["plan"]] == ["ran", "ran", "skipped"]
     rep = report(arms, capture, record)
@@ -233,3 +240,13 @@ def test_cli_refuses_bad_input_in_one_line(cli, tmp_path):
         assert r.exit_code == 2, (args, r.output)
         assert msg in r.output, (args, r.output)
         assert len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+
+
+def test_shift_edges_by_hand():
+    delta = np.array([0.5, -0.25, 0.0])
+    s = shift(delta, floor_min=0.25)  # no floor given: the unit and the moved bar are floor_min
+    assert s["unit"] == 0.25 and s["moved_above"] == 0.25 and s["floor_is_min"]
+    assert s["n_moved"] == 1  # |delta| = 0.25 sits at the bar: not moved beyond it
+    assert s["floor_units"] == pytest.approx(1.0)
+    e = shift(delta, floor_mean_abs=0.25, floor_max_abs=0.1, floor_min=0.25)
+    assert not e["floor_is_min"]  # a floor equal to the minimum is the floor itself

@@ -148,7 +148,8 @@ def bisect_cmd(
     budget: Optional[int] = typer.Option(None, min=1, help="most engine starts, the baseline's included (the knobs "
                                                            "past it are listed as skipped)"),
     mode: str = typer.Option("auto", help="replay path: auto (decode where the engine has it), prefill or decode"),
-    top: Optional[int] = typer.Option(None, min=0, help="tokens named per knob (default: defaults().replay_top_tokens)"),
+    top: Optional[int] = typer.Option(None, min=0, help="tokens named per knob (default: "
+                                                        "defaults().replay_top_tokens)"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="store to write the replayed arms to"),
     as_json: bool = typer.Option(False, "--json", help="print strict JSON"),
 ):
@@ -188,7 +189,8 @@ def bisect_cmd(
     typer.echo(f"{rep['mode']} replay under the capture's settings: |replay - capture| mean {_fmt(cap['mean_abs'])}, "
                f"max {_fmt(cap['max_abs'])} nats; replay floor (same settings twice) mean {_fmt(fl['mean_abs'])}, "
                f"max {_fmt(fl['max_abs'])} nats over {fl['n_tokens']} tokens")
-    typer.echo(f"{'rank':<5}{'knob':<20}{'x floor':>10}{'mean |d|':>11}{'moved':>8}{'|replay-capture|':>18}  top tokens")
+    typer.echo(f"{'rank':<5}{'knob':<20}{'x floor':>10}{'mean |d|':>11}{'moved':>8}{'|replay-capture|':>18}"
+               "  top tokens")
     for r in rep["knobs"]:
         tops = ", ".join(f"s{t['sequence']}p{t['position']} {t.get('token_text', t['token_id'])!r} {t['delta']:+.3g}"
                          for t in r["top_tokens"][:3])
@@ -196,7 +198,8 @@ def bisect_cmd(
                    f"{r['share_moved']:>8.1%}{_fmt(r.get('capture_mean_abs')):>18}  {tops}")
     for p in rep["not_run"]:
         typer.echo(f"{p['status']}: {p['knob']}: {p['reason']}")
-    typer.echo(f"{rep['engine_starts']} engine start(s)" + (f" of a budget of {budget}" if budget else "")
+    typer.echo(f"{rep['engine_start_attempts']} engine start(s) tried, {rep['engine_starts']} started"
+               + (f" (budget {budget})" if budget else "")
                + f", {rep['wall_s']:.1f} s; {rep['pairs']}")
     if out is not None:
         typer.echo(f"wrote {len(arms)} replayed arms to {out}", err=True)

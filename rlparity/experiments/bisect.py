@@ -112,7 +112,8 @@ def bisect(model: str | os.PathLike, trace: xr.Dataset, *, settings: EngineSetti
     knobs : sequence of str or BisectKnob, default DEFAULT_KNOBS
         The knobs, in the order their engines start (the budget cuts the tail).
     budget : int, optional
-        Most engine starts, the baseline's included (at least 1); ``None``: no limit.
+        Most engine starts tried (a start the engine refuses counts), the baseline's included (at
+        least 1; a baseline engine already live in ``pool`` costs none); ``None``: no limit.
     mode : {"auto", "prefill", "decode"}, default "auto"
         The replay path (:func:`rlparity.capture.replay.replay_modes`).
     pool : EnginePool, optional
@@ -127,7 +128,8 @@ def bisect(model: str | os.PathLike, trace: xr.Dataset, *, settings: EngineSetti
     tuple of (dict of str to xarray.Dataset, dict)
         The arms (``replay_baseline``, ``replay_floor``, ``knob_<name>`` per knob that ran) and the
         record: mode, settings, ``plan`` (one entry per knob: ``ran``, ``not_applicable`` or
-        ``skipped``, with the reason), ``engine_starts``, ``wall_s`` and the pairs TODO. Also in
+        ``skipped``, with the reason), ``engine_starts`` (started), ``engine_start_attempts`` (tried: what
+        the budget bounds), ``wall_s`` and the pairs TODO. Also in
         every arm's ``attrs["bisect"]``.
 
     Raises
@@ -158,8 +160,10 @@ def bisect(model: str | os.PathLike, trace: xr.Dataset, *, settings: EngineSetti
     def engine(s: EngineSettings):
         return pool.get(model, replay_engine_settings(s, trace, use))
 
+    attempts = 0  # engine starts tried (one that fails costs its time too): what the budget bounds
     try:
         say(f"bisect: baseline engine ({use} replay)")
+        attempts += 0 if pool.holds(model, replay_engine_settings(ref, trace, use)) else 1
         eng = engine(ref)
         arms[BASELINE] = replay(eng, trace, mode=use, arm=BASELINE, progress=progress)
         arms[FLOOR] = replay(eng, trace, mode=use, arm=FLOOR, progress=progress)
@@ -175,7 +179,7 @@ def bisect(model: str | os.PathLike, trace: xr.Dataset, *, settings: EngineSetti
             entry["value"] = value
             needs_start = not pool.holds(model, replay_engine_settings(s, trace, use))
             pre = resolved_reason(str(model), k.knob, s, value) if needs_start else None
-            if pre is None and needs_start and budget is not None and pool.starts - starts0 >= budget:
+            if pre is None and needs_start and budget is not None and attempts >= budget:
                 plan.append({**entry, "status": "skipped",
                              "reason": f"--budget {budget}: the engine starts were spent before this knob"})
                 continue
@@ -184,6 +188,7 @@ def bisect(model: str | os.PathLike, trace: xr.Dataset, *, settings: EngineSetti
                 continue
             try:
                 if needs_start:
+                    attempts += 1
                     say(f"bisect: engine for {k.name}={value!r}")
                 eng = engine(s)
                 eff = eng.effective_config()
@@ -206,7 +211,8 @@ def bisect(model: str | os.PathLike, trace: xr.Dataset, *, settings: EngineSetti
         if own:
             pool.close()
     record = {"mode": use, "modes_not_run": why_not, "settings": ref.model_dump(), "budget": budget,
-              "engine_starts": pool.starts - starts0, "wall_s": round(time.perf_counter() - t0, 3),
+              "engine_starts": pool.starts - starts0, "engine_start_attempts": attempts,
+              "wall_s": round(time.perf_counter() - t0, 3),
               "knobs": [{**asdict(k.knob), "warm": k.warm} for k in knob_list], "plan": plan,
               "source_arm": str(trace.attrs.get("arm", "trace")), "pairs": PAIRS_TODO}
     for ds in arms.values():
@@ -237,7 +243,7 @@ def report(arms: Mapping[str, xr.Dataset], source: xr.Dataset, record: Mapping[s
         ``mode``, ``replay_vs_capture`` (:func:`rlparity.metrics.replay.capture_gap` of the
         baseline), ``floor`` (:func:`rlparity.metrics.replay.replay_floor`), ``knobs`` (ranked rows of
         :func:`rlparity.metrics.replay.knob_table`), ``not_run`` (the plan's other entries),
-        ``engine_starts``, ``wall_s``, ``pairs``.
+        ``engine_starts``, ``engine_start_attempts``, ``budget``, ``wall_s``, ``pairs``.
     """
     from rlparity.metrics.replay import capture_gap, knob_table, replay_floor
 
@@ -250,7 +256,9 @@ def report(arms: Mapping[str, xr.Dataset], source: xr.Dataset, record: Mapping[s
             "replay_vs_capture": capture_gap(arms[BASELINE], source),
             "floor": replay_floor(arms[BASELINE], arms[FLOOR]), "knobs": rows,
             "not_run": [p for p in record["plan"] if p["status"] != "ran"],
-            "engine_starts": record["engine_starts"], "budget": record.get("budget"), "wall_s": record["wall_s"],
+            "engine_starts": record["engine_starts"],
+            "engine_start_attempts": record.get("engine_start_attempts"), "budget": record.get("budget"),
+            "wall_s": record["wall_s"],
             "pairs": record.get("pairs")}
 
 
