@@ -26,31 +26,27 @@ per knob, 30-70 s each on an H200):
 from __future__ import annotations
 
 import argparse
-import platform as _platform
 import sys
 import time
 import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 GPU_KNOBS = "prefix_caching,prefix_cache_warm,async_scheduling,eager,max_num_seqs,chunked_prefill,head_precision," \
             "attention_backend,batch_invariant"
 
 
 def versions() -> dict:
-    out = {"python": _platform.python_version(), "date": time.strftime("%Y-%m-%d")}
-    for mod in ("vllm", "torch", "transformers"):
-        try:
-            out[mod] = __import__(mod).__version__
-        except Exception as err:  # noqa: BLE001 - a record, not a requirement
-            out[mod] = f"unavailable ({type(err).__name__})"
+    from rlparity.config.provenance import library_versions
+
+    out = {**library_versions(), "date": time.strftime("%Y-%m-%d")}
     try:
         import torch
 
-        if torch.cuda.is_available():
-            out["device_name"] = torch.cuda.get_device_name()
-    except Exception:  # noqa: BLE001
-        pass
+        out["device_name"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    except Exception as err:  # noqa: BLE001 - a record, not a requirement
+        out["device_name"] = f"unknown ({type(err).__name__})"
     return out
 
 
@@ -67,7 +63,6 @@ def main(argv: list[str] | None = None) -> int:
                    "included")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     a = p.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "replay_results.json"

@@ -55,11 +55,27 @@ def _model_and_settings(trace, model: str | None, engine: str | None, profile: s
     return model_path(str(path)), settings
 
 
-def _out(out: Path | None):
+def _prepare(source: Path, arm: str | None, step: int | None, model: str | None, engine: str | None,
+             profile: str | None, out: Path | None, mode: str, modes: tuple[str, ...]):
+    """Every check before an engine starts: the mode, the output, the source arm, the model, the
+    settings and the replay paths this vLLM has; then the engines' logging (before vLLM resolves a
+    configuration, so stdout stays the command's)."""
+    if mode not in modes:
+        raise BadInput(f"--mode {mode!r}: use {', '.join(modes)}")
     if out is not None:
         from rlparity.cli.common import output_store
 
         output_store(out)
+    trace = _source(source, arm, step)
+    path, settings = _model_and_settings(trace, model, engine, profile)
+    from rlparity.capture.replay import logprobs_mode, replay_modes
+
+    engine_logs()
+    try:
+        logprobs_mode(trace, settings)
+        return trace, path, settings, replay_modes(path, settings, mode)
+    except ValueError as err:
+        raise BadInput(str(err)) from None
 
 
 def _save(out: Path, arms: dict[str, Any], source) -> None:
@@ -93,20 +109,11 @@ def replay_cmd(
     """Replay a trace's own tokens through a real engine under named settings (the capture's own by
     default) and print how far the engine's logprobs of exactly those tokens sit from the captured
     ones, per replay path. The replayed arms keep the source's trainer numbers."""
-    if mode not in ("auto", "both", "prefill", "decode"):
-        raise BadInput(f"--mode {mode!r}: use auto, both, prefill or decode")
-    _out(out)
-    trace = _source(source, arm, step)
-    path, settings = _model_and_settings(trace, model, engine, profile)
-    from rlparity.capture.replay import logprobs_mode, replay, replay_engine_settings, replay_modes
+    trace, path, settings, (modes, why_not) = _prepare(source, arm, step, model, engine, profile, out, mode,
+                                                       ("auto", "both", "prefill", "decode"))
+    from rlparity.capture.replay import replay, replay_engine_settings
     from rlparity.metrics.replay import capture_gap
 
-    engine_logs()  # before vLLM resolves any configuration: its log lines go to the engine log, not stdout
-    try:
-        logprobs_mode(trace, settings)
-        modes, why_not = replay_modes(path, settings, mode)
-    except ValueError as err:
-        raise BadInput(str(err)) from None
     from rlparity.capture import Engine
 
     both = "both" if len(modes) > 1 else modes[0]
@@ -159,19 +166,8 @@ def bisect_cmd(
     from rlparity.experiments.bisect import KNOBS, bisect, report
 
     chosen = comma_list(knobs, "--knobs", list(KNOBS)) or list(KNOBS)
-    if mode not in ("auto", "prefill", "decode"):
-        raise BadInput(f"--mode {mode!r}: use auto, prefill or decode")
-    _out(out)
-    trace = _source(source, arm, step)
-    path, settings = _model_and_settings(trace, model, engine, profile)
-    from rlparity.capture.replay import logprobs_mode, replay_modes
-
-    engine_logs()  # before vLLM resolves any configuration: its log lines go to the engine log, not stdout
-    try:
-        logprobs_mode(trace, settings)
-        replay_modes(path, settings, mode)
-    except ValueError as err:
-        raise BadInput(str(err)) from None
+    trace, path, settings, _ = _prepare(source, arm, step, model, engine, profile, out, mode,
+                                        ("auto", "prefill", "decode"))
     try:
         arms, record = bisect(path, trace, settings=settings, knobs=chosen, budget=budget, mode=mode,
                               log=lambda m: typer.echo(m, err=True))
