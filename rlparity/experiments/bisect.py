@@ -242,12 +242,14 @@ def report(arms: Mapping[str, xr.Dataset], source: xr.Dataset, record: Mapping[s
     dict
         ``mode``, ``replay_vs_capture`` (:func:`rlparity.metrics.replay.capture_gap` of the
         baseline), ``floor`` (:func:`rlparity.metrics.replay.replay_floor`), ``knobs`` (ranked rows of
-        :func:`rlparity.metrics.replay.knob_table`), ``not_run`` (the plan's other entries),
+        :func:`rlparity.metrics.replay.knob_table`, ``knob`` the knob's name and ``arm`` its arm), ``not_run`` (the plan's other entries),
         ``engine_starts``, ``engine_start_attempts``, ``budget``, ``wall_s``, ``pairs``.
     """
     from rlparity.metrics.replay import capture_gap, knob_table, replay_floor
 
     rows = knob_table(arms, baseline=BASELINE, floor=FLOOR, source=source, top=top)
+    for r in rows:  # the arm knob_<name> is the knob <name>
+        r["arm"], r["knob"] = r["knob"], r["knob"].removeprefix("knob_")
     if tokenizer is not None:
         for r in rows:
             for t in r["top_tokens"]:
