@@ -311,7 +311,9 @@ def _prefill(llm, trace: xr.Dataset, rows, mode: str, warm: bool, progress: bool
                    float(trace["top_p"].values[i]))
         need = prompt_logprobs_needed(t, k, p, mode)
         widest = -1 if -1 in (widest, need) else max(widest, need)
-        extra: dict[str, Any] = {"skip_reading_prefix_cache": False} if warm else {}
+        # warm: read the cached prompt blocks (vLLM skips the cache for prompt_logprobs by default); the
+        # positions served from the cache have no logprobs (uninitialised rows: never detokenized, never read)
+        extra: dict[str, Any] = {"skip_reading_prefix_cache": False, "detokenize": False} if warm else {}
         inputs.append({"prompt_token_ids": list(prompt) + list(resp)})
         params.append(_sampling(trace, i, max_tokens=1, prompt_logprobs=need, **extra))
         index.append((i, len(prompt), resp, (t, k, p), need))
@@ -319,6 +321,9 @@ def _prefill(llm, trace: xr.Dataset, rows, mode: str, warm: bool, progress: bool
     got, cached = {}, {}
     for (i, plen, resp, (t, k, p), need), out in zip(index, outs):
         pl = out.prompt_logprobs
+        if (getattr(out, "num_cached_tokens", 0) or 0) > plen - 1:
+            raise RuntimeError(f"prefill replay of sequence {i}: the prefix cache served {out.num_cached_tokens} of "
+                               f"its {plen} prompt tokens, so the first response token was not computed")
         vals = np.empty(len(resp), dtype=np.float64)
         for j, tok in enumerate(resp):
             entry = pl[plen + j] if pl is not None and plen + j < len(pl) else None
