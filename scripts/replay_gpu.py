@@ -14,7 +14,7 @@ per knob, 30-70 s each on an H200):
    prefix caching, no async scheduling), temperature 0.7, top-k 20;
 2. replays the captured tokens under the capture's own settings, twice, in the capture's engine
    (:func:`rlparity.experiments.bisect.bisect`: the baseline and the replay floor), then flips one
-   knob at a time (``--knobs``; at most ``--budget`` engine starts, the baseline's included);
+   knob at a time (``--knobs``; at most ``--budget`` engine starts beside the capture's);
 3. writes ``$OUT/replay_results.json`` after the capture and at the end: how far the replay sits
    from the capture (mean and max |delta|, nats), the replay floor, every knob ranked by its shift
    in units of that floor (mean |delta|, share of tokens moved, the tokens it moves most with their
@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-prompts", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--knobs", default=GPU_KNOBS, help="comma list, in the order their engines start")
-    p.add_argument("--budget", type=int, default=8, help="most engine starts, the capture's (= the baseline's) "
-                   "included")
+    p.add_argument("--budget", type=int, default=8, help="most engine starts of the knobs (the capture's engine "
+                   "replays the baseline and is not counted)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     a = p.parse_args(argv)
     out = Path(a.out)
