@@ -250,3 +250,20 @@ def test_shift_edges_by_hand():
     assert s["floor_units"] == pytest.approx(1.0)
     e = shift(delta, floor_mean_abs=0.25, floor_max_abs=0.1, floor_min=0.25)
     assert not e["floor_is_min"]  # a floor equal to the minimum is the floor itself
+
+
+def test_cli_reads_a_run_store_step(cli, tmp_path):
+    from rlparity.record import Recorder
+
+    path = tmp_path / "run.zarr"
+    rng = np.random.default_rng(0)
+    with Recorder(path, model="tiny", sampling={"temperature": 0.7, "top_k": 20}) as rec:
+        for k in range(2):
+            rec.step(prompt_token_ids=[[5, 6, 7], [8, 9]], token_ids=[rng.integers(4, 30, 4), rng.integers(4, 30, 3)],
+                     rollout_logprobs=[np.log(rng.uniform(0.1, 0.9, 4)), np.log(rng.uniform(0.1, 0.9, 3))],
+                     trainer_logprobs=[np.log(rng.uniform(0.1, 0.9, 4)), np.log(rng.uniform(0.1, 0.9, 3))],
+                     policy_versions=k, trainer_version=k)
+    r = cli("replay", path, "--step", "5")
+    assert r.exit_code == 2 and "holds steps 0..1" in r.output, r.output
+    r = cli("replay", path)  # the last step; the run records its model but no engine settings
+    assert r.exit_code == 2 and "no engine settings" in r.output and "--profile" in r.output, r.output

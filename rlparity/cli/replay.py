@@ -46,7 +46,9 @@ def _model_and_settings(trace, model: str | None, engine: str | None, profile: s
     path = model or trace.attrs.get("model")
     if not path:
         raise BadInput("the trace records no model: give it with --model")
-    if model is None and not Path(str(path)).is_dir():
+    from rlparity.models import SIZES
+
+    if model is None and str(path) not in SIZES and not Path(str(path)).is_dir():
         raise BadInput(f"the trace's model {path!r} is no local checkpoint here: give the model with --model")
     settings = engine_settings(engine, profile) if (engine or profile) else capture_settings(trace)
     if settings is None:
