@@ -56,6 +56,25 @@ class EnginePool:
         assert self._engine is not None
         return self._engine
 
+    def holds(self, model: str | os.PathLike, settings: EngineSettings | None = None) -> bool:
+        """Whether the live engine is the one :meth:`get` would return for ``(model, settings)``
+        (no start needed).
+
+        Parameters
+        ----------
+        model : str or os.PathLike
+            The model.
+        settings : EngineSettings, optional
+            The settings; ``None`` means ``EngineSettings()``.
+
+        Returns
+        -------
+        bool
+            ``True`` when an engine with that model and settings is live.
+        """
+        key = (str(model), (settings or EngineSettings()).model_dump_json())
+        return self._engine is not None and self._key == key
+
     def close(self) -> None:
         """Shut the pooled engine down (no-op without one)."""
         if self._engine is not None:

@@ -47,7 +47,8 @@ def _root(debug: bool = typer.Option(False, "--debug", help="show the traceback 
 
 def build_app() -> typer.Typer:
     """The root app with every command, in the order ``rlparity --help`` lists them."""
-    from rlparity.cli import book, data_sources, diagnosis, doctor, experiment, faults, floors, layers, path, traces
+    from rlparity.cli import (book, data_sources, diagnosis, doctor, experiment, faults, floors, layers, path, replay,
+                              traces)
 
     app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                       help="Capture vLLM rollouts, rescore them with the trainer, and diagnose parity. "
@@ -57,7 +58,7 @@ def build_app() -> typer.Typer:
         "make-model": traces.make_model_cmd, "capture": traces.capture_cmd, "score": traces.score_cmd,
         "summary": traces.summary_cmd, "run": traces.run_cmd,
         "diagnose": diagnosis.diagnose_cmd, "check": diagnosis.check_cmd, "findings": diagnosis.findings_cmd,
-        "doctor": doctor.doctor_cmd,
+        "doctor": doctor.doctor_cmd, "replay": replay.replay_cmd, "bisect": replay.bisect_cmd,
         "profiles": path.profiles_cmd, "audit": path.audit_cmd,
         "import": data_sources.import_cmd, "gallery": data_sources.gallery_cmd, "examples": data_sources.examples_cmd,
     }

@@ -299,6 +299,12 @@ class Defaults(BaseModel):
                                      "(tiny model, eager)")
     layer_min_rel: float = Field(1e-6, ge=0, description="relative error under which a site never counts as "
                                  "diverging, whatever its floor (float32 rounding of a state: 2^-23 = 1.2e-7)")
+    replay_floor_min: float = Field(1e-7, gt=0, description="smallest replay floor (mean |delta| in nats of the "
+                                    "capture's own settings replayed twice) used as bisect's unit, and the |delta| a "
+                                    "token must exceed to count as moved: a deterministic engine replays to exactly 0 "
+                                    "(CPU float32, tiny model: eager against compiled then moves 19% of the tokens, "
+                                    "mean 7.2e-7, max 1.0e-5), and a float32 logprob of order 1 rounds at 1.2e-7")
+    replay_top_tokens: int = Field(5, ge=0, description="tokens bisect names per knob (the ones it moves most)")
     check: CheckThresholds = Field(default_factory=CheckThresholds, description="what rlparity check enforces")
     objective: ObjectiveDefaults = Field(default_factory=ObjectiveDefaults, description="the objective layer's "
                                          "defaults")

@@ -158,7 +158,7 @@ def knob_settings(knob: Knob, reference: EngineSettings, reference_effective: Ma
 def _takes(knob: Knob, value: Any, eff: Mapping[str, Any]) -> tuple[bool, Any]:
     """Whether the effective configuration ``eff`` has ``knob`` at ``value``, and what it has."""
     got = _effective_value(eff, knob)
-    return got == (value.upper() if isinstance(value, str) else value), got
+    return got == (value.upper() if isinstance(value, str) and knob.field == "attention_backend" else value), got
 
 
 def _honoured(knob: Knob, value: Any, eff: Mapping[str, Any], ref_eff: Mapping[str, Any]) -> str | None:

@@ -1,0 +1,238 @@
+"""Arms that hold the same tokens, compared token by token: the replay floor and each knob's shift.
+
+A *replayed* arm (:func:`rlparity.capture.replay.replay`) holds the tokens of its source arm
+with the engine's logprobs of them under some settings. Two replays under the same settings give
+the **replay floor** (what the engine changes on its own); a replay with one knob flipped, against
+the baseline replay, gives the knob's **shift**. With ``delta = logprob(arm) - logprob(baseline)``
+over the real tokens (nats):
+
+* ``mean_abs``: mean ``|delta|``; ``max_abs``: the largest;
+* ``share_moved``: the share of tokens with ``|delta|`` above the floor's largest ``|delta|``
+  (at least ``defaults().replay_floor_min``): moved beyond anything the floor showed;
+* ``floor_units``: ``mean_abs`` over the floor's ``mean_abs`` (at least ``replay_floor_min``: a
+  deterministic engine replays to exactly 0, and its unit is then that minimum, said in
+  ``floor_is_min``).
+
+:func:`knob_table` ranks the knobs by ``floor_units`` (ties by ``share_moved``). Everything works on
+the stored arms; nothing here runs an engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from rlparity.trace import token_checksum
+
+
+def same_tokens(a: xr.Dataset, b: xr.Dataset, what: str = "arm") -> None:
+    """Raise unless ``a`` and ``b`` hold the same prompt and response tokens.
+
+    Parameters
+    ----------
+    a, b : xarray.Dataset
+        Two arms.
+    what : str, default "arm"
+        What ``a`` is, for the message.
+
+    Raises
+    ------
+    ValueError
+        The token ids differ (a replay of another trace, or a fresh capture).
+    """
+    if a.sizes.get("sequence") != b.sizes.get("sequence") or token_checksum(a) != token_checksum(b):
+        raise ValueError(f"{what} {a.attrs.get('arm', '?')!r} holds other tokens than {b.attrs.get('arm', '?')!r}: "
+                         "compare replays of the same trace (rlparity replay)")
+
+
+def token_delta(arm: xr.Dataset, baseline: xr.Dataset) -> np.ndarray:
+    """``rollout_logprob(arm) - rollout_logprob(baseline)`` per token, NaN at padding.
+
+    Parameters
+    ----------
+    arm, baseline : xarray.Dataset
+        Two arms of the same tokens (:func:`same_tokens`).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(sequence, position)`` float64; a token both give ``-inf`` has delta 0; one only one
+        side gives ``-inf`` has delta ``+-inf``.
+    """
+    same_tokens(arm, baseline)
+    a = np.asarray(arm["rollout_logprob"].values, dtype=np.float64)
+    b = np.asarray(baseline["rollout_logprob"].values, dtype=np.float64)
+    mask = np.asarray(baseline["response_mask"].values, dtype=bool)
+    with np.errstate(invalid="ignore"):
+        d = np.where(a == b, 0.0, a - b)
+    return np.where(mask, d, np.nan)
+
+
+def shift(delta: np.ndarray, *, floor_mean_abs: float = 0.0, floor_max_abs: float = 0.0,
+          floor_min: float | None = None) -> dict[str, Any]:
+    """How far one arm's logprobs sit from the baseline's, in nats and in replay-floor units.
+
+    Parameters
+    ----------
+    delta : numpy.ndarray
+        Per-token deltas (:func:`token_delta`); NaN entries (padding) are left out.
+    floor_mean_abs, floor_max_abs : float, default 0.0
+        The replay floor's mean and largest ``|delta|`` (nats).
+    floor_min : float, optional
+        The smallest unit; ``None`` means ``defaults().replay_floor_min``.
+
+    Returns
+    -------
+    dict
+        ``n_tokens``, ``mean_abs``, ``max_abs``, ``share_moved`` (``|delta|`` above
+        ``moved_above``), ``moved_above`` (nats), ``n_moved``, ``floor_units`` (``mean_abs`` over
+        the unit), ``unit`` (nats) and ``floor_is_min`` (the floor was below ``floor_min``).
+    """
+    if floor_min is None:
+        from rlparity.config.defaults import defaults
+
+        floor_min = defaults().replay_floor_min
+    x = np.abs(np.asarray(delta, dtype=np.float64))
+    x = x[~np.isnan(x)]
+    unit = max(float(floor_mean_abs), float(floor_min))
+    above = max(float(floor_max_abs), float(floor_min))
+    n = int(x.size)
+    mean = float(x.mean()) if n else float("nan")
+    moved = int((x > above).sum())
+    return {"n_tokens": n, "mean_abs": mean, "max_abs": float(x.max()) if n else float("nan"),
+            "share_moved": moved / n if n else float("nan"), "n_moved": moved, "moved_above": above,
+            "floor_units": mean / unit if n else float("nan"), "unit": unit,
+            "floor_is_min": bool(float(floor_mean_abs) < float(floor_min))}
+
+
+def top_tokens(arm: xr.Dataset, baseline: xr.Dataset, n: int | None = None) -> list[dict[str, Any]]:
+    """The tokens ``arm`` moves most from ``baseline`` (largest ``|delta|`` first).
+
+    Parameters
+    ----------
+    arm, baseline : xarray.Dataset
+        Two arms of the same tokens.
+    n : int, optional
+        How many; ``None`` means ``defaults().replay_top_tokens``.
+
+    Returns
+    -------
+    list of dict
+        ``sequence``, ``position``, ``token_id``, ``delta``, ``logprob`` (the arm's) and
+        ``baseline_logprob``, for tokens with ``|delta| > 0`` only.
+    """
+    if n is None:
+        from rlparity.config.defaults import defaults
+
+        n = defaults().replay_top_tokens
+    d = token_delta(arm, baseline)
+    mag = np.where(np.isnan(d), -1.0, np.abs(d))
+    flat = np.argsort(-mag, axis=None, kind="stable")[:n]
+    out = []
+    tok = arm["token_id"].values
+    a, b = arm["rollout_logprob"].values, baseline["rollout_logprob"].values
+    for f in flat:
+        i, j = np.unravel_index(f, d.shape)
+        if not mag[i, j] > 0:
+            break
+        out.append({"sequence": int(arm["sequence"].values[i]) if "sequence" in arm.coords else int(i),
+                    "position": int(j), "token_id": int(tok[i, j]), "delta": float(d[i, j]),
+                    "logprob": float(a[i, j]), "baseline_logprob": float(b[i, j])})
+    return out
+
+
+def replay_floor(first: xr.Dataset, second: xr.Dataset) -> dict[str, Any]:
+    """The replay floor: the same tokens replayed twice under the same settings.
+
+    Parameters
+    ----------
+    first, second : xarray.Dataset
+        The two replays.
+
+    Returns
+    -------
+    dict
+        :func:`shift` of the second against the first with no floor (``floor_units`` is then in
+        units of ``replay_floor_min``).
+    """
+    return shift(token_delta(second, first))
+
+
+def capture_gap(arm: xr.Dataset, source: xr.Dataset) -> dict[str, Any]:
+    """How far a replayed arm sits from the logprobs the capture itself reported.
+
+    Parameters
+    ----------
+    arm : xarray.Dataset
+        A replay of ``source``.
+    source : xarray.Dataset
+        The captured arm.
+
+    Returns
+    -------
+    dict
+        :func:`shift` of ``arm`` against ``source`` with no floor (``mean_abs``, ``max_abs`` in nats).
+    """
+    return shift(token_delta(arm, source))
+
+
+def knob_table(arms: Mapping[str, xr.Dataset], *, baseline: str, floor: str, source: xr.Dataset | None = None,
+               knobs: Sequence[str] | None = None, top: int | None = None) -> list[dict[str, Any]]:
+    """Each knob's shift of the user's tokens against the baseline replay, in replay-floor units, ranked.
+
+    Parameters
+    ----------
+    arms : Mapping of str to xarray.Dataset
+        Replayed arms of the same tokens: the baseline, its repeat and one per knob.
+    baseline : str
+        The baseline replay's arm (the capture's own settings).
+    floor : str
+        The repeat of the baseline (same settings): the floor.
+    source : xarray.Dataset, optional
+        The captured arm: each row also gets ``capture_mean_abs`` (how far that arm sits from the
+        captured logprobs; the knob that brings a replay back to the capture explains the capture).
+    knobs : sequence of str, optional
+        The knob arms, in any order; ``None`` means every arm but ``baseline`` and ``floor``.
+    top : int, optional
+        Tokens named per knob (:func:`top_tokens`).
+
+    Returns
+    -------
+    list of dict
+        One row per knob, largest ``floor_units`` first (ties: larger ``share_moved``, then the
+        name): ``knob``, the :func:`shift` fields, ``rank`` (1 = moves the tokens most),
+        ``top_tokens`` and ``capture_mean_abs`` where ``source`` is given.
+
+    Raises
+    ------
+    KeyError
+        ``baseline``, ``floor`` or a knob is no arm.
+    """
+    for name in (baseline, floor, *(knobs or ())):
+        if name not in arms:
+            raise KeyError(f"no arm {name!r}; arms: {', '.join(arms)}")
+    base = arms[baseline]
+    f = replay_floor(base, arms[floor])
+    names = [k for k in (knobs if knobs is not None else arms) if k not in (baseline, floor)]
+    rows = []
+    for k in names:
+        row = {"knob": k, **shift(token_delta(arms[k], base), floor_mean_abs=f["mean_abs"],
+                                  floor_max_abs=f["max_abs"]),
+               "top_tokens": top_tokens(arms[k], base, top)}
+        if source is not None:
+            row["capture_mean_abs"] = capture_gap(arms[k], source)["mean_abs"]
+        rows.append(row)
+    rows.sort(key=lambda r: (-_finite(r["floor_units"]), -_finite(r["share_moved"]), r["knob"]))
+    for i, r in enumerate(rows, 1):
+        r["rank"] = i
+    return rows
+
+
+def _finite(x: float) -> float:
+    return -1.0 if x != x else float(x)
+
+
+__all__ = ["capture_gap", "knob_table", "replay_floor", "same_tokens", "shift", "token_delta", "top_tokens"]

