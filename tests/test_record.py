@@ -403,6 +403,44 @@ def test_weight_digest_is_verify_weights_checksum_of_every_tensor_or_the_same_sa
     assert weight_digest(named2) == full and weight_digest(named3) != full
 
 
+def _version_findings(trace) -> set[str]:
+    from rlparity.diagnose import diagnose
+
+    return {f.name for f in diagnose({"step": trace}).findings} & {"scored_at_one_version"}
+
+
+def test_a_lagged_step_scored_per_version_raises_no_version_warning_and_one_weight_set_does(tmp_path):
+    """``scored_version`` is stored per token: a step whose older tokens the trainer scored with the
+    weights that generated them reads as scored per version (no doctor warning); the same tokens
+    scored with the trainer's newer weights still warn; a store without the variable keeps the
+    warning (what it could not tell)."""
+    path = tmp_path / "run.zarr"
+    s = synthetic_step(5, n=6)
+    pv = [np.full(len(t), 4 if i % 2 else 5) for i, t in enumerate(s["token_ids"])]  # half the sequences lag one
+    with Recorder(path) as rec:
+        own = rec.step(**{**s, "policy_versions": pv, "scored_version": pv})
+        one = rec.step(**{**s, "policy_versions": pv})  # scored_version: the trainer's version 5, every token
+        older = rec.step(**{**s, "policy_versions": pv, "scored_version": [v - 1 for v in pv]})
+    assert "scored_by_older_version" not in codes(own) | codes(one)
+    assert "scored_by_older_version" in codes(older)
+    run = open_run(path)
+    real = run["response_mask"].values[0]
+    want = np.concatenate(pv)
+    assert sorted(run["scored_version"].values[0][real].tolist()) == sorted(want.tolist())
+    assert (run["scored_version"].values[1][real] == 5).all()
+    traces = [step_trace(run, k) for k in range(3)]
+    assert sorted(np.unique(traces[0]["policy_version"].values[traces[0]["response_mask"].values]).tolist()) == [4, 5]
+    assert (traces[0].attrs.get("trainer") or {}).get("scored_by") == "policy_version"
+    assert "scored_version" not in traces[0]  # the claim is in the attrs; the trace schema has no such variable
+    assert all("scored_by" not in (t.attrs.get("trainer") or {}) for t in traces[1:])
+    assert _version_findings(traces[0]) == set()
+    assert _version_findings(traces[1]) == {"scored_at_one_version"}
+    assert _version_findings(traces[2]) == {"scored_at_one_version"}
+    # a store written before scored_version was recorded: today's reading, the warning on a lagged step
+    old = step_trace(run.drop_vars("scored_version"), 0)
+    assert "scored_by" not in (old.attrs.get("trainer") or {}) and _version_findings(old) == {"scored_at_one_version"}
+
+
 def test_a_scored_trace_records_as_the_rl_runner_records_it(tmp_path):
     """``StepRecord.from_trace``, the path rlparity's RL runner takes: a scored trace's step gives the
     summary of the trace itself, and the engine's checksums of the version that generated it."""

@@ -522,6 +522,7 @@ class Recorder:
         rows: dict[str, Any] = {
             "token_id": (("sequence", "position"), tok),
             "policy_version": (("sequence", "position"), pv),
+            "scored_version": (("sequence", "position"), sv),
             "rollout_logprob": (("sequence", "position"), f64["rollout_logprobs"]),
             self.old_var: (("sequence", "position"), f64["trainer_logprobs"]),
             "prompt_token_id": (("sequence", "prompt_position"), prompt),
