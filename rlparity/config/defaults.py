@@ -200,6 +200,12 @@ class RecordDefaults(BaseModel):
     floor_min_steps: int = Field(3, ge=1, description="steps of history before a floor jump is judged")
     max_lag: int = Field(1, ge=0, description="token lag (trainer version - version that generated the token) "
                          "above which staleness warns (rlparity's async runner runs at lag 1)")
+    ratio_window: int = Field(8, ge=1, description="ratio_offset: steps pooled in the trailing window "
+                              "(calibration: PENDING)")
+    ratio_z: float = Field(5.0, gt=0, description="ratio_offset: |mean(pi_old/mu) - 1| over the window above "
+                           "this many jackknife errors is an error (calibration: PENDING)")
+    ratio_min_units: int = Field(20, ge=2, description="ratio_offset: jackknife units (prompt groups) the window "
+                                 "must hold before it is judged (fewer: the error is too rough to trust)")
 
 
 @document_fields

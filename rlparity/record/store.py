@@ -15,7 +15,9 @@ Layout (every array's first dim is ``step``; each has ``_ARRAY_DIMENSIONS`` so x
     ``top_k``, ``top_p``, ``reward``, ``advantage``.
 ``(step,)``, ``(step, metric)``, ``(step, alarm)``, ``(step, tensor)``
     what the step was (versions, sizes, times), its live metrics, its alarms and the engine's
-    weight digest (CRC-32 per tensor, -1 = none), in chunks of :data:`STEP_CHUNK` steps.
+    weight digest (CRC-32 per tensor, -1 = none; ``digest_stride``: every how many values of each
+    tensor it checksummed, -1 = no digest that step, absent in stores written before it was
+    recorded: every value), in chunks of :data:`STEP_CHUNK` steps.
 
 Crash safety: a step's arrays are written first (zarr writes every chunk through a temporary file
 and a rename, so a chunk is never torn), then the root attribute :data:`RUN_MARKER` is replaced
@@ -61,6 +63,7 @@ STEP_VARS: dict[str, tuple[tuple[str, ...], str, Any]] = {
     "alarm_level": (("alarm",), "int8", 0),
     "alarm_value": (("alarm",), "float64", np.nan),
     "weight_digest": (("tensor",), "int64", -1),
+    "digest_stride": ((), "int32", -1),
 }
 SEQUENCE_VARS: dict[str, tuple[tuple[str, ...], str, Any]] = {
     "prompt_length": (SEQ_DIMS, "int32", -1),
