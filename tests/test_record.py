@@ -403,6 +403,38 @@ def test_weight_digest_is_verify_weights_checksum_of_every_tensor_or_the_same_sa
     assert weight_digest(named2) == full and weight_digest(named3) != full
 
 
+def test_tensor_checksum_is_the_plain_formula_on_every_kind_of_tensor_and_leaves_it_unchanged():
+    """The cheaper checksum (one bf16 copy, zeros normalised in place, CRC over the buffer, min/max for
+    finiteness) against the plain formula: bf16 copy + 0.0, CRC of its bytes, torch.isfinite."""
+    import zlib
+
+    torch = pytest.importorskip("torch")
+    from rlparity.trace.weights import NOT_FINITE, tensor_checksum
+
+    def plain(t):
+        if not t.is_floating_point():
+            return f"{zlib.crc32(t.contiguous().numpy().tobytes()) & 0xFFFFFFFF:08x}"
+        b = t.to(torch.bfloat16) + 0.0
+        crc = f"{zlib.crc32(b.contiguous().view(torch.int16).numpy().tobytes()) & 0xFFFFFFFF:08x}"
+        return crc if bool(torch.isfinite(b).all()) else NOT_FINITE + crc
+
+    g = torch.Generator().manual_seed(0)
+    nan, inf = float("nan"), float("inf")
+    cases = [torch.randn(100, 37, generator=g), torch.randn(5, generator=g).to(torch.bfloat16),
+             torch.tensor([0.0, -0.0, 1.0]), torch.tensor([-0.0, 1.0], dtype=torch.bfloat16),
+             torch.tensor([1.0, nan]), torch.tensor([inf, 1.0]), torch.tensor([-inf]), torch.tensor([nan, inf]),
+             torch.zeros(0), torch.tensor(3.5), torch.arange(10), torch.randn(8, 8, generator=g).t(),
+             torch.randn(4, 4, generator=g, dtype=torch.float64), torch.randn(3, 3, generator=g).half(),
+             torch.tensor([True, False]), torch.tensor([1e39, -1e39], dtype=torch.float64)]
+    for t in cases:
+        before = t.clone()
+        assert tensor_checksum(t) == plain(t), t
+        if t.is_floating_point():  # the caller's values and zero signs untouched
+            assert torch.equal(before.nan_to_num(7.0), t.nan_to_num(7.0)) and torch.equal(before.signbit(), t.signbit())
+    with pytest.raises(ValueError, match="stride=0"):
+        tensor_checksum(cases[0], stride=0)
+
+
 def test_a_strided_digest_is_the_crc_of_the_sampled_bf16_values_and_sees_only_them():
     """``stride=k``: the CRC-32 of every k-th bf16 value from the name's offset, against zlib over the
     values picked by hand in numpy; a change of a sampled value is seen, one of an unsampled value is
@@ -510,6 +542,18 @@ def test_the_pooled_ratio_offset_equals_a_plain_delete_one_prompt_jackknife():
     assert got["offset"] == pytest.approx(off, rel=1e-9) and got["se"] == pytest.approx(se, rel=1e-9)
     assert got["z"] == pytest.approx(off / se, rel=1e-9)
     assert np.isnan(pooled_ratio_offset(units[:0])["z"]) and np.isnan(pooled_ratio_offset([(np.ones(1), np.ones(1))])["z"])
+    # the edges by hand: two units of one token each (ratios 1.5 and 1.1: offset 0.3, leave-one-out 0.1
+    # and 0.5, se = sqrt(1/2 * 2 * 0.2^2) = 0.2); one ratio everywhere (se 0: z infinite, or 0 when exactly 1)
+    two = pooled_ratio_offset([(np.array([0.5]), np.array([1])), (np.array([0.1]), np.array([1]))])
+    assert (two["units"], two["offset"], two["se"], two["z"]) == pytest.approx((2, 0.3, 0.2, 1.5), rel=1e-12)
+    same = [(np.array([0.02, 0.04]), np.array([1, 2]))]
+    assert pooled_ratio_offset(same)["z"] == math.inf and pooled_ratio_offset([(-same[0][0], same[0][1])])["z"] == -math.inf
+    assert pooled_ratio_offset([(np.zeros(3), np.ones(3))])["z"] == 0.0
+    # a prompt group without one usable token is no unit
+    mu = np.log(np.full((3, 2), 0.5))
+    pi = np.array([[np.nan, np.nan], [np.log(0.6), np.log(0.4)], [np.log(0.5), np.log(0.5)]])
+    s_u, n_u = ratio_units(mu, pi, np.ones((3, 2), bool), np.array([7, 8, 9]))
+    assert n_u.tolist() == [2, 2] and s_u == pytest.approx([0.2 - 0.2, 0.0], abs=1e-12)
 
 
 def test_ratio_offset_fires_on_a_raw_logprobs_engine_once_its_window_is_judged_and_never_on_a_faithful_one(tmp_path):

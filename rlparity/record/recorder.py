@@ -87,8 +87,20 @@ class WeightDigest(dict):
 
 
 def digest_value(checksum: str) -> int:
-    """A :func:`~rlparity.trace.weights.tensor_checksum` as the integer a run store holds: the CRC-32,
-    plus ``2**32`` for a tensor with NaN or infinite values (never equal to a finite tensor's)."""
+    """A :func:`~rlparity.trace.weights.tensor_checksum` as the integer a run store holds.
+
+    Parameters
+    ----------
+    checksum : str
+        8 hex digits, after :data:`~rlparity.trace.weights.NOT_FINITE` for a tensor with NaN or
+        infinite values.
+
+    Returns
+    -------
+    int
+        The CRC-32, plus ``2**32`` for a tensor with NaN or infinite values (never equal to a finite
+        tensor's).
+    """
     if checksum.startswith(NOT_FINITE):
         return int(checksum[len(NOT_FINITE):], 16) + (1 << 32)
     return int(checksum, 16)
@@ -97,7 +109,20 @@ def digest_value(checksum: str) -> int:
 def sample_offset(name: str, stride: int) -> int:
     """The first value :func:`weight_digest` samples of tensor ``name`` at ``stride``: fixed per name
     (the same values at every sync) and spread over names, so a stride that divides a row length
-    does not sample the same column of every matrix."""
+    does not sample the same column of every matrix.
+
+    Parameters
+    ----------
+    name : str
+        The tensor's name.
+    stride : int
+        Every ``stride``-th value is sampled.
+
+    Returns
+    -------
+    int
+        In ``[0, stride)``; 0 for ``stride`` 1.
+    """
     return zlib.crc32(name.encode()) % stride if stride > 1 else 0
 
 
