@@ -551,9 +551,9 @@ def test_the_pooled_ratio_offset_equals_a_plain_delete_one_prompt_jackknife():
     assert pooled_ratio_offset([(np.zeros(3), np.ones(3))])["z"] == 0.0
     # a prompt group without one usable token is no unit
     mu = np.log(np.full((3, 2), 0.5))
-    pi = np.array([[np.nan, np.nan], [np.log(0.6), np.log(0.4)], [np.log(0.5), np.log(0.5)]])
+    pi = np.array([[np.nan, np.nan], [np.log(0.6), np.log(0.4)], [np.log(0.7), np.nan]])
     s_u, n_u = ratio_units(mu, pi, np.ones((3, 2), bool), np.array([7, 8, 9]))
-    assert n_u.tolist() == [2, 2] and s_u == pytest.approx([0.2 - 0.2, 0.0], abs=1e-12)
+    assert n_u.tolist() == [2, 1] and s_u == pytest.approx([0.2 - 0.2, 0.4], abs=1e-12)
 
 
 def test_ratio_offset_fires_on_a_raw_logprobs_engine_once_its_window_is_judged_and_never_on_a_faithful_one(tmp_path):
