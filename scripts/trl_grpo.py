@@ -17,7 +17,8 @@ Runs (``--runs``, default all three):
     syncs, so the weights the engine is sent (and holds) stay bitwise the same there.
 ``fp32_small_step``
     the same at lr 1e-9, where each sync moves one to four bf16 values of 8.5M: the per-tensor
-    digest sees them, so ``weights_unchanged`` (no tensor changed) stays silent: the alarm's limit.
+    digest sees them, so ``weights_unchanged`` (no tensor changed) stays silent: the alarm's limit. A
+    sampled digest (``--digest-strides 61``) most likely misses them and raises it at those syncs too.
 
 Every run holds rlparity's engine lock; each engine is shut down before the next run starts.
 
