@@ -17,11 +17,13 @@ Runs (``--runs``, default all three):
     syncs, so the weights the engine is sent (and holds) stay bitwise the same there.
 ``fp32_small_step``
     the same at lr 1e-9, where each sync moves one to four bf16 values of 8.5M: the per-tensor
-    digest sees them, so ``weights_unchanged`` (no tensor changed) stays silent: the alarm's limit.
+    digest sees them, so ``weights_unchanged`` (no tensor changed) stays silent: the alarm's limit. A
+    sampled digest (``--digest-strides 61``) most likely misses them and raises it at those syncs too.
 
 Every run holds rlparity's engine lock; each engine is shut down before the next run starts.
 
-    python scripts/trl_grpo.py --steps 30 --out benchmarks/results/trl_grpo_cpu.json --store-dir runs/trl
+    python scripts/trl_grpo.py --steps 30 --digest-strides 1,61 --out benchmarks/results/trl_grpo_cpu.json \
+        --store-dir runs/trl
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ RUNS = {
     "fp32_small_step": {"learning_rate": 1e-9, "bf16": False, "raw_logprobs": False},
 }
 KEY_METRICS = ("rlparity/abs_log_ratio_mean", "rlparity/kl_k3", "rlparity/abs_log_ratio_max", "rlparity/ess_token",
+               "rlparity/mean_ratio", "rlparity/ratio_offset_window", "rlparity/ratio_offset_z",
+               "rlparity/ratio_offset_units",
                "rlparity/weights_changed_share", "rlparity/reward_mean", "rlparity/n_tokens",
                "sampling/sampling_logp_difference/mean", "reward", "loss", "grad_norm")
 
@@ -101,7 +105,8 @@ class SyncedWeights:
         vg.sync_weights = sync
 
 
-def run_one(name: str, steps: int, store: Path, model: str, seed: int, stop_on: str | None = None) -> dict:
+def run_one(name: str, steps: int, store: Path, model: str, seed: int, stop_on: str | None = None,
+            digest_stride: int = 1) -> dict:
     import torch
     from datasets import Dataset
 
@@ -134,7 +139,8 @@ def run_one(name: str, steps: int, store: Path, model: str, seed: int, stop_on: 
             t_init = time.perf_counter() - t0
             engine = {"logprobs_mode": "raw_logprobs" if spec["raw_logprobs"] else "processed_logprobs",
                       "dtype": "bfloat16"}
-            hook = record_grpo(trainer, store, engine=engine, overwrite=True, stop_on=stop_on)
+            hook = record_grpo(trainer, store, engine=engine, overwrite=True, stop_on=stop_on,
+                               digest_stride=digest_stride)
             weights = SyncedWeights(trainer)
             t1 = time.perf_counter()
             stopped = None
@@ -160,6 +166,7 @@ def run_one(name: str, steps: int, store: Path, model: str, seed: int, stop_on: 
                                   "max_completion_length": 8, "model_dtype": "float32", "engine": engine},
         "steps_recorded": int(run.sizes["step"]), "steps_logged": len(history),
         "alarms_by_step": alarms_by_step, "stop_on": stop_on, "stopped": stopped, "error_alarms": errors,
+        "seed": seed, "digest_stride": digest_stride,
         "weight_changes_per_sync": weights.changes,
         "wall_seconds": {"init": round(t_init, 2), "train": round(t_train, 2),
                          "recorder": round(hook.seconds, 3), "recorder_digest": round(hook.digest_seconds, 3),
@@ -182,8 +189,13 @@ def table(results: list[dict]) -> str:
              "- fp32_tiny_step: float32 trainer without autocast, lr 1e-10: no bf16 value moves at most syncs (planted)",
              "- fp32_small_step: the same at lr 1e-9: 1-4 bf16 values of 8.5M move at most syncs, none at five",
              "",
-             "| run | steps | error alarms (steps) | warnings (steps) | mean abs(log ratio) | train s | recorder share |",
-             "|---|---|---|---|---|---|---|"]
+             "- digest: every value of every tensor sent (1) or 1 value in k of each (k); its seconds over the "
+             "training wall time apart; ratio_offset z: the pooled window's z at each step once the window is "
+             "judged (>= 20 prompt groups)",
+             "",
+             "| run | seed | digest | steps | error alarms (steps) | warnings (steps) | mean abs(log ratio) | "
+             "ratio_offset z | train s | digest share | recorder share |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         by: dict[str, list[int]] = {}
         for s, codes in r["alarms_by_step"].items():
@@ -197,8 +209,15 @@ def table(results: list[dict]) -> str:
 
         gaps = [p["rlparity/abs_log_ratio_mean"] for p in r["per_step"] if p["rlparity/abs_log_ratio_mean"] is not None]
         gap = f"{min(gaps):.3g}-{max(gaps):.3g}" if gaps else "n/a"
-        lines.append(f"| {r['run']} | {r['steps_recorded']} | {fmt('error')} | {fmt('warning')} | {gap} | "
-                     f"{r['wall_seconds']['train']} | {100 * r['recorder_share_of_train']:.1f}% |")
+        from rlparity.config import defaults
+
+        zs = [p["rlparity/ratio_offset_z"] for p in r["per_step"]
+              if (p.get("rlparity/ratio_offset_units") or 0) >= defaults().record.ratio_min_units]
+        z = f"{min(zs):+.1f}..{max(zs):+.1f}" if zs else "n/a"
+        w = r["wall_seconds"]
+        lines.append(f"| {r['run']} | {r.get('seed', 0)} | {r.get('digest_stride', 1)} | {r['steps_recorded']} | "
+                     f"{fmt('error')} | {fmt('warning')} | {gap} | {z} | {w['train']} | "
+                     f"{100 * w['recorder_digest'] / w['train']:.2f}% | {100 * r['recorder_share_of_train']:.2f}% |")
     return "\n".join(lines) + "\n"
 
 
@@ -220,6 +239,9 @@ def main() -> None:
     p.add_argument("--store-dir", type=Path, default=Path("runs/trl_grpo"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stop-on", choices=("error", "warning"), help="stop a run at its first alarm of this level")
+    p.add_argument("--digest-strides", default="1",
+                   help="comma list: each run once per k, checksumming 1 value in k of each tensor sent (1: every "
+                        "value)")
     p.add_argument("--one", help=argparse.SUPPRESS)  # one run in this process, its result to --out
     a = p.parse_args()
     from rlparity.models import make_model
@@ -227,16 +249,20 @@ def main() -> None:
     model = str(make_model("tiny-bf16", progress=False))
     a.store_dir.mkdir(parents=True, exist_ok=True)
     if a.one:
-        a.out.write_text(json.dumps(run_one(a.one, a.steps, a.store_dir / f"{a.one}.zarr", model, a.seed, a.stop_on), default=float))
+        stride = int(a.digest_strides)
+        a.out.write_text(json.dumps(run_one(a.one, a.steps, a.store_dir / f"{a.one}-digest{stride}.zarr", model, a.seed,
+                                            a.stop_on, stride), default=float))
         return
     t0 = time.perf_counter()
     results = []
-    for name in a.runs.split(","):  # each run in its own process: its engine and process group end with it
-        part = a.store_dir / f"{name}.json"
-        subprocess.run([sys.executable, __file__, "--one", name, "--steps", str(a.steps), "--out", str(part),
-                        "--store-dir", str(a.store_dir), "--seed", str(a.seed),
-                        *(["--stop-on", a.stop_on] if a.stop_on else [])], check=True)
-        results.append(json.loads(part.read_text()))
+    # each run in its own process: its engine and process group end with it
+    for stride in a.digest_strides.split(","):
+        for name in a.runs.split(","):
+            part = a.store_dir / f"{name}-digest{stride}.json"
+            subprocess.run([sys.executable, __file__, "--one", name, "--steps", str(a.steps), "--out", str(part),
+                            "--store-dir", str(a.store_dir), "--seed", str(a.seed), "--digest-strides", stride,
+                            *(["--stop-on", a.stop_on] if a.stop_on else [])], check=True)
+            results.append(json.loads(part.read_text()))
     summary = {"what": "TRL GRPOTrainer with rlparity.record.trl.record_grpo, vLLM colocate on CPU",
                "model": "tiny-bf16", "vllm_mode": "colocate", "device": "cpu",
                "colocate_on_cpu": "weights synced through vLLM's model_runner.reload_weights (record_grpo cpu_sync); "

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlparity.config import defaults_context
+from rlparity.config import defaults, defaults_context
 from rlparity.record import ALARMS, Recorder, RunAlarmError, is_run_store, open_run, step_trace, weight_digest
 from rlparity.trace import StoreError
 
@@ -401,6 +401,232 @@ def test_weight_digest_is_verify_weights_checksum_of_every_tensor_or_the_same_sa
     named2 = [(n, t * (1 + 1e-5)) if i == 0 else (n, t) for i, (n, t) in enumerate(named)]
     named3 = [(n, t * 1.05) if i == 0 else (n, t) for i, (n, t) in enumerate(named)]
     assert weight_digest(named2) == full and weight_digest(named3) != full
+
+
+def test_tensor_checksum_is_the_plain_formula_on_every_kind_of_tensor_and_leaves_it_unchanged():
+    """The cheaper checksum (one bf16 copy, zeros normalised in place, CRC over the buffer, min/max for
+    finiteness) against the plain formula: bf16 copy + 0.0, CRC of its bytes, torch.isfinite."""
+    import zlib
+
+    torch = pytest.importorskip("torch")
+    from rlparity.trace.weights import NOT_FINITE, tensor_checksum
+
+    def plain(t):
+        if not t.is_floating_point():
+            return f"{zlib.crc32(t.contiguous().numpy().tobytes()) & 0xFFFFFFFF:08x}"
+        b = t.to(torch.bfloat16) + 0.0
+        crc = f"{zlib.crc32(b.contiguous().view(torch.int16).numpy().tobytes()) & 0xFFFFFFFF:08x}"
+        return crc if bool(torch.isfinite(b).all()) else NOT_FINITE + crc
+
+    g = torch.Generator().manual_seed(0)
+    nan, inf = float("nan"), float("inf")
+    cases = [torch.randn(100, 37, generator=g), torch.randn(5, generator=g).to(torch.bfloat16),
+             torch.tensor([0.0, -0.0, 1.0]), torch.tensor([-0.0, 1.0], dtype=torch.bfloat16),
+             torch.tensor([1.0, nan]), torch.tensor([inf, 1.0]), torch.tensor([-inf]), torch.tensor([nan, inf]),
+             torch.zeros(0), torch.tensor(3.5), torch.arange(10), torch.randn(8, 8, generator=g).t(),
+             torch.randn(4, 4, generator=g, dtype=torch.float64), torch.randn(3, 3, generator=g).half(),
+             torch.tensor([True, False]), torch.tensor([1e39, -1e39], dtype=torch.float64)]
+    for t in cases:
+        before = t.clone()
+        assert tensor_checksum(t) == plain(t), t
+        if t.is_floating_point():  # the caller's values and zero signs untouched
+            assert torch.equal(before.nan_to_num(7.0), t.nan_to_num(7.0)) and torch.equal(before.signbit(), t.signbit())
+    with pytest.raises(ValueError, match="stride=0"):
+        tensor_checksum(cases[0], stride=0)
+
+
+def test_a_strided_digest_is_the_crc_of_the_sampled_bf16_values_and_sees_only_them():
+    """``stride=k``: the CRC-32 of every k-th bf16 value from the name's offset, against zlib over the
+    values picked by hand in numpy; a change of a sampled value is seen, one of an unsampled value is
+    not (the sample's limit); NaN only where sampled; the caller's tensors are never changed."""
+    import zlib
+
+    torch = pytest.importorskip("torch")
+    from rlparity.record.recorder import digest_value, sample_offset
+
+    g = torch.Generator().manual_seed(1)
+    named = [(f"layers.{i}.w", torch.randn(12, 10, generator=g)) for i in range(6)]
+    named.append(("neg_zero", torch.tensor([-0.0, 1.0, -0.0, 2.0, 3.0, -0.0, 4.0], dtype=torch.bfloat16)))
+    before = [t.clone() for _, t in named]
+    k = 7
+    got = weight_digest(named, stride=k)
+    assert got.stride == k and weight_digest(named).stride == 1
+    for name, t in named:
+        bits = t.to(torch.bfloat16).float().numpy().reshape(-1)  # exact: bf16 values are float32 values
+        picked = np.array([bits[i] for i in range(sample_offset(name, k), bits.size, k)], np.float32) + np.float32(0.0)
+        as_bf16 = (picked.view(np.uint32) >> 16).astype(np.uint16)  # a bf16 value is the float32's top half
+        assert got[name] == zlib.crc32(as_bf16.tobytes()), name
+    assert all(torch.equal(a, t) and torch.equal(a.signbit(), t.signbit()) for a, (_, t) in zip(before, named))
+    assert len({sample_offset(n, k) for n, _ in named}) > 1  # the offsets spread over the tensors
+    w = named[0][1]
+    off = sample_offset(named[0][0], k)
+    hit, miss = w.clone().reshape(-1), w.clone().reshape(-1)
+    hit[off] += 1.0
+    miss[(off + 1) % k] += 1.0
+    for changed, seen in ((hit, True), (miss, False)):
+        again = weight_digest([(named[0][0], changed.reshape(w.shape)), *named[1:]], stride=k)
+        assert (again[named[0][0]] != got[named[0][0]]) is seen
+        assert (weight_digest([(named[0][0], changed.reshape(w.shape))])[named[0][0]] != weight_digest(named[:1])[
+            named[0][0]])  # the full digest sees both
+    nan = w.clone().reshape(-1)
+    nan[off] = float("nan")
+    value = weight_digest([("x", nan)], stride=1)["x"]
+    assert value >= 1 << 32 and value == digest_value("not-finite:" + f"{value - (1 << 32):08x}")
+    with pytest.raises(ValueError, match="stride=0"):
+        weight_digest(named, stride=0)
+
+
+def test_digests_of_another_stride_are_never_compared_and_the_stride_is_in_the_store(tmp_path):
+    rec = _recorder_with_history(tmp_path, steps=3)
+    same = synthetic_step(2)["weight_digest"]
+    out = rec.step(**{**synthetic_step(3), "weight_digest": same, "digest_stride": 61})
+    assert "weights_unchanged" not in codes(out) and np.isnan(out["rlparity/weights_changed_share"])
+    out = rec.step(**{**synthetic_step(4), "weight_digest": same, "digest_stride": 61})
+    assert "weights_unchanged" in codes(out) and out["rlparity/weights_changed_share"] == 0.0
+    assert "1 value in 61" in next(a.message for a in out.alarms if a.code == "weights_unchanged")
+    rec.close()
+    run = open_run(tmp_path / "run.zarr")
+    assert run["digest_stride"].values.tolist() == [1, 1, 1, 61, 61]
+    # a resumed run compares its next digest with the stride read back from the store
+    with Recorder(tmp_path / "run.zarr", resume=True) as again:
+        assert "weights_unchanged" in codes(again.step(**{**synthetic_step(5), "weight_digest": same,
+                                                           "digest_stride": 61}))
+
+
+def sampled_step(k: int, *, raw: bool, n_prompts: int = 4, group: int = 4, length: int = 8, vocab: int = 40,
+                 temperature: float = 0.7, noise: float = 0.02) -> dict:
+    """Step ``k`` of a run whose engine samples its processed distribution q = softmax(logits / T): mu is
+    log q of the sampled token (faithful) or the temperature-1 log p (``raw``: vLLM's raw_logprobs);
+    pi_old is the trainer's processed distribution of slightly different logits (a backend gap)."""
+    rng = np.random.default_rng(5000 + k)
+    n = n_prompts * group
+    logits = rng.normal(0.0, 2.0, (n, length, vocab))
+    trainer = logits + rng.normal(0.0, noise, logits.shape)
+
+    def log_softmax(x):
+        x = x - x.max(axis=-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+    log_q, log_p, log_pi = log_softmax(logits / temperature), log_softmax(logits), log_softmax(trainer / temperature)
+    u = rng.uniform(size=(n, length, 1))
+    tok = (np.exp(log_q).cumsum(axis=-1) < u).sum(axis=-1).clip(0, vocab - 1)
+    pick = lambda lp: np.take_along_axis(lp, tok[..., None], axis=-1)[..., 0]  # noqa: E731
+    return {"prompt_token_ids": [[1, 2, 3]] * n, "token_ids": tok, "rollout_logprobs": pick(log_p if raw else log_q),
+            "trainer_logprobs": pick(log_pi), "prompt_index": np.arange(n) // group, "policy_versions": k,
+            "trainer_version": k}
+
+
+def test_the_pooled_ratio_offset_equals_a_plain_delete_one_prompt_jackknife():
+    from rlparity.record.live import pooled_ratio_offset, ratio_units
+
+    steps = [sampled_step(k, raw=k == 1) for k in range(3)]
+    for s in steps[1:]:  # ragged: the second step's last sequence is shorter; a token the trainer gives 0
+        s["rollout_logprobs"][-1, 5:] = np.nan
+        s["trainer_logprobs"][0, 0] = -np.inf
+    units = [ratio_units(s["rollout_logprobs"], s["trainer_logprobs"], np.isfinite(s["rollout_logprobs"]),
+                         s["prompt_index"]) for s in steps]
+    got = pooled_ratio_offset(units)
+    groups = []  # the reference: plain Python over (step, prompt) groups of tokens with a finite d
+    for s in steps:
+        for g in sorted(set(s["prompt_index"].tolist())):
+            vals = [math.exp(p - m) for i in np.flatnonzero(s["prompt_index"] == g)
+                    for m, p in zip(s["rollout_logprobs"][i], s["trainer_logprobs"][i])
+                    if math.isfinite(m) and math.isfinite(p)]
+            groups.append(vals)
+    flat = [v for g in groups for v in g]
+    off = sum(flat) / len(flat) - 1
+    leave = [(sum(flat) - sum(g)) / (len(flat) - len(g)) - 1 for g in groups]
+    mean = sum(leave) / len(leave)
+    se = math.sqrt((len(groups) - 1) / len(groups) * sum((x - mean) ** 2 for x in leave))
+    assert got["units"] == len(groups) == 12 and got["tokens"] == len(flat)
+    assert got["offset"] == pytest.approx(off, rel=1e-9) and got["se"] == pytest.approx(se, rel=1e-9)
+    assert got["z"] == pytest.approx(off / se, rel=1e-9)
+    assert np.isnan(pooled_ratio_offset(units[:0])["z"]) and np.isnan(pooled_ratio_offset([(np.ones(1), np.ones(1))])["z"])
+    # the edges by hand: two units of one token each (ratios 1.5 and 1.1: offset 0.3, leave-one-out 0.1
+    # and 0.5, se = sqrt(1/2 * 2 * 0.2^2) = 0.2); one ratio everywhere (se 0: z infinite, or 0 when exactly 1)
+    two = pooled_ratio_offset([(np.array([0.5]), np.array([1])), (np.array([0.1]), np.array([1]))])
+    assert (two["units"], two["offset"], two["se"], two["z"]) == pytest.approx((2, 0.3, 0.2, 1.5), rel=1e-12)
+    same = [(np.array([0.02, 0.04]), np.array([1, 2]))]
+    assert pooled_ratio_offset(same)["z"] == math.inf and pooled_ratio_offset([(-same[0][0], same[0][1])])["z"] == -math.inf
+    assert pooled_ratio_offset([(np.zeros(3), np.ones(3))])["z"] == 0.0
+    # a prompt group without one usable token is no unit
+    mu = np.log(np.full((3, 2), 0.5))
+    pi = np.array([[np.nan, np.nan], [np.log(0.6), np.log(0.4)], [np.log(0.7), np.nan]])
+    s_u, n_u = ratio_units(mu, pi, np.ones((3, 2), bool), np.array([7, 8, 9]))
+    assert n_u.tolist() == [2, 1] and s_u == pytest.approx([0.2 - 0.2, 0.4], abs=1e-12)
+
+
+def test_ratio_offset_fires_on_a_raw_logprobs_engine_once_its_window_is_judged_and_never_on_a_faithful_one(tmp_path):
+    """The windowed test of mu on a simulated sampler (16 sequences of 8 tokens, 4 prompt groups a
+    step, as the TRL runs): raw logprobs fire from the first step whose window holds
+    ``ratio_min_units`` groups, a faithful engine with a backend gap never does; a resumed run reads
+    its window back from the store and gives the uninterrupted run's z."""
+    r = defaults().record
+    first = -(-r.ratio_min_units // 4) - 1  # the first step whose window holds enough prompt groups
+    fired = {}
+    for raw in (False, True):
+        with Recorder(tmp_path / f"raw{raw}.zarr") as rec:
+            outs = [rec.step(**sampled_step(k, raw=raw)) for k in range(24)]
+        fired[raw] = [k for k, o in enumerate(outs) if "ratio_offset" in codes(o)]
+        assert all(o["rlparity/ratio_offset_units"] == 4 * min(k + 1, r.ratio_window) for k, o in enumerate(outs))
+    assert fired[False] == []
+    assert fired[True] == list(range(first, 24))
+    alarm = next(a for a in outs[-1].alarms if a.code == "ratio_offset")
+    assert alarm.level == "error" and alarm.value > r.ratio_z and "raw_logprobs" in alarm.message
+    # resume after step 11: the window of steps 4..11 comes back from the store
+    with Recorder(tmp_path / "resumed.zarr") as rec:
+        for k in range(12):
+            rec.step(**sampled_step(k, raw=True))
+    with Recorder(tmp_path / "resumed.zarr", resume=True) as rec:
+        again = rec.step(**sampled_step(12, raw=True))
+    assert again["rlparity/ratio_offset_z"] == pytest.approx(outs[12]["rlparity/ratio_offset_z"], rel=1e-5)
+    # a bias as sure as can be (pi_old = mu + 0.001 nats on every token: z infinite) but inside rlparity check's
+    # mean_ratio band is no alarm; the same at 0.05 nats (ratio 1.051) is
+    for shift, alarm in ((1e-3, False), (0.05, True)):
+        with Recorder(tmp_path / f"shift{shift}.zarr") as rec:
+            for k in range(6):
+                s = sampled_step(k, raw=False)
+                out = rec.step(**{**s, "trainer_logprobs": s["rollout_logprobs"], "rollout_logprobs": s["rollout_logprobs"] - shift})
+        assert out["rlparity/ratio_offset_window"] == pytest.approx(math.expm1(shift), rel=1e-9)
+        assert ("ratio_offset" in codes(out)) is alarm
+
+
+def _version_findings(trace) -> set[str]:
+    from rlparity.diagnose import diagnose
+
+    return {f.name for f in diagnose({"step": trace}).findings} & {"scored_at_one_version"}
+
+
+def test_a_lagged_step_scored_per_version_raises_no_version_warning_and_one_weight_set_does(tmp_path):
+    """``scored_version`` is stored per token: a step whose older tokens the trainer scored with the
+    weights that generated them reads as scored per version (no doctor warning); the same tokens
+    scored with the trainer's newer weights still warn; a store without the variable keeps the
+    warning (what it could not tell)."""
+    path = tmp_path / "run.zarr"
+    s = synthetic_step(5, n=6)
+    pv = [np.full(len(t), 4 if i % 2 else 5) for i, t in enumerate(s["token_ids"])]  # half the sequences lag one
+    with Recorder(path) as rec:
+        own = rec.step(**{**s, "policy_versions": pv, "scored_version": pv})
+        one = rec.step(**{**s, "policy_versions": pv})  # scored_version: the trainer's version 5, every token
+        older = rec.step(**{**s, "policy_versions": pv, "scored_version": [v - 1 for v in pv]})
+    assert "scored_by_older_version" not in codes(own) | codes(one)
+    assert "scored_by_older_version" in codes(older)
+    run = open_run(path)
+    real = run["response_mask"].values[0]
+    want = np.concatenate(pv)
+    assert sorted(run["scored_version"].values[0][real].tolist()) == sorted(want.tolist())
+    assert (run["scored_version"].values[1][real] == 5).all()
+    traces = [step_trace(run, k) for k in range(3)]
+    assert sorted(np.unique(traces[0]["policy_version"].values[traces[0]["response_mask"].values]).tolist()) == [4, 5]
+    assert (traces[0].attrs.get("trainer") or {}).get("scored_by") == "policy_version"
+    assert "scored_version" not in traces[0]  # the claim is in the attrs; the trace schema has no such variable
+    assert all("scored_by" not in (t.attrs.get("trainer") or {}) for t in traces[1:])
+    assert _version_findings(traces[0]) == set()
+    assert _version_findings(traces[1]) == {"scored_at_one_version"}
+    assert _version_findings(traces[2]) == {"scored_at_one_version"}
+    # a store written before scored_version was recorded: today's reading, the warning on a lagged step
+    old = step_trace(run.drop_vars("scored_version"), 0)
+    assert "scored_by" not in (old.attrs.get("trainer") or {}) and _version_findings(old) == {"scored_at_one_version"}
 
 
 def test_a_scored_trace_records_as_the_rl_runner_records_it(tmp_path):

@@ -16,6 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 4
+JUDGED = 6  # steps of the script's runs (4 prompt groups a step): ratio_offset is judged from step 4
 
 
 def _shut_down(trainer) -> None:
@@ -163,16 +164,42 @@ def test_a_float32_trainer_with_a_step_below_bf16_resolution_raises_weights_unch
         trl, grpo_run, tiny_bf16_model, tmp_path):
     """The planted fault, run by the benchmark script in its own process (one engine per process): the
     alarm fires exactly at the syncs where no bf16 value of the weights sent changed, counted value by
-    value, while the trainer's float32 weights did move."""
-    out = tmp_path / "fault.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "trl_grpo.py"), "--one", "fp32_tiny_step",
-                    "--steps", str(STEPS), "--out", str(out), "--store-dir", str(tmp_path)],
-                   check=True, env=env, cwd=tmp_path, capture_output=True)
-    result = json.loads(out.read_text())
-    assert result["steps_recorded"] == STEPS
+    value, while the trainer's float32 weights did move. Run for the steps the ratio_offset window needs to
+    be judged: it stays silent (the engine's logprobs are those of what it sampled)."""
+    result = _script_run("fp32_tiny_step", JUDGED, tmp_path)
+    assert result["steps_recorded"] == JUDGED
+    # a faithful rollout however far the trainer's float32 forward is from the bf16 engine: no ratio_offset
+    assert not any("ratio_offset" in codes for codes in result["alarms_by_step"].values())
     still = [c["version"] for c in result["weight_changes_per_sync"] if c["sent_bf16_values_changed"] == 0]
     assert still  # the fault is there
     assert all(c["trainer_fp32_values_changed"] > 0 for c in result["weight_changes_per_sync"])
     fired = sorted(int(s) for s, codes in result["alarms_by_step"].items() if "weights_unchanged" in codes)
     assert fired == still  # step k is generated after the sync of version k
+
+
+def _script_run(name: str, steps: int, tmp_path) -> dict:
+    """One run of scripts/trl_grpo.py in its own process (one engine per process), its JSON result."""
+    out = tmp_path / f"{name}.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "trl_grpo.py"), "--one", name, "--steps", str(steps),
+                    "--out", str(out), "--store-dir", str(tmp_path)], check=True, env=env, cwd=tmp_path,
+                   capture_output=True)
+    return json.loads(out.read_text())
+
+
+@pytest.mark.engine
+def test_an_engine_on_raw_logprobs_raises_ratio_offset_from_the_first_step_its_window_is_judged(
+        trl, grpo_run, tiny_bf16_model, tmp_path):
+    """Planted fault (a): vLLM started with logprobs_mode=raw_logprobs under TRL (temperature 0.7). The
+    mean pi_old/mu over the trailing window is judged once it holds 20 prompt groups (4 a step: from
+    step 4) and is then an error at every step; no step before it raises it."""
+    from rlparity.config import defaults
+
+    r = defaults().record
+    result = _script_run("raw_logprobs", JUDGED, tmp_path)
+    first = -(-r.ratio_min_units // 4) - 1
+    fired = sorted(int(s) for s, codes in result["alarms_by_step"].items() if "ratio_offset" in codes)
+    assert fired == list(range(first, JUDGED))
+    assert result["error_alarms"] == ["ratio_offset"]
+    z = [p["rlparity/ratio_offset_z"] for p in result["per_step"][first:]]
+    assert min(z) > r.ratio_z, z

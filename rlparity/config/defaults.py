@@ -208,6 +208,18 @@ class RecordDefaults(BaseModel):
     floor_min_steps: int = Field(3, ge=1, description="steps of history before a floor jump is judged")
     max_lag: int = Field(1, ge=0, description="token lag (trainer version - version that generated the token) "
                          "above which staleness warns (rlparity's async runner runs at lag 1)")
+    ratio_window: int = Field(8, ge=1, description="ratio_offset: steps pooled in the trailing window. Calibrated "
+                              "on data held apart from the runs it is tested on: TRL GRPO runs on the CPU "
+                              "(scripts/trl_grpo.py, 16 x 8 tokens, 4 prompt groups a step) with seeds 1 and 2, "
+                              "and a simulated sampler (tests' sampled_step, other seeds); see ratio_z")
+    ratio_z: float = Field(5.0, gt=0, description="ratio_offset: |mean(pi_old/mu) - 1| over the window above "
+                           "this many jackknife errors (and outside check.mean_ratio) is an error. Calibration, window 8, "
+                           "windows of >= 20 prompt groups: TRL seed 1 clean z -1.4..+1.3, seed 1 fp32 trainer "
+                           "without autocast -1.5..+1.0, seed 2 clean -1.7..+1.1, seed 1 raw logprobs +10.0..+19.2; "
+                           "the simulated sampler (520 windows each) faithful -3.0..+2.8, raw +8.4..+26.4. Window 5 "
+                           "left raw at +7.3, window 12 delays a fault that starts mid-run")
+    ratio_min_units: int = Field(20, ge=2, description="ratio_offset: jackknife units (prompt groups) the window "
+                                 "must hold before it is judged (fewer: the error is too rough to trust)")
 
 
 @document_fields

@@ -26,14 +26,22 @@ Alarms (:data:`ALARMS`; thresholds from ``defaults().record``, ``defaults().obje
     the normalised ESS of the token ratios pi_old/mu or of the sequences' geometric ratios below
     ``objective.ess_min`` / ``objective.ess_collapse``;
 ``staleness`` (warning)
-    a token more than ``max_lag`` versions behind the trainer.
+    a token more than ``max_lag`` versions behind the trainer;
+``ratio_offset`` (error)
+    the mean of ``pi_old / mu`` over the trailing ``ratio_window`` steps is more than ``ratio_z``
+    jackknife errors from 1 (:func:`pooled_ratio_offset`) and outside ``rlparity check``'s
+    ``mean_ratio`` band. Tokens drawn from mu give
+    ``E[pi/mu] = sum pi = 1`` for any normalised pi_old, whatever the kernels, precision, lag or
+    weights: the test is of mu itself, that it is the distribution the engine sampled from. An
+    engine reporting raw (temperature-1) logprobs while sampling the processed distribution q has
+    ``E_q[q / p] = sum q^2 / p > 1``. One step holds too few sequences to tell (a 128-token TRL step:
+    clean z -3.0..1.4, raw 2.0..7.6), so the steps of a window are pooled.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -52,6 +60,7 @@ ALARMS: dict[str, str] = {
     "ess_low": "warning",
     "ess_collapse": "error",
     "staleness": "warning",
+    "ratio_offset": "error",
 }
 LEVELS = {"warning": 1, "error": 2}
 
@@ -111,6 +120,8 @@ class StepArrays:
         One per sequence.
     advantages : numpy.ndarray, optional
         One per sequence.
+    prompt_index : numpy.ndarray, optional
+        The prompt (group) of each sequence: the jackknife's unit of :func:`ratio_units`.
     """
 
     log_mu: np.ndarray
@@ -122,6 +133,7 @@ class StepArrays:
     log_theta: np.ndarray | None = None
     rewards: np.ndarray | None = None
     advantages: np.ndarray | None = None
+    prompt_index: np.ndarray | None = None
 
 
 def digest_change(previous: Mapping[str, int] | None, current: Mapping[str, int] | None) -> float:
@@ -145,6 +157,68 @@ def digest_change(previous: Mapping[str, int] | None, current: Mapping[str, int]
     if not common:
         return float("nan")
     return sum(previous[n] != current[n] for n in common) / len(common)
+
+
+def ratio_units(log_mu: np.ndarray, log_pi: np.ndarray, mask: np.ndarray,
+                prompt_index: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """A step's sums for :func:`pooled_ratio_offset`, per unit of the jackknife: the sequences of one
+    prompt (a GRPO group shares its prompt, so its samples are not independent), or each sequence.
+
+    Parameters
+    ----------
+    log_mu, log_pi : numpy.ndarray
+        ``(sequence, position)``: the engine's mu and the trainer's pi_old (nats).
+    mask : numpy.ndarray
+        Boolean, real tokens.
+    prompt_index : numpy.ndarray, optional
+        One per sequence; ``None``: every sequence is its own unit.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        ``(sum of pi_old/mu - 1, tokens)`` per unit holding tokens with a finite ``d``.
+    """
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = log_pi - log_mu
+        ok = core.finite_mask(d, mask)
+        excess = np.where(ok, np.expm1(np.where(ok, d, 0.0)), 0.0).sum(axis=1)
+    n = ok.sum(axis=1)
+    unit = np.arange(len(n)) if prompt_index is None else np.asarray(prompt_index)
+    keys, inv = np.unique(unit, return_inverse=True)
+    s_u, n_u = np.bincount(inv, excess, len(keys)), np.bincount(inv, n, len(keys))
+    keep = n_u > 0
+    return s_u[keep], n_u[keep]
+
+
+def pooled_ratio_offset(units: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:
+    """``mean(pi_old / mu) - 1`` over the tokens of several steps, with its delete-one-unit
+    jackknife standard error (units: :func:`ratio_units`) and ``z = offset / se``.
+
+    Parameters
+    ----------
+    units : sequence of tuple of numpy.ndarray
+        :func:`ratio_units` of each step pooled.
+
+    Returns
+    -------
+    dict[str, float]
+        ``offset``, ``se``, ``z``, ``units`` and ``tokens``; NaN with fewer than 2 units.
+    """
+    s = np.concatenate([u[0] for u in units]) if units else np.zeros(0)
+    n = np.concatenate([u[1] for u in units]).astype(float) if units else np.zeros(0)
+    g, total = len(s), float(n.sum())
+    nan = float("nan")
+    if g < 2:
+        return {"offset": nan, "se": nan, "z": nan, "units": float(g), "tokens": total}
+    offset = float(s.sum() / total)
+    rest = n.sum() - n
+    with np.errstate(invalid="ignore", divide="ignore"):
+        leave = (s.sum() - s) / rest  # the offset without each unit
+    if not np.all(rest > 0):
+        return {"offset": offset, "se": nan, "z": nan, "units": float(g), "tokens": total}
+    se = float(np.sqrt((g - 1) / g * np.sum((leave - leave.mean()) ** 2)))
+    z = offset / se if se > 0 else (0.0 if offset == 0 else float("inf") * np.sign(offset))
+    return {"offset": offset, "se": se, "z": float(z), "units": float(g), "tokens": total}
 
 
 def step_metrics(a: StepArrays, *, eps: float, dashboards: Sequence[str]) -> dict[str, float]:
@@ -227,7 +301,7 @@ def confident_disagreements(a: StepArrays, prob: float, gap: float) -> tuple[int
 
 
 def step_alarms(step: int, a: StepArrays, metrics: Mapping[str, float], *, history: Sequence[float],
-                weights_changed: float, trainer_stepped: bool, d: Defaults) -> list[Alarm]:
+                weights_changed: float, trainer_stepped: bool, d: Defaults, digest_stride: int = 1) -> list[Alarm]:
     """The alarms of one step (:data:`ALARMS`).
 
     Parameters
@@ -246,6 +320,9 @@ def step_alarms(step: int, a: StepArrays, metrics: Mapping[str, float], *, histo
         Whether this is a newer version's sync than the one before (the trainer stepped).
     d : Defaults
         The thresholds (``defaults()``).
+    digest_stride : int, default 1
+        The digests checksummed every ``digest_stride``-th value (said in the message: a sampled
+        digest misses a change of values it did not sample).
 
     Returns
     -------
@@ -280,9 +357,12 @@ def step_alarms(step: int, a: StepArrays, metrics: Mapping[str, float], *, histo
              f"mean |d| {gap:.3g} nats (gate {c.max_abs_log_ratio_mean}), k3 {k3:.3g} (gate {c.max_kl_k3}): above "
              "rlparity check's gates; run `rlparity diagnose` on this step's trace (rlparity.record.step_trace)")
     if trainer_stepped and weights_changed == 0.0:
+        what = ("no bf16 value" if digest_stride == 1 else
+                f"no sampled bf16 value (1 value in {digest_stride} of each tensor; a handful of values elsewhere may "
+                "have moved)")
         fire("weights_unchanged", 0.0, 0.0,
              "the engine's weight digest equals the previous sync's although the trainer stepped: the update "
-             "did not reach the engine (or moved no bf16 value: a float32 trainer with a tiny step)")
+             f"did not reach the engine (or moved {what}: a float32 trainer with a tiny step)")
     older = metrics.get(PREFIX + "scored_by_older_tokens", 0.0)
     if older > 0:
         fire("scored_by_older_version", older, 0,
@@ -297,6 +377,16 @@ def step_alarms(step: int, a: StepArrays, metrics: Mapping[str, float], *, histo
              "tokens or sequences carry the batch")
     elif ess < o.ess_min:
         fire("ess_low", ess, o.ess_min, f"normalised ESS of pi_old/mu is {ess:.3g} (< {o.ess_min:g})")
+    z, units = metrics.get(PREFIX + "ratio_offset_z", float("nan")), metrics.get(PREFIX + "ratio_offset_units", 0.0)
+    off = metrics.get(PREFIX + "ratio_offset_window", float("nan"))
+    band = c.mean_ratio  # and outside rlparity check's band: a bias too small to matter is no alarm, however sure
+    outside = band is None or not band[0] <= 1.0 + off <= band[1]
+    if units >= r.ratio_min_units and abs(z) > r.ratio_z and outside:
+        fire("ratio_offset", z, r.ratio_z,
+             f"mean pi_old/mu over the last {int(metrics.get(PREFIX + 'ratio_offset_steps', 0))} steps is 1{off:+.3g}, "
+             f"{z:+.1f} jackknife errors from 1 ({int(units)} prompt groups): the engine's logprobs mu are not the "
+             "distribution it sampled from (vLLM's raw_logprobs mode, or temperature / top-k / top-p not applied "
+             "to the logprobs returned)")
     lag = metrics.get(PREFIX + "lag_max", float("nan"))
     if lag > r.max_lag:
         fire("staleness", lag, r.max_lag,
@@ -306,4 +396,4 @@ def step_alarms(step: int, a: StepArrays, metrics: Mapping[str, float], *, histo
 
 
 __all__ = ["ALARMS", "Alarm", "LEVELS", "PREFIX", "StepArrays", "confident_disagreements", "digest_change",
-           "step_alarms", "step_metrics"]
+           "pooled_ratio_offset", "ratio_units", "step_alarms", "step_metrics"]

