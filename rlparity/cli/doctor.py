@@ -64,6 +64,19 @@ def read_runs(path: Path) -> dict[str, dict[int, Any]]:
     return runs
 
 
+CARDS = ("H100", "H200", "cpu")
+
+
+def _check_card(value: str | None) -> str | None:
+    """``--card``: one of :data:`CARDS` (any case), refused in one line otherwise."""
+    if value is None:
+        return None
+    for c in CARDS:
+        if value.lower() == c.lower():
+            return c
+    raise BadInput(f"--card {value!r}: give one of {', '.join(CARDS)} (the card the run ran on)")
+
+
 def doctor_cmd(
     run: Path = typer.Argument(..., help="a run store (rlparity.record.Recorder) or a store of RL steps "
                                          "<run>@step_NNN (e.g. the example h200-rl: rlparity examples)"),
@@ -74,9 +87,10 @@ def doctor_cmd(
     model: Path = typer.Option(None, "--model", help="the trainer at the weights of the counterfactual step (a local "
                                                      "path): each correction's real policy gradient against the parity "
                                                      "and the full-IS gradients (cosine, norm ratio), on CPU"),
-    device: str = typer.Option(None, "--device", help="the card the run ran on (e.g. H100, H200, cpu), matched against "
-                                                      "the baseline table's rows; default: a shipped example's prefix, "
-                                                      "else the trainer's device from the attrs"),
+    device: str = typer.Option(None, "--card", callback=_check_card,
+                               help="the card the run ran on (H100, H200 or cpu), matched against the baseline table's "
+                                    "rows; default: a shipped example's prefix, else the trainer's device from the "
+                                    "attrs"),
     tokenizer: Path = typer.Option(None, "--tokenizer", help="a local tokenizer folder: the top tokens by KL with "
                                                              "their text"),
 ):
