@@ -14,6 +14,7 @@ which is what the diagnostics need to show.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -400,6 +401,30 @@ def make_model(
               "spec": _spec_record(spec), "recipe_version": 1, **_recipe_extra(spec, device)}
     if finish is not None:
         recipe["finish"] = asdict(finish)
+    # two processes asking for the same checkpoint (the two test lanes, two notebooks) build it once: the
+    # second waits here and then finds the first one's marker
+    with _build_lock(out):
+        return _make_model(size, spec, out, recipe, finish, seed=seed, vocab_pad_to=vocab_pad_to, device=device,
+                           dtype=dtype, force=force, progress=progress)
+
+
+@contextlib.contextmanager
+def _build_lock(out: Path):
+    """An exclusive lock on ``.<name>.build-lock`` beside ``out`` while a checkpoint is checked or built."""
+    import fcntl
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out.parent / f".{out.name}.build-lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _make_model(size, spec, out: Path, recipe: dict, finish, *, seed: int, vocab_pad_to, device: str, dtype: str,
+                force: bool, progress: bool) -> Path:
+    """:func:`make_model` under its build lock."""
     marker = out / MODEL_MARKER
     if not force and marker.exists():
         try:
