@@ -382,6 +382,10 @@ def test_doctor_places_views_and_counterfactuals():
     fig = plot_sequence_views(r.views)
     assert len(fig.data) == 2 * len(r.views[0]["token_share"]) + 2
     assert list(fig.data[0].x) == [0, 1, 2]
+    from rlparity.plot.layout import trace_colors
+
+    colours = trace_colors(fig)  # the book's rule: every trace coloured from the palette, never plotly's cycle
+    assert None not in colours.values() and colours["tokens in 1%"] == colours["sequences in 1%"]
 
 
 def test_edges_and_empty_sequences():

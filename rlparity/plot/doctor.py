@@ -146,7 +146,7 @@ def plot_sequence_views(views: Mapping[int, Mapping[str, Any]], *,
     for b in bands:
         for level, dash in (("token", "solid"), ("sequence", "dash")):
             fig.add_scatter(x=ks, y=[views[k][f"{level}_share"][b] for k in ks], mode="lines+markers",
-                            name=f"{level}s in {b}", line={"dash": dash})
+                            name=f"{level}s in {b}", line={"dash": dash, "color": color(f"ratio band {b}")})
     for level, dash in (("token", "solid"), ("sequence", "dash")):
         fig.add_scatter(x=ks, y=[views[k][f"above_ln2_{level}_share"] for k in ks], mode="lines+markers",
                         name=f"{level}s with |d| > ln 2", line={"dash": dash, "color": "black"})
