@@ -235,8 +235,10 @@ def _table_lines(r: RunDoctor) -> list[str]:
         lines.append("  mean |d| by policy lag (tokens):  " + "  ".join(
             f"lag {j}{'+' if j == top else ''}: {_f(float(np.nansum(lag_d[:, j] * lag_n[:, j]) / lag_n[:, j].sum()), '.4g')}"
             f" ({int(lag_n[:, j].sum())})" for j in used))
-    else:
+    elif used:
         lines.append("  policy lag: every token on-policy (lag 0)")
+    else:
+        lines.append("  policy lag: unknown (the run records no version per token)")
     counts = Counter((a["code"], a["level"]) for a in r.alarms)
     lines.append("  alarms: " + ("; ".join(
         f"{code} ({level}) at {n} steps from step {min(a['step'] for a in r.alarms if a['code'] == code)}"

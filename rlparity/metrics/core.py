@@ -571,7 +571,7 @@ def token_lag(policy_version: np.ndarray, mask: np.ndarray, latest: int | None =
     Parameters
     ----------
     policy_version : numpy.ndarray
-        The policy version that sampled each token.
+        The policy version that sampled each token; negative: unknown (a dump that records none).
     mask : numpy.ndarray
         Boolean, True on real tokens.
     latest : int, optional
@@ -580,10 +580,10 @@ def token_lag(policy_version: np.ndarray, mask: np.ndarray, latest: int | None =
     Returns
     -------
     numpy.ndarray
-        The lag per token (float, in updates); NaN on padding.
+        The lag per token (float, in updates); NaN on padding and where the version is unknown.
     """
-    m = np.asarray(mask, dtype=bool)
     pv = np.asarray(policy_version, dtype=float)
+    m = np.asarray(mask, dtype=bool) & (pv >= 0)
     if latest is None:
         latest = float(np.max(pv[m])) if m.any() else 0.0
     return np.where(m, float(latest) - pv, np.nan)

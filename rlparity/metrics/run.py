@@ -197,11 +197,13 @@ def token_row(t: StepTokens) -> dict[str, float]:
         return {"n_tokens": 0, "n_zero_prob": t.n_zero_prob, "abs_log_ratio_mean": nan, "kl_k3": nan,
                 "response_length_mean": nan, "neg_log_mu_mean": nan, "low_prob_share": nan, "lag_mean": nan,
                 "lag_max": nan}
+    known = ~np.isnan(t.lag)
     return {"n_tokens": n, "n_zero_prob": t.n_zero_prob, "abs_log_ratio_mean": float(np.abs(t.d).mean()),
             "kl_k3": float((np.expm1(t.d) - t.d).mean()), "response_length_mean": n / max(t.n_sequences, 1),
             "neg_log_mu_mean": float(t.neg_log_mu.mean()),
             "low_prob_share": float((t.neg_log_mu > LOW_PROB_EDGES[0]).mean()),
-            "lag_mean": float(np.nanmean(t.lag)), "lag_max": float(np.nanmax(t.lag))}
+            **({"lag_mean": float(np.nanmean(t.lag)), "lag_max": float(np.nanmax(t.lag))} if known.any() else
+               {"lag_mean": nan, "lag_max": nan})}  # no version known: no lag
 
 
 STEP_VARIABLES = {
@@ -274,7 +276,8 @@ def lag_table(tokens: Mapping[int, StepTokens], *, lag_max: int = LAG_MAX) -> xr
     count = np.zeros((len(ks), lag_max + 1), np.int64)
     for i, k in enumerate(ks):
         t = tokens[k]
-        cat = np.clip(np.nan_to_num(t.lag, nan=0.0), 0, lag_max).astype(int)
+        # an unknown version (NaN lag: a dump that records none) falls in no lag
+        cat = np.where(np.isnan(t.lag), -1, np.clip(np.nan_to_num(t.lag, nan=0.0), 0, lag_max)).astype(int)
         for j in range(lag_max + 1):
             sel = cat == j
             count[i, j] = int(sel.sum())

@@ -258,7 +258,8 @@ def step_metrics(a: StepArrays, *, eps: float, dashboards: Sequence[str]) -> dic
         for k, v in core.lag_stats(lag, m).items():
             if k != "n_tokens":
                 out[PREFIX + k] = float(v)
-        out[PREFIX + "scored_by_older_tokens"] = float((m & (a.scored_version < a.policy_version)).sum())
+        out[PREFIX + "scored_by_older_tokens"] = float((m & (a.scored_version >= 0)  # negative: unknown
+                                                     & (a.scored_version < a.policy_version)).sum())
         if a.rewards is not None:
             out[PREFIX + "reward_mean"] = float(np.nanmean(a.rewards)) if np.isfinite(a.rewards).any() else float("nan")
         if a.log_theta is not None:
@@ -293,7 +294,7 @@ def confident_disagreements(a: StepArrays, prob: float, gap: float) -> tuple[int
         Their count, and the largest ``log mu - log pi_old`` among them (NaN when none).
     """
     with np.errstate(invalid="ignore"):
-        own = a.scored_version == a.policy_version
+        own = (a.scored_version == a.policy_version) & (a.policy_version >= 0)  # negative: unknown
         lower = a.log_mu - a.log_pi  # +inf where the trainer gives probability 0
         hit = a.mask & own & np.isfinite(a.log_mu) & (a.log_mu >= np.log(prob)) & ~np.isnan(a.log_pi) & (lower > gap)
     n = int(hit.sum())

@@ -414,7 +414,8 @@ def step_trace(run: xr.Dataset, step: int) -> xr.Dataset:
     floors = {k: run.attrs[k] for k in ("trainer", "engine_floor") if isinstance(run.attrs.get(k), dict)}
     if "scored_version" in tok and "policy_version" in data:  # stores before it was recorded: no claim
         real = data["response_mask"][1]
-        own = tok["scored_version"].values[real] == data["policy_version"][1][real]
+        scored = tok["scored_version"].values[real]
+        own = (scored == data["policy_version"][1][real]) & (scored >= 0)  # negative: unknown (a peer's dump)
         if real.any() and own.all():  # every token's pi_old came from the weights that generated it
             floors["trainer"] = {**floors.get("trainer", {}), "scored_by": "policy_version"}
     attrs = make_attrs(schema_version=SCHEMA_VERSION, arm=f"step_{int(step):06d}",
