@@ -31,13 +31,27 @@ def import_cmd(
                                                                  "(default: decided per framework, see the docs)"),
     overwrite: bool = typer.Option(False, help="replace an existing rlparity store at --out"),
     progress: bool = typer.Option(True, help="show a progress bar"),
+    as_run: bool = typer.Option(False, "--as-run", help="write a run store instead (prime-rl or verl: the run's "
+                                                        "per-step dumps through the run recorder, its metrics and "
+                                                        "alarms per step; then `rlparity doctor OUT`)"),
 ):
     """Import another framework's rollout dump into an rlparity store, streaming (files larger than
     memory are fine); a malformed line stops with its file and line number and nothing half-written
     remains. Then: `rlparity diagnose OUT` (or `rlparity score OUT --model MODEL` first for dumps
-    with the rollout side only)."""
+    with the rollout side only). With --as-run, a whole run's per-step dumps become one run store
+    (what rlparity.record.Recorder writes) for `rlparity doctor OUT`."""
     import rlparity.importers as rio
 
+    if as_run:
+        from rlparity.experiments.run_import import FORMATS, import_run
+
+        if format not in FORMATS:
+            raise BadInput(f"--as-run reads {' or '.join(FORMATS)} runs, not {format!r}")
+        if trainer_reading is not None:
+            raise BadInput("--trainer-reading is not used with --as-run: the run store takes the importer's reading")
+        typer.echo(str(import_run(format, path, out, temperature=temperature, top_k=top_k, top_p=top_p,
+                                  overwrite=overwrite)))
+        return
     if format not in rio.formats() and format != "verl":
         raise BadInput(f"unknown format {format!r}; choose one of {', '.join(rio.formats())}")
     res = rio.import_to_store(format, path, out, temperature=temperature, top_k=top_k, top_p=top_p,

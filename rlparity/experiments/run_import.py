@@ -8,9 +8,9 @@ memory holds one step), turned into a :class:`~rlparity.record.StepRecord`
 
 * ``prime-rl``: ``<output_dir>/token_exports/step_N/rank_R.jsonl`` (the trainer's token export,
   ``trainer.enable_token_export``), the rank files of a step together. pi_old is
-  ``trainer_logprobs``; the advantages are the export's. Left missing: the policy version of each
+  ``trainer_logprobs``. Left missing: the policy version of each
   token and the version that scored it (prime-rl is asynchronous, up to ``max_async_level`` steps
-  behind, and the export records neither), the engine's weight digests, rewards, finish reasons,
+  behind, and the export records neither), the engine's weight digests, rewards, advantages, finish reasons,
   and the temperature and top-k unless given (the export records none).
 * ``verl``: a folder of ``step_N.npz`` files written by ``GENERIC_FORMAT.md``'s "From verl"
   recipe in ``RayPPOTrainer.fit`` (verl's batch: ``input_ids``, ``attention_mask``,
@@ -52,6 +52,7 @@ MISSING = {
                           "generated the tokens",
         "weight_digest": "prime-rl's weight broadcast reports no checksums",
         "reward": "the export holds advantages, not rewards",
+        "advantage": "the export's per-token advantages are not read (rlparity.importers' prime-rl reader keeps none)",
         "finish_reason": "the export keeps no finish reason",
     },
     "verl": {
