@@ -42,6 +42,24 @@ def prompts_at(step: int, fault: bool) -> int:
     return 24 if fault and step >= FAULT_FROM else 3
 
 
+def sampled(fx, n_prompts: int, seed: int) -> list:
+    """The tiny model's samples (2 per prompt at T): ``make_io_fixtures.samples``, kept in the JSON
+    file ``$RLPARITY_PEER_SAMPLES`` when set (mutation runs: the samples do not depend on the readers)."""
+    from dataclasses import asdict
+
+    F, model = fx
+    cache = os.environ.get("RLPARITY_PEER_SAMPLES")
+    key = f"{n_prompts}/{seed}"
+    store = json.loads(Path(cache).read_text()) if cache and Path(cache).exists() else {}
+    if key in store:
+        return [F.Sampled(**{**d, "turns": [tuple(x) for x in d["turns"]]}) for d in store[key]]
+    ss = F.samples(model, n_prompts, per_prompt=2, t=T, seed=seed)
+    if cache:
+        store[key] = [asdict(s) for s in ss]
+        Path(cache).write_text(json.dumps(store))
+    return ss
+
+
 def _raw(s, values):
     """The engine's logprobs replaced by the raw ones (full vocabulary, T = 1) on sampled tokens."""
     return [float(np.float32(r)) if m else v for r, v, m in zip(s.raw, values, s.sampled)]
@@ -57,7 +75,7 @@ def write_prime_rl(fx, out: Path, fault: bool) -> None:
     rng = np.random.default_rng(1)
     loss = stubs.DefaultLossConfig()
     for step in range(STEPS):
-        ss = F.samples(model, prompts_at(step, fault), per_prompt=2, t=T, seed=200 + step)
+        ss = sampled(fx, prompts_at(step, fault), 200 + step)
         batch = [F._prime_sample(model, s, rng, t=T, advantage=round(0.25 * (i - 2), 2)) for i, s in enumerate(ss)]
         if fault and step >= FAULT_FROM:
             for b, s in zip(batch, ss):
@@ -77,7 +95,7 @@ def verl_batches(fx, fault: bool):
     torch = model.torch
     rng = np.random.default_rng(2)
     for step in range(1, STEPS + 1):  # verl's global_steps start at 1
-        ss = F.samples(model, prompts_at(step - 1, fault), per_prompt=2, t=T, seed=300 + step)
+        ss = sampled(fx, prompts_at(step - 1, fault), 300 + step)
         prompts, pmask, responses, rmask, rollout, old, scores = F._padded(model, ss, rng, "tempered")
         if fault and step - 1 >= FAULT_FROM:
             for i, s in enumerate(ss):
