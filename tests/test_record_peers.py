@@ -243,6 +243,25 @@ def test_per_sequence_keeps_constant_advantages_only():
     assert out[0] == 0.5 and np.isnan(out[1]) and np.isnan(out[2])
 
 
+def test_unknown_versions_claim_no_lag_and_no_same_weights():
+    """A version < 0 (a dump that records none) is unknown: no lag, no 'scored with the weights
+    that generated it' (the confident-disagreement rule), no older-version count."""
+    from rlparity.metrics.core import token_lag
+    from rlparity.record.live import StepArrays, confident_disagreements, step_metrics
+
+    m = np.ones((1, 3), bool)
+    lag = token_lag(np.array([[3, -1, 2]]), m, latest=4)
+    assert lag[0, 0] == 1 and np.isnan(lag[0, 1]) and lag[0, 2] == 2
+    mu, pi = np.log(np.full((1, 3), 0.9)), np.log(np.full((1, 3), 0.9)) - 5.0  # engine sure, trainer 5 nats lower
+    for pv, sv, hits in ((0, 0, 3), (-1, -1, 0), (2, -1, 0)):
+        a = StepArrays(log_mu=mu, log_pi=pi, mask=m, policy_version=np.full((1, 3), pv),
+                       scored_version=np.full((1, 3), sv), trainer_version=2)
+        assert confident_disagreements(a, 0.5, 2.0)[0] == hits
+        out = step_metrics(a, eps=0.2, dashboards=())
+        assert out["rlparity/scored_by_older_tokens"] == 0
+        assert np.isnan(out["rlparity/lag_max"]) == (pv < 0)
+
+
 def _alarm_steps(ds, code):
     lv = ds["alarm_level"].sel(alarm=code).values
     return [int(k) for k in np.flatnonzero(lv > 0)]
@@ -264,6 +283,9 @@ def test_planted_raw_logprobs_raise_the_floor_jump_at_its_step_and_doctor_names_
             FAULT_FROM] == 2  # error
         assert "first named: raw_logprobs at step 3" in r.stdout and "verdict: problem found" in r.stdout
         assert not (ds["alarm_level"].values[:FAULT_FROM] > 0).any()  # nothing before the fault
+        lag_line = ("policy lag: unknown (the run records no version per token)" if "prime" in store.name else
+                    "policy lag: every token on-policy (lag 0)")
+        assert lag_line in r.stdout
     # the clean runs: doctor exits 0 and names nothing
     import_run("prime-rl", prime / "clean", tmp_path / "prime-clean.zarr", temperature=T)
     for store in (tmp_path / "prime-clean.zarr", verl / "clean-hook.zarr"):
