@@ -201,6 +201,11 @@ def test_prime_rl_run_store_matches_the_export_files(prime, tmp_path):
     assert np.isnan(metric(ds, "rlparity/lag_max")).all()
     assert (ds["temperature"].values[:, :6] == T).all()
     assert not (ds["alarm_level"].values >= 2).any()
+    assert "prime-rl" in ds.attrs["peer"]["source"] and ds.attrs["peer"]["framework"] == "prime-rl"
+    with pytest.raises(FileExistsError, match="already holds a run"):  # never replaced unless asked
+        import_run("prime-rl", prime / "clean", tmp_path / "run.zarr", temperature=T)
+    import_run("prime-rl", prime / "clean", tmp_path / "run.zarr", temperature=T, overwrite=True)
+    assert int(open_run(tmp_path / "run.zarr").attrs["steps"]) == STEPS
 
 
 def test_verl_hook_and_dir_reader_match_verls_files(verl, tmp_path):
@@ -230,6 +235,7 @@ def test_verl_hook_and_dir_reader_match_verls_files(verl, tmp_path):
     assert hook["advantage"].values[0, :n].tolist() == [0.5, -0.5, 1.0, -1.0, 0.0, 0.25]
     assert hook["prompt_index"].values[0, :n].tolist() == [0, 0, 1, 1, 2, 2]
     assert np.isnan(dir_run["advantage"].values[:, :n]).all()  # the recipe saves none
+    assert "_dump_generations" in dir_run.attrs["peer"]["source"] and "_log_rollout_data" in hook.attrs["peer"]["source"]
     for ds in (hook, dir_run):
         assert "weight_digest" in ds.attrs["peer"]["missing"] and "weight_digest" not in ds
         assert (ds["temperature"].values[:, :n] == T).all() and (ds["top_k"].values[:, :n] == 0).all()

@@ -178,7 +178,8 @@ def verl_scores(npz: Path, step: int, n: int) -> np.ndarray | None:
                              "output?") from None
 
 
-def _traces(format: str, units: list[tuple[int, Path]], options: dict[str, Any]) -> Iterator[tuple[int, Any]]:
+def _traces(format: str, units: list[tuple[int, Path]], options: dict[str, Any]
+            ) -> Iterator[tuple[int, Path, Any]]:
     import rlparity.importers as rio
     from rlparity.importers.common import ImportFormatError
 
@@ -191,7 +192,7 @@ def _traces(format: str, units: list[tuple[int, Path]], options: dict[str, Any])
         if len(arms) != 1:
             raise RunImportError(f"{unit} holds {len(arms)} arms ({', '.join(arms)}), one step expected: give one run's "
                                  "folder (the multi-run layout keeps a token_exports per run)")
-        yield step, next(iter(arms.values()))
+        yield step, unit, next(iter(arms.values()))
 
 
 def _record(format: str, step: int, trace: Any, side: str, unit: Path) -> StepRecord:
@@ -200,7 +201,8 @@ def _record(format: str, step: int, trace: Any, side: str, unit: Path) -> StepRe
     fields: dict[str, Any] = {"step": step}
     if format == "prime-rl":
         # the trainer step that exported (prime-rl's own counter) is the trainer's version
-        fields["trainer_version"] = int(info.get("trainer_step", step) if info.get("trainer_step") is not None else step)
+        trainer_step = info.get("trainer_step")
+        fields["trainer_version"] = int(step if trainer_step is None else trainer_step)
         fields["policy_versions"] = -1  # unknown: stored as missing
         fields["scored_version"] = -1
     else:  # RayPPOTrainer.fit: generate, compute pi_old, update, on the step's weights
@@ -259,13 +261,12 @@ def import_run(format: str, path: str | os.PathLike, out: str | os.PathLike, *, 
     result = RunImport(Path(out), missing=dict(MISSING[format]))
     rec: Recorder | None = None
     try:
-        for step, trace in _traces(format, units, options):
+        for step, unit, trace in _traces(format, units, options):
             tr = trace.attrs.get("trainer") or {}
             side = tr.get("reading")
             if side not in ("processed", "raw"):
                 raise RunImportError(f"step {step} of {src} has no trainer logprobs (pi_old): the run store compares "
                                      "the engine's with the trainer's (verl: save old_log_probs)")
-            unit = dict(units)[step]
             if rec is None:
                 for name in trace.attrs.get("sampling_unknown", []):
                     result.missing[name] = f"the dump does not record it: pass --{name.replace('_', '-')}"
