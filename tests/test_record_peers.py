@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -121,6 +122,7 @@ def write_verl(fx, folder: Path, store: Path, fault: bool) -> None:
     recipe = F._snippet("From verl")
     cwd = os.getcwd()
     folder.mkdir(parents=True)
+    t0 = time.perf_counter()
     try:
         for step, batch in verl_batches(fx, fault):
             trainer.global_steps = step
@@ -131,6 +133,8 @@ def write_verl(fx, folder: Path, store: Path, fault: bool) -> None:
     finally:
         os.chdir(cwd)
         hook.close()
+    assert 0 < hook.seconds < time.perf_counter() - t0  # the recorder's share, within the loop's own time
+    assert "_log_rollout_data" not in trainer.__dict__  # verl's own method back
 
 
 @pytest.fixture(scope="module")
@@ -266,6 +270,49 @@ def test_unknown_versions_claim_no_lag_and_no_same_weights():
         out = step_metrics(a, eps=0.2, dashboards=())
         assert out["rlparity/scored_by_older_tokens"] == 0
         assert np.isnan(out["rlparity/lag_max"]) == (pv < 0)
+
+
+def test_step_record_defaults_and_refusals():
+    from rlparity.record.verl import step_record
+
+    t = {"prompts": np.array([[0, 5, 6]]), "responses": np.array([[7, 8, 0]]),
+         "attention_mask": np.array([[0, 1, 1, 1, 1, 0]]), "rollout_log_probs": np.full((1, 3), -0.5),
+         "old_log_probs": np.full((1, 3), -0.4)}
+    r = step_record(NS(batch=t), 4, {"temperature": 0.7})
+    assert r.top_k == 0 and r.top_p == 1.0 and r.temperature == 0.7 and r.trainer_version == 4 and r.step == 4
+    assert r.response_mask.tolist() == [[True, True, False]] and r.prompt_mask.tolist() == [[False, True, True]]
+    assert r.rewards is None and r.advantages is None and r.prompt_index is None
+    for key, what in (("rollout_log_probs", "calculate_log_probs=True"), ("old_log_probs", "compute_log_prob")):
+        with pytest.raises(ValueError, match=what):
+            step_record(NS(batch={k: v for k, v in t.items() if k != key}), 4, {"temperature": 0.7})
+    with pytest.raises(ValueError, match="neither response_mask nor attention_mask"):
+        step_record(NS(batch={k: v for k, v in t.items() if k != "attention_mask"}), 4, {"temperature": 0.7})
+    with pytest.raises(ValueError, match="no _log_rollout_data"):
+        record_verl(NS(), "unused.zarr", sampling={"temperature": 1.0})
+    for sampling in (None, {"top_k": 5}):
+        with pytest.raises(ValueError, match="sampling is unknown"):
+            record_verl(NS(_log_rollout_data=print), "unused.zarr", sampling=sampling)
+
+
+def test_record_verl_never_appends_to_or_replaces_a_run_unasked(verl):
+    for kw in ({}, {"sampling": {"temperature": 1.0}}):
+        with pytest.raises(FileExistsError, match="already holds a run"):
+            record_verl(NS(_log_rollout_data=print, config=NS(actor_rollout_ref=NS(rollout=NS(temperature=T)))),
+                        verl / "clean-hook.zarr", **kw)
+    assert int(open_run(verl / "clean-hook.zarr").attrs["steps"]) == STEPS
+
+
+def test_verl_sampling_reads_the_rollout_config_with_verls_defaults():
+    from rlparity.record.verl import verl_sampling
+
+    def cfg(**kw):
+        return NS(config=NS(actor_rollout_ref=NS(rollout=NS(**kw))))
+
+    assert verl_sampling(cfg(temperature=0.6, top_k=5, top_p=0.9)) == {"temperature": 0.6, "top_k": 5, "top_p": 0.9}
+    assert verl_sampling(cfg(temperature=1, top_k=-1)) == {"temperature": 1.0, "top_k": 0, "top_p": 1.0}  # -1: off
+    assert verl_sampling(cfg(temperature=1, top_k=None)) == {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    assert verl_sampling(cfg(temperature=1)) == {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    assert verl_sampling(NS()) is None
 
 
 def _alarm_steps(ds, code):
