@@ -3,6 +3,7 @@ the run store's rows (:func:`step_rows`)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -181,9 +182,39 @@ def _per_seq(x: Any, n: int, dtype: Any, default: Any, what: str) -> np.ndarray:
     return arr
 
 
+def _per_token(value: Any, what: str, fill: Any, dtype: Any, *, mask: np.ndarray, mask_in: np.ndarray | None,
+               lengths: np.ndarray) -> np.ndarray:
+    """A per-token value (one for all tokens, ragged rows or a padded array) as a padded array."""
+    n, width = len(lengths), mask.shape[1]
+    value = _numpy(value)
+    if isinstance(value, (int, float, np.integer, np.floating)) or (isinstance(value, np.ndarray)
+                                                                     and value.ndim == 0):  # one value for all
+        return np.where(mask, value, fill).astype(dtype)
+    rows = _rows(value, mask_in, what)
+    if len(rows) != n:
+        raise ValueError(f"{what} has {len(rows)} sequences, token_ids {n}: pass one row per sequence")
+    bad = [i for i, (row, length) in enumerate(zip(rows, lengths)) if len(row) != length]
+    if bad:
+        raise ValueError(f"sequence {bad[0]}: {len(rows[bad[0]])} {what} for {lengths[bad[0]]} tokens: pass "
+                         "one per sampled token")
+    return pad_rows(rows, fill, dtype, width)
+
+
+def _refuse_positive(f64: dict[str, np.ndarray], mask: np.ndarray) -> None:
+    """Raise on a positive log-probability on a real token (the trace schema's rule)."""
+    for name, v in f64.items():
+        with np.errstate(invalid="ignore"):
+            pos = mask & (v > POSITIVE_TOLERANCE) & np.isfinite(v)
+        if pos.any():
+            i, j = (int(x[0]) for x in np.nonzero(pos))
+            raise ValueError(f"{name} is positive at {int(pos.sum())} tokens (first: sequence {i}, token {j}, "
+                             f"{v[i, j]:+.4g}): pass log-probabilities (nats, <= 0), not probabilities or logits")
+
+
 def step_rows(r: StepRecord, trainer_version: int, *, old_var: str, theta_var: str,
               sampling: Mapping[str, Any]) -> tuple[dict[str, Any], StepArrays]:
-    """A step's arrays checked and padded, as the run store's rows and as the metrics' arrays.
+    """A step's arrays checked (a ValueError says what does not fit) and padded, as the run store's
+    rows and as the metrics' arrays.
 
     Parameters
     ----------
@@ -202,11 +233,6 @@ def step_rows(r: StepRecord, trainer_version: int, *, old_var: str, theta_var: s
         ``{name: (dims, values)}`` for :meth:`rlparity.record.store.RunWriter.write_step`.
     arrays : StepArrays
         The step for :func:`~rlparity.record.live.step_metrics` and the alarms.
-
-    Raises
-    ------
-    ValueError
-        The arrays do not fit together (the message says which).
     """
     mask_in = None if r.response_mask is None else np.asarray(_numpy(r.response_mask), bool)
     tok_rows = _rows(r.token_ids, mask_in, "token_ids")
@@ -215,30 +241,11 @@ def step_rows(r: StepRecord, trainer_version: int, *, old_var: str, theta_var: s
     n, width = len(tok_rows), max(1, int(lengths.max(initial=0)))
     mask = np.arange(width)[None, :] < lengths[:, None]
 
-    def per_token(value: Any, what: str, fill: Any, dtype: Any) -> np.ndarray:
-        value = _numpy(value)
-        if isinstance(value, (int, float, np.integer, np.floating)) or (isinstance(value, np.ndarray)
-                                                                         and value.ndim == 0):  # one value for all
-            return np.where(mask, value, fill).astype(dtype)
-        rows = _rows(value, mask_in, what)
-        if len(rows) != n:
-            raise ValueError(f"{what} has {len(rows)} sequences, token_ids {n}: pass one row per sequence")
-        bad = [i for i, (row, length) in enumerate(zip(rows, lengths)) if len(row) != length]
-        if bad:
-            raise ValueError(f"sequence {bad[0]}: {len(rows[bad[0]])} {what} for {lengths[bad[0]]} tokens: pass "
-                             "one per sampled token")
-        return pad_rows(rows, fill, dtype, width)
-
+    per_token = functools.partial(_per_token, mask=mask, mask_in=mask_in, lengths=lengths)
     f64 = {name: per_token(value, name, np.nan, np.float64)
            for name, value in (("rollout_logprobs", r.rollout_logprobs), ("trainer_logprobs", r.trainer_logprobs),
                                ("trainer_updated_logprobs", r.trainer_updated_logprobs)) if value is not None}
-    for name, v in f64.items():  # the trace schema's rule: a step the readers would refuse is refused here
-        with np.errstate(invalid="ignore"):
-            pos = mask & (v > POSITIVE_TOLERANCE) & np.isfinite(v)
-        if pos.any():
-            i, j = (int(x[0]) for x in np.nonzero(pos))
-            raise ValueError(f"{name} is positive at {int(pos.sum())} tokens (first: sequence {i}, token {j}, "
-                             f"{v[i, j]:+.4g}): pass log-probabilities (nats, <= 0), not probabilities or logits")
+    _refuse_positive(f64, mask)  # the trace schema's rule: a step the readers would refuse is refused here
     tok = pad_rows(tok_rows, -1, np.int64, width)
     pmask = None if r.prompt_mask is None else np.asarray(_numpy(r.prompt_mask), bool)
     prompt_rows = _rows(r.prompt_token_ids, pmask, "prompt_token_ids")
