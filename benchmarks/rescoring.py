@@ -16,7 +16,8 @@ Measures throughput (tokens per second over the whole set) and peak extra memory
   the trainer's self-check of ``TrainerSettings.self_check`` sequences, weight checksums, assembling the
   scored trace): ``score_end_to_end_first`` is the first call of a fresh Scorer, timed before anything
   else ran in the process (compilation, allocator, kernels' first use included); the steady rows are
-  later calls of one Scorer with the self-check on (the default) and off (``self_check=0``).
+  later calls of one Scorer with the self-check on (the default) and off (``self_check=0``), and off
+  with ``fingerprint=False`` too (a model passed in is checksummed at every call: it may have trained).
   Needs rlparity importable (xarray, numpy); skipped with a note when it is not.
 
 Every row also reports its achieved FLOP/s (matmul FLOPs of the body over every token, causal
@@ -75,7 +76,7 @@ SHAPES = {
 METHODS = ("bare", "naive_fp32", "scorer_fp32_new", "scorer_fp32_new_cast", "scorer_fp32_ref", "scorer_bf16_new",
            "scorer_bf16_ref", "score_end_to_end")
 # the rows of "score_end_to_end": Scorer(...).score(trace), steady with the self-check on and off
-END_TO_END = ("score_end_to_end", "score_end_to_end_no_self_check")
+END_TO_END = ("score_end_to_end", "score_end_to_end_no_self_check", "score_end_to_end_no_self_check_no_fingerprint")
 # dense bf16 peak FLOP/s by card (SXM; the H200 has the H100's tensor cores)
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
 
@@ -210,17 +211,19 @@ def end_to_end(model, a, shape, ids):
                           rollout_logprobs=[np.full(len(r) - prompt, -1.0) for r in arr],
                           temperature=[a.temperature] * n, top_k=[a.top_k] * n, top_p=[a.top_p] * n)
 
-    def scorer(self_check: bool):
-        kw = {} if self_check else {"settings": TrainerSettings(self_check=0)}
+    def scorer(self_check: bool, fingerprint: bool = True):
+        settings = TrainerSettings(**({} if self_check else {"self_check": 0}), fingerprint=fingerprint)
         return Scorer(model, device=a.device, batch_size=shape["batch"], chunk_tokens=a.chunk_tokens,
-                      compile_head=a.compile, progress=False, tokenize_prompts=False, head_dtype="float32", **kw)
+                      compile_head=a.compile, progress=False, tokenize_prompts=False, head_dtype="float32",
+                      settings=settings)
 
     t0 = time.perf_counter()
     scored = scorer(True).score(trace)
     sync(a.device)
     first = time.perf_counter() - t0
     assert int(np.isfinite(scored["trainer_logprob"].values).sum()) == n * (shape["length"] - prompt)
-    steady = {"score_end_to_end": scorer(True), "score_end_to_end_no_self_check": scorer(False)}
+    steady = {"score_end_to_end": scorer(True), "score_end_to_end_no_self_check": scorer(False),
+              "score_end_to_end_no_self_check_no_fingerprint": scorer(False, False)}
     return ({name: (lambda s=s: s.score(trace)) for name, s in steady.items()}, first, None)
 
 
