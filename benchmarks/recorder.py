@@ -121,8 +121,10 @@ def _pct(x: float | None) -> str:
 
 
 def _has_dask() -> bool:
+    import importlib
+
     try:
-        import dask.array  # noqa: F401
+        importlib.import_module("dask.array")
     except ImportError:
         return False
     return True
