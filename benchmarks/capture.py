@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import platform
 import pstats
 import statistics
@@ -180,15 +179,9 @@ def main(argv=None) -> dict:
           + (f"; logprobs cost vLLM {res['logprobs_cost']:.2f}x" if "logprobs_cost" in res else ""))
     if a.profile:
         print(res["profile"]["text"])
-    if a.out:
-        Path(a.out).write_text(json.dumps(res, indent=2))
-    if a.out_dir:
-        from rescoring import card_tag  # benchmarks/ is the script's folder
+    from rescoring import card_tag, write  # benchmarks/ is the script's folder
 
-        out = Path(a.out_dir) / f"capture_{card_tag(card, 'cuda' if cuda else 'cpu')}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(res, indent=2))
-        print(f"wrote {out}")
+    write(res, a.out, a.out_dir and Path(a.out_dir) / f"capture_{card_tag(card, 'cuda' if cuda else 'cpu')}.json")
     return res
 
 

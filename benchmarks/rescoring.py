@@ -477,13 +477,16 @@ def main() -> None:
               f"ranks {d['trainer_token_rank']['max_abs_diff']:.0f}, "
               f"same -inf: {all(v['same_infinities'] for v in d.values())}")
     print(f"wall {result['wall_s']:.0f} s")
-    if a.out:
-        Path(a.out).write_text(json.dumps(result, indent=2))
-    if a.out_dir:
-        out = Path(a.out_dir) / f"rescoring_{card_tag(card, a.device)}_{a.shape.replace('.', 'p')}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2))
-        print(f"wrote {out}")
+    write(result, a.out, a.out_dir and Path(a.out_dir) / f"rescoring_{card_tag(card, a.device)}_"
+                                                         f"{a.shape.replace('.', 'p')}.json")
+
+
+def write(result: dict, *paths) -> None:
+    """``result`` as JSON at every path given (None skipped), folders made."""
+    for path in filter(None, paths):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(result, indent=2))
+        print(f"wrote {path}")
 
 
 def card_tag(card: str, device: str) -> str:
