@@ -40,13 +40,13 @@ step() {  # step NAME LIMIT_S COMMAND...
   grep -v "^(EngineCore\|^(Worker\|^(VllmWorker\| INFO \|^INFO" "$out/$name.log" | tail -n 30
 }
 
-# 1. rescoring, 1.5B shape: bare forward, naive, Scorer's per-batch path (fp32 and bf16 heads), and
-#    Scorer(...).score(trace) end to end (first call, steady with / without the self-check); ~70-110 s
-step rescoring 150 $py benchmarks/rescoring.py --device cuda --shape 1.5b \
-  --methods bare naive_fp32 scorer_fp32_new scorer_bf16_new score_end_to_end --out-dir "$out"
+# 1. rescoring, 1.5B shape: bare forward, Scorer's per-batch path (fp32 and bf16 heads), and
+#    Scorer(...).score(trace) end to end (first call, steady with / without the self-check); ~80-130 s (a passed-in model is checksummed at every call)
+step rescoring 160 $py benchmarks/rescoring.py --device cuda --shape 1.5b \
+  --methods bare scorer_fp32_new scorer_bf16_new score_end_to_end --out-dir "$out"
 # 2. capture vs vLLM's generate, same engine, same SamplingParams (logprobs=0), 256 prompts x 512 tokens
 #    on a random 1.5B-shape Llama written in the run; engine start 30-70 s, ~6 s a pass; ~130-200 s
-step capture 240 $py benchmarks/capture.py --shape 1.5b --device cuda --prompts 256 --prompt-length 64 \
+step capture 230 $py benchmarks/capture.py --shape 1.5b --device cuda --prompts 256 --prompt-length 64 \
   --max-tokens 512 --repeats 3 --gpu-memory-utilization 0.8 --profile --out-dir "$out"
 # 3. the run recorder's share of a 1.08 s step (the host's CPU; random weights to digest: no model to train)
 step recorder 90 $py benchmarks/recorder.py --steps 15 --step-seconds 1.08 --weights random --weights-mb 64 \
