@@ -517,3 +517,7 @@ def test_a_trainer_head_recorded_float32_on_the_bf16_grid_is_contradicted():
     tr = _rounded_arm(rollout_bf16=False, trainer_bf16=False, noise=1e-4)
     tr.attrs["trainer"]["head_dtype"] = "float32"
     assert head_precision(tr).name == "head_precision_unrecorded"  # float32 numbers: nothing to contradict
+    tr = _rounded_arm(rollout_bf16=True, trainer_bf16=False)  # the rollout's dtype unrecorded, the trainer's fp32
+    tr.attrs["trainer"]["head_dtype"] = "float32"
+    f = head_precision(tr)  # the trainer's logits are off the grid; the rounding is read without naming the side
+    assert (f.name, f.cause) == ("head_rounding_in_differences", "bf16_head_rounding")
