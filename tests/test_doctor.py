@@ -1,7 +1,8 @@
 """``rlparity doctor RUN`` (issue 37, first slice): run stores written with the real Recorder (no
 engine), a cause planted from step N named from the window holding N and never before, the growth
 decomposition against a float64 simulator whose contributions are planted, the per-step and
-per-lag numbers against plain recomputations, the CLI's exit codes, --json and bad input."""
+per-lag numbers against plain recomputations, the CLI's exit codes, --json and bad input; and one
+engine test: rlparity's own RL runner, recorded, with raw logprobs switched on at step 6."""
 
 from __future__ import annotations
 
