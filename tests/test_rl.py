@@ -251,7 +251,9 @@ def test_rl_run_cli_refuses_bad_input_before_any_engine_starts(cli, tmp_path):
     out = tmp_path / "rl.zarr"
     for args, msg in [(["--profile", "nope"], "unknown profile 'nope'"), (["--lr", "0"], "--lr 0.0"),
                       (["--n-samples", "1"], "--n-samples"), (["--old-policy", "theta"], "--old-policy"),
-                      (["--loss", "dpo"], "--loss")]:
+                      (["--loss", "dpo"], "--loss"), (["--fault", "stale"], "fault='stale'"),
+                      (["--fault", "raw_logprobs"], "give both"),
+                      (["--fault", "raw_logprobs", "--fault-from-step", "0"], "vllm-v1-defaults does not report")]:
         r = cli("experiment", "rl", "-o", out, "--steps", "1", *args)
         assert r.exit_code == 2 and msg in r.stderr, (args, r.output)
     assert "parity-bf16-head" in cli("experiment", "rl", "-o", out, "--profile", "nope").stderr  # the derived profile is named
