@@ -422,6 +422,10 @@ def test_the_doctor_on_a_real_run_with_raw_logprobs_switched_on_at_step_6(tiny_m
     page = [s["abs_log_ratio_mean"] for s in run["steps"]]
     np.testing.assert_allclose(page, means, rtol=1e-4, atol=1e-8)  # the store keeps float32 logprobs
     assert max(page[:6]) < 0.01 and min(page[6:]) > 10 * max(page[:6]), page
+    # the runner's own traces (what `rlparity experiment rl` stores): the same cause from the same step, and
+    # nothing else (the trainer's weight fingerprints follow its optimizer steps)
+    full = doctor({"run": {ds.attrs["rl"]["step"]: ds for ds in arms.values()}}, window=4, n_boot=0).runs["run"]
+    assert full.first_named == {"raw_logprobs": {"step": 6, "window": [4, 7]}}, full.first_named
     text = cli("doctor", tmp_path / "pipelinerl-parity.zarr", "--window", "4", "--boot", "50")
     assert "raw_logprobs at step 6 (window 4-7)" in text.stdout
     assert "steps 0-3 (4 recorded): no cause named" in text.stdout

@@ -210,6 +210,7 @@ def _run_steps(eng, model: str, name: str, index: int, *, profile: str, old_poli
         result = train_step(module, scored, rewards=arithmetic_reward, loss=loss, optimizer=optimizer,
                             dtype=dtype, device=device, batch_size=batch_size,
                             old_logprob=scored["rollout_logprob"].values if old_policy == "mu" else None)
+        trainer.weights_changed()  # the step moved the weights it scores with: fingerprint them again
         t_trained = time.perf_counter()
         live = recorder.step(StepRecord.from_trace(result.trace, trainer=recorder.trainer_side), step=k) \
             if recorder is not None else None
