@@ -182,6 +182,12 @@ class Scorer:
         """The model's path or hub id (a loaded model's ``name_or_path``)."""
         return str(getattr(self.model, "name_or_path", self.model))
 
+    def weights_changed(self) -> None:
+        """Say that the module's weights changed in place (an optimizer step on :attr:`module`): the
+        next :meth:`weight_checksums` fingerprints them again. A model loaded here is otherwise
+        fingerprinted once."""
+        self._checksums = None
+
     def weight_checksums(self) -> dict[str, str]:
         """Per-tensor checksums of the weights it scores with (:mod:`rlparity.trace.weights`).
 
