@@ -268,3 +268,80 @@ def test_cli_reads_a_run_store_step(cli, tmp_path):
     assert r.exit_code == 2 and "holds steps 0..1" in r.output, r.output
     r = cli("replay", path)  # the last step; the run records its model but no engine settings
     assert r.exit_code == 2 and "no engine settings" in r.output and "--profile" in r.output, r.output
+
+
+# ------------------------------------------------------------------------------------------ pairs (no engine)
+def _rows():
+    """Five single knobs, hand-made: explained shares and floor units in binary fractions (exact sums)."""
+    return [{"knob": "head_precision", "explained": 0.5, "n_moved": 5, "floor_units": 40.0},
+            {"knob": "async_scheduling", "explained": 0.25, "n_moved": 3, "floor_units": 10.0},
+            {"knob": "prefix_caching", "explained": 0.125, "n_moved": 2, "floor_units": 3.0},
+            {"knob": "prefix_cache_warm", "explained": 0.25, "n_moved": 1, "floor_units": 2.0},
+            {"knob": "eager", "explained": -0.125, "n_moved": 0, "floor_units": 0.5}]
+
+
+def _fields():
+    from rlparity.experiments.bisect import KNOBS
+
+    return {k: v.knob.field for k, v in KNOBS.items()}
+
+
+def test_pair_plan_by_hand():
+    from rlparity.experiments.bisect import pair_plan
+
+    p = pair_plan(_rows(), _fields(), budget_left=3, share=0.75)
+    # best single: head 0.5 < 0.75 -> pairs; eager moved nothing -> not a candidate
+    assert p["needed"] and p["best"] == {"knob": "head_precision", "explained": 0.5}
+    assert p["candidates"] == ["head_precision", "async_scheduling", "prefix_caching", "prefix_cache_warm"]
+    # summed explained: head+async .75 (fu 50), head+warm .75 (fu 42), head+pc .625, async+warm .5,
+    # async+pc .375 (fu 13), pc+warm .375 (fu 5: both set enable_prefix_caching)
+    assert p["run"] == [["head_precision", "async_scheduling"], ["head_precision", "prefix_cache_warm"],
+                        ["head_precision", "prefix_caching"]]
+    skipped = {s["pair"]: s["reason"] for s in p["skipped"]}
+    assert list(skipped) == ["async_scheduling+prefix_cache_warm", "async_scheduling+prefix_caching",
+                             "prefix_caching+prefix_cache_warm"]
+    assert "--budget" in skipped["async_scheduling+prefix_caching"]
+    assert "enable_prefix_caching" in skipped["prefix_caching+prefix_cache_warm"]
+    assert "3 pair(s) of 6" in p["why"]
+    unlimited = pair_plan(_rows(), _fields(), budget_left=None, share=0.75)
+    assert len(unlimited["run"]) == 5 and len(unlimited["skipped"]) == 1
+    none_left = pair_plan(_rows(), _fields(), budget_left=0, share=0.75)
+    assert none_left["run"] == [] and len(none_left["skipped"]) == 6 and none_left["needed"]
+
+
+def test_pair_plan_rule_edges_by_hand():
+    from rlparity.experiments.bisect import pair_plan
+
+    at = pair_plan(_rows(), _fields(), budget_left=9, share=0.5)  # head closes exactly the share: explained
+    assert not at["needed"] and at["run"] == [] and "head_precision alone closes 0.5" in at["why"]
+    blind = [{**r, "explained": None} for r in _rows()]
+    no_trainer = pair_plan(blind, _fields(), budget_left=9, share=0.75)
+    assert not no_trainer["needed"] and "no trainer numbers" in no_trainer["why"] and no_trainer["best"] is None
+    forced = pair_plan(blind, _fields(), budget_left=2, share=0.75, pairs="always")
+    # without trainer numbers: by summed floor units: head+async 50, head+pc 43, head+warm 42
+    assert forced["needed"] and forced["run"] == [["head_precision", "async_scheduling"],
+                                                  ["head_precision", "prefix_caching"]]
+    assert not pair_plan(_rows(), _fields(), budget_left=9, share=0.75, pairs="never")["needed"]
+    lone = [dict(r, n_moved=0) if r["knob"] != "head_precision" else r for r in _rows()]
+    one = pair_plan(lone, _fields(), budget_left=9, share=0.75)
+    assert one["run"] == [] and "1 knob(s) moved" in one["why"] and one["candidates"] == ["head_precision"]
+    with pytest.raises(ValueError, match="--pairs"):
+        pair_plan(_rows(), _fields(), budget_left=1, pairs="some")
+
+
+def test_explained_share_and_interaction_by_hand():
+    from rlparity.metrics.replay import explained_share, interaction, trainer_gap
+
+    base = synthetic_trace(n_sequences=3, max_len=5, seed=4)
+    base.attrs["engine_effective"] = {"logprobs_mode": "raw_logprobs"}
+    mask = base["response_mask"].values
+    base["trainer_logprob"] = base["rollout_logprob"] + np.where(mask, 0.5, 0.0)  # gap 0.5 nats everywhere
+    assert trainer_gap(base) == pytest.approx(0.5, abs=1e-6)
+    a = _arm(base, np.where(mask, 0.25, 0.0), "a")  # halfway to the trainer
+    b = _arm(base, np.where(mask, -0.25, 0.0), "b")  # away from it
+    assert explained_share(trainer_gap(a), trainer_gap(base)) == pytest.approx(0.5, abs=1e-6)
+    assert explained_share(trainer_gap(b), trainer_gap(base)) == pytest.approx(-0.5, abs=1e-6)
+    assert explained_share(0.1, 0.0) is None and explained_share(None, 0.5) is None
+    both = _arm(base, np.where(mask, 0.25, 0.0), "ab")  # a + b would be 0: the pair does 0.25 beyond their sum
+    assert interaction(both, a, b, base) == pytest.approx(0.25, abs=1e-6)
+    assert trainer_gap(base.drop_vars("trainer_logprob")) is None
