@@ -7,7 +7,8 @@ transform; the floor-unit arithmetic and the ranking against hand-computed numbe
 Engine tests (``@pytest.mark.engine``, the tiny model on vLLM's CPU build, one engine per setting
 shared through the session pool): a prefill replay under the capture's own settings reproduces the
 captured logprobs; decode replay is refused on this build with the reason; a capture made with a
-bfloat16 LM head has bisect name ``head_precision`` first, within a budget of engine starts.
+bfloat16 LM head has bisect name ``head_precision`` first, within a budget of engine starts, and
+hands its worst tokens to the per-layer localisation, which places them at the LM head.
 """
 
 from __future__ import annotations
@@ -200,12 +201,18 @@ def test_decode_replay_is_refused_on_the_cpu_build_with_the_reason(tiny_model):
         replay_modes(tiny_model, _parity(), "decode")
 
 
+@pytest.fixture(scope="module")
+def bf16_capture(tiny_model, pool, prompts8):
+    """A capture made with a bfloat16 LM head (the planted knob)."""
+    planted = _parity().replace(head_dtype="bfloat16")
+    return pool.get(tiny_model, planted).capture(prompts8[:6], _sampling(), arm="bf16_head", progress=False)
+
+
 @pytest.mark.engine
-def test_bisect_names_a_planted_bf16_head_first_within_the_budget(tiny_model, pool, prompts8):
+def test_bisect_names_a_planted_bf16_head_first_within_the_budget(tiny_model, pool, bf16_capture):
     from rlparity.experiments.bisect import BASELINE, FLOOR, bisect, report
 
-    planted = _parity().replace(head_dtype="bfloat16")
-    capture = pool.get(tiny_model, planted).capture(prompts8[:6], _sampling(), arm="bf16_head", progress=False)
+    capture = bf16_capture
     starts = pool.starts
     # the capture's engine replays the baseline (no start); two knob engines, then the budget is spent
     arms, record = bisect(tiny_model, capture, knobs=["max_num_seqs", "head_precision", "eager"], budget=2,
@@ -217,6 +224,29 @@ def test_bisect_names_a_planted_bf16_head_first_within_the_budget(tiny_model, po
     assert rep["knobs"][0]["knob"] == "head_precision" and rep["knobs"][0]["floor_units"] > 100
     assert rep["knobs"][0]["share_moved"] > 0.5
     assert rep["replay_vs_capture"]["max_abs"] < 1e-5
+
+
+@pytest.mark.engine
+def test_bisect_hands_the_bf16_head_tokens_to_the_layers_and_they_part_at_the_head(tiny_model, pool, bf16_capture,
+                                                                                 scorer_fp32):
+    """The planted capture scored by the fp32-head trainer: the head knob closes the gap (no pairs), and
+    its worst tokens, run through two eager engines, part at the LM head (the body is the same)."""
+    from rlparity.experiments.bisect import bisect, report
+
+    scored = scorer_fp32.score(bf16_capture)
+    starts = pool.starts
+    arms, record = bisect(tiny_model, scored, knobs=["head_precision"], budget=4, mode="prefill", pool=pool,
+                          layers=True, layer_tokens=10)
+    rep = report(arms, scored, record)
+    assert record["engine_start_attempts"] == pool.starts - starts <= 4
+    assert not rep["pairs"]["needed"] and rep["pairs"]["best"]["knob"] == "head_precision"
+    # the fp32 head brings the engine to the fp32-head trainer: most of the gap closes
+    assert rep["knobs"][0]["explained"] > 0.9, rep["knobs"][0]
+    lay = rep["layers"]
+    assert lay["arm"] == "knob_head_precision" and lay["status"] == "localised", lay
+    assert lay["parts_at"] == "lm_head" and lay["first_divergence"]["site"] == "lm_head"
+    assert lay["n_tokens"] == 10 and lay["sites"] == {"lm_head": 10}
+    assert "part at the LM head" in lay["sentence"]
 
 
 # ------------------------------------------------------------------------------------------ CLI refusals

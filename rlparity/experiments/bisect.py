@@ -206,7 +206,7 @@ def _num(x: Any) -> float:
 def bisect(model: str | os.PathLike, trace: xr.Dataset, *, settings: EngineSettings | None = None,
            knobs: Sequence[str | BisectKnob] = DEFAULT_KNOBS, budget: int | None = None, mode: str = "auto",
            pairs: str = "auto", share: float | None = None, layers: bool = False, layer_tokens: int | None = None,
-           pool=None, progress: bool = False, log: Callable[[str], None] | None = None
+           deadline_s: float | None = None, pool=None, progress: bool = False, log: Callable[[str], None] | None = None
            ) -> tuple[dict[str, xr.Dataset], dict[str, Any]]:
     """Replay ``trace``'s tokens under its own settings twice, then once per knob, then pairs where no
     knob explains the gap, then (``layers``) localise the winner's worst tokens; return the arms and the plan.
@@ -238,6 +238,9 @@ def bisect(model: str | os.PathLike, trace: xr.Dataset, *, settings: EngineSetti
         Hand the winning arm's worst tokens to the per-layer localisation (:func:`localise`).
     layer_tokens : int, optional
         How many worst tokens; ``None``: ``defaults().replay_layers_tokens``.
+    deadline_s : float, optional
+        No engine starts after this many seconds from the call (what is left is listed as skipped);
+        a GPU call of bounded length.
     pool : EnginePool, optional
         Where engines come from; ``None``: a pool of its own, closed at the end.
     progress : bool, default False
@@ -285,6 +288,9 @@ def bisect(model: str | os.PathLike, trace: xr.Dataset, *, settings: EngineSetti
     attempts = 0  # engine starts tried (one that fails costs its time too): what the budget bounds
     chosen: dict[str, tuple[EngineSettings, bool]] = {}  # arm -> (settings, warm)
 
+    def late() -> bool:
+        return deadline_s is not None and time.perf_counter() - t0 > deadline_s
+
     def run_arm(name: str, parts: Sequence[tuple[BisectKnob, Any]], s: EngineSettings, entry: dict[str, Any],
                 ref_eff: Mapping[str, Any]) -> None:
         nonlocal attempts
@@ -297,6 +303,9 @@ def bisect(model: str | os.PathLike, trace: xr.Dataset, *, settings: EngineSetti
         if needs_start and budget is not None and attempts >= budget:
             plan.append({**entry, "status": "skipped",
                          "reason": f"--budget {budget}: the engine starts were spent before this arm"})
+            return
+        if needs_start and late():
+            plan.append({**entry, "status": "skipped", "reason": f"deadline: {deadline_s:g} s spent before this arm"})
             return
         warm = any(k.warm for k, _ in parts)
         try:
@@ -365,7 +374,9 @@ def bisect(model: str | os.PathLike, trace: xr.Dataset, *, settings: EngineSetti
         for sk in pair_rec["skipped"]:
             plan.append({"knob": sk["pair"], "pair": sk["pair"].split("+"), "status": "skipped",
                          "reason": sk["reason"]})
-        if layers:
+        if layers and late():
+            layer_rec = {"status": "skipped", "reason": f"deadline: {deadline_s:g} s spent before the layer hand-off"}
+        elif layers:
             layer_rec = _hand_off(model, trace, arms, chosen, ref, pool, budget, attempts, layer_tokens, say)
             attempts += layer_rec.get("engine_start_attempts", 0)
     finally:
@@ -375,7 +386,7 @@ def bisect(model: str | os.PathLike, trace: xr.Dataset, *, settings: EngineSetti
               "engine_starts": pool.starts - starts0, "engine_start_attempts": attempts,
               "wall_s": round(time.perf_counter() - t0, 3),
               "knobs": [{**asdict(k.knob), "warm": k.warm} for k in knob_list], "plan": plan,
-              "source_arm": str(trace.attrs.get("arm", "trace")), "pairs": pair_rec,
+              "deadline_s": deadline_s, "source_arm": str(trace.attrs.get("arm", "trace")), "pairs": pair_rec,
               "layers": layer_rec if layers else {"status": "not_asked", "reason": "bisect --layers hands the winner's "
                                                                                   "worst tokens to rlparity layers"}}
     for ds in arms.values():
@@ -578,7 +589,8 @@ def report(arms: Mapping[str, xr.Dataset], source: xr.Dataset, record: Mapping[s
     dict
         ``mode``, ``replay_vs_capture`` (:func:`rlparity.metrics.replay.capture_gap` of the
         baseline), ``floor`` (:func:`rlparity.metrics.replay.replay_floor`), ``knobs`` (ranked rows of
-        :func:`rlparity.metrics.replay.knob_table`, ``knob`` the knob's name and ``arm`` its arm), ``not_run`` (the plan's other entries),
+        :func:`rlparity.metrics.replay.knob_table`, ``knob`` the knob's name and ``arm`` its arm),
+        ``not_run`` (the plan's other entries),
         ``engine_starts``, ``engine_start_attempts``, ``budget``, ``wall_s``, ``trainer_gap`` (of the
         capture and of the baseline replay), ``winner`` (:func:`winner`), ``pairs`` (the decision) and
         ``layers`` (the hand-off). A pair's row (``kind`` ``pair``) also has ``interaction`` (nats) and
