@@ -58,6 +58,28 @@ def versions() -> dict:
     return out
 
 
+def stale_capture(pool, model: str, settings, sampling, n: int):
+    """A capture with prefix caching on and a stale cache; returns version 1's path and the trace.
+
+    Prompts that share a long prefix (the CPU build caches blocks of 128 tokens) are prefilled by
+    version 0, version 1 (``perturbed_checkpoint``, in a temporary folder) is loaded without a cache
+    reset, and the same prompts are sampled: their prompt KV comes from version 0. The trainer and
+    the bisection then run version 1.
+    """
+    import tempfile
+
+    from rlparity.capture.weights import perturbed_checkpoint
+    from rlparity.experiments.ablation import shared_prefix_prompts
+
+    v1 = str(perturbed_checkpoint(model, Path(tempfile.mkdtemp(prefix="rlparity-stale-")) / "v1", sigma=0.05, seed=0))
+    prompts = shared_prefix_prompts(n, prefix_problems=32, seed=0)
+    eng = pool.get(model, settings.replace(enable_prefix_caching=True))
+    eng.capture(prompts, sampling.model_copy(update={"max_tokens": 1}), arm="prefill", progress=False)
+    eng.update_weights(v1, 1, clear_cache=False)
+    trace = eng.capture(prompts, sampling, arm="capture", progress=False)
+    return v1, trace.assign_attrs(model=v1)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="folder for replay_results.json")
@@ -74,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layer-tokens", type=int, default=None)
     p.add_argument("--deadline", type=float, default=None, help="no engine start after this many seconds of the "
                    "bisection")
-    p.add_argument("--plant", default="none", choices=("none", "bf16_head"), help="capture with a planted knob")
+    p.add_argument("--plant", default="none", choices=("none", "bf16_head", "stale_prefix_cache"),
+                   help="capture with a planted fault: a bf16 LM head, or prefix caching on and a stale cache "
+                   "(prompts with a shared prefix prefilled by version 0, then version 1 loaded without a cache reset)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     a = p.parse_args(argv)
     out = Path(a.out)
@@ -116,10 +140,15 @@ def main(argv: list[str] | None = None) -> int:
         sampling = SamplingSettings(temperature=0.7, top_k=20, max_tokens=a.max_tokens, seed=0)
         with EnginePool() as pool:
             t1 = time.perf_counter()
-            trace = pool.get(model, settings).capture(make_prompts(a.n_prompts), sampling, arm="capture",
-                                                      progress=False)
+            if a.plant == "stale_prefix_cache":
+                model, trace = stale_capture(pool, model, settings, sampling, a.n_prompts)
+            else:
+                trace = pool.get(model, settings).capture(make_prompts(a.n_prompts), sampling, arm="capture",
+                                                          progress=False)
             results["capture"] = {"seconds": round(time.perf_counter() - t1, 1),
                                   "n_tokens": int(trace["response_mask"].sum()), "plant": a.plant,
+                                  "cached_prompt_tokens": trace["cached_prompt_tokens"].values.tolist()
+                                  if "cached_prompt_tokens" in trace else None,
                                   "engine_effective": trace.attrs.get("engine_effective")}
             t1 = time.perf_counter()
             trace = Scorer(model, dtype=dtype, head_dtype="float32", device=a.device, progress=False).score(trace)

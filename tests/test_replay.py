@@ -355,6 +355,13 @@ def test_pair_plan_rule_edges_by_hand():
     lone = [dict(r, n_moved=0) if r["knob"] != "head_precision" else r for r in _rows()]
     one = pair_plan(lone, _fields(), budget_left=9, share=0.75)
     assert one["run"] == [] and "1 knob(s) moved" in one["why"] and one["candidates"] == ["head_precision"]
+    two = [r for r in _rows() if r["knob"] in ("head_precision", "async_scheduling")]
+    assert pair_plan(two, _fields(), budget_left=9, share=0.75)["run"] == [["head_precision", "async_scheduling"]]
+    # a knob whose shift is NaN (no token compared) counts 0: head+warm 42, head+pc 40.5, head+async 40
+    odd = [dict(r, explained=None, floor_units={"async_scheduling": float("nan"), "prefix_caching": 0.5}.get(
+        r["knob"], r["floor_units"])) for r in _rows()]
+    assert pair_plan(odd, _fields(), budget_left=2, pairs="always")["run"] == [
+        ["head_precision", "prefix_cache_warm"], ["head_precision", "prefix_caching"]]
     with pytest.raises(ValueError, match="--pairs"):
         pair_plan(_rows(), _fields(), budget_left=1, pairs="some")
 

@@ -209,6 +209,9 @@ def bisect_cmd(
                    f"{_fmt(r['mean_abs']):>11}{r['share_moved']:>8.1%}{_fmt(r.get('capture_mean_abs')):>18}  {tops}")
     for p in rep["not_run"]:
         typer.echo(f"{p['status']}: {p['knob']}: {p['reason']}")
+    if rep["trainer_gap"]["verdict"]:
+        typer.echo(f"against the trainer: capture {_fmt(rep['trainer_gap']['capture'])}, replay "
+                   f"{_fmt(rep['trainer_gap']['baseline'])} nats; {rep['trainer_gap']['verdict']}")
     typer.echo(f"pairs: {rep['pairs']['why']}")
     lay = rep["layers"] or {}
     typer.echo(f"layers: {lay.get('sentence') or lay.get('reason') or lay.get('status')}")

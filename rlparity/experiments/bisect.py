@@ -181,7 +181,7 @@ def pair_plan(rows: Sequence[Mapping[str, Any]], fields: Mapping[str, str], *, b
 
     def key(pair):
         a, b = pair
-        return (-((a.get("explained") or 0.0) + (b.get("explained") or 0.0)),
+        return (-(_num(a.get("explained")) + _num(b.get("explained"))),
                 -(_num(a.get("floor_units")) + _num(b.get("floor_units"))), a["knob"], b["knob"])
 
     cand = sorted(((a, b) for i, a in enumerate(moved) for b in moved[i + 1:]), key=key)
@@ -567,6 +567,23 @@ def _hand_off(model, trace, arms, chosen, ref, pool, budget, attempts, tokens, s
             "engine_start_attempts": rec.get("engine_starts", need)}
 
 
+def _capture_state(capture: float | None, baseline: float | None) -> dict[str, Any]:
+    """The capture's gap against the trainer and the baseline replay's: where the replay under the
+    capture's own settings already closes most of it, the gap lives in the engine's state at capture
+    time (a stale prefix cache, other weights), not in a setting a knob can flip."""
+    from rlparity.config.defaults import defaults
+    from rlparity.metrics.replay import explained_share
+
+    closed = explained_share(baseline, capture)
+    share = defaults().bisect_explained_share
+    verdict = None if closed is None else (
+        f"the replay under the capture's own settings closes {closed:.3g} of the capture's gap: the gap is in the "
+        "engine's state at capture time (a stale prefix cache, other weights), not in a setting"
+        if closed >= share else "the replay under the capture's own settings keeps the capture's gap: a setting "
+                                "(the knobs) can explain it")
+    return {"capture": capture, "baseline": baseline, "closed_by_replay": closed, "verdict": verdict}
+
+
 def report(arms: Mapping[str, xr.Dataset], source: xr.Dataset, record: Mapping[str, Any], *,
            tokenizer: Any = None, top: int | None = None) -> dict[str, Any]:
     """The bisection's report: replay against capture, the floor, and the ranked knobs.
@@ -592,7 +609,8 @@ def report(arms: Mapping[str, xr.Dataset], source: xr.Dataset, record: Mapping[s
         :func:`rlparity.metrics.replay.knob_table`, ``knob`` the knob's name and ``arm`` its arm),
         ``not_run`` (the plan's other entries),
         ``engine_starts``, ``engine_start_attempts``, ``budget``, ``wall_s``, ``trainer_gap`` (of the
-        capture and of the baseline replay), ``winner`` (:func:`winner`), ``pairs`` (the decision) and
+        capture and of the baseline replay, the share the replay closes and the verdict), ``winner``
+        (:func:`winner`), ``pairs`` (the decision) and
         ``layers`` (the hand-off). A pair's row (``kind`` ``pair``) also has ``interaction`` (nats) and
         ``interaction_floor_units`` (:func:`rlparity.metrics.replay.interaction`).
     """
@@ -619,7 +637,7 @@ def report(arms: Mapping[str, xr.Dataset], source: xr.Dataset, record: Mapping[s
             "engine_starts": record["engine_starts"],
             "engine_start_attempts": record.get("engine_start_attempts"), "budget": record.get("budget"),
             "wall_s": record["wall_s"],
-            "trainer_gap": {"capture": trainer_gap(source), "baseline": trainer_gap(arms[BASELINE])},
+            "trainer_gap": _capture_state(trainer_gap(source), trainer_gap(arms[BASELINE])),
             "winner": (lambda w: None if w is None else {"arm": w[0], "explained": w[1]["explained"],
                                                           "floor_units": w[1]["floor_units"]})(winner(arms)),
             "pairs": record.get("pairs"), "layers": record.get("layers")}
