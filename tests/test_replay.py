@@ -265,6 +265,7 @@ def test_cli_refuses_bad_input_in_one_line(cli, tmp_path):
         (("replay", store, "--arm", "a", "--step", "1"), "not a run store"),
         (("bisect", store, "--arm", "a", "--knobs", "eager,warp"), "unknown ['warp']"),
         (("bisect", store, "--arm", "a", "--budget", "0"), "--budget"),
+        (("bisect", store, "--arm", "a", "--pairs", "some"), "--pairs 'some'"),
     ]
     for args, msg in cases:
         r = cli(*args)
