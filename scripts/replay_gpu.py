@@ -45,6 +45,28 @@ GPU_KNOBS = "head_precision,async_scheduling,max_num_seqs,attention_backend,pref
             "batch_invariant,prefix_caching"
 
 
+DASK_IMPORTS: list[str] = []
+
+
+class _DaskWatch:
+    """A meta-path finder that only records where ``import dask`` is executed (a probe such as
+    xarray's ``module_available`` is not an import) and lets the normal finders answer."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "dask":
+            import traceback as tb
+
+            frames = [f for f in tb.extract_stack()[:-1] if "importlib" not in f.filename
+                      and not f.filename.startswith("<frozen")]
+            last = frames[-1] if frames else None
+            if last is not None and last.name != "module_available":
+                DASK_IMPORTS.append(f"{last.filename}:{last.lineno}")
+        return None
+
+
+sys.meta_path.insert(0, _DaskWatch())
+
+
 def versions() -> dict:
     from rlparity.config.provenance import library_versions
 
@@ -115,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         from rlparity.config.provenance import to_json
 
         results["elapsed_s"] = round(time.perf_counter() - t0, 1)
-        results["dask_imported"] = "dask" in sys.modules  # the GPU host has no dask: this path must not need it
+        results["dask_imports"] = DASK_IMPORTS  # the GPU host has no dask: who imported it here (none expected)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(to_json(results, indent=1))
         tmp.replace(path)

@@ -383,3 +383,22 @@ def test_explained_share_and_interaction_by_hand():
     both = _arm(base, np.where(mask, 0.25, 0.0), "ab")  # a + b would be 0: the pair does 0.25 beyond their sum
     assert interaction(both, a, b, base) == pytest.approx(0.25, abs=1e-6)
     assert trainer_gap(base.drop_vars("trainer_logprob")) is None
+
+
+def test_winner_prefers_the_arm_that_closes_the_gap_then_the_largest_mover():
+    from rlparity.experiments.bisect import BASELINE, FLOOR, winner
+
+    base = synthetic_trace(n_sequences=3, max_len=5, seed=5)
+    base.attrs["engine_effective"] = {"logprobs_mode": "raw_logprobs"}
+    mask = base["response_mask"].values
+    base["trainer_logprob"] = base["rollout_logprob"] + np.where(mask, 0.5, 0.0)
+    arms = {BASELINE: base, FLOOR: _arm(base, np.zeros(mask.shape), FLOOR),
+            "knob_far": _arm(base, np.where(mask, -1.0, 0.0), "knob_far"),  # moves most, away from the trainer
+            "knob_near": _arm(base, np.where(mask, 0.125, 0.0), "knob_near"),  # closes 0.25
+            "knob_still": _arm(base, np.zeros(mask.shape), "knob_still")}
+    name, row = winner(arms)
+    assert name == "knob_near" and row["basis"] == "explained" and row["explained"] == pytest.approx(0.25, abs=1e-6)
+    del arms["knob_near"]
+    name, row = winner(arms)  # nothing closes the gap: the largest mover
+    assert name == "knob_far" and row["basis"] == "shift"
+    assert winner({BASELINE: base, FLOOR: arms[FLOOR], "knob_still": arms["knob_still"]}) is None

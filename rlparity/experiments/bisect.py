@@ -395,8 +395,10 @@ def bisect(model: str | os.PathLike, trace: xr.Dataset, *, settings: EngineSetti
 
 
 def winner(arms: Mapping[str, xr.Dataset]) -> tuple[str, dict[str, Any]] | None:
-    """The arm that explains the gap best: the largest ``explained`` share where the arms carry trainer
-    numbers, else the largest shift in floor units (ties: the name).
+    """The arm whose worst tokens go to the layers: of the arms that moved at least one token beyond
+    the replay floor, the one closing most of the gap against the trainer where it closes any
+    (``basis`` ``explained``), else the one moving the tokens most in floor units (``basis``
+    ``shift``: no arm closes the gap, so the largest mover is localised; ties: the name).
 
     Parameters
     ----------
@@ -406,19 +408,21 @@ def winner(arms: Mapping[str, xr.Dataset]) -> tuple[str, dict[str, Any]] | None:
     Returns
     -------
     tuple of (str, dict) or None
-        The arm's name and its :func:`rlparity.metrics.replay.knob_table` row; ``None`` without a knob arm.
+        The arm's name and its :func:`rlparity.metrics.replay.knob_table` row (with ``basis``);
+        ``None`` when no knob arm moved any token.
     """
     from rlparity.metrics.replay import knob_table
 
     names = [a for a in arms if a not in (BASELINE, FLOOR)]
-    if not names:
+    rows = [r for r in knob_table(arms, baseline=BASELINE, floor=FLOOR, knobs=names, top=0) if r["n_moved"] > 0] \
+        if names else []
+    if not rows:
         return None
-    rows = knob_table(arms, baseline=BASELINE, floor=FLOOR, knobs=names, top=0)
-    if any(r["explained"] is not None for r in rows):
-        best = max(rows, key=lambda r: (_num(r["explained"]), r["knob"]))
-    else:
-        best = rows[0]
-    return best["knob"], best
+    closing = [r for r in rows if _num(r["explained"]) > 0]
+    if closing:
+        best = max(closing, key=lambda r: (r["explained"], r["knob"]))
+        return best["knob"], {**best, "basis": "explained"}
+    return rows[0]["knob"], {**rows[0], "basis": "shift"}
 
 
 def _where(layer: int, module: str) -> str:
@@ -549,7 +553,8 @@ def _hand_off(model, trace, arms, chosen, ref, pool, budget, attempts, tokens, s
     """The winner's worst tokens to :func:`localise`, within the budget (``engine_start_attempts`` counted)."""
     best = winner(arms)
     if best is None:
-        return {"status": "not_run", "reason": "no knob arm ran", "engine_start_attempts": 0}
+        return {"status": "not_run", "reason": "no knob or pair moved any token beyond the replay floor",
+                "engine_start_attempts": 0}
     name, row = best
     s, warm = chosen[name]
     need = sum(not pool.holds(model, x.replace(enforce_eager=True)) for x in (ref, s))
@@ -564,6 +569,7 @@ def _hand_off(model, trace, arms, chosen, ref, pool, budget, attempts, tokens, s
         pool.close()
         return {"status": "failed", "arm": name, "reason": _error_chain(err), "engine_start_attempts": need}
     return {**rec, "arm": name, "explained": row.get("explained"), "floor_units": row.get("floor_units"),
+            "basis": row["basis"],
             "engine_start_attempts": rec.get("engine_starts", need)}
 
 
@@ -626,6 +632,7 @@ def report(arms: Mapping[str, xr.Dataset], source: xr.Dataset, record: Mapping[s
             if a in arms and b in arms:
                 r["interaction"] = interaction(arms[arm], arms[a], arms[b], arms[BASELINE])
                 r["interaction_floor_units"] = r["interaction"] / r["unit"]
+    best = winner(arms)
     if tokenizer is not None:
         for r in rows:
             for t in r["top_tokens"]:
@@ -638,8 +645,8 @@ def report(arms: Mapping[str, xr.Dataset], source: xr.Dataset, record: Mapping[s
             "engine_start_attempts": record.get("engine_start_attempts"), "budget": record.get("budget"),
             "wall_s": record["wall_s"],
             "trainer_gap": _capture_state(trainer_gap(source), trainer_gap(arms[BASELINE])),
-            "winner": (lambda w: None if w is None else {"arm": w[0], "explained": w[1]["explained"],
-                                                          "floor_units": w[1]["floor_units"]})(winner(arms)),
+            "winner": None if best is None else {"arm": best[0], "explained": best[1]["explained"],
+                                                 "basis": best[1]["basis"], "floor_units": best[1]["floor_units"]},
             "pairs": record.get("pairs"), "layers": record.get("layers")}
 
 
