@@ -49,8 +49,8 @@ DASK_IMPORTS: list[str] = []
 
 
 class _DaskWatch:
-    """A meta-path finder that only records where ``import dask`` is executed (a probe such as
-    xarray's ``module_available`` is not an import) and lets the normal finders answer."""
+    """A meta-path finder that records where this project's code executes ``import dask`` (xarray
+    probes for dask and takes its absence; those are left out) and lets the normal finders answer."""
 
     def find_spec(self, name, path=None, target=None):
         if name == "dask":
@@ -59,7 +59,7 @@ class _DaskWatch:
             frames = [f for f in tb.extract_stack()[:-1] if "importlib" not in f.filename
                       and not f.filename.startswith("<frozen")]
             last = frames[-1] if frames else None
-            if last is not None and last.name != "module_available":
+            if last is not None and last.filename.startswith(str(ROOT)):
                 DASK_IMPORTS.append(f"{last.filename}:{last.lineno}")
         return None
 

@@ -380,9 +380,15 @@ def test_explained_share_and_interaction_by_hand():
     assert explained_share(trainer_gap(a), trainer_gap(base)) == pytest.approx(0.5, abs=1e-6)
     assert explained_share(trainer_gap(b), trainer_gap(base)) == pytest.approx(-0.5, abs=1e-6)
     assert explained_share(0.1, 0.0) is None and explained_share(None, 0.5) is None
-    both = _arm(base, np.where(mask, 0.25, 0.0), "ab")  # a + b would be 0: the pair does 0.25 beyond their sum
-    assert interaction(both, a, b, base) == pytest.approx(0.25, abs=1e-6)
+    c = _arm(base, np.where(mask, -0.125, 0.0), "c")
+    both = _arm(base, np.where(mask, 0.5, 0.0), "ac")  # a + c = 0.125: the pair does 0.375 beyond their sum
+    assert interaction(both, a, c, base) == pytest.approx(0.375, abs=1e-6)
     assert trainer_gap(base.drop_vars("trainer_logprob")) is None
+    proc = base.assign(trainer_processed_logprob=base["rollout_logprob"] + np.where(mask, 0.25, 0.0))
+    proc.attrs = {"replay": {"logprobs_mode": "processed_logprobs"}}  # a replayed arm says its semantic
+    assert trainer_gap(proc) == pytest.approx(0.25, abs=1e-6)
+    proc.attrs = {}  # nothing said: vLLM's default, raw
+    assert trainer_gap(proc) == pytest.approx(0.5, abs=1e-6)
 
 
 def test_winner_prefers_the_arm_that_closes_the_gap_then_the_largest_mover():
@@ -393,12 +399,18 @@ def test_winner_prefers_the_arm_that_closes_the_gap_then_the_largest_mover():
     mask = base["response_mask"].values
     base["trainer_logprob"] = base["rollout_logprob"] + np.where(mask, 0.5, 0.0)
     arms = {BASELINE: base, FLOOR: _arm(base, np.zeros(mask.shape), FLOOR),
-            "knob_far": _arm(base, np.where(mask, -1.0, 0.0), "knob_far"),  # moves most, away from the trainer
+            "knob_far": _arm(base, np.where(mask, -1.5, 0.0), "knob_far"),  # moves most, away from the trainer
             "knob_near": _arm(base, np.where(mask, 0.125, 0.0), "knob_near"),  # closes 0.25
             "knob_still": _arm(base, np.zeros(mask.shape), "knob_still")}
     name, row = winner(arms)
     assert name == "knob_near" and row["basis"] == "explained" and row["explained"] == pytest.approx(0.25, abs=1e-6)
-    del arms["knob_near"]
+    arms["knob_nearer"] = _arm(base, np.where(mask, 0.25, 0.0), "knob_nearer")  # closes 0.5
+    assert winner(arms)[0] == "knob_nearer"
+    del arms["knob_near"], arms["knob_nearer"]
+    arms["knob_level"] = _arm(base, np.where(mask, 1.0, 0.0), "knob_level")  # |0.5 - 1.0| = 0.5: closes exactly 0
     name, row = winner(arms)  # nothing closes the gap: the largest mover
-    assert name == "knob_far" and row["basis"] == "shift"
+    assert name == "knob_far" and row["basis"] == "shift" and row["knob"] == "knob_far"
     assert winner({BASELINE: base, FLOOR: arms[FLOOR], "knob_still": arms["knob_still"]}) is None
+    one = np.zeros(mask.shape)
+    one[np.argwhere(mask)[0][0], np.argwhere(mask)[0][1]] = 0.125  # one token, towards the trainer
+    assert winner({BASELINE: base, FLOOR: arms[FLOOR], "knob_one": _arm(base, one, "knob_one")})[0] == "knob_one"
