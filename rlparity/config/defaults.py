@@ -326,6 +326,15 @@ class Defaults(BaseModel):
                                     "(CPU float32, tiny model: eager against compiled then moves 19% of the tokens, "
                                     "mean 7.2e-7, max 1.0e-5), and a float32 logprob of order 1 rounds at 1.2e-7")
     replay_top_tokens: int = Field(5, ge=0, description="tokens bisect names per knob (the ones it moves most)")
+    bisect_explained_share: float = Field(0.5, gt=0, le=1, description="share of the gap against the trainer "
+                                          "(1 - gap after flipping / gap of the baseline replay) one knob must close "
+                                          "to explain it; below it bisect tries pairs of the knobs that moved tokens. "
+                                          "A majority rule, not calibrated: on CPU float32 (tiny model) a planted bf16 "
+                                          "LM head is closed 0.9999 by the head knob, and on a stale-cache capture no "
+                                          "knob closes anything (the cold replay itself closes 0.9999); the GPU run's "
+                                          "clean bf16 capture is the first case between the two")
+    replay_layers_tokens: int = Field(40, ge=1, description="worst tokens of the winning knob bisect hands to the "
+                                      "per-layer localisation (bisect --layers)")
     check: CheckThresholds = Field(default_factory=CheckThresholds, description="what rlparity check enforces")
     objective: ObjectiveDefaults = Field(default_factory=ObjectiveDefaults, description="the objective layer's "
                                          "defaults")
