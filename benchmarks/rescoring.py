@@ -10,7 +10,20 @@ Measures throughput (tokens per second over the whole set) and peak extra memory
   (``response_hidden``: one body forward with the attention mask, the response rows; then the LM
   head statistics with a float32 head, one host copy) with :func:`rlparity.score.lm_head_stats.head_stats`
   (new) or :func:`~rlparity.score.lm_head_stats.head_stats_reference` (the implementation before issue 16);
-* ``scorer_bf16_new`` / ``scorer_bf16_ref``: the same with a bf16 head.
+* ``scorer_bf16_new`` / ``scorer_bf16_ref``: the same with a bf16 head;
+* ``score_end_to_end`` (issue 39): what a user calls, ``Scorer(model, ...).score(trace)`` on a trace of the
+  same sequences (the model passed in, as a trainer passes its own; fp32 head; validation, batching,
+  the trainer's self-check of ``TrainerSettings.self_check`` sequences, weight checksums, assembling the
+  scored trace): ``score_end_to_end_first`` is the first call of a fresh Scorer, timed before anything
+  else ran in the process (compilation, allocator, kernels' first use included); the steady rows are
+  later calls of one Scorer with the self-check on (the default) and off (``self_check=0``), and off
+  with ``fingerprint=False`` too (a model passed in is checksummed at every call: it may have trained).
+  Needs rlparity importable (xarray, numpy); skipped with a note when it is not.
+
+Every row also reports its achieved FLOP/s (matmul FLOPs of the body over every token, causal
+attention, the LM head over the rows that method projects: every token for ``bare`` and
+``naive_fp32``, the response rows for the others) and, on an H100 or H200, that against the card's
+dense bf16 peak (989 TFLOP/s).
 
 The model is a Llama built from a config with random weights (no download). Every sequence has
 ``--prompt`` prompt tokens and the rest are response tokens; all have the same length, so the
@@ -61,7 +74,11 @@ SHAPES = {
            "sequences": 128, "length": 577, "prompt": 64, "batch": 8, "dtype": "bfloat16"},
 }
 METHODS = ("bare", "naive_fp32", "scorer_fp32_new", "scorer_fp32_new_cast", "scorer_fp32_ref", "scorer_bf16_new",
-           "scorer_bf16_ref")
+           "scorer_bf16_ref", "score_end_to_end")
+# the rows of "score_end_to_end": Scorer(...).score(trace), steady with the self-check on and off
+END_TO_END = ("score_end_to_end", "score_end_to_end_no_self_check", "score_end_to_end_no_self_check_no_fingerprint")
+# dense bf16 peak FLOP/s by card (SXM; the H200 has the H100's tensor cores)
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
 
 
 def load_head():
@@ -153,6 +170,61 @@ def make_methods(model, head, a, shape):
             "scorer_fp32_ref_auto": scorer(head.head_stats_reference, "float32", "auto"),
             "scorer_bf16_new": scorer(head.head_stats, "bfloat16"),
             "scorer_bf16_ref": scorer(head.head_stats_reference, "bfloat16")}
+
+
+def flops(cfg, shape, tokens: int, head_rows: int) -> float:
+    """Matmul FLOPs of one pass: the body's projections over every token, causal attention (QK^T and AV over
+    the earlier positions), the LM head over ``head_rows`` rows (2 FLOPs a multiply-add)."""
+    h, n_layers, inter = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size
+    kv = cfg.num_key_value_heads * (h // cfg.num_attention_heads)
+    per_token = 2 * n_layers * (2 * h * h + 2 * h * kv + 3 * h * inter)
+    length = shape["length"]
+    attention = 2 * n_layers * h * length * (length + 1) * (tokens // length)  # 4 h per (query, key) pair, causal
+    return float(per_token * tokens + attention + 2 * h * cfg.vocab_size * head_rows)
+
+
+def card_peak(device: str) -> tuple[str, float | None]:
+    """(card name, its dense bf16 peak FLOP/s or None when unknown)."""
+    if device != "cuda":
+        return platform.processor() or platform.machine(), None
+    import torch
+
+    name = torch.cuda.get_device_name()
+    return name, next((v for k, v in PEAK_BF16.items() if k in name), None)
+
+
+def end_to_end(model, a, shape, ids):
+    """``Scorer(model).score(trace)`` on a trace of ``ids``: a function per row (each a whole pass), and the
+    first call of a fresh Scorer timed now; None when rlparity's own dependencies are missing."""
+    try:
+        from rlparity.config.settings import TrainerSettings
+        from rlparity.score import Scorer
+        from rlparity.trace import from_rollouts
+    except ImportError as err:
+        print(f"# score_end_to_end skipped: importing rlparity failed ({err})", file=sys.stderr)
+        return None, None, str(err)
+    import numpy as np
+
+    prompt, n = shape["prompt"], len(ids)
+    arr = ids.numpy()
+    trace = from_rollouts(prompt_token_ids=[r[:prompt].tolist() for r in arr], token_ids=[r[prompt:].tolist() for r in arr],
+                          rollout_logprobs=[np.full(len(r) - prompt, -1.0) for r in arr],
+                          temperature=[a.temperature] * n, top_k=[a.top_k] * n, top_p=[a.top_p] * n)
+
+    def scorer(self_check: bool, fingerprint: bool = True):
+        settings = TrainerSettings(**({} if self_check else {"self_check": 0}), fingerprint=fingerprint)
+        return Scorer(model, device=a.device, batch_size=shape["batch"], chunk_tokens=a.chunk_tokens,
+                      compile_head=a.compile, progress=False, tokenize_prompts=False, head_dtype="float32",
+                      settings=settings)
+
+    t0 = time.perf_counter()
+    scored = scorer(True).score(trace)
+    sync(a.device)
+    first = time.perf_counter() - t0
+    assert int(np.isfinite(scored["trainer_logprob"].values).sum()) == n * (shape["length"] - prompt)
+    steady = {"score_end_to_end": scorer(True), "score_end_to_end_no_self_check": scorer(False),
+              "score_end_to_end_no_self_check_no_fingerprint": scorer(False, False)}
+    return ({name: (lambda s=s: s.score(trace)) for name, s in steady.items()}, first, None)
 
 
 def one_pass(fn, batches, device):
@@ -311,6 +383,8 @@ def main() -> None:
     ap.add_argument("--no-equality", action="store_true", help="skip the equality check")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--out-dir", help="write the results as JSON into this folder, named after the card and the "
+                    "shape: rescoring_<card>_<shape>.json (card: h100, h200, ..., cpu; shape 1.5b as 1p5b)")
     ap.add_argument("--memory-of", help=argparse.SUPPRESS)
     a = ap.parse_args()
     a.shape = a.shape or ("1.5b" if a.device == "cuda" else "small")
@@ -332,43 +406,66 @@ def main() -> None:
     print(f"# {a.shape}: {shape['sequences']} sequences x {shape['length']} tokens (prompt {shape['prompt']}), "
           f"batch {shape['batch']}, vocab {shape['vocab_size']}, body {shape['dtype']}, device {a.device}",
           file=sys.stderr)
+    e2e, first_s, e2e_skipped = None, None, None
+    if "score_end_to_end" in names:  # first: the first call of a fresh Scorer, before anything else ran
+        import torch
+
+        names.remove("score_end_to_end")
+        e2e, first_s, e2e_skipped = end_to_end(model, a, shape, torch.cat(batches))
+        if e2e:
+            methods.update({k: (lambda _batch, f=f: f()) for k, f in e2e.items()})
+            names += list(e2e)
     eq = {} if a.no_equality else equality(model, head, a, shape, batches[0])
     for name in names:  # warm-up: compile, allocator, kernels' autotuning
         one_pass(methods[name], batches[:1], a.device)
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(a.repeats):
-        for name in names:
-            times[name].append(one_pass(methods[name], batches, a.device))
+        for name in names:  # an end-to-end row is one call over the whole trace
+            times[name].append(one_pass(methods[name], batches[:1] if name in END_TO_END else batches, a.device))
         print(f"# repeat {r + 1}: " + ", ".join(f"{n} {times[n][-1]:.3f}s" for n in names), file=sys.stderr)
     mem: dict[str, float] = {}
     if not a.no_memory:
         for name in names:
+            if name in END_TO_END:
+                continue
             mem[name] = peak_cuda(methods[name], batches[:2]) if a.device == "cuda" else peak_cpu_subprocess(a, name)
+    cfg, card, peak = model.config, *card_peak(a.device)
+    responses = sum(b.shape[0] for b in batches) * (shape["length"] - shape["prompt"])
     base_t = statistics.median(times["bare"])
     rows = []
-    for name in names:
+    if first_s is not None:
+        times["score_end_to_end_first"] = [first_s]
+    for name in [n for n in names if n not in END_TO_END] + [n for n in ("score_end_to_end_first", *END_TO_END)
+                                                                if n in times]:
         t = statistics.median(times[name])
+        work = flops(cfg, shape, tokens, tokens if name in ("bare", "naive_fp32") else responses)
         row = {"method": name, "median_s": t, "times_s": times[name], "tokens_per_s": tokens / t,
-               "throughput_vs_bare": base_t / t}
+               "throughput_vs_bare": base_t / t, "flops": work, "flops_per_s": work / t,
+               "peak_share": work / t / peak if peak else None}
         if "naive_fp32" in times:
             row["throughput_vs_naive"] = statistics.median(times["naive_fp32"]) / t
-        if mem:
+        if mem and name in mem:
             row["peak_extra_mib"] = mem[name]
             row["peak_vs_bare"] = mem[name] / mem["bare"] if mem["bare"] > 0 else float("nan")
         rows.append(row)
     result = {"date": time.strftime("%Y-%m-%d"), "device": a.device, "shape": a.shape,
               "config": {**shape, "top_k": a.top_k, "top_p": a.top_p, "temperature": a.temperature,
                          "chunk_tokens": a.chunk_tokens, "compile": a.compile, "repeats": a.repeats},
-              "tokens": tokens, "versions": versions(a.device), "rows": rows, "equality": eq,
+              "tokens": tokens, "versions": versions(a.device), "card": card, "peak_bf16_flops": peak,
+              "score_end_to_end": {"rows": [r["method"] for r in rows if r["method"].startswith("score_end_to_end")],
+                                   "skipped": e2e_skipped, "model": "passed in (loaded), fp32 head",
+                                   "first_call": "fresh Scorer, first thing in the process"},
+              "rows": rows, "equality": eq,
               "wall_s": time.perf_counter() - t_start}
     print(f"\n{a.shape} on {result['versions'].get('gpu', a.device)}, {tokens} tokens, "
           f"median of {a.repeats}\n")
-    print("| method | s / pass | throughput vs bare | vs naive | peak extra MiB | peak vs bare |")
-    print("|---|---|---|---|---|---|")
+    print("| method | s / pass | tokens/s | throughput vs bare | vs naive | TFLOP/s | of peak | peak extra MiB | peak vs bare |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['method']} | {r['median_s']:.3f} | {r['throughput_vs_bare']:.2f} | "
-              f"{r.get('throughput_vs_naive', float('nan')):.2f} | {r.get('peak_extra_mib', float('nan')):.0f} | "
-              f"{r.get('peak_vs_bare', float('nan')):.2f} |")
+        share = f"{100 * r['peak_share']:.0f}%" if r["peak_share"] is not None else "-"
+        print(f"| {r['method']} | {r['median_s']:.3f} | {r['tokens_per_s']:.0f} | {r['throughput_vs_bare']:.2f} | "
+              f"{r.get('throughput_vs_naive', float('nan')):.2f} | {r['flops_per_s'] / 1e12:.3g} | {share} | "
+              f"{r.get('peak_extra_mib', float('nan')):.0f} | {r.get('peak_vs_bare', float('nan')):.2f} |")
     for what, d in eq.items():
         if what.endswith("float64, same logits"):
             print("\nmax |x - float64| on the same logits, first batch: "
@@ -380,8 +477,24 @@ def main() -> None:
               f"ranks {d['trainer_token_rank']['max_abs_diff']:.0f}, "
               f"same -inf: {all(v['same_infinities'] for v in d.values())}")
     print(f"wall {result['wall_s']:.0f} s")
-    if a.out:
-        Path(a.out).write_text(json.dumps(result, indent=2))
+    write(result, a.out, a.out_dir and Path(a.out_dir) / f"rescoring_{card_tag(card, a.device)}_"
+                                                         f"{a.shape.replace('.', 'p')}.json")
+
+
+def write(result: dict, *paths) -> None:
+    """``result`` as JSON at every path given (None skipped), folders made."""
+    for path in filter(None, paths):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(result, indent=2))
+        print(f"wrote {path}")
+
+
+def card_tag(card: str, device: str) -> str:
+    """A file-name tag of the card: ``h100``, ``h200``, ... (the first word with digits of the name), ``cpu``."""
+    if device != "cuda":
+        return "cpu"
+    words = [w.lower() for w in card.replace("-", " ").split() if any(c.isdigit() for c in w)]
+    return words[0] if words else "gpu"
 
 
 if __name__ == "__main__":

@@ -551,7 +551,7 @@ ROWS = [
 # command line (test_bad_dumps_exit_2_on_the_command_line), nothing written.
 
 from rlparity import importers as rio  # noqa: E402
-from rlparity.importers.common import ImportFormatError, PickleRefusedError  # noqa: E402
+from rlparity.importers.errors import ImportFormatError, PickleRefusedError  # noqa: E402
 
 IO = ROOT / "tests" / "data" / "io"
 IO_CUSTOM = IO / "generic" / "custom" / "rows.jsonl"

@@ -23,7 +23,9 @@ SMOKE = {
     "head_chunking.py": (["--vocab", "4096", "--tokens", "64", "--hidden", "32", "--chunks", "16"], None),
     "rescoring.py": (["--vocab", "1024", "--sequences", "4", "--length", "48", "--prompt", "16", "--batch", "2",
                       "--repeats", "1", "--no-memory", "--out", "{out}"],
-                     lambda r: r["tokens"] == 4 * 48 and {row["method"] for row in r["rows"]} >= {"bare", "scorer_fp32_new"}),
+                     lambda r: r["tokens"] == 4 * 48 and {row["method"] for row in r["rows"]} >= {
+                         "bare", "scorer_fp32_new", "score_end_to_end_first", "score_end_to_end",
+                         "score_end_to_end_no_self_check"} and all(row["flops_per_s"] > 0 for row in r["rows"])),
     "lazy_summary.py": (["--tokens", "100000", "--block", "32", "--repeats", "1", "--out", "{out}"],
                         lambda r: r["same_count"] and r["same_mean_abs"] < 1e-9 and r["q99_diff"] < 1e-9
                         and r["peak_rss_mb"]["lazy"] > 0),
@@ -35,11 +37,14 @@ SMOKE = {
                      "--tensors", "8", "--repeats", "1", "--out", "{out}"],
                     lambda r: r["tokens"] > 0 and r["bytes_per_token"] > 0 and r["modes"]["inline"]["store_files"] > 0
                     and r["median_step_s"] > 0),
-    # starts one vLLM engine (the engine tests' lane)
+    # start one vLLM engine each (the engine tests' lane)
     "layer_capture.py": (["--sequences", "1", "--length", "32", "--repeats", "1", "--out", "{out}"],
                          lambda r: r["sequences"] == 1 and r["length"] == 32),
+    "capture.py": (["--prompts", "4", "--max-tokens", "8", "--repeats", "1", "--profile", "--out", "{out}"],
+                   lambda r: r["same_tokens_as_generate"] and r["vs_generate"] > 0 and r["tokens"] == 32
+                   and r["profile"]["generate_s"] <= r["profile"]["total_s"]),
 }
-ENGINE = {"layer_capture.py"}
+ENGINE = {"layer_capture.py", "capture.py"}
 
 
 def test_every_benchmark_has_a_smoke_run():
@@ -70,6 +75,46 @@ def test_lazy_benchmark_of_summary_dashboard_and_diagnose_runs_at_a_small_size(t
     assert r["same_count"] and r["same_findings"] and r["n_findings"] > 0, r
     assert r["dashboard_max_rel_diff"] < 1e-9 and "one sequence in 4" in r["sample"], r
     assert r["peak_rss_mb"]["lazy"] > 0 and set(r["parts_s"]["lazy"]) == {"summary", "dashboard", "diagnose"}
+
+
+def test_recorder_benchmark_runs_without_dask(tmp_path):
+    """The GPU image has no dask: the recorder writes without it (only the timed lazy open needs it)."""
+    out = tmp_path / "result.json"
+    hide = ("import runpy, sys; sys.modules.update(dict.fromkeys(['dask', 'dask.array'])); "
+            f"sys.argv = sys.argv[1:]; runpy.run_path({str(BENCH / 'recorder.py')!r}, run_name='__main__')")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    res = subprocess.run([sys.executable, "-c", hide, "recorder.py", "--steps", "2", "--sequences", "4", "--length", "8",
+                          "--step-seconds", "0.01", "--weights", "random", "--weights-mb", "1", "--tensors", "4",
+                          "--repeats", "1", "--out", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["tokens"] > 0 and r["modes"]["background"]["open_lazy_s"] is None, r
+
+
+def test_rescoring_flops_match_torchs_flop_counter():
+    """``rescoring.flops``: the projections and the head equal torch's FlopCounterMode on an eager-attention
+    Llama; the attention term is the hand count (eager attention multiplies the full S x S, causal is half
+    of it plus the diagonal)."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        from rescoring import flops
+    finally:
+        sys.path.remove(str(BENCH))
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=300, attn_implementation="eager")
+    n, s = 3, 20
+    with torch.inference_mode(), FlopCounterMode(display=False) as fc:
+        LlamaForCausalLM(cfg).eval()(input_ids=torch.randint(0, 300, (n, s)))
+    full_attention = 3 * n * 4 * s * s * 64  # layers x sequences x (QK^T + AV, 2 FLOPs each) x S^2 x hidden
+    causal_attention = 3 * n * 2 * 64 * s * (s + 1)
+    assert flops(cfg, {"length": s}, n * s, n * s) - causal_attention == fc.get_total_flops() - full_attention
+    # the head over fewer rows: 2 x hidden x vocab less a row
+    assert flops(cfg, {"length": s}, n * s, n * s) - flops(cfg, {"length": s}, n * s, n * s - 1) == 2 * 64 * 300
 
 
 def _run(script, args, tmp_path):

@@ -1,7 +1,8 @@
 """``rlparity doctor RUN`` (issue 37, first slice): run stores written with the real Recorder (no
 engine), a cause planted from step N named from the window holding N and never before, the growth
 decomposition against a float64 simulator whose contributions are planted, the per-step and
-per-lag numbers against plain recomputations, the CLI's exit codes, --json and bad input."""
+per-lag numbers against plain recomputations, the CLI's exit codes, --json and bad input; and one
+engine test: rlparity's own RL runner, recorded, with raw logprobs switched on at step 6."""
 
 from __future__ import annotations
 
@@ -386,3 +387,46 @@ def test_a_stale_cache_like_excess_from_step_6_shows_from_step_6(tmp_path):
     g = r.windows[2]["growth"]  # steps 8-11, all stale-like, against steps 0-3
     assert g["parts"]["residual"]["low"] > 0.5 * g["change"] > 0
     assert all(abs(g["parts"][p]["value"]) < 0.05 * g["change"] for p in mr.PARTS)
+
+
+# ------------------------------------------------------------------------------ a real recorded run
+
+@pytest.mark.engine
+def test_the_doctor_on_a_real_run_with_raw_logprobs_switched_on_at_step_6(tiny_model, release_engines, tmp_path, cli):
+    """rlparity's own RL runner on the tiny model with a real vLLM engine (parity profile, processed
+    logprobs) and a real trainer, recorded through the Recorder; before step 6's rollouts the running
+    engine is switched to raw logprobs (the fault, its ground truth only in the arms' attrs). The
+    doctor, reading the run store alone, names raw_logprobs from step 6 and on no step before; each
+    step's mean |d| on its page equals a plain recomputation from the runner's own traces."""
+    from rlparity.experiments.rl import rl_run
+
+    release_engines()
+    arms = rl_run(tiny_model, ["pipelinerl-parity"], 12, old_policy="pi_old", n_prompts=8, n_samples=4,
+                  max_tokens=12, lr=1e-3, fault="raw_logprobs", fault_from_step=6, log=lambda line: None,
+                  record_dir=tmp_path)
+    truth = [ds.attrs["rl"]["fault"]["on"] for ds in arms.values()]
+    assert truth == [False] * 6 + [True] * 6
+    res = cli("doctor", tmp_path / "pipelinerl-parity.zarr", "--window", "4", "--boot", "50", "--json")
+    assert res.exit_code == 1, res.output[-2000:]
+    run = strict(res.stdout)["runs"]["pipelinerl-parity"]
+    assert run["first_named"]["raw_logprobs"] == {"step": 6, "window": [4, 7]}
+    named = {int(k): v["causes"] for k, v in run["step_causes"].items()}
+    assert all(not named[k] for k in range(6)), named  # no cause at all before the switch
+    assert [k for k in range(12) if "raw_logprobs" in named[k]] == list(range(6, 12)), named
+    assert run["windows"][0]["headline"] is None and run["windows"][2]["headline"]["cause"] == "raw_logprobs"
+    # the page's per-step mean |d| against the runner's traces, recomputed by hand
+    means = []
+    for ds in arms.values():
+        mask = ds["response_mask"].values.astype(bool)
+        means.append(float(np.abs(ds["trainer_processed_logprob"].values[mask] - ds["rollout_logprob"].values[mask]).mean()))
+    page = [s["abs_log_ratio_mean"] for s in run["steps"]]
+    np.testing.assert_allclose(page, means, rtol=1e-4, atol=1e-8)  # the store keeps float32 logprobs
+    assert max(page[:6]) < 0.01 and min(page[6:]) > 10 * max(page[:6]), page
+    # the runner's own traces (what `rlparity experiment rl` stores): the same cause from the same step, and
+    # nothing else (the trainer's weight fingerprints follow its optimizer steps)
+    full = doctor({"run": {ds.attrs["rl"]["step"]: ds for ds in arms.values()}}, window=4, n_boot=0).runs["run"]
+    assert full.first_named == {"raw_logprobs": {"step": 6, "window": [4, 7]}}, full.first_named
+    text = cli("doctor", tmp_path / "pipelinerl-parity.zarr", "--window", "4", "--boot", "50")
+    assert "raw_logprobs at step 6 (window 4-7)" in text.stdout
+    assert "steps 0-3 (4 recorded): no cause named" in text.stdout
+    print(text.stdout)

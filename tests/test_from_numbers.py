@@ -220,13 +220,18 @@ def test_rounding_from_numbers_sees_one_side_rounded(rollout_bf16, trainer_bf16,
     tr = _rounded_arm(rollout_bf16=rollout_bf16, trainer_bf16=trainer_bf16, noise=noise)
     r = rounding_from_numbers(tr)
     assert r["testable"] and r["rounding"] is rounding, r
+    f = head_precision(tr)
+    if trainer_bf16:  # the trainer's own logits carry the bf16 grid: the side is named (trainer_head_from_numbers)
+        assert (f.name, f.severity, f.cause) == ("trainer_head_quantised", Severity.WARNING, "trainer_bf16_head")
     if rounding:
         assert 0.4 < r["share"] < 1.0  # the triangular law's median, 0.72 at the largest logit's spacing
-        f = head_precision(tr)
-        assert (f.name, f.severity, f.cause) == ("head_rounding_in_differences", Severity.WARNING, "bf16_head_rounding")
+        if not trainer_bf16:
+            assert (f.name, f.severity, f.cause) == ("head_rounding_in_differences", Severity.WARNING,
+                                                     "bf16_head_rounding")
     else:
         assert r["share"] < 0.1
-        assert head_precision(tr).name == "head_precision_unrecorded"
+        if not trainer_bf16:
+            assert f.name == "head_precision_unrecorded"
 
 
 def test_a_recorded_fp32_head_the_numbers_contradict_is_said():
@@ -261,8 +266,9 @@ def test_rounding_is_untestable_beside_a_noisy_trainer_or_another_global_cause()
 
 
 def test_the_h200_head_arms_read_from_the_numbers_alone():
-    """Blind (the head dtypes stripped): both bf16-head arms of the H200 matrix are named, with the side left
-    open; the clean arm and the arms of other causes are not."""
+    """Blind (the head dtypes stripped): both bf16-head arms of the H200 matrix are named, the rollout's with the
+    side left open, the trainer's by its side (its largest logits on the bf16 grid); the clean arm and the arms of
+    other causes are not."""
     from rlparity.datasets import load_example
     from rlparity.diagnose import diagnose
     from rlparity.diagnose.scoring import blind_view
@@ -271,9 +277,10 @@ def test_the_h200_head_arms_read_from_the_numbers_alone():
     arms = {a: blind_view(m[a]) for a in ("clean", "rollout_bf16_head", "trainer_bf16_head", "sampling_penalty",
                                           "trainer_dropout", "partial_weight_sync")}
     rep = diagnose(arms)
-    named = {a: {f.name for f in rep if f.arm == a and f.cause == "bf16_head_rounding"} for a in arms}
+    named = {a: {f.name for f in rep if f.arm == a and f.cause in ("bf16_head_rounding", "trainer_bf16_head",
+                                                                     "rollout_bf16_head")} for a in arms}
     assert named == {"clean": set(), "rollout_bf16_head": {"head_rounding_in_differences"},
-                     "trainer_bf16_head": {"head_rounding_in_differences"}, "sampling_penalty": set(),
+                     "trainer_bf16_head": {"trainer_head_quantised"}, "sampling_penalty": set(),
                      "trainer_dropout": set(), "partial_weight_sync": set()}
 
 
@@ -439,3 +446,78 @@ def test_rounding_reading_at_its_gates():
         assert not rounding_from_numbers(tr)["rounding"]
     with defaults_context(head_rounding_share=r["share"] - 4 * r["share_se"]):
         assert rounding_from_numbers(tr)["rounding"]
+
+
+def test_bf16_grid_by_hand():
+    """bfloat16 numbers are float32s whose low 16 bits are zero: 8 significant bits."""
+    from rlparity.metrics.head_precision import bf16_representable, quantised_share
+
+    x = np.array([1.0, 1.0 + 2 ** -7, 1.0 + 2 ** -8, 3.140625, -201.0 * 2 ** 40, 0.1, float(np.float32(0.1)),
+                  1.0 + 2 ** -30, 0.0, np.nan, np.inf, -np.inf, 255.0, 257.0])
+    assert bf16_representable(x).tolist() == [True, True, False, True, True, False, False, False, True, False, False,
+                                              False, True, False]
+    assert bf16_representable(x.astype(np.float32)[:5]).tolist() == [True, True, False, True, True]
+    # against an independent reference: round to nearest bf16 (test helper) and compare
+    rng = np.random.default_rng(3)
+    y = np.concatenate([_to_bf16(rng.normal(0, 8, 500)), rng.normal(0, 8, 500).astype(np.float32).astype(float)])
+    assert (bf16_representable(y) == (_to_bf16(y) == y)).all()
+    q = quantised_share(np.array([[1.0, 0.1, 2.0], [np.nan, 0.5, 0.3]]), np.array([[True, True, False],
+                                                                                   [True, True, True]]))
+    assert q == {"share": 2 / 4, "n_tokens": 4, "n_bf16": 2}
+    assert np.isnan(quantised_share(np.array([1.0]), np.array([False]))["share"])
+
+
+def _with_max_logits(tr, n_on_grid, n=100):
+    """``tr`` with its first ``n`` response tokens' largest logits replaced: ``n_on_grid`` of them bf16
+    numbers, the rest off the grid; the others masked out."""
+    x = np.full(tr["trainer_max_logit"].shape, np.nan)
+    flat = np.where(tr["response_mask"].values.reshape(-1))[0][:n]
+    vals = 4.0 + np.arange(n) * 2 ** -5  # on the bf16 grid in [4, 8) (spacing 2**-5)
+    vals[n_on_grid:] += 2 ** -12  # off it
+    x.reshape(-1)[flat] = vals
+    out = tr.copy()
+    out["trainer_max_logit"] = (tr["trainer_max_logit"].dims, x)
+    return out
+
+
+@pytest.mark.parametrize("on_grid, bf16", [(100, True), (90, True), (89, False), (0, False)])
+def test_trainer_head_from_numbers_at_the_threshold(on_grid, bf16):
+    from rlparity.diagnose.head_precision import trainer_head_from_numbers
+
+    tr = _with_max_logits(_rounded_arm(rollout_bf16=False, trainer_bf16=False), on_grid)
+    g = trainer_head_from_numbers(tr)  # default head_quantised_share 0.9
+    assert g["testable"] and g["n_tokens"] == 100 and g["n_bf16"] == on_grid and g["bf16"] is bf16, g
+
+
+def test_trainer_head_from_numbers_needs_tokens_and_the_record():
+    from rlparity.diagnose.head_precision import trainer_head_from_numbers
+
+    tr = _rounded_arm(rollout_bf16=False, trainer_bf16=True)
+    assert trainer_head_from_numbers(tr)["bf16"] and trainer_head_from_numbers(tr)["share"] == 1.0
+    assert trainer_head_from_numbers(_rounded_arm(rollout_bf16=True, trainer_bf16=False))["share"] == 0.0
+    g = trainer_head_from_numbers(tr.drop_vars("trainer_max_logit"))
+    assert not g["testable"] and not g["bf16"] and "largest logit" in g["why"]
+    few = _with_max_logits(tr, 31, n=31)  # default min_quantised_tokens 32
+    g = trainer_head_from_numbers(few)
+    assert not g["testable"] and not g["bf16"] and g["n_tokens"] == 31 and "needs 32" in g["why"]
+    assert trainer_head_from_numbers(_with_max_logits(tr, 32, n=32))["bf16"]
+
+
+def test_a_trainer_head_recorded_float32_on_the_bf16_grid_is_contradicted():
+    from rlparity.diagnose.head_precision import head_precision
+
+    tr = _rounded_arm(rollout_bf16=False, trainer_bf16=True)
+    tr.attrs["trainer"]["head_dtype"] = "float32"
+    f = head_precision(tr)
+    assert (f.name, f.severity, f.cause) == ("head_record_contradicted", Severity.WARNING, "trainer_bf16_head")
+    tr.attrs["trainer"]["head_dtype"] = "bfloat16"
+    tr.attrs["engine_effective"] = {"head_dtype": "float32"}
+    f = head_precision(tr)  # recorded and agreeing with the numbers: the recorded mismatch, as before
+    assert (f.name, f.cause) == ("head_precision_mismatch", "trainer_bf16_head")
+    tr = _rounded_arm(rollout_bf16=False, trainer_bf16=False, noise=1e-4)
+    tr.attrs["trainer"]["head_dtype"] = "float32"
+    assert head_precision(tr).name == "head_precision_unrecorded"  # float32 numbers: nothing to contradict
+    tr = _rounded_arm(rollout_bf16=True, trainer_bf16=False)  # the rollout's dtype unrecorded, the trainer's fp32
+    tr.attrs["trainer"]["head_dtype"] = "float32"
+    f = head_precision(tr)  # the trainer's logits are off the grid; the rounding is read without naming the side
+    assert (f.name, f.cause) == ("head_rounding_in_differences", "bf16_head_rounding")

@@ -22,7 +22,8 @@ import xarray as xr
 
 from rlparity import importers as rio
 from rlparity.diagnose import Severity, diagnose
-from rlparity.importers.common import ImportFormatError, MissingSamplingError, PickleRefusedError
+from rlparity.importers.errors import ImportFormatError, PickleRefusedError
+from rlparity.importers.sampling import MissingSamplingError
 from rlparity.metrics import summary
 from rlparity.trace import open_arms, validate
 
@@ -607,7 +608,7 @@ def test_small_chunks_give_the_same_store_as_one_chunk(tmp_path, monkeypatch):
             strip = ("created_at",)
             assert {k: v for k, v in a[arm].attrs.items() if k not in strip} == \
                    {k: v for k, v in b[arm].attrs.items() if k not in strip}
-    from rlparity.importers.common import SamplingResolver
+    from rlparity.importers.sampling import SamplingResolver
     from rlparity.importers.formats import get_format, stream_chunks
 
     chunks = list(stream_chunks(get_format("pipelinerl"), PIPE / "exp" / "streams" / "actor",

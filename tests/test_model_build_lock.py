@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 
-from rlparity.models import _build_lock, make_model
+from rlparity.models import make_model
+from rlparity.models.checkpoint import build_lock
 
 
 def test_a_second_request_waits_for_the_build_lock_then_reuses_the_checkpoint(tiny_model):
@@ -19,7 +20,7 @@ def test_a_second_request_waits_for_the_build_lock_then_reuses_the_checkpoint(ti
         got["path"] = make_model("tiny", out=out, progress=False)
         done.set()
 
-    with _build_lock(out):
+    with build_lock(out):
         t = threading.Thread(target=ask)
         t.start()
         assert not done.wait(1.0)  # held: the request waits (flock between descriptors of one process too)

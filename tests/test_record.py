@@ -442,7 +442,7 @@ def test_a_strided_digest_is_the_crc_of_the_sampled_bf16_values_and_sees_only_th
     import zlib
 
     torch = pytest.importorskip("torch")
-    from rlparity.record.recorder import digest_value, sample_offset
+    from rlparity.record.digest import digest_value, sample_offset
 
     g = torch.Generator().manual_seed(1)
     named = [(f"layers.{i}.w", torch.randn(12, 10, generator=g)) for i in range(6)]

@@ -7,7 +7,8 @@ transform; the floor-unit arithmetic and the ranking against hand-computed numbe
 Engine tests (``@pytest.mark.engine``, the tiny model on vLLM's CPU build, one engine per setting
 shared through the session pool): a prefill replay under the capture's own settings reproduces the
 captured logprobs; decode replay is refused on this build with the reason; a capture made with a
-bfloat16 LM head has bisect name ``head_precision`` first, within a budget of engine starts.
+bfloat16 LM head has bisect name ``head_precision`` first, within a budget of engine starts, and
+hands its worst tokens to the per-layer localisation, which places them at the LM head.
 """
 
 from __future__ import annotations
@@ -200,12 +201,18 @@ def test_decode_replay_is_refused_on_the_cpu_build_with_the_reason(tiny_model):
         replay_modes(tiny_model, _parity(), "decode")
 
 
+@pytest.fixture(scope="module")
+def bf16_capture(tiny_model, pool, prompts8):
+    """A capture made with a bfloat16 LM head (the planted knob)."""
+    planted = _parity().replace(head_dtype="bfloat16")
+    return pool.get(tiny_model, planted).capture(prompts8[:6], _sampling(), arm="bf16_head", progress=False)
+
+
 @pytest.mark.engine
-def test_bisect_names_a_planted_bf16_head_first_within_the_budget(tiny_model, pool, prompts8):
+def test_bisect_names_a_planted_bf16_head_first_within_the_budget(tiny_model, pool, bf16_capture):
     from rlparity.experiments.bisect import BASELINE, FLOOR, bisect, report
 
-    planted = _parity().replace(head_dtype="bfloat16")
-    capture = pool.get(tiny_model, planted).capture(prompts8[:6], _sampling(), arm="bf16_head", progress=False)
+    capture = bf16_capture
     starts = pool.starts
     # the capture's engine replays the baseline (no start); two knob engines, then the budget is spent
     arms, record = bisect(tiny_model, capture, knobs=["max_num_seqs", "head_precision", "eager"], budget=2,
@@ -217,6 +224,29 @@ def test_bisect_names_a_planted_bf16_head_first_within_the_budget(tiny_model, po
     assert rep["knobs"][0]["knob"] == "head_precision" and rep["knobs"][0]["floor_units"] > 100
     assert rep["knobs"][0]["share_moved"] > 0.5
     assert rep["replay_vs_capture"]["max_abs"] < 1e-5
+
+
+@pytest.mark.engine
+def test_bisect_hands_the_bf16_head_tokens_to_the_layers_and_they_part_at_the_head(tiny_model, pool, bf16_capture,
+                                                                                 scorer_fp32):
+    """The planted capture scored by the fp32-head trainer: the head knob closes the gap (no pairs), and
+    its worst tokens, run through two eager engines, part at the LM head (the body is the same)."""
+    from rlparity.experiments.bisect import bisect, report
+
+    scored = scorer_fp32.score(bf16_capture)
+    starts = pool.starts
+    arms, record = bisect(tiny_model, scored, knobs=["head_precision"], budget=4, mode="prefill", pool=pool,
+                          layers=True, layer_tokens=10)
+    rep = report(arms, scored, record)
+    assert record["engine_start_attempts"] == pool.starts - starts <= 4
+    assert not rep["pairs"]["needed"] and rep["pairs"]["best"]["knob"] == "head_precision"
+    # the fp32 head brings the engine to the fp32-head trainer: most of the gap closes
+    assert rep["knobs"][0]["explained"] > 0.9, rep["knobs"][0]
+    lay = rep["layers"]
+    assert lay["arm"] == "knob_head_precision" and lay["status"] == "localised", lay
+    assert lay["parts_at"] == "lm_head" and lay["first_divergence"]["site"] == "lm_head"
+    assert lay["n_tokens"] == 10 and lay["sites"] == {"lm_head": 10}
+    assert "part at the LM head" in lay["sentence"]
 
 
 # ------------------------------------------------------------------------------------------ CLI refusals
@@ -235,6 +265,7 @@ def test_cli_refuses_bad_input_in_one_line(cli, tmp_path):
         (("replay", store, "--arm", "a", "--step", "1"), "not a run store"),
         (("bisect", store, "--arm", "a", "--knobs", "eager,warp"), "unknown ['warp']"),
         (("bisect", store, "--arm", "a", "--budget", "0"), "--budget"),
+        (("bisect", store, "--arm", "a", "--pairs", "some"), "--pairs 'some'"),
     ]
     for args, msg in cases:
         r = cli(*args)
@@ -268,3 +299,118 @@ def test_cli_reads_a_run_store_step(cli, tmp_path):
     assert r.exit_code == 2 and "holds steps 0..1" in r.output, r.output
     r = cli("replay", path)  # the last step; the run records its model but no engine settings
     assert r.exit_code == 2 and "no engine settings" in r.output and "--profile" in r.output, r.output
+
+
+# ------------------------------------------------------------------------------------------ pairs (no engine)
+def _rows():
+    """Five single knobs, hand-made: explained shares and floor units in binary fractions (exact sums)."""
+    return [{"knob": "head_precision", "explained": 0.5, "n_moved": 5, "floor_units": 40.0},
+            {"knob": "async_scheduling", "explained": 0.25, "n_moved": 3, "floor_units": 10.0},
+            {"knob": "prefix_caching", "explained": 0.125, "n_moved": 2, "floor_units": 3.0},
+            {"knob": "prefix_cache_warm", "explained": 0.25, "n_moved": 1, "floor_units": 2.0},
+            {"knob": "eager", "explained": -0.125, "n_moved": 0, "floor_units": 0.5}]
+
+
+def _fields():
+    from rlparity.experiments.bisect import KNOBS
+
+    return {k: v.knob.field for k, v in KNOBS.items()}
+
+
+def test_pair_plan_by_hand():
+    from rlparity.experiments.bisect import pair_plan
+
+    p = pair_plan(_rows(), _fields(), budget_left=3, share=0.75)
+    # best single: head 0.5 < 0.75 -> pairs; eager moved nothing -> not a candidate
+    assert p["needed"] and p["best"] == {"knob": "head_precision", "explained": 0.5}
+    assert p["candidates"] == ["head_precision", "async_scheduling", "prefix_caching", "prefix_cache_warm"]
+    # summed explained: head+async .75 (fu 50), head+warm .75 (fu 42), head+pc .625, async+warm .5,
+    # async+pc .375 (fu 13), pc+warm .375 (fu 5: both set enable_prefix_caching)
+    assert p["run"] == [["head_precision", "async_scheduling"], ["head_precision", "prefix_cache_warm"],
+                        ["head_precision", "prefix_caching"]]
+    skipped = {s["pair"]: s["reason"] for s in p["skipped"]}
+    assert list(skipped) == ["async_scheduling+prefix_cache_warm", "async_scheduling+prefix_caching",
+                             "prefix_caching+prefix_cache_warm"]
+    assert "--budget" in skipped["async_scheduling+prefix_caching"]
+    assert "enable_prefix_caching" in skipped["prefix_caching+prefix_cache_warm"]
+    assert "3 pair(s) of 6" in p["why"]
+    unlimited = pair_plan(_rows(), _fields(), budget_left=None, share=0.75)
+    assert len(unlimited["run"]) == 5 and len(unlimited["skipped"]) == 1
+    none_left = pair_plan(_rows(), _fields(), budget_left=0, share=0.75)
+    assert none_left["run"] == [] and len(none_left["skipped"]) == 6 and none_left["needed"]
+
+
+def test_pair_plan_rule_edges_by_hand():
+    from rlparity.experiments.bisect import pair_plan
+
+    at = pair_plan(_rows(), _fields(), budget_left=9, share=0.5)  # head closes exactly the share: explained
+    assert not at["needed"] and at["run"] == [] and "head_precision alone closes 0.5" in at["why"]
+    blind = [{**r, "explained": None} for r in _rows()]
+    no_trainer = pair_plan(blind, _fields(), budget_left=9, share=0.75)
+    assert not no_trainer["needed"] and "no trainer numbers" in no_trainer["why"] and no_trainer["best"] is None
+    forced = pair_plan(blind, _fields(), budget_left=2, share=0.75, pairs="always")
+    # without trainer numbers: by summed floor units: head+async 50, head+pc 43, head+warm 42
+    assert forced["needed"] and forced["run"] == [["head_precision", "async_scheduling"],
+                                                  ["head_precision", "prefix_caching"]]
+    assert not pair_plan(_rows(), _fields(), budget_left=9, share=0.75, pairs="never")["needed"]
+    lone = [dict(r, n_moved=0) if r["knob"] != "head_precision" else r for r in _rows()]
+    one = pair_plan(lone, _fields(), budget_left=9, share=0.75)
+    assert one["run"] == [] and "1 knob(s) moved" in one["why"] and one["candidates"] == ["head_precision"]
+    two = [r for r in _rows() if r["knob"] in ("head_precision", "async_scheduling")]
+    assert pair_plan(two, _fields(), budget_left=9, share=0.75)["run"] == [["head_precision", "async_scheduling"]]
+    # a knob whose shift is NaN (no token compared) counts 0: head+warm 42, head+pc 40.5, head+async 40
+    odd = [dict(r, explained=None, floor_units={"async_scheduling": float("nan"), "prefix_caching": 0.5}.get(
+        r["knob"], r["floor_units"])) for r in _rows()]
+    assert pair_plan(odd, _fields(), budget_left=2, pairs="always")["run"] == [
+        ["head_precision", "prefix_cache_warm"], ["head_precision", "prefix_caching"]]
+    with pytest.raises(ValueError, match="--pairs"):
+        pair_plan(_rows(), _fields(), budget_left=1, pairs="some")
+
+
+def test_explained_share_and_interaction_by_hand():
+    from rlparity.metrics.replay import explained_share, interaction, trainer_gap
+
+    base = synthetic_trace(n_sequences=3, max_len=5, seed=4)
+    base.attrs["engine_effective"] = {"logprobs_mode": "raw_logprobs"}
+    mask = base["response_mask"].values
+    base["trainer_logprob"] = base["rollout_logprob"] + np.where(mask, 0.5, 0.0)  # gap 0.5 nats everywhere
+    assert trainer_gap(base) == pytest.approx(0.5, abs=1e-6)
+    a = _arm(base, np.where(mask, 0.25, 0.0), "a")  # halfway to the trainer
+    b = _arm(base, np.where(mask, -0.25, 0.0), "b")  # away from it
+    assert explained_share(trainer_gap(a), trainer_gap(base)) == pytest.approx(0.5, abs=1e-6)
+    assert explained_share(trainer_gap(b), trainer_gap(base)) == pytest.approx(-0.5, abs=1e-6)
+    assert explained_share(0.1, 0.0) is None and explained_share(None, 0.5) is None
+    c = _arm(base, np.where(mask, -0.125, 0.0), "c")
+    both = _arm(base, np.where(mask, 0.5, 0.0), "ac")  # a + c = 0.125: the pair does 0.375 beyond their sum
+    assert interaction(both, a, c, base) == pytest.approx(0.375, abs=1e-6)
+    assert trainer_gap(base.drop_vars("trainer_logprob")) is None
+    proc = base.assign(trainer_processed_logprob=base["rollout_logprob"] + np.where(mask, 0.25, 0.0))
+    proc.attrs = {"replay": {"logprobs_mode": "processed_logprobs"}}  # a replayed arm says its semantic
+    assert trainer_gap(proc) == pytest.approx(0.25, abs=1e-6)
+    proc.attrs = {}  # nothing said: vLLM's default, raw
+    assert trainer_gap(proc) == pytest.approx(0.5, abs=1e-6)
+
+
+def test_winner_prefers_the_arm_that_closes_the_gap_then_the_largest_mover():
+    from rlparity.experiments.bisect import BASELINE, FLOOR, winner
+
+    base = synthetic_trace(n_sequences=3, max_len=5, seed=5)
+    base.attrs["engine_effective"] = {"logprobs_mode": "raw_logprobs"}
+    mask = base["response_mask"].values
+    base["trainer_logprob"] = base["rollout_logprob"] + np.where(mask, 0.5, 0.0)
+    arms = {BASELINE: base, FLOOR: _arm(base, np.zeros(mask.shape), FLOOR),
+            "knob_far": _arm(base, np.where(mask, -1.5, 0.0), "knob_far"),  # moves most, away from the trainer
+            "knob_near": _arm(base, np.where(mask, 0.125, 0.0), "knob_near"),  # closes 0.25
+            "knob_still": _arm(base, np.zeros(mask.shape), "knob_still")}
+    name, row = winner(arms)
+    assert name == "knob_near" and row["basis"] == "explained" and row["explained"] == pytest.approx(0.25, abs=1e-6)
+    arms["knob_nearer"] = _arm(base, np.where(mask, 0.25, 0.0), "knob_nearer")  # closes 0.5
+    assert winner(arms)[0] == "knob_nearer"
+    del arms["knob_near"], arms["knob_nearer"]
+    arms["knob_level"] = _arm(base, np.where(mask, 1.0, 0.0), "knob_level")  # |0.5 - 1.0| = 0.5: closes exactly 0
+    name, row = winner(arms)  # nothing closes the gap: the largest mover
+    assert name == "knob_far" and row["basis"] == "shift" and row["knob"] == "knob_far"
+    assert winner({BASELINE: base, FLOOR: arms[FLOOR], "knob_still": arms["knob_still"]}) is None
+    one = np.zeros(mask.shape)
+    one[np.argwhere(mask)[0][0], np.argwhere(mask)[0][1]] = 0.125  # one token, towards the trainer
+    assert winner({BASELINE: base, FLOOR: arms[FLOOR], "knob_one": _arm(base, one, "knob_one")})[0] == "knob_one"

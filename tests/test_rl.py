@@ -218,7 +218,12 @@ def test_runner_refuses_bad_arguments_before_any_engine_starts(tiny_model):
     for kw, msg in [({"loss": "dpo"}, "loss='dpo'"), ({"n_samples": 1}, "at least 2"),
                     ({"old_policy": "x"}, "old_policy='x'"), ({"old_policy": ["mu", "mu"]}, "each once"), ({"profiles": []}, "no profiles"),
                     ({"profiles": ["a/b"]}, "unknown profile"),
-                    ({"profiles": ["pipelinerl-parity", "pipelinerl-parity"]}, "repeat a name")]:
+                    ({"profiles": ["pipelinerl-parity", "pipelinerl-parity"]}, "repeat a name"),
+                    # a fault planted mid-run: a known one, from a step inside the run, on a processed-mode engine
+                    ({"fault": "stale"}, "fault='stale'"), ({"fault": "raw_logprobs"}, "give both"),
+                    ({"fault_from_step": 0}, "give both"), ({"fault": "raw_logprobs", "fault_from_step": 1}, "< steps"),
+                    ({"fault": "raw_logprobs", "fault_from_step": 0, "profiles": ["vllm-v1-defaults"]},
+                     "does not report processed")]:
         with pytest.raises(ValueError, match=msg):
             rl_run(tiny_model, steps=1, **kw)
     # the settings as one object, keywords beside it replacing its fields; an unknown keyword names the fields
@@ -246,7 +251,9 @@ def test_rl_run_cli_refuses_bad_input_before_any_engine_starts(cli, tmp_path):
     out = tmp_path / "rl.zarr"
     for args, msg in [(["--profile", "nope"], "unknown profile 'nope'"), (["--lr", "0"], "--lr 0.0"),
                       (["--n-samples", "1"], "--n-samples"), (["--old-policy", "theta"], "--old-policy"),
-                      (["--loss", "dpo"], "--loss")]:
+                      (["--loss", "dpo"], "--loss"), (["--fault", "stale"], "fault='stale'"),
+                      (["--fault", "raw_logprobs"], "give both"),
+                      (["--fault", "raw_logprobs", "--fault-from-step", "0"], "vllm-v1-defaults does not report")]:
         r = cli("experiment", "rl", "-o", out, "--steps", "1", *args)
         assert r.exit_code == 2 and msg in r.stderr, (args, r.output)
     assert "parity-bf16-head" in cli("experiment", "rl", "-o", out, "--profile", "nope").stderr  # the derived profile is named

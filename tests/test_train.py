@@ -149,3 +149,25 @@ def test_clip_ranges_come_from_the_one_defaults_object():
     assert clip_range("gspo") == (o.gspo_eps_low, o.gspo_eps_high) == o.eps("sequence")
     with defaults_context(eps=0.28, objective={"gspo_eps_high": 5e-4}):
         assert clip_range("ppo") == (0.28, 0.28) and o.ppo_eps == 0.28 and clip_range("gspo")[1] == 5e-4
+
+
+def test_a_trainer_loaded_by_path_fingerprints_its_weights_again_after_an_in_place_step(tiny_model):
+    """The RL runner loads its trainer by path and steps it in place: without weights_changed() the
+    fingerprint stayed the initial weights' (every RL step >= 1 then read as trainer_stale_weights)."""
+    import torch
+
+    from rlparity.score import Scorer
+    from rlparity.trace.weights import checksums
+
+    trainer = Scorer(tiny_model, dtype="float32", head_dtype="float32", progress=False)
+    before = dict(trainer.weight_checksums())
+    name, param = next(iter(trainer.module.named_parameters()))
+    with torch.no_grad():
+        param.add_(1e-3)
+    assert trainer.weight_checksums() == before  # a model loaded here is fingerprinted once
+    trainer.weights_changed()
+    after = trainer.weight_checksums()
+    reference = checksums((k, v) for k, v in trainer.module.state_dict().items())
+    changed = {k for k in after if after[k] != before[k]}
+    assert changed and all(after[k] == reference[k] for k in changed)
+    assert len(changed) <= 2, changed  # the stepped tensor (and a weight tied to it), nothing else

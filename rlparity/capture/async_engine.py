@@ -45,8 +45,8 @@ from rlparity.capture.routing import (
     START_METHOD, TAKE_METHOD, RouteStore, engine_routes, routing_engine_kwargs, routing_mode, start_info,
 )
 from rlparity.capture.weights import (
-    EXTENSION, LOAD_METHOD, PROGRESS_METHOD, UpdateRecord, WeightState, checkpoint_checksums, pause_call,
-    resolve_source, versions_for,
+    EXTENSION, LOAD_METHOD, LOGPROBS_MODE_METHOD, LOGPROBS_MODES, PROGRESS_METHOD, UpdateRecord, WeightState,
+    checkpoint_checksums, pause_call, resolve_source, versions_for,
 )
 from rlparity.config.settings import EngineSettings, SamplingSettings
 
@@ -394,6 +394,35 @@ class AsyncEngine(EngineLifecycle):
             {old} if old != version else set())
         await self._apply_boundaries(rec, progress)
         rec.t_paused = rec.t_loaded = rec.t_resume = self.clock()
+
+    def set_logprobs_mode(self, mode: str) -> str:
+        """Switch which logprobs the running engine reports (the workers' sampler), between captures.
+
+        For runs that plant a fault mid-run: ``raw_logprobs`` from step N on an engine started with
+        ``processed_logprobs``. The engine's recorded settings still say how it was started.
+
+        Parameters
+        ----------
+        mode : {"processed_logprobs", "raw_logprobs"}
+            The logprobs reported from now on.
+
+        Returns
+        -------
+        str
+            The mode before (of the first worker).
+
+        Raises
+        ------
+        ValueError
+            If ``mode`` is not one of them.
+        """
+        if mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs mode {mode!r}: use one of {', '.join(LOGPROBS_MODES)}")
+
+        async def call():
+            return await self.llm.collective_rpc(LOGPROBS_MODE_METHOD, args=(mode,))
+
+        return str(self._run(call())[0])
 
     def set_policy_version(self, version: int) -> None:
         """Relabel the weights as ``version`` without loading any.

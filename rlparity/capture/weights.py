@@ -42,6 +42,8 @@ from rlparity.capture.routing import RoutingCaptureExtension
 EXTENSION = "rlparity.capture.weights.WeightUpdateExtension"
 LOAD_METHOD = "rlparity_load_weights"
 PROGRESS_METHOD = "rlparity_request_progress"
+LOGPROBS_MODE_METHOD = "rlparity_set_logprobs_mode"
+LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
 
 
 # ------------------------------------------------------------------------------ worker side
@@ -210,6 +212,33 @@ class WeightUpdateExtension(LayerCaptureExtension, RoutingCaptureExtension):
             structure (then the engine counts the tokens it received instead).
         """
         return _request_progress(getattr(self, "model_runner", None))
+
+    def rlparity_set_logprobs_mode(self, mode: str) -> str:
+        """Switch which logprobs the running sampler reports, as ``logprobs_mode`` would at start.
+
+        A fault switch for runs that plant a cause mid-run (``raw_logprobs`` from step N, see
+        :class:`rlparity.experiments.rl.RLRunSettings`): sampling itself is unchanged, only the
+        logprobs returned with the tokens.
+
+        Parameters
+        ----------
+        mode : {"processed_logprobs", "raw_logprobs"}
+            The logprobs reported from the next scheduled step on.
+
+        Returns
+        -------
+        str
+            The mode before.
+        """
+        if mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs mode {mode!r}: use one of {', '.join(LOGPROBS_MODES)}")
+        sampler = self.model_runner.sampler  # type: ignore[attr-defined]
+        before = str(sampler.logprobs_mode)
+        sampler.logprobs_mode = mode
+        inner = getattr(sampler, "topk_topp_sampler", None)
+        if inner is not None:  # it returns the processed logprobs in the processed modes
+            inner.logprobs_mode = mode
+        return before
 
     def rlparity_load_weights(self, path: str) -> dict[str, Any]:
         """Load the safetensors at ``path`` into the running model, in place.
@@ -674,6 +703,6 @@ def perturbed_checkpoint(model: str | os.PathLike, out: str | os.PathLike, *, si
     return dst
 
 
-__all__ = ["EXTENSION", "LOAD_METHOD", "PROGRESS_METHOD", "UpdateRecord", "WeightState",
+__all__ = ["EXTENSION", "LOAD_METHOD", "LOGPROBS_MODES", "LOGPROBS_MODE_METHOD", "PROGRESS_METHOD", "UpdateRecord", "WeightState",
            "WeightUpdateExtension", "checkpoint_checksums", "checkpoint_names", "iter_safetensors", "pause_call", "perturbed_checkpoint", "resolve_source",
            "safetensors_files", "versions_for", "write_state_dict"]

@@ -298,6 +298,10 @@ def rl_cmd(
                                                     "(rl.zarr removed once packed)"),
     no_progress: bool = typer.Option(False, "--no-progress"),
     as_json: bool = typer.Option(False, "--json", help="print rl.json (curves, contrast, findings) as strict JSON"),
+    fault: Optional[str] = typer.Option(None, "--fault", help="plant a fault mid-run, from --fault-from-step on: "
+                                                              "raw_logprobs (the running engine switched to raw "
+                                                              "logprobs; on profiles that report processed ones)"),
+    fault_from_step: Optional[int] = typer.Option(None, "--fault-from-step", help="the first step with --fault"),
 ):
     """Online RL on the built-in arithmetic task, one real AsyncLLM per engine profile: sample, rescore
     pi_old with the trainer, one optimizer step, push the weights into the running engine (pause /
@@ -325,6 +329,17 @@ def rl_cmd(
         raise BadInput(f"--old-policy: unknown {bad}; choose from {', '.join(OLD_POLICIES)}")
     for name in profile or []:
         rl_profile(name)
+    if fault is not None or fault_from_step is not None:
+        from rlparity.experiments.rl import RLRunSettings
+
+        try:
+            RLRunSettings(steps=steps, fault=fault, fault_from_step=fault_from_step).resolved()
+        except ValueError as err:
+            raise BadInput(f"--fault / --fault-from-step: {err}") from None
+        raw = [n for n in profile or _R.profiles if rl_profile(n).logprobs_mode != "processed_logprobs"]
+        if raw:
+            raise BadInput(f"--fault {fault}: {', '.join(raw)} does not report processed logprobs; give --profile "
+                           "pipelinerl-parity (or another processed-logprobs profile)")
     sampling = sampling_settings(temperature=temperature, top_k=top_k, seed=seed)
     olds = old_policy or None
     out.mkdir(parents=True, exist_ok=True)
@@ -333,13 +348,15 @@ def rl_cmd(
     arms = rl_run(model, profile or None, steps, loss=loss.value, old_policy=olds, n_prompts=n_prompts,
                   n_samples=n_samples, max_tokens=max_tokens, lr=lr, async_rollouts=async_rollouts, device=device,
                   seed=seed, dtype=dtype, sampling=sampling, engine=_engine(gpu_memory_utilization),
-                  progress=not no_progress, log=lambda line: typer.echo(line, err=True))
+                  progress=not no_progress, log=lambda line: typer.echo(line, err=True), fault=fault,
+                  fault_from_step=fault_from_step)
     elapsed = time.perf_counter() - t0
     res = summarize(arms, findings=False)
     res.update({"model": model, "device": device, "elapsed_s": round(elapsed, 1),
                 "sizes": {"steps": steps, "n_prompts": n_prompts, "n_samples": n_samples, "max_tokens": max_tokens,
                           "lr": lr, "loss": loss.value, "old_policy": olds or list(_R.old_policy),
-                          "dtype": dtype, "async_rollouts": async_rollouts},
+                          "dtype": dtype, "async_rollouts": async_rollouts, "fault": fault,
+                          "fault_from_step": fault_from_step},
                 "engine_effective": {run: arms[k].attrs.get("engine_effective")
                                      for k, (run, step) in mrl.run_steps(arms).items() if step == 0},
                 "store": "rl.zarr"})

@@ -159,19 +159,32 @@ def bisect_cmd(
     mode: str = typer.Option("auto", help="replay path: auto (decode where the engine has it), prefill or decode"),
     top: Optional[int] = typer.Option(None, min=0, help="tokens named per knob (default: "
                                                         "defaults().replay_top_tokens)"),
+    pairs: str = typer.Option("auto", help="pairs of knobs: auto (where no single knob closes "
+                                           "defaults().bisect_explained_share of the gap against the trainer; needs a "
+                                           "scored trace), always or never"),
+    share: Optional[float] = typer.Option(None, min=0.0, max=1.0, help="share of the gap one knob must close "
+                                          "(default: defaults().bisect_explained_share)"),
+    layers: bool = typer.Option(False, "--layers", help="hand the winner's worst tokens to the per-layer "
+                                                        "localisation (two eager engine starts, in the budget)"),
+    layer_tokens: Optional[int] = typer.Option(None, min=1, help="worst tokens handed to the layers (default: "
+                                                                 "defaults().replay_layers_tokens)"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="store to write the replayed arms to"),
     as_json: bool = typer.Option(False, "--json", help="print strict JSON"),
 ):
     """Replay a trace's tokens under the capture's own settings twice (the replay floor), then flip
     one engine knob at a time, and rank the knobs by how far each moves the user's tokens, in units
-    of that floor, with the tokens each moves most."""
-    from rlparity.experiments.bisect import KNOBS, bisect, report
+    of that floor, with the tokens each moves most; pairs of knobs where no single one closes the gap
+    against the trainer; with --layers, where the winner's worst tokens part, layer by layer."""
+    from rlparity.experiments.bisect import KNOBS, PAIRS, bisect, report
 
     chosen = comma_list(knobs, "--knobs", list(KNOBS)) or list(KNOBS)
+    if pairs not in PAIRS:
+        raise BadInput(f"--pairs {pairs!r}: use {', '.join(PAIRS)}")
     trace, path, settings, _ = _prepare(source, arm, step, model, engine, profile, out, mode,
                                         ("auto", "prefill", "decode"))
     try:
-        arms, record = bisect(path, trace, settings=settings, knobs=chosen, budget=budget, mode=mode,
+        arms, record = bisect(path, trace, settings=settings, knobs=chosen, budget=budget, mode=mode, pairs=pairs,
+                              share=share, layers=layers, layer_tokens=layer_tokens,
                               log=lambda m: typer.echo(m, err=True))
     except ValueError as err:
         raise BadInput(str(err)) from None
@@ -187,18 +200,23 @@ def bisect_cmd(
     typer.echo(f"{rep['mode']} replay under the capture's settings: |replay - capture| mean {_fmt(cap['mean_abs'])}, "
                f"max {_fmt(cap['max_abs'])} nats; replay floor (same settings twice) mean {_fmt(fl['mean_abs'])}, "
                f"max {_fmt(fl['max_abs'])} nats over {fl['n_tokens']} tokens")
-    typer.echo(f"{'rank':<5}{'knob':<20}{'x floor':>10}{'mean |d|':>11}{'moved':>8}{'|replay-capture|':>18}"
-               "  top tokens")
+    typer.echo(f"{'rank':<5}{'knob':<34}{'x floor':>10}{'closes':>8}{'mean |d|':>11}{'moved':>8}"
+               f"{'|replay-capture|':>18}  top tokens")
     for r in rep["knobs"]:
         tops = ", ".join(f"s{t['sequence']}p{t['position']} {t.get('token_text', t['token_id'])!r} {t['delta']:+.3g}"
                          for t in r["top_tokens"][:3])
-        typer.echo(f"{r['rank']:<5}{r['knob']:<20}{_fmt(r['floor_units']):>10}{_fmt(r['mean_abs']):>11}"
-                   f"{r['share_moved']:>8.1%}{_fmt(r.get('capture_mean_abs')):>18}  {tops}")
+        typer.echo(f"{r['rank']:<5}{r['knob']:<34}{_fmt(r['floor_units']):>10}{_fmt(r.get('explained')):>8}"
+                   f"{_fmt(r['mean_abs']):>11}{r['share_moved']:>8.1%}{_fmt(r.get('capture_mean_abs')):>18}  {tops}")
     for p in rep["not_run"]:
         typer.echo(f"{p['status']}: {p['knob']}: {p['reason']}")
+    if rep["trainer_gap"]["verdict"]:
+        typer.echo(f"against the trainer: capture {_fmt(rep['trainer_gap']['capture'])}, replay "
+                   f"{_fmt(rep['trainer_gap']['baseline'])} nats; {rep['trainer_gap']['verdict']}")
+    typer.echo(f"pairs: {rep['pairs']['why']}")
+    lay = rep["layers"] or {}
+    typer.echo(f"layers: {lay.get('sentence') or lay.get('reason') or lay.get('status')}")
     typer.echo(f"{rep['engine_start_attempts']} engine start(s) tried, {rep['engine_starts']} started"
-               + (f" (budget {budget})" if budget else "")
-               + f", {rep['wall_s']:.1f} s; {rep['pairs']}")
+               + (f" (budget {budget})" if budget else "") + f", {rep['wall_s']:.1f} s")
     if out is not None:
         typer.echo(f"wrote {len(arms)} replayed arms to {out}", err=True)
     raise typer.Exit(EXIT_OK)

@@ -284,6 +284,15 @@ class Defaults(BaseModel):
                                        "0.001-0.33 (h200-inflight 0.29-0.33, h100-ablation 0.14-0.17, h200-rl, "
                                        "h200-moe, h200/cpu-semantic fp32), one bf16 side 0.42-1.22 (h200-head, "
                                        "h200-semantic, cpu-head, cpu-semantic, h200-rl bf16-head) (issue 41)")
+    head_quantised_share: float = Field(0.9, gt=0, le=1, description="share of the trainer's largest logits "
+                                        "(trainer_max_logit) that are exactly bfloat16 numbers at or above which the "
+                                        "trainer's LM head is read as bf16 from the numbers (a float32 head leaves "
+                                        "about 2**-16 of them on the grid). Chosen on H100 seed 1 and CPU tiny-bf16 "
+                                        "seeds 0-4 (every bf16-head arm 1.0, every other arm 0.0); held out: H100 "
+                                        "seeds 2-3, CPU seeds 5-9, the shipped examples (issue 41)")
+    min_quantised_tokens: int = Field(32, ge=1, description="fewest tokens with a trainer_max_logit before the "
+                                      "share on the bfloat16 grid is read (by chance a float32 head puts 0.9 of 32 "
+                                      "values on the grid with probability below 1e-100)")
     offset_z: float = Field(4.0, gt=0, description="standard errors a mean offset of d must exceed to count as a "
                                                   "semantic mismatch when the trace holds one trainer reading")
     boundary_flip_share: float = Field(0.005, ge=0, le=1, description="share of tokens just outside the trainer's "
@@ -317,6 +326,15 @@ class Defaults(BaseModel):
                                     "(CPU float32, tiny model: eager against compiled then moves 19% of the tokens, "
                                     "mean 7.2e-7, max 1.0e-5), and a float32 logprob of order 1 rounds at 1.2e-7")
     replay_top_tokens: int = Field(5, ge=0, description="tokens bisect names per knob (the ones it moves most)")
+    bisect_explained_share: float = Field(0.5, gt=0, le=1, description="share of the gap against the trainer "
+                                          "(1 - gap after flipping / gap of the baseline replay) one knob must close "
+                                          "to explain it; below it bisect tries pairs of the knobs that moved tokens. "
+                                          "A majority rule, not calibrated: on CPU float32 (tiny model) a planted bf16 "
+                                          "LM head is closed 0.9999 by the head knob, and on a stale-cache capture no "
+                                          "knob closes anything (the cold replay itself closes 0.9999); the GPU run's "
+                                          "clean bf16 capture is the first case between the two")
+    replay_layers_tokens: int = Field(40, ge=1, description="worst tokens of the winning knob bisect hands to the "
+                                      "per-layer localisation (bisect --layers)")
     check: CheckThresholds = Field(default_factory=CheckThresholds, description="what rlparity check enforces")
     objective: ObjectiveDefaults = Field(default_factory=ObjectiveDefaults, description="the objective layer's "
                                          "defaults")

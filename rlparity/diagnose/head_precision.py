@@ -118,6 +118,39 @@ def rounding_from_numbers(trace: xr.Dataset, evidence=None, prior=()) -> dict:
                        "rounding_scale)"}
 
 
+def trainer_head_from_numbers(trace: xr.Dataset) -> dict:
+    """Whether the trainer's logits carry bfloat16's 8 significant bits (issue 41).
+
+    :func:`rlparity.metrics.head_precision.quantised_share` of ``trainer_max_logit`` on the response
+    tokens; ``bf16`` is True when the share is ``defaults().head_quantised_share`` or more over at
+    least ``defaults().min_quantised_tokens`` tokens. Untestable (``testable`` False, with ``why``)
+    without the trainer's largest logit or with too few tokens.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+
+    Returns
+    -------
+    dict
+        ``testable``, ``why``, ``share``, ``n_tokens``, ``n_bf16``, the ``threshold`` and ``bf16``.
+    """
+    from rlparity.metrics.head_precision import quantised_share
+
+    o = defaults()
+    out: dict = {"testable": False, "threshold": o.head_quantised_share, "bf16": False}
+    if "trainer_max_logit" not in trace:
+        return {**out, "why": "the trace does not record the trainer's largest logit"}
+    mask = trace["response_mask"].values.astype(bool) if "response_mask" in trace else \
+        np.ones(trace["trainer_max_logit"].shape, bool)
+    q = quantised_share(trace["trainer_max_logit"].values, mask)
+    if q["n_tokens"] < o.min_quantised_tokens:
+        return {**out, **q, "why": f"{q['n_tokens']} tokens with a trainer_max_logit (a reading needs "
+                                   f"{o.min_quantised_tokens})"}
+    return {**out, **q, "testable": True, "why": "", "bf16": bool(q["share"] >= o.head_quantised_share)}
+
+
 def head_precision(trace: xr.Dataset, *, tol: float | None = None, trainer: str | None = None,
                    eps: float | None = None, evidence=None, prior=()) -> Finding | None:
     """Compare the rollout's effective LM-head dtype with the trainer's.
@@ -150,6 +183,9 @@ def head_precision(trace: xr.Dataset, *, tol: float | None = None, trainer: str 
         ``head_precision_matched`` or ``head_precision_unrecorded`` (info); where the dtypes are not
         recorded and the differences have the size of bf16 rounding of the logits,
         ``head_rounding_in_differences`` (warning, cause ``bf16_head_rounding``: the side is unknown);
+        where the trainer's head dtype is not recorded and its largest logits are bfloat16 numbers
+        (:func:`trainer_head_from_numbers`), ``trainer_head_quantised`` (warning, cause
+        ``trainer_bf16_head``), or ``head_record_contradicted`` where it is recorded as float32;
         where both are recorded as float32 and the numbers say otherwise,
         ``head_record_contradicted`` (warning); ``None`` for an unscored trace.
     """
@@ -163,6 +199,20 @@ def head_precision(trace: xr.Dataset, *, tol: float | None = None, trainer: str 
           "trainer_body_dtype": dt["trainer_body"], **_gap_evidence(trace, trainer, eps)}
     numbers = rounding_from_numbers(trace, evidence, prior)
     ev["from_the_numbers"] = numbers
+    grid = trainer_head_from_numbers(trace)
+    ev["trainer_logits_on_bf16_grid"] = grid
+    on_grid = (f"{grid.get('n_bf16', 0)} of the trainer's {grid.get('n_tokens', 0)} largest logits are exactly "
+               f"bfloat16 numbers (share {grid.get('share', float('nan')):.3f}; a float32 head leaves about 2**-16)")
+    if t is None and grid["bf16"]:
+        return Finding(Layer.INFERENCE_PATH, "trainer_head_quantised", Severity.WARNING,
+                       f"the trainer computes its logits in bfloat16: {on_grid}; the rollout's logits are "
+                       "rounded differently, so every token's probability disagrees", ev, FIX_TRAINER_FP32, arm,
+                       cause="trainer_bf16_head")
+    if t == "float32" and grid["bf16"]:
+        return Finding(Layer.INFERENCE_PATH, "head_record_contradicted", Severity.WARNING,
+                       f"the trainer is recorded as projecting to logits in float32, yet {on_grid}: a bf16 lm_head "
+                       "weight, a logits cast or a kernel that rounds its output", ev, FIX_TRAINER_FP32, arm,
+                       cause="trainer_bf16_head")
     said = (f"median |r| below the argmax {numbers.get('share', float('nan')):.2f} +- "
             f"{numbers.get('share_se', float('nan')):.2g} of the bf16 rounding scale of the logits (parity reads "
             f"0.001-0.33, one bf16 side 0.42-1.22)")
@@ -344,11 +394,24 @@ CODES: tuple[FindingCode, ...] = (
                          "cpu-semantic, h200-rl's bf16-head arm); checked on three held-out H100 matrices: parity arms "
                          "0.10-0.20, one bf16 side 0.55-0.78", causes=("bf16_head_rounding",)),
     code("head_record_contradicted", PATH, (W,),
-           "Both sides are recorded as computing their logits in float32, yet the differences have the size of bfloat16 "
-           "rounding of the logits: a logits cast, a bf16 lm_head weight or a kernel that rounds its output.",
-           FIX_EITHER_FP32, "head_precision", rule="as head_rounding_in_differences, on an arm whose "
-           "recorded head dtypes are both float32", thresholds=("head_rounding_share", "temperature_z"),
-           calibrated_on="as head_rounding_in_differences", causes=("bf16_head_rounding",)),
+           "A side recorded as computing its logits in float32 whose numbers say bfloat16: the trainer's largest logits "
+           "are bfloat16 numbers, or (both recorded float32) the differences have the size of bfloat16 rounding of the "
+           "logits: a logits cast, a bf16 lm_head weight or a kernel that rounds its output.",
+           FIX_EITHER_FP32, "head_precision", rule="as trainer_head_quantised on an arm whose trainer head is recorded "
+           "as float32; else as head_rounding_in_differences, on an arm whose recorded head dtypes are both float32",
+           thresholds=("head_quantised_share", "min_quantised_tokens", "head_rounding_share", "temperature_z"),
+           calibrated_on="as trainer_head_quantised and head_rounding_in_differences",
+           causes=("trainer_bf16_head", "bf16_head_rounding")),
+    code("trainer_head_quantised", PATH, (W,),
+           "The trainer's head dtype is not recorded, and its largest logits are exactly bfloat16 numbers (8 significant "
+           "bits): the trainer computes its logits in bf16, so they are rounded unlike the rollout's.",
+           FIX_TRAINER_FP32, "head_precision",
+           rule="share of the response tokens' trainer_max_logit exactly on the bfloat16 grid at least "
+                "`head_quantised_share`, over at least `min_quantised_tokens` tokens",
+           thresholds=("head_quantised_share", "min_quantised_tokens"),
+           calibrated_on="chosen on H100 bf16 small seed 1 (fxA+fxB) and CPU tiny-bf16 seeds 0-4: share 1.0 on every "
+                         "trainer_bf16_head arm, 0.0 on every other arm; held out: H100 seeds 2-3, CPU seeds 5-9 (the "
+                         "same split), benchmarks/results/blind_matrices.json", causes=("trainer_bf16_head",)),
     code("head_fp32_matched_closest", PATH, (I,),
            "Over a head-dtype matrix: the matched float32 cell has the smallest gap; every mismatched cell is larger.",
            FIX_NONE, "head_precision", rule="the matched cell's RMS of d is the lowest of the matrix", across_arms=True),
@@ -362,4 +425,4 @@ CODES: tuple[FindingCode, ...] = (
 TOPIC = Topic('head_precision', 30, CODES, trace_findings, arms_findings)
 
 __all__ = ["FIX_ROLLOUT_FP32", "FIX_TRAINER_FP32", "arms_findings", "head_matrix_finding", "head_precision",
-           "trace_findings"]
+           "trace_findings", "trainer_head_from_numbers"]

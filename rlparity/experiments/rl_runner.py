@@ -32,6 +32,9 @@ from rlparity.metrics.rl import step_arm
 from rlparity.record import Recorder, StepRecord
 from rlparity.trace import with_factors
 
+MIDRUN_FAULTS = ("raw_logprobs",)  # the faults the runner can switch on at a step of a running engine
+
+
 @dataclass(frozen=True)
 class RLRunSettings:
     """The settings of :func:`rl_run`, one place for their defaults.
@@ -70,6 +73,14 @@ class RLRunSettings:
         The trainer's device.
     batch_size : int, default 64
         The trainer's batch size.
+    fault : {"raw_logprobs"}, optional
+        A fault planted from step ``fault_from_step`` on (the ground truth of the doctor's
+        mid-run test, in ``attrs["rl"]["fault"]``): ``raw_logprobs`` switches the running engine
+        to report raw logprobs (:meth:`rlparity.capture.AsyncEngine.set_logprobs_mode`) before that
+        step's rollouts are submitted, on a profile that reports processed ones; each run starts
+        with the profile's own mode.
+    fault_from_step : int, optional
+        The first step with the fault (0 <= N < steps); required with ``fault``.
     """
 
     steps: int | None = None
@@ -86,6 +97,8 @@ class RLRunSettings:
     async_rollouts: bool = False
     device: str = "cpu"
     batch_size: int = 64
+    fault: str | None = None
+    fault_from_step: int | None = None
 
     def resolved(self) -> RLRunSettings:
         """Every ``None`` filled in from the defaults, numbers as numbers, ``old_policy`` a tuple.
@@ -100,7 +113,8 @@ class RLRunSettings:
         ValueError
             If a value is out of range (the message says what to give): an unknown or repeated
             ``old_policy``, an unknown loss, ``steps``, ``n_prompts`` or ``max_tokens`` below 1,
-            ``n_samples`` below 2.
+            ``n_samples`` below 2, an unknown ``fault`` or a ``fault_from_step`` missing or outside
+            the run.
         """
         from rlparity.train import LOSSES
 
@@ -128,10 +142,17 @@ class RLRunSettings:
         if n_samples < 2:
             raise ValueError(f"n_samples={n_samples}: the advantage is normalised over each prompt's samples, "
                              "so take at least 2")
+        fault, from_step = self.fault, self.fault_from_step
+        if fault is not None and fault not in MIDRUN_FAULTS:
+            raise ValueError(f"fault={fault!r}; the runner plants one of {', '.join(MIDRUN_FAULTS)} mid-run")
+        if (fault is None) != (from_step is None) or (from_step is not None and not 0 <= int(from_step) < steps):
+            raise ValueError(f"fault={fault!r}, fault_from_step={from_step!r}: give both, with 0 <= fault_from_step "
+                             f"< steps ({steps}), or neither")
         return RLRunSettings(steps=steps, loss=loss, old_policy=tuple(olds), n_prompts=n_prompts, n_samples=n_samples,
                              max_tokens=max_tokens, lr=lr, seed=seed, dtype=dtype, pause_mode=pause_mode,
                              clear_cache=clear_cache, async_rollouts=self.async_rollouts, device=self.device,
-                             batch_size=self.batch_size)
+                             batch_size=self.batch_size, fault=fault,
+                             fault_from_step=None if from_step is None else int(from_step))
 
 
 
@@ -162,6 +183,8 @@ def _run_steps(eng, model: str, name: str, index: int, *, profile: str, old_poli
     pending = None
 
     def submit(k: int):
+        if s.fault == "raw_logprobs" and k == s.fault_from_step:  # nothing in flight: every token from k on
+            eng.set_logprobs_mode("raw_logprobs")
         return eng.capture_async(step_prompts(k, n_prompts, seed),
                                  step_sampling(k, n_prompts, n_samples, max_tokens, seed, sampling),
                                  arm=step_arm(name, k))
@@ -187,6 +210,7 @@ def _run_steps(eng, model: str, name: str, index: int, *, profile: str, old_poli
         result = train_step(module, scored, rewards=arithmetic_reward, loss=loss, optimizer=optimizer,
                             dtype=dtype, device=device, batch_size=batch_size,
                             old_logprob=scored["rollout_logprob"].values if old_policy == "mu" else None)
+        trainer.weights_changed()  # the step moved the weights it scores with: fingerprint them again
         t_trained = time.perf_counter()
         live = recorder.step(StepRecord.from_trace(result.trace, trainer=recorder.trainer_side), step=k) \
             if recorder is not None else None
@@ -207,6 +231,8 @@ def _run_steps(eng, model: str, name: str, index: int, *, profile: str, old_poli
                         "update": round(t_end - t_trained, 4), "wall": round(t_end - t_step, 4)},
             "engine_startup_s": eng.startup_s,
             "alarms": [str(a) for a in live.alarms] if live is not None else None,
+            "fault": None if s.fault is None else {"cause": s.fault, "from_step": s.fault_from_step,
+                                                   "on": k >= s.fault_from_step},
         }, strict=True)  # strict JSON in the store: a NaN or infinite step metric becomes null
         out[arm] = stepped
         if bar is not None:
@@ -256,7 +282,7 @@ def rl_run(model: str | os.PathLike, profiles: Sequence[str | EngineSettings] | 
     \*\*overrides
         Fields of :class:`RLRunSettings` (``loss``, ``old_policy``, ``n_prompts``, ``n_samples``,
         ``max_tokens``, ``lr``, ``seed``, ``dtype``, ``pause_mode``, ``clear_cache``,
-        ``async_rollouts``, ``device``, ``batch_size``).
+        ``async_rollouts``, ``device``, ``batch_size``, ``fault``, ``fault_from_step``).
 
     Returns
     -------
@@ -285,6 +311,11 @@ def rl_run(model: str | os.PathLike, profiles: Sequence[str | EngineSettings] | 
         raise ValueError(f"profiles {names} repeat a name: each profile runs once")
     engines = {n: rl_profile(p).replace(dtype=dtype, **dict(engine or {})) for n, p in zip(names, profiles)}
     several = len(olds) > 1
+    if rs.fault == "raw_logprobs":
+        raw = [n for n in names if engines[n].logprobs_mode != "processed_logprobs"]
+        if raw:
+            raise ValueError(f"fault='raw_logprobs' on {', '.join(raw)}, whose engine does not report processed "
+                             "logprobs: plant it on a parity profile (e.g. 'pipelinerl-parity')")
     for n in names:
         step_arm(run_name(n, olds[-1], several), 0)  # names must make valid arm names, before any engine starts
     model = str(model)
@@ -315,6 +346,8 @@ def rl_run(model: str | os.PathLike, profiles: Sequence[str | EngineSettings] | 
                     recorder = None if record_dir is None else Recorder(
                         Path(record_dir) / f"{run}.zarr", model=model, engine=engines[name].model_dump(mode="json"),
                         attrs={"rl_run": run, "profile": name, "old_policy": op})
+                    if j and rs.fault == "raw_logprobs":  # the run before switched it
+                        eng.set_logprobs_mode(engines[name].logprobs_mode)
                     try:
                         arms.update(_run_steps(eng, model, run, i * len(olds) + j, profile=name, old_policy=op,
                                                settings=rs, sampling=sampling, ckpt=root / run, bar=bar,

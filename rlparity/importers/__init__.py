@@ -35,13 +35,12 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from rlparity.importers.common import (
+from rlparity.importers.errors import ImportFormatError, PickleRefusedError
+from rlparity.importers.reading import TrainerSpec
+from rlparity.importers.sampling import (
     SAMPLING_FIELDS,
-    ImportFormatError,
     MissingSamplingError,
-    PickleRefusedError,
     SamplingResolver,
-    TrainerSpec,
     require_sampling,
     sampling_unknown,
 )
@@ -156,7 +155,7 @@ class ImportResult:
             lines += [f"    warning: {w}" for w in a.get("warnings", [])]
         flags = sorted({f for a in self.arms.values() for f in a["sampling_unknown"]}, key=SAMPLING_FIELDS.index)
         if flags:
-            from rlparity.importers.common import OPTION_FLAG
+            from rlparity.importers.sampling import OPTION_FLAG
 
             lines.append("  the dump does not record " + ", ".join(flags) + ": pass "
                          + " ".join(OPTION_FLAG[f] for f in flags) + " (the values your run used) to record them")

@@ -3,7 +3,7 @@
 The driver is shared by :func:`rlparity.importers.read` and :func:`rlparity.importers.import_to_store`.
 
 One arm per (run, launch, split, step) of a dump: a format's reader gives every record an
-:class:`~rlparity.importers.common.ArmKey` (run, split, step, from the record or the framework's own
+:class:`~rlparity.importers.records.ArmKey` (run, split, step, from the record or the framework's own
 layout) and the driver adds the launch, the folder a file came from (``exp_001`` and ``exp_002``
 of two NeMo-RL launches are two arms). The key is stored as the arm's coordinates; the arm name is
 only a label built from it, never parsed back. Two files that hold the same key are refused with
@@ -23,7 +23,11 @@ from typing import Any
 
 import xarray as xr
 
-from rlparity.importers.common import ArmBuilder, ArmKey, ImportFormatError, Record, SamplingResolver, TrainerSpec, decide_reading
+from rlparity.importers.builder import ArmBuilder
+from rlparity.importers.errors import ImportFormatError
+from rlparity.importers.reading import TrainerSpec, decide_reading
+from rlparity.importers.records import ArmKey, Record
+from rlparity.importers.sampling import SamplingResolver
 
 
 def _ignore_progress(n: int) -> None:
@@ -94,7 +98,7 @@ class Format:
     find_files : callable
         ``find_files(path)``: the dump files under ``path`` (or ``path`` itself), in order.
     read_file : callable
-        ``read_file(file, ctx)``: the :class:`~rlparity.importers.common.Record` objects of one
+        ``read_file(file, ctx)``: the :class:`~rlparity.importers.records.Record` objects of one
         file (``ctx`` a :class:`ReadContext`).
     trainer : TrainerSpec, optional
         What the framework's trainer logprobs mean; ``None``: the dump has none.
@@ -218,13 +222,13 @@ def stream_chunks(fmt: Format, path: str | Path, *, sampling: SamplingResolver, 
     sampling : SamplingResolver
         Resolves each record's sampling parameters.
     trainer_reading : str or None
-        The user's override of where the trainer logprobs go (:func:`rlparity.importers.common.decide_reading`).
+        The user's override of where the trainer logprobs go (:func:`rlparity.importers.reading.decide_reading`).
     chunk_size : int
         Sequences per chunk (>= 1).
     progress : bool
         Show a progress bar (bytes read).
     builders : dict of str to ArmBuilder
-        Filled with one :class:`~rlparity.importers.common.ArmBuilder` per arm (their final
+        Filled with one :class:`~rlparity.importers.builder.ArmBuilder` per arm (their final
         attrs are read afterwards).
 
     Yields

@@ -34,21 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from rlparity.importers.common import (
-    SAMPLING_FIELDS,
-    ArmKey,
-    ImportFormatError,
-    Record,
-    TrainerSpec,
-    as_int,
-    as_reward,
-    dump_sampling_value,
-    floats,
-    ints,
-    natural_key,
-    need,
-    safe_arm,
-)
+from rlparity.importers.errors import ImportFormatError
+from rlparity.importers.reading import TrainerSpec
+from rlparity.importers.records import ArmKey, Record
+from rlparity.importers.sampling import SAMPLING_FIELDS, dump_sampling_value
+from rlparity.importers.values import as_int, as_reward, floats, ints, natural_key, need, safe_arm
 from rlparity.importers.formats import Format, ReadContext
 from rlparity.importers.jsonl import iter_jsonl
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlparity.importers.common import ImportFormatError
+from rlparity.importers.errors import ImportFormatError
 
 
 def iter_jsonl(file: Path, advance=lambda n: None) -> Iterator[tuple[int, Any]]:
@@ -65,7 +65,7 @@ def jsonl_files(path: Path, pattern: str) -> list[Path]:
     list of pathlib.Path
         The files in natural order (``step_2`` before ``step_10``).
     """
-    from rlparity.importers.common import natural_key
+    from rlparity.importers.values import natural_key
 
     if path.is_file():
         return [path]

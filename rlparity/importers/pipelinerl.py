@@ -27,7 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from rlparity.importers.common import ArmKey, ImportFormatError, Record, as_int, as_reward, floats, ints, need, safe_arm
+from rlparity.importers.errors import ImportFormatError
+from rlparity.importers.records import ArmKey, Record
+from rlparity.importers.values import as_int, as_reward, floats, ints, need, safe_arm
 from rlparity.importers.formats import Format, ReadContext
 from rlparity.importers.jsonl import iter_jsonl, jsonl_files
 

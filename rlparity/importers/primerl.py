@@ -40,18 +40,10 @@ from pathlib import Path
 
 import numpy as np
 
-from rlparity.importers.common import (
-    ArmKey,
-    ImportFormatError,
-    Record,
-    TrainerSpec,
-    as_int,
-    floats,
-    ints,
-    need,
-    safe_arm,
-    same_length,
-)
+from rlparity.importers.errors import ImportFormatError
+from rlparity.importers.reading import TrainerSpec
+from rlparity.importers.records import ArmKey, Record
+from rlparity.importers.values import as_int, floats, ints, need, safe_arm, same_length
 from rlparity.importers.formats import Format, ReadContext
 from rlparity.importers.jsonl import iter_jsonl, jsonl_files
 

@@ -40,20 +40,10 @@ from typing import Any
 
 import numpy as np
 
-from rlparity.importers.common import (
-    ArmKey,
-    ImportFormatError,
-    PickleRefusedError,
-    Record,
-    TrainerSpec,
-    as_int,
-    as_reward,
-    floats,
-    ints,
-    natural_key,
-    need,
-    safe_arm,
-)
+from rlparity.importers.errors import ImportFormatError, PickleRefusedError
+from rlparity.importers.reading import TrainerSpec
+from rlparity.importers.records import ArmKey, Record
+from rlparity.importers.values import as_int, as_reward, floats, ints, natural_key, need, safe_arm
 from rlparity.importers.formats import Format, ReadContext
 
 SOURCE = "THUDM/slime"

@@ -107,6 +107,57 @@ def bf16_spacing(x: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(e), 2.0 ** (e - (BF16_SIGNIFICAND_BITS - 1)), np.nan)
 
 
+def bf16_representable(x: np.ndarray) -> np.ndarray:
+    """Whether each value is exactly a bfloat16 number (8 significant bits, float32's exponent range).
+
+    A value is one when it survives the cast to float32 unchanged and the low 16 bits of that
+    float32 are zero (bfloat16 is the high half of a float32). Logits an LM head wrote in bfloat16
+    and upcast keep this; float32 logits have it with probability about ``2**-16`` each.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        Values of any float dtype.
+
+    Returns
+    -------
+    numpy.ndarray
+        Boolean, False where ``x`` is not finite.
+    """
+    a = np.asarray(x, dtype=np.float64)
+    fin = np.isfinite(a)
+    with np.errstate(over="ignore", invalid="ignore"):
+        f32 = np.where(fin, a, 0.0).astype(np.float32)
+    exact = fin & (f32.astype(np.float64) == a)
+    return exact & ((f32.view(np.uint32) & np.uint32(0xFFFF)) == 0)
+
+
+def quantised_share(max_logit: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
+    """The share of the trainer's largest logits that are bfloat16 numbers, on the tokens of ``mask``.
+
+    An LM head computed in bfloat16 writes every logit, its largest included, with 8 significant
+    bits: the share is 1. A float32 head leaves about ``2**-16`` of them on the bfloat16 grid by chance.
+
+    Parameters
+    ----------
+    max_logit : numpy.ndarray
+        The trainer's largest logit per token (``trainer_max_logit``).
+    mask : numpy.ndarray
+        Boolean, True on the tokens to read.
+
+    Returns
+    -------
+    dict
+        ``share`` (NaN without a finite value), ``n_tokens`` (finite values read) and
+        ``n_bf16`` (of them on the bfloat16 grid).
+    """
+    x = np.asarray(max_logit, dtype=np.float64)
+    sel = np.asarray(mask, bool) & np.isfinite(x)
+    n = int(sel.sum())
+    k = int(bf16_representable(x[sel]).sum())
+    return {"share": k / n if n else float("nan"), "n_tokens": n, "n_bf16": k}
+
+
 def rounding_scale(abs_residual: np.ndarray, max_logit: np.ndarray, temperature: np.ndarray, rank: np.ndarray,
                    mask: np.ndarray, *, groups: int = 20) -> dict[str, Any]:
     """How large the differences are against bfloat16 rounding of the logits, on non-argmax tokens.
@@ -450,6 +501,6 @@ def probability_pairs(trace: xr.Dataset, *, trainer: TrainerSide | None = None, 
             "max_logit": maxl[idx]}
 
 
-__all__ = ["CELL_DIMS", "DEFAULT_HEADS", "TABLE_VARIABLES", "arm_name", "cell_dtypes", "dtype_order", "gap_by_logit",
+__all__ = ["CELL_DIMS", "DEFAULT_HEADS", "TABLE_VARIABLES", "arm_name", "bf16_representable", "cell_dtypes", "dtype_order", "gap_by_logit",
            "gap_by_position", "head_cells", "head_table", "logit_edges", "matched_advantage",
-           "probability_pairs"]
+           "probability_pairs", "quantised_share"]

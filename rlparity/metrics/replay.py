@@ -15,6 +15,13 @@ over the real tokens (nats):
 
 :func:`knob_table` ranks the knobs by ``floor_units`` (ties by ``share_moved``). Everything works on
 the stored arms; nothing here runs an engine.
+
+Against the trainer (every replayed arm carries the source's trainer numbers): :func:`trainer_gap`
+is an arm's mean ``|trainer - rollout_logprob|`` in the capture's semantic, and a knob's
+``explained`` share is ``1 - trainer_gap(knob) / trainer_gap(baseline)``: the part of the gap
+against the trainer that flipping the knob closes (1: the knob brings the engine to the trainer;
+0: no closer; negative: further away). :func:`interaction` is what a pair of knobs does beyond the
+sum of the two alone.
 """
 
 from __future__ import annotations
@@ -179,6 +186,69 @@ def capture_gap(arm: xr.Dataset, source: xr.Dataset) -> dict[str, Any]:
     return shift(token_delta(arm, source))
 
 
+def trainer_gap(arm: xr.Dataset) -> float | None:
+    """An arm's mean ``|trainer - rollout_logprob|`` (nats) over tokens where both are finite.
+
+    The trainer reading matching the arm's ``logprobs_mode`` (``trainer_processed_logprob`` for a
+    processed capture, ``trainer_logprob`` for a raw one).
+
+    Parameters
+    ----------
+    arm : xarray.Dataset
+        A captured or replayed arm.
+
+    Returns
+    -------
+    float or None
+        The gap; ``None`` when the arm has no trainer reading of that semantic (not scored).
+    """
+    mode = (arm.attrs.get("replay") or {}).get("logprobs_mode") or \
+        (arm.attrs.get("engine_effective") or {}).get("logprobs_mode") or "raw_logprobs"
+    var = "trainer_processed_logprob" if mode == "processed_logprobs" else "trainer_logprob"
+    if var not in arm:
+        return None
+    t = np.asarray(arm[var].values, dtype=np.float64)
+    r = np.asarray(arm["rollout_logprob"].values, dtype=np.float64)
+    ok = np.asarray(arm["response_mask"].values, dtype=bool) & np.isfinite(t) & np.isfinite(r)
+    return float(np.abs(t - r)[ok].mean()) if ok.any() else None
+
+
+def explained_share(gap: float | None, baseline_gap: float | None) -> float | None:
+    """The share of the baseline's gap against the trainer that an arm closes: ``1 - gap / baseline_gap``.
+
+    Parameters
+    ----------
+    gap, baseline_gap : float or None
+        :func:`trainer_gap` of the arm and of the baseline replay.
+
+    Returns
+    -------
+    float or None
+        ``None`` without trainer numbers or with a baseline gap of 0 (nothing to explain).
+    """
+    if gap is None or baseline_gap is None or not baseline_gap > 0:
+        return None
+    return 1.0 - float(gap) / float(baseline_gap)
+
+
+def interaction(pair: xr.Dataset, a: xr.Dataset, b: xr.Dataset, baseline: xr.Dataset) -> float:
+    """Mean ``|delta(pair) - delta(a) - delta(b)|`` (nats): what two knobs do together beyond their sum.
+
+    Parameters
+    ----------
+    pair, a, b, baseline : xarray.Dataset
+        The arm with both knobs flipped, each knob alone, and the baseline replay (same tokens).
+
+    Returns
+    -------
+    float
+        0 when the two knobs' shifts add up token by token.
+    """
+    x = token_delta(pair, baseline) - token_delta(a, baseline) - token_delta(b, baseline)
+    x = np.abs(x[np.isfinite(x)])
+    return float(x.mean()) if x.size else float("nan")
+
+
 def knob_table(arms: Mapping[str, xr.Dataset], *, baseline: str, floor: str, source: xr.Dataset | None = None,
                knobs: Sequence[str] | None = None, top: int | None = None) -> list[dict[str, Any]]:
     """Each knob's shift of the user's tokens against the baseline replay, in replay-floor units, ranked.
@@ -204,7 +274,8 @@ def knob_table(arms: Mapping[str, xr.Dataset], *, baseline: str, floor: str, sou
     list of dict
         One row per knob, largest ``floor_units`` first (ties: larger ``share_moved``, then the
         name): ``knob``, the :func:`shift` fields, ``rank`` (1 = moves the tokens most),
-        ``top_tokens`` and ``capture_mean_abs`` where ``source`` is given.
+        ``top_tokens``, ``capture_mean_abs`` where ``source`` is given, and ``trainer_gap`` and
+        ``explained`` (:func:`explained_share`; ``None`` without trainer numbers).
 
     Raises
     ------
@@ -218,10 +289,13 @@ def knob_table(arms: Mapping[str, xr.Dataset], *, baseline: str, floor: str, sou
     f = replay_floor(base, arms[floor])
     names = [k for k in (knobs if knobs is not None else arms) if k not in (baseline, floor)]
     rows = []
+    base_gap = trainer_gap(base)
     for k in names:
         row = {"knob": k, **shift(token_delta(arms[k], base), floor_mean_abs=f["mean_abs"],
                                   floor_max_abs=f["max_abs"]),
                "top_tokens": top_tokens(arms[k], base, top)}
+        row["trainer_gap"] = trainer_gap(arms[k])
+        row["explained"] = explained_share(row["trainer_gap"], base_gap)
         if source is not None:
             row["capture_mean_abs"] = capture_gap(arms[k], source)["mean_abs"]
         rows.append(row)
@@ -235,4 +309,5 @@ def _finite(x: float) -> float:
     return -1.0 if x != x else float(x)
 
 
-__all__ = ["capture_gap", "knob_table", "replay_floor", "same_tokens", "shift", "token_delta", "top_tokens"]
+__all__ = ["capture_gap", "explained_share", "interaction", "knob_table", "replay_floor", "same_tokens", "shift",
+           "token_delta", "top_tokens", "trainer_gap"]

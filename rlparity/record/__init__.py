@@ -9,15 +9,10 @@ store (lazily with ``chunks=``); :func:`step_trace` turns one step into a trace 
 ``rlparity.diagnose``.
 """
 
+from rlparity.record.digest import weight_digest
 from rlparity.record.live import ALARMS, Alarm
-from rlparity.record.recorder import (
-    Recorder,
-    RecorderSettings,
-    RunAlarmError,
-    StepMetrics,
-    StepRecord,
-    weight_digest,
-)
+from rlparity.record.recorder import Recorder, RecorderSettings, RunAlarmError, StepMetrics
+from rlparity.record.step_record import StepRecord
 from rlparity.record.store import is_run_store, open_run, step_trace
 
 __all__ = ["ALARMS", "Alarm", "Recorder", "RecorderSettings", "RunAlarmError", "StepMetrics", "StepRecord",

@@ -40,8 +40,10 @@ Alarms (:data:`ALARMS`; thresholds from ``defaults().record``, ``defaults().obje
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -221,6 +223,73 @@ def pooled_ratio_offset(units: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict[
     return {"offset": offset, "se": se, "z": float(z), "units": float(g), "tokens": total}
 
 
+class RatioWindow:
+    """The ``ratio_offset`` alarm's trailing window: the :func:`ratio_units` of the last ``steps``
+    steps, pooled with the current step's by :func:`pooled_ratio_offset`.
+
+    Parameters
+    ----------
+    steps : int
+        The steps the window holds (``defaults().record.ratio_window``).
+    """
+
+    def __init__(self, steps: int):
+        self.units: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=steps)
+
+    def restore(self, group: Any, old_var: str, k: int) -> None:
+        """Read the window's steps back from a run store's committed steps (their tokens).
+
+        Parameters
+        ----------
+        group : zarr.Group
+            The run store's group.
+        old_var : str
+            The variable holding the trainer's pi_old.
+        k : int
+            The committed steps: the window ends before step ``k``.
+        """
+        g = group
+        for j in range(max(0, k - self.units.maxlen), k):
+            n = int(g["n_sequences"][j])
+            lengths = np.asarray(g["response_length"][j, :n])
+            width = max(1, int(lengths.max(initial=0)))
+            mask = np.arange(width)[None, :] < lengths[:, None]
+            self.units.append(ratio_units(np.asarray(g["rollout_logprob"][j, :n, :width], np.float64),
+                                          np.asarray(g[old_var][j, :n, :width], np.float64), mask,
+                                          np.asarray(g["prompt_index"][j, :n])))
+
+    def with_step(self, a: StepArrays) -> tuple[deque[tuple[np.ndarray, np.ndarray]], dict[str, float]]:
+        """The window with this step pooled in, not yet kept (:meth:`keep`, once the step is recorded).
+
+        Parameters
+        ----------
+        a : StepArrays
+            The step.
+
+        Returns
+        -------
+        window : collections.deque
+            The trailing steps' units and this step's.
+        metrics : dict[str, float]
+            The pooled offset's metrics (``rlparity/ratio_offset_window``, ``_z``, ``_units``, ``_steps``).
+        """
+        window = deque(self.units, maxlen=self.units.maxlen)
+        window.append(ratio_units(a.log_mu, a.log_pi, a.mask, a.prompt_index))
+        pooled = pooled_ratio_offset(list(window))
+        return window, {PREFIX + "ratio_offset_window": pooled["offset"], PREFIX + "ratio_offset_z": pooled["z"],
+                        PREFIX + "ratio_offset_units": pooled["units"], PREFIX + "ratio_offset_steps": float(len(window))}
+
+    def keep(self, window: deque[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Make ``window`` the trailing window.
+
+        Parameters
+        ----------
+        window : collections.deque
+            The window :meth:`with_step` returned.
+        """
+        self.units = window
+
+
 def step_metrics(a: StepArrays, *, eps: float, dashboards: Sequence[str]) -> dict[str, float]:
     """The step's metrics under rlparity's names (``rlparity/...``) and the peers' dashboard names.
 
@@ -396,5 +465,5 @@ def step_alarms(step: int, a: StepArrays, metrics: Mapping[str, float], *, histo
     return out
 
 
-__all__ = ["ALARMS", "Alarm", "LEVELS", "PREFIX", "StepArrays", "confident_disagreements", "digest_change",
+__all__ = ["ALARMS", "Alarm", "LEVELS", "PREFIX", "RatioWindow", "StepArrays", "confident_disagreements", "digest_change",
            "pooled_ratio_offset", "ratio_units", "step_alarms", "step_metrics"]

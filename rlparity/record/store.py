@@ -370,7 +370,8 @@ def step_trace(run: xr.Dataset, step: int) -> xr.Dataset:
         of weights, a mix, or a store written before ``scored_version`` was recorded).
     """
     from rlparity.config.provenance import make_attrs
-    from rlparity.trace.schema import SCHEMA_VERSION, annotate, validate
+    from rlparity.trace.schema import SCHEMA_VERSION, annotate
+    from rlparity.trace.validation import validate
 
     one = run.isel(step=int(step)).load()
     n = int(one["n_sequences"])

@@ -41,15 +41,9 @@ from typing import Any
 
 import numpy as np
 
-from rlparity.record.recorder import (
-    Recorder,
-    RecorderSettings,
-    StepMetrics,
-    StepRecord,
-    WeightDigest,
-    digest_value,
-    sample_offset,
-)
+from rlparity.record.digest import WeightDigest, digest_value, sample_offset
+from rlparity.record.recorder import Recorder, RecorderSettings, StepMetrics
+from rlparity.record.step_record import StepRecord
 from rlparity.trace.weights import tensor_checksum
 
 INSTALL_HINT = "rlparity.record.trl needs TRL: pip install 'rlparity[trl]'"

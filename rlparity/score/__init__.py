@@ -57,7 +57,8 @@ from rlparity.score.routing import RouterControl, forced_rows
 from rlparity.trace import arm_record, latest_version, sequences, token_checksum, trace_versions, validate
 from rlparity.trace.floor import spread
 from rlparity.trace.prompts import chat_token_ids
-from rlparity.trace.schema import TOKEN_DIMS, annotate, route_id_problem
+from rlparity.trace.schema import TOKEN_DIMS, annotate
+from rlparity.trace.validation import route_id_problem
 
 __all__ = ["FP32_GEMMS", "SAMPLING_EPS", "STATS", "Scorer", "TrainerSettings", "VocabularyError", "check_vocabulary",
            "dropout_of", "head_stats", "head_stats_reference", "processed_logits", "project", "score", "set_dropout",
@@ -180,6 +181,12 @@ class Scorer:
     def model_name(self) -> str:
         """The model's path or hub id (a loaded model's ``name_or_path``)."""
         return str(getattr(self.model, "name_or_path", self.model))
+
+    def weights_changed(self) -> None:
+        """Say that the module's weights changed in place (an optimizer step on :attr:`module`): the
+        next :meth:`weight_checksums` fingerprints them again. A model loaded here is otherwise
+        fingerprinted once."""
+        self._checksums = None
 
     def weight_checksums(self) -> dict[str, str]:
         """Per-tensor checksums of the weights it scores with (:mod:`rlparity.trace.weights`).

@@ -4,25 +4,22 @@ from rlparity.trace.factors import FACTORS_ATTR, arm_factors, by_factors, factor
 from rlparity.trace.storage.zarr_io import add_arm, as_arms, load, open_arms, open_experiment, save
 from rlparity.trace.storage.lazy import blocks, is_lazy, load_sample
 from rlparity.trace.record import ArmRecord, ArmRecordError, EngineRecord, TrainerRecord, arm_record
+from rlparity.trace.build import RolloutColumns, concat_sequences, from_rollouts, with_trainer
 from rlparity.trace.schema import (
     ALL_VARS,
     ROLLOUT_VARS,
     SCHEMA_VERSION,
-    RolloutColumns,
     TRAINER_READINGS,
     TraceValidationError,
     annotate,
-    concat_sequences,
-    from_rollouts,
     has_trainer,
     latest_version,
     pad_rows,
     sequences,
     token_checksum,
     trace_versions,
-    validate,
-    with_trainer,
 )
+from rlparity.trace.validation import validate
 from rlparity.trace.storage import (
     ARM_NAME_PATTERN,
     StoreDamagedError,

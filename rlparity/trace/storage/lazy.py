@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from rlparity.trace.schema import ALL_VARS, CHECKSUM_MISMATCH, TRAINER_VARS, TraceValidationError, validate
+from rlparity.trace.schema import ALL_VARS, CHECKSUM_MISMATCH, TRAINER_VARS, TraceValidationError
+from rlparity.trace.validation import validate
 from rlparity.trace.storage import (
     DIGEST_ALGORITHM,
     StoreDamagedError,

@@ -262,7 +262,7 @@ def install_store(tmp_path: str | os.PathLike, path: str | os.PathLike, *, overw
     FileExistsError
         A store is at ``path`` and ``overwrite`` is False.
     """
-    from rlparity.trace.schema import validate
+    from rlparity.trace.validation import validate
 
     p = store_path(path)
     tmp = Path(os.path.abspath(os.fspath(tmp_path)))

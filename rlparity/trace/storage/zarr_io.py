@@ -19,7 +19,7 @@ from typing import Any
 import xarray as xr
 
 from rlparity.trace.storage.lazy import LAZY_RECORD, ArmCheck, lazy_chunks, validate_structure
-from rlparity.trace.schema import validate
+from rlparity.trace.validation import validate
 from rlparity.trace.storage import (
     DIGEST_ALGORITHM,
     INTEGRITY_ATTR,
