@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from rlparity.importers.common import natural_key
+from rlparity.importers.values import natural_key
 from rlparity.record import Recorder, RecorderSettings, StepRecord
 
 FORMATS = ("prime-rl", "verl")
@@ -181,7 +181,7 @@ def verl_scores(npz: Path, step: int, n: int) -> np.ndarray | None:
 def _traces(format: str, units: list[tuple[int, Path]], options: dict[str, Any]
             ) -> Iterator[tuple[int, Path, Any]]:
     import rlparity.importers as rio
-    from rlparity.importers.common import ImportFormatError
+    from rlparity.importers import ImportFormatError
 
     reader = "prime-rl" if format == "prime-rl" else "generic"
     for step, unit in units:

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from rlparity.record.recorder import Recorder, RecorderSettings, StepMetrics, StepRecord
+from rlparity.record import Recorder, RecorderSettings, StepMetrics, StepRecord
 
 SOURCE = "volcengine/verl verl/trainer/ppo/ray_trainer.py @ b178a3c (RayPPOTrainer._log_rollout_data)"
 MISSING = {
