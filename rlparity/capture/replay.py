@@ -274,9 +274,19 @@ def _sampling(trace: xr.Dataset, i: int, **kw: Any):
                           frequency_penalty=float(get("frequency_penalty", 0.0)), **kw)
 
 
-def _warm(llm, prompts: list[list[int]], progress: bool) -> None:
+def warm_cache(llm, prompts: list[list[int]], progress: bool) -> None:
     """Prefill every prompt but its last token once (its blocks enter the prefix cache; the
-    positions a replay scores are always computed)."""
+    positions a replay scores are always computed).
+
+    Parameters
+    ----------
+    llm : vllm.LLM
+        The engine whose prefix cache is warmed.
+    prompts : list of list of int
+        The token ids to prefill (prompts of one token are left out).
+    progress : bool
+        vLLM's progress bar.
+    """
     from vllm import SamplingParams
 
     inputs = [{"prompt_token_ids": p[:-1]} for p in prompts if len(p) > 1]
@@ -389,7 +399,7 @@ def replay(engine, trace: xr.Dataset, *, mode: str = "prefill", warm: bool = Fal
     llm = engine.llm
     rows = [r for r in _rows(trace) if r[2]]
     if warm:
-        _warm(llm, [r[1] for r in rows], progress)
+        warm_cache(llm, [r[1] for r in rows], progress)
     elif getattr(engine.settings, "enable_prefix_caching", None) is not False:
         try:
             llm.reset_prefix_cache()

@@ -109,7 +109,18 @@ def _settings_for(k: BisectKnob, ref: EngineSettings, ref_eff: Mapping[str, Any]
 
 
 def pair_name(a: str, b: str) -> str:
-    """The name of the pair of knobs ``a`` and ``b`` (also its arm's: ``pair_<a>+<b>``)."""
+    """The name of the pair of knobs ``a`` and ``b`` (also its arm's: ``pair_<a>+<b>``).
+
+    Parameters
+    ----------
+    a, b : str
+        The two knobs' names, in the order the pair was planned.
+
+    Returns
+    -------
+    str
+        ``"<a>+<b>"``.
+    """
     return f"{a}+{b}"
 
 
@@ -189,10 +200,11 @@ def pair_plan(rows: Sequence[Mapping[str, Any]], fields: Mapping[str, str], *, b
     for a, b in cand:
         name = pair_name(a["knob"], b["knob"])
         if fields.get(a["knob"]) is not None and fields.get(a["knob"]) == fields.get(b["knob"]):
-            out["skipped"].append({"pair": name, "reason": f"both set {fields[a['knob']]}: one engine setting cannot "
-                                                           "take two values"})
+            out["skipped"].append({"pair": name, "knobs": [a["knob"], b["knob"]],
+                                   "reason": f"both set {fields[a['knob']]}: one engine setting cannot take two values"})
         elif left is not None and left <= 0:
-            out["skipped"].append({"pair": name, "reason": "--budget: no engine starts left for this pair"})
+            out["skipped"].append({"pair": name, "knobs": [a["knob"], b["knob"]],
+                                   "reason": "--budget: no engine starts left for this pair"})
         else:
             out["run"].append([a["knob"], b["knob"]])
             left = None if left is None else left - 1
@@ -372,7 +384,7 @@ def bisect(model: str | os.PathLike, trace: xr.Dataset, *, settings: EngineSetti
                      "value": [values[a], values[b]], "pair": [a, b]}
             run_arm(f"pair_{pair_name(a, b)}", [(ka, values[a]), (kb, values[b])], s, entry, ref_eff)
         for sk in pair_rec["skipped"]:
-            plan.append({"knob": sk["pair"], "pair": sk["pair"].split("+"), "status": "skipped",
+            plan.append({"knob": sk["pair"], "pair": list(sk["knobs"]), "status": "skipped",
                          "reason": sk["reason"]})
         if layers and late():
             layer_rec = {"status": "skipped", "reason": f"deadline: {deadline_s:g} s spent before the layer hand-off"}
@@ -471,7 +483,7 @@ def localise(model: str | os.PathLike, arm: xr.Dataset, baseline: xr.Dataset, *,
         ``sites`` (tokens per site), ``sentence``, ``engine_starts`` and ``seconds``.
     """
     from rlparity.capture.pool import EnginePool
-    from rlparity.capture.replay import _warm
+    from rlparity.capture.replay import warm_cache
     from rlparity.config.defaults import defaults
     from rlparity.experiments.layers import _vocab_size, engine_states, profile_arm
     from rlparity.metrics.layers import divergence_table, first_divergence, floor_from, relative_error
@@ -512,7 +524,7 @@ def localise(model: str | os.PathLike, arm: xr.Dataset, baseline: xr.Dataset, *,
         say(f"layers: eager engine under {name}")
         eng = pool.get(model, settings.replace(enforce_eager=True))
         if warm:
-            _warm(eng.llm, [list(seqs[i][0]) for i in rows], False)
+            warm_cache(eng.llm, [list(seqs[i][0]) for i in rows], False)
         states = engine_states(eng, probe, vocab_ids=vocab_ids, use_cache=warm)
         prof = profile_arm(eng, ref_states, probe, vocab_ids=vocab_ids, floor=floor, states=states, use_cache=warm,
                            attrs={"reference": "baseline settings (eager)", "scenario": name})

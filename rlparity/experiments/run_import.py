@@ -158,6 +158,20 @@ def verl_scores(npz: Path, step: int, n: int) -> np.ndarray | None:
     """The ``score`` column of verl's own ``{step}.jsonl`` beside ``npz`` (one line per sequence, in
     the batch's order); ``None`` without that file.
 
+    Parameters
+    ----------
+    npz : pathlib.Path
+        The step's ``.npz`` (the recipe's file); verl's ``{step}.jsonl`` is looked for beside it.
+    step : int
+        The step, which names verl's file.
+    n : int
+        The batch's sequences: the file must have as many lines.
+
+    Returns
+    -------
+    numpy.ndarray or None
+        One float score per sequence, or ``None`` when verl's file is absent.
+
     Raises
     ------
     RunImportError
