@@ -217,6 +217,20 @@ def test_the_page_and_the_terminal_text_hold_every_code_with_its_anchor():
         lookup("stale_prefix_cache_after_updat")
 
 
+def test_the_backend_ratio_entry_points_to_the_live_recorders_multi_step_alarm():
+    """The one-step check's entry names its multi-step form, the live recorder's ``ratio_offset``
+    alarm, and the window setting it pools over; both exist (a rename would leave a stale pointer)."""
+    from rlparity.config.defaults import defaults
+    from rlparity.record.live import ALARMS
+
+    c = lookup("backend_ratio_not_centred")
+    assert "`ratio_offset`" in c.meaning and "rlparity.record.live" in c.meaning
+    assert "ratio_offset" in ALARMS and "`record.ratio_window`" in c.meaning
+    assert defaults().record.ratio_window >= 1
+    assert "`ratio_offset` alarm (rlparity.record.live)" in catalogue_markdown()
+    assert "ratio_offset" in catalogue_text("backend_ratio_not_centred")
+
+
 def test_thresholds_are_read_from_the_defaults_in_effect():
     from rlparity.config import defaults_context
 

@@ -477,7 +477,10 @@ def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None,
 CODES: tuple[FindingCode, ...] = (
     code("backend_ratio_not_centred", OBJ, (W, E),
            "The mean backend ratio pi_old/mu is not 1 (it is in expectation under mu when both are distributions over "
-           "the same tokens): every correction weight built on it is biased.", FIX_BACKEND_FIRST, "objective",
+           "the same tokens): every correction weight built on it is biased. Its multi-step form is the live "
+           "recorder's `ratio_offset` alarm (rlparity.record.live): the same mean pooled over the trailing "
+           "`record.ratio_window` steps, for a run whose single steps hold too few sequences to tell.",
+           FIX_BACKEND_FIRST, "objective",
            rule="|mean - 1| above `objective.backend_ratio_tol` and `objective.backend_ratio_z` standard errors; an "
                 "error beyond 5x the tolerance", thresholds=("objective.backend_ratio_tol", "objective.backend_ratio_z"),
            calibrated_on="rlparity check's band (mean ratio in [0.98, 1.02]; peers' published gates)"),
