@@ -220,6 +220,17 @@ def test_finding_names_the_mismatch_and_the_fix_in_user_terms():
     assert dhead.head_precision(synthetic_trace(4, 6, scored=False)) is None
 
 
+def test_a_mismatch_without_a_float32_side_asks_both_fixes_and_the_low_cell_names_its_cause():
+    """bf16 against fp16: neither side is float32, so both fixes; the side with fewer bits is the cause
+    (bf16: 8 significant bits, fp16: 11). head_precision_low carries a cause only when it warns."""
+    f = dhead.head_precision(_cell("bfloat16", "float16", 0.01))
+    assert f.name == "head_precision_mismatch" and f.cause == "rollout_bf16_head"
+    assert f.fix == dhead.FIX_ROLLOUT_FP32 + "; and " + dhead.FIX_TRAINER_FP32
+    arms = synthetic_matrix()
+    assert dhead.head_precision(arms["rollout-bfloat16_trainer-bfloat16"], tol=0.001).cause == "rollout_bf16_head"
+    assert dhead.head_precision(arms["rollout-bfloat16_trainer-bfloat16"], tol=10).cause is None
+
+
 def test_finding_reads_the_engines_effective_head_not_the_arm_name():
     ds = _cell("float32", "float32", 0.0)
     ds.attrs["engine_effective"]["head_dtype"] = "bfloat16"  # what the running engine reported
