@@ -518,6 +518,8 @@ def test_weight_sync_names_the_side_from_the_fingerprints():
         "trainer_weights_stale", "trainer_stale_weights", 0)
     assert sync.weight_sync(tr.drop_vars(["trainer_logprob", "trainer_processed_logprob"])) == []
     assert sync.trace_findings(_two_versions(0.01, 0.011)) == []
+    # an unscored trace: the topic builds no evidence (that would refuse: no trainer side) and finds nothing
+    assert sync.trace_findings(tr.drop_vars(["trainer_logprob", "trainer_processed_logprob"])) == []
 
 
 # ------------------------------------------------------------------------------ issue 41: a higher floor is no sync fault
