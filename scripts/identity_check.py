@@ -81,12 +81,12 @@ def notebooks(out: Path, names: list[str]) -> None:
 
     root = Path(rlparity.__file__).resolve().parent.parent / "notebooks"
     out.mkdir(parents=True, exist_ok=True)
-    paths = sorted(root.glob("[0-9][0-9]_*.ipynb"))
+    paths = sorted(root.glob("[0-9][0-9]_*.py"))
     if names:
         paths = [p for p in paths if any(p.stem.startswith(n) for n in names)]
     for path in paths:
         t0 = time.time()
-        run_notebook(path, out / path.name, out / path.stem, parameters={"ci": True})
+        run_notebook(path, out / f"{path.stem}.ipynb", out / path.stem, parameters={"ci": True})
         print(f"{path.stem}: {time.time() - t0:.0f}s", flush=True)
 
 

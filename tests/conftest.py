@@ -234,7 +234,7 @@ def executed_notebook(release_engines, tmp_path_factory):
         if name not in done:
             release_engines()  # the kernel is another process and needs the engine lock
             out_dir = tmp_path_factory.mktemp(name)
-            run_notebook(NOTEBOOKS / f"{name}.ipynb", os.path.join(ARTIFACTS, f"{name}.ipynb"), out_dir)
+            run_notebook(NOTEBOOKS / f"{name}.py", os.path.join(ARTIFACTS, f"{name}.ipynb"), out_dir)
             done[name] = out_dir
         return done[name]
 

@@ -183,9 +183,9 @@ def prepare(executed: str | os.PathLike | None = None, *, cli_root, ci: bool = F
     target = book / "notebooks"
     target.mkdir(parents=True, exist_ok=True)
     for nb in notebook_paths():
-        dst = target / nb.name
+        dst = target / f"{nb.stem}.ipynb"
         if executed is not None:
-            src = Path(executed) / nb.name
+            src = Path(executed) / dst.name
             if not src.exists():
                 raise FileNotFoundError(f"{src} is missing: execute {nb.name} first (or build without --executed)")
             shutil.copyfile(src, dst)

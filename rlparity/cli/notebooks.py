@@ -10,13 +10,30 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent.parent / "notebooks"
 
 
 def notebook_paths(folder: str | os.PathLike = NOTEBOOKS) -> list[Path]:
-    """The walk-through notebooks in order (``NN_name.ipynb``)."""
-    return sorted(p for p in Path(folder).glob("[0-9][0-9]_*.ipynb"))
+    """The walk-through notebooks in order: their sources, ``NN_name.py`` (jupytext percent format).
+
+    Only the ``.py`` is kept in git; the ``.ipynb`` is built from it where it is run (:func:`read_notebook`)
+    or paired locally (``jupytext --sync``, ignored by git).
+    """
+    return sorted(p for p in Path(folder).glob("[0-9][0-9]_*.py"))
+
+
+def read_notebook(path: str | os.PathLike):
+    """The notebook at ``path`` as an ``nbformat`` notebook: a jupytext text (``.py``) or an ``.ipynb``."""
+    path = Path(path)
+    if path.suffix == ".ipynb":
+        import nbformat
+
+        return nbformat.read(str(path), as_version=4)
+    import jupytext
+
+    return jupytext.read(str(path))
 
 
 def run_notebook(path: str | os.PathLike, output: str | os.PathLike, out_dir: str | os.PathLike,
                  parameters: dict[str, Any] | None = None, *, timeout: int = 1800) -> Path:
-    """Execute ``path`` into ``output`` with ``ci``/``out_dir`` (and ``parameters``) injected.
+    """Execute ``path`` (a notebook's ``.py`` source or an ``.ipynb``) into ``output`` with
+    ``ci``/``out_dir`` (and ``parameters``) injected.
 
     Right after the setup cell (the first code cell after the parameters cell: where ``ci``
     shrinks the sizes) a cell tagged ``parameters-ran`` is run too (:func:`with_parameters_shown`):
@@ -34,8 +51,8 @@ def run_notebook(path: str | os.PathLike, output: str | os.PathLike, out_dir: st
     out_dir.mkdir(parents=True, exist_ok=True)
     params = {"ci": True, "out_dir": str(out_dir), **(parameters or {})}
     with tempfile.TemporaryDirectory(prefix="rlparity-nb-") as tmp:
-        source = Path(tmp) / Path(path).name
-        nbformat.write(with_parameters_shown(nbformat.read(str(path), as_version=4)), str(source))
+        source = Path(tmp) / f"{Path(path).stem}.ipynb"
+        nbformat.write(with_parameters_shown(read_notebook(path)), str(source))
         pm.execute_notebook(str(source), str(output), parameters=params, kernel_name="python3",
                             cwd=str(Path(path).parent), progress_bar=False, execution_timeout=timeout)
     return output
