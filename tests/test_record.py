@@ -433,6 +433,14 @@ def test_tensor_checksum_is_the_plain_formula_on_every_kind_of_tensor_and_leaves
             assert torch.equal(before.nan_to_num(7.0), t.nan_to_num(7.0)) and torch.equal(before.signbit(), t.signbit())
     with pytest.raises(ValueError, match="stride=0"):
         tensor_checksum(cases[0], stride=0)
+    # checksums() works on several tensors at once (threads): the same values, in the caller's order
+    from rlparity.trace.weights import checksums
+
+    named = [(f"w{len(cases) - i}", t) for i, t in enumerate(cases)]
+    got = checksums(named)
+    assert list(got) == [n for n, _ in named] and got == {n: plain(t) for n, t in named}
+    for k in (2, 3):  # every k-th value from the offset: the plain formula of that slice
+        assert tensor_checksum(cases[0], stride=k, offset=1) == plain(cases[0].reshape(-1)[1::k])
 
 
 def test_a_strided_digest_is_the_crc_of_the_sampled_bf16_values_and_sees_only_them():

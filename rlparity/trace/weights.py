@@ -25,18 +25,21 @@ from rlparity.trace.record import arm_record
 NOT_FINITE = "not-finite:"
 # above this many bytes of checkpoint, fingerprints are skipped (reading them would cost seconds)
 MAX_FINGERPRINT_BYTES = 4 << 30
+# tensors checksummed at once by :func:`checksums` (each thread holds one bf16 copy on the CPU)
+FINGERPRINT_THREADS = 4
 
 
 def tensor_checksum(tensor: Any, *, stride: int = 1, offset: int = 0) -> str:
-    """CRC-32 (hex) of ``tensor`` rounded to bfloat16, on the CPU; or of a strided sample of its values.
+    """CRC-32 (hex) of ``tensor`` rounded to bfloat16; or of a strided sample of its values.
 
     Integer tensors are checksummed as they are. ``-0.0`` counts as ``+0.0`` (the same weight); a
     tensor holding NaN or an infinity gets a checksum starting with :data:`NOT_FINITE`, which
     :func:`compare_checksums` never counts as equal (NaN weights are no evidence that two sides agree).
 
-    One pass of copies: the bf16 copy is made once and zeros are normalised in it, the CRC reads its
-    buffer in place and the finiteness check is one min/max reduction (``torch.isfinite`` over the
-    whole tensor cost four times the rest on a CPU).
+    One pass of copies: the bf16 copy is made once on the tensor's own device and zeros are normalised
+    in it, the finiteness check is one min/max reduction there (``torch.isfinite`` over the whole tensor
+    cost four times the rest on a CPU), and only the bf16 values are copied to the CPU, where the CRC
+    reads their buffer in place.
 
     Parameters
     ----------
@@ -62,17 +65,20 @@ def tensor_checksum(tensor: Any, *, stride: int = 1, offset: int = 0) -> str:
         t = t.reshape(-1)[offset % stride::stride]
     if not t.is_floating_point():
         return f"{zlib.crc32(t.to('cpu').contiguous().numpy()) & 0xFFFFFFFF:08x}"
-    b = t.to("cpu", torch.bfloat16)
+    # rounding, the sign of zeros and the finiteness check run where the tensor is (a GPU does them in
+    # microseconds); only the bf16 values travel to the CPU for the CRC
+    b = t.to(torch.bfloat16)
     if b.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():  # no copy made: never change the caller's
         b = b + 0.0  # -0.0 + 0.0 is +0.0: the sign of a zero is not a different weight
     else:
         b.add_(0.0)
-    b = b.contiguous()
+    finite = True
+    if b.numel():
+        lo, hi = torch.aminmax(b.reshape(-1))  # NaN propagates through min and max; an infinity is one of them
+        finite = bool(torch.isfinite(lo) & torch.isfinite(hi))
+    b = b.to("cpu").contiguous()
     crc = f"{zlib.crc32(b.view(torch.int16).numpy()) & 0xFFFFFFFF:08x}"
-    if b.numel() == 0:
-        return crc
-    lo, hi = torch.aminmax(b.reshape(-1))  # NaN propagates through min and max; an infinity is one of them
-    return crc if bool(torch.isfinite(lo) & torch.isfinite(hi)) else NOT_FINITE + crc
+    return crc if finite else NOT_FINITE + crc
 
 
 def checksums(named_tensors: Iterable[tuple[str, Any]]) -> dict[str, str]:
@@ -88,7 +94,15 @@ def checksums(named_tensors: Iterable[tuple[str, Any]]) -> dict[str, str]:
     dict[str, str]
         :func:`tensor_checksum` per name.
     """
-    return {str(name): tensor_checksum(t) for name, t in named_tensors}
+    from concurrent.futures import ThreadPoolExecutor
+
+    items = [(str(name), t) for name, t in named_tensors]
+    if len(items) < 2:
+        return {name: tensor_checksum(t) for name, t in items}
+    # the copy to the CPU and zlib's CRC release the GIL: a few tensors at a time (each holds one bf16 copy)
+    with ThreadPoolExecutor(max_workers=min(FINGERPRINT_THREADS, len(items))) as pool:
+        sums = list(pool.map(tensor_checksum, (t for _, t in items)))
+    return dict(zip((name for name, _ in items), sums))
 
 
 def compare_checksums(engine: Mapping[str, str], trainer: Mapping[str, str]) -> dict[str, Any]:
