@@ -408,6 +408,25 @@ ArmRecord.EMPTY_TRAINER = TrainerRecord()
 ArmRecord.EMPTY_RL = RLRecord()
 
 
+def arm_name(trace: Any, default: Any = "default") -> Any:
+    """An arm's name as stored (``attrs["arm"]``), its record left unchecked: the one read of the name
+    where the rest of the attrs need not be valid (the storage's messages, a trace not yet validated).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset or Mapping
+        An arm or its attrs.
+    default : Any, default "default"
+        What an arm whose attrs do not name it reads as (the name a store gives a lone trace).
+
+    Returns
+    -------
+    Any
+        The stored value (a string for any trace rlparity wrote), else ``default``.
+    """
+    return _plain((trace.attrs if hasattr(trace, "attrs") else trace).get("arm", default))
+
+
 def arm_record(trace: Any) -> ArmRecord:
     """The typed metadata of one arm.
 
@@ -428,4 +447,5 @@ def arm_record(trace: Any) -> ArmRecord:
     return ArmRecord.from_attrs(trace.attrs if hasattr(trace, "attrs") else trace)
 
 
-__all__ = ["ArmRecord", "ArmRecordError", "EngineRecord", "FaultRecord", "RLRecord", "TrainerRecord", "arm_record"]
+__all__ = ["ArmRecord", "ArmRecordError", "EngineRecord", "FaultRecord", "RLRecord", "TrainerRecord", "arm_name",
+           "arm_record"]
