@@ -370,6 +370,10 @@ def test_the_engine_settings_say_only_what_they_name():
     assert fill["dtype"] == "bf16" and fill["attention_backend"] == "FLASH_ATTN" and fill["head"] == "bf16 head"
     # a capture's requested settings are not what a loop named: only engine_effective counts there
     assert mb.baseline_key({"engine_requested": {"dtype": "bfloat16"}})["dtype"] == "?"
+    # the family: MoE where the routes were captured or the experiment says so, either alone
+    assert mb.baseline_key({"routing_capture": {"mode": "replay"}})["family"] == "moe"
+    assert mb.baseline_key({"moe_experiment": {"moe": True}})["family"] == "moe"
+    assert mb.baseline_key({"routing_capture": {}, "moe_experiment": {"moe": False}})["family"] == "dense"
 
 
 # ------------------------------------------------------------------------------ the figures

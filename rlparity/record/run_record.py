@@ -22,8 +22,8 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from rlparity.trace.record import (Dict, EngineRecord, Int, List, Str, TrainerRecord, _documented, _Record,
-                                   _refusal)
+from rlparity.trace.record import (Dict, EngineRecord, Int, List, MetadataRecord, Str, TrainerRecord,
+                                   documented_record, record_refusal)
 
 # the engine settings that set the floor of the backend pair (the baseline key: rlparity.metrics.baselines)
 GIVEN_SETTINGS = ("dtype", "head_dtype", "attention_backend", "logprobs_mode")
@@ -51,8 +51,8 @@ def given_settings(engine: Mapping[str, Any] | None) -> dict[str, str]:
     return {k: str(eng[k]).removeprefix("torch.") for k in GIVEN_SETTINGS if eng.get(k) not in (None, "auto")}
 
 
-@_documented
-class PeerRecord(_Record):
+@documented_record
+class PeerRecord(MetadataRecord):
     """A peer's provenance (``peer``): the framework whose run was recorded or imported, and what it lacks."""
 
     framework: Str = Field(None, description="the peer (verl, prime-rl)")
@@ -63,8 +63,8 @@ class PeerRecord(_Record):
     versions: Str = Field(None, description="how the peer's policy versions are known")
 
 
-@_documented
-class RunRecord(_Record):
+@documented_record
+class RunRecord(MetadataRecord):
     """A run store's metadata, every key typed; see the module docstring. Read it with :func:`run_record`."""
 
     # provenance (rlparity.config.provenance.make_attrs)
@@ -119,7 +119,7 @@ class RunRecord(_Record):
         try:
             return cls.model_validate(data)
         except ValidationError as err:
-            raise _refusal(err, data, None, subject=where,
+            raise record_refusal(err, data, None, subject=where,
                            fix="record the run again, or pass the right value to the Recorder (attrs=...)") from None
 
     @property

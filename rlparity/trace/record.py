@@ -52,7 +52,7 @@ def _wants_container(annotation: Any) -> bool:
     """Whether a field holds a mapping, a list or a record (not a string): a JSON string there is decoded."""
     kinds = get_args(annotation) if get_origin(annotation) in (Union, type(int | None)) else (annotation,)
     return any(get_origin(k) in (dict, list, tuple) or k in (dict, list, tuple)
-               or (isinstance(k, type) and issubclass(k, _Record)) for k in kinds)
+               or (isinstance(k, type) and issubclass(k, MetadataRecord)) for k in kinds)
 
 
 _EXPECTED = {"dict_type": "a mapping", "model_type": "a mapping", "model_attributes_type": "a mapping",
@@ -78,8 +78,21 @@ def _where(attrs: Any, loc: tuple) -> tuple[str, Any]:
 _M = TypeVar("_M")
 
 
-def _documented(model: type[_M]) -> type[_M]:
-    """:func:`~rlparity.config.docfields.document_fields`, and the unknown keys a record keeps."""
+def documented_record(model: type[_M]) -> type[_M]:
+    """:func:`~rlparity.config.docfields.document_fields`, and the unknown keys a record keeps
+    (the decorator of every metadata record: the arm's here, the run store's in
+    :mod:`rlparity.record.run_record`).
+
+    Parameters
+    ----------
+    model : type
+        A :class:`MetadataRecord` subclass.
+
+    Returns
+    -------
+    type
+        ``model``, its docstring listing its fields.
+    """
     document_fields(model)
     model.__doc__ = str(model.__doc__).rstrip("\n") + (
         "\n**extra_data : Any\n    Keys rlparity does not know, kept as they are stored (:meth:`get` reads them).\n")
@@ -99,11 +112,29 @@ def _decoded(model: type[BaseModel], data: Mapping[str, Any]) -> dict[str, Any]:
     return data
 
 
-def _refusal(err: ValidationError, attrs: Any, arm: str | None, *, subject: str | None = None,
-             fix: str = "set it right (or delete it) in the arm's attrs and save the arm again (rlparity.trace.save)",
-             ) -> ArmRecordError:
+def record_refusal(err: ValidationError, attrs: Any, arm: str | None, *, subject: str | None = None,
+                   fix: str = "set it right (or delete it) in the arm's attrs and save the arm again "
+                              "(rlparity.trace.save)") -> ArmRecordError:
     """The one-line error of a validation failure: the arm (or ``subject``), the stored key, its value,
-    what it should be, the fix."""
+    what it should be, the fix.
+
+    Parameters
+    ----------
+    err : pydantic.ValidationError
+        The failure.
+    attrs : Any
+        The metadata validated.
+    arm : str or None
+        The arm's name (default ``attrs["arm"]``).
+    subject : str, optional
+        What the metadata belongs to, instead of the arm (e.g. a run store's path).
+    fix : str
+        How to set it right.
+
+    Returns
+    -------
+    ArmRecordError
+    """
     e = err.errors()[0]
     path, value = _where(attrs, e["loc"])
     kinds = {x["type"] for x in err.errors() if x["loc"][:len(e["loc"]) - 1] == e["loc"][:-1]}
@@ -116,7 +147,7 @@ def _refusal(err: ValidationError, attrs: Any, arm: str | None, *, subject: str 
     return ArmRecordError(f"{subject}: attrs{path} = {value!r:.80} is not {expected}: {fix}")
 
 
-class _Record(BaseModel):
+class MetadataRecord(BaseModel):
     """A mapping of metadata with typed known keys: the keys' order is kept, unknown keys too."""
 
     model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True, strict=True)
@@ -155,7 +186,7 @@ class _Record(BaseModel):
         out = {}
         for k in keys:
             v = getattr(self, by_key[k]) if k in by_key else extra[k]
-            out[k] = v.to_attrs() if isinstance(v, _Record) else v
+            out[k] = v.to_attrs() if isinstance(v, MetadataRecord) else v
         return out
 
     def __bool__(self) -> bool:  # truthy when it holds anything, as the mapping it stands for
@@ -177,8 +208,8 @@ class _Record(BaseModel):
         return (self.model_extra or {}).get(key, default)
 
 
-@_documented
-class EngineRecord(_Record):
+@documented_record
+class EngineRecord(MetadataRecord):
     """The engine's settings, as requested (``engine_requested``) or as the engine reported them
     (``engine_effective``); ``None`` where not given (requested) or not reported (effective).
     Settings not named here are kept (:meth:`get` reads them)."""
@@ -212,8 +243,8 @@ class EngineRecord(_Record):
     extra: Dict = Field(None, description="engine keyword arguments passed through as given (EngineSettings.extra)")
 
 
-@_documented
-class TrainerRecord(_Record):
+@documented_record
+class TrainerRecord(MetadataRecord):
     """How the trainer scored the arm (``trainer``: :mod:`rlparity.score`, or an importer's)."""
 
     library: Str = Field(None, description="the library that scored (transformers)")
@@ -238,8 +269,8 @@ class TrainerRecord(_Record):
     latest_version: Int = Field(None, description="the latest policy version scored")
 
 
-@_documented
-class FaultRecord(_Record):
+@documented_record
+class FaultRecord(MetadataRecord):
     """A fault an online RL run switched on mid-run (``rl.fault``: the ground truth of the step)."""
 
     cause: Str = Field(None, description="the fault (rlparity.experiments.rl_runner.MIDRUN_FAULTS)")
@@ -247,8 +278,8 @@ class FaultRecord(_Record):
     on: Bool = Field(None, description="whether it is on at this step")
 
 
-@_documented
-class RLRecord(_Record):
+@documented_record
+class RLRecord(MetadataRecord):
     """One step of an online RL run (``rl``: :func:`rlparity.experiments.rl.rl_run`): what the runner
     did and how long it took."""
 
@@ -274,8 +305,8 @@ class RLRecord(_Record):
     fault: FaultRecord | None = Field(None, description="the fault switched on mid-run (None: none)")
 
 
-@_documented
-class ArmRecord(_Record):
+@documented_record
+class ArmRecord(MetadataRecord):
     """An arm's metadata, every key a store holds typed; see the module docstring.
 
     Read it with :func:`arm_record`; :attr:`effective`, :attr:`requested` and :attr:`scorer` are
@@ -365,7 +396,7 @@ class ArmRecord(_Record):
         try:
             return cls.model_validate(attrs)
         except ValidationError as err:
-            raise _refusal(err, attrs, arm) from None
+            raise record_refusal(err, attrs, arm) from None
 
     @property
     def name(self) -> str:
