@@ -218,3 +218,28 @@ def test_the_records_document_every_field():
                  "import_ : dict[str, Any], optional", "**extra_data : Any"):
         assert name in doc
     assert "logprobs_mode : str, optional" in EngineRecord.__doc__
+
+
+def test_an_rl_step_reads_typed():
+    """issue 35: the RL runner's record (rl) and its mid-run fault are typed, read as attributes."""
+    rec = arm_record({"rl": {"run": "p+mu", "step": 3, "lr": 1e-3, "alarms": ["gap_above_gate"],
+                             "fault": {"cause": "raw_logprobs", "from_step": 2, "on": True}}})
+    step = rec.rl_step
+    assert (step.run, step.step, step.lr, step.alarms) == ("p+mu", 3, 1e-3, ["gap_above_gate"])
+    assert (step.fault.cause, step.fault.from_step, step.fault.on) == ("raw_logprobs", 2, True)
+    assert rec.to_attrs()["rl"]["fault"] == {"cause": "raw_logprobs", "from_step": 2, "on": True}
+    assert ArmRecord().rl_step is ArmRecord.EMPTY_RL and ArmRecord().rl_step.fault is None
+    assert arm_record({"rl": {"step": 1}}).rl_step.fault is None  # a run without a fault
+    with pytest.raises(ArmRecordError, match=r"attrs\['rl'\]\['fault'\]\['on'\] = 'yes' is not true or false"):
+        arm_record({"rl": {"fault": {"on": "yes"}}})
+    with pytest.raises(ArmRecordError, match=r"attrs\['rl'\]\['step'\] = 2.0 is not an integer"):
+        arm_record({"rl": {"step": 2.0}})
+
+
+def test_the_name_is_read_without_the_record():
+    """arm_name reads the stored name as dict.get would, even where the rest of the attrs is invalid."""
+    from rlparity.trace import arm_name
+
+    assert arm_name({"arm": "a", "rl": "not json"}) == "a"  # the record would refuse rl
+    assert arm_name({}) == "default" and arm_name({}, None) is None and arm_name({"arm": None}, "x") is None
+    assert arm_name({"arm": np.str_("b")}) == "b" and type(arm_name({"arm": np.str_("b")})) is str

@@ -14,8 +14,9 @@ import pytest
 
 from rlparity.diagnose.doctor import doctor
 from rlparity.metrics import run as mr
-from rlparity.record import Recorder, StepRecord, open_run, step_trace
+from rlparity.record import Recorder, StepRecord, open_run, run_record, step_trace
 from rlparity.testing import synthetic_trace
+from rlparity.trace import arm_record
 
 N_SEQ, MAX_LEN = 32, 48
 
@@ -300,6 +301,81 @@ def test_cli_bad_input_is_one_line_exit_2(stores, cli, tmp_path):
     assert res.exit_code == 2
 
 
+# ------------------------------------------------------------------------------ is it normal (issue 37)
+
+def test_a_recorded_run_with_its_engine_settings_gets_the_exact_baseline_row(tmp_path):
+    """The Recorder records what the engine settings it is given say; the doctor's key reads them, so
+    the steps land on the row of that setting (the shipped H200 bf16 FLASH_ATTN fp32-head row, vLLM
+    0.26.0: the run's versions, not the reader's). Without them the key says "?" and names the
+    nearest row."""
+    from rlparity.config.settings import EngineSettings
+    from rlparity.metrics import baselines as mb
+
+    want = {"family": "dense", "dtype": "bf16", "engine": "vllm 0.26.0", "attention_backend": "FLASH_ATTN",
+            "head": "fp32 head", "device": "H200"}
+    assert any(r.key == want for r in mb.load_baselines())  # the row the run must land on
+    eng = EngineSettings(dtype="bfloat16", head_dtype="float32", attention_backend="FLASH_ATTN").model_dump(mode="json")
+    with Recorder(tmp_path / "given.zarr", engine=eng, background=False, dashboards=(),
+                  attrs={"trainer": {"dtype": "bfloat16", "head_dtype": "float32", "device": "cuda"},
+                         "versions": {"vllm": "0.26.0"}}) as rec:
+        for k in range(3):
+            tr = synthetic_trace(n_sequences=8, max_len=16, noise=0.01, seed=k)
+            rec.step(StepRecord.from_trace(tr, trainer="processed"), trainer_version=k, policy_versions=k)
+    with Recorder(tmp_path / "bare.zarr", background=False, dashboards=()) as rec:
+        for k in range(3):
+            tr = synthetic_trace(n_sequences=8, max_len=16, noise=0.01, seed=k)
+            rec.step(StepRecord.from_trace(tr, trainer="processed"), trainer_version=k, policy_versions=k)
+    run = open_run(tmp_path / "given.zarr")
+    assert run_record(run).given.to_attrs() == {"dtype": "bfloat16", "head_dtype": "float32",
+                                                "attention_backend": "FLASH_ATTN"}
+    assert "engine_requested" not in step_trace(run, 0).attrs  # partial: never a capture's full settings
+    rep = doctor({"given": read(tmp_path / "given.zarr"), "bare": read(tmp_path / "bare.zarr")},
+                 window=2, n_boot=10, device="H200")
+    given, bare = rep.runs["given"].normal, rep.runs["bare"].normal
+    assert given["key"] == want
+    assert sorted(given["steps"]) == ["0", "1", "2"]
+    for placed in given["steps"].values():
+        for p in placed.values():
+            assert p["exact"] and p["row"] == want and "nearest row" not in p["text"]
+    assert {f: bare["key"][f] for f in ("dtype", "attention_backend")} == {"dtype": "?", "attention_backend": "?"}
+    assert bare["key"]["head"] == "? head"
+    for placed in bare["steps"].values():
+        for p in placed.values():
+            assert not p["exact"] and {"dtype", "attention_backend", "head"} <= set(p["differs"])
+            assert "nearest row, differs in dtype (yours ?" in p["text"]
+
+
+def test_the_engine_settings_say_only_what_they_name():
+    """vLLM keyword arguments give the head through hf_overrides; "auto" and unset settings stay unknown."""
+    from rlparity.metrics import baselines as mb
+    from rlparity.record.run_record import given_settings
+
+    got = given_settings({"dtype": "bfloat16", "hf_overrides": {"head_dtype": "float32"},
+                            "attention_backend": "auto", "logprobs_mode": None, "seed": 0})
+    assert got == {"dtype": "bfloat16", "head_dtype": "float32"}
+    assert given_settings(None) == {} and given_settings({"dtype": "auto"}) == {}
+    assert given_settings({"dtype": "torch.float16", "head_dtype": "model"}) == {"dtype": "float16", "head_dtype": "model"}
+    key = mb.baseline_key({"engine_given": got, "trainer": {"dtype": "bfloat16", "device": "cpu"}})
+    # the trainer names no head: its head is its body's (bf16), the engine's is fp32
+    assert key["dtype"] == "bf16" and key["attention_backend"] == "?"
+    assert key["head"] == "fp32 engine / bf16 trainer head"
+    # what the engine reported wins over what it was given
+    both = mb.baseline_key({"engine_given": {"attention_backend": "FLASH_ATTN", "head_dtype": "model"},
+                            "engine_effective": {"attention_backend": "TRITON_ATTN", "dtype": None}})
+    assert both["attention_backend"] == "TRITON_ATTN" and both["dtype"] == "?"
+    # a head "model" is the body's; the given settings fill what the engine did not report, not the reverse
+    assert mb.baseline_key({"engine_given": {"dtype": "float16", "head_dtype": "model"}})["head"] == "fp16 engine / ? trainer head"
+    fill = mb.baseline_key({"engine_given": {"dtype": "float16", "attention_backend": "FLASH_ATTN"},
+                            "engine_effective": {"dtype": "bfloat16"}, "trainer": {"dtype": "bfloat16"}})
+    assert fill["dtype"] == "bf16" and fill["attention_backend"] == "FLASH_ATTN" and fill["head"] == "bf16 head"
+    # a capture's requested settings are not what a loop named: only engine_effective counts there
+    assert mb.baseline_key({"engine_requested": {"dtype": "bfloat16"}})["dtype"] == "?"
+    # the family: MoE where the routes were captured or the experiment says so, either alone
+    assert mb.baseline_key({"routing_capture": {"mode": "replay"}})["family"] == "moe"
+    assert mb.baseline_key({"moe_experiment": {"moe": True}})["family"] == "moe"
+    assert mb.baseline_key({"routing_capture": {}, "moe_experiment": {"moe": False}})["family"] == "dense"
+
+
 # ------------------------------------------------------------------------------ the figures
 
 def test_figures_draw_the_doctors_numbers(stores):
@@ -404,7 +480,7 @@ def test_the_doctor_on_a_real_run_with_raw_logprobs_switched_on_at_step_6(tiny_m
     arms = rl_run(tiny_model, ["pipelinerl-parity"], 12, old_policy="pi_old", n_prompts=8, n_samples=4,
                   max_tokens=12, lr=1e-3, fault="raw_logprobs", fault_from_step=6, log=lambda line: None,
                   record_dir=tmp_path)
-    truth = [ds.attrs["rl"]["fault"]["on"] for ds in arms.values()]
+    truth = [arm_record(ds).rl_step.fault.on for ds in arms.values()]
     assert truth == [False] * 6 + [True] * 6
     res = cli("doctor", tmp_path / "pipelinerl-parity.zarr", "--window", "4", "--boot", "50", "--json")
     assert res.exit_code == 1, res.output[-2000:]
@@ -424,7 +500,7 @@ def test_the_doctor_on_a_real_run_with_raw_logprobs_switched_on_at_step_6(tiny_m
     assert max(page[:6]) < 0.01 and min(page[6:]) > 10 * max(page[:6]), page
     # the runner's own traces (what `rlparity experiment rl` stores): the same cause from the same step, and
     # nothing else (the trainer's weight fingerprints follow its optimizer steps)
-    full = doctor({"run": {ds.attrs["rl"]["step"]: ds for ds in arms.values()}}, window=4, n_boot=0).runs["run"]
+    full = doctor({"run": {arm_record(ds).rl_step.step: ds for ds in arms.values()}}, window=4, n_boot=0).runs["run"]
     assert full.first_named == {"raw_logprobs": {"step": 6, "window": [4, 7]}}, full.first_named
     text = cli("doctor", tmp_path / "pipelinerl-parity.zarr", "--window", "4", "--boot", "50")
     assert "raw_logprobs at step 6 (window 4-7)" in text.stdout

@@ -693,3 +693,44 @@ def test_a_step_without_tokens_is_recorded_and_positive_logprobs_are_refused_in_
         assert m["rlparity/abs_log_ratio_mean"] == pytest.approx((0.2 + 1e-7) / 3)
     run = open_run(path)
     assert run.sizes["step"] == 2 and int(run["response_length"].isel(step=0).max()) == 0
+
+
+def test_the_run_record_converts_old_stores_on_read(tmp_path):
+    """issue 35/37: a run store's attributes are read through one typed record (run_record). A store
+    written before engine_given was recorded gets it from the engine settings it kept (only what they
+    name); one with no engine settings gets none; a development build's engine_requested is moved to
+    engine_given; a value of the wrong type is refused in one line naming the store and the key."""
+    import json
+
+    from rlparity.record import RunRecord, run_record
+
+    path = tmp_path / "run.zarr"
+    with Recorder(path, model="m", engine={"dtype": "float16", "head_dtype": "model", "logprobs_mode": None,
+                                           "attention_backend": "TRITON_ATTN", "seed": 3},
+                  attrs={"peer": {"framework": "verl", "missing": {"reward": "not dumped"}}}) as rec:
+        rec.step(**synthetic_step(0))
+    root = json.loads((path / ".zattrs").read_text())
+    assert root["engine_given"] == {"dtype": "float16", "head_dtype": "model", "attention_backend": "TRITON_ATTN"}
+    rec = run_record(open_run(path))
+    assert rec.given.attention_backend == "TRITON_ATTN" and rec.given.seed is None  # never a setting not named
+    assert rec.peer.framework == "verl" and rec.peer.missing == {"reward": "not dumped"} and rec.steps == 1
+    assert rec.model == "m" and rec.scorer.dtype is None
+    old = {k: v for k, v in root.items() if k != "engine_given"}  # a store before it was recorded
+    assert RunRecord.from_attrs(old).to_attrs()["engine_given"] == root["engine_given"]
+    (path / ".zattrs").write_text(json.dumps(old))
+    assert open_run(path).attrs["engine_given"] == root["engine_given"]
+    assert step_trace(open_run(path), 0).attrs["engine_given"] == root["engine_given"]
+    bare = {k: v for k, v in old.items() if k != "engine"}
+    assert "engine_given" not in RunRecord.from_attrs(bare).to_attrs() and not run_record(bare).given
+    dev = {**bare, "engine_requested": {"dtype": "bfloat16"}}
+    conv = RunRecord.from_attrs(dev).to_attrs()
+    assert conv["engine_given"] == {"dtype": "bfloat16"} and "engine_requested" not in conv
+    both = RunRecord.from_attrs({**dev, "engine_given": {"dtype": "float32"}})  # the record's own name wins
+    assert both.given.dtype == "float32" and both.get("engine_requested") == {"dtype": "bfloat16"}
+    assert RunRecord.from_attrs({**bare, "engine_requested": "x"}).engine_given is None  # not a mapping: kept as is
+    with pytest.raises(ValueError, match=r"^the run store: attrs\['peer'\]\['missing'\] = 3 is not a mapping: "
+                                         r"record the run again"):
+        run_record({"peer": {"missing": 3}})
+    (path / ".zattrs").write_text(json.dumps({**old, "trainer": {"dtype": 16}}))
+    with pytest.raises(ValueError, match=r"run\.zarr: attrs\['trainer'\]\['dtype'\] = 16 is not a string"):
+        open_run(path)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from rlparity.experiments.run_import import RunImportError, import_run
-from rlparity.record import open_run
+from rlparity.record import open_run, run_record
 from rlparity.record.verl import per_sequence, record_verl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,7 +196,7 @@ def test_prime_rl_run_store_matches_the_export_files(prime, tmp_path):
     real = mask
     assert (ds["policy_version"].values[real] == -1).all() and (ds["scored_version"].values[real] == -1).all()
     assert np.isnan(ds["reward"].values[:, :6]).all()
-    missing = ds.attrs["peer"]["missing"]
+    missing = run_record(ds).peer.missing
     assert np.isnan(ds["advantage"].values[:, :6]).all()
     for name in ("policy_version", "scored_version", "weight_digest", "reward", "advantage", "top_k"):
         assert name in missing
@@ -205,7 +205,8 @@ def test_prime_rl_run_store_matches_the_export_files(prime, tmp_path):
     assert np.isnan(metric(ds, "rlparity/lag_max")).all()
     assert (ds["temperature"].values[:, :6] == T).all()
     assert not (ds["alarm_level"].values >= 2).any()
-    assert "prime-rl" in ds.attrs["peer"]["source"] and ds.attrs["peer"]["framework"] == "prime-rl"
+    peer = run_record(ds).peer
+    assert "prime-rl" in peer.source and peer.framework == "prime-rl" and peer.path == str(prime / "clean")
     with pytest.raises(FileExistsError, match="already holds a run"):  # never replaced unless asked
         import_run("prime-rl", prime / "clean", tmp_path / "run.zarr", temperature=T)
     import_run("prime-rl", prime / "clean", tmp_path / "run.zarr", temperature=T, overwrite=True)
@@ -239,9 +240,9 @@ def test_verl_hook_and_dir_reader_match_verls_files(verl, tmp_path):
     assert hook["advantage"].values[0, :n].tolist() == [0.5, -0.5, 1.0, -1.0, 0.0, 0.25]
     assert hook["prompt_index"].values[0, :n].tolist() == [0, 0, 1, 1, 2, 2]
     assert np.isnan(dir_run["advantage"].values[:, :n]).all()  # the recipe saves none
-    assert "_dump_generations" in dir_run.attrs["peer"]["source"] and "_log_rollout_data" in hook.attrs["peer"]["source"]
+    assert "_dump_generations" in run_record(dir_run).peer.source and "_log_rollout_data" in run_record(hook).peer.source
     for ds in (hook, dir_run):
-        assert "weight_digest" in ds.attrs["peer"]["missing"] and "weight_digest" not in ds
+        assert "weight_digest" in run_record(ds).peer.missing and "weight_digest" not in ds
         assert (ds["temperature"].values[:, :n] == T).all() and (ds["top_k"].values[:, :n] == 0).all()
         assert not (ds["alarm_level"].values >= 2).any()
 

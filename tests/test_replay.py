@@ -301,6 +301,40 @@ def test_cli_reads_a_run_store_step(cli, tmp_path):
     assert r.exit_code == 2 and "no engine settings" in r.output and "--profile" in r.output, r.output
 
 
+def test_cli_refuses_the_settings_a_loop_named_as_a_captures(cli, tmp_path):
+    """issue 37: a run store records the floor's engine settings its loop named (engine_given), a few of
+    them; replay never fills in the rest as a capture's settings: it refuses, naming what was recorded.
+    A store that kept them as engine_requested (a development build) reads them as engine_given."""
+    import json
+
+    from rlparity.capture.replay import capture_settings
+    from rlparity.record import Recorder, open_run, run_record, step_trace
+
+    path = tmp_path / "run.zarr"
+    rng = np.random.default_rng(0)
+    with Recorder(path, model="tiny", engine={"dtype": "bfloat16", "hf_overrides": {"head_dtype": "float32"},
+                                              "attention_backend": "auto", "enforce_eager": True}) as rec:
+        rec.step(prompt_token_ids=[[5, 6, 7]], token_ids=[rng.integers(4, 30, 4)],
+                 rollout_logprobs=[np.log(rng.uniform(0.1, 0.9, 4))],
+                 trainer_logprobs=[np.log(rng.uniform(0.1, 0.9, 4))], policy_versions=0, trainer_version=0)
+    step = step_trace(open_run(path), 0)
+    assert step.attrs["engine_given"] == {"dtype": "bfloat16", "head_dtype": "float32"}  # "auto": not named
+    assert "engine_requested" not in step.attrs and capture_settings(step) is None
+    r = cli("replay", path)
+    assert r.exit_code == 2, r.output
+    assert "only the engine settings the loop named (dtype=bfloat16, head_dtype=float32)" in r.output, r.output
+    assert "--profile" in r.output and len(r.output.strip().splitlines()) == 1
+    # a development build's store: the named settings under engine_requested at the root
+    root = json.loads((path / ".zattrs").read_text())
+    root["engine_requested"] = root.pop("engine_given")
+    (path / ".zattrs").write_text(json.dumps(root))
+    run = open_run(path)
+    assert "engine_requested" not in run.attrs and run_record(run).given.dtype == "bfloat16"
+    assert capture_settings(step_trace(run, 0)) is None
+    r = cli("replay", path)
+    assert r.exit_code == 2 and "dtype=bfloat16, head_dtype=float32" in r.output, r.output
+
+
 # ------------------------------------------------------------------------------------------ pairs (no engine)
 def _rows():
     """Five single knobs, hand-made: explained shares and floor units in binary fractions (exact sums)."""

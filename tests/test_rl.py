@@ -11,7 +11,7 @@ import rlparity.metrics as mm
 from rlparity.metrics import rl as mrl
 from rlparity.metrics.dashboard import pipelinerl_metrics
 from rlparity.testing import synthetic_trace
-from rlparity.trace import check_arm_name, open_arms, save, with_factors, with_trainer
+from rlparity.trace import arm_record, check_arm_name, open_arms, save, with_factors, with_trainer
 
 PROFILES = {"parity": "processed_logprobs", "raw": "raw_logprobs"}
 
@@ -305,7 +305,7 @@ def test_async_rollouts_lag_one_step_and_are_scored_at_their_own_version(tiny_mo
     assert float(live.sel(step=2, metric="rlparity/weights_changed_share")) > 0.9  # version 1's sync moved the weights
     assert (run["alarm_level"].values == 0).all(), run["alarm_level"].values
     for k, ds in enumerate(arms.values()):
-        assert ds.attrs["rl"]["alarms"] == []
+        assert arm_record(ds).rl_step.alarms == []
         ref = mm.scalars(mm.summary(ds))["abs_log_ratio_mean"]
         assert float(live.sel(step=k, metric="rlparity/abs_log_ratio_mean")) == pytest.approx(ref, rel=1e-6)
     assert list(arms) == [f"pipelinerl-parity@step_00{k}" for k in range(3)]
@@ -316,8 +316,8 @@ def test_async_rollouts_lag_one_step_and_are_scored_at_their_own_version(tiny_mo
     assert float(curves["kl_new_old"].max()) < 1e-5
     assert float(curves["kl_new_old_latest"].isel(step=slice(1, None)).min()) > 100 * float(curves["kl_new_old"].max())
     for k, ds in enumerate(arms.values()):
-        rec = ds.attrs["rl"]
-        assert rec["versions_sampled"] == [max(k - 1, 0)] and rec["update"]["version"] == k + 1
+        rec = arm_record(ds).rl_step
+        assert rec.versions_sampled == [max(k - 1, 0)] and rec.update["version"] == k + 1
         assert ds.attrs["trainer"]["scored_by"] == "policy_version"
         # the runner records the factors; the arm name is a label
         assert ds.attrs["factors"] == {"profile": "pipelinerl-parity", "old_policy": "pi_old", "step": k}
@@ -374,4 +374,4 @@ def test_a_raw_logprobs_engine_raises_the_gate_alarm_from_its_first_recorded_ste
     assert (levels.drop(columns="gap_above_gate") < 2).all().all(), levels
     gap = run["metric_value"].sel(metric="rlparity/abs_log_ratio_mean").values
     assert (gap > 0.1).all(), gap
-    assert all(any("gap_above_gate" in a for a in ds.attrs["rl"]["alarms"]) for ds in arms.values())
+    assert all(any("gap_above_gate" in a for a in arm_record(ds).rl_step.alarms) for ds in arms.values())

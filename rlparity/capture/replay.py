@@ -26,7 +26,6 @@ starts one engine per setting is :mod:`rlparity.experiments.bisect`.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -34,6 +33,7 @@ import xarray as xr
 
 from rlparity.config.provenance import jsonable
 from rlparity.config.settings import EngineSettings
+from rlparity.trace.record import arm_record
 
 MODES = ("prefill", "decode")
 VLLM_MAX_LOGPROBS = 20  # vLLM's default max_logprobs: prompt_logprobs above it need the engine's max_logprobs raised
@@ -54,14 +54,15 @@ def capture_settings(trace: xr.Dataset) -> EngineSettings | None:
     EngineSettings or None
         The requested settings (with the ``logprobs_mode`` the engine really ran with, when the
         request left it to vLLM); ``None`` when the trace records none (an imported trace, a run
-        store's step).
+        store's step: its ``engine_given`` names only the settings the training loop gave, so it is
+        never taken for a capture's full settings).
     """
-    req = trace.attrs.get("engine_requested")
-    if not isinstance(req, Mapping):
+    rec = arm_record(trace)
+    if rec.engine_requested is None:  # a run store's step names at most a few (engine_given): never these
         return None
     known = set(EngineSettings.model_fields)
-    settings = EngineSettings(**{k: v for k, v in req.items() if k in known})
-    mode = (trace.attrs.get("engine_effective") or {}).get("logprobs_mode")
+    settings = EngineSettings(**{k: v for k, v in rec.engine_requested.to_attrs().items() if k in known})
+    mode = rec.effective.logprobs_mode
     if settings.logprobs_mode is None and mode in LOGPROB_MODES:
         settings = settings.replace(logprobs_mode=mode)
     return settings
@@ -91,7 +92,7 @@ def logprobs_mode(trace: xr.Dataset, settings: EngineSettings | None = None) -> 
         If the capture returned logits (``raw_logits`` / ``processed_logits``): nothing to replay
         as logprobs.
     """
-    mode = (trace.attrs.get("engine_effective") or {}).get("logprobs_mode")
+    mode = arm_record(trace).effective.logprobs_mode
     if mode is None and settings is not None:
         mode = settings.logprobs_mode
     mode = mode or "raw_logprobs"
@@ -423,7 +424,8 @@ def replay(engine, trace: xr.Dataset, *, mode: str = "prefill", warm: bool = Fal
         for i, c in cached.items():
             cpt[i] = -1 if c is None else int(c)
         out["cached_prompt_tokens"] = (("sequence",), cpt, dict(out["cached_prompt_tokens"].attrs))
-    source = str(trace.attrs.get("arm", "trace"))
+    rec = arm_record(trace)
+    source = rec.arm if rec.arm is not None else "trace"
     name = arm or f"{source}_replay_{mode}"
     out.attrs = dict(trace.attrs)
     out.attrs.update(jsonable({
@@ -433,8 +435,8 @@ def replay(engine, trace: xr.Dataset, *, mode: str = "prefill", warm: bool = Fal
         "replay": {"mode": mode, "logprobs_mode": semantic, "warm_prefix_cache": bool(warm),
                    "prompt_logprobs": int(needed) if mode == "prefill" else None,
                    "source_arm": source,
-                   "source_engine_requested": trace.attrs.get("engine_requested"),
-                   "source_engine_effective": trace.attrs.get("engine_effective"),
+                   "source_engine_requested": None if rec.engine_requested is None else rec.engine_requested.to_attrs(),
+                   "source_engine_effective": None if rec.engine_effective is None else rec.engine_effective.to_attrs(),
                    "n_sequences": len(got), "n_tokens": int(sum(len(v) for v in got.values())),
                    "replay_s": round(elapsed, 3), "startup_s": getattr(engine, "startup_s", None)},
     }))

@@ -32,7 +32,7 @@ def read_runs(path: Path) -> dict[str, dict[int, Any]]:
     BadInput
         Nothing readable is there, the run holds no committed step, or the arms are no RL steps.
     """
-    from rlparity.record import is_run_store, open_run, step_trace
+    from rlparity.record import is_run_store, open_run, run_record, step_trace
     from rlparity.trace import StoreError
 
     if not (path.is_dir() and ((path / ".zattrs").exists() or (path / "zarr.json").exists())):
@@ -44,7 +44,7 @@ def read_runs(path: Path) -> dict[str, dict[int, Any]]:
         except StoreError as err:
             raise BadInput(str(err)) from None
         name = path.name[:-5] if path.name.endswith(".zarr") else path.name
-        return {name: {k: step_trace(run, k) for k in range(int(run.attrs["steps"]))}}
+        return {name: {k: step_trace(run, k) for k in range(int(run_record(run).steps))}}
     from rlparity.metrics.rl import run_steps
     from rlparity.trace import open_arms
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -37,6 +37,14 @@ class Loss(str, Enum):
     gspo = "gspo"
     ppo = "ppo"
     grpo = "grpo"
+
+
+def _effective(arm: Any) -> dict[str, Any] | None:
+    """An arm's ``engine_effective`` as stored (``None`` where the arm records none), read through its record."""
+    from rlparity.trace import arm_record
+
+    eff = arm_record(arm).engine_effective
+    return None if eff is None else eff.to_attrs()
 
 
 def _engine(gpu_memory_utilization: Optional[float]) -> dict:
@@ -206,7 +214,7 @@ def inflight_cmd(
     from rlparity.config.provenance import write_json
     from rlparity.experiments.inflight import inflight_matrix, summarize
     from rlparity.models import make_model
-    from rlparity.trace import save
+    from rlparity.trace import arm_record, save
 
     output_folder(out, "inflight.zarr")
     out.mkdir(parents=True, exist_ok=True)
@@ -220,8 +228,8 @@ def inflight_cmd(
     first = next(iter(arms.values()))
     res.update({"model": model, "device": device, "dtype": dtype, "sizes": {"n_prompts": n, "max_tokens": mt},
                 "elapsed_s": round(elapsed, 1), "store": str(out / "inflight.zarr"),
-                "engine_effective": first.attrs.get("engine_effective"),
-                "weight_loading": {k: first.attrs["inflight"]["update"].get(k)
+                "engine_effective": _effective(first),
+                "weight_loading": {k: arm_record(first).inflight["update"].get(k)
                                    for k in ("boundary_source", "stream_behind", "pause_kwargs", "load_method")}})
     write_json(out / "inflight.json", res)  # first: the numbers survive a store that cannot be written
     store = save(arms, out / "inflight.zarr")
@@ -357,7 +365,7 @@ def rl_cmd(
                           "lr": lr, "loss": loss.value, "old_policy": olds or list(_R.old_policy),
                           "dtype": dtype, "async_rollouts": async_rollouts, "fault": fault,
                           "fault_from_step": fault_from_step},
-                "engine_effective": {run: arms[k].attrs.get("engine_effective")
+                "engine_effective": {run: _effective(arms[k])
                                      for k, (run, step) in mrl.run_steps(arms).items() if step == 0},
                 "store": "rl.zarr"})
     write_json(out / "rl.json", res)  # first: the numbers survive a store that cannot be written

@@ -15,6 +15,7 @@ from rlparity.cli.contract import EXIT_OK, BadInput, engine_logs
 
 def _source(source: Path, arm: str | None, step: int | None):
     """The source arm: an arm of a trace store, or a step of a run store (as a trace)."""
+    from rlparity.record import run_record
     from rlparity.record.store import is_run_store, open_run, step_trace
     from rlparity.trace import load, open_arms
 
@@ -22,7 +23,7 @@ def _source(source: Path, arm: str | None, step: int | None):
         raise BadInput(f"{source}: no such store (give a trace store, or a run store with --step)")
     if is_run_store(source):
         run = open_run(source, chunks=1)
-        steps = int(run.attrs["steps"])
+        steps = int(run_record(run).steps)
         n = steps - 1 if step is None else step
         if not 0 <= n < steps:
             raise BadInput(f"--step {step}: {source} holds steps 0..{steps - 1}")
@@ -42,8 +43,9 @@ def _source(source: Path, arm: str | None, step: int | None):
 def _model_and_settings(trace, model: str | None, engine: str | None, profile: str | None):
     from rlparity.capture.replay import capture_settings
     from rlparity.cli.common import engine_settings, model_path
+    from rlparity.trace import arm_record
 
-    path = model or trace.attrs.get("model")
+    path = model or arm_record(trace).model
     if not path:
         raise BadInput("the trace records no model: give it with --model")
     from rlparity.models import SIZES
@@ -52,8 +54,11 @@ def _model_and_settings(trace, model: str | None, engine: str | None, profile: s
         raise BadInput(f"the trace's model {path!r} is no local checkpoint here: give the model with --model")
     settings = engine_settings(engine, profile) if (engine or profile) else capture_settings(trace)
     if settings is None:
-        raise BadInput("the trace records no engine settings (an import or a run's step): give them with --engine "
-                       "JSON or --profile NAME")
+        given = arm_record(trace).given.to_attrs()
+        said = (f"; its run records only the engine settings the loop named ({', '.join(f'{k}={v}' for k, v in given.items())}), "
+                "not a capture's full settings") if given else ""
+        raise BadInput(f"the trace records no engine settings (an import or a run's step){said}: give them with "
+                       "--engine JSON or --profile NAME")
     return model_path(str(path)), settings
 
 
@@ -81,9 +86,9 @@ def _prepare(source: Path, arm: str | None, step: int | None, model: str | None,
 
 
 def _save(out: Path, arms: dict[str, Any], source) -> None:
-    from rlparity.trace import add_arm
+    from rlparity.trace import add_arm, arm_record
 
-    src = str(source.attrs.get("arm", "source"))
+    src = arm_record(source).arm or "source"
     add_arm(source, out, src)
     for name, ds in arms.items():
         add_arm(ds, out, name)
@@ -115,6 +120,7 @@ def replay_cmd(
                                                        ("auto", "both", "prefill", "decode"))
     from rlparity.capture.replay import replay, replay_engine_settings
     from rlparity.metrics.replay import capture_gap
+    from rlparity.trace import arm_record
 
     from rlparity.capture import Engine
 
@@ -126,8 +132,8 @@ def replay_cmd(
                 ds = replay(eng, trace, mode=m, warm=warm)
             except ValueError as err:
                 raise BadInput(str(err)) from None
-            arms[ds.attrs["arm"]] = ds
-    rows = {name: {"mode": ds.attrs["replay"]["mode"], **capture_gap(ds, trace)} for name, ds in arms.items()}
+            arms[arm_record(ds).name] = ds
+    rows = {name: {"mode": arm_record(ds).replay["mode"], **capture_gap(ds, trace)} for name, ds in arms.items()}
     if out is not None:
         _save(out, arms, trace)
     if as_json:

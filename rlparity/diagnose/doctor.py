@@ -47,6 +47,7 @@ from rlparity.metrics import baselines as mb
 from rlparity.metrics import counterfactual as mcf
 from rlparity.metrics import run as mr
 from rlparity.metrics import sequences as msq
+from rlparity.trace import arm_record
 
 DEFAULT_WINDOW = 10
 MAX_STEP_ROWS = 30  # the page lists every step up to this many, else one row per window
@@ -439,7 +440,7 @@ def doctor_run(name: str, steps: Mapping[int, xr.Dataset], *, window: int = DEFA
     diag = {k: _step_diagnosis(steps[k], f"{name}@step_{k}", opts) if tokens[k].d.size else dict(nothing)
             for k in sorted(steps)}
     alarms = [{"step": int(k), "code": code, "level": level}
-              for k in sorted(steps) for code, level in (steps[k].attrs.get("record_alarms") or {}).items()]
+              for k in sorted(steps) for code, level in (arm_record(steps[k]).record_alarms or {}).items()]
     first: dict[str, dict[str, Any]] = {}
     by_window: dict[int, list[int]] = {}
     for k in sorted(steps):

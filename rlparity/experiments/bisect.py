@@ -41,6 +41,7 @@ import numpy as np
 import xarray as xr
 
 from rlparity.config.settings import EngineSettings
+from rlparity.trace import arm_name, arm_record
 from rlparity.experiments.ablation import KNOBS as ABLATION_KNOBS, Knob, _error_chain, _honoured, knob_settings, \
     resolved_reason
 
@@ -352,7 +353,7 @@ def bisect(model: str | os.PathLike, trace: xr.Dataset, *, settings: EngineSetti
         eng = pool.get(model, replay_engine_settings(ref, trace, use))
         arms[BASELINE] = replay(eng, trace, mode=use, arm=BASELINE, progress=progress)
         arms[FLOOR] = replay(eng, trace, mode=use, arm=FLOOR, progress=progress)
-        ref_eff = arms[BASELINE].attrs["engine_effective"]
+        ref_eff = arm_record(arms[BASELINE]).effective.to_attrs()
         chosen[BASELINE] = (ref, False)
         values: dict[str, Any] = {}
         for k in knob_list:
@@ -398,7 +399,7 @@ def bisect(model: str | os.PathLike, trace: xr.Dataset, *, settings: EngineSetti
               "engine_starts": pool.starts - starts0, "engine_start_attempts": attempts,
               "wall_s": round(time.perf_counter() - t0, 3),
               "knobs": [{**asdict(k.knob), "warm": k.warm} for k in knob_list], "plan": plan,
-              "deadline_s": deadline_s, "source_arm": str(trace.attrs.get("arm", "trace")), "pairs": pair_rec,
+              "deadline_s": deadline_s, "source_arm": str(arm_name(trace, "trace")), "pairs": pair_rec,
               "layers": layer_rec if layers else {"status": "not_asked", "reason": "bisect --layers hands the winner's "
                                                                                   "worst tokens to rlparity layers"}}
     for ds in arms.values():
@@ -493,7 +494,7 @@ def localise(model: str | os.PathLike, arm: xr.Dataset, baseline: xr.Dataset, *,
 
     t0 = time.perf_counter()
     n = defaults().replay_layers_tokens if tokens is None else int(tokens)
-    name = label or str(arm.attrs.get("arm", "the arm"))
+    name = label or str(arm_name(arm, "the arm"))
     worst = top_tokens(arm, baseline, n)
     out: dict[str, Any] = {"arm": name, "n_tokens": len(worst), "engine_starts": 0}
     if not worst:

@@ -33,6 +33,7 @@ from rlparity.record import Recorder, StepRecord
 from rlparity.trace import with_factors
 
 MIDRUN_FAULTS = ("raw_logprobs",)  # the faults the runner can switch on at a step of a running engine
+TRAINER_HEAD = "float32"  # the trainer's LM-head precision (recorded in the run store: the doctor's baseline key)
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ def _run_steps(eng, model: str, name: str, index: int, *, profile: str, old_poli
     steps, loss, n_prompts, n_samples, max_tokens, lr = s.steps, s.loss, s.n_prompts, s.n_samples, s.max_tokens, s.lr
     dtype, pause_mode, clear_cache, seed = s.dtype, s.pause_mode, s.clear_cache, s.seed
     async_rollouts, device, batch_size = s.async_rollouts, s.device, s.batch_size
-    trainer = Scorer(model, dtype=dtype, head_dtype="float32", device=device, batch_size=batch_size,
+    trainer = Scorer(model, dtype=dtype, head_dtype=TRAINER_HEAD, device=device, batch_size=batch_size,
                      progress=False)
     module = trainer.module
     optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
@@ -202,7 +203,7 @@ def _run_steps(eng, model: str, name: str, index: int, *, profile: str, old_poli
         trace.attrs["latest_policy_version"] = k  # the trainer's version for this batch
         scorers = {k: trainer}
         if previous is not None:
-            scorers[k - 1] = Scorer(previous, dtype=dtype, head_dtype="float32", device=device,
+            scorers[k - 1] = Scorer(previous, dtype=dtype, head_dtype=TRAINER_HEAD, device=device,
                                     batch_size=batch_size, progress=False, tokenize_prompts=False)
         versions = {int(v) for v in trace["policy_version"].values[trace["response_mask"].values.astype(bool)]}
         scored = score_versions(trace, {v: s for v, s in scorers.items() if v in versions | {k}}, latest=k)
@@ -345,7 +346,9 @@ def rl_run(model: str | os.PathLike, profiles: Sequence[str | EngineSettings] | 
                     t_run = time.perf_counter()
                     recorder = None if record_dir is None else Recorder(
                         Path(record_dir) / f"{run}.zarr", model=model, engine=engines[name].model_dump(mode="json"),
-                        attrs={"rl_run": run, "profile": name, "old_policy": op})
+                        attrs={"rl_run": run, "profile": name, "old_policy": op,
+                               "trainer": {"library": "transformers", "dtype": dtype, "head_dtype": TRAINER_HEAD,
+                                           "device": rs.device}})
                     if j and rs.fault == "raw_logprobs":  # the run before switched it
                         eng.set_logprobs_mode(engines[name].logprobs_mode)
                     try:

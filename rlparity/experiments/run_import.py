@@ -39,6 +39,7 @@ import numpy as np
 
 from rlparity.importers.values import natural_key
 from rlparity.record import Recorder, RecorderSettings, StepRecord
+from rlparity.trace import arm_record
 
 FORMATS = ("prime-rl", "verl")
 PRIME_SOURCE = "PrimeIntellect-ai/prime-rl src/prime_rl/trainer/rl/token_export.py @ 559b447 (TokenExporter)"
@@ -211,7 +212,7 @@ def _traces(format: str, units: list[tuple[int, Path]], options: dict[str, Any]
 
 def _record(format: str, step: int, trace: Any, side: str, unit: Path) -> StepRecord:
     """The step's record from its imported trace, what the dump lacks left missing."""
-    info = trace.attrs.get("import", {})
+    info = arm_record(trace).import_ or {}
     fields: dict[str, Any] = {"step": step}
     if format == "prime-rl":
         # the trainer step that exported (prime-rl's own counter) is the trainer's version
@@ -276,13 +277,13 @@ def import_run(format: str, path: str | os.PathLike, out: str | os.PathLike, *, 
     rec: Recorder | None = None
     try:
         for step, unit, trace in _traces(format, units, options):
-            tr = trace.attrs.get("trainer") or {}
+            tr = arm_record(trace).scorer.to_attrs()
             side = tr.get("reading")
             if side not in ("processed", "raw"):
                 raise RunImportError(f"step {step} of {src} has no trainer logprobs (pi_old): the run store compares "
                                      "the engine's with the trainer's (verl: save old_log_probs)")
             if rec is None:
-                for name in trace.attrs.get("sampling_unknown", []):
+                for name in arm_record(trace).sampling_unknown or []:
                     result.missing[name] = f"the dump does not record it: pass --{name.replace('_', '-')}"
                 peer = {"framework": format, "source": PRIME_SOURCE if format == "prime-rl" else VERL_SOURCE,
                         "path": str(src), "missing": result.missing, "trainer": tr}

@@ -49,6 +49,12 @@ def _short(dtype: Any) -> str:
     return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(str(dtype), str(dtype))
 
 
+def _head(side: Mapping[str, Any]) -> Any:
+    """A side's LM-head dtype: its body's where it names none (or ``"model"``: the body's)."""
+    head = side.get("head_dtype")
+    return head if head not in (None, "model") else side.get("dtype", "?")
+
+
 def baseline_key(attrs: Mapping[str, Any], *, device: str | None = None) -> dict[str, str]:
     """The baseline key of one arm or step from its provenance attrs.
 
@@ -56,7 +62,8 @@ def baseline_key(attrs: Mapping[str, Any], *, device: str | None = None) -> dict
     ----------
     attrs : Mapping
         The trace's attrs (``engine_effective``, ``trainer``, ``versions``, ``routing_capture``,
-        ``capture_backend``).
+        ``capture_backend``; ``engine_given``, the settings a training loop named, for what
+        ``engine_effective`` does not say: a run store's steps, :func:`rlparity.record.step_trace`).
     device : str, optional
         The device when the attrs do not name the card (e.g. ``"H200"`` for a shipped ``h200-*``
         example); None: the trainer's device (``cuda`` / ``cpu``).
@@ -66,13 +73,14 @@ def baseline_key(attrs: Mapping[str, Any], *, device: str | None = None) -> dict
     dict[str, str]
         One value per :data:`KEY_FIELDS` (``"?"`` where the attrs do not say).
     """
-    eng, tr = _get(attrs, "engine_effective"), _get(attrs, "trainer")
+    eng, given, tr = _get(attrs, "engine_effective"), _get(attrs, "engine_given"), _get(attrs, "trainer")
+    if given:  # what the engine reported, else what the loop named (never a default: unnamed stays "?")
+        eng = {**given, **{k: v for k, v in eng.items() if v is not None}}
     ver = _get(attrs, "versions")
     routing = _get(attrs, "routing_capture")
     moe = routing.get("mode") is not None or bool(_get(attrs, "moe_experiment").get("moe"))
     e_dt, t_dt = _short(eng.get("dtype", "?")), _short(tr.get("dtype", "?"))
-    e_head = _short(eng.get("head_dtype") or eng.get("dtype", "?"))
-    t_head = _short(tr.get("head_dtype") or tr.get("dtype", "?"))
+    e_head, t_head = _short(_head(eng)), _short(_head(tr))
     vllm = ver.get("vllm")
     return {"family": "moe" if moe else "dense",
             "dtype": e_dt if e_dt == t_dt else f"{e_dt}/{t_dt}",

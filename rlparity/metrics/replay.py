@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from rlparity.trace import token_checksum
+from rlparity.trace import arm_name, arm_record, token_checksum
 
 
 def same_tokens(a: xr.Dataset, b: xr.Dataset, what: str = "arm") -> None:
@@ -51,7 +51,7 @@ def same_tokens(a: xr.Dataset, b: xr.Dataset, what: str = "arm") -> None:
         The token ids differ (a replay of another trace, or a fresh capture).
     """
     if a.sizes.get("sequence") != b.sizes.get("sequence") or token_checksum(a) != token_checksum(b):
-        raise ValueError(f"{what} {a.attrs.get('arm', '?')!r} holds other tokens than {b.attrs.get('arm', '?')!r}: "
+        raise ValueError(f"{what} {arm_name(a, '?')!r} holds other tokens than {arm_name(b, '?')!r}: "
                          "compare replays of the same trace (rlparity replay)")
 
 
@@ -202,8 +202,8 @@ def trainer_gap(arm: xr.Dataset) -> float | None:
     float or None
         The gap; ``None`` when the arm has no trainer reading of that semantic (not scored).
     """
-    mode = (arm.attrs.get("replay") or {}).get("logprobs_mode") or \
-        (arm.attrs.get("engine_effective") or {}).get("logprobs_mode") or "raw_logprobs"
+    rec = arm_record(arm)
+    mode = (rec.replay or {}).get("logprobs_mode") or rec.effective.logprobs_mode or "raw_logprobs"
     var = "trainer_processed_logprob" if mode == "processed_logprobs" else "trainer_logprob"
     if var not in arm:
         return None

@@ -71,7 +71,9 @@ class RecorderSettings:
         The run's sampling parameters (``temperature``, ``top_k``, ``top_p``, ...): the default of
         each step's.
     engine : Mapping[str, Any], optional
-        The engine's settings (recorded in the store).
+        The engine's settings (recorded in the store as given, ``engine``, and what they name of the
+        floor, ``engine_given``: :func:`rlparity.record.run_record.given_settings`; the doctor's
+        baseline key reads it).
     dashboards : sequence of str, default all of :data:`rlparity.metrics.DASHBOARDS`
         Peers whose dashboard names the step's metrics carry.
     eps : float, optional
@@ -79,7 +81,9 @@ class RecorderSettings:
     stop_on : {"error", "warning"} or None, default None
         Raise :class:`RunAlarmError` after a step with an alarm at this level or above (opt-in).
     attrs : Mapping[str, Any], optional
-        More attributes for the store.
+        More attributes for the store (:class:`rlparity.record.run_record.RunRecord`'s keys, typed);
+        ``trainer`` (``dtype``, ``head_dtype``, ``device``) is the trainer's side of the doctor's
+        baseline key, carried to every step's trace.
     background : bool, default True
         Write the store in a background thread (at most two steps queued): ``step()`` returns once
         the metrics and alarms are computed; the step is committed shortly after

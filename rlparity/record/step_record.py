@@ -15,6 +15,7 @@ from rlparity.config.settings import with_overrides
 from rlparity.metrics.objective import policy_variable
 from rlparity.record.live import StepArrays
 from rlparity.record.store import FINISH_REASONS
+from rlparity.trace.record import arm_record
 from rlparity.trace.schema import POSITIVE_TOLERANCE, pad_rows
 
 
@@ -125,8 +126,9 @@ class StepRecord:
         side = trainer or defaults().trainer
         mask = trace["response_mask"].values.astype(bool)
         pv = trace["policy_version"].values
-        own = (trace.attrs.get("trainer") or {}).get("scored_by") == "policy_version"
-        latest = trace.attrs.get("latest_policy_version")
+        rec = arm_record(trace)
+        own = rec.scorer.scored_by == "policy_version"
+        latest = rec.latest_policy_version
         generated = int(pv[mask].max()) if mask.any() else None
         digests = engine_effective(trace.attrs)
         theta = policy_variable("theta", side)

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from rlparity.record.run_record import RunRecord, run_record
 from rlparity.trace.storage import StoreDamagedError, StoreError, write_root
 
 RUN_MARKER = "rlparity_run"
@@ -129,7 +130,9 @@ class RunWriter:
     path : str or os.PathLike
         The store.
     attrs : Mapping[str, Any]
-        The run's attributes (provenance, engine, sampling, trainer side), written at creation.
+        The run's attributes (provenance, engine, sampling, trainer side: a
+        :class:`~rlparity.record.run_record.RunRecord`'s keys), written at creation through the record
+        (a value of the wrong type is refused).
     resume : bool, default False
         Append after the committed steps of an existing run store.
     overwrite : bool, default False
@@ -164,7 +167,7 @@ class RunWriter:
         self.group = zarr.open_group(str(self.path), mode="a", zarr_format=2)
         self.arrays: dict[str, Any] = {}
         if existing is None:
-            self.attrs = dict(attrs)
+            self.attrs = RunRecord.from_attrs(attrs, where=str(self.path)).to_attrs()
             self.marker: dict[str, Any] = {"format": RUN_FORMAT, "steps": 0, "metric": [], "tensor": [],
                                            "alarm": [], "variables": {}}
             self._commit_attrs()
@@ -174,7 +177,7 @@ class RunWriter:
                                  f"format {RUN_FORMAT}: record into a new path")
             with open(self.path / ".zattrs") as fh:
                 root = json.load(fh)
-            self.attrs = {k: v for k, v in root.items() if k != RUN_MARKER}
+            self.attrs = run_record({k: v for k, v in root.items() if k != RUN_MARKER}, where=str(self.path)).to_attrs()
             self.marker = dict(existing)
             for name in self.marker.get("variables", {}):
                 self.arrays[name] = self.group[name]
@@ -303,8 +306,8 @@ def open_run(path: str | os.PathLike, *, chunks: Any = None) -> xr.Dataset:
     Returns
     -------
     xarray.Dataset
-        The run, the run's attributes in ``attrs`` and the committed step count in
-        ``attrs["steps"]``.
+        The run, the run's attributes in ``attrs`` (as :func:`~rlparity.record.run_record.run_record`
+        reads them: an old store's converted) and the committed step count in ``attrs["steps"]``.
 
     Raises
     ------
@@ -342,8 +345,8 @@ def open_run(path: str | os.PathLike, *, chunks: Any = None) -> xr.Dataset:
         ds["response_mask"] = mask.transpose("step", "sequence", "position")
     if chunks is None:
         ds = ds.load()
-    ds.attrs = {k: v for k, v in ds.attrs.items() if k != RUN_MARKER}
-    ds.attrs["steps"] = steps
+    rec = run_record({k: v for k, v in ds.attrs.items() if k != RUN_MARKER}, where=str(path))
+    ds.attrs = {**rec.to_attrs(), "steps": steps}
     return ds
 
 
@@ -364,7 +367,9 @@ def step_trace(run: xr.Dataset, step: int) -> xr.Dataset:
         The step's sequences (float64 logprobs), validated, its metrics in ``attrs["record_metrics"]``,
         the alarms that fired at it in ``attrs["record_alarms"]`` (``{code: "warning" | "error"}``)
         and the floors the run recorded (the run's ``trainer`` and ``engine_floor`` attributes, as a
-        trace carries them, where the loop gave them). ``attrs["trainer"]["scored_by"]`` is
+        trace carries them, where the loop gave them), the floor's engine settings the loop named
+        (``engine_given``: partial, so never ``engine_requested``, a capture's full settings) and
+        the run's library ``versions``. ``attrs["trainer"]["scored_by"]`` is
         ``"policy_version"`` when the store's ``scored_version`` says every token's pi_old came from
         the weights that generated it (a lagged step scored per version); absent otherwise (one set
         of weights, a mix, or a store written before ``scored_version`` was recorded).
@@ -392,7 +397,8 @@ def step_trace(run: xr.Dataset, step: int) -> xr.Dataset:
     data["response_mask"] = (("sequence", "position"), np.arange(width)[None, :] < lengths[:, None])
     data["prompt_token_id"] = (("sequence", "prompt_position"),
                                tok["prompt_token_id"].values[:, :pwidth].astype(np.int64))
-    reasons = list(run.attrs.get("finish_reasons", FINISH_REASONS))
+    rec = run_record(run)
+    reasons = list(FINISH_REASONS if rec.finish_reasons is None else rec.finish_reasons)
     codes = tok["finish_reason"].values
     data.update({
         "prompt_length": (("sequence",), plen), "response_length": (("sequence",), lengths),
@@ -412,7 +418,9 @@ def step_trace(run: xr.Dataset, step: int) -> xr.Dataset:
     levels = {1: "warning", 2: "error"}
     alarms = {str(c): levels.get(int(v), "error") for c, v in zip(one["alarm"].values, one["alarm_level"].values)
               if int(v) > 0} if "alarm" in one.dims else {}
-    floors = {k: run.attrs[k] for k in ("trainer", "engine_floor") if isinstance(run.attrs.get(k), dict)}
+    # the run's floors, the engine settings it named and its versions, where recorded (a dict: an empty one too)
+    floors = {k: v for k, v in rec.to_attrs().items()
+              if k in ("trainer", "engine_floor", "engine_given", "versions") and isinstance(v, dict)}
     if "scored_version" in tok and "policy_version" in data:  # stores before it was recorded: no claim
         real = data["response_mask"][1]
         scored = tok["scored_version"].values[real]
@@ -421,7 +429,7 @@ def step_trace(run: xr.Dataset, step: int) -> xr.Dataset:
             floors["trainer"] = {**floors.get("trainer", {}), "scored_by": "policy_version"}
     attrs = make_attrs(schema_version=SCHEMA_VERSION, arm=f"step_{int(step):06d}",
                        latest_policy_version=int(one["trainer_version"]), record_step=int(step),
-                       record_metrics=metrics, record_alarms=alarms, model=run.attrs.get("model"), **floors)
+                       record_metrics=metrics, record_alarms=alarms, model=rec.model, **floors)
     ds = xr.Dataset(data, coords={"sequence": np.arange(n), "position": np.arange(width),
                                   "prompt_position": np.arange(pwidth)}, attrs=attrs)
     return validate(annotate(ds), where=f"step {step} of the run")

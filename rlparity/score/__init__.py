@@ -890,8 +890,8 @@ def score_versions(trace: xr.Dataset, checkpoints: Any, *, latest: bool | int = 
         else:
             rows = np.flatnonzero(((pv == v) & mask).any(axis=1))
         scored = sc.score(trace.isel(sequence=rows))
-        sums[str(v)] = scored.attrs["trainer"].get("weight_checksums")
-        checks[str(v)] = scored.attrs["trainer"].get("self_check")
+        sums[str(v)] = arm_record(scored).scorer.weight_checksums
+        checks[str(v)] = arm_record(scored).scorer.self_check
         if base is None:
             base, first = scored, sc
         if v == latest_v:
@@ -919,7 +919,7 @@ def score_versions(trace: xr.Dataset, checkpoints: Any, *, latest: bool | int = 
         out = out.assign_coords(moe_layer=base["moe_layer"].values, expert_slot=base["expert_slot"].values)
         for k, arr in routed.items():
             out[k] = (base[k].dims, arr)
-        out.attrs["trainer_router"] = base.attrs.get("trainer_router")
+        out.attrs["trainer_router"] = arm_record(base).trainer_router
     assert first is not None
     for k, arr in first.applied_sampling(trace).items():
         out[k] = (("sequence",), arr)
@@ -928,7 +928,7 @@ def score_versions(trace: xr.Dataset, checkpoints: Any, *, latest: bool | int = 
         out["trainer_prompt_length"] = base["trainer_prompt_length"]
     elif first is not None and first.tokenize_prompts:
         out = tokenize_prompts(out, first.tokenizer, add_special_tokens=first.special_tokens(trace))
-    trainer_attrs = dict(base.attrs.get("trainer", {}))
+    trainer_attrs = arm_record(base).scorer.to_attrs()
     trainer_attrs.update({"model": names.get(str(latest_v), next(iter(names.values()))),
                           "scored_by": "policy_version", "per_version": names, "latest_version": latest_v,
                           "weight_checksums": None, "weight_checksums_per_version": sums,

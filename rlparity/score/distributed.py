@@ -26,6 +26,7 @@ import numpy as np
 import xarray as xr
 
 from rlparity.config.settings import TrainerSettings
+from rlparity.trace.record import arm_record
 
 
 def _gather(arrays: dict[str, np.ndarray], rank: int, world: int, device: str) -> dict[str, np.ndarray] | None:
@@ -93,7 +94,7 @@ def score_distributed(trace: xr.Dataset, model: Any, *, settings: TrainerSetting
     if rank != 0:
         return None
     scored = scorer.assemble(trace, {**parts, "result": merged})
-    scored.attrs["trainer"] = {**scored.attrs["trainer"], "distributed": {
+    scored.attrs["trainer"] = {**arm_record(scored).scorer.to_attrs(), "distributed": {
         "world_size": world, "backend": dist.get_backend(), "shards": "every world-th micro-batch of the "
         "single-process plan per rank (same batches and shapes)"}}
     return scored

@@ -31,6 +31,7 @@ import xarray as xr
 
 from rlparity.trace.storage.zarr_io import as_arms
 from rlparity.trace.legacy import legacy_factors
+from rlparity.trace.record import arm_name
 
 FACTORS_ATTR = "factors"
 
@@ -84,7 +85,7 @@ def arm_factors(trace: xr.Dataset, name: str | None = None) -> dict[str, Any]:
     rec = trace.attrs.get(FACTORS_ATTR)
     if isinstance(rec, Mapping):
         return dict(rec)
-    return legacy_factors(str(name if name is not None else trace.attrs.get("arm", "")), trace.attrs)
+    return legacy_factors(str(name if name is not None else arm_name(trace, "")), trace.attrs)
 
 
 def _common_keys(per_arm: Mapping[str, Mapping[str, Any]], dims: Sequence[str] | None) -> list[str]:

@@ -52,7 +52,7 @@ def _wants_container(annotation: Any) -> bool:
     """Whether a field holds a mapping, a list or a record (not a string): a JSON string there is decoded."""
     kinds = get_args(annotation) if get_origin(annotation) in (Union, type(int | None)) else (annotation,)
     return any(get_origin(k) in (dict, list, tuple) or k in (dict, list, tuple)
-               or (isinstance(k, type) and issubclass(k, _Record)) for k in kinds)
+               or (isinstance(k, type) and issubclass(k, MetadataRecord)) for k in kinds)
 
 
 _EXPECTED = {"dict_type": "a mapping", "model_type": "a mapping", "model_attributes_type": "a mapping",
@@ -78,8 +78,21 @@ def _where(attrs: Any, loc: tuple) -> tuple[str, Any]:
 _M = TypeVar("_M")
 
 
-def _documented(model: type[_M]) -> type[_M]:
-    """:func:`~rlparity.config.docfields.document_fields`, and the unknown keys a record keeps."""
+def documented_record(model: type[_M]) -> type[_M]:
+    """:func:`~rlparity.config.docfields.document_fields`, and the unknown keys a record keeps
+    (the decorator of every metadata record: the arm's here, the run store's in
+    :mod:`rlparity.record.run_record`).
+
+    Parameters
+    ----------
+    model : type
+        A :class:`MetadataRecord` subclass.
+
+    Returns
+    -------
+    type
+        ``model``, its docstring listing its fields.
+    """
     document_fields(model)
     model.__doc__ = str(model.__doc__).rstrip("\n") + (
         "\n**extra_data : Any\n    Keys rlparity does not know, kept as they are stored (:meth:`get` reads them).\n")
@@ -99,20 +112,42 @@ def _decoded(model: type[BaseModel], data: Mapping[str, Any]) -> dict[str, Any]:
     return data
 
 
-def _refusal(err: ValidationError, attrs: Any, arm: str | None) -> ArmRecordError:
-    """The one-line error of a validation failure: the arm, the stored key, its value, what it should be, the fix."""
+def record_refusal(err: ValidationError, attrs: Any, arm: str | None, *, subject: str | None = None,
+                   fix: str = "set it right (or delete it) in the arm's attrs and save the arm again "
+                              "(rlparity.trace.save)") -> ArmRecordError:
+    """The one-line error of a validation failure: the arm (or ``subject``), the stored key, its value,
+    what it should be, the fix.
+
+    Parameters
+    ----------
+    err : pydantic.ValidationError
+        The failure.
+    attrs : Any
+        The metadata validated.
+    arm : str or None
+        The arm's name (default ``attrs["arm"]``).
+    subject : str, optional
+        What the metadata belongs to, instead of the arm (e.g. a run store's path).
+    fix : str
+        How to set it right.
+
+    Returns
+    -------
+    ArmRecordError
+    """
     e = err.errors()[0]
     path, value = _where(attrs, e["loc"])
     kinds = {x["type"] for x in err.errors() if x["loc"][:len(e["loc"]) - 1] == e["loc"][:-1]}
     expected = ("a number" if {"int_type", "float_type"} <= kinds else "a mapping or a list"
                 if {"dict_type", "list_type"} <= kinds else "a mapping or a string"
                 if {"dict_type", "string_type"} <= kinds else _EXPECTED.get(e["type"], e["msg"]))
-    name = arm if arm is not None else (attrs.get("arm") if isinstance(attrs, Mapping) else None)
-    return ArmRecordError(f"arm {name or 'default'!r}: attrs{path} = {value!r:.80} is not {expected}: set it right "
-                          "(or delete it) in the arm's attrs and save the arm again (rlparity.trace.save)")
+    if subject is None:
+        name = arm if arm is not None else (attrs.get("arm") if isinstance(attrs, Mapping) else None)
+        subject = f"arm {name or 'default'!r}"
+    return ArmRecordError(f"{subject}: attrs{path} = {value!r:.80} is not {expected}: {fix}")
 
 
-class _Record(BaseModel):
+class MetadataRecord(BaseModel):
     """A mapping of metadata with typed known keys: the keys' order is kept, unknown keys too."""
 
     model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True, strict=True)
@@ -151,7 +186,7 @@ class _Record(BaseModel):
         out = {}
         for k in keys:
             v = getattr(self, by_key[k]) if k in by_key else extra[k]
-            out[k] = v.to_attrs() if isinstance(v, _Record) else v
+            out[k] = v.to_attrs() if isinstance(v, MetadataRecord) else v
         return out
 
     def __bool__(self) -> bool:  # truthy when it holds anything, as the mapping it stands for
@@ -173,8 +208,8 @@ class _Record(BaseModel):
         return (self.model_extra or {}).get(key, default)
 
 
-@_documented
-class EngineRecord(_Record):
+@documented_record
+class EngineRecord(MetadataRecord):
     """The engine's settings, as requested (``engine_requested``) or as the engine reported them
     (``engine_effective``); ``None`` where not given (requested) or not reported (effective).
     Settings not named here are kept (:meth:`get` reads them)."""
@@ -208,8 +243,8 @@ class EngineRecord(_Record):
     extra: Dict = Field(None, description="engine keyword arguments passed through as given (EngineSettings.extra)")
 
 
-@_documented
-class TrainerRecord(_Record):
+@documented_record
+class TrainerRecord(MetadataRecord):
     """How the trainer scored the arm (``trainer``: :mod:`rlparity.score`, or an importer's)."""
 
     library: Str = Field(None, description="the library that scored (transformers)")
@@ -234,8 +269,44 @@ class TrainerRecord(_Record):
     latest_version: Int = Field(None, description="the latest policy version scored")
 
 
-@_documented
-class ArmRecord(_Record):
+@documented_record
+class FaultRecord(MetadataRecord):
+    """A fault an online RL run switched on mid-run (``rl.fault``: the ground truth of the step)."""
+
+    cause: Str = Field(None, description="the fault (rlparity.experiments.rl_runner.MIDRUN_FAULTS)")
+    from_step: Int = Field(None, description="the first step it is on")
+    on: Bool = Field(None, description="whether it is on at this step")
+
+
+@documented_record
+class RLRecord(MetadataRecord):
+    """One step of an online RL run (``rl``: :func:`rlparity.experiments.rl.rl_run`): what the runner
+    did and how long it took."""
+
+    run: Str = Field(None, description="the run's name (<profile>+<old_policy>)")
+    profile: Str = Field(None, description="the engine profile of the run")
+    profile_index: Int = Field(None, description="the profile's place in the order the runner was given")
+    step: Int = Field(None, description="the optimizer step")
+    loss: Str = Field(None, description="the loss (ppo, gspo...)")
+    lr: Number | None = Field(None, description="the learning rate")
+    old_policy: Str = Field(None, description="the loss's ratio denominator (pi_old or mu)")
+    async_rollouts: Bool = Field(None, description="whether the rollouts were sampled one step ahead")
+    trainer_version: Int = Field(None, description="the trainer's weights version of the step")
+    versions_sampled: List = Field(None, description="the policy versions that sampled the step's tokens")
+    pause_mode: Str = Field(None, description="how the engine paused for the weight update")
+    clear_cache: Bool = Field(None, description="whether the update cleared the prefix cache")
+    seed: Int = Field(None, description="the run's seed")
+    sizes: Dict = Field(None, description="n_prompts, n_samples, max_tokens")
+    train_step: Dict = Field(None, description="the optimizer step's metrics")
+    update: Dict = Field(None, description="the weight update after the step")
+    seconds: Dict = Field(None, description="rollout, train, update and wall seconds")
+    engine_startup_s: Number | None = Field(None, description="seconds the engine took to start")
+    alarms: List = Field(None, description="the run recorder's alarms at the step (None: no recorder)")
+    fault: FaultRecord | None = Field(None, description="the fault switched on mid-run (None: none)")
+
+
+@documented_record
+class ArmRecord(MetadataRecord):
     """An arm's metadata, every key a store holds typed; see the module docstring.
 
     Read it with :func:`arm_record`; :attr:`effective`, :attr:`requested` and :attr:`scorer` are
@@ -259,6 +330,9 @@ class ArmRecord(_Record):
     capture_backend: Str = Field(None, description="what captured the rollouts (vllm-offline, vllm-async, import:FORMAT...)")
     engine_requested: EngineRecord | None = Field(None, description="the engine's settings as requested")
     engine_effective: EngineRecord | None = Field(None, description="the engine's settings as it reported them after start-up")
+    engine_given: EngineRecord | None = Field(None, description="the floor's engine settings a training loop named (a run "
+                                              "store's step: rlparity.record.run_record.given_settings); partial, never "
+                                              "a capture's full settings")
     sampling: dict[str, Any] | list[Any] | tuple[Any, ...] | None = Field(None, description="the sampling parameters, per request or one mapping for all")
     sampling_unknown: List = Field(None, description="the sampling fields an imported dump does not record")
     seeds: Dict = Field(None, description="the engine's and the requests' seeds")
@@ -279,7 +353,11 @@ class ArmRecord(_Record):
     # the records of the experiment that wrote the arm
     head_experiment: Dict = Field(None, description="the LM-head precision cell (legacy factors)")
     inflight: Dict = Field(None, description="the inflight weight-update cell (legacy factors)")
-    rl: Dict = Field(None, description="the online RL run and step")
+    rl: RLRecord | None = Field(None, description="the online RL run and step")
+    replay: Dict = Field(None, description="how a replay arm was replayed (mode, source arm, its settings)")
+    record_step: Int = Field(None, description="the run store's step the trace is (rlparity.record.step_trace)")
+    record_metrics: Dict = Field(None, description="the run recorder's metrics at that step")
+    record_alarms: Dict = Field(None, description="the run recorder's alarms that fired at that step ({code: level})")
     train_step: Dict = Field(None, description="the optimizer step's settings (loss, clip, corrections)")
     objective_correction: Dict = Field(None, description="the objective correction the run applies (tis, cap, masks)")
     faults: Dict = Field(None, description="the faults injected (the ground truth of a fault arm)")
@@ -293,6 +371,7 @@ class ArmRecord(_Record):
 
     EMPTY_ENGINE: ClassVar[EngineRecord]
     EMPTY_TRAINER: ClassVar[TrainerRecord]
+    EMPTY_RL: ClassVar[RLRecord]
 
     @classmethod
     def from_attrs(cls, attrs: Mapping[str, Any], *, arm: str | None = None) -> ArmRecord:
@@ -317,7 +396,7 @@ class ArmRecord(_Record):
         try:
             return cls.model_validate(attrs)
         except ValidationError as err:
-            raise _refusal(err, attrs, arm) from None
+            raise record_refusal(err, attrs, arm) from None
 
     @property
     def name(self) -> str:
@@ -340,6 +419,16 @@ class ArmRecord(_Record):
         return self.trainer or ArmRecord.EMPTY_TRAINER
 
     @property
+    def given(self) -> EngineRecord:
+        """The floor's engine settings a training loop named (``engine_given``); empty where not recorded."""
+        return self.engine_given or ArmRecord.EMPTY_ENGINE
+
+    @property
+    def rl_step(self) -> RLRecord:
+        """The online RL run's step (``rl``); empty where the arm is no RL step."""
+        return self.rl or ArmRecord.EMPTY_RL
+
+    @property
     def extra(self) -> dict[str, Any]:
         """The keys rlparity does not know, kept as they are (written back by :meth:`to_attrs`)."""
         return dict(self.model_extra or {})
@@ -347,6 +436,26 @@ class ArmRecord(_Record):
 
 ArmRecord.EMPTY_ENGINE = EngineRecord()
 ArmRecord.EMPTY_TRAINER = TrainerRecord()
+ArmRecord.EMPTY_RL = RLRecord()
+
+
+def arm_name(trace: Any, default: Any = "default") -> Any:
+    """An arm's name as stored (``attrs["arm"]``), its record left unchecked: the one read of the name
+    where the rest of the attrs need not be valid (the storage's messages, a trace not yet validated).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset or Mapping
+        An arm or its attrs.
+    default : Any, default "default"
+        What an arm whose attrs do not name it reads as (the name a store gives a lone trace).
+
+    Returns
+    -------
+    Any
+        The stored value (a string for any trace rlparity wrote), else ``default``.
+    """
+    return _plain((trace.attrs if hasattr(trace, "attrs") else trace).get("arm", default))
 
 
 def arm_record(trace: Any) -> ArmRecord:
@@ -369,4 +478,5 @@ def arm_record(trace: Any) -> ArmRecord:
     return ArmRecord.from_attrs(trace.attrs if hasattr(trace, "attrs") else trace)
 
 
-__all__ = ["ArmRecord", "ArmRecordError", "EngineRecord", "TrainerRecord", "arm_record"]
+__all__ = ["ArmRecord", "ArmRecordError", "EngineRecord", "FaultRecord", "RLRecord", "TrainerRecord", "arm_name",
+           "arm_record"]

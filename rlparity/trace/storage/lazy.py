@@ -23,6 +23,7 @@ import numpy as np
 import xarray as xr
 
 from rlparity.trace.schema import ALL_VARS, CHECKSUM_MISMATCH, TRAINER_VARS, TraceValidationError
+from rlparity.trace.record import arm_name, arm_record as typed_record
 from rlparity.trace.validation import validate
 from rlparity.trace.storage import (
     DIGEST_ALGORITHM,
@@ -297,7 +298,7 @@ def is_whole(trace: xr.Dataset) -> bool:
 
 def _where(trace: xr.Dataset) -> str:
     path, _ = arm_record(trace)
-    return f"{path or 'trace'} arm {str(trace.attrs.get('arm', 'default'))!r}"
+    return f"{path or 'trace'} arm {str(arm_name(trace))!r}"
 
 
 def _damaged(trace: xr.Dataset, what: str, err: Exception) -> StoreDamagedError:
@@ -355,7 +356,7 @@ def _validated_blocks(trace: xr.Dataset, size: int, progress: Callable | None) -
     path, want = arm_record(trace)
     where = _where(trace)
     digests = StreamDigests(trace) if want is not None else None
-    scored = trace.attrs.get("scored_token_checksum")
+    scored = typed_record(trace).scored_token_checksum
     tied = scored is not None and any(v in trace.variables for v in TRAINER_VARS)
     hashed = hashlib.sha256()  # token_checksum: every prompt id (this pass), then every response id
     problem: TraceValidationError | None = None
@@ -375,7 +376,7 @@ def _validated_blocks(trace: xr.Dataset, size: int, progress: Callable | None) -
                 continue
             yield part
     if digests is not None:
-        digests.verify(path, str(trace.attrs.get("arm")), want)
+        digests.verify(path, str(arm_name(trace, None)), want)
     if problem is not None:
         raise problem
     if tied:
@@ -511,7 +512,7 @@ def blocks(trace: xr.Dataset, *, size: int | None = None, progress: Callable | N
             digests.add(part)
         yield part
     if digests is not None:
-        digests.verify(path, str(trace.attrs.get("arm")), want, partial=True)
+        digests.verify(path, str(arm_name(trace, None)), want, partial=True)
 
 
 def load_variable(trace: xr.Dataset, name: str) -> np.ndarray:
@@ -544,7 +545,7 @@ def load_variable(trace: xr.Dataset, name: str) -> np.ndarray:
         raise _damaged(trace, name, err) from err
     path, want = arm_record(trace)
     if want is not None and name in want and is_whole(trace):
-        _verify_some(path, str(trace.attrs.get("arm")), want, {name: _digest(values)})
+        _verify_some(path, str(arm_name(trace, None)), want, {name: _digest(values)})
     return values
 
 
@@ -722,7 +723,7 @@ def verify_chunk_digests(trace: xr.Dataset, computed: Mapping[str, list[tuple[in
         for c, n in parts:
             crc = crc32_combine(crc, int(c), int(n))
         got[name] = f"{crc:08x}"
-    _verify_some(path, str(trace.attrs.get("arm")), want, got)
+    _verify_some(path, str(arm_name(trace, None)), want, got)
 
 
 __all__ = ["LAZY_RECORD", "ArmCheck", "StreamDigests", "arm_record", "block_size", "blocks", "chunk_digests",

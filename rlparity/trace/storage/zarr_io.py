@@ -19,6 +19,7 @@ from typing import Any
 import xarray as xr
 
 from rlparity.trace.storage.lazy import LAZY_RECORD, ArmCheck, lazy_chunks, validate_structure
+from rlparity.trace.record import arm_name
 from rlparity.trace.validation import validate
 from rlparity.trace.storage import (
     DIGEST_ALGORITHM,
@@ -53,7 +54,7 @@ _WRITE = {"zarr_format": 2, "write_empty_chunks": True}
 
 def _arms_to_save(data: xr.Dataset | xr.DataTree | Mapping[str, xr.Dataset]) -> dict[str, xr.Dataset]:
     if isinstance(data, xr.Dataset):
-        arms = {str(data.attrs.get("arm", "default")): data}
+        arms = {str(arm_name(data)): data}
     elif isinstance(data, xr.DataTree):
         if data.ds.data_vars:
             raise StoreError(f"the DataTree's root holds variables {list(data.ds.data_vars)}; a store holds "
@@ -197,7 +198,7 @@ def add_arm(ds: xr.Dataset, path: str | os.PathLike, arm: str | None = None) -> 
     TraceValidationError
         The trace does not follow the schema.
     """
-    arm = check_arm_name(arm if arm is not None else str(ds.attrs.get("arm", "default")))
+    arm = check_arm_name(arm if arm is not None else str(arm_name(ds)))
     p = store_path(path)
     with store_lock(p):
         recover_if_needed(p)
@@ -361,7 +362,7 @@ def named_arms(arms: Mapping[str, xr.Dataset]) -> dict[str, xr.Dataset]:
         The same arms; a trace whose ``arm`` attribute differs is replaced by a relabelled copy (the
         inputs are unchanged).
     """
-    return {name: ds.assign_attrs(arm=name) if isinstance(ds, xr.Dataset) and ds.attrs.get("arm") != name else ds
+    return {name: ds.assign_attrs(arm=name) if isinstance(ds, xr.Dataset) and arm_name(ds, None) != name else ds
             for name, ds in arms.items()}
 
 
@@ -451,7 +452,7 @@ def as_arms(data) -> dict[str, xr.Dataset]:
         ``data`` is none of these.
     """
     if isinstance(data, xr.Dataset):
-        return {data.attrs.get("arm", "default"): data}
+        return {arm_name(data): data}
     if isinstance(data, (str, os.PathLike)):
         return open_arms(data)
     if isinstance(data, xr.DataTree):
