@@ -375,6 +375,30 @@ def test_a_run_store_ships_as_an_example_unchanged_but_its_provenance(stores, tm
         stamp_run_example(tmp_path / "plain", tmp_path / "x.zarr", {})
 
 
+def test_a_run_stores_steps_saved_as_rl_arms_read_back_to_the_same_run(stores, tmp_path, cli):
+    """``steps_as_arms`` turns a run store's steps into RL step arms a plain store keeps: saved and
+    read back, they are grouped to the same run and steps, every arm validates as a scored trace,
+    and the doctor reads the same numbers and names the same cause at the same step."""
+    from rlparity.cli.doctor import read_runs
+    from rlparity.metrics.rl import run_steps, steps_as_arms
+    from rlparity.trace import open_arms, save, validate
+
+    steps = read(stores["raw6"])
+    arms = steps_as_arms({"raw6": steps})
+    assert list(arms) == [f"raw6@step_{k:03d}" for k in range(12)]
+    assert np.isnan(steps[0].attrs["record_metrics"]["rlparity/reward_mean"])  # NaN in the source
+    store = save(arms, tmp_path / "arms.zarr")  # strict JSON: the NaN metrics became null
+    back = open_arms(store)
+    assert run_steps(back) == {f"raw6@step_{k:03d}": ("raw6", k) for k in range(12)}
+    for arm, ds in back.items():
+        validate(ds, require_trainer=True, where=arm)
+    again = read_runs(store)["raw6"]
+    a, b = (doctor({"raw6": s}, window=4, n_boot=0).runs["raw6"] for s in (steps, again))
+    np.testing.assert_allclose(b.steps["abs_log_ratio_mean"].values, a.steps["abs_log_ratio_mean"].values, rtol=1e-12)
+    assert a.first_named == b.first_named == {"raw_logprobs": {"step": 6, "window": [4, 7]}}
+    assert steps[3].attrs.get("factors") is None  # the caller's traces are left as they were
+
+
 # ------------------------------------------------------------------------------ the figures
 
 def test_figures_draw_the_doctors_numbers(stores):
