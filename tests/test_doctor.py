@@ -351,28 +351,38 @@ def test_the_page_tables_say_what_the_steps_say(stores):
         placement_table(r, "nope")
 
 
-def test_a_run_store_ships_as_an_example_unchanged_but_its_provenance(stores, tmp_path):
-    """``stamp_run_example`` copies a recorded run store and adds only the ``example`` attr: the copy
-    reads back step for step equal, the doctor finds the same cause at the same step, and a second
-    stamp refuses to overwrite unless asked, a folder that is no run store is refused."""
-    from rlparity.experiments.rl_example import stamp_run_example
+def test_a_run_store_ships_as_an_example_the_doctor_reads_by_name(stores, tmp_path, cli, monkeypatch):
+    """``save_run_example`` ships a recorded run store as an example of RL step arms: the steps read
+    back with the recorder's numbers (float32 in both), its live alarms and the provenance; the
+    doctor on it gives the same page numbers and cause as on the run store, by name too; the store
+    holds no word of the planted fault; a folder that is no run store is refused."""
+    import rlparity.datasets as ds_mod
+    from rlparity.cli.doctor import read_runs
+    from rlparity.experiments.rl_example import save_run_example
 
-    src = stores["raw6"]
-    out = stamp_run_example(src, tmp_path / "shipped.zarr", {"description": "a test run", "date": "2026-12-06"})
-    a, b = open_run(src), open_run(out)
-    assert b.attrs["example"] == {"description": "a test run", "date": "2026-12-06"}
-    assert {k: v for k, v in b.attrs.items() if k != "example"} == dict(a.attrs)
-    for v in a.data_vars:
-        np.testing.assert_array_equal(a[v].values, b[v].values)
-    r = doctor({"shipped": read(out)}, window=4, n_boot=0).runs["shipped"]
-    assert r.first_named["raw_logprobs"]["step"] == 6
-    with pytest.raises(ValueError, match="overwrite=True"):
-        stamp_run_example(src, out, {})
-    stamp_run_example(src, out, {"description": "again"}, overwrite=True)
-    assert open_run(out).attrs["example"] == {"description": "again"}
+    ex = tmp_path / "examples"
+    ex.mkdir()
+    out = save_run_example(stores["raw6"], ex / "mine.zarr", {"description": "a test run", "date": "2026-12-06"})
+    monkeypatch.setattr(ds_mod, "examples_dir", lambda: ex)
+    assert ds_mod.list_examples() == {"mine": {"description": "a test run", "date": "2026-12-06"}}
+    steps, shipped = read(stores["raw6"]), read_runs(out)["raw6"]
+    assert sorted(shipped) == list(range(12))
+    for k in range(12):
+        m = steps[k]["response_mask"].values
+        np.testing.assert_array_equal(shipped[k]["rollout_logprob"].values[m], steps[k]["rollout_logprob"].values[m])
+        np.testing.assert_array_equal(shipped[k]["trainer_processed_logprob"].values[m],
+                                      steps[k]["trainer_processed_logprob"].values[m])
+        assert shipped[k].attrs.get("record_alarms") == steps[k].attrs.get("record_alarms")
+    a, b = (doctor({"raw6": s}, window=4, n_boot=0).runs["raw6"] for s in (steps, shipped))
+    np.testing.assert_allclose(b.steps["abs_log_ratio_mean"].values, a.steps["abs_log_ratio_mean"].values, rtol=1e-6)
+    assert a.first_named == b.first_named and a.alarms == b.alarms
+    text = "".join(f.read_text() for f in out.rglob(".z*"))
+    assert "raw_from" not in text and '"fault"' not in text
+    res = cli("doctor", "mine", "--window", "4", "--boot", "0", "--json")
+    assert res.exit_code == 1 and strict(res.stdout)["runs"]["raw6"]["first_named"]["raw_logprobs"]["step"] == 6
     (tmp_path / "plain").mkdir()
     with pytest.raises(ValueError, match="no run store"):
-        stamp_run_example(tmp_path / "plain", tmp_path / "x.zarr", {})
+        save_run_example(tmp_path / "plain", tmp_path / "x.zarr", {})
 
 
 def test_a_run_stores_steps_saved_as_rl_arms_read_back_to_the_same_run(stores, tmp_path, cli):

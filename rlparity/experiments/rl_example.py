@@ -129,65 +129,61 @@ def make_example(stores: Sequence[str | os.PathLike], path: str | os.PathLike, *
     return save(tree, path)
 
 
-def stamp_run_example(run_store: str | os.PathLike, path: str | os.PathLike, provenance: dict,
-                      *, overwrite: bool = False) -> Path:
-    """A copy of a run store (:class:`rlparity.record.Recorder`'s) with its provenance as the root
-    attr ``example``, so that it ships as an example (``rlparity doctor NAME``, :func:`rlparity.datasets.list_examples`).
+def save_run_example(run_store: str | os.PathLike, path: str | os.PathLike, provenance: dict) -> Path:
+    """A run store (:class:`rlparity.record.Recorder`'s) as a shippable example store: its committed
+    steps as RL step arms ``<run>@step_NNN`` (:func:`rlparity.metrics.rl.steps_as_arms`, the run
+    named after the store), compacted (:func:`rlparity.datasets.save_example`, floats as float32,
+    which the run store already holds), with ``provenance`` as the root attr ``example``.
 
-    Nothing else changes: the copy is the recorder's store, steps, alarms and attrs as recorded.
+    Each step keeps what the recorder wrote beside its tokens: its live metrics and the alarms that
+    fired at it (``attrs["record_alarms"]``, the doctor's timeline). ``rlparity doctor NAME``,
+    :func:`rlparity.datasets.load_example` and :func:`rlparity.cli.doctor.read_runs` read it.
 
     Parameters
     ----------
     run_store : str or os.PathLike
         The recorded run store.
     path : str or os.PathLike
-        Where the copy goes.
+        The example store to write (replaced when it exists).
     provenance : dict
-        The ``example`` attr: description, device, vLLM, date, model, command (JSON-able).
-    overwrite : bool, default False
-        Replace what is at ``path``.
+        The ``example`` attr: description, device, vLLM, date, model, command.
 
     Returns
     -------
     pathlib.Path
-        ``path``.
+        The written store.
 
     Raises
     ------
     ValueError
-        If ``run_store`` is no run store, or something is at ``path`` and ``overwrite`` is False.
+        If ``run_store`` is no run store or holds no committed step.
     """
-    import json
-    import shutil
+    from rlparity.datasets import save_example
+    from rlparity.metrics.rl import steps_as_arms
+    from rlparity.record import is_run_store, open_run, step_trace
 
-    from rlparity.config.provenance import jsonable
-    from rlparity.record import is_run_store
-    from rlparity.trace.storage.files import write_root
-
-    src, dest = Path(run_store), Path(path)
+    src = Path(run_store)
     if not is_run_store(src):
         raise ValueError(f"{src} is no run store: record one with rlparity.record.Recorder (or rl_run(record_dir=...))")
-    if dest.exists():
-        if not overwrite:
-            raise ValueError(f"{dest} exists: pass overwrite=True to replace it")
-        shutil.rmtree(dest)
-    shutil.copytree(src, dest, ignore=shutil.ignore_patterns(".*.recorder-lock"))
-    attrs = json.loads((dest / ".zattrs").read_text())
-    write_root(dest, {**attrs, "example": jsonable(dict(provenance), strict=True)})
-    return dest
+    run = open_run(src)
+    n = int(run.attrs["steps"])
+    if not n:
+        raise ValueError(f"{src} holds no committed step: nothing to ship")
+    name = src.name[:-5] if src.name.endswith(".zarr") else src.name
+    arms = steps_as_arms({name: {k: step_trace(run, k) for k in range(n)}})
+    return save_example(arms, path, dict(provenance))
 
 
 def record_fault_example(model: str | os.PathLike, path: str | os.PathLike, *, steps: int = 12,
                          fault: str = "raw_logprobs", fault_from_step: int = 6, profile: str = "pipelinerl-parity",
                          n_prompts: int = 8, n_samples: int = 4, max_tokens: int = 12, lr: float = 1e-3,
-                         description: str | None = None, command: str | None = None, overwrite: bool = False,
-                         log=None) -> Path:
+                         description: str | None = None, command: str | None = None, log=None) -> Path:
     """Record a run of rlparity's RL runner with a fault planted mid-run, as a shippable run store.
 
     One real engine (``profile``) and one trainer (:func:`rlparity.experiments.rl.rl_run`, ratio
     denominator pi_old), every step recorded through :class:`rlparity.record.Recorder`; ``fault``
     is switched on before step ``fault_from_step``'s rollouts. The store written at ``path`` is the
-    recorder's (:func:`stamp_run_example`): it never holds the fault or its step (the runner keeps
+    recorder's steps (:func:`save_run_example`): it never holds the fault or its step (the runner keeps
     that ground truth in its own traces' ``attrs["rl"]["fault"]``, which are not shipped), so
     a doctor reading it has to find the fault.
 
@@ -201,8 +197,6 @@ def record_fault_example(model: str | os.PathLike, path: str | os.PathLike, *, s
         The run (:class:`rlparity.experiments.rl.RLRunSettings`).
     description, command : str, optional
         The provenance's; ``None`` writes a neutral description (no fault named) and the call.
-    overwrite : bool, default False
-        Replace what is at ``path``.
     log : callable, optional
         Called with one line per engine and run; ``None`` is silent.
 
@@ -234,4 +228,4 @@ def record_fault_example(model: str | os.PathLike, path: str | os.PathLike, *, s
                 "sizes": {"steps": steps, "n_prompts": n_prompts, "n_samples": n_samples, "max_tokens": max_tokens,
                           "lr": lr},
                 "command": command or "python scripts/record_doctor_example.py"}
-        return stamp_run_example(Path(tmp) / f"{profile}.zarr", path, prov, overwrite=overwrite)
+        return save_run_example(Path(tmp) / f"{profile}.zarr", path, prov)
