@@ -74,8 +74,7 @@ import rlparity
 from rlparity.cli.doctor import read_runs
 from rlparity.config.provenance import write_json
 from rlparity.datasets import example_attrs, example_path
-from rlparity.diagnose.doctor import (alarm_timeline, doctor, growth_table, placement_table, steps_naming,
-                                      window_table)
+from rlparity.diagnose.doctor import doctor
 from rlparity.metrics.rl import steps_as_arms
 from rlparity.plot import init_notebook
 from rlparity.plot.doctor import plot_growth, plot_mismatch_over_steps
@@ -184,7 +183,7 @@ lag_table.assign(tokens=lags["n_tokens"].sum("lag").to_pandas()).style.format("{
 # changed; the next block says *what*.
 
 # %%
-timeline = alarm_timeline(run)
+timeline = run.alarm_timeline()
 pd.DataFrame(timeline, columns=["alarm", "level", "first", "spans", "n_steps"])
 
 # %% [markdown]
@@ -198,12 +197,12 @@ pd.DataFrame(timeline, columns=["alarm", "level", "first", "spans", "n_steps"])
 # update, not the backend, and are listed beside the causes, never as one.
 
 # %%
-windows = pd.DataFrame(window_table(run)).set_index("steps")
+windows = pd.DataFrame(run.window_table()).set_index("steps")
 windows["on_steps"] = windows["on_steps"].map(lambda ks: ", ".join(map(str, ks)) or "-")
 windows[["recorded", "cause", "on_steps", "finding", "severity", "mean_abs_d", "other_findings"]]
 
 # %%
-named = steps_naming(run, fault)
+named = run.steps_naming(fault)
 print(f"first named: {run.first_named}; steps naming {fault}: {named}")
 
 # %% [markdown]
@@ -218,7 +217,7 @@ print(f"first named: {run.first_named}; steps naming {fault}: {named}")
 # composition parts instead, and is not a fault.
 
 # %%
-growth = pd.DataFrame(growth_table(run)).set_index("steps")
+growth = pd.DataFrame(run.growth_table()).set_index("steps")
 growth[["change", "length", "confidence", "low_prob", "lag", "residual", "residual_low", "residual_high",
         "check"]].style.format("{:+.3g}")
 
@@ -236,7 +235,7 @@ plot_growth(run.windows, title=f"{name}: why mean |d| changed against steps 0-{w
 # fewer than five runs says so.
 
 # %%
-placed = pd.DataFrame(placement_table(run)).set_index("step")
+placed = pd.DataFrame(run.placement_table()).set_index("step")
 print(placed["text"].iloc[0])
 placed[["value", "percentile", "n_runs", "exact"]]
 
@@ -268,7 +267,7 @@ assert ks == list(range(len(ks))) and len(ks) > fault_from_step, ks
 assert run.first_named[fault]["step"] == fault_from_step, run.first_named
 assert named == [k for k in ks if k >= fault_from_step], named
 assert not any(run.step_causes[k]["causes"] for k in ks if k < fault_from_step), run.step_causes
-first_win = window_table(run)[0]
+first_win = run.window_table()[0]
 assert first_win["cause"] is None, first_win
 # the jump: every faulty step far above every clean one
 mean_d = run.steps["abs_log_ratio_mean"].values
@@ -276,11 +275,11 @@ assert min(mean_d[fault_from_step:]) > min_jump * max(mean_d[:fault_from_step]),
 # the alarms fire from the fault on, none before
 assert timeline and min(t["first"] for t in timeline) >= fault_from_step, timeline
 # the growth is in the residual, not in the batch's composition
-last = growth_table(run)[-1]
+last = run.growth_table()[-1]
 assert last["residual"] > 0.9 * last["change"] > 0, last
 assert abs(last["check"]) <= 1e-6 * abs(last["change"]) + 1e-12, last
 # the faulty steps lie beyond the clean batches of the nearest baseline row, the clean ones within them
-assert all(p["percentile"] >= 99 for p in placement_table(run) if p["step"] >= fault_from_step)
+assert all(p["percentile"] >= 99 for p in run.placement_table() if p["step"] >= fault_from_step)
 # the token-level corrections would hide it
 hides = {c["correction"] for c in cf["rows"] if fault in c["hides"]}
 assert cf["step"] == fault_from_step and "token_tis" in hides, (cf["step"], hides)
@@ -300,7 +299,7 @@ h200_runs = read_runs(example_path("h200-rl"))
 h200 = doctor(h200_runs, window=h200_window, n_boot=n_boot, source="h200-rl", device="H200")
 h200_rows = []
 for rn, r in h200.runs.items():
-    p = placement_table(r)
+    p = r.placement_table()
     h200_rows.append({"run": rn, "first named": ", ".join(f"{c} at step {v['step']}" for c, v in r.first_named.items())
                       or "-", **{f"mean |d| step {x['step']}": x["value"] for x in p},
                       **{f"percentile step {x['step']}": x["percentile"] for x in p},
@@ -324,9 +323,9 @@ write_json(out / "results.json", {
     "source": {"store": store.name, "recorded_here": record, "provenance": provenance},
     "truth": {"fault": fault, "from_step": fault_from_step},
     "first_named": run.first_named, "steps_naming": named, "findings": findings,
-    "steps": report.to_dict()["runs"][name]["steps"], "alarms": timeline, "windows": window_table(run),
-    "growth": growth_table(run), "growth_k3": growth_table(run, "k3"), "placement": placement_table(run),
-    "counterfactual": cf, "h200": {rn: {"first_named": r.first_named, "placement": placement_table(r)}
+    "steps": report.to_dict()["runs"][name]["steps"], "alarms": timeline, "windows": run.window_table(),
+    "growth": run.growth_table(), "growth_k3": run.growth_table("k3"), "placement": run.placement_table(),
+    "counterfactual": cf, "h200": {rn: {"first_named": r.first_named, "placement": r.placement_table()}
                                    for rn, r in h200.runs.items()},
     "elapsed_s": round(time.perf_counter() - t0, 1)})
 print(f"wrote {saved.name} and results.json in {time.perf_counter() - t0:.0f} s")
@@ -338,14 +337,14 @@ print(f"wrote {saved.name} and results.json in {time.perf_counter() - t0:.0f} s"
 # from pathlib import Path
 #
 # from rlparity.cli.doctor import read_runs
-# from rlparity.diagnose.doctor import doctor, window_table
+# from rlparity.diagnose.doctor import doctor
 #
 # report = doctor(read_runs(Path("runs/midrun.zarr")), window=4)
 # print(report)                        # the page
 # run = report.runs["midrun"]
 # run.first_named                      # {"raw_logprobs": {"step": 6, "window": [4, 7]}}
 # run.steps                            # xarray: per step mean |d|, k3, floors, composition
-# window_table(run)                    # the cause of each window, as rows
+# run.window_table()                  # the cause of each window, as rows
 # report.to_dict()                     # what --json prints
 # ```
 

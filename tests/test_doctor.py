@@ -306,14 +306,13 @@ def test_the_page_tables_say_what_the_steps_say(stores):
     """The tables notebook 11 shows, against the run's own per-step records read by hand: the alarm
     timeline against the raw alarm list, the window table against the per-step causes, the growth
     rows against the windows' decompositions (parts summing to the change), the placements."""
-    from rlparity.diagnose.doctor import (_spans, alarm_timeline, growth_table, placement_table, steps_naming,
-                                          window_table)
+    from rlparity.diagnose.doctor import _spans
 
     assert _spans([8, 6, 7, 10, 12, 13]) == "6-8, 10, 12-13" and _spans([]) == "" and _spans([3]) == "3"
     steps = read(stores["raw6"])
     r = doctor({"raw6": steps}, window=4, n_boot=20).runs["raw6"]
-    assert steps_naming(r, "raw_logprobs") == list(range(6, 12)) and steps_naming(r, "rollout_bf16_head") == []
-    timeline = alarm_timeline(r)
+    assert r.steps_naming("raw_logprobs") == list(range(6, 12)) and r.steps_naming("rollout_bf16_head") == []
+    timeline = r.alarm_timeline()
     by_hand: dict = {}
     for a in r.alarms:
         by_hand.setdefault(a["code"], set()).add(a["step"])
@@ -321,7 +320,7 @@ def test_the_page_tables_say_what_the_steps_say(stores):
     assert [t["first"] for t in timeline] == sorted(t["first"] for t in timeline)  # in the order they first fired
     jump = next(t for t in timeline if t["alarm"] == "floor_jump")
     assert jump["first"] == 6 and jump["level"] == "warning" and jump["n_steps"] == len(jump["steps"])
-    rows = window_table(r)
+    rows = r.window_table()
     assert [w["steps"] for w in rows] == ["0-3", "4-7", "8-11"] and [w["recorded"] for w in rows] == [4, 4, 4]
     assert rows[0]["cause"] is None and rows[0]["on_steps"] == [] and rows[0]["finding"] is None
     assert rows[1]["cause"] == "raw_logprobs" and rows[1]["on_steps"] == [6, 7]
@@ -333,22 +332,22 @@ def test_the_page_tables_say_what_the_steps_say(stores):
         mask_means.append(float(np.abs(d).mean()))
     np.testing.assert_allclose([w["mean_abs_d"] for w in rows], mask_means, rtol=1e-9)
     for target in ("abs_d", "k3"):
-        grown = growth_table(r, target)
+        grown = r.growth_table(target)
         assert [g["steps"] for g in grown] == ["4-7", "8-11"]
         for g in grown:
             parts = sum(g[p] for p in (*mr.PARTS, "residual"))
             assert abs(parts - g["change"]) <= 1e-9 + 1e-6 * abs(g["change"]), g
             assert all(g[f"{p}_low"] <= g[p] + 1e-12 and g[p] <= g[f"{p}_high"] + 1e-12 for p in ("residual",))
-    late = growth_table(r)[-1]
+    late = r.growth_table()[-1]
     assert late["residual"] > 0.5 * late["change"] > 0  # the raw steps' excess is in the residual, not composition
     with pytest.raises(ValueError, match="use 'abs_d'"):
-        growth_table(r, "abs")
-    placed = placement_table(r)
+        r.growth_table("abs")
+    placed = r.placement_table()
     assert [p["step"] for p in placed] == list(range(12))
     np.testing.assert_allclose([p["value"] for p in placed], r.steps["abs_log_ratio_mean"].values, rtol=1e-6)
     assert all(0 <= p["percentile"] <= 100 for p in placed)
     with pytest.raises(ValueError, match="use one of"):
-        placement_table(r, "nope")
+        r.placement_table("nope")
 
 
 def test_a_run_store_ships_as_an_example_the_doctor_reads_by_name(stores, tmp_path, cli, monkeypatch):
