@@ -65,6 +65,7 @@ fault_from_step = 6        # ... and the first step it was on
 window = 4                 # steps per window of the attribution and the decomposition
 n_boot = None              # bootstrap replicates of the decomposition (None: 200; 50 with ci)
 h200_window = 10
+device = "cpu"             # where the doctor (and a fresh recording's trainer) runs
 min_jump = 10.0            # every faulty step's mean |d| over the largest clean step's (the shipped run: about 2e5)
 engine_log_level = "ERROR"
 out_dir = "artifacts/11_doctor"
@@ -104,6 +105,7 @@ if record:  # a fresh run: the RL runner, the fault switched on before step faul
 else:
     store = example_path(example)
     provenance = example_attrs(example)["example"]
+    model = model or provenance.get("model")  # the recorded run's model, for the watermark
 print(f"{store.name}: {provenance['description']}\n[{provenance.get('device_name')}, vLLM {provenance.get('vllm')}, "
       f"{provenance.get('date')}; {provenance.get('command')}]")
 
@@ -359,9 +361,9 @@ print(f"wrote {saved.name} and results.json in {time.perf_counter() - t0:.0f} s"
 # %% [markdown]
 # ## Versions and hardware
 #
-# The software and hardware behind the numbers on this page: the recorded run, and the shipped example data.
+# The software and hardware behind the numbers on this page: this machine (the doctor), and the recorded runs.
 
 # %%
 from rlparity.datasets import watermark
 
-watermark(provenance.get("model"), device="cpu", examples=[example, "h200-rl"])
+watermark(model, device=device, examples=[*([] if record else [example]), "h200-rl"])

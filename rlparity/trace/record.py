@@ -290,6 +290,10 @@ class ArmRecord(_Record):
     layer_scenario: Str = Field(None, description="the scenario of a layer arm")
     moe_experiment: Dict = Field(None, description="the MoE experiment's settings")
     ablation: Dict = Field(None, description="the engine-setting ablation's plan and knob")
+    # a run store's step (rlparity.record.step_trace)
+    record_step: Int = Field(None, description="the index of the run store's step the arm was read from")
+    record_metrics: Dict = Field(None, description="the recorder's live metrics of that step")
+    record_alarms: Dict = Field(None, description="the alarms the recorder raised at that step ({code: level})")
 
     EMPTY_ENGINE: ClassVar[EngineRecord]
     EMPTY_TRAINER: ClassVar[TrainerRecord]
