@@ -338,6 +338,10 @@ def test_the_page_tables_say_what_the_steps_say(stores):
             parts = sum(g[p] for p in (*mr.PARTS, "residual"))
             assert abs(parts - g["change"]) <= 1e-9 + 1e-6 * abs(g["change"]), g
             assert all(g[f"{p}_low"] <= g[p] + 1e-12 and g[p] <= g[f"{p}_high"] + 1e-12 for p in ("residual",))
+    # each row is its window's decomposition of the target asked for (mean |d| or k3), not the other's
+    for target, key in (("abs_d", "growth"), ("k3", "growth_k3")):
+        assert [g["change"] for g in r.growth_table(target)] == [w[key]["change"] for w in r.windows[1:]]
+    assert rows[1]["other_causes"] == [] and rows[2]["other_causes"] == []  # the headline is not repeated
     late = r.growth_table()[-1]
     assert late["residual"] > 0.5 * late["change"] > 0  # the raw steps' excess is in the residual, not composition
     with pytest.raises(ValueError, match="use 'abs_d'"):
