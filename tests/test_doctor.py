@@ -410,6 +410,11 @@ def test_a_run_stores_steps_saved_as_rl_arms_read_back_to_the_same_run(stores, t
     np.testing.assert_allclose(b.steps["abs_log_ratio_mean"].values, a.steps["abs_log_ratio_mean"].values, rtol=1e-12)
     assert a.first_named == b.first_named == {"raw_logprobs": {"step": 6, "window": [4, 7]}}
     assert steps[3].attrs.get("factors") is None  # the caller's traces are left as they were
+    from rlparity.trace import arm_factors
+
+    assert arm_factors(back["raw6@step_003"]) == {"profile": "raw6", "old_policy": "not recorded", "step": 3}
+    named = steps_as_arms({"r": {0: steps[0].assign_attrs(old_policy="mu")}})  # a trace that says its denominator
+    assert arm_factors(named["r@step_000"])["old_policy"] == "mu"
 
 
 # ------------------------------------------------------------------------------ the figures
