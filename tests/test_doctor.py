@@ -376,6 +376,123 @@ def test_the_engine_settings_say_only_what_they_name():
     assert mb.baseline_key({"routing_capture": {}, "moe_experiment": {"moe": False}})["family"] == "dense"
 
 
+# ------------------------------------------------------------------------------ the page as tables (notebook 11)
+
+def test_the_page_tables_say_what_the_steps_say(stores):
+    """The tables notebook 11 shows, against the run's own per-step records read by hand: the alarm
+    timeline against the raw alarm list, the window table against the per-step causes, the growth
+    rows against the windows' decompositions (parts summing to the change), the placements."""
+    from rlparity.diagnose.doctor import _spans
+
+    assert _spans([8, 6, 7, 10, 12, 13]) == "6-8, 10, 12-13" and _spans([]) == "" and _spans([3]) == "3"
+    steps = read(stores["raw6"])
+    r = doctor({"raw6": steps}, window=4, n_boot=20).runs["raw6"]
+    assert r.steps_naming("raw_logprobs") == list(range(6, 12)) and r.steps_naming("rollout_bf16_head") == []
+    timeline = r.alarm_timeline()
+    by_hand: dict = {}
+    for a in r.alarms:
+        by_hand.setdefault(a["code"], set()).add(a["step"])
+    assert {t["alarm"]: set(t["steps"]) for t in timeline} == by_hand
+    assert [t["first"] for t in timeline] == sorted(t["first"] for t in timeline)  # in the order they first fired
+    jump = next(t for t in timeline if t["alarm"] == "floor_jump")
+    assert jump["first"] == 6 and jump["level"] == "warning" and jump["n_steps"] == len(jump["steps"])
+    rows = r.window_table()
+    assert [w["steps"] for w in rows] == ["0-3", "4-7", "8-11"] and [w["recorded"] for w in rows] == [4, 4, 4]
+    assert rows[0]["cause"] is None and rows[0]["on_steps"] == [] and rows[0]["finding"] is None
+    assert rows[1]["cause"] == "raw_logprobs" and rows[1]["on_steps"] == [6, 7]
+    assert rows[2]["on_steps"] == [8, 9, 10, 11] and rows[2]["severity"] == "error"
+    mask_means = []
+    for w in r.windows:  # the window's mean |d| recomputed from its steps' tokens
+        toks = mr.run_tokens({k: steps[k] for k in w["steps"]})
+        d = np.concatenate([t.d for t in toks.values()])
+        mask_means.append(float(np.abs(d).mean()))
+    np.testing.assert_allclose([w["mean_abs_d"] for w in rows], mask_means, rtol=1e-9)
+    for target in ("abs_d", "k3"):
+        grown = r.growth_table(target)
+        assert [g["steps"] for g in grown] == ["4-7", "8-11"]
+        for g in grown:
+            parts = sum(g[p] for p in (*mr.PARTS, "residual"))
+            assert abs(parts - g["change"]) <= 1e-9 + 1e-6 * abs(g["change"]), g
+            assert all(g[f"{p}_low"] <= g[p] + 1e-12 and g[p] <= g[f"{p}_high"] + 1e-12 for p in ("residual",))
+    # each row is its window's decomposition of the target asked for (mean |d| or k3), not the other's
+    for target, key in (("abs_d", "growth"), ("k3", "growth_k3")):
+        assert [g["change"] for g in r.growth_table(target)] == [w[key]["change"] for w in r.windows[1:]]
+    assert rows[1]["other_causes"] == [] and rows[2]["other_causes"] == []  # the headline is not repeated
+    late = r.growth_table()[-1]
+    assert late["residual"] > 0.5 * late["change"] > 0  # the raw steps' excess is in the residual, not composition
+    with pytest.raises(ValueError, match="use 'abs_d'"):
+        r.growth_table("abs")
+    placed = r.placement_table()
+    assert [p["step"] for p in placed] == list(range(12))
+    np.testing.assert_allclose([p["value"] for p in placed], r.steps["abs_log_ratio_mean"].values, rtol=1e-6)
+    assert all(0 <= p["percentile"] <= 100 for p in placed)
+    with pytest.raises(ValueError, match="use one of"):
+        r.placement_table("nope")
+
+
+def test_a_run_store_ships_as_an_example_the_doctor_reads_by_name(stores, tmp_path, cli, monkeypatch):
+    """``save_run_example`` ships a recorded run store as an example of RL step arms: the steps read
+    back with the recorder's numbers (float32 in both), its live alarms and the provenance; the
+    doctor on it gives the same page numbers and cause as on the run store, by name too; the store
+    holds no word of the planted fault; a folder that is no run store is refused."""
+    import rlparity.datasets as ds_mod
+    from rlparity.cli.doctor import read_runs
+    from rlparity.experiments.rl_example import save_run_example
+
+    ex = tmp_path / "examples"
+    ex.mkdir()
+    out = save_run_example(stores["raw6"], ex / "mine.zarr", {"description": "a test run", "date": "2026-12-06"})
+    monkeypatch.setattr(ds_mod, "examples_dir", lambda: ex)
+    assert ds_mod.list_examples() == {"mine": {"description": "a test run", "date": "2026-12-06"}}
+    steps, shipped = read(stores["raw6"]), read_runs(out)["raw6"]
+    assert sorted(shipped) == list(range(12))
+    for k in range(12):
+        m = steps[k]["response_mask"].values
+        np.testing.assert_array_equal(shipped[k]["rollout_logprob"].values[m], steps[k]["rollout_logprob"].values[m])
+        np.testing.assert_array_equal(shipped[k]["trainer_processed_logprob"].values[m],
+                                      steps[k]["trainer_processed_logprob"].values[m])
+        assert shipped[k].attrs.get("record_alarms") == steps[k].attrs.get("record_alarms")
+    a, b = (doctor({"raw6": s}, window=4, n_boot=0).runs["raw6"] for s in (steps, shipped))
+    np.testing.assert_allclose(b.steps["abs_log_ratio_mean"].values, a.steps["abs_log_ratio_mean"].values, rtol=1e-6)
+    assert a.first_named == b.first_named and a.alarms == b.alarms
+    text = "".join(f.read_text() for f in out.rglob(".z*"))
+    assert "raw_from" not in text and '"fault"' not in text
+    res = cli("doctor", "mine", "--window", "4", "--boot", "0", "--json")
+    assert res.exit_code == 1 and strict(res.stdout)["runs"]["raw6"]["first_named"]["raw_logprobs"]["step"] == 6
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(ValueError, match="no run store"):
+        save_run_example(tmp_path / "plain", tmp_path / "x.zarr", {})
+
+
+def test_a_run_stores_steps_saved_as_rl_arms_read_back_to_the_same_run(stores, tmp_path, cli):
+    """``steps_as_arms`` turns a run store's steps into RL step arms a plain store keeps: saved and
+    read back, they are grouped to the same run and steps, every arm validates as a scored trace,
+    and the doctor reads the same numbers and names the same cause at the same step."""
+    from rlparity.cli.doctor import read_runs
+    from rlparity.metrics.rl import run_steps, steps_as_arms
+    from rlparity.trace import open_arms, save, validate
+
+    steps = read(stores["raw6"])
+    arms = steps_as_arms({"raw6": steps})
+    assert list(arms) == [f"raw6@step_{k:03d}" for k in range(12)]
+    assert np.isnan(steps[0].attrs["record_metrics"]["rlparity/reward_mean"])  # NaN in the source
+    store = save(arms, tmp_path / "arms.zarr")  # strict JSON: the NaN metrics became null
+    back = open_arms(store)
+    assert run_steps(back) == {f"raw6@step_{k:03d}": ("raw6", k) for k in range(12)}
+    for arm, ds in back.items():
+        validate(ds, require_trainer=True, where=arm)
+    again = read_runs(store)["raw6"]
+    a, b = (doctor({"raw6": s}, window=4, n_boot=0).runs["raw6"] for s in (steps, again))
+    np.testing.assert_allclose(b.steps["abs_log_ratio_mean"].values, a.steps["abs_log_ratio_mean"].values, rtol=1e-12)
+    assert a.first_named == b.first_named == {"raw_logprobs": {"step": 6, "window": [4, 7]}}
+    assert steps[3].attrs.get("factors") is None  # the caller's traces are left as they were
+    from rlparity.trace import arm_factors
+
+    assert arm_factors(back["raw6@step_003"]) == {"profile": "raw6", "old_policy": "not recorded", "step": 3}
+    named = steps_as_arms({"r": {0: steps[0].assign_attrs(old_policy="mu")}})  # a trace that says its denominator
+    assert arm_factors(named["r@step_000"])["old_policy"] == "mu"
+
+
 # ------------------------------------------------------------------------------ the figures
 
 def test_figures_draw_the_doctors_numbers(stores):

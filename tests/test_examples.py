@@ -431,3 +431,36 @@ def test_h100_objective_health_rules_recomputed_and_tabled():
     assert table.loc["rollout_is_eff_sample_size (verl)", "healthy"] == ">= 0.3"
     assert table.loc["gradient cosine with parity, ratio against mu", "uncorrected"] == \
         f"{demo['cosine_raw_vs_parity_mu_denominator']:.3f}"
+
+
+# --- the doctor's recorded run (issue 37): rlparity's RL runner, raw logprobs switched on at step 6 -------------
+
+def test_the_doctors_recorded_run_ships_small_with_its_provenance_and_not_its_fault():
+    """``cpu-doctor`` (scripts/record_doctor_example.py): 12 steps of one run as RL step arms, the
+    recorder's alarms on them, well under 1 MB, and no word of the fault planted in it (the doctor
+    has to find it: notebooks/11_doctor.py holds the truth)."""
+    from rlparity.cli.doctor import read_runs
+
+    info = list_examples()["cpu-doctor"]
+    assert info["vllm"] and info["date"] and info["device"] == "cpu" and info["sizes"]["steps"] == 12
+    path = example_path("cpu-doctor")
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    assert size < 1e6, size
+    runs = read_runs(path)
+    assert list(runs) == ["pipelinerl-parity"] and sorted(runs["pipelinerl-parity"]) == list(range(12))
+    text = "".join(f.read_text() for f in path.rglob(".z*")).lower()
+    assert "raw_logprobs" not in text and "from_step" not in text and '"fault"' not in text
+    assert "record_alarms" in text  # the recorder's live alarms are kept: the doctor's timeline
+
+
+@pytest.mark.data
+def test_the_doctor_names_the_recorded_runs_fault_from_step_6_and_not_before():
+    from rlparity.cli.doctor import read_runs
+    from rlparity.diagnose.doctor import doctor
+
+    run = doctor(read_runs(example_path("cpu-doctor")), window=4, n_boot=0).runs["pipelinerl-parity"]
+    assert run.first_named == {"raw_logprobs": {"step": 6, "window": [4, 7]}}
+    assert run.steps_naming("raw_logprobs") == list(range(6, 12))
+    assert not any(run.step_causes[k]["causes"] for k in range(6))
+    d = run.steps["abs_log_ratio_mean"].values
+    assert d[:6].max() < 1e-4 and d[6:].min() > 0.05, d  # float32 on both sides, then raw logprobs

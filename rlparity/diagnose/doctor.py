@@ -137,6 +137,120 @@ class RunDoctor:
                 "windows": self.windows, "first_named": self.first_named, "normal": self.normal,
                 "views": {str(k): v for k, v in self.views.items()}, "counterfactual": self.counterfactual}
 
+    def steps_naming(self, cause: str) -> list[int]:
+        """The steps whose own diagnosis names ``cause``.
+
+        Parameters
+        ----------
+        cause : str
+            A key of :data:`rlparity.diagnose.causes.CAUSES`.
+
+        Returns
+        -------
+        list of int
+            Ascending.
+        """
+        return sorted(int(k) for k, v in self.step_causes.items() if cause in v["causes"])
+
+    def alarm_timeline(self) -> list[dict[str, Any]]:
+        """The recorder's alarms, one row per alarm code: its level, the steps it fired on and their spans.
+
+        Returns
+        -------
+        list of dict
+            ``{"alarm", "level", "first", "steps", "spans", "n_steps"}`` in the order the alarms first fired.
+        """
+        rows: dict[tuple[str, str], list[int]] = {}
+        for a in sorted(self.alarms, key=lambda a: a["step"]):
+            rows.setdefault((a["code"], a["level"]), []).append(int(a["step"]))
+        return [{"alarm": code, "level": level, "first": min(ks), "steps": sorted(set(ks)), "spans": _spans(ks),
+                 "n_steps": len(set(ks))} for (code, level), ks in rows.items()]
+
+    def window_table(self) -> list[dict[str, Any]]:
+        """The cause of each window, one row per window.
+
+        Returns
+        -------
+        list of dict
+            ``steps`` (``"4-7"``), ``recorded``, ``cause`` (the headline's, ``None`` when none),
+            ``on_steps`` (the window's steps naming it), ``finding`` (``layer/name``), ``severity``,
+            ``mean_abs_d`` (the window's, nats), ``other_causes`` and ``other_findings`` (findings
+            without a cause).
+        """
+        out = []
+        for w in self.windows:
+            h = w["headline"]
+            on = [k for k in w["steps"] if h is not None and h["cause"] in self.step_causes[k]["causes"]]
+            out.append({"steps": f"{w['start']}-{w['end']}", "recorded": len(w["steps"]),
+                        "cause": None if h is None else h["cause"], "on_steps": on,
+                        "finding": None if h is None else f"{h['layer']}/{h['finding']}",
+                        "severity": None if h is None else h["severity"],
+                        "mean_abs_d": float(w["abs_log_ratio_mean"]),
+                        "other_causes": [c for c in w["causes"] if h is None or c != h["cause"]],
+                        "other_findings": list(w["other_findings"])})
+        return out
+
+    def growth_table(self, target: str = "abs_d") -> list[dict[str, Any]]:
+        """The decomposition of each window's change against the first window, one row per window.
+
+        Parameters
+        ----------
+        target : {"abs_d", "k3"}, default "abs_d"
+            Mean ``|d|`` (``growth``) or the k3 term (``growth_k3``).
+
+        Returns
+        -------
+        list of dict
+            ``steps``, ``change`` (nats) and per part of :data:`rlparity.metrics.run.PARTS` and
+            ``residual`` its value with ``<part>_low`` / ``<part>_high`` (the bootstrap interval),
+            then ``check`` (the parts' sum minus the change); windows without a decomposition are left out.
+
+        Raises
+        ------
+        ValueError
+            If ``target`` is another value.
+        """
+        if target not in ("abs_d", "k3"):
+            raise ValueError(f"target={target!r}: use 'abs_d' (mean |d|) or 'k3'")
+        key = "growth" if target == "abs_d" else "growth_k3"
+        out = []
+        for w in self.windows:
+            g = w[key]
+            if g is None:
+                continue
+            row: dict[str, Any] = {"steps": f"{w['start']}-{w['end']}", "change": float(g["change"])}
+            for p in (*mr.PARTS, "residual"):
+                part = g["parts"][p]
+                row.update({p: float(part["value"]), f"{p}_low": float(part["low"]), f"{p}_high": float(part["high"])})
+            row["check"] = float(g["check"])
+            out.append(row)
+        return out
+
+    def placement_table(self, metric: str = "abs_log_ratio_mean") -> list[dict[str, Any]]:
+        """Where each step falls in the baseline table, one row per step.
+
+        Parameters
+        ----------
+        metric : str, default "abs_log_ratio_mean"
+            One of :data:`rlparity.metrics.baselines.METRICS`.
+
+        Returns
+        -------
+        list of dict
+            ``step``, ``value``, ``percentile``, ``n_runs`` and ``exact`` (the run's own row, or the
+            nearest) as :func:`rlparity.metrics.baselines.place` gives them, and its ``text``; empty
+            without a baseline table.
+
+        Raises
+        ------
+        ValueError
+            If ``metric`` is not placed.
+        """
+        if metric not in mb.METRICS:
+            raise ValueError(f"metric={metric!r}: use one of {', '.join(mb.METRICS)}")
+        return [{"step": int(k), **{f: p[metric].get(f) for f in ("value", "percentile", "n_runs", "exact", "text")}}
+                for k, p in sorted((self.normal.get("steps") or {}).items(), key=lambda kv: int(kv[0]))]
+
 
 @dataclass
 class DoctorReport:
@@ -571,6 +685,19 @@ def doctor(runs: Mapping[str, Mapping[int, xr.Dataset]], *, window: int = DEFAUL
                                           options=options, baselines=baselines, decode=decode,
                                           device=device)
                             for name, steps in runs.items()}, int(window), source)
+
+
+# ------------------------------------------------------------------------------ the page as tables
+
+def _spans(steps: list[int]) -> str:
+    """``[6, 7, 8, 10]`` -> ``"6-8, 10"``."""
+    out: list[str] = []
+    for k in sorted(set(steps)):
+        if out and k == int(out[-1].split("-")[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{k}"
+        else:
+            out.append(str(k))
+    return ", ".join(out)
 
 
 __all__ = ["DEFAULT_WINDOW", "DoctorReport", "MAX_STEP_ROWS", "RunDoctor", "doctor", "doctor_run", "run_page"]

