@@ -349,13 +349,23 @@ def _by_version(tr):
     return {v: a[(pv == v) & m & ~spans] for v in (0, 1)}, spans
 
 
+def _log_over_floors(m1, m0, fl):
+    """log of version 1's median over what its floor predicts: version 0's median above its floor
+    (c) plus version 1's floor; without floors the plain log-ratio of the medians."""
+    if fl is None:
+        return np.log(m1 / m0)
+    c = max(m0 - fl[0], 0.0)
+    return np.log(m1 / (c + fl[1])) - np.log(m0 / (c + fl[0]))
+
+
 def _version_reference(tr, floors=None):
-    """Issue 41's per-version statistic written out by hand: median |r| per version over its own floor,
-    the log-ratio of version 1's to version 0's (the first), and its delete-a-group jackknife error over
-    sequences (sequence i in group i mod 20, Quenouille-Tukey), on the tokens no update record explains."""
+    """Issue 41's per-version statistic written out by hand: median |r| per version against what its own
+    floor predicts (version 0's excess over its floor plus its own floor), the log-ratio of version 1's
+    to version 0's (the first), and its delete-a-group jackknife error over sequences (sequence i in
+    group i mod 20, Quenouille-Tukey), on the tokens no update record explains."""
     a, spans = _by_version(tr)
-    fl = floors or {0: 1.0, 1: 1.0}
-    lr = np.log(np.median(a[1]) / fl[1]) - np.log(np.median(a[0]) / fl[0])
+    fl = floors
+    lr = _log_over_floors(np.median(a[1]), np.median(a[0]), fl)
     absd = np.abs(tr["trainer_processed_logprob"].values - tr["rollout_logprob"].values)
     pv, m = tr["policy_version"].values, tr["response_mask"].values & ~spans
     seqs = [i for i in range(m.shape[0]) if m[i].any()]
@@ -363,7 +373,7 @@ def _version_reference(tr, floors=None):
     est = []
     for g in range(k):
         keep = np.array([i in seqs and seqs.index(i) % k != g for i in range(m.shape[0])])[:, None] & m
-        est.append(np.log(np.median(absd[keep & (pv == 1)]) / fl[1]) - np.log(np.median(absd[keep & (pv == 0)]) / fl[0]))
+        est.append(_log_over_floors(np.median(absd[keep & (pv == 1)]), np.median(absd[keep & (pv == 0)]), fl))
     est = np.array(est)
     se = np.sqrt((k - 1) / k * np.sum((est - est.mean()) ** 2))
     return a, float(np.exp(lr)), float(lr / se)
@@ -562,7 +572,8 @@ def test_a_real_partial_sync_is_still_named(fresh_only):
     ve = build(tr).version_excess
     assert ve["flagged"] == [1]
     assert ve["version_1_over_reference"] == pytest.approx(ratio, rel=1e-12)
-    assert ratio == pytest.approx((np.median(a[1]) / 0.009) / (np.median(a[0]) / 0.008), rel=1e-12)
+    c = np.median(a[0]) - 0.008  # version 0's level above its floor, kept at version 1
+    assert ratio == pytest.approx(np.median(a[1]) / (c + 0.009), rel=1e-12)
     assert ve["z_by_version"]["1"] == pytest.approx(z, rel=1e-9)
     (f,) = sync.weight_sync(tr)
     assert f.name == "weights_differ_at_version" and "over its own floor" in f.summary
@@ -666,3 +677,35 @@ def test_zero_probability_tokens_split_between_two_localized_causes_are_explaine
     ev = _evidence(d, np.where(np.isfinite(d), d, np.nan), claims={"stale_prefix_cache": stale,
                                                                    "kv_carried_over": carried})
     assert at._covering_claim(ev) is None
+
+
+def test_floor_excess_ratio_by_hand():
+    """A later version is expected at the first version's level above its floor plus its own floor."""
+    # c = 0.02 - 0.004 = 0.016; version 1 expected at 0.016 + 0.012 = 0.028; 0.05 / 0.028, version 0 at 1
+    assert evm.floor_excess_ratio(0.05, 0.02, 0.012, 0.004) == pytest.approx(0.05 / 0.028, rel=1e-12)
+    # all floor (c clipped at 0): the plain ratio over the floors, (0.05 / 0.04) / (0.01 / 0.02) = 2.5
+    assert evm.floor_excess_ratio(0.05, 0.01, 0.04, 0.02) == pytest.approx(2.5, rel=1e-12)
+    # level exactly as predicted: 1; equal floors: the plain ratio of the levels
+    assert evm.floor_excess_ratio(0.028, 0.02, 0.012, 0.004) == pytest.approx(1.0, rel=1e-12)
+    assert evm.floor_excess_ratio(0.03, 0.02, 0.005, 0.005) == pytest.approx(1.5, rel=1e-12)
+
+
+@pytest.mark.parametrize("fresh_only", [False, True], ids=["keep", "wait"])
+def test_a_higher_floor_far_below_the_residual_does_not_hide_a_partial_sync(fresh_only):
+    """Issue 41, the H100 matrices: version 1's self-check floor 3x version 0's, both far below the
+    residual (0.004 and 0.012 against 0.02), and version 1's residual 2.5x version 0's. Dividing by the
+    floors reads 0.83x and misses it; against version 0's excess over its floor plus version 1's floor it
+    reads 1.79x and is flagged (the hand reference)."""
+    floors = {0: 0.004, 1: 0.012}
+    tr = _two_versions(0.02, 0.05, self_checks=floors, fresh_only=fresh_only)
+    a, ratio, z = _version_reference(tr, floors)
+    m1, m0 = np.median(a[1]), np.median(a[0])
+    assert (m1 / floors[1]) / (m0 / floors[0]) < 1.0  # over the floors alone: not seen
+    assert ratio == pytest.approx(m1 / (m0 - floors[0] + floors[1]), rel=1e-12) and ratio > 1.6
+    ve = build(tr).version_excess
+    assert ve["version_1_over_reference"] == pytest.approx(ratio, rel=1e-12)
+    assert ve["z_by_version"]["1"] == pytest.approx(z, rel=1e-9)
+    assert ve["flagged"] == [1]
+    # the same residuals with version 1's floor as high as its residual: all floor, not claimed
+    tr = _two_versions(0.02, 0.05, self_checks={0: 0.004, 1: 0.05}, fresh_only=fresh_only)
+    assert build(tr).version_excess["flagged"] == []

@@ -521,3 +521,18 @@ def test_a_trainer_head_recorded_float32_on_the_bf16_grid_is_contradicted():
     tr.attrs["trainer"]["head_dtype"] = "float32"
     f = head_precision(tr)  # the trainer's logits are off the grid; the rounding is read without naming the side
     assert (f.name, f.cause) == ("head_rounding_in_differences", "bf16_head_rounding")
+
+
+def test_an_effect_under_a_thousandth_of_the_gap_is_no_effect_when_the_floors_are_zero():
+    """CPU matrices: floors at float32 rounding (here 0), a top-k cut that removes no mass moves the trainer's
+    reading by ~1e-7 nats; under NO_EFFECT_GAP_SHARE of the clean arm's mean |d| it took no effect."""
+    from rlparity.diagnose.scoring import NO_EFFECT_GAP_SHARE, no_effect
+
+    clean = _truth_arm((), shift_rollout=0.02, floor=0.0)  # the two sides 0.02 nats apart on every token
+    m = clean["response_mask"].values.astype(bool)
+    gap = float(np.abs(clean["trainer_processed_logprob"].values - clean["rollout_logprob"].values)[m].mean())
+    assert NO_EFFECT_GAP_SHARE == 1e-3 and gap == pytest.approx(0.02, rel=1e-9)
+    idle = _truth_arm(("trainer_top_k",), shift_trainer=0.9e-3 * gap, shift_rollout=0.02, floor=0.0)
+    real = _truth_arm(("trainer_top_k",), shift_trainer=1.1e-3 * gap, shift_rollout=0.02, floor=0.0)
+    out = no_effect({"clean": clean, "idle": idle, "real": real})
+    assert set(out) == {"idle"} and "of the clean arm's mean |d|" in out["idle"]["trainer_top_k"]

@@ -580,6 +580,34 @@ def prompt_mismatch_sequences(trace: xr.Dataset) -> np.ndarray:
     return out
 
 
+def floor_excess_ratio(level: float, ref_level: float, floor: float, ref_floor: float) -> float:
+    """A later version's level of ``|r|`` over what its own floor predicts from the first version's.
+
+    The first version's level is its floor plus a part the floor does not explain (the two
+    implementations' own difference, ``c = max(ref_level - ref_floor, 0)``), which the weights of a
+    later version do not change; a later version is expected at ``c + floor``. The ratio is
+    ``(level / (c + floor)) / (ref_level / (c + ref_floor))``: a version whose residual is all floor
+    (``c = 0``) is measured against its floor alone, as a plain ratio of ``|r|`` over the floors; one far
+    above its floor is measured against the first version's level moved by the difference of the floors
+    (issue 41: on the H100 matrices version 1's self-check floor is 1.5-2.9x version 0's while its clean
+    residual is not higher, and dividing by the floors hid every partial sync there).
+
+    Parameters
+    ----------
+    level, ref_level : float
+        The statistic of ``|r|`` (nats) of the later version and of the first.
+    floor, ref_floor : float
+        Their floors (mean ``|d|`` of the trainer's self-check at each version, nats).
+
+    Returns
+    -------
+    float
+        The ratio (dimensionless; 1 where the later version sits where its floor predicts).
+    """
+    c = max(ref_level - ref_floor, 0.0)
+    return (max(level, 1e-300) / max(c + floor, 1e-300)) / (max(ref_level, 1e-300) / max(c + ref_floor, 1e-300))
+
+
 # the two statistics of the per-version test: the median (robust: a few tokens of a near-flat distribution carry
 # most of the mean) and the mean (a partial sync moves a few tokens a lot: on the held-out H100 matrices the median
 # found 3 of 24 partial-sync arms, the mean 11, with no false flag on their 75 other arms at ratio 1.6 and z 3;
@@ -594,9 +622,11 @@ def version_excess(ev: ArmEvidence, *, ratio: float | None = None, z: float | No
     that skipped one shows on the versions after an update. Per policy version, the median and the
     mean ``|r|`` of its tokens no other cause explains (:data:`VERSION_STATISTICS`: the median is
     robust, as a few tokens of a near-flat distribution carry most of the mean, 27x the median on the
-    H200 ``small`` model; the mean sees a partial sync that moves few tokens far), each divided by
-    that version's own floor where the trainer's self-check measured one for every version (``self_check_per_version``),
-    so a version whose weights merely have a higher numeric floor is not claimed. A later version
+    H200 ``small`` model; the mean sees a partial sync that moves few tokens far), each measured
+    against that version's own floor where the trainer's self-check measured one for every version
+    (``self_check_per_version``; :func:`floor_excess_ratio`: the first version's level above its floor
+    plus the later version's floor), so a version whose weights merely have a higher numeric floor is
+    not claimed. A later version
     whose ratio to the first version's is at least ``ratio`` and whose log-ratio is ``z`` standard
     errors above 0, in either statistic, is claimed; the error is a delete-a-group jackknife over
     sequences (tokens of one sequence are not independent draws), and with fewer than ``defaults().min_fit_sequences``
@@ -642,10 +672,9 @@ def version_excess(ev: ArmEvidence, *, ratio: float | None = None, z: float | No
             stats[v] = (float(a.mean()), float(np.median(a)), int(a.size))
     if len(stats) < 2:
         return {}
-    # each version against its own floor, where one was measured for every version (else floor 1)
+    # each version against its own floor, where one was measured for every version (else no floor)
     floors = version_floors(trace, ev.side)
     own_floor = all(v in floors for v in stats)
-    scale = {v: floors[v] if own_floor else 1.0 for v in stats}
     ref = min(stats)
     # a trainer that does not repeat itself (dropout) moves every version's residual by its own noise: the medians
     # then compare noise, not weights (CPU stability runs: 7 of 10 false claims were dropout arms)
@@ -659,13 +688,14 @@ def version_excess(ev: ArmEvidence, *, ratio: float | None = None, z: float | No
                            "abs_residual_median_by_version": {str(v): s[1] for v, s in stats.items()},
                            "n_tokens_by_version": {str(v): s[2] for v, s in stats.items()},
                            "reference_version": ref, "ratio_threshold": ratio, "z_threshold": z,
-                           "statistic": "median and mean |r| per version (over its own floor), against the first "
-                                        "version's; z from a jackknife over sequences; either one flags",
+                           "statistic": "median and mean |r| per version against the first version's, each over what "
+                                        "its own floor predicts (floor_excess_ratio); z from a jackknife over "
+                                        "sequences; either one flags",
                            "z_by_version": {}, "flagged": []}
     if floors:
         out["floor_by_version"] = {str(v): f for v, f in floors.items()}
         out["measured_against"] = "each version's own floor" if own_floor else \
-            "the first version's median (a floor is missing for some version)"
+            "the first version's level (a floor is missing for some version)"
     if same:
         out["fingerprints_equal"] = same
     for v in stats:
@@ -680,7 +710,8 @@ def version_excess(ev: ArmEvidence, *, ratio: float | None = None, z: float | No
                 a, b = absr[m & (pv == v)], absr[m & (pv == ref)]
                 if a.size == 0 or b.size == 0:
                     return float("nan")
-                return float(np.log(max(reduce(a), 1e-300) / scale[v]) - np.log(max(reduce(b), 1e-300) / scale[ref]))
+                return float(np.log(floor_excess_ratio(reduce(a), reduce(b), floors[v], floors[ref])
+                                    if own_floor else max(reduce(a), 1e-300) / max(reduce(b), 1e-300)))
 
             lr = log_ratio_of(free)
             se = core.jackknife_slope_se(log_ratio_of, both, groups=o.jackknife_groups)["se"]
@@ -738,6 +769,6 @@ def build(trace: xr.Dataset, *, trainer: str | None = None, semantic_tol: float 
     return ev
 
 
-__all__ = ["ArmEvidence", "build", "floor_mean_abs", "identity_sampling", "observed_claims", "prompt_mismatch_sequences",
+__all__ = ["ArmEvidence", "build", "floor_excess_ratio", "floor_mean_abs", "identity_sampling", "observed_claims", "prompt_mismatch_sequences",
            "residual_for", "router_dtypes", "routing_cause", "routing_claims", "semantic_fit", "trainer_floor",
            "version_excess"]
