@@ -193,8 +193,12 @@ def test_the_blind_view_strips_every_settings_echo_and_keeps_every_number():
     b = blind_view(arm)
     assert {"trainer_temperature", "trainer_top_k", "trainer_top_p"} <= set(arm.data_vars)
     assert not {"trainer_temperature", "trainer_top_k", "trainer_top_p"} & set(b.data_vars)
-    for key in ("head_dtype", "dtype", "training_mode", "dropout", "settings", "weight_checksums"):
+    for key in ("head_dtype", "dtype", "training_mode", "dropout", "settings", "weight_checksums", "shape"):
         assert key in arm.attrs["trainer"] and key not in b.attrs["trainer"], key
+    ups = load_example("h200-faults")["partial_weight_sync"].attrs["weight_updates"]
+    blind_ups = blind_view(load_example("h200-faults")["partial_weight_sync"]).attrs["weight_updates"]
+    assert all("source" in u for u in ups) and not any("source" in u for u in blind_ups)
+    assert [u["mode"] for u in ups] == [u["mode"] for u in blind_ups]  # the update's record is kept
     for side in ("engine_effective", "engine_requested"):
         assert "logprobs_mode" not in b.attrs[side] and "head_dtype" not in b.attrs[side]
     assert "engine_weight_checksums" in arm.attrs and "engine_weight_checksums" not in b.attrs

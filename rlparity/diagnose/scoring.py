@@ -397,7 +397,9 @@ def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
 # does not give (issue 41): the diagnosis of a blind view must come from the numbers alone
 ECHO_VARIABLES = ("trainer_temperature", "trainer_top_k", "trainer_top_p")
 ECHO_TRAINER_ATTRS = ("settings", "head_dtype", "dtype", "training_mode", "dropout", "fp32_gemm", "weight_checksums",
-                      "weight_checksums_per_version")
+                      "weight_checksums_per_version", "shape")
+# what a weight-update record names of the checkpoint it loaded (a fault's folder name can say what was done)
+ECHO_UPDATE_FIELDS = ("source",)
 ECHO_ENGINE_ATTRS = ("logprobs_mode", "head_dtype")
 ECHO_ATTRS = ("engine_weight_checksums",)
 
@@ -411,6 +413,8 @@ def blind_view(trace: xr.Dataset) -> xr.Dataset:
     (:data:`ECHO_ENGINE_ATTRS`, requested and effective) and the engine's checkpoint-file
     checksums. Kept: every number and per-token record (logprobs, cache and version records, the
     trainer's self-check, the engine's floor) and the ground truth, which only the scoring reads.
+    Also removed: the scorer's batch shape record (it can carry the head's and the body's dtype) and
+    the checkpoint path of each weight update (:data:`ECHO_UPDATE_FIELDS`: a fault's folder name).
 
     Parameters
     ----------
@@ -429,6 +433,9 @@ def blind_view(trace: xr.Dataset) -> xr.Dataset:
     for key in ("engine_effective", "engine_requested"):
         if isinstance(attrs.get(key), Mapping):
             attrs[key] = {k: v for k, v in attrs[key].items() if k not in ECHO_ENGINE_ATTRS}
+    if isinstance(attrs.get("weight_updates"), list):
+        attrs["weight_updates"] = [{k: v for k, v in u.items() if k not in ECHO_UPDATE_FIELDS}
+                                   if isinstance(u, Mapping) else u for u in attrs["weight_updates"]]
     out.attrs = attrs
     return out
 
