@@ -7,6 +7,10 @@ tokens handed to the layers. Writes ``rlparity/data/examples/cpu-bisect.json`` (
 provenance; read with ``rlparity.datasets.load_result("cpu-bisect")``):
 
     python scripts/bisect_example.py [--out PATH] [--layer-tokens 20]
+
+``--gpu`` instead ships the H100 run's two calls (``benchmarks/results/replay_h100_knobs_a.json`` and
+``_b.json``, written by ``scripts/replay_gpu.py``: the same capture's tokens, each call part of the knobs)
+as ``rlparity/data/examples/h100-bisect.json`` (their reports, plans and provenance; no engine starts).
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--layer-tokens", type=int, default=20)
     p.add_argument("--knobs", default=None, help="comma list (default: every knob, in the default order)")
+    p.add_argument("--gpu", action="store_true", help="ship the H100 results instead (no engine)")
     a = p.parse_args(argv)
+    if a.gpu:
+        return gpu_example(ROOT / "rlparity" / "data" / "examples" / "h100-bisect.json")
     from rlparity.config.provenance import library_versions, write_json
     from rlparity.experiments.planted_bisect import planted_bisect
     from rlparity.models import make_model
@@ -51,6 +58,30 @@ def main(argv: list[str] | None = None) -> int:
     print(f"layers: {(rep['layers'] or {}).get('sentence')}", flush=True)
     print(f"{rep['engine_starts']} bisect engine starts + {res['capture']['engine_starts']} capture, "
           f"{res['elapsed_s']:.1f} s; wrote {a.out} ({Path(a.out).stat().st_size} bytes)", flush=True)
+    return 0
+
+
+def gpu_example(out: Path) -> int:
+    """The two H100 calls' results as one shipped example (their reports as written, the card named)."""
+    import json
+
+    from rlparity.config.provenance import write_json
+
+    runs = [json.loads((ROOT / "benchmarks" / "results" / f"replay_h100_knobs_{k}.json").read_text()) for k in "ab"]
+    first = runs[0]
+    res = {"example": {
+        "description": "bisect on a capture's own tokens on a GPU (issue 38): the built-in small model, bf16 body, "
+                       "pipelinerl-parity (fp32 LM head), 32 prompts x 64 tokens, prefill replay; two calls of "
+                       "scripts/replay_gpu.py, each flipping part of the knobs on the same capture",
+        "device": first["device"], "device_name": first["device_name"], "vllm": first["vllm"], "torch": first["torch"],
+        "transformers": first["transformers"], "date": first["date"], "model": first["model"],
+        "command": "; ".join(r["command"] for r in runs),
+        "source": "benchmarks/results/replay_h100_knobs_a.json, _b.json (scripts/bisect_example.py --gpu)"},
+        "reports": [r["bisect"] for r in runs], "plans": [r["plan"] for r in runs],
+        "capture": [r["capture"] for r in runs],
+        "elapsed_s": [r["elapsed_s"] for r in runs]}
+    write_json(out, res)
+    print(f"wrote {out} ({out.stat().st_size} bytes)", flush=True)
     return 0
 
 
