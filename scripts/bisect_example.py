@@ -8,6 +8,11 @@ provenance; read with ``rlparity.datasets.load_result("cpu-bisect")``):
 
     python scripts/bisect_example.py [--out PATH] [--layer-tokens 20]
 
+Pairs of knobs on the same planted capture (every pair of the knobs that moved, whatever the rule):
+
+    python scripts/bisect_example.py --knobs head_precision,eager --pairs always --no-layers \
+        --out benchmarks/results/bisect_pair_cpu.json
+
 ``--gpu`` instead ships the H100 run's two calls (``benchmarks/results/replay_h100_knobs_a.json`` and
 ``_b.json``, written by ``scripts/replay_gpu.py``: the same capture's tokens, each call part of the knobs)
 as ``rlparity/data/examples/h100-bisect.json`` (their reports, plans and provenance; no engine starts).
@@ -31,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--layer-tokens", type=int, default=20)
     p.add_argument("--knobs", default=None, help="comma list (default: every knob, in the default order)")
+    p.add_argument("--pairs", default="auto", help="auto, always or never")
+    p.add_argument("--no-layers", action="store_true", help="no per-layer hand-off")
     p.add_argument("--gpu", action="store_true", help="ship the H100 results instead (no engine)")
     a = p.parse_args(argv)
     if a.gpu:
@@ -41,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model = str(make_model("tiny", progress=False))
     res = planted_bisect(model, n_prompts=a.n_prompts, max_tokens=a.max_tokens, layer_tokens=a.layer_tokens,
-                         knobs=a.knobs.split(",") if a.knobs else None, log=lambda m: print(m, flush=True))
+                         pairs=a.pairs, layers=not a.no_layers, knobs=a.knobs.split(",") if a.knobs else None, log=lambda m: print(m, flush=True))
     v = library_versions()
     res["example"] = {
         "description": "bisect on the user's own tokens (issue 38): a capture with a planted bfloat16 LM head "
@@ -55,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     rep = res["bisect"]
     for r in rep["knobs"]:
         print(f"{r['rank']}. {r['knob']}: {r['floor_units']:.4g} x floor, closes {r.get('explained')}", flush=True)
-    print(f"layers: {(rep['layers'] or {}).get('sentence')}", flush=True)
+    print(f"pairs: {rep['pairs']['why']}", flush=True)
+    print(f"layers: {(rep['layers'] or {}).get('sentence') or (rep['layers'] or {}).get('reason')}", flush=True)
     print(f"{rep['engine_starts']} bisect engine starts + {res['capture']['engine_starts']} capture, "
           f"{res['elapsed_s']:.1f} s; wrote {a.out} ({Path(a.out).stat().st_size} bytes)", flush=True)
     return 0

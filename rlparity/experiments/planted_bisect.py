@@ -20,8 +20,9 @@ PLANTS = {"bf16_head": {"head_dtype": "bfloat16"}}
 
 def planted_bisect(model: str | os.PathLike, *, plant: str = "bf16_head", dtype: str = "float32",
                    n_prompts: int = 8, max_tokens: int = 16, knobs: Sequence[str] | None = None,
-                   budget: int | None = None, layers: bool = True, layer_tokens: int | None = None,
-                   device: str = "cpu", pool=None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+                   budget: int | None = None, pairs: str = "auto", layers: bool = True,
+                   layer_tokens: int | None = None, device: str = "cpu", pool=None,
+                   log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Capture with a planted setting, score, bisect; return the bisection's report with the capture's record.
 
     Parameters
@@ -38,6 +39,8 @@ def planted_bisect(model: str | os.PathLike, *, plant: str = "bf16_head", dtype:
         The knobs (:data:`rlparity.experiments.bisect.KNOBS`); ``None``: all, in their default order.
     budget : int, optional
         Most engine starts of the bisection (the capture's engine replays the baseline and costs none).
+    pairs : {"auto", "always", "never"}, default "auto"
+        Pairs of knobs (:func:`rlparity.experiments.bisect.pair_plan`).
     layers : bool, default True
         Hand the winner's worst tokens to the per-layer localisation.
     layer_tokens : int, optional
@@ -87,7 +90,7 @@ def planted_bisect(model: str | os.PathLike, *, plant: str = "bf16_head", dtype:
                    "seconds": round(time.perf_counter() - t0, 2), "trainer": {"dtype": dtype, "head_dtype": "float32"}}
         trace = Scorer(str(model), dtype=dtype, head_dtype="float32", device=device, progress=False).score(trace)
         arms, record = bisect(str(model), trace, knobs=list(knobs or DEFAULT_KNOBS), budget=budget, pool=pool,
-                              layers=layers, layer_tokens=layer_tokens, log=log)
+                              pairs=pairs, layers=layers, layer_tokens=layer_tokens, log=log)
     finally:
         if own:
             pool.close()
