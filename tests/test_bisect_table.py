@@ -15,8 +15,8 @@ UNIT = 1e-7
 
 
 def _row(knob, mean_abs, share, *, explained=None, kind=None, top=()):
-    row = {"knob": knob, "mean_abs": mean_abs, "max_abs": 2 * mean_abs, "share_moved": share, "n_moved": int(share * 10),
-           "floor_units": mean_abs / UNIT, "unit": UNIT, "top_tokens": list(top), "trainer_gap": None,
+    row = {"knob": knob, "mean_abs": mean_abs, "max_abs": 2 * mean_abs, "share_moved": share,
+           "n_moved": int(share * 10), "floor_units": mean_abs / UNIT, "unit": UNIT, "top_tokens": list(top), "trainer_gap": None,
            "explained": explained}
     return row if kind is None else {**row, "kind": kind}
 
@@ -64,7 +64,7 @@ def test_two_reports_of_the_same_tokens_rank_together():
 
 def test_reports_of_other_tokens_or_floors_are_refused():
     a = _report([_row("eager", 1e-3, 0.5)])
-    with pytest.raises(ValueError, match="only reports of the same tokens and floor"):
+    with pytest.raises(ValueError, match="report 1 replayed 11 tokens .*only reports of the same tokens and floor"):
         bisect_table(a, _report([_row("head_precision", 1e-3, 0.5)], n_tokens=11))
     with pytest.raises(ValueError, match="only reports of the same tokens and floor"):
         bisect_table(a, _report([_row("head_precision", 1e-3, 0.5)], mode="decode"))
@@ -82,6 +82,7 @@ def test_a_report_where_nothing_ran_takes_the_floor_as_its_unit():
     rep = _report([])
     rep["floor"]["mean_abs"] = 3e-6
     assert bisect_table(rep).attrs["unit"] == 3e-6
+    assert bisect_table(rep).attrs["engine_starts"] == 0 and bisect_table(rep).attrs["winner"] is None
 
 
 def test_the_figure_draws_every_row_on_a_log_axis_and_greys_what_did_not_run():

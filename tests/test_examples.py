@@ -465,4 +465,5 @@ def test_bisect_results_ship_small_with_provenance_and_their_numbers_hold(name):
         rep = reports[0]
         assert raw["capture"]["planted"] == {"head_dtype": "bfloat16"}
         assert rep["winner"]["arm"] == "knob_head_precision" and rep["winner"]["explained"] > 0.9
-        assert rep["layers"]["parts_at"] == "lm_head" and rep["layers"]["sites"] == {"lm_head": rep["layers"]["n_tokens"]}
+        lay = rep["layers"]
+        assert lay["parts_at"] == "lm_head" and lay["sites"] == {"lm_head": lay["n_tokens"]} and lay["n_tokens"] == 20

@@ -428,5 +428,5 @@ def _worst(tokens: Sequence[Mapping[str, Any]]) -> str:
     return f"{t.get('token_text', t['token_id'])!r} {float(t['delta']):+.3g}"
 
 
-__all__ = ["bisect_table", "capture_gap", "explained_share", "interaction", "knob_table", "replay_floor", "same_tokens", "shift",
-           "token_delta", "top_tokens", "trainer_gap"]
+__all__ = ["bisect_table", "capture_gap", "explained_share", "interaction", "knob_table", "replay_floor", "same_tokens",
+           "shift", "token_delta", "top_tokens", "trainer_gap"]

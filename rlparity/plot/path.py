@@ -146,7 +146,7 @@ def plot_bisect_ranking(tables: dict[str, xr.Dataset]) -> go.Figure:
         units = t["floor_units"].values.astype(float)
         explained = t["explained"].values.astype(float)
         top = max(top, float(np.nanmax(np.where(ran, units, np.nan), initial=1.0)))
-        text = [("" if not ok else f"{u:.3g}" + (f", closes {e:.3g}" if np.isfinite(e) else ""))
+        text = [("" if not ok else f"{u:.3g}" + (f", closes {e:.4g}" if np.isfinite(e) else ""))
                 for u, e, ok in zip(units, explained, ran)]
         fig.add_trace(go.Bar(
             y=t["knob"].values, x=np.where(ran, np.maximum(units, 0.1), np.nan), orientation="h", text=text,
