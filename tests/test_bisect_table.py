@@ -100,3 +100,11 @@ def test_the_figure_draws_every_row_on_a_log_axis_and_greys_what_did_not_run():
     assert list(np.isnan(np.asarray(grey[0].x, dtype=float))) == [True, True, False]
     assert grey[0].customdata[2] == "why"
     assert fig.layout.xaxis.type == fig.layout.xaxis2.type == "log"
+
+
+def test_an_unknown_plant_is_refused_before_any_engine():
+    from rlparity.experiments.planted_bisect import PLANTS, planted_bisect
+
+    with pytest.raises(ValueError, match="plant 'fp8_head': use one of bf16_head"):
+        planted_bisect("no-model-needed", plant="fp8_head")
+    assert PLANTS["bf16_head"] == {"head_dtype": "bfloat16"}
