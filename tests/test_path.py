@@ -179,6 +179,11 @@ def test_notebook_02_measures_the_path_on_real_engines(nb02):
     names = {(f["arm"], f["name"]) for f in res["findings"]}
     assert ("prefix_caching", "enable_prefix_caching_differs") in names
     assert ("async_scheduling", "setting_not_applicable") in names
+    # the bisection on the capture's own tokens (issue 38): in CI the shipped CPU result, no engine started for it
+    b = res["bisect"]
+    assert not b["live"] and b["cpu"]["head_precision"]["rank"] == 1 and b["gpu"]["head_precision"]["rank"] == 1
+    assert b["cpu"]["head_precision"]["explained"] > 0.9 and b["layers"]["parts_at"] == "lm_head"
+    assert "H100" in b["gpu_card"] and b["gpu_attrs"]["reports"] == 2
 
 
 def _with_batch(tr, logprobs):

@@ -309,5 +309,124 @@ def _finite(x: float) -> float:
     return -1.0 if x != x else float(x)
 
 
-__all__ = ["capture_gap", "explained_share", "interaction", "knob_table", "replay_floor", "same_tokens", "shift",
-           "token_delta", "top_tokens", "trainer_gap"]
+_ROW_VARS = ("floor_units", "explained", "mean_abs", "max_abs", "share_moved", "n_moved", "capture_mean_abs",
+             "trainer_gap")
+
+
+def bisect_table(report: Mapping[str, Any], *more: Mapping[str, Any]) -> xr.Dataset:
+    """A bisection's report as one ranked table: a row per knob or pair, ran ones first.
+
+    The rows that ran keep their shift (:func:`knob_table`'s fields) and are ranked again by
+    ``floor_units`` (ties: larger ``share_moved``, then the name), so the reports of several calls
+    that replayed the same tokens under the same floor (two GPU calls, each with part of the knobs)
+    rank together; the entries that did not run follow with their status and reason (one that ran
+    in another report is left out). A report without trainer numbers (or written before they were
+    kept) has ``explained`` NaN.
+
+    Parameters
+    ----------
+    report : Mapping
+        :func:`rlparity.experiments.bisect.report` (or its JSON): ``knobs``, ``not_run``, ``floor``,
+        ``replay_vs_capture`` and ``mode``; ``winner``, ``trainer_gap`` and ``layers`` where recorded.
+    *more : Mapping
+        Further reports of the same tokens (same ``n_tokens``, floor unit and mode).
+
+    Returns
+    -------
+    xarray.Dataset
+        Dimension ``knob``: ``rank`` (1 = moves the tokens most; 0 for rows that did not run),
+        ``kind`` (``knob`` or ``pair``), ``status`` (``ran``, ``not_applicable``, ``skipped``),
+        ``reason``, ``worst_token`` (the text or id of the token moved most, with its delta) and the
+        floats ``floor_units``, ``explained``, ``mean_abs``, ``max_abs`` (nats), ``share_moved``,
+        ``n_moved``, ``capture_mean_abs``, ``trainer_gap`` (NaN where not run or not recorded).
+        Attrs: ``mode``, ``unit`` (the floor unit, nats), ``floor_mean_abs``, ``floor_max_abs``,
+        ``replay_mean_abs`` and ``replay_max_abs`` (replay against capture), ``n_tokens``,
+        ``winner`` (the arm, or None), ``trainer_gap_capture``, ``trainer_gap_replay``,
+        ``engine_starts`` and ``wall_s`` (summed over the reports), ``reports``.
+
+    Raises
+    ------
+    ValueError
+        If a report misses ``knobs`` or ``floor``, or the reports hold other tokens, floors or modes.
+    """
+    reports = (report, *more)
+    for i, rep in enumerate(reports):
+        missing = [k for k in ("knobs", "floor", "replay_vs_capture") if k not in rep]
+        if missing:
+            raise ValueError(f"report {i} has no {', '.join(missing)}: give rlparity.experiments.bisect.report's "
+                             "result (or its JSON)")
+    first = reports[0]
+    unit = _unit(first)
+    for i, rep in enumerate(reports[1:], 1):
+        same = (rep["floor"].get("n_tokens"), _unit(rep), rep.get("mode")) == \
+            (first["floor"].get("n_tokens"), unit, first.get("mode"))
+        if not same:
+            raise ValueError(f"report {i} replayed {rep['floor'].get('n_tokens')} tokens ({rep.get('mode')}, unit "
+                             f"{_unit(rep)}) against report 0's {first['floor'].get('n_tokens')} ({first.get('mode')}, "
+                             f"unit {unit}): only reports of the same tokens and floor rank together")
+    rows = [r for rep in reports for r in rep["knobs"]]
+    names = [str(r["knob"]) for r in rows]
+    if len(set(names)) != len(names):
+        raise ValueError(f"a knob ran in two reports ({', '.join(sorted({n for n in names if names.count(n) > 1}))}): "
+                         "its two shifts cannot share one row")
+    rows.sort(key=lambda r: (-_finite(_float(r.get("floor_units"))), -_finite(_float(r.get("share_moved"))),
+                             str(r["knob"])))
+    seen = set(names)
+    rest = []
+    for rep in reports:
+        for p in rep.get("not_run") or ():
+            if p["knob"] not in seen:
+                seen.add(p["knob"])
+                rest.append(p)
+    n = len(rows) + len(rest)
+    data: dict[str, Any] = {v: np.full(n, np.nan) for v in _ROW_VARS}
+    for i, r in enumerate(rows):
+        for v in _ROW_VARS:
+            data[v][i] = _float(r.get(v))
+    kind = [r.get("kind") or ("pair" if "+" in str(r["knob"]) else "knob") for r in rows] + \
+        ["pair" if "+" in str(p["knob"]) else "knob" for p in rest]
+    worst = [_worst(r.get("top_tokens") or ()) for r in rows] + [""] * len(rest)
+    ds = xr.Dataset({v: ("knob", data[v]) for v in _ROW_VARS},
+                    coords={"knob": [str(r["knob"]) for r in rows] + [str(p["knob"]) for p in rest]})
+    ds["rank"] = ("knob", np.array(list(range(1, len(rows) + 1)) + [0] * len(rest), dtype=np.int64))
+    ds["kind"] = ("knob", np.array(kind, dtype=object).astype(str))
+    ds["status"] = ("knob", np.array(["ran"] * len(rows) + [str(p["status"]) for p in rest], dtype=object).astype(str))
+    ds["reason"] = ("knob", np.array([""] * len(rows) + [str(p.get("reason") or "") for p in rest],
+                                     dtype=object).astype(str))
+    ds["worst_token"] = ("knob", np.array(worst, dtype=object).astype(str))
+    gap = first.get("trainer_gap") or {}
+    ds.attrs = {"mode": first.get("mode"), "unit": unit, "floor_mean_abs": _float(first["floor"].get("mean_abs")),
+                "floor_max_abs": _float(first["floor"].get("max_abs")),
+                "replay_mean_abs": _float(first["replay_vs_capture"].get("mean_abs")),
+                "replay_max_abs": _float(first["replay_vs_capture"].get("max_abs")),
+                "n_tokens": first["floor"].get("n_tokens"),
+                "winner": (first.get("winner") or {}).get("arm") if len(reports) == 1 else None,
+                "trainer_gap_capture": _float(gap.get("capture")), "trainer_gap_replay": _float(gap.get("baseline")),
+                "engine_starts": sum(int(rep.get("engine_starts") or 0) for rep in reports),
+                "wall_s": float(sum(_float(rep.get("wall_s")) for rep in reports)), "reports": len(reports)}
+    return ds
+
+
+def _unit(rep: Mapping[str, Any]) -> float:
+    """The floor unit of a report (nats): its rows' ``unit``; the floor's mean (at least
+    ``replay_floor_min``) where no row ran."""
+    if rep["knobs"]:
+        return _float(rep["knobs"][0].get("unit"))
+    from rlparity.config.defaults import defaults
+
+    return max(_float(rep["floor"].get("mean_abs")), defaults().replay_floor_min)
+
+
+def _float(x: Any) -> float:
+    return float("nan") if x is None else float(x)
+
+
+def _worst(tokens: Sequence[Mapping[str, Any]]) -> str:
+    if not tokens:
+        return ""
+    t = tokens[0]
+    return f"{t.get('token_text', t['token_id'])!r} {float(t['delta']):+.3g}"
+
+
+__all__ = ["bisect_table", "capture_gap", "explained_share", "interaction", "knob_table", "replay_floor", "same_tokens",
+           "shift", "token_delta", "top_tokens", "trainer_gap"]
