@@ -152,6 +152,27 @@ def test_capture_settings_read_from_the_trace():
     assert capture_settings(tr) is None
 
 
+def test_bisect_options_are_checked_before_any_engine():
+    """``bisect``'s options come as one :class:`BisectOptions` or as its fields by keyword; a name that
+    is no field, a budget below 1, an unknown ``pairs`` or knob, and a trace without settings are
+    refused before a pool exists (the model path is never read)."""
+    from rlparity.experiments.bisect import BisectOptions, bisect
+
+    tr = synthetic_trace(n_sequences=2)
+    with pytest.raises(TypeError, match="'budgit'.*BisectOptions: knobs, budget"):
+        bisect("no-model", tr, budgit=3)
+    with pytest.raises(ValueError, match="--budget 0: the baseline needs one engine start"):
+        bisect("no-model", tr, BisectOptions(budget=0))
+    # a keyword replaces the object's field: budget 0 overridden by 2, so the pairs are what is refused
+    with pytest.raises(ValueError, match="--pairs 'some': use auto, always, never"):
+        bisect("no-model", tr, BisectOptions(budget=0), budget=2, pairs="some")
+    with pytest.raises(ValueError, match="unknown knob 'warp'"):
+        bisect("no-model", tr, knobs=["eager", "warp"])
+    tr.attrs.pop("engine_requested", None)
+    with pytest.raises(ValueError, match="records no engine settings"):
+        bisect("no-model", tr, BisectOptions(knobs=("eager",)))
+
+
 # ------------------------------------------------------------------------------------------ engine
 def _parity():
     from rlparity.capture import EngineSettings

@@ -160,6 +160,29 @@ def device_option(default: str = "cpu", help: str = "the trainer's device (cuda 
     return typer.Option(default, help=help, callback=check_device)
 
 
+def size_option():
+    """A ``--size`` option: the built-in model an experiment builds when ``--model`` is not given."""
+    return typer.Option("tiny", help="built-in model when --model is not given")
+
+
+def gpu_memory_option():
+    """A ``--gpu-memory-utilization`` option (``None``: the engine settings' own); see :func:`engine_overrides`."""
+    return typer.Option(None, help="vLLM's gpu_memory_utilization (default: the engine settings')")
+
+
+def engine_overrides(gpu_memory_utilization: float | None) -> dict:
+    """The engine settings a ``--gpu-memory-utilization`` changes: none when it is not given (or 0)."""
+    return {"gpu_memory_utilization": gpu_memory_utilization} if gpu_memory_utilization else {}
+
+
+def effective_settings(arm: Any) -> dict[str, Any] | None:
+    """An arm's ``engine_effective`` as stored (``None`` where the arm records none), read through its record."""
+    from rlparity.trace import arm_record
+
+    eff = arm_record(arm).engine_effective
+    return None if eff is None else eff.to_attrs()
+
+
 def check_model(value: str | None) -> str | None:
     """The typer callback of every model argument: a built-in name, a local path that exists, or a
     hub id (``org/name``). Something written as a local path (``/``, ``.``, ``~``, two or more
@@ -275,5 +298,6 @@ def dask_progress(on: bool):
 
 
 __all__ = ["TrainerSide", "block_progress", "check_device", "check_model", "comma_list", "command_group",
-           "dask_progress", "device_option", "echo_json", "engine_settings", "model_path", "output_folder",
-           "output_store", "positive_ints", "read_prompts", "sampling_settings", "select_arms", "validation_message"]
+           "dask_progress", "device_option", "echo_json", "engine_overrides", "engine_settings", "gpu_memory_option",
+           "model_path", "output_folder", "output_store", "positive_ints", "read_prompts", "sampling_settings",
+           "select_arms", "size_option", "validation_message"]

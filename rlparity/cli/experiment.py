@@ -2,16 +2,15 @@
 write its folder (the store, a JSON of the numbers; ``--example NAME``: a compact example store
 with its provenance, what rlparity ships as example data). One command per experiment module of
 :mod:`rlparity.experiments`: ``ablation``, ``faults``, ``floors``, ``inflight``, ``moe``,
-``objective``, ``rl``. On a GPU host
+``objective``, ``rl`` (in :mod:`rlparity.cli.experiment_rl`). On a GPU host
 (one call, e.g. with ``RLPARITY_ENGINE_LOCK=off``): ``--device cuda --dtype bfloat16``.
 """
 
 from __future__ import annotations
 
 import time
-from enum import Enum
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 
@@ -20,35 +19,22 @@ from rlparity.cli.common import (
     comma_list,
     command_group,
     device_option,
+    effective_settings,
+    engine_overrides,
+    gpu_memory_option,
     output_folder,
     output_store,
     positive_ints,
+    size_option,
 )
 from rlparity.cli.contract import BadInput, engine_logs, invocation_command, option_defaults
+from rlparity.cli.experiment_rl import rl_cmd
 
 _D = option_defaults()
 _R = _D.rl
-_GPU_MEMORY = typer.Option(None, help="vLLM's gpu_memory_utilization (default: the engine settings')")
-_SIZE = typer.Option("tiny", help="built-in model when --model is not given")
+_GPU_MEMORY = gpu_memory_option()
+_SIZE = size_option()
 _DEVICE = device_option()
-
-
-class Loss(str, Enum):
-    gspo = "gspo"
-    ppo = "ppo"
-    grpo = "grpo"
-
-
-def _effective(arm: Any) -> dict[str, Any] | None:
-    """An arm's ``engine_effective`` as stored (``None`` where the arm records none), read through its record."""
-    from rlparity.trace import arm_record
-
-    eff = arm_record(arm).engine_effective
-    return None if eff is None else eff.to_attrs()
-
-
-def _engine(gpu_memory_utilization: Optional[float]) -> dict:
-    return {"gpu_memory_utilization": gpu_memory_utilization} if gpu_memory_utilization else {}
 
 
 def _built_model(size: str, device: str) -> str:
@@ -96,7 +82,7 @@ def faults_cmd(
     out.mkdir(parents=True, exist_ok=True)
     model = model or _built_model(size, device)
     settings = MatrixSettings(n_prompts=n_prompts, max_tokens=max_tokens, sigma=sigma, device=device, dtype=dtype,
-                              engine=_engine(gpu_memory_utilization), inflight_tokens=inflight_tokens,
+                              engine=engine_overrides(gpu_memory_utilization), inflight_tokens=inflight_tokens,
                               update_after=update_after, seed=seed)
     t0 = time.perf_counter()
     traces = run_matrix(model, chosen, settings, workdir=out / "checkpoints")
@@ -161,7 +147,7 @@ def floors_cmd(
     chosen = {k: SHAPES[k] for k in picked} if picked else SHAPES
     if REFERENCE not in chosen:
         chosen = {REFERENCE: SHAPES[REFERENCE], **chosen}
-    engine = reference_engine(dtype=dtype, enable_prefix_caching=False, **_engine(gpu_memory_utilization))
+    engine = reference_engine(dtype=dtype, enable_prefix_caching=False, **engine_overrides(gpu_memory_utilization))
     t0 = time.perf_counter()
     arms = floor_run(model, make_prompts(n_prompts), SamplingSettings(temperature=0.7, top_k=20, max_tokens=max_tokens,
                      seed=0), shapes=chosen, engine=engine, dtype=dtype, device=device)
@@ -222,13 +208,13 @@ def inflight_cmd(
     n, mt = (4, 32) if ci else (n_prompts, max_tokens)
     t0 = time.perf_counter()
     arms = inflight_matrix(model, new_weights=new_weights, sigma=sigma, n_prompts=n, max_tokens=mt, dtype=dtype,
-                           device=device, engine=_engine(gpu_memory_utilization), checkpoint_dir=out / "v1")
+                           device=device, engine=engine_overrides(gpu_memory_utilization), checkpoint_dir=out / "v1")
     elapsed = time.perf_counter() - t0
     res = summarize(arms)
     first = next(iter(arms.values()))
     res.update({"model": model, "device": device, "dtype": dtype, "sizes": {"n_prompts": n, "max_tokens": mt},
                 "elapsed_s": round(elapsed, 1), "store": str(out / "inflight.zarr"),
-                "engine_effective": _effective(first),
+                "engine_effective": effective_settings(first),
                 "weight_loading": {k: arm_record(first).inflight["update"].get(k)
                                    for k in ("boundary_source", "stream_behind", "pause_kwargs", "load_method")}})
     write_json(out / "inflight.json", res)  # first: the numbers survive a store that cannot be written
@@ -278,122 +264,6 @@ def moe_cmd(
     typer.echo(str(diagnose(arms)))
 
 
-def rl_cmd(
-    out: Path = typer.Option(..., "--out", "-o", help="folder for rl.json, rl.zarr and rl_curves.csv"),
-    model: Optional[str] = typer.Option(None, help="local checkpoint (initial weights); default: the built-in --size",
-                                        callback=check_model),
-    size: str = _SIZE,
-    device: str = _DEVICE,
-    profile: Optional[list[str]] = typer.Option(None, help="engine profile (repeat); default: "
-                                                           + ", ".join(_R.profiles)),
-    steps: int = typer.Option(_R.steps, min=1, help="optimizer steps per run"),
-    loss: Loss = typer.Option(Loss(_R.loss), help="the objective of every step"),
-    old_policy: Optional[list[str]] = typer.Option(
-        None, help="the loss's ratio denominator, one run each (repeat): pi_old recomputed by the trainer, or the "
-                   "engine's mu (PipelineRL); default: " + " and ".join(_R.old_policy)),
-    n_prompts: int = typer.Option(_R.n_prompts, min=1, help="prompts per step"),
-    n_samples: int = typer.Option(_R.n_samples, min=2, help="samples per prompt (the advantage's group)"),
-    max_tokens: int = typer.Option(_R.max_tokens, min=1),
-    lr: float = typer.Option(_R.lr, help="AdamW learning rate (> 0)"),
-    temperature: float = _D.temperature,
-    top_k: int = _D.top_k,
-    seed: int = _D.seed,
-    async_rollouts: bool = typer.Option(False, "--async-rollouts", help="generate step k+1's rollouts while step k "
-                                                                        "trains (lag 1)"),
-    dtype: str = typer.Option(_R.dtype, help="body dtype pinned on the engine and the trainer alike"),
-    gpu_memory_utilization: Optional[float] = _GPU_MEMORY,
-    flat: bool = typer.Option(False, "--flat", help="leave only flat files in --out: the store as tar parts "
-                                                    "(rl.zarr removed once packed)"),
-    no_progress: bool = typer.Option(False, "--no-progress"),
-    as_json: bool = typer.Option(False, "--json", help="print rl.json (curves, contrast, findings) as strict JSON"),
-    fault: Optional[str] = typer.Option(None, "--fault", help="plant a fault mid-run, from --fault-from-step on: "
-                                                              "raw_logprobs (the running engine switched to raw "
-                                                              "logprobs; on profiles that report processed ones)"),
-    fault_from_step: Optional[int] = typer.Option(None, "--fault-from-step", help="the first step with --fault"),
-):
-    """Online RL on the built-in arithmetic task, one real AsyncLLM per engine profile: sample, rescore
-    pi_old with the trainer, one optimizer step, push the weights into the running engine (pause /
-    update / resume). One run per profile and ratio denominator (pi_old recomputed, or the engine's
-    mu as PipelineRL uses it), each from the same initial weights and seeds. Writes DIR/rl.json (the
-    curves, written first), DIR/rl.zarr (every step's trace, arms <run>@step_NNN, also packed into
-    tar parts), DIR/rl_curves.csv; prints each run against the first profile's run of the same
-    ratio denominator."""
-    engine_logs()
-    import shutil
-
-    from rlparity.cli.common import echo_json, sampling_settings
-    from rlparity.config.provenance import write_json
-    from rlparity.experiments.rl import OLD_POLICIES, diagnose_first_steps, pack, rl_profile, rl_run, summarize
-    from rlparity.metrics import rl as mrl
-    from rlparity.models import make_model
-    from rlparity.trace import save
-
-    # every refusal before a model is built or --out is made
-    if lr <= 0:
-        raise BadInput(f"--lr {lr}: the learning rate must be positive, e.g. --lr 1e-3")
-    output_folder(out, "rl.zarr")
-    bad = [o for o in old_policy or [] if o not in OLD_POLICIES]
-    if bad:
-        raise BadInput(f"--old-policy: unknown {bad}; choose from {', '.join(OLD_POLICIES)}")
-    for name in profile or []:
-        rl_profile(name)
-    if fault is not None or fault_from_step is not None:
-        from rlparity.experiments.rl import RLRunSettings
-
-        try:
-            RLRunSettings(steps=steps, fault=fault, fault_from_step=fault_from_step).resolved()
-        except ValueError as err:
-            raise BadInput(f"--fault / --fault-from-step: {err}") from None
-        raw = [n for n in profile or _R.profiles if rl_profile(n).logprobs_mode != "processed_logprobs"]
-        if raw:
-            raise BadInput(f"--fault {fault}: {', '.join(raw)} does not report processed logprobs; give --profile "
-                           "pipelinerl-parity (or another processed-logprobs profile)")
-    sampling = sampling_settings(temperature=temperature, top_k=top_k, seed=seed)
-    olds = old_policy or None
-    out.mkdir(parents=True, exist_ok=True)
-    model = model or str(make_model(size, progress=False, device=device))
-    t0 = time.perf_counter()
-    arms = rl_run(model, profile or None, steps, loss=loss.value, old_policy=olds, n_prompts=n_prompts,
-                  n_samples=n_samples, max_tokens=max_tokens, lr=lr, async_rollouts=async_rollouts, device=device,
-                  seed=seed, dtype=dtype, sampling=sampling, engine=_engine(gpu_memory_utilization),
-                  progress=not no_progress, log=lambda line: typer.echo(line, err=True), fault=fault,
-                  fault_from_step=fault_from_step)
-    elapsed = time.perf_counter() - t0
-    res = summarize(arms, findings=False)
-    res.update({"model": model, "device": device, "elapsed_s": round(elapsed, 1),
-                "sizes": {"steps": steps, "n_prompts": n_prompts, "n_samples": n_samples, "max_tokens": max_tokens,
-                          "lr": lr, "loss": loss.value, "old_policy": olds or list(_R.old_policy),
-                          "dtype": dtype, "async_rollouts": async_rollouts, "fault": fault,
-                          "fault_from_step": fault_from_step},
-                "engine_effective": {run: _effective(arms[k])
-                                     for k, (run, step) in mrl.run_steps(arms).items() if step == 0},
-                "store": "rl.zarr"})
-    write_json(out / "rl.json", res)  # first: the numbers survive a store that cannot be written
-    store = save(arms, out / "rl.zarr")
-    res["archive"] = [p.name for p in pack(store, out)]
-    res["unpack"] = f"cat {res['archive'][0].split('.part')[0]}* | tar xz  # gives rl.zarr"
-    if flat:
-        shutil.rmtree(store)
-        res["store"] = "rl.zarr (packed: see archive and unpack)"
-    try:
-        report = diagnose_first_steps(arms)
-        res.update({"findings": report.to_dict()["findings"], "verdict": report.verdict})
-    except Exception as err:  # noqa: BLE001 - the curves and the store are written; say why the findings are not
-        res["findings_error"] = f"{type(err).__name__}: {err}"
-    write_json(out / "rl.json", res)
-    mrl.rl_curves(arms).to_dataframe().to_csv(out / "rl_curves.csv")
-    if as_json:
-        echo_json(res)
-        return
-    for prof, c in res["contrast"].items():
-        typer.echo(f"{prof}: mean ratio at step 0 {c['mean_ratio_step0']:.4f}, max |mean ratio - 1| "
-                   f"{c['max_abs_mean_ratio_minus_1']:.4f}, clamp indicator {c['clamp_indicator_mean']:.4f} "
-                   f"({c['clamp_indicator_vs_reference']:.3g}x the reference), reward {c['reward_mean']:.3f} "
-                   f"(first to last {c['reward_first_to_last']:+.3f}, gap {c['reward_gap_mean']:+.3f})")
-    typer.echo(f"wrote {', '.join(sorted(p.name for p in out.iterdir()))} in {out} ({elapsed:.0f} s of runs)")
-    typer.echo(f"curves: rlparity.metrics.rl.rl_curves(rlparity.trace.open_arms({str(out / 'rl.zarr')!r}))")
-
-
 def objective_cmd(
     out: Path = typer.Option(..., "--out", help="folder for the store and objective.json"),
     model: Optional[str] = typer.Option(None, help="local checkpoint; default: the built-in --size",
@@ -429,7 +299,7 @@ def objective_cmd(
     try:
         settings = ObjectiveSettings(n_prompts=n_prompts, n_samples=n_samples, max_tokens=max_tokens, lr=lr, cap=cap,
                                      truncate_share=truncate_share, device=device, dtype=dtype,
-                                     engine=_engine(gpu_memory_utilization))
+                                     engine=engine_overrides(gpu_memory_utilization))
     except ValidationError as err:
         raise BadInput(validation_message(err)) from None
     output_folder(out, f"{example or 'objective'}.zarr")
@@ -510,7 +380,7 @@ def ablation_cmd(
     t0 = time.perf_counter()
     try:
         arms = abl.ablation(model, prompts, sampling, reference=reference, knobs=chosen,
-                            engine={"dtype": dtype, **_engine(gpu_memory_utilization)}, scorer=scorer,
+                            engine={"dtype": dtype, **engine_overrides(gpu_memory_utilization)}, scorer=scorer,
                             batch=abl.BatchProbe(sizes=sizes, max_tokens=max_tokens), budget_s=budget_s)
     finally:
         shared_pool().close()

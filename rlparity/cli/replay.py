@@ -181,17 +181,17 @@ def bisect_cmd(
     one engine knob at a time, and rank the knobs by how far each moves the user's tokens, in units
     of that floor, with the tokens each moves most; pairs of knobs where no single one closes the gap
     against the trainer; with --layers, where the winner's worst tokens part, layer by layer."""
-    from rlparity.experiments.bisect import KNOBS, PAIRS, bisect, report
+    from rlparity.experiments.bisect import KNOBS, PAIRS, BisectOptions, bisect, report
 
     chosen = comma_list(knobs, "--knobs", list(KNOBS)) or list(KNOBS)
     if pairs not in PAIRS:
         raise BadInput(f"--pairs {pairs!r}: use {', '.join(PAIRS)}")
+    options = BisectOptions(knobs=chosen, budget=budget, mode=mode, pairs=pairs, share=share, layers=layers,
+                            layer_tokens=layer_tokens)
     trace, path, settings, _ = _prepare(source, arm, step, model, engine, profile, out, mode,
                                         ("auto", "prefill", "decode"))
     try:
-        arms, record = bisect(path, trace, settings=settings, knobs=chosen, budget=budget, mode=mode, pairs=pairs,
-                              share=share, layers=layers, layer_tokens=layer_tokens,
-                              log=lambda m: typer.echo(m, err=True))
+        arms, record = bisect(path, trace, options, settings=settings, log=lambda m: typer.echo(m, err=True))
     except ValueError as err:
         raise BadInput(str(err)) from None
     from transformers import AutoTokenizer
@@ -202,6 +202,15 @@ def bisect_cmd(
     if as_json:
         echo_json(rep)
         raise typer.Exit(EXIT_OK)
+    _print_bisect(rep, budget)
+    if out is not None:
+        typer.echo(f"wrote {len(arms)} replayed arms to {out}", err=True)
+    raise typer.Exit(EXIT_OK)
+
+
+def _print_bisect(rep: dict[str, Any], budget: int | None) -> None:
+    """The bisection's report as lines: the replay against the capture and the floor, the ranked
+    knobs with their top tokens, what did not run, the trainer gap, the pairs, the layers, the starts."""
     cap, fl = rep["replay_vs_capture"], rep["floor"]
     typer.echo(f"{rep['mode']} replay under the capture's settings: |replay - capture| mean {_fmt(cap['mean_abs'])}, "
                f"max {_fmt(cap['max_abs'])} nats; replay floor (same settings twice) mean {_fmt(fl['mean_abs'])}, "
@@ -223,9 +232,6 @@ def bisect_cmd(
     typer.echo(f"layers: {lay.get('sentence') or lay.get('reason') or lay.get('status')}")
     typer.echo(f"{rep['engine_start_attempts']} engine start(s) tried, {rep['engine_starts']} started"
                + (f" (budget {budget})" if budget else "") + f", {rep['wall_s']:.1f} s")
-    if out is not None:
-        typer.echo(f"wrote {len(arms)} replayed arms to {out}", err=True)
-    raise typer.Exit(EXIT_OK)
 
 
 __all__ = ["bisect_cmd", "replay_cmd"]

@@ -1,0 +1,94 @@
+"""The bisection's report: the replay against the capture, the floor, the ranked knobs and pairs,
+the winner, the trainer gap and the layers (what ``rlparity bisect --json`` prints). Part of
+:mod:`rlparity.experiments.bisect`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import xarray as xr
+
+from rlparity.experiments.bisect.knobs import BASELINE, FLOOR
+from rlparity.experiments.bisect.pairs import winner
+
+
+def _capture_state(capture: float | None, baseline: float | None) -> dict[str, Any]:
+    """The capture's gap against the trainer and the baseline replay's: where the replay under the
+    capture's own settings already closes most of it, the gap lives in the engine's state at capture
+    time (a stale prefix cache, other weights), not in a setting a knob can flip."""
+    from rlparity.config.defaults import defaults
+    from rlparity.metrics.replay import explained_share
+
+    closed = explained_share(baseline, capture)
+    share = defaults().bisect_explained_share
+    verdict = None if closed is None else (
+        f"the replay under the capture's own settings closes {closed:.3g} of the capture's gap: the gap is in the "
+        "engine's state at capture time (a stale prefix cache, other weights), not in a setting"
+        if closed >= share else "the replay under the capture's own settings keeps the capture's gap: a setting "
+                                "(the knobs) can explain it")
+    return {"capture": capture, "baseline": baseline, "closed_by_replay": closed, "verdict": verdict}
+
+
+def report(arms: Mapping[str, xr.Dataset], source: xr.Dataset, record: Mapping[str, Any], *,
+           tokenizer: Any = None, top: int | None = None) -> dict[str, Any]:
+    """The bisection's report: replay against capture, the floor, and the ranked knobs.
+
+    Parameters
+    ----------
+    arms : Mapping of str to xarray.Dataset
+        What :func:`bisect` returned.
+    source : xarray.Dataset
+        The captured arm.
+    record : Mapping
+        :func:`bisect`'s record.
+    tokenizer : transformers tokenizer, optional
+        Names each top token's text (``token_text``).
+    top : int, optional
+        Tokens per knob; ``None`` means ``defaults().replay_top_tokens``.
+
+    Returns
+    -------
+    dict
+        ``mode``, ``replay_vs_capture`` (:func:`rlparity.metrics.replay.capture_gap` of the
+        baseline), ``floor`` (:func:`rlparity.metrics.replay.replay_floor`), ``knobs`` (ranked rows of
+        :func:`rlparity.metrics.replay.knob_table`, ``knob`` the knob's name and ``arm`` its arm),
+        ``not_run`` (the plan's other entries),
+        ``engine_starts``, ``engine_start_attempts``, ``budget``, ``wall_s``, ``trainer_gap`` (of the
+        capture and of the baseline replay, the share the replay closes and the verdict), ``winner``
+        (:func:`winner`), ``pairs`` (the decision) and
+        ``layers`` (the hand-off). A pair's row (``kind`` ``pair``) also has ``interaction`` (nats) and
+        ``interaction_floor_units`` (:func:`rlparity.metrics.replay.interaction`).
+    """
+    from rlparity.metrics.replay import capture_gap, interaction, knob_table, replay_floor, trainer_gap
+
+    rows = knob_table(arms, baseline=BASELINE, floor=FLOOR, source=source, top=top)
+    for r in rows:  # the arm knob_<name> is the knob <name>; pair_<a>+<b> the pair a+b
+        arm = r["knob"]
+        r["arm"], r["knob"] = arm, arm.removeprefix("knob_").removeprefix("pair_")
+        r["kind"] = "pair" if arm.startswith("pair_") else "knob"
+        if r["kind"] == "pair":
+            a, b = (f"knob_{x}" for x in r["knob"].split("+", 1))
+            if a in arms and b in arms:
+                r["interaction"] = interaction(arms[arm], arms[a], arms[b], arms[BASELINE])
+                r["interaction_floor_units"] = r["interaction"] / r["unit"]
+    best = winner(arms)
+    if tokenizer is not None:
+        for r in rows:
+            for t in r["top_tokens"]:
+                t["token_text"] = tokenizer.decode([t["token_id"]])
+    return {"mode": record["mode"], "modes_not_run": record.get("modes_not_run", {}),
+            "replay_vs_capture": capture_gap(arms[BASELINE], source),
+            "floor": replay_floor(arms[BASELINE], arms[FLOOR]), "knobs": rows,
+            "not_run": [p for p in record["plan"] if p["status"] != "ran"],
+            "engine_starts": record["engine_starts"],
+            "engine_start_attempts": record.get("engine_start_attempts"), "budget": record.get("budget"),
+            "wall_s": record["wall_s"],
+            "trainer_gap": _capture_state(trainer_gap(source), trainer_gap(arms[BASELINE])),
+            "winner": None if best is None else {"arm": best[0], "explained": best[1]["explained"],
+                                                 "basis": best[1]["basis"], "floor_units": best[1]["floor_units"]},
+            "pairs": record.get("pairs"), "layers": record.get("layers")}
+
+
+__all__ = ["report"]
