@@ -469,3 +469,31 @@ def test_winner_prefers_the_arm_that_closes_the_gap_then_the_largest_mover():
     one = np.zeros(mask.shape)
     one[np.argwhere(mask)[0][0], np.argwhere(mask)[0][1]] = 0.125  # one token, towards the trainer
     assert winner({BASELINE: base, FLOOR: arms[FLOOR], "knob_one": _arm(base, one, "knob_one")})[0] == "knob_one"
+
+
+def test_the_capture_state_is_counted_above_the_lowest_gap_any_replay_reached():
+    """The H200 runs of 2026-12-06 (bf16 ``small``, trainer gaps in nats): a stale prefix cache left the
+    capture at 0.02319 and every cold replay at 0.0130-0.0132 (the bf16 body's own gap): the replay closes
+    0.436 of the capture's gap but all of it above what any replay reached, so the state is named. A
+    planted bf16 head: capture 0.00746, baseline 0.00554, the head knob 0.00105: a setting explains it."""
+    from rlparity.experiments.bisect.report import _capture_state
+
+    stale = _capture_state(0.023185, 0.013070, {"replay_baseline": 0.013070, "knob_head_precision": 0.017221,
+                                               "knob_attention_backend": 0.013227, "knob_prefix_caching": 0.013037})
+    assert stale["closed_by_replay"] == pytest.approx(1 - 0.013070 / 0.023185)
+    assert stale["lowest_arm"] == "knob_prefix_caching" and stale["lowest"] == 0.013037
+    assert stale["closed_of_reachable"] == pytest.approx((0.023185 - 0.013070) / (0.023185 - 0.013037))
+    assert stale["verdict"].startswith("the replay under the capture's own settings closes 0.997")
+    head = _capture_state(0.007457, 0.005544, {"knob_head_precision": 0.001053, "knob_prefix_caching": 0.005544})
+    assert head["lowest_arm"] == "knob_head_precision"
+    assert head["closed_of_reachable"] == pytest.approx((0.007457 - 0.005544) / (0.007457 - 0.001053))
+    assert "keeps the capture's gap" in head["verdict"]
+    # the old rule's case: nothing reaches below the baseline, which closes 0.9999 of the gap (the CPU stale cache)
+    cpu = _capture_state(0.0251, 1.5e-6, None)
+    assert cpu["lowest_arm"] == "replay_baseline" and cpu["closed_of_reachable"] == pytest.approx(1.0)
+    assert "engine's state" in cpu["verdict"]
+    # exactly at the share: the state (>=); nothing reachable, or no trainer numbers: no verdict
+    at = _capture_state(1.0, 0.5, {"knob_x": 0.0})
+    assert at["closed_of_reachable"] == pytest.approx(0.5) and "engine's state" in at["verdict"]
+    assert _capture_state(0.01, 0.01, {"knob_x": 0.02})["verdict"] is None
+    assert _capture_state(None, 0.01)["verdict"] is None and _capture_state(0.01, None)["verdict"] is None
