@@ -15,7 +15,9 @@ Both sides run on one engine instance (``rlparity.capture.Engine``, the offline 
 Methods run round-robin, ``--repeats`` times each after one warm-up of each; medians. The result's
 ``vs_generate`` is capture / generate (time ratio of the medians; the target is <= 1.05); ``paired`` holds
 the ratio of each repeat's pair (capture and generate run back to back), min and median, steadier on a
-shared machine. ``--profile`` adds a cProfile
+shared machine. ``client_cpu_s`` / ``client_cpu_paired``: the same for the CPU seconds of this process alone
+(vLLM's engine core runs in a process of its own, so this is the client's work: vLLM's output processing,
+logprobs containers and detokenizing, plus what rlparity adds), the steadiest measure on a busy CPU. ``--profile`` adds a cProfile
 of one capture (the functions outside vLLM's own generate, by cumulative time) to the result.
 
 Models: ``tiny`` is the project's built tiny model (``rlparity.models.make_model``, the CPU default);
@@ -91,9 +93,13 @@ def profile_capture(eng, prompts, sampling, top: int = 25) -> dict:
     rows.sort(key=lambda r: -r["cumulative_s"])
     generate = next((r["cumulative_s"] for r in rows if r["function"].endswith(":generate")
                      and "llm" in r["function"]), None)
+    # the capture call's own cumulative time (pstats' total_tt can fall short of it)
+    total = max(total, next((r["cumulative_s"] for r in rows if r["in_rlparity"] and r["function"].endswith(":capture")),
+                            total))
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(top)
     return {"total_s": total, "generate_s": generate,
+            "outside_generate_s": None if generate is None else total - generate,
             "rlparity_top": [r for r in rows if r["in_rlparity"]][:top], "text": text.getvalue()[-6000:]}
 
 
@@ -174,15 +180,17 @@ def main(argv=None) -> dict:
         for fn in methods.values():  # warm-up
             fn()
         times: dict[str, list[float]] = {k: [] for k in methods}
+        cpu: dict[str, list[float]] = {k: [] for k in methods}  # this process's CPU seconds: the engine core runs apart
         last: dict = {}
         late = False
         for r in range(a.repeats):
             t_repeat = time.perf_counter()
             for name, fn in methods.items():
                 last.pop(name, None)
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 last[name] = fn()
                 times[name].append(time.perf_counter() - t)
+                cpu[name].append(time.process_time() - c)
             print(f"# repeat {r + 1}: " + ", ".join(f"{k} {v[-1]:.3f}s" for k, v in times.items()), file=sys.stderr)
             took = time.perf_counter() - t_repeat
             late = a.budget_s is not None and time.perf_counter() - t_start + took > a.budget_s
@@ -200,6 +208,8 @@ def main(argv=None) -> dict:
     med = {k: statistics.median(v) for k, v in times.items()}
     res.update({"times_s": times, "median_s": med, "vs_generate": med["capture"] / med["generate"],
                 "paired": {f"vs_{base}": paired(times["capture"], times[base]) for base in times if base != "capture"},
+                "client_cpu_s": cpu,
+                "client_cpu_paired": {f"vs_{base}": paired(cpu["capture"], cpu[base]) for base in cpu if base != "capture"},
                 "same_tokens_as_generate": same, "goal_vs_generate": 1.05,
                 "tokens_per_s": {k: res["tokens"] / v for k, v in med.items()},
                 "wall_s": round(time.perf_counter() - t_start, 1)})
@@ -208,7 +218,8 @@ def main(argv=None) -> dict:
     pair = res["paired"]["vs_generate"]
     print(f"{a.shape} on {card}: {a.prompts} prompts x {a.max_tokens} tokens, median of {a.repeats}: generate "
           f"{med['generate']:.3f} s, capture {med['capture']:.3f} s -> vs_generate {res['vs_generate']:.3f} "
-          f"(paired: min {pair['min']:.3f}, median {pair['median']:.3f}; goal <= 1.05); same tokens: {same}"
+          f"(paired: min {pair['min']:.3f}, median {pair['median']:.3f}; goal <= 1.05; this process's CPU time: "
+          f"{res['client_cpu_paired']['vs_generate']['median']:.3f}); same tokens: {same}"
           + (f"; logprobs cost vLLM {res['logprobs_cost']:.2f}x" if "logprobs_cost" in res else "")
           + (f"; vLLM's list logprobs {med['generate_list_logprobs'] / med['generate']:.3f}x the flat ones"
              if "generate_list_logprobs" in med else ""))

@@ -11,9 +11,9 @@
 #   usage (from the project root, after the bundle's part1, part2 and part3; ../shared/gpu/README.md):
 #     bash scripts/gpu_bench.sh "$OUT"
 #
-# Writes into OUT: rescoring_<card>_1p5b.json, capture_<card>.json, recorder_<card>_host.json,
-# rescoring_<card>_7b.json, a log per step and gpu_bench.txt (one line per step: exit code and seconds;
-# 124 = ran past its limit).
+# Writes into OUT six files (a GPU call brings back at most 8): rescoring_<card>_1p5b.json, capture_<card>.json,
+# recorder_<card>_host.json, rescoring_<card>_7b.json, gpu_bench.txt (one line per step: exit code and seconds;
+# 124 = ran past its limit) and gpu_bench.log (every step's output, one after the other).
 set -u
 out=${1:-${OUT:-}}
 if [[ -z "$out" ]]; then
@@ -65,6 +65,7 @@ step() {  # step NAME LIMIT_S MIN_S COMMAND... ("{budget}" in COMMAND: the limit
   rc=$?
   echo "$name: exit $rc, $((SECONDS - t0)) s (limit $limit s)" | tee -a "$out/gpu_bench.txt"
   grep -v "^(EngineCore\|^(Worker\|^(VllmWorker\| INFO \|^INFO" "$out/$name.log" | tail -n 30
+  { echo "===== $name: exit $rc"; cat "$out/$name.log"; } >> "$out/gpu_bench.log" && rm -f "$out/$name.log"
 }
 
 # 1. rescoring, 1.5B shape (256 x 577 tokens, batch 16): bare forward, Scorer's per-batch path (fp32 and bf16

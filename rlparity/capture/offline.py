@@ -321,7 +321,7 @@ def sampled_logprobs(logprobs, token_ids: list[int]) -> list[float]:
     if ids[:n] != token_ids[:n]:
         raise RuntimeError("vLLM's flat logprobs do not start each position with the sampled token: read them "
                            "per position (SamplingParams(flat_logprobs=False))")
-    return [float(v) for v in out[:n]]
+    return out[:n]  # a copy: vLLM's floats (from numpy's tolist)
 
 
 def capture(model: str | os.PathLike, prompts: Sequence[Prompt] | Prompt,
