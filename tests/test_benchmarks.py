@@ -96,10 +96,9 @@ def test_recorder_benchmark_runs_without_dask(tmp_path):
     assert r["tokens"] > 0 and r["modes"]["background"]["open_lazy_s"] is None, r
 
 
-def test_rescoring_flops_match_torchs_flop_counter():
-    """``rescoring.flops``: the projections and the head equal torch's FlopCounterMode on an eager-attention
-    Llama; the attention term is the hand count (eager attention multiplies the full S x S, causal is half
-    of it plus the diagonal)."""
+def _flop_setup():
+    """(torch, ``rescoring.flops``, a seeded eager-attention Llama (hidden 64, 3 layers, vocabulary 300),
+    FlopCounterMode)."""
     torch = pytest.importorskip("torch")
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -111,9 +110,18 @@ def test_rescoring_flops_match_torchs_flop_counter():
         sys.path.remove(str(BENCH))
     cfg = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=300, attn_implementation="eager")
-    n, s = 3, 20
+    torch.manual_seed(0)
+    return torch, flops, LlamaForCausalLM(cfg).eval(), FlopCounterMode
+
+
+def test_rescoring_flops_match_torchs_flop_counter():
+    """``rescoring.flops``: the projections and the head equal torch's FlopCounterMode on an eager-attention
+    Llama; the attention term is the hand count (eager attention multiplies the full S x S, causal is half
+    of it plus the diagonal)."""
+    torch, flops, model, FlopCounterMode = _flop_setup()
+    cfg, n, s = model.config, 3, 20
     with torch.inference_mode(), FlopCounterMode(display=False) as fc:
-        LlamaForCausalLM(cfg).eval()(input_ids=torch.randint(0, 300, (n, s)))
+        model(input_ids=torch.randint(0, 300, (n, s)))
     full_attention = 3 * n * 4 * s * s * 64  # layers x sequences x (QK^T + AV, 2 FLOPs each) x S^2 x hidden
     causal_attention = 3 * n * 2 * 64 * s * (s + 1)
     assert flops(cfg, {"length": s}, n * s, n * s) - causal_attention == fc.get_total_flops() - full_attention
@@ -126,25 +134,14 @@ def test_rescoring_flops_of_the_scorers_layouts_match_torchs_flop_counter():
     useful FLOPs of ``rescoring.flops`` (causal attention within each sequence, the head over the response rows)
     plus the masked attention the kernels also multiply: each row's full S x S, where a packed row's S is the
     micro-batch's tokens together."""
-    torch = pytest.importorskip("torch")
+    torch, flops, model, FlopCounterMode = _flop_setup()
     import numpy as np
-    from torch.utils.flop_counter import FlopCounterMode
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from rlparity.config.settings import TrainerSettings
     from rlparity.score import Scorer
     from rlparity.trace import from_rollouts
 
-    sys.path.insert(0, str(BENCH))
-    try:
-        from rescoring import flops
-    finally:
-        sys.path.remove(str(BENCH))
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=300, attn_implementation="eager")
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg).eval()
-    n, s, prompt, batch = 4, 20, 6, 2
+    cfg, n, s, prompt, batch = model.config, 4, 20, 6, 2
     ids = torch.randint(0, 300, (n, s)).numpy()
     trace = from_rollouts(prompt_token_ids=[r[:prompt].tolist() for r in ids], token_ids=[r[prompt:].tolist() for r in ids],
                           rollout_logprobs=[np.full(s - prompt, -1.0)] * n, temperature=[0.7] * n, top_k=[50] * n,
