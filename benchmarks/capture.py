@@ -15,7 +15,9 @@ Both sides run on one engine instance (``rlparity.capture.Engine``, the offline 
 Methods run round-robin, ``--repeats`` times each after one warm-up of each; medians. The result's
 ``vs_generate`` is capture / generate (time ratio of the medians; the target is <= 1.05); ``paired`` holds
 the ratio of each repeat's pair (capture and generate run back to back), min and median, steadier on a
-shared machine. ``client_cpu_s`` / ``client_cpu_paired``: the same for the CPU seconds of this process alone
+shared machine. ``logprobs_containers_us_per_token`` (before the engine starts): vLLM's own code filling a request's
+logprobs the list way and the flat way, and rlparity reading them back, in microseconds per token.
+``client_cpu_s`` / ``client_cpu_paired``: the same for the CPU seconds of this process alone
 (vLLM's engine core runs in a process of its own, so this is the client's work: vLLM's output processing,
 logprobs containers and detokenizing, plus what rlparity adds), the steadiest measure on a busy CPU. ``--profile`` adds a cProfile
 of one capture (the functions outside vLLM's own generate, by cumulative time) to the result.
@@ -103,6 +105,49 @@ def profile_capture(eng, prompts, sampling, top: int = 25) -> dict:
             "rlparity_top": [r for r in rows if r["in_rlparity"]][:top], "text": text.getvalue()[-6000:]}
 
 
+def containers_cost(sequences: int = 64, tokens: int = 128, repeats: int = 15) -> dict | None:
+    """Microseconds per token, client side and without an engine, of vLLM's own code filling a request's logprobs
+    container as its output processor does with ``logprobs=0`` (a list of ``{token: Logprob}`` dicts, or one
+    ``FlatLogprobs``), and of reading the sampled logprobs back (:func:`rlparity.capture.offline.sampled_logprobs`;
+    ``read_list_before``: the per-token dict lookup it replaced); fastest and median of ``repeats``. None where
+    vLLM has no flat container."""
+    import numpy as np
+
+    from rlparity.capture.offline import sampled_logprobs
+    try:
+        from vllm.logprobs import append_logprobs_for_next_position, create_sample_logprobs
+        create_sample_logprobs(True)
+    except (ImportError, TypeError):
+        return None
+    rng = np.random.default_rng(0)
+    toks = rng.integers(0, 32000, size=(sequences, tokens)).tolist()
+    lps = (-rng.random((sequences, tokens))).tolist()
+
+    def fill(flat: bool):
+        out = []
+        for ids, values in zip(toks, lps):
+            c = create_sample_logprobs(flat)
+            for t, v in zip(ids, values):
+                append_logprobs_for_next_position(c, [t], [v], [None], 1, 0)
+            out.append(c)
+        return out
+
+    lists, flats = fill(False), fill(True)
+    before = lambda cs: [[float(step[t].logprob) for step, t in zip(c, ids)] for c, ids in zip(cs, toks)]  # noqa: E731
+    after = lambda cs: [sampled_logprobs(c, ids) for c, ids in zip(cs, toks)]  # noqa: E731
+    assert before(lists) == after(lists) == after(flats) == lps
+    res = {}
+    for name, fn, arg in (("vllm_fill_list", fill, False), ("vllm_fill_flat", fill, True),
+                          ("read_list_before", before, lists), ("read_list", after, lists), ("read_flat", after, flats)):
+        ts = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn(arg)
+            ts.append((time.perf_counter() - t) / (sequences * tokens) * 1e6)
+        res[name] = {"min_us": min(ts), "median_us": statistics.median(ts)}
+    return res
+
+
 def paired(num: list[float], den: list[float]) -> dict:
     """min and median of the ratios of the repeats' pairs ``num[i] / den[i]``, and the ratios."""
     ratios = [x / y for x, y in zip(num, den)]
@@ -155,6 +200,7 @@ def main(argv=None) -> dict:
                  "max_tokens": a.max_tokens, "tokens": a.prompts * a.max_tokens, "repeats": a.repeats,
                  "sampling": sampling.model_dump(), "card": card, "vllm": vllm.__version__, "torch": torch.__version__,
                  "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
+    res["logprobs_containers_us_per_token"] = containers_cost()
     t0 = time.perf_counter()
     with Engine(path, settings) as eng:
         eng.start()

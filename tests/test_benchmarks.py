@@ -46,7 +46,10 @@ SMOKE = {
                          lambda r: r["sequences"] == 1 and r["length"] == 32),
     "capture.py": (["--prompts", "4", "--max-tokens", "8", "--repeats", "1", "--profile", "--out", "{out}"],
                    lambda r: r["same_tokens_as_generate"] and r["vs_generate"] > 0 and r["tokens"] == 32
-                   and r["profile"]["generate_s"] <= r["profile"]["total_s"]),
+                   and r["profile"]["generate_s"] <= r["profile"]["total_s"]
+                   and r["paired"]["vs_generate"]["min"] > 0 and len(r["client_cpu_s"]["capture"]) == 1
+                   and (not r["flat_logprobs"] or "generate_list_logprobs" in r["median_s"])
+                   and set(r["logprobs_containers_us_per_token"]) >= {"vllm_fill_list", "vllm_fill_flat", "read_flat"}),
 }
 ENGINE = {"layer_capture.py", "capture.py"}
 
