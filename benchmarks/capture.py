@@ -15,12 +15,13 @@ Both sides run on one engine instance (``rlparity.capture.Engine``, the offline 
 Methods run round-robin, ``--repeats`` times each after one warm-up of each; medians. The result's
 ``vs_generate`` is capture / generate (time ratio of the medians; the target is <= 1.05); ``paired`` holds
 the ratio of each repeat's pair (capture and generate run back to back), min and median, steadier on a
-shared machine. ``logprobs_containers_us_per_token`` (before the engine starts): vLLM's own code filling a request's
-logprobs the list way and the flat way, and rlparity reading them back, in microseconds per token.
-``client_cpu_s`` / ``client_cpu_paired``: the same for the CPU seconds of this process alone
-(vLLM's engine core runs in a process of its own, so this is the client's work: vLLM's output processing,
-logprobs containers and detokenizing, plus what rlparity adds), the steadiest measure on a busy CPU. ``--profile`` adds a cProfile
-of one capture (the functions outside vLLM's own generate, by cumulative time) to the result.
+shared machine. ``client_cpu_s`` / ``client_cpu_paired``: the same for the CPU seconds of this process
+alone (vLLM's engine core runs in a process of its own, so this is the client's work: vLLM's output
+processing, logprobs containers and detokenizing, plus what rlparity adds), the steadiest measure on a busy
+CPU. ``logprobs_containers_us_per_token`` (timed before the engine starts): vLLM's own code filling a
+request's logprobs the list way and the flat way, and rlparity reading them back, microseconds per token.
+``--profile`` adds a cProfile of one capture (the functions outside vLLM's own generate, by cumulative
+time) to the result.
 
 Models: ``tiny`` is the project's built tiny model (``rlparity.models.make_model``, the CPU default);
 ``small`` (hidden 512, 8 layers, vocabulary 32000) and ``1.5b`` (Qwen2-1.5B's shape as a Llama, vocabulary
