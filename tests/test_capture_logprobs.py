@@ -39,3 +39,12 @@ def test_flat_logprobs_of_another_token_are_refused():
     flat.append_fast([5], [-1.0], iter([1]), [None])
     with pytest.raises(RuntimeError, match="sampled token"):
         sampled_logprobs(flat, [6])
+
+
+def test_a_container_longer_than_the_tokens_gives_one_logprob_per_token_as_the_dict_form():
+    logprobs_mod = pytest.importorskip("vllm.logprobs")
+    flat = logprobs_mod.FlatLogprobs()
+    for t, v in ((5, -1.0), (6, -2.0), (7, -3.0)):
+        flat.append_fast([t], [v], iter([1]), [None])
+    dicts = [{t: logprobs_mod.Logprob(logprob=v, rank=1)} for t, v in ((5, -1.0), (6, -2.0), (7, -3.0))]
+    assert sampled_logprobs(flat, [5, 6]) == sampled_logprobs(dicts, [5, 6]) == [-1.0, -2.0]
