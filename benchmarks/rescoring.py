@@ -16,14 +16,19 @@ Measures throughput (tokens per second over the whole set) and peak extra memory
   the trainer's self-check of ``TrainerSettings.self_check`` sequences, weight checksums, assembling the
   scored trace): ``score_end_to_end_first`` is the first call of a fresh Scorer, timed before anything
   else ran in the process (compilation, allocator, kernels' first use included); the steady rows are
-  later calls of one Scorer with the self-check on (the default) and off (``self_check=0``), and off
-  with ``fingerprint=False`` too (a model passed in is checksummed at every call: it may have trained).
+  later calls of one Scorer with the self-check on (the default) and off (``self_check=0``).
   Needs rlparity importable (xarray, numpy); skipped with a note when it is not.
+* ``score_{padded,packed}_{fp32,bf16}_head`` (issue 39): the same call with ``self_check=0`` and
+  ``fingerprint=False`` (the scoring path alone: a model passed in is otherwise checksummed at every call),
+  in the trainer layout ``TrainerSettings.layout`` (``padded``: one row per sequence; ``packed``: a micro-batch's
+  sequences in one row with a block-diagonal causal mask) and with a float32 or bf16 LM head. Each row
+  records its ``layout``, ``head_dtype``, ``self_check`` and ``fingerprint``.
 
-Every row also reports its achieved FLOP/s (matmul FLOPs of the body over every token, causal
-attention, the LM head over the rows that method projects: every token for ``bare`` and
-``naive_fp32``, the response rows for the others) and, on an H100 or H200, that against the card's
-dense bf16 peak (989 TFLOP/s).
+Every row also reports its achieved FLOP/s (the useful matmul FLOPs: the body over every token, causal
+attention within each sequence, the LM head over the rows that method projects: every token for ``bare``
+and ``naive_fp32``, the response rows for the others; a packed row's kernels also multiply the masked
+blocks between sequences, which are not counted) and, on an H100 or H200, that against the card's dense
+bf16 peak (989 TFLOP/s).
 
 The model is a Llama built from a config with random weights (no download). Every sequence has
 ``--prompt`` prompt tokens and the rest are response tokens; all have the same length, so the
@@ -38,6 +43,7 @@ statistic, nats), for the float32 and the bf16 head.
     python benchmarks/rescoring.py                                   # CPU, small shapes
     python benchmarks/rescoring.py --vocab 151936                    # CPU, the real vocabulary
     python benchmarks/rescoring.py --device cuda --shape 1.5b --out rescoring_h200.json
+    python benchmarks/rescoring.py --device cuda --shape 7b --sequences 64 --methods bare score_end_to_end
 
 Needs torch, transformers and numpy; it imports ``rlparity.score.lm_head_stats`` directly from the
 checkout when the rest of rlparity's dependencies are missing (e.g. on a bare GPU machine).
@@ -73,10 +79,14 @@ SHAPES = {
            "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False,
            "sequences": 128, "length": 577, "prompt": 64, "batch": 8, "dtype": "bfloat16"},
 }
+# Scorer(...).score(trace) rows -> (layout, head dtype, self_check (None: the default), fingerprint); the method
+# "score_end_to_end" is its first call and the two default rows, the others are methods of their own
+END_TO_END = {"score_end_to_end": ("padded", "float32", None, True),
+              "score_end_to_end_no_self_check": ("padded", "float32", 0, True),
+              **{f"score_{layout}_{short}_head": (layout, head, 0, False)
+                 for layout in ("padded", "packed") for short, head in (("fp32", "float32"), ("bf16", "bfloat16"))}}
 METHODS = ("bare", "naive_fp32", "scorer_fp32_new", "scorer_fp32_new_cast", "scorer_fp32_ref", "scorer_bf16_new",
-           "scorer_bf16_ref", "score_end_to_end")
-# the rows of "score_end_to_end": Scorer(...).score(trace), steady with the self-check on and off
-END_TO_END = ("score_end_to_end", "score_end_to_end_no_self_check", "score_end_to_end_no_self_check_no_fingerprint")
+           "scorer_bf16_ref", "score_end_to_end", *list(END_TO_END)[2:])
 # dense bf16 peak FLOP/s by card (SXM; the H200 has the H100's tensor cores)
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
 
@@ -193,9 +203,10 @@ def card_peak(device: str) -> tuple[str, float | None]:
     return name, next((v for k, v in PEAK_BF16.items() if k in name), None)
 
 
-def end_to_end(model, a, shape, ids):
-    """``Scorer(model).score(trace)`` on a trace of ``ids``: a function per row (each a whole pass), and the
-    first call of a fresh Scorer timed now; None when rlparity's own dependencies are missing."""
+def end_to_end(model, a, shape, ids, rows):
+    """``Scorer(model).score(trace)`` on a trace of ``ids``: a function per row of ``rows`` (names of
+    :data:`END_TO_END`, each call a whole pass), and, when ``score_end_to_end`` is among them, the first call of
+    a fresh Scorer timed now (else None); None when rlparity's own dependencies are missing."""
     try:
         from rlparity.config.settings import TrainerSettings
         from rlparity.score import Scorer
@@ -211,20 +222,41 @@ def end_to_end(model, a, shape, ids):
                           rollout_logprobs=[np.full(len(r) - prompt, -1.0) for r in arr],
                           temperature=[a.temperature] * n, top_k=[a.top_k] * n, top_p=[a.top_p] * n)
 
-    def scorer(self_check: bool, fingerprint: bool = True):
-        settings = TrainerSettings(**({} if self_check else {"self_check": 0}), fingerprint=fingerprint)
+    def scorer(row: str):
+        layout, head_dtype, self_check, fingerprint = END_TO_END[row]
+        settings = TrainerSettings(layout=layout, fingerprint=fingerprint,
+                                   **({} if self_check is None else {"self_check": self_check}))
         return Scorer(model, device=a.device, batch_size=shape["batch"], chunk_tokens=a.chunk_tokens,
-                      compile_head=a.compile, progress=False, tokenize_prompts=False, head_dtype="float32",
+                      compile_head=a.compile, progress=False, tokenize_prompts=False, head_dtype=head_dtype,
                       settings=settings)
 
-    t0 = time.perf_counter()
-    scored = scorer(True).score(trace)
-    sync(a.device)
-    first = time.perf_counter() - t0
-    assert int(np.isfinite(scored["trainer_logprob"].values).sum()) == n * (shape["length"] - prompt)
-    steady = {"score_end_to_end": scorer(True), "score_end_to_end_no_self_check": scorer(False),
-              "score_end_to_end_no_self_check_no_fingerprint": scorer(False, False)}
+    first = None
+    if "score_end_to_end" in rows:
+        t0 = time.perf_counter()
+        scored = scorer("score_end_to_end").score(trace)
+        sync(a.device)
+        first = time.perf_counter() - t0
+        assert int(np.isfinite(scored["trainer_logprob"].values).sum()) == n * (shape["length"] - prompt)
+    steady = {row: scorer(row) for row in rows}
     return ({name: (lambda s=s: s.score(trace)) for name, s in steady.items()}, first, None)
+
+
+def over_budget(a, t_start: float, next_s: float) -> bool:
+    """Whether a step of ``next_s`` seconds would end past ``--budget-s`` (never with no budget)."""
+    return a.budget_s is not None and time.perf_counter() - t_start + next_s > a.budget_s
+
+
+def row_setup(name: str, body_dtype: str) -> dict:
+    """A row's trainer layout and LM-head dtype (and, for ``Scorer.score`` rows, its self-check and fingerprint)."""
+    if name in END_TO_END or name == "score_end_to_end_first":
+        from rlparity.config.settings import TrainerSettings  # present: the row ran
+
+        layout, head, check, fingerprint = END_TO_END["score_end_to_end" if name.endswith("_first") else name]
+        return {"layout": layout, "head_dtype": head,
+                "self_check": TrainerSettings().self_check if check is None else check,
+                "fingerprint": fingerprint}
+    head = {"bare": body_dtype, "naive_fp32": "float32"}.get(name, "bfloat16" if "bf16" in name else "float32")
+    return {"layout": "padded", "head_dtype": head}
 
 
 def one_pass(fn, batches, device):
@@ -380,6 +412,9 @@ def main() -> None:
                     help="torch.compile the new head's reduction (default: head_stats' own choice)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="stop repeating (at least one repeat) and skip the memory passes once another repeat would "
+                         "end past this many seconds from the start, so a caller's time limit still gets the JSON")
     ap.add_argument("--no-equality", action="store_true", help="skip the equality check")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     ap.add_argument("--out", help="write the results as JSON here")
@@ -407,11 +442,14 @@ def main() -> None:
           f"batch {shape['batch']}, vocab {shape['vocab_size']}, body {shape['dtype']}, device {a.device}",
           file=sys.stderr)
     e2e, first_s, e2e_skipped = None, None, None
-    if "score_end_to_end" in names:  # first: the first call of a fresh Scorer, before anything else ran
+    e2e_rows = [n for n in names if n in END_TO_END]
+    if "score_end_to_end" in e2e_rows:  # the default rows with it
+        e2e_rows.insert(e2e_rows.index("score_end_to_end") + 1, "score_end_to_end_no_self_check")
+    if e2e_rows:  # first: the first call of a fresh Scorer, before anything else ran
         import torch
 
-        names.remove("score_end_to_end")
-        e2e, first_s, e2e_skipped = end_to_end(model, a, shape, torch.cat(batches))
+        names = [n for n in names if n not in END_TO_END]
+        e2e, first_s, e2e_skipped = end_to_end(model, a, shape, torch.cat(batches), e2e_rows)
         if e2e:
             methods.update({k: (lambda _batch, f=f: f()) for k, f in e2e.items()})
             names += list(e2e)
@@ -420,11 +458,15 @@ def main() -> None:
         one_pass(methods[name], batches[:1], a.device)
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(a.repeats):
+        t_repeat = time.perf_counter()
         for name in names:  # an end-to-end row is one call over the whole trace
             times[name].append(one_pass(methods[name], batches[:1] if name in END_TO_END else batches, a.device))
         print(f"# repeat {r + 1}: " + ", ".join(f"{n} {times[n][-1]:.3f}s" for n in names), file=sys.stderr)
+        if over_budget(a, t_start, time.perf_counter() - t_repeat):
+            print(f"# --budget-s {a.budget_s}: stopping after {r + 1} repeats", file=sys.stderr)
+            break
     mem: dict[str, float] = {}
-    if not a.no_memory:
+    if not a.no_memory and not over_budget(a, t_start, 0.0):
         for name in names:
             if name in END_TO_END:
                 continue
@@ -439,7 +481,8 @@ def main() -> None:
                                                                 if n in times]:
         t = statistics.median(times[name])
         work = flops(cfg, shape, tokens, tokens if name in ("bare", "naive_fp32") else responses)
-        row = {"method": name, "median_s": t, "times_s": times[name], "tokens_per_s": tokens / t,
+        row = {"method": name, **row_setup(name, shape["dtype"]), "median_s": t, "times_s": times[name],
+               "tokens_per_s": tokens / t,
                "throughput_vs_bare": base_t / t, "flops": work, "flops_per_s": work / t,
                "peak_share": work / t / peak if peak else None}
         if "naive_fp32" in times:
@@ -450,10 +493,11 @@ def main() -> None:
         rows.append(row)
     result = {"date": time.strftime("%Y-%m-%d"), "device": a.device, "shape": a.shape,
               "config": {**shape, "top_k": a.top_k, "top_p": a.top_p, "temperature": a.temperature,
-                         "chunk_tokens": a.chunk_tokens, "compile": a.compile, "repeats": a.repeats},
+                         "chunk_tokens": a.chunk_tokens, "compile": a.compile, "repeats": a.repeats,
+                         "repeats_done": len(times["bare"]), "budget_s": a.budget_s},
               "tokens": tokens, "versions": versions(a.device), "card": card, "peak_bf16_flops": peak,
-              "score_end_to_end": {"rows": [r["method"] for r in rows if r["method"].startswith("score_end_to_end")],
-                                   "skipped": e2e_skipped, "model": "passed in (loaded), fp32 head",
+              "score_end_to_end": {"rows": [r["method"] for r in rows if r["method"].startswith("score_")],
+                                   "skipped": e2e_skipped, "model": "passed in (loaded)",
                                    "first_call": "fresh Scorer, first thing in the process"},
               "rows": rows, "equality": eq,
               "wall_s": time.perf_counter() - t_start}

@@ -25,7 +25,11 @@ SMOKE = {
                       "--repeats", "1", "--no-memory", "--out", "{out}"],
                      lambda r: r["tokens"] == 4 * 48 and {row["method"] for row in r["rows"]} >= {
                          "bare", "scorer_fp32_new", "score_end_to_end_first", "score_end_to_end",
-                         "score_end_to_end_no_self_check"} and all(row["flops_per_s"] > 0 for row in r["rows"])),
+                         "score_end_to_end_no_self_check", "score_padded_fp32_head", "score_padded_bf16_head",
+                         "score_packed_fp32_head", "score_packed_bf16_head"}
+                     and {(row["layout"], row["head_dtype"]) for row in r["rows"] if row["method"].startswith("score_")}
+                     == {(lay, head) for lay in ("padded", "packed") for head in ("float32", "bfloat16")}
+                     and all(row["flops_per_s"] > 0 for row in r["rows"])),
     "lazy_summary.py": (["--tokens", "100000", "--block", "32", "--repeats", "1", "--out", "{out}"],
                         lambda r: r["same_count"] and r["same_mean_abs"] < 1e-9 and r["q99_diff"] < 1e-9
                         and r["peak_rss_mb"]["lazy"] > 0),
@@ -42,7 +46,10 @@ SMOKE = {
                          lambda r: r["sequences"] == 1 and r["length"] == 32),
     "capture.py": (["--prompts", "4", "--max-tokens", "8", "--repeats", "1", "--profile", "--out", "{out}"],
                    lambda r: r["same_tokens_as_generate"] and r["vs_generate"] > 0 and r["tokens"] == 32
-                   and r["profile"]["generate_s"] <= r["profile"]["total_s"]),
+                   and r["profile"]["generate_s"] <= r["profile"]["total_s"]
+                   and r["paired"]["vs_generate"]["min"] > 0 and len(r["client_cpu_s"]["capture"]) == 1
+                   and (not r["flat_logprobs"] or "generate_list_logprobs" in r["median_s"])
+                   and set(r["logprobs_containers_us_per_token"]) >= {"vllm_fill_list", "vllm_fill_flat", "read_flat"}),
 }
 ENGINE = {"layer_capture.py", "capture.py"}
 
@@ -92,10 +99,9 @@ def test_recorder_benchmark_runs_without_dask(tmp_path):
     assert r["tokens"] > 0 and r["modes"]["background"]["open_lazy_s"] is None, r
 
 
-def test_rescoring_flops_match_torchs_flop_counter():
-    """``rescoring.flops``: the projections and the head equal torch's FlopCounterMode on an eager-attention
-    Llama; the attention term is the hand count (eager attention multiplies the full S x S, causal is half
-    of it plus the diagonal)."""
+def _flop_setup():
+    """(torch, ``rescoring.flops``, a seeded eager-attention Llama (hidden 64, 3 layers, vocabulary 300),
+    FlopCounterMode)."""
     torch = pytest.importorskip("torch")
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -107,14 +113,50 @@ def test_rescoring_flops_match_torchs_flop_counter():
         sys.path.remove(str(BENCH))
     cfg = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=300, attn_implementation="eager")
-    n, s = 3, 20
+    torch.manual_seed(0)
+    return torch, flops, LlamaForCausalLM(cfg).eval(), FlopCounterMode
+
+
+def test_rescoring_flops_match_torchs_flop_counter():
+    """``rescoring.flops``: the projections and the head equal torch's FlopCounterMode on an eager-attention
+    Llama; the attention term is the hand count (eager attention multiplies the full S x S, causal is half
+    of it plus the diagonal)."""
+    torch, flops, model, FlopCounterMode = _flop_setup()
+    cfg, n, s = model.config, 3, 20
     with torch.inference_mode(), FlopCounterMode(display=False) as fc:
-        LlamaForCausalLM(cfg).eval()(input_ids=torch.randint(0, 300, (n, s)))
+        model(input_ids=torch.randint(0, 300, (n, s)))
     full_attention = 3 * n * 4 * s * s * 64  # layers x sequences x (QK^T + AV, 2 FLOPs each) x S^2 x hidden
     causal_attention = 3 * n * 2 * 64 * s * (s + 1)
     assert flops(cfg, {"length": s}, n * s, n * s) - causal_attention == fc.get_total_flops() - full_attention
     # the head over fewer rows: 2 x hidden x vocab less a row
     assert flops(cfg, {"length": s}, n * s, n * s) - flops(cfg, {"length": s}, n * s, n * s - 1) == 2 * 64 * 300
+
+
+def test_rescoring_flops_of_the_scorers_layouts_match_torchs_flop_counter():
+    """What ``Scorer.score`` multiplies, padded and packed, counted by FlopCounterMode (eager attention): the
+    useful FLOPs of ``rescoring.flops`` (causal attention within each sequence, the head over the response rows)
+    plus the masked attention the kernels also multiply: each row's full S x S, where a packed row's S is the
+    micro-batch's tokens together."""
+    torch, flops, model, FlopCounterMode = _flop_setup()
+    import numpy as np
+
+    from rlparity.config.settings import TrainerSettings
+    from rlparity.score import Scorer
+    from rlparity.trace import from_rollouts
+
+    cfg, n, s, prompt, batch = model.config, 4, 20, 6, 2
+    ids = torch.randint(0, 300, (n, s)).numpy()
+    trace = from_rollouts(prompt_token_ids=[r[:prompt].tolist() for r in ids], token_ids=[r[prompt:].tolist() for r in ids],
+                          rollout_logprobs=[np.full(s - prompt, -1.0)] * n, temperature=[0.7] * n, top_k=[50] * n,
+                          top_p=[1.0] * n)
+    useful = flops(cfg, {"length": s}, n * s, n * (s - prompt))
+    causal = 3 * n * 2 * 64 * s * (s + 1)  # layers x sequences x 4 hidden per (query, key) pair, causal
+    for layout, rows, row_len in (("padded", n, s), ("packed", n // batch, batch * s)):
+        scorer = Scorer(model, batch_size=batch, progress=False, tokenize_prompts=False, compile_head=False,
+                        settings=TrainerSettings(layout=layout, self_check=0, fingerprint=False))
+        with FlopCounterMode(display=False) as fc:
+            scorer.score(trace)
+        assert fc.get_total_flops() == useful - causal + 3 * rows * 4 * row_len ** 2 * 64, layout
 
 
 def _run(script, args, tmp_path):

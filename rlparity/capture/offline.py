@@ -278,10 +278,50 @@ def completion_from_vllm(req, sample_index: int, prompt_token_ids, c, policy_ver
     token_ids = list(c.token_ids)
     if c.logprobs is None:
         raise RuntimeError("the engine returned no logprobs: requests must set logprobs=0")
-    logprobs = [float(step[t].logprob) for step, t in zip(c.logprobs, token_ids)]
+    logprobs = sampled_logprobs(c.logprobs, token_ids)
     return Completion(req, sample_index, list(prompt_token_ids), token_ids, logprobs,
                       str(c.finish_reason), c.text or "",
                       [policy_version] * len(token_ids))
+
+
+def sampled_logprobs(logprobs, token_ids: list[int]) -> list[float]:
+    """The sampled tokens' logprobs out of a vLLM output's ``logprobs``, one per token.
+
+    vLLM returns them per position either as a list of ``{token id: Logprob}`` dicts or, with
+    ``SamplingParams(flat_logprobs=True)`` (what :meth:`SamplingSettings.to_vllm` asks where vLLM has it), as
+    one ``FlatLogprobs`` whose flat lists hold every position's entries from ``start_indices[i]``, the sampled
+    token first. The flat form is read without building a dict per token.
+
+    Parameters
+    ----------
+    logprobs : list of dict or vllm.logprobs.FlatLogprobs
+        ``CompletionOutput.logprobs``.
+    token_ids : list of int
+        ``CompletionOutput.token_ids``.
+
+    Returns
+    -------
+    list of float
+        The logprob of ``token_ids[i]`` at position ``i`` (nats).
+
+    Raises
+    ------
+    RuntimeError
+        If a flat entry at a position's start is not that position's sampled token.
+    """
+    starts = getattr(logprobs, "start_indices", None)
+    if starts is None:
+        return [float(step[t].logprob) for step, t in zip(logprobs, token_ids)]
+    flat_ids, flat_lp = logprobs.token_ids, logprobs.logprobs
+    n = min(len(starts), len(token_ids))
+    if len(flat_lp) == n == len(token_ids):  # logprobs=0: one entry a position, the sampled token
+        ids, out = flat_ids, flat_lp
+    else:
+        ids, out = [flat_ids[i] for i in starts[:n]], [flat_lp[i] for i in starts[:n]]
+    if ids[:n] != token_ids[:n]:
+        raise RuntimeError("vLLM's flat logprobs do not start each position with the sampled token: read them "
+                           "per position (SamplingParams(flat_logprobs=False))")
+    return out[:n]  # a copy: vLLM's floats (from numpy's tolist)
 
 
 def capture(model: str | os.PathLike, prompts: Sequence[Prompt] | Prompt,

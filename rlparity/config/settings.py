@@ -171,9 +171,13 @@ class SamplingSettings(BaseModel):
         Returns
         -------
         vllm.SamplingParams
-            The request's sampling parameters, with ``logprobs=0`` (the sampled token's logprob).
+            The request's sampling parameters, with ``logprobs=0`` (the sampled token's logprob), returned
+            flat (``flat_logprobs=True``: one list for the request instead of an object per token) where the
+            installed vLLM has that field.
         """
         from vllm import SamplingParams
+
+        flat = {"flat_logprobs": True} if "flat_logprobs" in getattr(SamplingParams, "__struct_fields__", ()) else {}
 
         return SamplingParams(
             temperature=self.temperature,
@@ -187,6 +191,7 @@ class SamplingSettings(BaseModel):
             repetition_penalty=self.repetition_penalty,
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
+            **flat,
         )
 
     @property

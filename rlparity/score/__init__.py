@@ -272,12 +272,11 @@ class Scorer:
         if layout == "packed" and not self.settings.batch_invariant:
             ids = torch.tensor([t for f in full for t in f], dtype=torch.long)[None]
             pos = torch.cat([torch.arange(len(f)) for f in full])[None]
-            doc = torch.cat([torch.full((len(f),), k) for k, f in enumerate(full)])
-            L = ids.shape[1]
-            causal = torch.arange(L)[:, None] >= torch.arange(L)[None, :]
-            mask = ((doc[:, None] == doc[None, :]) & causal)[None, None]
+            doc = torch.cat([torch.full((len(f),), k) for k, f in enumerate(full)]).to(dev)
+            at = torch.arange(ids.shape[1], device=dev)  # the L x L mask is made where it is used
+            mask = ((doc[:, None] == doc[None, :]) & (at[:, None] >= at[None, :]))[None, None]
             hidden = self.decoder(input_ids=ids.to(dev), position_ids=pos.to(dev),
-                                  attention_mask=mask.to(dev)).last_hidden_state[0]
+                                  attention_mask=mask).last_hidden_state[0]
             offsets = np.cumsum([0] + [len(f) for f in full[:-1]])
             return [hidden[o + s: o + s + r] for o, s, r in zip(offsets, starts, rlens)]
         L = max(len(f) for f in full)
