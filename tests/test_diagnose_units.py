@@ -709,3 +709,22 @@ def test_a_higher_floor_far_below_the_residual_does_not_hide_a_partial_sync(fres
     # the same residuals with version 1's floor as high as its residual: all floor, not claimed
     tr = _two_versions(0.02, 0.05, self_checks={0: 0.004, 1: 0.05}, fresh_only=fresh_only)
     assert build(tr).version_excess["flagged"] == []
+
+
+def test_an_excess_without_spread_is_infinitely_many_errors_above_zero():
+    """Every version-1 token 10x every version-0 token: each delete-a-group jackknife ratio is the same,
+    the error is 0, and the log-ratio (ln 10 > 0) is +inf errors above 0, flagged by the median too
+    (before, 0/0 gave no z and only the mean's rounding noise flagged it)."""
+    n, width = 8, 12
+    versions, d = [], []
+    for i in range(n):
+        v = [0] * width if i < 2 else [0] * (width // 2) + [1] * (width - width // 2) if i < n // 2 else [1] * width
+        versions.append(v)
+        d.append([0.01 if x == 0 else 0.1 for x in v])
+    ve = build(_scored(d, versions=versions, trainer_attrs={"scored_by": "policy_version"})).version_excess
+    assert ve["version_1_over_reference"] == pytest.approx(10.0)
+    assert ve["z_by_version"]["1"] == np.inf and "median" in ve["flagged_by"]["1"] and ve["flagged"] == [1]
+    # the same with no excess: a ratio of exactly 1 has a log of 0 and no z, and nothing is flagged
+    same = [[0.01] * len(v) for v in versions]
+    ve = build(_scored(same, versions=versions, trainer_attrs={"scored_by": "policy_version"})).version_excess
+    assert np.isnan(ve["z_by_version"]["1"]) and ve["flagged"] == []

@@ -717,13 +717,15 @@ def version_excess(ev: ArmEvidence, *, ratio: float | None = None, z: float | No
             se = core.jackknife_slope_se(log_ratio_of, both, groups=o.jackknife_groups)["se"]
             if n_seq < o.min_fit_sequences:
                 se = float("nan")
-            tests[name] = (lr, lr / se if np.isfinite(se) and se > 0 else float("nan"))
+            # an excess without spread (every left-out group gives the same ratio) is as sure as it gets: z = +inf
+            tests[name] = (lr, lr / se if np.isfinite(se) and se > 0
+                           else float(np.copysign(np.inf, lr)) if se == 0 and lr != 0 else float("nan"))
         lr, zz = tests["median"]
         out[f"version_{v}_over_reference"] = float(np.exp(lr))
         out["z_by_version"][str(v)] = zz
         out.setdefault("mean_over_reference_by_version", {})[str(v)] = float(np.exp(tests["mean"][0]))
         out.setdefault("mean_z_by_version", {})[str(v)] = tests["mean"][1]
-        passed = [n for n, (lr_, z_) in tests.items() if np.exp(lr_) >= ratio and np.isfinite(z_) and z_ >= z]
+        passed = [n for n, (lr_, z_) in tests.items() if np.exp(lr_) >= ratio and not np.isnan(z_) and z_ >= z]
         if passed and v not in same:
             out["flagged"].append(v)
             out.setdefault("flagged_by", {})[str(v)] = passed
