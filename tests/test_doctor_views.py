@@ -160,6 +160,13 @@ def test_clean_rule():
     raw = _attrs()
     raw["engine_effective"]["logprobs_mode"] = "raw_logprobs"
     assert bl.is_clean(raw) == (False, "raw engine logprobs")
+    # a recorded loop's step: the engine reported nothing, the loop named raw logprobs (engine_given)
+    given = {"engine_given": {"logprobs_mode": "raw_logprobs", "dtype": "bfloat16"}}
+    assert bl.is_clean(given) == (False, "raw engine logprobs")
+    assert bl.is_clean({"engine_given": {"logprobs_mode": "processed_logprobs"}}) == (True, "")
+    # what the engine reported wins over what the loop named
+    both = {"engine_effective": {"logprobs_mode": "processed_logprobs"}, "engine_given": {"logprobs_mode": "raw_logprobs"}}
+    assert bl.is_clean(both)[0]
     stale = _attrs(weight_updates=[{"cache_reset": False}])
     stale["engine_effective"]["enable_prefix_caching"] = True
     assert not bl.is_clean(stale)[0]

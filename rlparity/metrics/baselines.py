@@ -114,7 +114,9 @@ def is_clean(attrs: Mapping[str, Any]) -> tuple[bool, str]:
     if scen not in (None, "clean"):
         return False, f"layer scenario {scen}"
     eng = _get(attrs, "engine_effective")
-    if str(eng.get("logprobs_mode", "")).startswith("raw"):
+    # what the engine reported, else what a recorded loop named (engine_given: a run store's steps)
+    mode = eng.get("logprobs_mode") or _get(attrs, "engine_given").get("logprobs_mode") or ""
+    if str(mode).startswith("raw"):
         return False, "raw engine logprobs"
     ups = attrs.get("weight_updates") or []
     if eng.get("enable_prefix_caching") and any(isinstance(u, Mapping) and u.get("cache_reset") is False for u in ups):
