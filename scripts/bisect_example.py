@@ -18,6 +18,8 @@ no built-in knob but the head's moves a token beyond the floor):
 ``--gpu`` instead ships the H100 run's two calls (``benchmarks/results/replay_h100_knobs_a.json`` and
 ``_b.json``, written by ``scripts/replay_gpu.py``: the same capture's tokens, each call part of the knobs)
 as ``rlparity/data/examples/h100-bisect.json`` (their reports, plans and provenance; no engine starts).
+``--h200`` ships the H200 runs of ``scripts/replay_gpu.py`` (nothing planted, ``--plant bf16_head``,
+``--plant stale_prefix_cache``) as ``rlparity/data/examples/h200-bisect.json``.
 """
 
 from __future__ import annotations
@@ -52,9 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pairs", default="auto", help="auto, always or never")
     p.add_argument("--no-layers", action="store_true", help="no per-layer hand-off")
     p.add_argument("--gpu", action="store_true", help="ship the H100 results instead (no engine)")
+    p.add_argument("--h200", action="store_true", help="ship the H200 results (unplanted, planted bf16 head, "
+                   "planted stale prefix cache) instead (no engine)")
     a = p.parse_args(argv)
     if a.gpu:
         return gpu_example(ROOT / "rlparity" / "data" / "examples" / "h100-bisect.json")
+    if a.h200:
+        return h200_example(ROOT / "rlparity" / "data" / "examples" / "h200-bisect.json")
     from rlparity.config.provenance import library_versions, write_json
     from rlparity.experiments.planted_bisect import planted_bisect
     from rlparity.models import make_model
@@ -106,6 +112,43 @@ def gpu_example(out: Path) -> int:
         "reports": [r["bisect"] for r in runs], "plans": [r["plan"] for r in runs],
         "capture": [r["capture"] for r in runs],
         "elapsed_s": [r["elapsed_s"] for r in runs]}
+    write_json(out, res)
+    print(f"wrote {out} ({out.stat().st_size} bytes)", flush=True)
+    return 0
+
+
+H200_RUNS = {"none": "replay_h200_knobs.json", "bf16_head": "replay_h200_plant_bf16_head.json",
+             "stale_prefix_cache": "replay_h200_plant_stale_prefix_cache.json"}
+
+
+def h200_example(out: Path) -> int:
+    """The H200 calls of 2026-12-06 as one shipped example: one capture each (nothing planted, a planted
+    bf16 head, a planted stale prefix cache), each scored by the fp32-head trainer and bisected; their
+    reports as written, with the trainer-gap verdict recomputed by the current rule
+    (:func:`rlparity.experiments.bisect.capture_state`) beside the one the run printed."""
+    import json
+
+    from rlparity.config.provenance import write_json
+    from rlparity.experiments.bisect import capture_state
+
+    runs = {plant: json.loads((ROOT / "benchmarks" / "results" / f).read_text()) for plant, f in H200_RUNS.items()}
+    reports = []
+    for plant, r in runs.items():
+        rep = dict(r["bisect"])
+        rep["trainer_gap_as_run"] = rep["trainer_gap"]
+        rep["trainer_gap"] = capture_state(rep)
+        reports.append({"plant": plant, "capture": r["capture"], "report": rep, "plan": r["plan"],
+                        "command": r["command"], "elapsed_s": r["elapsed_s"]})
+    first = next(iter(runs.values()))
+    res = {"example": {
+        "description": "bisect on a capture's own tokens on an H200 (issue 38): the built-in small model, bf16 "
+                       "body, pipelinerl-parity (fp32 LM head), 16 prompts x 48 tokens, prefill replay, scored by "
+                       "the fp32-head trainer; three captures: nothing planted, a bf16 LM head, a stale prefix "
+                       "cache (shared-prefix prompts prefilled by version 0, version 1 loaded without a cache reset)",
+        "device": first["device"], "device_name": first["device_name"], "vllm": first["vllm"], "torch": first["torch"],
+        "transformers": first["transformers"], "date": first["date"], "model": first["model"],
+        "source": "benchmarks/results/" + ", ".join(H200_RUNS.values()) + " (scripts/bisect_example.py --h200)"},
+        "runs": reports}
     write_json(out, res)
     print(f"wrote {out} ({out.stat().st_size} bytes)", flush=True)
     return 0

@@ -500,3 +500,32 @@ def test_bisect_results_ship_small_with_provenance_and_their_numbers_hold(name):
         assert rep["winner"]["arm"] == "knob_head_precision" and rep["winner"]["explained"] > 0.9
         lay = rep["layers"]
         assert lay["parts_at"] == "lm_head" and lay["sites"] == {"lm_head": lay["n_tokens"]} and lay["n_tokens"] == 20
+
+
+def test_the_h200_bisections_name_the_planted_knob_or_the_engines_state():
+    """``h200-bisect`` (scripts/bisect_example.py --h200; H200, vLLM 0.26, bf16 ``small``, fp32-head trainer),
+    read with the json module: unplanted, replay equals capture to the floor's unit; a planted bf16 head is
+    named first and closes more than half of the trainer gap; a planted stale prefix cache is no knob's: the
+    cold replay closes nearly all of the gap above what any replay reached (recomputed here by hand from the
+    stored gaps), and the bf16 head's prefill replay does not reproduce its decode (0.005 nats)."""
+    import json
+
+    from rlparity.datasets import examples_dir, example_provenance
+
+    raw = json.loads((examples_dir() / "h200-bisect.json").read_text())
+    assert "H200" in example_provenance("h200-bisect")["device"]
+    runs = {r["plant"]: r["report"] for r in raw["runs"]}
+    assert set(runs) == {"none", "bf16_head", "stale_prefix_cache"}
+    assert runs["none"]["replay_vs_capture"]["mean_abs"] < 1e-6
+    assert runs["bf16_head"]["replay_vs_capture"]["mean_abs"] > 1e-3  # prefill vs decode through a bf16 head
+    head = runs["bf16_head"]
+    assert head["knobs"][0]["knob"] == "head_precision" and head["winner"]["explained"] > 0.5
+    stale = runs["stale_prefix_cache"]
+    gaps = [r["trainer_gap"] for r in stale["knobs"] if r.get("trainer_gap") is not None]
+    cap, base = stale["trainer_gap"]["capture"], stale["trainer_gap"]["baseline"]
+    lowest = min(gaps + [base])
+    assert (cap - base) / (cap - lowest) > 0.9 and (cap - base) / cap < 0.5  # the state, not a setting
+    assert stale["trainer_gap"]["closed_of_reachable"] == pytest.approx((cap - base) / (cap - lowest), rel=1e-12)
+    assert "engine's state" in stale["trainer_gap"]["verdict"]
+    assert "keeps the capture's gap" in stale["trainer_gap_as_run"]["verdict"]  # what the old rule said
+    assert not any(r["explained"] is not None and r["explained"] >= 0.5 for r in stale["knobs"])

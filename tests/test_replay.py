@@ -496,4 +496,10 @@ def test_the_capture_state_is_counted_above_the_lowest_gap_any_replay_reached():
     at = _capture_state(1.0, 0.5, {"knob_x": 0.0})
     assert at["closed_of_reachable"] == pytest.approx(0.5) and "engine's state" in at["verdict"]
     assert _capture_state(0.01, 0.01, {"knob_x": 0.02})["verdict"] is None
+    # the unplanted H200 capture: the replay moves the gap by 2e-8 nats, under the floor's unit (1e-7), and
+    # a knob sits 2e-10 lower still: none of it is the capture's state
+    clean = _capture_state(0.0010618167, 0.0010617968, {"knob_async_scheduling": 0.0010617966}, 1e-7)
+    assert clean["closed_of_reachable"] == 0.0 and "keeps the capture's gap" in clean["verdict"]
+    assert _capture_state(0.0010618167, 0.0010617968, {"knob_async_scheduling": 0.0010617966}, 1e-9)[
+        "closed_of_reachable"] == pytest.approx(0.99, abs=0.01)  # the same numbers over a finer floor: the state
     assert _capture_state(None, 0.01)["verdict"] is None and _capture_state(0.01, None)["verdict"] is None

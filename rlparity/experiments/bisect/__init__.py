@@ -41,8 +41,8 @@ from __future__ import annotations
 from rlparity.experiments.bisect.knobs import BASELINE, DEFAULT_KNOBS, FLOOR, KNOBS, LAYER_STARTS, PAIRS, BisectKnob
 from rlparity.experiments.bisect.layers import localise
 from rlparity.experiments.bisect.pairs import pair_name, pair_plan, winner
-from rlparity.experiments.bisect.report import report
+from rlparity.experiments.bisect.report import capture_state, report
 from rlparity.experiments.bisect.run import BisectOptions, Bisection, bisect
 
 __all__ = ["BASELINE", "DEFAULT_KNOBS", "FLOOR", "KNOBS", "LAYER_STARTS", "PAIRS", "BisectKnob", "BisectOptions",
-           "Bisection", "bisect", "localise", "pair_name", "pair_plan", "report", "winner"]
+           "Bisection", "bisect", "capture_state", "localise", "pair_name", "pair_plan", "report", "winner"]

@@ -15,7 +15,7 @@ from rlparity.experiments.bisect.pairs import winner
 
 
 def _capture_state(capture: float | None, baseline: float | None,
-                   replays: Mapping[str, float | None] | None = None) -> dict[str, Any]:
+                   replays: Mapping[str, float | None] | None = None, unit: float = 0.0) -> dict[str, Any]:
     """The capture's gap against the trainer and the baseline replay's: where the replay under the
     capture's own settings already closes most of it, the gap lives in the engine's state at capture
     time (a stale prefix cache, other weights), not in a setting a knob can flip.
@@ -23,7 +23,9 @@ def _capture_state(capture: float | None, baseline: float | None,
     "Most" is counted against what any replay reached (``replays``: each arm's gap against the
     trainer), not against zero: a bf16 body leaves every replay a gap of its own (on an H200, 0.013
     nats of a stale capture's 0.023), which no knob closes and which is not the capture's state.
-    ``closed_of_reachable`` is the share of ``capture - lowest`` that the baseline replay closes.
+    ``closed_of_reachable`` is the share of ``capture - lowest`` that the baseline replay closes; a
+    replay that moves the gap by no more than ``unit`` (the replay floor's unit, nats) closes none of
+    it (an unplanted H200 capture: 2e-8 nats, where every replay sits within 1e-7 of it).
     """
     from rlparity.config.defaults import defaults
     from rlparity.metrics.replay import explained_share
@@ -36,8 +38,9 @@ def _capture_state(capture: float | None, baseline: float | None,
     lowest_arm = min(reached, key=reached.get) if reached else None
     lowest = reached[lowest_arm] if lowest_arm is not None else None
     reachable = None if capture is None or lowest is None else float(capture) - lowest
-    of_reachable = None if closed is None or not (reachable is not None and reachable > 0) \
-        else (float(capture) - float(baseline)) / reachable
+    moved = None if closed is None else float(capture) - float(baseline)
+    of_reachable = None if moved is None or not (reachable is not None and reachable > 0) \
+        else (moved / reachable if moved > unit else 0.0)
     verdict = None if of_reachable is None else (
         f"the replay under the capture's own settings closes {of_reachable:.3g} of the capture's gap above the "
         f"lowest any replay reached ({lowest:.3g} nats, {lowest_arm}): the gap is in the engine's state at capture "
@@ -46,6 +49,28 @@ def _capture_state(capture: float | None, baseline: float | None,
                                       "setting (the knobs) can explain it")
     return {"capture": capture, "baseline": baseline, "closed_by_replay": closed, "lowest": lowest,
             "lowest_arm": lowest_arm, "closed_of_reachable": of_reachable, "verdict": verdict}
+
+
+def capture_state(rep: Mapping[str, Any]) -> dict[str, Any]:
+    """The trainer-gap verdict of a stored bisect report (:func:`report`'s dict or its JSON), by the
+    current rule: the capture's gap, the baseline replay's, and every knob's and pair's row
+    (``trainer_gap``), as :func:`report` counts them. For reports written before the rule counted
+    against the lowest gap any replay reached.
+
+    Parameters
+    ----------
+    rep : Mapping
+        A bisect report with ``trainer_gap`` and ``knobs``.
+
+    Returns
+    -------
+    dict
+        ``capture``, ``baseline``, ``closed_by_replay``, ``lowest``, ``lowest_arm``,
+        ``closed_of_reachable`` and ``verdict`` (``None`` without trainer numbers).
+    """
+    gap = rep.get("trainer_gap") or {}
+    rows = {r["arm"]: r.get("trainer_gap") for r in rep.get("knobs") or [] if "arm" in r}
+    return _capture_state(gap.get("capture"), gap.get("baseline"), rows, (rep.get("floor") or {}).get("unit") or 0.0)
 
 
 def report(arms: Mapping[str, xr.Dataset], source: xr.Dataset, record: Mapping[str, Any], *,
@@ -91,22 +116,23 @@ def report(arms: Mapping[str, xr.Dataset], source: xr.Dataset, record: Mapping[s
                 r["interaction"] = interaction(arms[arm], arms[a], arms[b], arms[BASELINE])
                 r["interaction_floor_units"] = r["interaction"] / r["unit"]
     best = winner(arms)
+    floor = replay_floor(arms[BASELINE], arms[FLOOR])
     if tokenizer is not None:
         for r in rows:
             for t in r["top_tokens"]:
                 t["token_text"] = tokenizer.decode([t["token_id"]])
     return {"mode": record["mode"], "modes_not_run": record.get("modes_not_run", {}),
             "replay_vs_capture": capture_gap(arms[BASELINE], source),
-            "floor": replay_floor(arms[BASELINE], arms[FLOOR]), "knobs": rows,
+            "floor": floor, "knobs": rows,
             "not_run": [p for p in record["plan"] if p["status"] != "ran"],
             "engine_starts": record["engine_starts"],
             "engine_start_attempts": record.get("engine_start_attempts"), "budget": record.get("budget"),
             "wall_s": record["wall_s"],
             "trainer_gap": _capture_state(trainer_gap(source), trainer_gap(arms[BASELINE]),
-                                          {a: trainer_gap(arms[a]) for a in arms if a != FLOOR}),
+                                          {a: trainer_gap(arms[a]) for a in arms if a != FLOOR}, floor["unit"]),
             "winner": None if best is None else {"arm": best[0], "explained": best[1]["explained"],
                                                  "basis": best[1]["basis"], "floor_units": best[1]["floor_units"]},
             "pairs": record.get("pairs"), "layers": record.get("layers")}
 
 
-__all__ = ["report"]
+__all__ = ["capture_state", "report"]
