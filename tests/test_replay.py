@@ -502,4 +502,13 @@ def test_the_capture_state_is_counted_above_the_lowest_gap_any_replay_reached():
     assert clean["closed_of_reachable"] == 0.0 and "keeps the capture's gap" in clean["verdict"]
     assert _capture_state(0.0010618167, 0.0010617968, {"knob_async_scheduling": 0.0010617966}, 1e-9)[
         "closed_of_reachable"] == pytest.approx(0.99, abs=0.01)  # the same numbers over a finer floor: the state
+    # a stored report read back (capture_state): what it lacks counts as absent, never as an error
+    from rlparity.experiments.bisect import capture_state
+
+    assert capture_state({})["verdict"] is None
+    bare = capture_state({"trainer_gap": {"capture": 0.02, "baseline": 0.01}, "floor": {"unit": None}})
+    assert bare["lowest_arm"] == "replay_baseline" and bare["closed_of_reachable"] == pytest.approx(1.0)
+    rows = capture_state({"trainer_gap": {"capture": 0.02, "baseline": 0.01}, "floor": {"unit": 0.02},
+                          "knobs": [{"arm": "knob_x", "trainer_gap": 0.0}, {"knob": "no arm"}]})
+    assert rows["lowest_arm"] == "knob_x" and rows["closed_of_reachable"] == 0.0  # moved 0.01 <= the unit 0.02
     assert _capture_state(None, 0.01)["verdict"] is None and _capture_state(0.01, None)["verdict"] is None
