@@ -318,7 +318,7 @@ def sampled_logprobs(logprobs, token_ids: list[int]) -> list[float]:
         ids, out = flat_ids, flat_lp
     else:
         ids, out = [flat_ids[i] for i in starts[:n]], [flat_lp[i] for i in starts[:n]]
-    if ids[:n] != token_ids[:n]:
+    if list(ids[:n]) != list(token_ids[:n]):  # vLLM may hand either as a list, a tuple or its own sequence
         raise RuntimeError("vLLM's flat logprobs do not start each position with the sampled token: read them "
                            "per position (SamplingParams(flat_logprobs=False))")
     return out[:n]  # a copy: vLLM's floats (from numpy's tolist)
