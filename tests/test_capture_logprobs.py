@@ -31,6 +31,7 @@ def test_flat_logprobs_give_the_dict_forms_sampled_logprobs(topk):
     expected = [-1.25 - 0.125 * i for i in range(len(token_ids))]  # by hand: the sampled entry of each position
     assert sampled_logprobs(flat, token_ids) == expected
     assert sampled_logprobs(dicts, token_ids) == expected
+    assert sampled_logprobs(flat, tuple(token_ids)) == expected  # vLLM's token ids need not be a list
 
 
 def test_flat_logprobs_of_another_token_are_refused():
