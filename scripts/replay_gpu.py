@@ -14,7 +14,8 @@ arm, 30-70 s each on an H200):
 1. builds ``small`` (``make_model("small", device="cuda")``) and captures ``--n-prompts`` prompts
    under the ``pipelinerl-parity`` profile with a bf16 body (processed logprobs, fp32 LM head, no
    prefix caching, no async scheduling), temperature 0.7, top-k 20; ``--plant bf16_head`` captures
-   with a bf16 LM head instead (a planted knob bisect must name first);
+   with a bf16 LM head instead (a planted knob bisect must name first), ``--plant attention_backend`` with
+   ``TRITON_ATTN`` instead of the default FlashAttention (the knob replays with FlashAttention);
 2. scores the capture with the trainer (transformers, bf16 body, fp32 head, on the device): the gap
    each knob closes (``explained``) is what decides whether pairs run;
 3. replays the captured tokens under the capture's own settings, twice, in the capture's engine
@@ -118,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layer-tokens", type=int, default=None)
     p.add_argument("--deadline", type=float, default=None, help="no engine start after this many seconds of the "
                    "bisection")
-    p.add_argument("--plant", default="none", choices=("none", "bf16_head", "stale_prefix_cache"),
-                   help="capture with a planted fault: a bf16 LM head, or prefix caching on and a stale cache "
+    p.add_argument("--plant", default="none", choices=("none", "bf16_head", "stale_prefix_cache", "attention_backend"),
+                   help="capture with a planted fault: a bf16 LM head, TRITON_ATTN instead of the default attention "
+                   "kernel, or prefix caching on and a stale cache "
                    "(prompts with a shared prefix prefilled by version 0, then version 1 loaded without a cache reset)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     a = p.parse_args(argv)
@@ -157,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_profile("pipelinerl-parity").replace(dtype=dtype)
         if a.plant == "bf16_head":
             settings = settings.replace(head_dtype="bfloat16")
+        elif a.plant == "attention_backend":
+            settings = settings.replace(attention_backend="TRITON_ATTN")
         if not cpu:
             settings = settings.replace(gpu_memory_utilization=a.gpu_memory_utilization)
         sampling = SamplingSettings(temperature=0.7, top_k=20, max_tokens=a.max_tokens, seed=0)

