@@ -46,7 +46,8 @@ from rlparity.config.provenance import make_attrs
 from rlparity.metrics.dims import refuse_dim
 from rlparity.metrics.floors import floors_beside_gap
 from rlparity.trace import arm_record, is_lazy
-from rlparity.trace.storage.lazy import chunk_digests, ensure_validated, load_variable, verify_chunk_digests
+from rlparity.trace.storage.lazy.digests import chunk_digests, verify_chunk_digests
+from rlparity.trace.storage.lazy.reading import ensure_validated, load_variable
 from rlparity.metrics.objective import (
     OBJECTIVE_DEFAULTS,
     POLICY_NAMES,

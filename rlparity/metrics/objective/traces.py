@@ -47,7 +47,7 @@ from rlparity.metrics.objective.arrays import (
 )
 from rlparity.metrics.objective.settings import BAND_RULES, OBJECTIVE_DEFAULTS, Kind, PairName
 from rlparity.trace import arm_record, blocks, is_lazy
-from rlparity.trace.storage.lazy import ensure_validated
+from rlparity.trace.storage.lazy.reading import ensure_validated
 
 POLICY_VARIABLES = {
     "processed": {"mu": "rollout_logprob", "old": "trainer_processed_logprob",
