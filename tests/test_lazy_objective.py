@@ -16,7 +16,7 @@ from rlparity.metrics import as_dashboard
 from rlparity.metrics import objective as ob
 from rlparity.testing import synthetic_trace
 from rlparity.trace import StoreDamagedError, with_trainer
-from rlparity.trace.storage.lazy import crc32_combine
+from rlparity.trace.storage.lazy.digests import crc32_combine
 
 pytest.importorskip("dask")
 

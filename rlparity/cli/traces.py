@@ -23,7 +23,7 @@ from rlparity.cli.common import (
     select_arms,
 )
 from rlparity.cli.contract import engine_logs, option_defaults
-from rlparity.metrics.dashboard import DASHBOARDS
+from rlparity.metrics.dashboard.traces import DASHBOARDS
 
 _D = option_defaults()
 Dashboard = Enum("Dashboard", {n.replace("-", "_"): n for n in DASHBOARDS}, type=str)

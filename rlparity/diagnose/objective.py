@@ -28,7 +28,7 @@ from rlparity.config.defaults import TrainerSide
 from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import objective as ob
-from rlparity.metrics.dashboard import verl_metrics
+from rlparity.metrics.dashboard.verl import verl_metrics
 from rlparity.diagnose.topic import E, FindingCode, LITERATURE, OBJ, Topic, W, code
 from rlparity.trace import arm_record
 

@@ -9,7 +9,7 @@ registers the ``Dataset.parity`` accessor (``trace.parity.summary(dim="sequence"
 
 from rlparity.metrics import accessor as _accessor  # noqa: F401  (registers Dataset.parity)
 from rlparity.metrics import core, objective
-from rlparity.metrics.dashboard import DASHBOARDS, as_dashboard
+from rlparity.metrics.dashboard.traces import DASHBOARDS, as_dashboard
 from rlparity.metrics.semantic import by_temperature, effective_temperature, temperature_table, zero_prob_tokens
 from rlparity.metrics.summary import (
     BACKEND_PAIR,

@@ -39,7 +39,7 @@ import xarray as xr
 from rlparity.config.defaults import TrainerSide, defaults
 from rlparity.config.provenance import make_attrs
 from rlparity.metrics import objective as mo
-from rlparity.metrics.dashboard import pipelinerl_metrics
+from rlparity.metrics.dashboard.peers import pipelinerl_metrics
 from rlparity.metrics.dims import refuse_dim
 from rlparity.metrics.inflight import lag_summary
 from rlparity.metrics.summary import trainer_side

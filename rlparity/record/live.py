@@ -49,7 +49,7 @@ import numpy as np
 
 from rlparity.config.defaults import Defaults
 from rlparity.metrics import core
-from rlparity.metrics.dashboard import peer_metrics
+from rlparity.metrics.dashboard.traces import peer_metrics
 from rlparity.metrics.summary import token_statistics
 
 PREFIX = "rlparity/"

@@ -28,7 +28,7 @@ import numpy as np
 from rlparity.config.defaults import TrainerSide, defaults
 from rlparity.config.provenance import jsonable, make_attrs
 from rlparity.config.settings import with_overrides
-from rlparity.metrics.dashboard import DASHBOARDS
+from rlparity.metrics.dashboard.traces import DASHBOARDS
 from rlparity.metrics.objective import policy_variable
 from rlparity.record._background import BackgroundWriter, commit_at_exit, finish_writer
 from rlparity.record.digest import digest_value

@@ -2,7 +2,8 @@
 
 from rlparity.trace.factors import FACTORS_ATTR, arm_factors, by_factors, factors, stack_cells, with_factors
 from rlparity.trace.storage.zarr_io import add_arm, as_arms, load, open_arms, open_experiment, save
-from rlparity.trace.storage.lazy import blocks, is_lazy, load_sample
+from rlparity.trace.storage.lazy.arm import is_lazy
+from rlparity.trace.storage.lazy.reading import blocks, load_sample
 from rlparity.trace.record import ArmRecord, ArmRecordError, EngineRecord, FaultRecord, RLRecord, TrainerRecord, arm_name, arm_record
 from rlparity.trace.build import RolloutColumns, concat_sequences, from_rollouts, with_trainer
 from rlparity.trace.schema import (

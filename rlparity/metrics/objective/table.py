@@ -16,23 +16,17 @@ import xarray as xr
 
 from rlparity.config.defaults import TrainerSide, defaults
 from rlparity.config.provenance import make_attrs
-from rlparity.metrics.objective.arrays import (
+from rlparity.metrics.objective.arrays.ess import ess_of, ess_parts, merge_ess_parts, sequences_ess
+from rlparity.metrics.objective.arrays.rejection import rejected_sequences, rejection_keep, sequences_rejected
+from rlparity.metrics.objective.arrays.tokens import (
     ValueWithCounts,
-    _eps,
     _safe_exp,
-    ess_of,
-    ess_parts,
     finite_tokens,
-    merge_ess_parts,
-    rejected_sequences,
-    rejection_keep,
     sequence_log_ratio,
-    sequences_clip_fraction,
-    sequences_ess,
-    sequences_rejected,
     share_of,
     share_parts,
 )
+from rlparity.metrics.objective.arrays.weights import _eps, sequences_clip_fraction
 from rlparity.metrics.objective.settings import BAND_RULES, OBJECTIVE_DEFAULTS
 from rlparity.trace import arm_record
 from rlparity.metrics.objective.traces import (available_pairs, concat_sequences, pair_direction, pair_log_ratio,

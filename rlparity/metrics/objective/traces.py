@@ -24,30 +24,27 @@ import xarray as xr
 
 from rlparity.config.defaults import Level, TrainerSide, defaults
 from rlparity.config.provenance import make_attrs
-from rlparity.metrics.objective.arrays import (
+from rlparity.metrics.objective.arrays.ess import ess_of, ess_parts, merge_ess_parts, sequences_ess
+from rlparity.metrics.objective.arrays.rejection import rejected_sequences, rejection_keep, sequences_rejected
+from rlparity.metrics.objective.arrays.tokens import (
     ValueWithCounts,
-    _eps,
     _safe_exp,
-    decoupled_weights,
-    ess_of,
-    ess_parts,
     finite_tokens,
-    importance_weights,
     logprob_difference,
-    merge_ess_parts,
-    rejected_sequences,
-    rejection_keep,
     sequence_log_ratio,
-    sequences_clip_fraction,
-    sequences_ess,
-    sequences_rejected,
     share_of,
     share_parts,
     token_counts,
 )
+from rlparity.metrics.objective.arrays.weights import (
+    _eps,
+    decoupled_weights,
+    importance_weights,
+    sequences_clip_fraction,
+)
 from rlparity.metrics.objective.settings import BAND_RULES, OBJECTIVE_DEFAULTS, Kind, PairName
 from rlparity.trace import arm_record, blocks, is_lazy
-from rlparity.trace.storage.lazy import ensure_validated
+from rlparity.trace.storage.lazy.reading import ensure_validated
 
 POLICY_VARIABLES = {
     "processed": {"mu": "rollout_logprob", "old": "trainer_processed_logprob",

@@ -18,7 +18,7 @@ from typing import Any
 
 import xarray as xr
 
-from rlparity.trace.storage.lazy import LAZY_RECORD, ArmCheck, lazy_chunks, validate_structure
+from rlparity.trace.storage.lazy.arm import LAZY_RECORD, ArmCheck, lazy_chunks, validate_structure
 from rlparity.trace.record import arm_name
 from rlparity.trace.validation import validate
 from rlparity.trace.storage import (
