@@ -103,6 +103,23 @@ def stale_capture(pool, model: str, settings, sampling, n: int):
     return v1, trace.assign_attrs(model=v1)
 
 
+def partial(bis, trace) -> dict:
+    """The bisection so far: the plan's entries, the arms replayed, and the knobs' rows once the baseline and
+    the floor exist (``knob_table``), for a run that a time limit may cut off."""
+    from rlparity.experiments.bisect import BASELINE, FLOOR
+    from rlparity.metrics.replay import knob_table
+
+    out: dict = {"plan": list(bis.plan), "arms": sorted(bis.arms), "engine_start_attempts": bis.attempts,
+                 "wall_s": round(time.perf_counter() - bis.t0, 1)}
+    knobs = [n for n in bis.arms if n not in (BASELINE, FLOOR)]
+    if BASELINE in bis.arms and FLOOR in bis.arms and knobs:
+        try:
+            out["knobs"] = knob_table(bis.arms, baseline=BASELINE, floor=FLOOR, source=trace, knobs=knobs, top=3)
+        except Exception as err:  # noqa: BLE001 - progress only; the final report is computed apart
+            out["knobs_error"] = f"{type(err).__name__}: {err}"
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="folder for replay_results.json")
@@ -150,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         from rlparity.capture.pool import EnginePool
         from rlparity.config.profiles import load_profile
         from rlparity.config.settings import SamplingSettings
-        from rlparity.experiments.bisect import bisect, report
+        from rlparity.experiments.bisect import BisectOptions, Bisection, report
         from rlparity.models import make_model, make_prompts
 
         model = str(make_model(size, progress=False, **({} if cpu else {"device": a.device})))
@@ -180,9 +197,15 @@ def main(argv: list[str] | None = None) -> int:
             trace = Scorer(model, dtype=dtype, head_dtype="float32", device=a.device, progress=False).score(trace)
             results["score_s"] = round(time.perf_counter() - t1, 1)
             write()
-            arms, record = bisect(model, trace, knobs=a.knobs.split(","), budget=a.budget, pool=pool,
-                                  pairs=a.pairs, layers=a.layers, layer_tokens=a.layer_tokens,
-                                  deadline_s=a.deadline, log=lambda m: print(m, flush=True))
+            def progress(line: str) -> None:  # at each engine start: what ran so far, so a run cut off keeps it
+                print(line, flush=True)
+                results["progress"] = partial(bis, trace)
+                write()
+
+            options = BisectOptions(knobs=a.knobs.split(","), budget=a.budget, pairs=a.pairs, layers=a.layers,
+                                    layer_tokens=a.layer_tokens, deadline_s=a.deadline)
+            bis = Bisection(model, trace, options, pool=pool, log=progress)
+            arms, record = bis.run()
         rep = report(arms, trace, record, tokenizer=AutoTokenizer.from_pretrained(model))
         results.update(status="done", bisect=rep, plan=record["plan"])
         results["bisect"]["layers"] = {k: v for k, v in (rep["layers"] or {}).items() if k != "tokens"} | \
