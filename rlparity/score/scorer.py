@@ -13,6 +13,7 @@ import numpy as np
 import xarray as xr
 
 from rlparity.config.settings import TrainerSettings
+from rlparity.score import batching
 from rlparity.score.dropout import dropout_of, set_dropout
 from rlparity.score.lm_head_stats import FP32_GEMMS, STATS, head_stats
 from rlparity.score.prompts import tokenize_prompts, trainer_prompt_ids
@@ -191,17 +192,8 @@ class Scorer:
         list of int
             The indices into ``seqs`` of one micro-batch.
         """
-        n = len(seqs)
-        how = self.settings.order
-        if how == "length":
-            order = sorted(range(n), key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
-        elif how == "shuffled":
-            order = [int(i) for i in np.random.default_rng(0).permutation(n)]
-        else:
-            order = list(range(n))
-        size = 1 if self.settings.batch_invariant else self.batch_size
-        for s in range(0, n, size):
-            yield order[s: s + size]
+        yield from batching.micro_batches(seqs, self.settings.order,
+                                          1 if self.settings.batch_invariant else self.batch_size)
 
     def response_hidden(self, seqs: list[tuple[list[int], list[int]]], batch: list[int]) -> list:
         """One forward of the body over ``batch``: the last hidden states that predict each response.
@@ -223,35 +215,8 @@ class Scorer:
             Per sequence of ``batch``, the hidden states ``(rlen, H)`` at the positions that predict its
             response tokens.
         """
-        import torch
-
-        full = [seqs[i][0] + seqs[i][1] for i in batch]
-        starts = [len(seqs[i][0]) - 1 for i in batch]
-        rlens = [len(seqs[i][1]) for i in batch]
-        dev = self.device
-        layout = self.settings.layout
-        if layout == "packed" and not self.settings.batch_invariant:
-            ids = torch.tensor([t for f in full for t in f], dtype=torch.long)[None]
-            pos = torch.cat([torch.arange(len(f)) for f in full])[None]
-            doc = torch.cat([torch.full((len(f),), k) for k, f in enumerate(full)]).to(dev)
-            at = torch.arange(ids.shape[1], device=dev)  # the L x L mask is made where it is used
-            mask = ((doc[:, None] == doc[None, :]) & (at[:, None] >= at[None, :]))[None, None]
-            hidden = self.decoder(input_ids=ids.to(dev), position_ids=pos.to(dev),
-                                  attention_mask=mask).last_hidden_state[0]
-            offsets = np.cumsum([0] + [len(f) for f in full[:-1]])
-            return [hidden[o + s: o + s + r] for o, s, r in zip(offsets, starts, rlens)]
-        L = max(len(f) for f in full)
-        if self.settings.batch_invariant:
-            L = -(-L // 64) * 64  # a fixed bucket: the shape depends on this sequence alone
-        ids = torch.zeros((len(batch), L), dtype=torch.long)
-        att = torch.zeros((len(batch), L), dtype=torch.long)
-        left = layout == "left_padded" and not self.settings.batch_invariant
-        shift = [L - len(f) if left else 0 for f in full]
-        for r, f in enumerate(full):
-            ids[r, shift[r]: shift[r] + len(f)] = torch.tensor(f)
-            att[r, shift[r]: shift[r] + len(f)] = 1
-        hidden = self.decoder(input_ids=ids.to(dev), attention_mask=att.to(dev)).last_hidden_state
-        return [hidden[r, shift[r] + s: shift[r] + s + n] for r, (s, n) in enumerate(zip(starts, rlens))]
+        return batching.response_hidden(self.decoder, seqs, batch, self.device, self.settings.layout,
+                                        self.settings.batch_invariant)
 
     def applied_sampling(self, trace: xr.Dataset) -> dict[str, np.ndarray]:
         """The temperature, top-k and top-p of the trainer's processed reading, per sequence.
@@ -321,7 +286,6 @@ class Scorer:
             n_layers, top_k = len(router.layers), router.top_k
             result["trainer_routed_experts"] = np.full((n, width, n_layers, top_k), -1, dtype=np.int16)
             result["trainer_router_margin"] = np.full((n, width, n_layers), np.nan, dtype=np.float32)
-        temp, topk, topp = (sampling[k] for k in ("trainer_temperature", "trainer_top_k", "trainer_top_p"))
         for batch in tqdm(batches, desc="trainer rescoring", disable=not progress):
             length = max(len(seqs[i][0]) + len(seqs[i][1]) for i in batch)
             if router is not None:
@@ -333,29 +297,13 @@ class Scorer:
             hidden = self.response_hidden(seqs, batch)
             if router is not None:
                 self._router_stats(router.end(), seqs, batch, length, result)
-            rows, toks, tt, tk, tp, where = [], [], [], [], [], []
-            for r, i in enumerate(batch):
-                rlen = len(seqs[i][1])
-                if rlen == 0:
-                    continue
-                rows.append(hidden[r])
-                toks.append(torch.tensor(seqs[i][1]))
-                tt.append(torch.full((rlen,), float(temp[i])))
-                tk.append(torch.full((rlen,), int(topk[i]), dtype=torch.long))
-                tp.append(torch.full((rlen,), float(topp[i])))
-                where.append((i, rlen))
-            if not rows:
+            rows = batching.head_rows(hidden, seqs, batch, sampling, self.device)
+            if rows is None:
                 continue
-            stats = head_stats(torch.cat(rows), self.head_weight, self.head_bias,
-                               torch.cat(toks).to(self.device), torch.cat(tt).to(self.device),
-                               torch.cat(tk).to(self.device), torch.cat(tp).to(self.device),
-                               self.head_dtype, self.chunk_tokens, compile=self.compile_head,
+            stats = head_stats(rows.hidden, self.head_weight, self.head_bias, rows.tokens, rows.temperature,
+                               rows.top_k, rows.top_p, self.head_dtype, self.chunk_tokens, compile=self.compile_head,
                                fp32_gemm=self.fp32_gemm)
-            off = 0
-            for i, rlen in where:
-                for k, v in stats.items():
-                    result[k][i, :rlen] = v[off: off + rlen]
-                off += rlen
+            batching.scatter(stats, rows.where, result)
         return result
 
     @staticmethod
