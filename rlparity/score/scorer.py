@@ -13,16 +13,15 @@ import numpy as np
 import xarray as xr
 
 from rlparity.config.settings import TrainerSettings
-from rlparity.score import batching
+from rlparity.score import batching, routes
 from rlparity.score.dropout import dropout_of, set_dropout
 from rlparity.score.lm_head_stats import FP32_GEMMS, STATS, head_stats
 from rlparity.score.prompts import tokenize_prompts, trainer_prompt_ids
-from rlparity.score.routing import RouterControl, forced_rows
+from rlparity.score.routing import RouterControl
 from rlparity.score.vocabulary import check_vocabulary
 from rlparity.trace import arm_record, sequences, token_checksum, validate
 from rlparity.trace.floor import spread
 from rlparity.trace.schema import TOKEN_DIMS, annotate
-from rlparity.trace.validation import route_id_problem
 
 __all__ = ["Scorer", "score"]
 
@@ -274,7 +273,6 @@ class Scorer:
         ``(n, width)`` arrays (NaN / -1 elsewhere); for a MoE model also the routers' own top-k and
         margins (``(n, width, layer[, k])``). ``replay``: the engine's ``(prompt routes, routes)``
         forced in the routers (routing replay)."""
-        import torch
         from tqdm.auto import tqdm
 
         n = len(seqs)
@@ -283,20 +281,14 @@ class Scorer:
                       else np.full((n, width), np.nan)) for k in STATS}
         router = self.router
         if router is not None:
-            n_layers, top_k = len(router.layers), router.top_k
-            result["trainer_routed_experts"] = np.full((n, width, n_layers, top_k), -1, dtype=np.int16)
-            result["trainer_router_margin"] = np.full((n, width, n_layers), np.nan, dtype=np.float32)
+            result.update(routes.route_arrays(router, n, width))
         for batch in tqdm(batches, desc="trainer rescoring", disable=not progress):
             length = max(len(seqs[i][0]) + len(seqs[i][1]) for i in batch)
             if router is not None:
-                forced = None
-                if replay is not None:
-                    forced = torch.from_numpy(forced_rows(seqs, batch, length, replay[0], replay[1],
-                                                                   n_layers, top_k))
-                router.begin(forced)
+                routes.begin_batch(router, seqs, batch, length, replay)
             hidden = self.response_hidden(seqs, batch)
             if router is not None:
-                self._router_stats(router.end(), seqs, batch, length, result)
+                routes.record_routes(router.end(), seqs, batch, length, result)
             rows = batching.head_rows(hidden, seqs, batch, sampling, self.device)
             if rows is None:
                 continue
@@ -305,44 +297,6 @@ class Scorer:
                                fp32_gemm=self.fp32_gemm)
             batching.scatter(stats, rows.where, result)
         return result
-
-    @staticmethod
-    def _router_stats(records, seqs, batch, length: int, result: dict[str, np.ndarray]) -> None:
-        """The routers' own top-k and margins at the input tokens that predict each response token."""
-        for n_layer, (own, margin) in records.items():
-            own = own.numpy().reshape(len(batch), length, -1)
-            margin = margin.numpy().reshape(len(batch), length)
-            for r, i in enumerate(batch):
-                P, R = len(seqs[i][0]), len(seqs[i][1])
-                if R and P:
-                    result["trainer_routed_experts"][i, :R, n_layer] = own[r, P - 1: P - 1 + R]
-                    result["trainer_router_margin"][i, :R, n_layer] = margin[r, P - 1: P - 1 + R]
-
-    def _replay_routes(self, trace: xr.Dataset, seqs) -> tuple[tuple[np.ndarray | None, np.ndarray], list[int]]:
-        """The engine's routes to force (``routed_experts``, ``prompt_routed_experts``), with the
-        sequences whose scored prompt differs from the engine's left out (their rows would be shifted:
-        they keep the trainer's own routes)."""
-        if self.router is None:
-            raise ValueError("routing replay needs a mixture-of-experts model: this model has no router")
-        if "routed_experts" not in trace:
-            raise ValueError("routing replay needs the engine's routes (routed_experts): capture with "
-                             "EngineSettings(capture_routing=True)")
-        have = [int(x) for x in trace["moe_layer"].values]
-        if have != self.router.layers:
-            raise ValueError(f"the trace's routes cover MoE layers {have}, the trainer's model has routers in "
-                             f"layers {self.router.layers}: score with the model that sampled the trace")
-        routes = trace["routed_experts"].values.copy()
-        prompt = trace["prompt_routed_experts"].values.copy() if "prompt_routed_experts" in trace else None
-        for name, ids in (("routed_experts", routes), ("prompt_routed_experts", prompt)):
-            why = None if ids is None else route_id_problem(name, ids, self.router.num_experts)
-            if why:  # before any forward: an id beyond the model's would index past its experts
-                raise ValueError(f"routing replay: {why}")
-        engine = sequences(trace)
-        skipped = [i for i, ((p, _), (q, _)) in enumerate(zip(engine, seqs)) if p != q]
-        routes[skipped] = -1
-        if prompt is not None:
-            prompt[skipped] = -1
-        return (prompt, routes), skipped
 
     def _self_check(self, seqs, sampling, result, replay=None) -> dict[str, Any] | None:
         """The trainer's own floor on a few sequences: each rescored alone (batch 1), twice.
@@ -429,7 +383,7 @@ class Scorer:
         if shard is not None:
             batches = batches[shard[0]:: shard[1]]
         mode = self.settings.routing_replay
-        replay, skipped = self._replay_routes(trace, seqs) if mode != "off" else (None, [])
+        replay, skipped = routes.replay_routes(self.router, trace, seqs) if mode != "off" else (None, [])
         training = self.module.training
         # eval unless the trainer imitated scores in train mode (dropout active)
         self.module.train(self.settings.train_mode)
@@ -467,13 +421,16 @@ class Scorer:
         width = trace.sizes["position"]
         result = dict(parts["result"])
         out = trace.copy()
-        router = {k: result.pop(k) for k in ("trainer_routed_experts", "trainer_router_margin") if k in result}
+        routed = {k: result.pop(k) for k in ("trainer_routed_experts", "trainer_router_margin") if k in result}
         for k, v in result.items():
             full = np.full((v.shape[0], width), -1 if k == "trainer_token_rank" else np.nan, dtype=v.dtype)
             full[:, : v.shape[1]] = v[:, :width]
             out[k] = (TOKEN_DIMS, full)
-        if router:
-            out = self._with_router(out, router, width, parts["skipped"])
+        if routed:
+            assert self.router is not None
+            out = routes.with_router_vars(out, self.router, routed, width, parts["skipped"],
+                                          router_dtype=self.settings.router_dtype,
+                                          routing_replay=self.settings.routing_replay, dtype=self.dtype)
         for k, v in parts["sampling"].items():
             out[k] = (("sequence",), v)
         if self.tokenize_prompts:
@@ -516,32 +473,6 @@ class Scorer:
                 "gradient_checkpointing": bool(getattr(self.module, "is_gradient_checkpointing", False)),
                 "mode": "train" if s.train_mode else "eval", "dtype": self.dtype, "head_dtype": self.head_dtype,
                 "chunk_tokens": self.chunk_tokens, "device": self.device}
-
-    def _with_router(self, out: xr.Dataset, router: dict[str, np.ndarray], width: int, skipped: list[int]
-                     ) -> xr.Dataset:
-        """The routers' variables and coordinates on the scored trace, and what was done in attrs."""
-        assert self.router is not None
-        layers = np.asarray(self.router.layers, dtype=np.int64)
-        if "moe_layer" in out.coords and [int(x) for x in out["moe_layer"].values] != layers.tolist():
-            raise ValueError(f"the trace's routes cover MoE layers {out['moe_layer'].values.tolist()}, the trainer's "
-                             f"model has routers in layers {layers.tolist()}: score with the model that sampled it")
-        out = out.assign_coords(moe_layer=layers, expert_slot=np.arange(self.router.top_k))
-        ids, margin = router["trainer_routed_experts"], router["trainer_router_margin"]
-        full_ids = np.full((ids.shape[0], width, *ids.shape[2:]), -1, dtype=ids.dtype)
-        full_ids[:, : ids.shape[1]] = ids[:, :width]
-        full_m = np.full((margin.shape[0], width, margin.shape[2]), np.nan, dtype=margin.dtype)
-        full_m[:, : margin.shape[1]] = margin[:, :width]
-        out["trainer_routed_experts"] = (("sequence", "position", "moe_layer", "expert_slot"), full_ids)
-        out["trainer_router_margin"] = (("sequence", "position", "moe_layer"), full_m)
-        out.attrs["trainer_router"] = {
-            "layers": layers.tolist(), "top_k": self.router.top_k,
-            "router_dtype": self.settings.router_dtype or self.dtype,
-            "router_dtype_source": "settings" if self.settings.router_dtype else "the model's dtype",
-            "routing_replay": self.settings.routing_replay,
-            "replay_sequences_left_out": skipped,
-            "selection": "topk of softmax(router logits) per token, as the MoE block selects",
-            "margin": "k-th minus (k+1)-th largest router logit (float32)"}
-        return out
 
     def attrs(self, trace: xr.Dataset, elapsed: float, self_check: dict[str, Any] | None = None) -> dict[str, Any]:
         """The provenance attributes of a scored trace.
