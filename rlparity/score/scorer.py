@@ -13,14 +13,14 @@ import numpy as np
 import xarray as xr
 
 from rlparity.config.settings import TrainerSettings
-from rlparity.score import batching, routes
+from rlparity.score import batching, routes, selfcheck
 from rlparity.score.dropout import dropout_of, set_dropout
+from rlparity.score.fingerprint import checkpoint_checksums
 from rlparity.score.lm_head_stats import FP32_GEMMS, STATS, head_stats
 from rlparity.score.prompts import tokenize_prompts, trainer_prompt_ids
 from rlparity.score.routing import RouterControl
 from rlparity.score.vocabulary import check_vocabulary
 from rlparity.trace import arm_record, sequences, token_checksum, validate
-from rlparity.trace.floor import spread
 from rlparity.trace.schema import TOKEN_DIMS, annotate
 
 __all__ = ["Scorer", "score"]
@@ -161,17 +161,8 @@ class Scorer:
         dict of str to str
             ``{tensor name: checksum}``.
         """
-        from rlparity.trace.weights import checksums
-
         if self._checksums is None or not self._loaded_here:
-            state = dict(self.module.state_dict())
-            try:
-                from transformers.core_model_loading import revert_weight_conversion
-
-                state = revert_weight_conversion(self.module, state)
-            except ImportError:  # transformers without load-time conversions: names are the checkpoint's
-                pass
-            self._checksums = checksums(state.items())
+            self._checksums = checkpoint_checksums(self.module)
         return self._checksums
 
     def batches(self, seqs: list[tuple[list[int], list[int]]]) -> Iterator[list[int]]:
@@ -298,24 +289,6 @@ class Scorer:
             batching.scatter(stats, rows.where, result)
         return result
 
-    def _self_check(self, seqs, sampling, result, replay=None) -> dict[str, Any] | None:
-        """The trainer's own floor on a few sequences: each rescored alone (batch 1), twice.
-        ``batch_shape``: |batch scoring - alone| (what the batch shape moves); ``run_to_run``:
-        |alone - alone again| (nondeterminism: dropout, atomics); both on the raw and processed
-        readings, in nats."""
-        k = self.settings.self_check
-        pick = [i for i in range(len(seqs)) if seqs[i][1]][:k]
-        if not pick:
-            return None
-        first = self._stats(seqs, [[i] for i in pick], sampling, replay=replay)
-        again = self._stats(seqs, [[i] for i in pick], sampling, replay=replay)
-        out: dict[str, Any] = {"sequences": pick, "shape_main": f"batches of up to {self.batch_size}, "
-                               "right-padded, similar lengths together", "shape_check": "batch 1, twice"}
-        for name, a, b in (("batch_shape", result, first), ("run_to_run", first, again)):
-            for var, key in (("trainer_logprob", "raw"), ("trainer_processed_logprob", "processed")):
-                out[f"{name}_{key}"] = spread(a[var][pick], b[var][pick])
-        return out
-
     def score(self, trace: xr.Dataset) -> xr.Dataset:
         """Rescore ``trace`` with this model.
 
@@ -397,7 +370,8 @@ class Scorer:
             if self.device.startswith("cuda"):
                 torch.cuda.synchronize()
             elapsed = time.perf_counter() - t0  # the scoring itself, not the self-check
-            check = (self._self_check(seqs, sampling, result, replay if mode == "on" else None)
+            check = (selfcheck.self_check(self._stats, seqs, sampling, result, k=self.settings.self_check,
+                                          batch_size=self.batch_size, replay=replay if mode == "on" else None)
                      if self.settings.self_check and self_check else None)
         self.module.train(training)
         return {"result": result, "sampling": sampling, "skipped": skipped, "elapsed": elapsed, "check": check}
