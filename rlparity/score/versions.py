@@ -4,6 +4,7 @@ it (in-flight updates), and optionally every token by the latest weights too."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,40 @@ def score_versions(trace: xr.Dataset, checkpoints: Any, *, latest: bool | int = 
     on-policy trainer that ignores versions computes; the gap between the two readings is the
     off-policy share of the mismatch. ``False`` skips it.
     """
+    trace, ckpts, versions, latest_v = _versions_to_score(trace, checkpoints, latest)
+
+    def scorer(v: int) -> Scorer:
+        c = ckpts[v]
+        return c if isinstance(c, Scorer) else Scorer(c, **{"progress": False, **scorer_kwargs})
+
+    pv = trace["policy_version"].values
+    mask = trace["response_mask"].values.astype(bool)
+    n, width = trace.sizes["sequence"], trace.sizes["position"]
+    merged = _Merged.empty(n, width)
+    t0 = time.perf_counter()
+    order = ([latest_v] if latest_v is not None else []) + [v for v in versions if v != latest_v]
+    for v in order:
+        sc = scorer(v)
+        merged.names[str(v)] = sc.model_name
+        if v == latest_v:
+            rows = np.arange(n)
+        else:
+            rows = np.flatnonzero(((pv == v) & mask).any(axis=1))
+        scored = sc.score(trace.isel(sequence=rows))
+        merged.record(v, sc, scored)
+        if v == latest_v:
+            merged.latest = {dst: scored[src].values for src, dst in LATEST_VARS.items()}
+        if v in versions:
+            merged.take_own(scored, rows, (pv[rows] == v) & mask[rows])
+        del sc
+    return _assemble(trace, merged, latest_v, t0)
+
+
+def _versions_to_score(trace: xr.Dataset, checkpoints: Any, latest: bool | int | None
+                       ) -> tuple[xr.Dataset, dict[int, Any], list[int], int | None]:
+    """The trace to score (a copy without its old record of the scored tokens), the checkpoints by
+    version, the trace's versions and the latest version to score every token with (None: none);
+    refuses checkpoints that are no mapping or miss a version."""
     from collections.abc import Mapping
 
     validate(trace)
@@ -62,61 +97,66 @@ def score_versions(trace: xr.Dataset, checkpoints: Any, *, latest: bool | int = 
         raise ValueError(f"no checkpoint for policy version(s) {missing}: the trace's tokens come from versions "
                          f"{versions}{f' (latest {latest_v})' if latest_v is not None else ''}; pass "
                          "checkpoints={version: path_or_model, ...} for each")
+    return trace, ckpts, versions, latest_v
 
-    def scorer(v: int) -> Scorer:
-        c = ckpts[v]
-        return c if isinstance(c, Scorer) else Scorer(c, **{"progress": False, **scorer_kwargs})
 
-    pv = trace["policy_version"].values
-    mask = trace["response_mask"].values.astype(bool)
-    n, width = trace.sizes["sequence"], trace.sizes["position"]
-    result = {k: np.full((n, width), -1 if k == "trainer_token_rank" else np.nan,
-                         dtype=np.int64 if k == "trainer_token_rank" else np.float64) for k in TOKEN_TRAINER_VARS}
-    latest_arrays: dict[str, np.ndarray] = {}
-    routed: dict[str, np.ndarray] = {}  # a MoE trainer's router variables and replay readings
+@dataclass
+class _Merged:
+    """What the per-version scorings gather: each token's values from its own version's forward, the
+    latest weights' reading of every token, and per version the model, weight checksums and
+    self-check; the first scoring (and its scorer) gives the rest of the scored trace."""
+
+    n: int
+    width: int
+    result: dict[str, np.ndarray]
+    routed: dict[str, np.ndarray] = field(default_factory=dict)  # a MoE trainer's router variables and replay readings
+    latest: dict[str, np.ndarray] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)
+    sums: dict[str, Any] = field(default_factory=dict)
+    checks: dict[str, Any] = field(default_factory=dict)
     base: xr.Dataset | None = None
-    names: dict[str, str] = {}
-    sums: dict[str, Any] = {}
-    checks: dict[str, Any] = {}
     first: Scorer | None = None
-    t0 = time.perf_counter()
-    order = ([latest_v] if latest_v is not None else []) + [v for v in versions if v != latest_v]
-    for v in order:
-        sc = scorer(v)
-        names[str(v)] = sc.model_name
-        if v == latest_v:
-            rows = np.arange(n)
-        else:
-            rows = np.flatnonzero(((pv == v) & mask).any(axis=1))
-        scored = sc.score(trace.isel(sequence=rows))
-        sums[str(v)] = arm_record(scored).scorer.weight_checksums
-        checks[str(v)] = arm_record(scored).scorer.self_check
-        if base is None:
-            base, first = scored, sc
-        if v == latest_v:
-            latest_arrays = {dst: scored[src].values for src, dst in LATEST_VARS.items()}
-        if v in versions:
-            own = (pv[rows] == v) & mask[rows]
-            for k in TOKEN_TRAINER_VARS:
-                block = result[k][rows]
+
+    @classmethod
+    def empty(cls, n: int, width: int) -> _Merged:
+        return cls(n, width, {k: np.full((n, width), -1 if k == "trainer_token_rank" else np.nan,
+                                         dtype=np.int64 if k == "trainer_token_rank" else np.float64)
+                              for k in TOKEN_TRAINER_VARS})
+
+    def record(self, v: int, sc: Scorer, scored: xr.Dataset) -> None:
+        """Version ``v``'s weight checksums and self-check; the first scoring is kept whole."""
+        self.sums[str(v)] = arm_record(scored).scorer.weight_checksums
+        self.checks[str(v)] = arm_record(scored).scorer.self_check
+        if self.base is None:
+            self.base, self.first = scored, sc
+
+    def take_own(self, scored: xr.Dataset, rows: np.ndarray, own: np.ndarray) -> None:
+        """The values of the tokens ``own`` (of the sequences ``rows``) from this version's ``scored``."""
+        for k in TOKEN_TRAINER_VARS:
+            block = self.result[k][rows]
+            block[own] = scored[k].values[own]
+            self.result[k][rows] = block
+        for k in ROUTED_VARS:
+            if k in scored:
+                if k not in self.routed:
+                    fill = -1 if scored[k].dtype.kind == "i" else np.nan
+                    self.routed[k] = np.full((self.n, self.width, *scored[k].shape[2:]), fill, dtype=scored[k].dtype)
+                block = self.routed[k][rows]
                 block[own] = scored[k].values[own]
-                result[k][rows] = block
-            for k in ROUTED_VARS:
-                if k in scored:
-                    if k not in routed:
-                        fill = -1 if scored[k].dtype.kind == "i" else np.nan
-                        routed[k] = np.full((n, width, *scored[k].shape[2:]), fill, dtype=scored[k].dtype)
-                    block = routed[k][rows]
-                    block[own] = scored[k].values[own]
-                    routed[k][rows] = block
-        del sc
+                self.routed[k][rows] = block
+
+
+def _assemble(trace: xr.Dataset, merged: _Merged, latest_v: int | None, t0: float) -> xr.Dataset:
+    """The scored trace from the merged per-version readings, with the trainer's provenance per version."""
+    base, first, names = merged.base, merged.first, merged.names
+    n = merged.n
     assert base is not None
     out = trace.copy()
-    for k, arr in {**result, **latest_arrays}.items():
+    for k, arr in {**merged.result, **merged.latest}.items():
         out[k] = (TOKEN_DIMS, arr)
-    if routed:
+    if merged.routed:
         out = out.assign_coords(moe_layer=base["moe_layer"].values, expert_slot=base["expert_slot"].values)
-        for k, arr in routed.items():
+        for k, arr in merged.routed.items():
             out[k] = (base[k].dims, arr)
         out.attrs["trainer_router"] = arm_record(base).trainer_router
     assert first is not None
@@ -130,8 +170,8 @@ def score_versions(trace: xr.Dataset, checkpoints: Any, *, latest: bool | int = 
     trainer_attrs = arm_record(base).scorer.to_attrs()
     trainer_attrs.update({"model": names.get(str(latest_v), next(iter(names.values()))),
                           "scored_by": "policy_version", "per_version": names, "latest_version": latest_v,
-                          "weight_checksums": None, "weight_checksums_per_version": sums,
-                          "self_check_per_version": checks,
+                          "weight_checksums": None, "weight_checksums_per_version": merged.sums,
+                          "self_check_per_version": merged.checks,
                           "score_s": round(time.perf_counter() - t0, 3)})
     out.attrs.update({"trainer": trainer_attrs, "scored_token_checksum": token_checksum(trace)})
     return validate(annotate(out))
