@@ -31,18 +31,21 @@ H200). ``"cast"`` keeps cuBLAS's float32 SGEMM (the reference's logits; 0.46x in
 throughput there). Elsewhere (CPU, or a float32 body) the two are the same computation
 (``tests/test_gpu.py`` checks both on CUDA against float64).
 
-The package's modules: :mod:`~rlparity.score.scorer` (the :class:`Scorer` and :func:`score`),
-:mod:`~rlparity.score.versions` (:func:`score_versions`, each token by its own policy version),
-:mod:`~rlparity.score.lm_head_stats` (the LM-head statistics), :mod:`~rlparity.score.prompts` (the
-trainer's tokenization), :mod:`~rlparity.score.vocabulary`, :mod:`~rlparity.score.dropout`,
-:mod:`~rlparity.score.routing` (the MoE routers' hooks), :mod:`~rlparity.score.distributed` and
-:mod:`~rlparity.score.layers`.
+The package's modules: :mod:`~rlparity.score.scorer` (the :class:`Scorer` and :func:`score`) and
+what it runs: :mod:`~rlparity.score.loading` (the trainer's model, its dropout),
+:mod:`~rlparity.score.batching` (micro-batches, the body forward's rows, the head's inputs),
+:mod:`~rlparity.score.lm_head_stats` (the LM-head statistics), :mod:`~rlparity.score.routing` (the MoE
+routers' hooks) and :mod:`~rlparity.score.routes` (their routes as arrays and variables),
+:mod:`~rlparity.score.selfcheck` (the trainer's floor), :mod:`~rlparity.score.fingerprint` (weight
+checksums), :mod:`~rlparity.score.prompts` (the trainer's tokenization) and
+:mod:`~rlparity.score.vocabulary`; beside it :mod:`~rlparity.score.versions` (:func:`score_versions`,
+each token by its own policy version), :mod:`~rlparity.score.distributed` (across ranks) and
+:mod:`~rlparity.score.layers` (per-layer states).
 """
 
 from __future__ import annotations
 
 from rlparity.config.settings import TrainerSettings
-from rlparity.score.dropout import dropout_of, set_dropout
 from rlparity.score.lm_head_stats import (
     FP32_GEMMS,
     SAMPLING_EPS,
@@ -52,6 +55,7 @@ from rlparity.score.lm_head_stats import (
     processed_logits,
     project,
 )
+from rlparity.score.loading import dropout_of, set_dropout
 from rlparity.score.prompts import tokenize_prompts, trainer_prompt_ids
 from rlparity.score.scorer import Scorer, score
 from rlparity.score.versions import score_versions

@@ -14,8 +14,8 @@ import xarray as xr
 
 from rlparity.config.settings import TrainerSettings
 from rlparity.score import batching, routes, selfcheck
-from rlparity.score.dropout import dropout_of, set_dropout
 from rlparity.score.fingerprint import checkpoint_checksums
+from rlparity.score.loading import dropout_of, load_trainer_model
 from rlparity.score.lm_head_stats import FP32_GEMMS, STATS, head_stats
 from rlparity.score.prompts import tokenize_prompts, trainer_prompt_ids
 from rlparity.score.routing import RouterControl
@@ -94,31 +94,15 @@ class Scorer:
     settings: TrainerSettings | None = None  # how the trainer computes its reading (None: the correct way)
 
     def __post_init__(self) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM
-
         for name in ("dtype", "head_dtype"):
             if getattr(self, name) not in ("float32", "bfloat16", "float16"):
                 raise ValueError(f"{name}={getattr(self, name)!r}; use float32, bfloat16 or float16")
         if self.fp32_gemm not in FP32_GEMMS:
             raise ValueError(f"fp32_gemm={self.fp32_gemm!r}; use one of {FP32_GEMMS}")
         self.settings = self.settings or TrainerSettings()
-        self._loaded_here = not hasattr(self.model, "get_decoder")
-        if not self._loaded_here:  # a loaded model (e.g. the trainer's, after a step)
-            self.module = self.model.to(self.device)
-            self.dtype = str(self.module.dtype).removeprefix("torch.")  # what it is, not what was asked
-        else:
-            extra = ({"attn_implementation": self.settings.attn_implementation}
-                     if self.settings.attn_implementation else {})
-            self.module = AutoModelForCausalLM.from_pretrained(
-                str(self.model), dtype=getattr(torch, self.dtype),
-                trust_remote_code=self.trust_remote_code, **extra).to(self.device).eval()
-        if self.settings.attn_implementation and not self._loaded_here:
-            self.module.set_attn_implementation(self.settings.attn_implementation)
-        if self.settings.gradient_checkpointing:
-            self.module.gradient_checkpointing_enable()
-        if self.settings.dropout is not None:
-            set_dropout(self.module, self.settings.dropout)
+        # a loaded model (e.g. the trainer's, after a step) keeps its dtype: what it is, not what was asked
+        self.module, self._loaded_here, self.dtype = load_trainer_model(
+            self.model, self.dtype, self.device, self.settings, trust_remote_code=self.trust_remote_code)
         self.decoder = self.module.get_decoder()
         head = self.module.get_output_embeddings()
         self.head_weight = head.weight
