@@ -13,15 +13,14 @@ import numpy as np
 import xarray as xr
 
 from rlparity.config.settings import TrainerSettings
-from rlparity.score import batching, routes, selfcheck
+from rlparity.score import assembly, batching, routes, selfcheck
 from rlparity.score.fingerprint import checkpoint_checksums
-from rlparity.score.loading import dropout_of, load_trainer_model
+from rlparity.score.loading import load_trainer_model
 from rlparity.score.lm_head_stats import FP32_GEMMS, STATS, head_stats
-from rlparity.score.prompts import tokenize_prompts, trainer_prompt_ids
+from rlparity.score.prompts import trainer_prompt_ids
 from rlparity.score.routing import RouterControl
 from rlparity.score.vocabulary import check_vocabulary
-from rlparity.trace import arm_record, sequences, token_checksum, validate
-from rlparity.trace.schema import TOKEN_DIMS, annotate
+from rlparity.trace import arm_record, sequences, validate
 
 __all__ = ["Scorer", "score"]
 
@@ -376,25 +375,7 @@ class Scorer:
             A copy of ``trace`` with the trainer variables, what the trainer applied, its
             tokenization of the prompts and the provenance attrs.
         """
-        width = trace.sizes["position"]
-        result = dict(parts["result"])
-        out = trace.copy()
-        routed = {k: result.pop(k) for k in ("trainer_routed_experts", "trainer_router_margin") if k in result}
-        for k, v in result.items():
-            full = np.full((v.shape[0], width), -1 if k == "trainer_token_rank" else np.nan, dtype=v.dtype)
-            full[:, : v.shape[1]] = v[:, :width]
-            out[k] = (TOKEN_DIMS, full)
-        if routed:
-            assert self.router is not None
-            out = routes.with_router_vars(out, self.router, routed, width, parts["skipped"],
-                                          router_dtype=self.settings.router_dtype,
-                                          routing_replay=self.settings.routing_replay, dtype=self.dtype)
-        for k, v in parts["sampling"].items():
-            out[k] = (("sequence",), v)
-        if self.tokenize_prompts:
-            out = tokenize_prompts(out, self.tokenizer, add_special_tokens=self.special_tokens(trace))
-        out.attrs.update(self.attrs(trace, parts["elapsed"], parts["check"]))
-        return validate(annotate(out))
+        return assembly.scored_trace(self, trace, parts)
 
     def special_tokens(self, trace: xr.Dataset) -> bool:
         """``add_special_tokens`` for this trace's prompt text.
@@ -450,25 +431,7 @@ class Scorer:
             ``trainer`` (model, dtypes, device, settings, mode, dropout, shape, self-check, weight
             checksums, seconds) and ``scored_token_checksum``, JSON-ready.
         """
-        from rlparity.config.provenance import jsonable
-
-        return jsonable({
-            "trainer": {"model": self.model_name, "dtype": self.dtype, "head_dtype": self.head_dtype,
-                        "fp32_gemm": self.fp32_gemm,
-                        "device": self.device, "library": "transformers",
-                        "topk_ties": "kept (vLLM rule: logits equal to the k-th largest survive)",
-                        "prompt_tokenization": ({"add_special_tokens": self.special_tokens(trace),
-                                                 "chat_template": "apply_chat_template(tokenize=True, add_generation_prompt=True)"}
-                                                if self.tokenize_prompts else None),
-                        "settings": self.settings.model_dump(),
-                        "training_mode": bool(self.settings.train_mode),
-                        "dropout": dropout_of(self.module),
-                        "shape": self.shape(),
-                        "self_check": self_check,
-                        "weight_checksums": self.weight_checksums() if self.settings.fingerprint else None,
-                        "score_s": round(elapsed, 3)},
-            "scored_token_checksum": token_checksum(trace),
-        })
+        return assembly.trainer_attrs(self, trace, elapsed, self_check)
 
 
 def score(trace: xr.Dataset, model: str | os.PathLike | None = None, *, dtype: str = "float32",
