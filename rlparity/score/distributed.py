@@ -84,7 +84,7 @@ def score_distributed(trace: xr.Dataset, model: Any, *, settings: TrainerSetting
     """
     import torch.distributed as dist
 
-    from rlparity.score import Scorer
+    from rlparity.score.scorer import Scorer
 
     rank, world = dist.get_rank(), dist.get_world_size()
     scorer = Scorer(model, dtype=dtype, head_dtype=head_dtype, device=device, batch_size=batch_size,

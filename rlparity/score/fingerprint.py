@@ -1,0 +1,37 @@
+"""The fingerprint of the weights a trainer scores with: per-tensor checksums
+(:mod:`rlparity.trace.weights`) under the checkpoint's own tensor names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["checkpoint_checksums"]
+
+
+def checkpoint_checksums(module: Any) -> dict[str, str]:
+    """Per-tensor checksums of a transformers model's weights, keyed by checkpoint names.
+
+    transformers' load-time conversions (e.g. a MoE model's per-expert tensors fused into one) are
+    reverted as ``save_pretrained`` does, so the names and tensors are those of the checkpoint an
+    engine loads.
+
+    Parameters
+    ----------
+    module : transformers model
+        The loaded model.
+
+    Returns
+    -------
+    dict of str to str
+        ``{tensor name: checksum}``.
+    """
+    from rlparity.trace.weights import checksums
+
+    state = dict(module.state_dict())
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+
+        state = revert_weight_conversion(module, state)
+    except ImportError:  # transformers without load-time conversions: names are the checkpoint's
+        pass
+    return checksums(state.items())

@@ -1,0 +1,58 @@
+"""The trainer's own floor: a few sequences of a scoring rescored alone (batch 1), twice, so a
+diagnosis can tell what the batch shape and a second run move the trainer's logprobs by from what
+separates the trainer from the engine (``attrs["trainer"]["self_check"]``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from rlparity.trace.floor import spread
+
+__all__ = ["self_check"]
+
+
+def self_check(stats: Callable[..., dict[str, np.ndarray]], seqs: list[tuple[list[int], list[int]]],
+               sampling: dict[str, np.ndarray], result: dict[str, np.ndarray], *, k: int, batch_size: int,
+               replay: tuple[np.ndarray | None, np.ndarray] | None = None) -> dict[str, Any] | None:
+    """The trainer's floor on the first ``k`` sequences with a response, each rescored alone, twice.
+
+    Parameters
+    ----------
+    stats : callable
+        ``stats(seqs, batches, sampling, replay=replay)``: the head statistics of the micro-batches
+        ``batches`` (the scorer's own forward).
+    seqs : list of (list of int, list of int)
+        ``(prompt ids, response ids)`` per sequence.
+    sampling : dict of str to numpy.ndarray
+        The trainer temperature, top-k and top-p per sequence.
+    result : dict of str to numpy.ndarray
+        The batched scoring's ``(sequence, position)`` statistics.
+    k : int
+        How many sequences to rescore.
+    batch_size : int
+        The batched scoring's micro-batch size (recorded).
+    replay : tuple, optional
+        The engine's ``(prompt routes, routes)`` forced in the routers, as in the batched scoring.
+
+    Returns
+    -------
+    dict or None
+        ``batch_shape_raw`` / ``batch_shape_processed`` (``|batch scoring - alone|``: what the batch
+        shape moves) and ``run_to_run_raw`` / ``run_to_run_processed`` (``|alone - alone again|``:
+        nondeterminism such as dropout or atomics), each :func:`rlparity.trace.floor.spread` in nats,
+        with the sequences and shapes; None when no sequence has a response.
+    """
+    pick = [i for i in range(len(seqs)) if seqs[i][1]][:k]
+    if not pick:
+        return None
+    first = stats(seqs, [[i] for i in pick], sampling, replay=replay)
+    again = stats(seqs, [[i] for i in pick], sampling, replay=replay)
+    out: dict[str, Any] = {"sequences": pick, "shape_main": f"batches of up to {batch_size}, "
+                           "right-padded, similar lengths together", "shape_check": "batch 1, twice"}
+    for name, a, b in (("batch_shape", result, first), ("run_to_run", first, again)):
+        for var, key in (("trainer_logprob", "raw"), ("trainer_processed_logprob", "processed")):
+            out[f"{name}_{key}"] = spread(a[var][pick], b[var][pick])
+    return out
