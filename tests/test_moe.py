@@ -70,13 +70,26 @@ def _router_inputs(model_path, trace):
     return logits
 
 
-def test_trainer_routes_and_margins_equal_a_float64_recomputation(moe_model, moe_trace):
+@pytest.fixture(scope="module")
+def ref_logits(moe_model, moe_trace):
+    return _router_inputs(moe_model, moe_trace)
+
+
+# the trainer's layouts: right-padded rows (the default), left-padded rows, one packed row with a
+# block-diagonal mask, rows alone at a bucket length; the routers see each sequence elsewhere
+LAYOUTS = [{}, {"layout": "left_padded"}, {"layout": "packed"}, {"batch_invariant": True}]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["padded", "left_padded", "packed", "batch_invariant"])
+def test_trainer_routes_and_margins_equal_a_float64_recomputation(moe_model, moe_trace, ref_logits, layout):
+    from rlparity.config.settings import TrainerSettings
     from rlparity.score import Scorer
 
-    s = Scorer(moe_model, progress=False).score(moe_trace)
+    s = Scorer(moe_model, progress=False, settings=TrainerSettings(**layout, **({} if not layout else FAST))
+               ).score(moe_trace)
     assert [int(x) for x in s["moe_layer"].values] == [0, 1] and s.sizes["expert_slot"] == 2
     assert s.attrs["trainer_router"]["router_dtype"] == "float32"
-    ref = _router_inputs(moe_model, moe_trace)
+    ref = ref_logits
     n_checked = 0
     for i, per_layer in enumerate(ref):
         for layer, lg in enumerate(per_layer):
@@ -122,6 +135,13 @@ def test_replay_forces_the_routes(moe_model, moe_trace):
     assert after.mean() < 0.2 * before.mean(), (before, after)
     with pytest.raises(ValueError, match="routed_experts"):
         Scorer(moe_model, progress=False, settings=TrainerSettings(routing_replay="on")).score(moe_trace)
+    # the same replay in every other layout: the forced routes land on the tokens they belong to, so the
+    # replayed logprob of the flipped tokens is the right-padded replay's (misplaced routes would move them)
+    for layout in LAYOUTS[1:]:
+        other = Scorer(moe_model, progress=False, settings=TrainerSettings(routing_replay="also", **layout, **FAST)
+                       ).score(forced)
+        gap = np.abs(other["trainer_replay_logprob"].values - rep["trainer_replay_logprob"].values)[flipped]
+        assert gap.max() < 0.1 * before.mean(), (layout, gap.max(), before.mean())
 
 
 def test_score_versions_keeps_the_router_variables(moe_model, moe_trace):

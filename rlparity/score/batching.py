@@ -60,6 +60,33 @@ def response_hidden(decoder: Any, seqs: list[tuple[list[int], list[int]]], batch
                    bucket=batch_invariant)
 
 
+def token_starts(lengths: list[int], layout: str, batch_invariant: bool) -> tuple[int, list[int]]:
+    """Where each sequence of one forward sits among its input tokens, as :func:`response_hidden` lays them out.
+
+    Parameters
+    ----------
+    lengths : list of int
+        The sequences' lengths (prompt and response), in the batch's order.
+    layout : str
+        ``"packed"``, ``"left_padded"`` or right-padded.
+    batch_invariant : bool
+        Rows alone at a bucket length (the layout is then right-padded).
+
+    Returns
+    -------
+    tuple of (int, list of int)
+        The forward's input tokens (rows x width, row-major, as a MoE router sees them) and, per
+        sequence, the index of its first token among them.
+    """
+    if layout == "packed" and not batch_invariant:
+        return sum(lengths), [int(x) for x in np.cumsum([0] + lengths[:-1])]
+    width = max(lengths)
+    if batch_invariant:
+        width = -(-width // BUCKET) * BUCKET
+    left = layout == "left_padded" and not batch_invariant
+    return len(lengths) * width, [r * width + (width - n if left else 0) for r, n in enumerate(lengths)]
+
+
 def _packed(decoder: Any, full: list[list[int]], starts: list[int], rlens: list[int], dev: str) -> list:
     """One row of the sequences back to back: position ids reset at each, a block-diagonal causal mask."""
     import torch

@@ -25,30 +25,34 @@ def route_arrays(router: RouterControl, n: int, width: int) -> dict[str, np.ndar
             "trainer_router_margin": np.full((n, width, n_layers), np.nan, dtype=np.float32)}
 
 
-def begin_batch(router: RouterControl, seqs: list[tuple[list[int], list[int]]], batch: list[int], length: int,
-                replay: tuple[np.ndarray | None, np.ndarray] | None) -> None:
-    """Arm the routers for one forward over ``batch`` (rows of ``length`` tokens), forcing the
-    engine's ``(prompt routes, routes)`` when ``replay`` gives them."""
+def begin_batch(router: RouterControl, seqs: list[tuple[list[int], list[int]]], batch: list[int],
+                where: tuple[int, list[int]], replay: tuple[np.ndarray | None, np.ndarray] | None) -> None:
+    """Arm the routers for one forward over ``batch``, its tokens laid out as ``where`` says
+    (:func:`rlparity.score.batching.token_starts`: the forward's token count and each sequence's first
+    token), forcing the engine's ``(prompt routes, routes)`` when ``replay`` gives them."""
     import torch
 
     forced = None
     if replay is not None:
-        forced = torch.from_numpy(forced_rows(seqs, batch, length, replay[0], replay[1],
+        forced = torch.from_numpy(forced_rows(seqs, batch, where, replay[0], replay[1],
                                               len(router.layers), router.top_k))
     router.begin(forced)
 
 
-def record_routes(records: dict[int, Any], seqs: list[tuple[list[int], list[int]]], batch: list[int], length: int,
-                  result: dict[str, np.ndarray]) -> None:
-    """The routers' own top-k and margins at the input tokens that predict each response token."""
+def record_routes(records: dict[int, Any], seqs: list[tuple[list[int], list[int]]], batch: list[int],
+                  where: tuple[int, list[int]], result: dict[str, np.ndarray]) -> None:
+    """The routers' own top-k and margins at the input tokens that predict each response token
+    (``where``: the forward's token count and each sequence's first token, as for :func:`begin_batch`)."""
+    total, starts = where
     for n_layer, (own, margin) in records.items():
-        own = own.numpy().reshape(len(batch), length, -1)
-        margin = margin.numpy().reshape(len(batch), length)
+        own = own.numpy().reshape(total, -1)
+        margin = margin.numpy().reshape(total)
         for r, i in enumerate(batch):
             P, R = len(seqs[i][0]), len(seqs[i][1])
             if R and P:
-                result["trainer_routed_experts"][i, :R, n_layer] = own[r, P - 1: P - 1 + R]
-                result["trainer_router_margin"][i, :R, n_layer] = margin[r, P - 1: P - 1 + R]
+                at = starts[r] + P - 1
+                result["trainer_routed_experts"][i, :R, n_layer] = own[at: at + R]
+                result["trainer_router_margin"][i, :R, n_layer] = margin[at: at + R]
 
 
 def replay_routes(router: RouterControl | None, trace: xr.Dataset, seqs: list[tuple[list[int], list[int]]]

@@ -219,12 +219,12 @@ class RouterControl:
         return (logits, weights.to(scores.dtype), chosen.to(indices.dtype), *out[3:])
 
 
-def forced_rows(seqs: list[tuple[list[int], list[int]]], batch: list[int], length: int,
+def forced_rows(seqs: list[tuple[list[int], list[int]]], batch: list[int], where: tuple[int, list[int]],
                 prompt_routes: np.ndarray | None, routes: np.ndarray, n_layers: int, k: int) -> np.ndarray:
-    """The engine's routes laid out as the routers of one right-padded batch see its rows.
+    """The engine's routes laid out as the routers of one forward see its input tokens.
 
-    Prompt token ``i`` is at row ``i``, the input token that predicts response token ``j`` at row
-    ``prompt_length - 1 + j``.
+    Prompt token ``i`` of a sequence whose first token is input token ``s`` is at row ``s + i``, the
+    input token that predicts response token ``j`` at row ``s + prompt_length - 1 + j``.
 
     Parameters
     ----------
@@ -232,8 +232,9 @@ def forced_rows(seqs: list[tuple[list[int], list[int]]], batch: list[int], lengt
         ``(prompt ids, response ids)`` per sequence.
     batch : list of int
         Indices into ``seqs`` of the batch's sequences.
-    length : int
-        The batch's padded length.
+    where : tuple of (int, list of int)
+        The forward's input tokens (rows x width) and each sequence's first token among them
+        (:func:`rlparity.score.batching.token_starts`: right- or left-padded rows, one packed row).
     prompt_routes : numpy.ndarray or None
         ``(sequence, prompt_position, layer, k)`` engine routes of the prompts, or ``None``.
     routes : numpy.ndarray
@@ -246,19 +247,20 @@ def forced_rows(seqs: list[tuple[list[int], list[int]]], batch: list[int], lengt
     Returns
     -------
     numpy.ndarray
-        ``(len(batch) * length, n_layers, k)`` int64 routes, ``-1`` where the engine recorded none
-        (then the trainer keeps its own selection).
+        ``(tokens, n_layers, k)`` int64 routes, ``-1`` where the engine recorded none (padding
+        included: then the trainer keeps its own selection).
     """
-    out = np.full((len(batch), length, n_layers, k), -1, dtype=np.int64)
-    for r, i in enumerate(batch):
+    total, starts = where
+    out = np.full((total, n_layers, k), -1, dtype=np.int64)
+    for s, i in zip(starts, batch):
         P, R = len(seqs[i][0]), len(seqs[i][1])
         if prompt_routes is not None:
             m = min(P, prompt_routes.shape[1])
-            out[r, :m] = prompt_routes[i, :m, :n_layers, :k]
+            out[s: s + m] = prompt_routes[i, :m, :n_layers, :k]
         m = min(R, routes.shape[1])
         if P >= 1:
-            out[r, P - 1: P - 1 + m] = routes[i, :m, :n_layers, :k]
-    return out.reshape(len(batch) * length, n_layers, k)
+            out[s + P - 1: s + P - 1 + m] = routes[i, :m, :n_layers, :k]
+    return out
 
 
 __all__ = ["ROUTER_DTYPES", "RouterControl", "find_routers", "forced_rows"]

@@ -257,12 +257,13 @@ class Scorer:
         if router is not None:
             result.update(routes.route_arrays(router, n, width))
         for batch in tqdm(batches, desc="trainer rescoring", disable=not progress):
-            length = max(len(seqs[i][0]) + len(seqs[i][1]) for i in batch)
-            if router is not None:
-                routes.begin_batch(router, seqs, batch, length, replay)
+            if router is not None:  # where each sequence sits among the forward's tokens, as the routers see them
+                where = batching.token_starts([len(seqs[i][0]) + len(seqs[i][1]) for i in batch],
+                                              self.settings.layout, self.settings.batch_invariant)
+                routes.begin_batch(router, seqs, batch, where, replay)
             hidden = self.response_hidden(seqs, batch)
             if router is not None:
-                routes.record_routes(router.end(), seqs, batch, length, result)
+                routes.record_routes(router.end(), seqs, batch, where, result)
             rows = batching.head_rows(hidden, seqs, batch, sampling, self.device)
             if rows is None:
                 continue
