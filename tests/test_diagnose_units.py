@@ -17,6 +17,7 @@ from rlparity.diagnose import sync, trainer
 from rlparity.diagnose.evidence import ArmEvidence, build
 from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.metrics import versions as mv
+from rlparity.metrics.floor_records import floor_mean_abs
 from rlparity.trace import from_rollouts
 from rlparity.trace.weights import compare_checksums, engine_effective, trainer_checksums, versions_that_differ
 
@@ -107,13 +108,13 @@ def test_decomposition_is_the_float64_sums():
 def test_floor_is_the_larger_recorded_floor_of_a_deterministic_trainer():
     tr = _scored([[0.1] * 4], trainer_attrs={"self_check": _self_check(0.002)},
                  attrs={"engine_floor": {"batch_shape": {"mean_abs": 0.003, "rms": 0.004}}})
-    assert evm.floor_mean_abs(tr) == 0.003
+    assert floor_mean_abs(tr) == 0.003
     tr.attrs["engine_floor"]["batch_shape"]["mean_abs"] = 0.001
-    assert evm.floor_mean_abs(tr) == 0.002
+    assert floor_mean_abs(tr) == 0.002
     # a trainer moving from run to run has no floor to speak of
     tr.attrs["trainer"]["self_check"] = _self_check(0.002, run_to_run_rms=1e-4)
-    assert evm.floor_mean_abs(tr) == 0.0
-    assert evm.floor_mean_abs(_scored([[0.1] * 4])) == 0.0
+    assert floor_mean_abs(tr) == 0.0
+    assert floor_mean_abs(_scored([[0.1] * 4])) == 0.0
 
 
 # ------------------------------------------------------------------------------ split rules

@@ -17,7 +17,8 @@ built in this order, and every layer judges on it:
    token: the mismatch left once the semantic cause is corrected.
 3. **Tokens explained by numbers**: the tokens of a policy version whose residual stands far
    above the other versions' (``weights_differ``: the engine and the trainer held different
-   weights for it); then the semantic fit is repeated without them.
+   weights for it; :func:`version_claims`, the model in :mod:`rlparity.metrics.versions`); then
+   the semantic fit is repeated without them.
 4. **Tokens routed to other experts**: a mixture-of-experts model's tokens whose top-k experts differ
    between the engine's and the trainer's records, unless another cause already explains them
    (``moe_routing_disagreement``, or the router-precision cause that makes the flips); then the
@@ -45,8 +46,10 @@ from rlparity.metrics import inflight as mi
 from rlparity.metrics.floors import recorded_floors as trainer_floor
 from rlparity.metrics.floors import version_floors
 from rlparity.metrics import routing as mr
+from rlparity.metrics import semantic as msem
 from rlparity.metrics import versions as mv
 from rlparity.trace import arm_record, has_trainer, trace_versions
+from rlparity.trace.prompts import prompt_mismatch_sequences
 from rlparity.trace.weights import (compare_checksums, engine_effective, tensors_not_equal, trainer_checksums,
                                      versions_that_differ)
 
@@ -267,52 +270,7 @@ class ArmEvidence:
         return trainer_floor(self.trace, self.side)
 
 
-def floor_mean_abs(trace: xr.Dataset, side: str = "processed") -> float:
-    """The floor of ``|d|`` (nats).
-
-    The larger of the trainer's batch-shape floor and the engine's batch spread (mean ``|x|``),
-    when the trainer is deterministic (a trainer whose logprobs move from run to run has no floor
-    to speak of: that movement is a cause).
-
-    Parameters
-    ----------
-    trace : xarray.Dataset
-        A scored arm with the recorded floors.
-    side : str, default "processed"
-        The trainer reading.
-
-    Returns
-    -------
-    float
-        The floor; 0 when none was measured or the trainer is not deterministic.
-    """
-    f = trainer_floor(trace, side)
-    run = f["run_to_run_rms"]
-    if np.isfinite(run) and run > 0:
-        return 0.0
-    vals = [v for v in (f["batch_shape_mean_abs"], f["engine_batch_mean_abs"]) if np.isfinite(v)]
-    return float(max(vals)) if vals else 0.0
-
-
 # ------------------------------------------------------------------------------- semantic fit
-def identity_sampling(trace: xr.Dataset) -> bool:
-    """Whether sampling is the identity: raw and processed readings then coincide.
-
-    Parameters
-    ----------
-    trace : xarray.Dataset
-        A trace with ``temperature``, ``top_k`` and ``top_p``.
-
-    Returns
-    -------
-    bool
-        True when every request has temperature 1 or is greedy, and no top-k or top-p cut.
-    """
-    t = trace["temperature"].values
-    return bool(np.all((t == 1.0) | (t < 1e-5)) and np.all(trace["top_k"].values <= 0)
-                and np.all(trace["top_p"].values >= 1.0))
-
-
 def sequence_se(fit: Callable[..., dict[str, float]], y: np.ndarray, x: np.ndarray, tokens: np.ndarray,
                 token_se: float) -> dict[str, Any]:
     """A slope's standard error that holds when tokens of a sequence are not independent.
@@ -386,7 +344,7 @@ def semantic_fit(trace: xr.Dataset, tokens: np.ndarray, *, semantic_tol: float |
     """
     semantic_tol = defaults().semantic_tol if semantic_tol is None else semantic_tol
     readings = trainer_readings(trace)
-    if len(readings) < 2 or identity_sampling(trace):
+    if len(readings) < 2 or msem.identity_sampling(trace):
         return {"reading": "untestable", "why": "one trainer reading" if len(readings) < 2 else "identity sampling"}
     P, R = trace[TRAINER_VARIABLE["processed"]].values, trace[TRAINER_VARIABLE["raw"]].values
     mu = trace["rollout_logprob"].values
@@ -557,49 +515,21 @@ def routing_claims(ev: ArmEvidence) -> bool:
     return True
 
 
-def prompt_mismatch_sequences(trace: xr.Dataset) -> np.ndarray:
-    """Per sequence: whether the engine's prompt ids differ from the trainer's tokenization.
-
-    Parameters
-    ----------
-    trace : xarray.Dataset
-        A scored arm (with ``trainer_prompt_token_id`` when the trainer tokenized the prompts).
-
-    Returns
-    -------
-    numpy.ndarray
-        ``(sequence,)`` bool; all False without the trainer's tokenization.
-    """
-    n = trace.sizes["sequence"]
-    if "trainer_prompt_token_id" not in trace:
-        return np.zeros(n, dtype=bool)
-    eng, tr = trace["prompt_token_id"].values, trace["trainer_prompt_token_id"].values
-    tlen, elen = trace["trainer_prompt_length"].values, trace["prompt_length"].values
-    out = np.zeros(n, dtype=bool)
-    for i in np.flatnonzero(tlen >= 0):
-        out[i] = eng[i, : elen[i]].tolist() != tr[i, : tlen[i]].tolist()
-    return out
-
-
 def version_claims(ev: ArmEvidence, *, ratio: float | None = None, z: float | None = None) -> dict[str, Any]:
     """Claim the policy versions whose tokens stand far above the first version's as ``weights_differ``.
 
     The per-version floor model (:func:`rlparity.metrics.versions.version_excess`) on the arm's
-    ``|r|`` and its tokens no other cause explains, each version against its own floor where the
-    trainer's self-check measured one for every version (``self_check_per_version``), untestable
-    when the trainer's run-to-run noise is a quarter of the first version's median ``|r|`` or more;
-    a version whose engine and trainer fingerprints were both recorded and agree is never claimed.
-    Needs two versions, each scored at its own version, and no fingerprint claim already.
+    ``|r|`` and its tokens no other cause explains, with the trainer's floor per version
+    (``self_check_per_version``), its run-to-run noise and the versions whose engine and trainer
+    fingerprints were both recorded and agree. Needs two versions, each scored at its own version,
+    and no fingerprint claim already.
 
     Parameters
     ----------
     ev : ArmEvidence
         The evidence (with its residual); claims are added in place.
-    ratio : float, optional
-        The ratio to the first version's median ``|r|`` a version must reach; None:
-        ``defaults().version_ratio``.
-    z : float, optional
-        Jackknife standard errors of the log-ratio it must also reach; None: ``defaults().version_z``.
+    ratio, z : float, optional
+        The thresholds of :func:`rlparity.metrics.versions.version_excess` (None: the defaults).
 
     Returns
     -------
@@ -662,6 +592,5 @@ def build(trace: xr.Dataset, *, trainer: str | None = None, semantic_tol: float 
     return ev
 
 
-__all__ = ["ArmEvidence", "build", "floor_mean_abs", "identity_sampling", "observed_claims", "prompt_mismatch_sequences",
-           "residual_for", "router_dtypes", "routing_cause", "routing_claims", "semantic_fit", "trainer_floor",
+__all__ = ["ArmEvidence", "build", "observed_claims", "residual_for", "router_dtypes", "routing_cause", "routing_claims", "semantic_fit", "trainer_floor",
            "version_claims"]
