@@ -156,19 +156,53 @@ class RunDoctor:
         return sorted(int(k) for k, v in self.step_causes.items() if cause in v["causes"])
 
     def alarm_timeline(self) -> list[dict[str, Any]]:
-        """The recorder's alarms, one row per alarm code (:func:`rlparity.diagnose.doctor_page.alarm_timeline`)."""
+        """The recorder's alarms, one row per alarm code.
+
+        Returns
+        -------
+        list of dict
+            :func:`rlparity.diagnose.doctor_page.alarm_timeline` of the run's alarms.
+        """
         return page.alarm_timeline(self.alarms)
 
     def window_table(self) -> list[dict[str, Any]]:
-        """The cause of each window, one row per window (:func:`rlparity.diagnose.doctor_page.window_table`)."""
+        """The cause of each window, one row per window.
+
+        Returns
+        -------
+        list of dict
+            :func:`rlparity.diagnose.doctor_page.window_table` of the run's windows.
+        """
         return page.window_table(self.windows, self.step_causes)
 
     def growth_table(self, target: str = "abs_d") -> list[dict[str, Any]]:
-        """Each window's change against the first, split (:func:`rlparity.diagnose.doctor_page.growth_table`)."""
+        """Each window's change against the first window, split, one row per window.
+
+        Parameters
+        ----------
+        target : {"abs_d", "k3"}, default "abs_d"
+            Mean ``|d|`` or the k3 term.
+
+        Returns
+        -------
+        list of dict
+            :func:`rlparity.diagnose.doctor_page.growth_table` of the run's windows.
+        """
         return page.growth_table(self.windows, target)
 
     def placement_table(self, metric: str = "abs_log_ratio_mean") -> list[dict[str, Any]]:
-        """Where each step falls in the baseline table (:func:`rlparity.diagnose.doctor_page.placement_table`)."""
+        """Where each step falls in the baseline table, one row per step.
+
+        Parameters
+        ----------
+        metric : str, default "abs_log_ratio_mean"
+            One of :data:`rlparity.metrics.baselines.METRICS`.
+
+        Returns
+        -------
+        list of dict
+            :func:`rlparity.diagnose.doctor_page.placement_table` of the run's placements.
+        """
         return page.placement_table(self.normal, metric)
 
 

@@ -41,7 +41,25 @@ def _mismatch_rows(label: str, rows: list[tuple[str, dict[str, Any], str, str]])
 
 def table_lines(steps: xr.Dataset, lags: xr.Dataset, alarms: list[dict[str, Any]],
                 step_causes: Mapping[int, Mapping[str, Any]], windows: list[dict[str, Any]]) -> list[str]:
-    """The mismatch per step (per window for a long run), the floors, the lags and the alarms."""
+    """The mismatch per step (per window for a long run), the floors, the lags and the alarms.
+
+    Parameters
+    ----------
+    steps, lags : xarray.Dataset
+        ``RunDoctor.steps`` (:func:`rlparity.metrics.run.step_table`) and ``RunDoctor.lags``
+        (:func:`rlparity.metrics.run.lag_table`).
+    alarms : list of dict
+        ``RunDoctor.alarms``.
+    step_causes : Mapping[int, Mapping[str, Any]]
+        ``RunDoctor.step_causes``.
+    windows : list of dict
+        ``RunDoctor.windows``.
+
+    Returns
+    -------
+    list of str
+        The page's lines.
+    """
     ks = [int(k) for k in steps["step"].values]
     alarms_at: dict[int, list[str]] = {}
     for a in alarms:
@@ -84,7 +102,20 @@ def table_lines(steps: xr.Dataset, lags: xr.Dataset, alarms: list[dict[str, Any]
 
 
 def cause_lines(windows: list[dict[str, Any]], first_named: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """The cause of every window and the first step naming each cause."""
+    """The cause of every window and the first step naming each cause.
+
+    Parameters
+    ----------
+    windows : list of dict
+        ``RunDoctor.windows``.
+    first_named : Mapping[str, Mapping[str, Any]]
+        ``RunDoctor.first_named``.
+
+    Returns
+    -------
+    list of str
+        The page's lines.
+    """
     lines = ["  cause per window (each step diagnosed alone; the headline named on most of the window's steps):"]
     for w in windows:
         n = len(w["steps"])
@@ -104,7 +135,18 @@ def cause_lines(windows: list[dict[str, Any]], first_named: Mapping[str, Mapping
 
 
 def growth_lines(windows: list[dict[str, Any]]) -> list[str]:
-    """The decomposition of every window's change of mean |d| against the first window."""
+    """The decomposition of every window's change of mean ``|d|`` against the first window.
+
+    Parameters
+    ----------
+    windows : list of dict
+        ``RunDoctor.windows``.
+
+    Returns
+    -------
+    list of str
+        The page's lines; none when no window has a decomposition.
+    """
     grown = [w for w in windows if w["growth"] is not None]
     if not grown:
         return []
@@ -125,7 +167,18 @@ def growth_lines(windows: list[dict[str, Any]]) -> list[str]:
 
 
 def normal_lines(normal: Mapping[str, Any]) -> list[str]:
-    """Where the first and the last step fall in the baseline table."""
+    """Where the first and the last step fall in the baseline table.
+
+    Parameters
+    ----------
+    normal : Mapping[str, Any]
+        ``RunDoctor.normal``.
+
+    Returns
+    -------
+    list of str
+        The page's lines; none without a baseline table.
+    """
     if not normal.get("steps"):
         return []
     ks = sorted(normal["steps"], key=int)
@@ -137,7 +190,18 @@ def normal_lines(normal: Mapping[str, Any]) -> list[str]:
 
 
 def view_lines(views: Mapping[int, Mapping[str, Any]]) -> list[str]:
-    """The last step's sequence-level view and top tokens."""
+    """The last step's sequence-level view and top tokens.
+
+    Parameters
+    ----------
+    views : Mapping[int, Mapping[str, Any]]
+        ``RunDoctor.views``.
+
+    Returns
+    -------
+    list of str
+        The page's lines; none without a view.
+    """
     if not views:
         return []
     k = max(views)
@@ -158,7 +222,18 @@ def view_lines(views: Mapping[int, Mapping[str, Any]]) -> list[str]:
 
 
 def counterfactual_lines(counterfactual: Mapping[str, Any]) -> list[str]:
-    """What each correction would do on the step the doctor picked."""
+    """What each correction would do on the step the doctor picked.
+
+    Parameters
+    ----------
+    counterfactual : Mapping[str, Any]
+        ``RunDoctor.counterfactual``.
+
+    Returns
+    -------
+    list of str
+        The page's lines; none without a counterfactual.
+    """
     c = counterfactual
     if not c:
         return []
@@ -296,7 +371,18 @@ def placement_table(normal: Mapping[str, Any], metric: str = "abs_log_ratio_mean
 
 
 def spans(steps: list[int]) -> str:
-    """``[6, 7, 8, 10]`` -> ``"6-8, 10"``."""
+    """Steps as runs of consecutive steps: ``[6, 7, 8, 10]`` -> ``"6-8, 10"``.
+
+    Parameters
+    ----------
+    steps : list of int
+        Steps, in any order, repeats allowed.
+
+    Returns
+    -------
+    str
+        The runs, ascending, comma-separated; ``""`` for no step.
+    """
     out: list[str] = []
     for k in sorted(set(steps)):
         if out and k == int(out[-1].split("-")[-1]) + 1:
