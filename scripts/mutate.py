@@ -2,7 +2,7 @@
 against a chosen pytest selection, killed or survived recorded.
 
     PYTHONPATH=. python scripts/mutate.py rlparity/diagnose/trainer.py -- -m "not engine" tests/test_diagnose_units.py
-    PYTHONPATH=. python scripts/mutate.py rlparity/diagnose/evidence.py --functions version_excess,localized_test \
+    PYTHONPATH=. python scripts/mutate.py rlparity/metrics/versions.py --functions version_excess,floor_excess_ratio \
         --json out.json -- tests/test_diagnose_units.py
 
 Mutations (one per run, at one place): ``+ <-> -``, ``* <-> /``, ``< <-> <=``, ``> <-> >=``,

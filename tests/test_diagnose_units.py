@@ -16,6 +16,8 @@ from rlparity.diagnose import evidence as evm
 from rlparity.diagnose import sync, trainer
 from rlparity.diagnose.evidence import ArmEvidence, build
 from rlparity.diagnose.findings import Finding, Layer, Severity
+from rlparity.metrics import versions as mv
+from rlparity.metrics.floor_records import floor_mean_abs
 from rlparity.trace import from_rollouts
 from rlparity.trace.weights import compare_checksums, engine_effective, trainer_checksums, versions_that_differ
 
@@ -106,13 +108,13 @@ def test_decomposition_is_the_float64_sums():
 def test_floor_is_the_larger_recorded_floor_of_a_deterministic_trainer():
     tr = _scored([[0.1] * 4], trainer_attrs={"self_check": _self_check(0.002)},
                  attrs={"engine_floor": {"batch_shape": {"mean_abs": 0.003, "rms": 0.004}}})
-    assert evm.floor_mean_abs(tr) == 0.003
+    assert floor_mean_abs(tr) == 0.003
     tr.attrs["engine_floor"]["batch_shape"]["mean_abs"] = 0.001
-    assert evm.floor_mean_abs(tr) == 0.002
+    assert floor_mean_abs(tr) == 0.002
     # a trainer moving from run to run has no floor to speak of
     tr.attrs["trainer"]["self_check"] = _self_check(0.002, run_to_run_rms=1e-4)
-    assert evm.floor_mean_abs(tr) == 0.0
-    assert evm.floor_mean_abs(_scored([[0.1] * 4])) == 0.0
+    assert floor_mean_abs(tr) == 0.0
+    assert floor_mean_abs(_scored([[0.1] * 4])) == 0.0
 
 
 # ------------------------------------------------------------------------------ split rules
@@ -397,7 +399,7 @@ def test_version_excess_flags_the_later_version_that_stands_out():
     assert f.tokens["n_tokens"] == n1
     # 1.3x: below the ratio (defaults().version_ratio = 1.6); one version only, or scored with one weight set: no test
     assert build(_two_versions(0.01, 0.013)).version_excess["flagged"] == []
-    assert evm.version_excess(build(_scored([[0.1] * 6] * 2)), ratio=3.0) == {}
+    assert evm.version_claims(build(_scored([[0.1] * 6] * 2)), ratio=3.0) == {}
     one_set = _two_versions(0.01, 0.1)
     one_set.attrs["trainer"]["scored_by"] = None
     assert "weights_differ" not in build(one_set).claims
@@ -418,7 +420,7 @@ def test_version_excess_at_its_edges():
     def ve_of(d, vs):
         ev = build(_scored(d, versions=vs, trainer_attrs={"scored_by": "policy_version"}))
         ev.claims.pop("weights_differ", None)  # the defaults may have claimed it: test the rule itself
-        return evm.version_excess(ev)
+        return evm.version_claims(ev)
 
     ve = ve_of([[0.01] * 6, [0.012] * 6, [0.05] * 6, [0.06] * 4], [[0] * 6, [0] * 6, [1] * 6, [1] * 4])
     assert ve["n_tokens_by_version"] == {"0": 12, "1": 10} and np.isfinite(ve["z_by_version"]["1"])
@@ -428,11 +430,11 @@ def test_version_excess_at_its_edges():
     assert ve["n_tokens_by_version"]["1"] == 4 and not np.isfinite(ve["z_by_version"]["1"])  # 3 sequences
     one_set = _two_versions(0.01, 0.1)
     one_set.attrs["trainer"]["scored_by"] = None
-    assert evm.version_excess(build(one_set)) == {}
+    assert evm.version_claims(build(one_set)) == {}
     ev = build(_two_versions(0.01, 0.1))
     ev.claims.pop("weights_differ", None)
     ev.residual = None
-    assert evm.version_excess(ev) == {}
+    assert evm.version_claims(ev) == {}
 
 
 def test_a_trainer_that_does_not_repeat_itself_leaves_the_versions_untested():
@@ -472,7 +474,7 @@ def test_version_excess_needs_z_standard_errors_over_sequences_too():
     for zz, flagged in ((z + 0.1, []), (z - 0.1, [1])):
         ev = build(tr)
         ev.claims.pop("weights_differ", None)  # the defaults flagged it already: test again at another z
-        assert evm.version_excess(ev, z=zz)["flagged"] == flagged
+        assert evm.version_claims(ev, z=zz)["flagged"] == flagged
     # fewer sequences than defaults().min_fit_sequences (4): no claim, whatever the ratio
     few = _scored([[0.01] * 8, [0.011] * 8, [1.0] * 8], versions=[[0] * 8, [0] * 8, [1] * 8],
                   trainer_attrs={"scored_by": "policy_version"})
@@ -682,12 +684,12 @@ def test_zero_probability_tokens_split_between_two_localized_causes_are_explaine
 def test_floor_excess_ratio_by_hand():
     """A later version is expected at the first version's level above its floor plus its own floor."""
     # c = 0.02 - 0.004 = 0.016; version 1 expected at 0.016 + 0.012 = 0.028; 0.05 / 0.028, version 0 at 1
-    assert evm.floor_excess_ratio(0.05, 0.02, 0.012, 0.004) == pytest.approx(0.05 / 0.028, rel=1e-12)
+    assert mv.floor_excess_ratio(0.05, 0.02, 0.012, 0.004) == pytest.approx(0.05 / 0.028, rel=1e-12)
     # all floor (c clipped at 0): the plain ratio over the floors, (0.05 / 0.04) / (0.01 / 0.02) = 2.5
-    assert evm.floor_excess_ratio(0.05, 0.01, 0.04, 0.02) == pytest.approx(2.5, rel=1e-12)
+    assert mv.floor_excess_ratio(0.05, 0.01, 0.04, 0.02) == pytest.approx(2.5, rel=1e-12)
     # level exactly as predicted: 1; equal floors: the plain ratio of the levels
-    assert evm.floor_excess_ratio(0.028, 0.02, 0.012, 0.004) == pytest.approx(1.0, rel=1e-12)
-    assert evm.floor_excess_ratio(0.03, 0.02, 0.005, 0.005) == pytest.approx(1.5, rel=1e-12)
+    assert mv.floor_excess_ratio(0.028, 0.02, 0.012, 0.004) == pytest.approx(1.0, rel=1e-12)
+    assert mv.floor_excess_ratio(0.03, 0.02, 0.005, 0.005) == pytest.approx(1.5, rel=1e-12)
 
 
 @pytest.mark.parametrize("fresh_only", [False, True], ids=["keep", "wait"])

@@ -382,9 +382,9 @@ def test_the_page_tables_say_what_the_steps_say(stores):
     """The tables notebook 11 shows, against the run's own per-step records read by hand: the alarm
     timeline against the raw alarm list, the window table against the per-step causes, the growth
     rows against the windows' decompositions (parts summing to the change), the placements."""
-    from rlparity.diagnose.doctor import _spans
+    from rlparity.diagnose.doctor_page import spans
 
-    assert _spans([8, 6, 7, 10, 12, 13]) == "6-8, 10, 12-13" and _spans([]) == "" and _spans([3]) == "3"
+    assert spans([8, 6, 7, 10, 12, 13]) == "6-8, 10, 12-13" and spans([]) == "" and spans([3]) == "3"
     steps = read(stores["raw6"])
     r = doctor({"raw6": steps}, window=4, n_boot=20).runs["raw6"]
     assert r.steps_naming("raw_logprobs") == list(range(6, 12)) and r.steps_naming("rollout_bf16_head") == []

@@ -536,3 +536,61 @@ def test_an_effect_under_a_thousandth_of_the_gap_is_no_effect_when_the_floors_ar
     real = _truth_arm(("trainer_top_k",), shift_trainer=1.1e-3 * gap, shift_rollout=0.02, floor=0.0)
     out = no_effect({"clean": clean, "idle": idle, "real": real})
     assert set(out) == {"idle"} and "of the clean arm's mean |d|" in out["idle"]["trainer_top_k"]
+
+
+def _flat_arm(causes, *, trainer=-0.75, rollout=-1.0, trainer_floor=0.0, engine_floor=0.0, n_seq=6, length=5):
+    """An arm whose every token has the same readings (exact in binary): the trainer's processed reading
+    ``trainer``, the rollout's ``rollout``, the recorded floors given (mean |x|, nats)."""
+    tr = from_rollouts(prompt_token_ids=[[1, 2, 3]] * n_seq, token_ids=[[4] * length] * n_seq,
+                       rollout_logprobs=[[rollout] * length] * n_seq, temperature=1.0, attrs={"arm": "flat"})
+    tr["trainer_logprob"] = (("sequence", "position"), np.full((n_seq, length), trainer))
+    tr["trainer_processed_logprob"] = (("sequence", "position"), np.full((n_seq, length), trainer))
+    tr.attrs["trainer"] = {"model": "m", "self_check": {"batch_shape_processed": {"mean_abs": trainer_floor,
+                                                                                  "rms": trainer_floor}}}
+    tr.attrs["engine_floor"] = {"batch_shape": {"mean_abs": engine_floor, "rms": engine_floor}}
+    tr.attrs["faults"] = {"causes": list(causes)}
+    return tr
+
+
+def test_no_effect_measures_each_side_against_its_own_floor_when_the_floors_differ():
+    """The trainer's floor 0.1 nats, the engine's 0.01: a move of 2^-11 nats (4.9e-4) is under a hundredth
+    of the trainer's side floor (1e-3) and over a hundredth of the engine's (1e-4); the clean arm's mean |d|
+    is 0.25, so the gap bar (2.5e-4) leaves both alone. A trainer-side cause took no effect, an engine-side
+    one did. With the engine's floor the larger (0.1) both took none: the engine's side reads its own floor,
+    the trainer's side the larger of the two (the floor of |d|, metrics.floor_records.floor_mean_abs)."""
+    from rlparity.diagnose.scoring import no_effect
+
+    move = 2.0 ** -11
+    assert 0.01 * 0.01 < move < 0.01 * 0.1 and 1e-3 * 0.25 < move  # the premise, by hand
+    for tf, ef, idle in ((0.1, 0.01, "trainer"), (0.01, 0.1, None)):
+        clean = _flat_arm((), trainer_floor=tf, engine_floor=ef)
+        trainer = _flat_arm(("trainer_top_k",), trainer=-0.75 - move, trainer_floor=tf, engine_floor=ef)
+        engine = _flat_arm(("rollout_bf16_head",), rollout=-1.0 - move, trainer_floor=tf, engine_floor=ef)
+        out = no_effect({"clean": clean, "trainer": trainer, "engine": engine})
+        if idle == "trainer":
+            assert out == {"trainer": {"trainer_top_k": out["trainer"]["trainer_top_k"]}}
+            assert "under a hundredth of that side's floor (0.1)" in out["trainer"]["trainer_top_k"]
+        else:
+            assert set(out) == {"trainer", "engine"}
+            assert "floor (0.1)" in out["engine"]["rollout_bf16_head"]
+
+
+def test_no_effect_at_its_bars_exactly():
+    """A move of exactly a hundredth of the floor, or exactly NO_EFFECT_GAP_SHARE of the clean arm's mean |d|,
+    is an effect (the bars are strict); 2^-10 nats less is not. Every number is exact in binary: the floor
+    3.125 (a hundredth: 0.03125 = 2^-5), the gap 31.25 (a thousandth: 0.03125)."""
+    from rlparity.diagnose.scoring import NO_EFFECT_GAP_SHARE, no_effect
+
+    bar = 2.0 ** -5
+    assert 0.01 * 3.125 == bar and NO_EFFECT_GAP_SHARE * 31.25 == bar  # the premise: the products are exact
+    # the floor's bar: floor 3.125 on the trainer's side, gap 0.25 (its bar 2.5e-4 is far below)
+    clean = _flat_arm((), trainer_floor=3.125)
+    at = _flat_arm(("trainer_top_k",), trainer=-0.75 - bar, trainer_floor=3.125)
+    under = _flat_arm(("trainer_top_k",), trainer=-0.75 - bar + 2.0 ** -10, trainer_floor=3.125)
+    assert set(no_effect({"clean": clean, "at": at, "under": under})) == {"under"}
+    # the gap's bar: no floor, the two sides 31.25 nats apart on every token
+    clean = _flat_arm((), trainer=-0.75, rollout=-32.0)
+    at = _flat_arm(("trainer_top_k",), trainer=-0.75 - bar, rollout=-32.0)
+    under = _flat_arm(("trainer_top_k",), trainer=-0.75 - bar + 2.0 ** -10, rollout=-32.0)
+    out = no_effect({"clean": clean, "at": at, "under": under})
+    assert set(out) == {"under"} and "of the clean arm's mean |d| (31)" in out["under"]["trainer_top_k"]

@@ -308,7 +308,7 @@ class Defaults(BaseModel):
                                                       "noise floor at which the stale cache counts as measured "
                                                       "(and an error); the issue's bar, met by 10^4x on CPU fp32")
     version_ratio: float = Field(1.6, gt=1, description="median or mean |r| of a later policy version's tokens (over "
-                                 "what its own floor predicts: evidence.floor_excess_ratio) as a multiple of the first version's at which the two sides held different "
+                                 "what its own floor predicts: metrics.versions.floor_excess_ratio) as a multiple of the first version's at which the two sides held different "
                                  "weights for it. Held out: the H200 inflight arms (no weight fault) measure 0.83-0.89; "
                                  "the H200 fault matrix's arms without a weight fault 0.46-1.30, a one-layer partial "
                                  "sync 2.06 and a skipped trainer sync 5.26 (issue 41)")

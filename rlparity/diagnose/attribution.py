@@ -32,8 +32,9 @@ from typing import Any
 import numpy as np
 
 from rlparity.diagnose.causes import CAUSES, FLOOR_CAUSES
-from rlparity.diagnose.evidence import ArmEvidence, floor_mean_abs
+from rlparity.diagnose.evidence import ArmEvidence
 from rlparity.diagnose.findings import Finding, Layer, Severity
+from rlparity.metrics.floor_records import floor_mean_abs
 
 # the evidence claim a cause's tokens are recorded under, where it differs from the cause
 CLAIM_OF = {"partial_weight_sync": "weights_differ", "trainer_stale_weights": "weights_differ"}

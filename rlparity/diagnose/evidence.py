@@ -17,7 +17,8 @@ built in this order, and every layer judges on it:
    token: the mismatch left once the semantic cause is corrected.
 3. **Tokens explained by numbers**: the tokens of a policy version whose residual stands far
    above the other versions' (``weights_differ``: the engine and the trainer held different
-   weights for it); then the semantic fit is repeated without them.
+   weights for it; :func:`version_claims`, the model in :mod:`rlparity.metrics.versions`); then
+   the semantic fit is repeated without them.
 4. **Tokens routed to other experts**: a mixture-of-experts model's tokens whose top-k experts differ
    between the engine's and the trainer's records, unless another cause already explains them
    (``moe_routing_disagreement``, or the router-precision cause that makes the flips); then the
@@ -45,7 +46,10 @@ from rlparity.metrics import inflight as mi
 from rlparity.metrics.floors import recorded_floors as trainer_floor
 from rlparity.metrics.floors import version_floors
 from rlparity.metrics import routing as mr
+from rlparity.metrics import semantic as msem
+from rlparity.metrics import versions as mv
 from rlparity.trace import arm_record, has_trainer, trace_versions
+from rlparity.trace.prompts import prompt_mismatch_sequences
 from rlparity.trace.weights import (compare_checksums, engine_effective, tensors_not_equal, trainer_checksums,
                                      versions_that_differ)
 
@@ -79,7 +83,7 @@ class ArmEvidence:
     residual : numpy.ndarray or None, default None
         ``r = mu - matched reading`` per token (nats; :func:`residual_for`).
     version_excess : dict, optional
-        Mean ``|r|`` per policy version and the versions flagged (:func:`version_excess`).
+        Mean ``|r|`` per policy version and the versions flagged (:func:`version_claims`).
     """
 
     trace: xr.Dataset
@@ -266,52 +270,7 @@ class ArmEvidence:
         return trainer_floor(self.trace, self.side)
 
 
-def floor_mean_abs(trace: xr.Dataset, side: str = "processed") -> float:
-    """The floor of ``|d|`` (nats).
-
-    The larger of the trainer's batch-shape floor and the engine's batch spread (mean ``|x|``),
-    when the trainer is deterministic (a trainer whose logprobs move from run to run has no floor
-    to speak of: that movement is a cause).
-
-    Parameters
-    ----------
-    trace : xarray.Dataset
-        A scored arm with the recorded floors.
-    side : str, default "processed"
-        The trainer reading.
-
-    Returns
-    -------
-    float
-        The floor; 0 when none was measured or the trainer is not deterministic.
-    """
-    f = trainer_floor(trace, side)
-    run = f["run_to_run_rms"]
-    if np.isfinite(run) and run > 0:
-        return 0.0
-    vals = [v for v in (f["batch_shape_mean_abs"], f["engine_batch_mean_abs"]) if np.isfinite(v)]
-    return float(max(vals)) if vals else 0.0
-
-
 # ------------------------------------------------------------------------------- semantic fit
-def identity_sampling(trace: xr.Dataset) -> bool:
-    """Whether sampling is the identity: raw and processed readings then coincide.
-
-    Parameters
-    ----------
-    trace : xarray.Dataset
-        A trace with ``temperature``, ``top_k`` and ``top_p``.
-
-    Returns
-    -------
-    bool
-        True when every request has temperature 1 or is greedy, and no top-k or top-p cut.
-    """
-    t = trace["temperature"].values
-    return bool(np.all((t == 1.0) | (t < 1e-5)) and np.all(trace["top_k"].values <= 0)
-                and np.all(trace["top_p"].values >= 1.0))
-
-
 def sequence_se(fit: Callable[..., dict[str, float]], y: np.ndarray, x: np.ndarray, tokens: np.ndarray,
                 token_se: float) -> dict[str, Any]:
     """A slope's standard error that holds when tokens of a sequence are not independent.
@@ -385,7 +344,7 @@ def semantic_fit(trace: xr.Dataset, tokens: np.ndarray, *, semantic_tol: float |
     """
     semantic_tol = defaults().semantic_tol if semantic_tol is None else semantic_tol
     readings = trainer_readings(trace)
-    if len(readings) < 2 or identity_sampling(trace):
+    if len(readings) < 2 or msem.identity_sampling(trace):
         return {"reading": "untestable", "why": "one trainer reading" if len(readings) < 2 else "identity sampling"}
     P, R = trace[TRAINER_VARIABLE["processed"]].values, trace[TRAINER_VARIABLE["raw"]].values
     mu = trace["rollout_logprob"].values
@@ -556,106 +515,28 @@ def routing_claims(ev: ArmEvidence) -> bool:
     return True
 
 
-def prompt_mismatch_sequences(trace: xr.Dataset) -> np.ndarray:
-    """Per sequence: whether the engine's prompt ids differ from the trainer's tokenization.
-
-    Parameters
-    ----------
-    trace : xarray.Dataset
-        A scored arm (with ``trainer_prompt_token_id`` when the trainer tokenized the prompts).
-
-    Returns
-    -------
-    numpy.ndarray
-        ``(sequence,)`` bool; all False without the trainer's tokenization.
-    """
-    n = trace.sizes["sequence"]
-    if "trainer_prompt_token_id" not in trace:
-        return np.zeros(n, dtype=bool)
-    eng, tr = trace["prompt_token_id"].values, trace["trainer_prompt_token_id"].values
-    tlen, elen = trace["trainer_prompt_length"].values, trace["prompt_length"].values
-    out = np.zeros(n, dtype=bool)
-    for i in np.flatnonzero(tlen >= 0):
-        out[i] = eng[i, : elen[i]].tolist() != tr[i, : tlen[i]].tolist()
-    return out
-
-
-def floor_excess_ratio(level: float, ref_level: float, floor: float, ref_floor: float) -> float:
-    """A later version's level of ``|r|`` over what its own floor predicts from the first version's.
-
-    The first version's level is its floor plus a part the floor does not explain (the two
-    implementations' own difference, ``c = max(ref_level - ref_floor, 0)``), which the weights of a
-    later version do not change; a later version is expected at ``c + floor``. The ratio is
-    ``(level / (c + floor)) / (ref_level / (c + ref_floor))``: a version whose residual is all floor
-    (``c = 0``) is measured against its floor alone, as a plain ratio of ``|r|`` over the floors; one far
-    above its floor is measured against the first version's level moved by the difference of the floors
-    (issue 41: on the H100 matrices version 1's self-check floor is 1.5-2.9x version 0's while its clean
-    residual is not higher, and dividing by the floors hid every partial sync there).
-
-    Parameters
-    ----------
-    level, ref_level : float
-        The statistic of ``|r|`` (nats) of the later version and of the first.
-    floor, ref_floor : float
-        Their floors (mean ``|d|`` of the trainer's self-check at each version, nats).
-
-    Returns
-    -------
-    float
-        The ratio (dimensionless; 1 where the later version sits where its floor predicts).
-    """
-    c = max(ref_level - ref_floor, 0.0)
-    return (max(level, 1e-300) / max(c + floor, 1e-300)) / (max(ref_level, 1e-300) / max(c + ref_floor, 1e-300))
-
-
-# the two statistics of the per-version test: the median (robust: a few tokens of a near-flat distribution carry
-# most of the mean) and the mean (a partial sync moves a few tokens a lot: on the held-out H100 matrices the median
-# found 3 of 24 partial-sync arms, the mean 11, with no false flag on their 75 other arms at ratio 1.6 and z 3;
-# the H200 example's partial syncs show in the median only). Either one at the ratio and z flags a version.
-VERSION_STATISTICS = {"median": np.median, "mean": np.mean}
-
-
-def version_excess(ev: ArmEvidence, *, ratio: float | None = None, z: float | None = None) -> dict[str, Any]:
+def version_claims(ev: ArmEvidence, *, ratio: float | None = None, z: float | None = None) -> dict[str, Any]:
     """Claim the policy versions whose tokens stand far above the first version's as ``weights_differ``.
 
-    Both sides load the first version of a trace from one checkpoint; a partial sync or a trainer
-    that skipped one shows on the versions after an update. Per policy version, the median and the
-    mean ``|r|`` of its tokens no other cause explains (:data:`VERSION_STATISTICS`: the median is
-    robust, as a few tokens of a near-flat distribution carry most of the mean, 27x the median on the
-    H200 ``small`` model; the mean sees a partial sync that moves few tokens far), each measured
-    against that version's own floor where the trainer's self-check measured one for every version
-    (``self_check_per_version``; :func:`floor_excess_ratio`: the first version's level above its floor
-    plus the later version's floor), so a version whose weights merely have a higher numeric floor is
-    not claimed. A later version
-    whose ratio to the first version's is at least ``ratio`` and whose log-ratio is ``z`` standard
-    errors above 0, in either statistic, is claimed; the error is a delete-a-group jackknife over
-    sequences (tokens of one sequence are not independent draws), and with fewer than ``defaults().min_fit_sequences``
-    sequences nothing is claimed. A version whose engine and trainer fingerprints were both recorded
-    and agree is never claimed. Needs two versions, each scored at its own version, and no
-    fingerprint claim already.
+    The per-version floor model (:func:`rlparity.metrics.versions.version_excess`) on the arm's
+    ``|r|`` and its tokens no other cause explains, with the trainer's floor per version
+    (``self_check_per_version``), its run-to-run noise and the versions whose engine and trainer
+    fingerprints were both recorded and agree. Needs two versions, each scored at its own version,
+    and no fingerprint claim already.
 
     Parameters
     ----------
     ev : ArmEvidence
         The evidence (with its residual); claims are added in place.
-    ratio : float, optional
-        The ratio to the first version's median ``|r|`` a version must reach; None:
-        ``defaults().version_ratio``.
-    z : float, optional
-        Jackknife standard errors of the log-ratio it must also reach; None: ``defaults().version_z``.
+    ratio, z : float, optional
+        The thresholds of :func:`rlparity.metrics.versions.version_excess` (None: the defaults).
 
     Returns
     -------
     dict
-        Mean and median ``|r|`` and token count per version, the ``reference_version``, each later
-        version's ratio to it (``version_<v>_over_reference``, over the floors when measured against
-        them: ``floor_by_version``) and its ``z_by_version``, the versions whose fingerprints agree
-        (``fingerprints_equal``), the thresholds and the ``flagged`` versions; empty when the test
-        does not apply.
+        :func:`rlparity.metrics.versions.version_excess` (its ``flagged`` versions claimed); empty when
+        the test does not apply.
     """
-    o = defaults()
-    ratio = o.version_ratio if ratio is None else ratio
-    z = o.version_z if z is None else z
     trace = ev.trace
     versions = trace_versions(trace)
     if len(versions) < 2 or arm_record(trace).scorer.scored_by != "policy_version" or ev.residual is None:
@@ -663,73 +544,13 @@ def version_excess(ev: ArmEvidence, *, ratio: float | None = None, z: float | No
     if "weights_differ" in ev.claims:  # the fingerprints already name the versions
         return {}
     pv = trace["policy_version"].values
-    absr = np.abs(ev.residual)
-    free = ev.unclaimed() & np.isfinite(absr)
-    stats = {}
-    for v in versions:
-        a = absr[free & (pv == v)]
-        if a.size >= 4:
-            stats[v] = (float(a.mean()), float(np.median(a)), int(a.size))
-    if len(stats) < 2:
-        return {}
-    # each version against its own floor, where one was measured for every version (else no floor)
-    floors = version_floors(trace, ev.side)
-    own_floor = all(v in floors for v in stats)
-    ref = min(stats)
-    # a trainer that does not repeat itself (dropout) moves every version's residual by its own noise: the medians
-    # then compare noise, not weights (CPU stability runs: 7 of 10 false claims were dropout arms)
-    noise = trainer_floor(trace, ev.side).get("run_to_run_mean_abs", float("nan"))
-    if np.isfinite(noise) and noise >= 0.25 * stats[ref][1]:
-        return {"untestable": f"the trainer's run-to-run noise ({noise:.3g} nats) is a quarter of version {ref}'s "
-                              f"median |r| ({stats[ref][1]:.3g}) or more", "flagged": []}
     engine, trainer = engine_effective(trace.attrs), trainer_checksums(trace.attrs, versions)
-    same = [v for v in stats if v in engine and v in trainer and compare_checksums(engine[v], trainer[v])["equal"]]
-    out: dict[str, Any] = {"abs_residual_mean_by_version": {str(v): s[0] for v, s in stats.items()},
-                           "abs_residual_median_by_version": {str(v): s[1] for v, s in stats.items()},
-                           "n_tokens_by_version": {str(v): s[2] for v, s in stats.items()},
-                           "reference_version": ref, "ratio_threshold": ratio, "z_threshold": z,
-                           "statistic": "median and mean |r| per version against the first version's, each over what "
-                                        "its own floor predicts (floor_excess_ratio); z from a jackknife over "
-                                        "sequences; either one flags",
-                           "z_by_version": {}, "flagged": []}
-    if floors:
-        out["floor_by_version"] = {str(v): f for v, f in floors.items()}
-        out["measured_against"] = "each version's own floor" if own_floor else \
-            "the first version's level (a floor is missing for some version)"
-    if same:
-        out["fingerprints_equal"] = same
-    for v in stats:
-        if v == ref:
-            continue
-        both = free & ((pv == v) | (pv == ref))
-        n_seq = int(both.reshape(both.shape[0], -1).any(axis=1).sum())
-        tests = {}
-        for name, reduce in VERSION_STATISTICS.items():
-
-            def log_ratio_of(m, v=v, reduce=reduce):
-                a, b = absr[m & (pv == v)], absr[m & (pv == ref)]
-                if a.size == 0 or b.size == 0:
-                    return float("nan")
-                return float(np.log(floor_excess_ratio(reduce(a), reduce(b), floors[v], floors[ref])
-                                    if own_floor else max(reduce(a), 1e-300) / max(reduce(b), 1e-300)))
-
-            lr = log_ratio_of(free)
-            se = core.jackknife_slope_se(log_ratio_of, both, groups=o.jackknife_groups)["se"]
-            if n_seq < o.min_fit_sequences:
-                se = float("nan")
-            # an excess without spread (every left-out group gives the same ratio) is as sure as it gets: z = +inf
-            tests[name] = (lr, lr / se if np.isfinite(se) and se > 0
-                           else float(np.copysign(np.inf, lr)) if se == 0 and lr != 0 else float("nan"))
-        lr, zz = tests["median"]
-        out[f"version_{v}_over_reference"] = float(np.exp(lr))
-        out["z_by_version"][str(v)] = zz
-        out.setdefault("mean_over_reference_by_version", {})[str(v)] = float(np.exp(tests["mean"][0]))
-        out.setdefault("mean_z_by_version", {})[str(v)] = tests["mean"][1]
-        passed = [n for n, (lr_, z_) in tests.items() if np.exp(lr_) >= ratio and not np.isnan(z_) and z_ >= z]
-        if passed and v not in same:
-            out["flagged"].append(v)
-            out.setdefault("flagged_by", {})[str(v)] = passed
-            ev.claim("weights_differ", (pv == v) & ev.mask, f"tokens of policy version {v}")
+    equal = [v for v in versions if v in engine and v in trainer and compare_checksums(engine[v], trainer[v])["equal"]]
+    out = mv.version_excess(np.abs(ev.residual), ev.unclaimed(), pv, floors=version_floors(trace, ev.side),
+                            noise=trainer_floor(trace, ev.side).get("run_to_run_mean_abs", float("nan")),
+                            fingerprints_equal=equal, ratio=ratio, z=z)
+    for v in out.get("flagged", []):
+        ev.claim("weights_differ", (pv == v) & ev.mask, f"tokens of policy version {v}")
     return out
 
 
@@ -761,7 +582,7 @@ def build(trace: xr.Dataset, *, trainer: str | None = None, semantic_tol: float 
         ev.reading = ev.fit["reading"]
         ev.residual = residual_for(trace, ev.fit, side)
         before = set(ev.claims)
-        ev.version_excess = version_excess(ev) or ev.version_excess
+        ev.version_excess = version_claims(ev) or ev.version_excess
         if set(ev.claims) == before:
             break
     if routing_claims(ev):  # after the versions: flips where the weights differ are not routing's
@@ -771,6 +592,5 @@ def build(trace: xr.Dataset, *, trainer: str | None = None, semantic_tol: float 
     return ev
 
 
-__all__ = ["ArmEvidence", "build", "floor_excess_ratio", "floor_mean_abs", "identity_sampling", "observed_claims", "prompt_mismatch_sequences",
-           "residual_for", "router_dtypes", "routing_cause", "routing_claims", "semantic_fit", "trainer_floor",
-           "version_excess"]
+__all__ = ["ArmEvidence", "build", "observed_claims", "residual_for", "router_dtypes", "routing_cause", "routing_claims", "semantic_fit", "trainer_floor",
+           "version_claims"]

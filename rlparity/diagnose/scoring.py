@@ -168,8 +168,7 @@ def no_effect(arms: Mapping[str, xr.Dataset]) -> dict[str, dict[str, str]]:
     dict
         ``{arm: {cause: why it is left out}}``; empty without a clean arm.
     """
-    from rlparity.diagnose.evidence import floor_mean_abs
-    from rlparity.metrics.floors import recorded_floors
+    from rlparity.metrics.floor_records import floor_mean_abs, recorded_floors
 
     clean = _clean_arm(arms)
     if clean is None:

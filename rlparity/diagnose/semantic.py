@@ -21,7 +21,7 @@ import numpy as np
 import xarray as xr
 
 from rlparity.config.defaults import defaults
-from rlparity.diagnose.evidence import ArmEvidence, build, identity_sampling
+from rlparity.diagnose.evidence import ArmEvidence, build
 from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import (
@@ -33,6 +33,7 @@ from rlparity.metrics import (
     trainer_readings,
 )
 from rlparity.diagnose.topic import E, FIX_NONE, FindingCode, H200_BF16, I, SEM, Topic, W, code
+from rlparity.metrics.semantic import identity_sampling
 from rlparity.trace import arm_record
 
 FIX_PROCESSED = ("start vLLM with --logprobs-mode processed_logprobs "

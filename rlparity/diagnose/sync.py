@@ -10,7 +10,7 @@ Two kinds of evidence, used together:
   for them: the engine's effective weights at a version are every load up to it, in order.
 * **numbers**: the tokens of a version whose residual stands far above the other versions', each
   over its own floor where the trainer's self-check measured one per version
-  (:func:`rlparity.diagnose.evidence.version_excess`).
+  (:func:`rlparity.metrics.versions.version_excess`).
 
 Findings: ``engine_weights_differ`` (the engine holds other values for some tensors than the
 trainer's version: a partial or failed sync), ``trainer_weights_stale`` (the trainer scored a
@@ -186,8 +186,8 @@ CODES: tuple[FindingCode, ...] = (
            rule="a later version's median |r| at least `version_ratio` times the first version's and its log-ratio "
                 "`version_z` jackknife (over sequences) standard errors above 0 (the median or the mean), each against "
                 "what its own floor predicts where the trainer's self-check measured one per version: the first "
-                "version's level above its floor plus the later version's floor (evidence.floor_excess_ratio); never "
-                "for a version whose fingerprints were recorded on both sides and agree (evidence.version_excess)",
+                "version's level above its floor plus the later version's floor (metrics.versions.floor_excess_ratio); never "
+                "for a version whose fingerprints were recorded on both sides and agree (evidence.version_claims)",
            thresholds=("version_ratio", "version_z"),
            calibrated_on="held out: the H200 inflight arms (no weight fault) at 0.83-0.89x; on the H200 fault matrix the "
                          "arms without a weight fault read 0.46-1.30x, a one-layer partial sync 2.06x, a skipped trainer "

@@ -108,4 +108,31 @@ def floors_beside_gap(trace: xr.Dataset, gap_mean_abs: float, side: str = "proce
             "trainer_floor_share": tf / gap_mean_abs if gap_mean_abs and gap_mean_abs > 0 else float("nan")}
 
 
-__all__ = ["floors_beside_gap", "recorded_floors", "version_floors"]
+def floor_mean_abs(trace: xr.Dataset, side: str = "processed") -> float:
+    """The floor of ``|d|`` (nats).
+
+    The larger of the trainer's batch-shape floor and the engine's batch spread (mean ``|x|``),
+    when the trainer is deterministic (a trainer whose logprobs move from run to run has no floor
+    to speak of: that movement is a cause).
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm with the recorded floors.
+    side : str, default "processed"
+        The trainer reading.
+
+    Returns
+    -------
+    float
+        The floor; 0 when none was measured or the trainer is not deterministic.
+    """
+    f = recorded_floors(trace, side)
+    run = f["run_to_run_rms"]
+    if np.isfinite(run) and run > 0:
+        return 0.0
+    vals = [v for v in (f["batch_shape_mean_abs"], f["engine_batch_mean_abs"]) if np.isfinite(v)]
+    return float(max(vals)) if vals else 0.0
+
+
+__all__ = ["floor_mean_abs", "floors_beside_gap", "recorded_floors", "version_floors"]

@@ -263,4 +263,22 @@ def zero_prob_tokens(trace: xr.Dataset, trainer: TrainerSide | None = None, *,
     return ds
 
 
-__all__ = ["BF16_ULP", "by_temperature", "temperature_table", "zero_prob_tokens"]
+def identity_sampling(trace: xr.Dataset) -> bool:
+    """Whether sampling is the identity: raw and processed readings then coincide.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace with ``temperature``, ``top_k`` and ``top_p``.
+
+    Returns
+    -------
+    bool
+        True when every request has temperature 1 or is greedy, and no top-k or top-p cut.
+    """
+    t = trace["temperature"].values
+    return bool(np.all((t == 1.0) | (t < 1e-5)) and np.all(trace["top_k"].values <= 0)
+                and np.all(trace["top_p"].values >= 1.0))
+
+
+__all__ = ["BF16_ULP", "by_temperature", "identity_sampling", "temperature_table", "zero_prob_tokens"]

@@ -10,6 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+import xarray as xr
+
 
 def chat_token_ids(tokenizer, messages: Sequence[Mapping[str, Any]]) -> list[int]:
     """Token ids of ``messages`` under the tokenizer's chat template, generation prompt added.
@@ -41,4 +44,28 @@ def chat_token_ids(tokenizer, messages: Sequence[Mapping[str, Any]]) -> list[int
     return [int(t) for t in ids]
 
 
-__all__ = ["chat_token_ids"]
+def prompt_mismatch_sequences(trace: xr.Dataset) -> np.ndarray:
+    """Per sequence: whether the engine's prompt ids differ from the trainer's tokenization.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm (with ``trainer_prompt_token_id`` when the trainer tokenized the prompts).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(sequence,)`` bool; all False without the trainer's tokenization.
+    """
+    n = trace.sizes["sequence"]
+    if "trainer_prompt_token_id" not in trace:
+        return np.zeros(n, dtype=bool)
+    eng, tr = trace["prompt_token_id"].values, trace["trainer_prompt_token_id"].values
+    tlen, elen = trace["trainer_prompt_length"].values, trace["prompt_length"].values
+    out = np.zeros(n, dtype=bool)
+    for i in np.flatnonzero(tlen >= 0):
+        out[i] = eng[i, : elen[i]].tolist() != tr[i, : tlen[i]].tolist()
+    return out
+
+
+__all__ = ["chat_token_ids", "prompt_mismatch_sequences"]

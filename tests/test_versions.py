@@ -1,0 +1,122 @@
+"""The per-version floor model on arrays (:mod:`rlparity.metrics.versions`, issue 41): its bars and guards
+at their exact values, on token arrays written out here.
+
+Every ``|r|`` is a power of two or a small multiple of one, so medians, means and their ratios are exact in
+binary and the expected values are read off by hand. Versions occupy whole sequences or named positions;
+the jackknife deals the sequences (axis 0) into groups, one sequence a group here (fewer than 20).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from rlparity.config.defaults import defaults
+from rlparity.metrics import versions as mv
+
+
+def _tokens(rows):
+    """``rows``: per sequence a list of ``(version, |r|)`` tokens (None: no free token there), padded.
+
+    Returns ``(abs_residual, free, policy_version)``, each ``(sequence, position)``."""
+    width = max(len(r) for r in rows)
+    absr, free, pv = np.zeros((len(rows), width)), np.zeros((len(rows), width), bool), np.full((len(rows), width), -1)
+    for i, row in enumerate(rows):
+        for j, tok in enumerate(row):
+            if tok is not None:
+                pv[i, j], absr[i, j], free[i, j] = tok[0], tok[1], True
+    return absr, free, pv
+
+
+def test_a_later_version_flagged_at_exactly_the_ratio_bar():
+    """Version 1's |r| is 1.0 on every token, version 0's 0.5: the ratio is exactly 2 in both statistics and
+    without spread (z = +inf). A bar of 2 flags it (at least the ratio), a bar just above 2 does not."""
+    absr, free, pv = _tokens([[(0, 0.5)] * 3] * 4 + [[(1, 1.0)] * 3] * 4)
+    assert np.exp(np.log(1.0 / 0.5)) == 2.0  # the premise: the ratio survives its log and exp exactly
+    ve = mv.version_excess(absr, free, pv, ratio=2.0, z=2.5)
+    assert ve["version_1_over_reference"] == 2.0 and ve["z_by_version"]["1"] == np.inf
+    assert ve["flagged"] == [1] and ve["flagged_by"]["1"] == ["median", "mean"]
+    assert mv.version_excess(absr, free, pv, ratio=2.0 + 2.0 ** -40, z=2.5)["flagged"] == []
+
+
+def test_an_excess_without_spread_passes_any_z_bar():
+    """z = +inf (every jackknife estimate the same) is at least any bar, +inf included."""
+    absr, free, pv = _tokens([[(0, 0.5)] * 3] * 4 + [[(1, 1.0)] * 3] * 4)
+    assert mv.version_excess(absr, free, pv, ratio=1.5, z=np.inf)["flagged"] == [1]
+
+
+def test_the_trainer_noise_bar_at_a_quarter_of_the_first_versions_median():
+    """Version 0's median |r| is 0.5: a run-to-run noise of exactly 0.125 (a quarter) makes the test
+    untestable, one 2^-30 below does not."""
+    absr, free, pv = _tokens([[(0, 0.5)] * 3] * 4 + [[(1, 1.0)] * 3] * 4)
+    out = mv.version_excess(absr, free, pv, noise=0.125)
+    assert out["flagged"] == [] and "0.125 nats" in out["untestable"] and "reference_version" not in out
+    below = mv.version_excess(absr, free, pv, noise=0.125 - 2.0 ** -30)
+    assert "untestable" not in below and below["reference_version"] == 0 and below["flagged"] == [1]
+
+
+@pytest.mark.parametrize("shape", ["long", "wide"])
+def test_the_sequences_are_counted_along_axis_0(shape):
+    """The jackknife needs ``min_fit_sequences`` sequences holding the two versions' tokens, counted over
+    sequences, not positions. ``long``: min - 1 sequences of 8 positions (version 0 in the first four,
+    version 1 in the last four): too few, nothing flagged although version 1 is 2x version 0 on every
+    token. ``wide``: min sequences of 2 positions (one token of each version): flagged."""
+    n_min = defaults().min_fit_sequences
+    assert n_min == 4
+    if shape == "long":
+        rows = [[(0, 0.5)] * 4 + [(1, 1.0)] * 4] * (n_min - 1)
+    else:
+        rows = [[(0, 0.5), (1, 1.0)]] * n_min
+    absr, free, pv = _tokens(rows)
+    ve = mv.version_excess(absr, free, pv, ratio=1.6, z=2.5)
+    assert ve["version_1_over_reference"] == 2.0
+    if shape == "long":
+        assert np.isnan(ve["z_by_version"]["1"]) and ve["flagged"] == []
+    else:
+        assert ve["z_by_version"]["1"] == np.inf and ve["flagged"] == [1]
+
+
+def test_a_jackknife_estimate_on_a_single_token_of_a_version_counts():
+    """Each version in two sequences, three tokens and one: leaving out the sequence of three leaves one
+    token of that version, a valid estimate (the same |r|), so the jackknife has no spread and version 1
+    (4x version 0) is flagged."""
+    absr, free, pv = _tokens([[(0, 0.25)] * 3, [(0, 0.25), None, None], [(1, 1.0)] * 3, [(1, 1.0), None, None]])
+    ve = mv.version_excess(absr, free, pv, ratio=1.6, z=2.5)
+    assert ve["n_tokens_by_version"] == {"0": 4, "1": 4}
+    assert ve["version_1_over_reference"] == 4.0 and ve["z_by_version"]["1"] == np.inf and ve["flagged"] == [1]
+
+
+def test_a_version_confined_to_one_sequence_is_untested_without_a_warning():
+    """Version 1's four tokens all lie in one sequence: leaving it out leaves no token of version 1, that
+    estimate is missing, so there is no error and no z (nothing flagged), and no numpy warning about an
+    empty slice escapes."""
+    absr, free, pv = _tokens([[(0, 0.25)]] * 4 + [[(1, 1.0)] * 4])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ve = mv.version_excess(absr, free, pv, ratio=1.6, z=2.5)
+    assert ve["version_1_over_reference"] == 4.0
+    assert np.isnan(ve["z_by_version"]["1"]) and np.isnan(ve["mean_z_by_version"]["1"]) and ve["flagged"] == []
+    # the same with the reference version in one sequence
+    absr, free, pv = _tokens([[(0, 0.25)] * 4] + [[(1, 1.0)]] * 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ve = mv.version_excess(absr, free, pv, ratio=1.6, z=2.5)
+    assert np.isnan(ve["z_by_version"]["1"]) and ve["flagged"] == []
+
+
+def test_fingerprints_that_agree_and_floors_per_version():
+    """A version whose fingerprints agree is reported but never flagged; with a floor for every version
+    the ratio is :func:`floor_excess_ratio` of the medians (by hand: c = 0.5 - 0.25 = 0.25, version 1
+    expected at 0.25 + 0.25 = 0.5, so 1.0 / 0.5 = 2, version 0 at 0.5 / 0.5 = 1)."""
+    absr, free, pv = _tokens([[(0, 0.5)] * 3] * 4 + [[(1, 1.0)] * 3] * 4)
+    ve = mv.version_excess(absr, free, pv, fingerprints_equal=[1], ratio=1.6, z=2.5)
+    assert ve["fingerprints_equal"] == [1] and ve["flagged"] == [] and ve["z_by_version"]["1"] == np.inf
+    ve = mv.version_excess(absr, free, pv, floors={0: 0.25, 1: 0.25}, ratio=1.6, z=2.5)
+    assert ve["measured_against"] == "each version's own floor" and ve["version_1_over_reference"] == 2.0
+    ve = mv.version_excess(absr, free, pv, floors={0: 0.25}, ratio=1.6, z=2.5)  # a floor missing: plain ratio
+    assert ve["measured_against"].startswith("the first version's level") and ve["version_1_over_reference"] == 2.0
+    # a version with fewer than 4 free tokens is not tested; with one version left there is no test
+    absr, free, pv = _tokens([[(0, 0.5)] * 3] * 4 + [[(1, 1.0)] * 3])
+    assert mv.version_excess(absr, free, pv) == {}
