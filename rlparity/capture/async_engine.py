@@ -37,6 +37,7 @@ from typing import Any
 import xarray as xr
 
 from rlparity.capture.build import CaptureInfo, Completion, build_trace, capture_attrs
+from rlparity.capture.checkpoints import checkpoint_checksums, resolve_source
 from rlparity.capture.engine_config import cpu_engine_kwargs, effective_config
 from rlparity.capture.lifecycle import EngineLifecycle
 from rlparity.capture.offline import completion_from_vllm
@@ -46,7 +47,7 @@ from rlparity.capture.routing import (
 )
 from rlparity.capture.weights import (
     EXTENSION, LOAD_METHOD, LOGPROBS_MODE_METHOD, LOGPROBS_MODES, PROGRESS_METHOD, UpdateRecord, WeightState,
-    checkpoint_checksums, pause_call, resolve_source, versions_for,
+    pause_call, versions_for,
 )
 from rlparity.config.settings import EngineSettings, SamplingSettings
 
