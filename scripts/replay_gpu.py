@@ -91,7 +91,7 @@ def stale_capture(pool, model: str, settings, sampling, n: int):
     """
     import tempfile
 
-    from rlparity.capture.weights import perturbed_checkpoint
+    from rlparity.capture.checkpoints import perturbed_checkpoint
     from rlparity.experiments.ablation import shared_prefix_prompts
 
     v1 = str(perturbed_checkpoint(model, Path(tempfile.mkdtemp(prefix="rlparity-stale-")) / "v1", sigma=0.05, seed=0))

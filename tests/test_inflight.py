@@ -189,7 +189,8 @@ def test_the_default_context_is_lowered_to_a_shorter_model(tmp_path):
 def test_weight_sources_and_pause_arguments_are_checked(tmp_path, tiny_model):
     import torch
 
-    from rlparity.capture.weights import pause_call, perturbed_checkpoint, resolve_source, versions_for
+    from rlparity.capture.checkpoints import perturbed_checkpoint, resolve_source
+    from rlparity.capture.weights import pause_call, versions_for
 
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         resolve_source(tmp_path / "nope")
@@ -244,7 +245,7 @@ def test_score_versions_takes_each_token_from_its_own_weights(tiny_model, tmp_pa
     """Without an engine: a trace whose sequences switch from version 0 to 1 mid-way is scored
     per version; each token equals the full forward of its own version's weights, and the
     latest reading equals version 1 everywhere."""
-    from rlparity.capture.weights import perturbed_checkpoint
+    from rlparity.capture.checkpoints import perturbed_checkpoint
     from rlparity.models import make_prompts
     from rlparity.score import Scorer, score_versions
     from rlparity.train import generate_trace
@@ -281,7 +282,7 @@ SAMPLING_KW = {"temperature": 0.7, "top_k": 20, "seed": 0}
 
 @pytest.fixture(scope="module")
 def v1_weights(tiny_model, tmp_path_factory):
-    from rlparity.capture.weights import perturbed_checkpoint
+    from rlparity.capture.checkpoints import perturbed_checkpoint
 
     return str(perturbed_checkpoint(tiny_model, tmp_path_factory.mktemp("inflight") / "v1", sigma=0.05))
 

@@ -14,7 +14,8 @@ import pytest
 from conftest import fp32_parity_sampling, fp32_parity_settings
 
 from rlparity.capture import SamplingSettings
-from rlparity.capture.server import Server, ServerClient, ServerError
+from rlparity.capture.server import Server
+from rlparity.capture.server_client import ServerClient, ServerError
 
 pytestmark = pytest.mark.engine
 

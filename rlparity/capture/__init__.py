@@ -4,7 +4,7 @@ Backends, all sharing the request (:mod:`~rlparity.capture.requests`) and trace-
 (:mod:`~rlparity.capture.build`) code: :class:`Engine` (offline ``vllm.LLM``),
 :class:`AsyncEngine` (``AsyncLLM``, with inflight weight updates: ``update_weights`` pauses, loads
 new weights through rlparity's worker extension (:mod:`~rlparity.capture.weights`) and resumes, and
-every token carries the version of the weights that sampled it) and :class:`~rlparity.capture.server.ServerClient` /
+every token carries the version of the weights that sampled it) and :class:`~rlparity.capture.server_client.ServerClient` /
 :class:`~rlparity.capture.server.Server` (a running ``vllm serve``). Settings
 (:class:`EngineSettings`, :class:`SamplingSettings`) and profiles live in :mod:`rlparity.config`.
 ``EngineSettings(capture_routing=True)`` also records a mixture-of-experts model's routes

@@ -15,12 +15,11 @@ from rlparity.capture.build import CaptureInfo, Completion, build_trace, capture
 from rlparity.capture.engine_config import cpu_engine_kwargs, effective_config
 from rlparity.capture.lifecycle import EngineLifecycle
 from rlparity.capture.requests import Prompt, make_requests, render_chat
+from rlparity.capture.checkpoints import checkpoint_checksums, resolve_source
 from rlparity.capture.routing import (
     START_METHOD, TAKE_METHOD, RouteStore, engine_routes, routing_engine_kwargs, routing_mode, start_info,
 )
-from rlparity.capture.weights import (
-    EXTENSION, LOAD_METHOD, UpdateRecord, WeightState, checkpoint_checksums, resolve_source,
-)
+from rlparity.capture.weights import EXTENSION, LOAD_METHOD, UpdateRecord, WeightState
 from rlparity.config.settings import EngineSettings, SamplingSettings
 
 

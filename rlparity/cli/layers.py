@@ -124,7 +124,7 @@ def verify_weights_cmd(
     """Read the weights the engine holds in its workers (fused qkv/gate_up split back into checkpoint
     names) and compare every tensor with the trainer's (checksums of bf16-rounded values). Exit 1
     naming each tensor and layer that differs."""
-    from rlparity.capture.weights import checkpoint_names
+    from rlparity.capture.checkpoints import checkpoint_names
     from rlparity.cli.common import engine_settings, model_path
     from rlparity.trace.weights import layers_of, tensors_not_equal
 

@@ -13,7 +13,7 @@ real engine or a real trainer, and a set of them composes into one capture (:fun
 Every arm of the matrix runs one protocol on a real ``AsyncLLM``: version 0 with a fresh prefix
 cache; a prefill-only pass over the prompts (the cache holds version-0 KV, as after an earlier RL
 step); prompts sampled by version 0; prompts in flight across an update to version 1 (a real weight
-change, :func:`rlparity.capture.weights.perturbed_checkpoint`); prompts sampled after the update,
+change, :func:`rlparity.capture.checkpoints.perturbed_checkpoint`); prompts sampled after the update,
 with the same long prefix. The clean arm pauses with ``wait`` and resets the cache, so every token
 is computed by the weights that sampled it. The trainer scores every token at its own version
 (:func:`rlparity.score.score_versions`). Arms that differ only on the trainer side share one capture;
@@ -296,7 +296,7 @@ class MatrixSettings(BaseModel):
     seed : int, default 0
         Seeds the prompts, the requests and the version-1 perturbation.
     sigma : float, default 0.05
-        Relative size of the update to version 1 (:func:`rlparity.capture.weights.perturbed_checkpoint`).
+        Relative size of the update to version 1 (:func:`rlparity.capture.checkpoints.perturbed_checkpoint`).
     update_after : float, default 1/3
         Share of the in-flight tokens streamed before the update (0 < x < 1).
     inflight_tokens : int, optional
@@ -332,7 +332,7 @@ class MatrixSettings(BaseModel):
 
 
 def _checkpoints(model: Path, out: Path, sigma: float, seed: int, partial: int | None) -> dict[str, Path]:
-    from rlparity.capture.weights import perturbed_checkpoint
+    from rlparity.capture.checkpoints import perturbed_checkpoint
 
     v1 = perturbed_checkpoint(model, out / "v1", sigma=sigma, seed=seed)
     paths = {"v0": model, "v1": v1}
@@ -368,7 +368,7 @@ def partial_checkpoint(model: str | os.PathLike, out: str | os.PathLike, *, laye
     """
     from safetensors.torch import save_file
 
-    from rlparity.capture.weights import iter_safetensors, safetensors_files
+    from rlparity.capture.checkpoints import iter_safetensors, safetensors_files
 
     src, dst = Path(model), Path(out)
     marker = dst / "rlparity_partial.json"

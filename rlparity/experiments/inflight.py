@@ -15,7 +15,7 @@ Every arm runs the same steps on a real ``AsyncLLM`` (:class:`rlparity.capture.A
    (:func:`rlparity.score.score_versions`) and with the latest weights (``trainer_latest_*``).
 
 Version 1 is a real weight change that both sides load from the same files: by default a
-deterministic perturbation of the model (:func:`rlparity.capture.weights.perturbed_checkpoint`), or
+deterministic perturbation of the model (:func:`rlparity.capture.checkpoints.perturbed_checkpoint`), or
 any checkpoint directory (e.g. saved after :func:`rlparity.train.train_step`). One engine starts per
 prefix-caching setting; its arms reuse it.
 
@@ -175,7 +175,7 @@ def inflight_matrix(model: str | os.PathLike, prompts: Sequence | None = None, a
     """
     from rlparity.capture.async_engine import AsyncEngine
     from rlparity.capture.pool import shared_pool
-    from rlparity.capture.weights import perturbed_checkpoint, safetensors_files
+    from rlparity.capture.checkpoints import perturbed_checkpoint, safetensors_files
     from rlparity.experiments.ablation import shared_prefix_prompts
     from rlparity.score import Scorer, score_versions
     from rlparity.trace import concat_sequences, with_factors

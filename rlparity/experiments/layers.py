@@ -200,7 +200,7 @@ def verify_weights(engine: Any, trainer: Any, *, version: int | None = None, arm
         If ``trainer`` is of another type.
     """
     from rlparity.capture.layers import live_checksums
-    from rlparity.capture.weights import checkpoint_checksums
+    from rlparity.capture.checkpoints import checkpoint_checksums
     from rlparity.diagnose.sync import engine_weights_differ
     from rlparity.trace.weights import checksums, compare_checksums
 
@@ -331,7 +331,7 @@ class _Run:
 
     def __init__(self, model: Path, s: LayerSettings, work: Path, log: Callable[[str], None],
                  on_arm: Callable[[str, xr.Dataset, dict[str, Any]], None] | None):
-        from rlparity.capture.weights import perturbed_checkpoint
+        from rlparity.capture.checkpoints import perturbed_checkpoint
         from rlparity.experiments.ablation import shared_prefix_prompts
         from rlparity.experiments.faults import _checkpoint_dtype
         from rlparity.score import Scorer

@@ -166,7 +166,7 @@ def _run_steps(eng, model: str, name: str, index: int, *, profile: str, old_poli
     user's loop records (:meth:`rlparity.record.Recorder.step`)."""
     import torch
 
-    from rlparity.capture.weights import write_state_dict
+    from rlparity.capture.checkpoints import write_state_dict
     from rlparity.config.provenance import jsonable
     from rlparity.score import Scorer, score_versions
     from rlparity.train import arithmetic_reward, train_step
