@@ -47,10 +47,29 @@ def micro_batches(seqs: list[tuple[list[int], list[int]]], order: str, size: int
 
 def response_hidden(decoder: Any, seqs: list[tuple[list[int], list[int]]], batch: list[int], device: str,
                     layout: str, batch_invariant: bool) -> list:
-    """One forward of ``decoder`` over the sequences ``batch`` of ``seqs``, laid out as ``layout``
-    says (``"packed"``, ``"left_padded"`` or right-padded; alone at a bucket length when
-    ``batch_invariant``): per sequence, the last hidden states ``(rlen, H)`` at the positions that
-    predict its response tokens."""
+    """One forward of ``decoder`` over the sequences ``batch`` of ``seqs``, laid out as ``layout`` says.
+
+    Parameters
+    ----------
+    decoder : torch.nn.Module
+        The model's body (its ``last_hidden_state`` is read).
+    seqs : list of (list of int, list of int)
+        ``(prompt ids, response ids)`` per sequence.
+    batch : list of int
+        Indices into ``seqs`` of this forward's sequences.
+    device : str
+        Where the forward runs.
+    layout : str
+        ``"packed"`` (one row, a block-diagonal causal mask), ``"left_padded"`` or right-padded rows.
+    batch_invariant : bool
+        Each row alone at a bucket length (right-padded), whatever ``layout`` says.
+
+    Returns
+    -------
+    list of torch.Tensor
+        Per sequence of ``batch``, the hidden states ``(rlen, H)`` at the positions that predict its
+        response tokens.
+    """
     full = [seqs[i][0] + seqs[i][1] for i in batch]
     starts = [len(seqs[i][0]) - 1 for i in batch]
     rlens = [len(seqs[i][1]) for i in batch]
@@ -122,7 +141,23 @@ def _padded(decoder: Any, full: list[list[int]], starts: list[int], rlens: list[
 
 @dataclass
 class HeadRows:
-    """The LM head's inputs for one micro-batch's response tokens, sequence after sequence."""
+    """The LM head's inputs for one micro-batch's response tokens, sequence after sequence.
+
+    Parameters
+    ----------
+    hidden : torch.Tensor
+        ``(tokens, H)`` hidden states.
+    tokens : torch.Tensor
+        ``(tokens,)`` sampled ids.
+    temperature : torch.Tensor
+        ``(tokens,)``: each token's sequence's trainer temperature.
+    top_k : torch.Tensor
+        ``(tokens,)`` top-k per token.
+    top_p : torch.Tensor
+        ``(tokens,)`` top-p per token.
+    where : list of (int, int)
+        ``(sequence index, response length)`` in row order.
+    """
 
     hidden: Any  # (tokens, H) hidden states
     tokens: Any  # (tokens,) sampled ids
@@ -134,9 +169,27 @@ class HeadRows:
 
 def head_rows(hidden: list, seqs: list[tuple[list[int], list[int]]], batch: list[int],
               sampling: dict[str, np.ndarray], device: str) -> HeadRows | None:
-    """The head's inputs for the response tokens of ``batch`` (:func:`response_hidden`'s ``hidden``),
-    with each sequence's trainer temperature, top-k and top-p (``sampling``) on its tokens; None when
-    every response of the batch is empty."""
+    """The head's inputs for the response tokens of ``batch``.
+
+    Parameters
+    ----------
+    hidden : list of torch.Tensor
+        :func:`response_hidden`'s hidden states, one ``(rlen, H)`` per sequence of ``batch``.
+    seqs : list of (list of int, list of int)
+        ``(prompt ids, response ids)`` per sequence.
+    batch : list of int
+        Indices into ``seqs``.
+    sampling : dict of str to numpy.ndarray
+        Per sequence ``trainer_temperature``, ``trainer_top_k`` and ``trainer_top_p``.
+    device : str
+        Where the head runs.
+
+    Returns
+    -------
+    HeadRows or None
+        The rows, each sequence's sampling on its tokens; ``None`` when every response of the batch is
+        empty.
+    """
     import torch
 
     temp, topk, topp = (sampling[k] for k in ("trainer_temperature", "trainer_top_k", "trainer_top_p"))
@@ -158,8 +211,17 @@ def head_rows(hidden: list, seqs: list[tuple[list[int], list[int]]], batch: list
 
 
 def scatter(stats: dict[str, Any], where: list[tuple[int, int]], result: dict[str, np.ndarray]) -> None:
-    """Put the head's per-token ``stats`` back into the ``(sequence, position)`` arrays of ``result``,
-    in the row order of ``where`` (:attr:`HeadRows.where`)."""
+    """Put the head's per-token statistics back into the ``(sequence, position)`` arrays of ``result``.
+
+    Parameters
+    ----------
+    stats : dict of str to numpy.ndarray
+        Per-token statistics, sequence after sequence.
+    where : list of (int, int)
+        ``(sequence index, response length)`` in the row order of ``stats`` (:attr:`HeadRows.where`).
+    result : dict of str to numpy.ndarray
+        ``(sequence, position)`` arrays, filled in place.
+    """
     off = 0
     for i, rlen in where:
         for k, v in stats.items():

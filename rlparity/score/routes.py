@@ -19,7 +19,23 @@ __all__ = ["begin_batch", "record_routes", "replay_routes", "route_arrays", "wit
 
 
 def route_arrays(router: RouterControl, n: int, width: int) -> dict[str, np.ndarray]:
-    """The empty ``(n, width, layer[, k])`` arrays of the routers' own top-k (-1) and margins (NaN)."""
+    """The empty arrays of the routers' own top-k and margins.
+
+    Parameters
+    ----------
+    router : RouterControl
+        The model's routers.
+    n : int
+        Sequences.
+    width : int
+        Response positions.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        ``trainer_routed_experts`` ``(n, width, layer, k)`` of -1 and ``trainer_router_margin``
+        ``(n, width, layer)`` of NaN.
+    """
     n_layers, top_k = len(router.layers), router.top_k
     return {"trainer_routed_experts": np.full((n, width, n_layers, top_k), -1, dtype=np.int16),
             "trainer_router_margin": np.full((n, width, n_layers), np.nan, dtype=np.float32)}
@@ -27,9 +43,22 @@ def route_arrays(router: RouterControl, n: int, width: int) -> dict[str, np.ndar
 
 def begin_batch(router: RouterControl, seqs: list[tuple[list[int], list[int]]], batch: list[int],
                 where: tuple[int, list[int]], replay: tuple[np.ndarray | None, np.ndarray] | None) -> None:
-    """Arm the routers for one forward over ``batch``, its tokens laid out as ``where`` says
-    (:func:`rlparity.score.batching.token_starts`: the forward's token count and each sequence's first
-    token), forcing the engine's ``(prompt routes, routes)`` when ``replay`` gives them."""
+    """Arm the routers for one forward over ``batch``, forcing the engine's routes when ``replay`` gives them.
+
+    Parameters
+    ----------
+    router : RouterControl
+        The model's routers.
+    seqs : list of (list of int, list of int)
+        ``(prompt ids, response ids)`` per sequence.
+    batch : list of int
+        Indices into ``seqs`` of the forward's sequences.
+    where : tuple of (int, list of int)
+        The forward's input tokens and each sequence's first token among them
+        (:func:`rlparity.score.batching.token_starts`).
+    replay : tuple of (numpy.ndarray or None, numpy.ndarray) or None
+        The engine's ``(prompt routes, routes)`` to force, or ``None`` (the routers choose).
+    """
     import torch
 
     forced = None
@@ -41,8 +70,22 @@ def begin_batch(router: RouterControl, seqs: list[tuple[list[int], list[int]]], 
 
 def record_routes(records: dict[int, Any], seqs: list[tuple[list[int], list[int]]], batch: list[int],
                   where: tuple[int, list[int]], result: dict[str, np.ndarray]) -> None:
-    """The routers' own top-k and margins at the input tokens that predict each response token
-    (``where``: the forward's token count and each sequence's first token, as for :func:`begin_batch`)."""
+    """Store the routers' own top-k and margins at the input tokens that predict each response token.
+
+    Parameters
+    ----------
+    records : dict of int to (torch.Tensor, torch.Tensor)
+        Per MoE layer, the routers' top-k ids and margins over the forward's input tokens
+        (:meth:`RouterControl.end`).
+    seqs : list of (list of int, list of int)
+        ``(prompt ids, response ids)`` per sequence.
+    batch : list of int
+        Indices into ``seqs`` of the forward's sequences.
+    where : tuple of (int, list of int)
+        The forward's input tokens and each sequence's first token among them, as for :func:`begin_batch`.
+    result : dict of str to numpy.ndarray
+        :func:`route_arrays`'s arrays, filled in place.
+    """
     total, starts = where
     for n_layer, (own, margin) in records.items():
         own = own.numpy().reshape(total, -1)
@@ -57,9 +100,29 @@ def record_routes(records: dict[int, Any], seqs: list[tuple[list[int], list[int]
 
 def replay_routes(router: RouterControl | None, trace: xr.Dataset, seqs: list[tuple[list[int], list[int]]]
                   ) -> tuple[tuple[np.ndarray | None, np.ndarray], list[int]]:
-    """The engine's routes to force (``routed_experts``, ``prompt_routed_experts``), with the
-    sequences whose scored prompt differs from the engine's left out (their rows would be shifted:
-    they keep the trainer's own routes)."""
+    """The engine's routes to force, with the sequences whose scored prompt differs from the engine's left out.
+
+    Parameters
+    ----------
+    router : RouterControl or None
+        The model's routers (``None``: a dense model, refused).
+    trace : xarray.Dataset
+        The trace with the engine's ``routed_experts`` (and ``prompt_routed_experts``).
+    seqs : list of (list of int, list of int)
+        The ``(prompt ids, response ids)`` the trainer scores.
+
+    Returns
+    -------
+    tuple of ((numpy.ndarray or None, numpy.ndarray), list of int)
+        ``(prompt routes, routes)`` with -1 on the sequences left out, and those sequences (their
+        rows would be shifted: they keep the trainer's own routes).
+
+    Raises
+    ------
+    ValueError
+        If the model has no router, the trace no routes, their MoE layers differ or an expert id is
+        out of range.
+    """
     if router is None:
         raise ValueError("routing replay needs a mixture-of-experts model: this model has no router")
     if "routed_experts" not in trace:
@@ -85,7 +148,38 @@ def replay_routes(router: RouterControl | None, trace: xr.Dataset, seqs: list[tu
 
 def with_router_vars(out: xr.Dataset, router: RouterControl, arrays: dict[str, np.ndarray], width: int,
                      skipped: list[int], *, router_dtype: str | None, routing_replay: str, dtype: str) -> xr.Dataset:
-    """The routers' variables and coordinates on the scored trace, and what was done in attrs."""
+    """The routers' variables and coordinates on the scored trace, and what was done in attrs.
+
+    Parameters
+    ----------
+    out : xarray.Dataset
+        The scored trace.
+    router : RouterControl
+        The model's routers.
+    arrays : dict of str to numpy.ndarray
+        :func:`route_arrays`'s arrays, filled.
+    width : int
+        The trace's positions.
+    skipped : list of int
+        Sequences left out of routing replay.
+    router_dtype : str or None
+        The routers' dtype as set (``None``: the model's).
+    routing_replay : str
+        The routing replay mode.
+    dtype : str
+        The model's dtype.
+
+    Returns
+    -------
+    xarray.Dataset
+        ``out`` with ``trainer_routed_experts``, ``trainer_router_margin``, the ``moe_layer`` and
+        ``expert_slot`` coordinates and ``attrs["trainer_router"]``.
+
+    Raises
+    ------
+    ValueError
+        If the trace's MoE layers are not the model's.
+    """
     layers = np.asarray(router.layers, dtype=np.int64)
     if "moe_layer" in out.coords and [int(x) for x in out["moe_layer"].values] != layers.tolist():
         raise ValueError(f"the trace's routes cover MoE layers {out['moe_layer'].values.tolist()}, the trainer's "

@@ -43,6 +43,22 @@ def score_versions(trace: xr.Dataset, checkpoints: Any, *, latest: bool | int = 
     weights into ``trainer_latest_logprob`` / ``trainer_latest_processed_logprob``: what an
     on-policy trainer that ignores versions computes; the gap between the two readings is the
     off-policy share of the mismatch. ``False`` skips it.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A trace with ``policy_version``.
+    checkpoints : Mapping
+        Policy version to a checkpoint path or hub id, a loaded model, or a :class:`Scorer`.
+    latest : bool or int, default True
+        Also score every token with the latest weights (True), with this version's, or not (False).
+    **scorer_kwargs
+        Arguments of the :class:`Scorer` made for each version that is not one already.
+
+    Returns
+    -------
+    xarray.Dataset
+        The trace scored token by token by its own version's weights.
     """
     trace, ckpts, versions, latest_v = _versions_to_score(trace, checkpoints, latest)
 
