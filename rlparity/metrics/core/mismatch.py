@@ -7,16 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlparity.metrics.core.reductions import (
-    count,
-    finite_mask,
-    masked_max_abs,
-    masked_mean,
-    masked_quantile,
-    masked_rms,
-    masked_std,
-    pearson,
-)
+from rlparity.metrics.core.reductions import (count, finite_mask, masked_max_abs, masked_mean, masked_quantile,
+                                              masked_rms, masked_std, pearson)
 
 
 QUANTILES = (0.01, 0.05, 0.5, 0.95, 0.99)
