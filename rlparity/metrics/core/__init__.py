@@ -18,27 +18,10 @@ from __future__ import annotations
 
 from rlparity.metrics.core.fits import jackknife_slope_se, reading_fit, robust_reading_fit
 from rlparity.metrics.core.lag import lag_stats, token_lag
-from rlparity.metrics.core.mismatch import (
-    QUANTILES,
-    abs_stats,
-    ess,
-    ess_from_sums,
-    kl_estimators,
-    mean_ratio,
-    offset_test,
-    prob_stats,
-)
-from rlparity.metrics.core.reductions import (
-    count,
-    finite_mask,
-    masked_max_abs,
-    masked_mean,
-    masked_quantile,
-    masked_rms,
-    masked_std,
-    pearson,
-    zero_prob_count,
-)
+from rlparity.metrics.core.mismatch import (QUANTILES, abs_stats, ess, ess_from_sums, kl_estimators, mean_ratio,
+                                            offset_test, prob_stats)
+from rlparity.metrics.core.reductions import (count, finite_mask, masked_max_abs, masked_mean, masked_quantile,
+                                              masked_rms, masked_std, pearson, zero_prob_count)
 
 __all__ = [
     "QUANTILES", "abs_stats", "count", "ess", "ess_from_sums", "finite_mask", "jackknife_slope_se", "kl_estimators",
