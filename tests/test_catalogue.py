@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rlparity.diagnose.catalogue import catalogue, catalogue_markdown, catalogue_text, lookup, thresholds
-from rlparity.diagnose.findings import Finding, Layer, Report, Severity, catalogue_anchor
+from rlparity.diagnose.findings import Severity, catalogue_anchor
 from rlparity.diagnose.topic import topics
 
 PACKAGE = Path(__file__).resolve().parent.parent / "rlparity"

@@ -8,7 +8,8 @@ import re
 
 import numpy as np
 
-from rlparity.diagnose.findings import Finding, Layer, Report, Severity
+from rlparity.diagnose.findings import Finding, Layer, Severity
+from rlparity.diagnose.report import Report
 
 STALE_FIX = "reset the prefix cache whenever the weights change"
 

@@ -72,7 +72,8 @@ def faults_cmd(
     from rlparity.config.provenance import write_json
     from rlparity.diagnose import diagnose
     from rlparity.diagnose.scoring import format_scores, score_matrix
-    from rlparity.experiments.faults import MatrixSettings, parse_arms, run_matrix
+    from rlparity.experiments.faults.matrix import MatrixSettings, run_matrix
+    from rlparity.experiments.faults.recipes import parse_arms
     from rlparity.experiments.gallery import provenance
     from rlparity.metrics import table_records
     from rlparity.trace import save

@@ -15,7 +15,7 @@ from rlparity.cli.contract import EXIT_OK
 def list_cmd():
     """Every fault: what it changes, and where it can run."""
     from rlparity.diagnose.causes import CAUSES
-    from rlparity.experiments.faults import FAULTS, PAIR_CAUSES
+    from rlparity.experiments.faults.recipes import FAULTS, PAIR_CAUSES
 
     for name, f in FAULTS.items():
         where = ", ".join(f.platforms) + (f" (not on CPU: {f.not_on})" if f.not_on else "")

@@ -22,8 +22,9 @@ from typing import Any
 from rlparity.diagnose.attribution import attribute
 from rlparity.diagnose.causes import CAUSES
 from rlparity.diagnose.evidence import build as build_evidence
-from rlparity.diagnose.findings import Finding, Layer, Report, Severity
+from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.diagnose.options import DiagnoseOptions
+from rlparity.diagnose.report import Report
 from rlparity.diagnose.topic import topics
 from rlparity.trace import arm_record, as_arms, has_trainer, is_lazy, load_sample, validate
 

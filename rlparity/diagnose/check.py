@@ -16,7 +16,8 @@ from pydantic import ValidationError
 from rlparity.config.defaults import CheckThresholds, defaults
 from rlparity.config.files import read_yaml_mapping
 from rlparity.diagnose import diagnose
-from rlparity.diagnose.findings import Report, Severity, _fmt
+from rlparity.diagnose.findings import Severity, _fmt
+from rlparity.diagnose.report import Report
 from rlparity.metrics import summary, trainer_side, zero_prob_tokens
 from rlparity.trace import as_arms
 

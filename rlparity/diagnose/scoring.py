@@ -28,7 +28,7 @@ import xarray as xr
 
 from rlparity.config.provenance import make_attrs
 from rlparity.diagnose.causes import CAUSES, FLOOR_CAUSES
-from rlparity.diagnose.findings import Report
+from rlparity.diagnose.report import Report
 from rlparity.trace import arm_record
 
 CLEAN = "clean"

@@ -333,7 +333,7 @@ class _Run:
                  on_arm: Callable[[str, xr.Dataset, dict[str, Any]], None] | None):
         from rlparity.capture.checkpoints import perturbed_checkpoint
         from rlparity.experiments.ablation import shared_prefix_prompts
-        from rlparity.experiments.faults import _checkpoint_dtype
+        from rlparity.experiments.faults.matrix import _checkpoint_dtype
         from rlparity.score import Scorer
 
         self.s, self.work, self.log, self.on_arm = s, work, log, on_arm
@@ -415,7 +415,7 @@ class _Run:
         return {}
 
     def partial_weight_sync(self, eng: Any) -> dict[str, Any]:
-        from rlparity.experiments.faults import partial_checkpoint
+        from rlparity.experiments.faults.matrix import partial_checkpoint
 
         layer = self.s.partial_layer
         part = partial_checkpoint(self.v1, self.work / f"v1-without-layer-{layer}", layer=layer)
@@ -502,7 +502,7 @@ def run_layers(model: str | os.PathLike, scenarios: Sequence[str] | None = None,
     """
     from rlparity.capture import Engine
     from rlparity.capture.pool import shared_pool
-    from rlparity.experiments.faults import FAULTS
+    from rlparity.experiments.faults.recipes import FAULTS
 
     s = settings or LayerSettings()
     wanted = list(scenarios) if scenarios is not None else list(SCENARIOS)

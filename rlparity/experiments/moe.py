@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rlparity.config.logs import progress_log
 from rlparity.config.profiles import reference_engine
 from rlparity.config.settings import Device, EngineSettings, SamplingSettings, TrainerSettings
-from rlparity.experiments.faults import FAULTS, compose
+from rlparity.experiments.faults.recipes import FAULTS, compose
 from rlparity.trace import arm_record
 
 MOE_ARM = "moe"

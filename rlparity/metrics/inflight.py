@@ -5,7 +5,7 @@ Per token, ``policy_version`` is the version of the weights that sampled it (see
 prefix cache that may hold KV computed by other weights, ``submit_time`` / ``token_time`` place it
 in time, and ``attrs["weight_updates"]`` lists the updates (mode, cache reset, times).
 
-* Lag (numpy core :func:`rlparity.metrics.core.token_lag` / :func:`~rlparity.metrics.core.lag_stats`,
+* Lag (numpy core :func:`rlparity.metrics.core.lag.token_lag` / :func:`~rlparity.metrics.core.lag.lag_stats`,
   xarray :func:`lag`, :func:`lag_summary` with ``dim=``): latest version minus token version, as
   PipelineRL logs it; per sequence its max and mean; the share of tokens with lag > 0.
 * Token groups: :func:`clean_tokens` (computed entirely by the weights that sampled them: the

@@ -84,13 +84,15 @@ def sharpness_fit(logprob: np.ndarray, reference: np.ndarray, mask: np.ndarray, 
     is surely the argmax), ``-log p_beta = log(1 + sum_j exp(-beta Delta_j))``, ``Delta_j`` the gaps
     of the other logits to it; while the tail is small this is ``~ sum_j exp(-beta Delta_j)``, so
     ``log(-log p)`` scales with the inverse temperature ``beta``. The slope of ``log(-logprob)`` on
-    ``log(-reference)`` through the origin (a Huber fit, :func:`rlparity.metrics.core.robust_reading_fit`) is then the ratio
-    of the two readings' inverse temperatures: 1 when both are at one temperature, ``1 / T`` for a
+    ``log(-reference)`` through the origin (a Huber fit,
+    :func:`rlparity.metrics.core.fits.robust_reading_fit`) is then the ratio of the two readings'
+    inverse temperatures: 1 when both are at one temperature, ``1 / T`` for a
     reading at temperature ``T`` against a temperature-1 reference (the trainer's raw reading). Many
     near-tied competitors bias it slightly upwards (the soft minimum of the gaps moves with beta):
     about +5% on the H200 ``small`` model at T = 0.7. Tokens are chosen on the reference only, so
     the choice does not lean on the reading fitted. The standard error is the larger of the
-    sandwich one and a delete-a-group jackknife over sequences (:func:`rlparity.metrics.core.jackknife_slope_se`).
+    sandwich one and a delete-a-group jackknife over sequences
+    (:func:`rlparity.metrics.core.fits.jackknife_slope_se`).
 
     Parameters
     ----------

@@ -3,7 +3,7 @@
 Metrics come from the existing definitions, never copies: rlparity's parity summary
 (:func:`rlparity.metrics.summary.token_statistics`, names prefixed ``rlparity/``), the peers'
 dashboards (:func:`rlparity.metrics.dashboard.peer_metrics`, the peers' own names), the lag
-(:func:`rlparity.metrics.core.lag_stats`) and the ESS (:func:`rlparity.metrics.core.ess`). The pair
+(:func:`rlparity.metrics.core.lag.lag_stats`) and the ESS (:func:`rlparity.metrics.core.mismatch.ess`). The pair
 is the backend pair (pi_old, mu), ``d = log pi_old - log mu``; ``rlparity/update/*`` is the update
 pair (pi_theta, pi_old) where the loop gives pi_theta.
 

@@ -43,7 +43,8 @@ All thresholds default to :data:`OBJECTIVE_DEFAULTS`.
 
 One topic a module: :mod:`~rlparity.metrics.objective.settings` (rule names, thresholds),
 :mod:`~rlparity.metrics.objective.arrays` (the numpy core),
-:mod:`~rlparity.metrics.objective.traces` (the xarray layer) and
+:mod:`~rlparity.metrics.objective.pairs` (the policies and pairs on a trace, read whole or block by block),
+:mod:`~rlparity.metrics.objective.traces` (the xarray layer: the reductions with ``dim=``) and
 :mod:`~rlparity.metrics.objective.table` (:func:`objective_summary`); every public name is
 importable from here.
 """
@@ -81,6 +82,19 @@ from rlparity.metrics.objective.arrays import (
     token_mean,
     weights_ess,
 )
+from rlparity.metrics.objective.pairs import (
+    PAIRS,
+    POLICY_NAMES,
+    POLICY_VARIABLES,
+    available_pairs,
+    pair_blocks,
+    pair_direction,
+    pair_log_ratio,
+    pair_sequences,
+    policy_logprob,
+    policy_variable,
+    trace_blocks,
+)
 from rlparity.metrics.objective.settings import (
     BAND_RULES,
     KL_RULES,
@@ -91,23 +105,12 @@ from rlparity.metrics.objective.settings import (
 )
 from rlparity.metrics.objective.table import objective_summary
 from rlparity.metrics.objective.traces import (
-    PAIRS,
-    POLICY_NAMES,
-    POLICY_VARIABLES,
-    available_pairs,
     clip_fraction,
     decoupled,
     effective_sample_size,
     is_weights,
     masked_fraction,
-    pair_blocks,
-    pair_direction,
-    pair_log_ratio,
-    pair_sequences,
-    policy_logprob,
-    policy_variable,
     ratio,
-    trace_blocks,
 )
 
 __all__ = [

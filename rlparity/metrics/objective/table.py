@@ -2,7 +2,7 @@
 
 Every row is computed from parts that merge across blocks of whole sequences (counts and sums,
 ESS sums in log space, the ratio's variance by Chan's merge, one value per sequence), so a lazy
-trace is summarised one block at a time (:func:`~rlparity.metrics.objective.traces.trace_blocks`:
+trace is summarised one block at a time (:func:`~rlparity.metrics.objective.pairs.trace_blocks`:
 each block validated, the store's CRC-32 record checked) and a trace in memory is one block.
 """
 
@@ -29,8 +29,8 @@ from rlparity.metrics.objective.arrays.tokens import (
 from rlparity.metrics.objective.arrays.weights import _eps, sequences_clip_fraction
 from rlparity.metrics.objective.settings import BAND_RULES, OBJECTIVE_DEFAULTS
 from rlparity.trace import arm_record
-from rlparity.metrics.objective.traces import (available_pairs, concat_sequences, pair_direction, pair_log_ratio,
-                                              pair_variables, trace_blocks)
+from rlparity.metrics.objective.pairs import (available_pairs, concat_sequences, pair_direction, pair_log_ratio,
+                                             pair_variables, trace_blocks)
 
 
 def _spread(x: np.ndarray) -> tuple[int, float, float]:
