@@ -730,3 +730,100 @@ def test_an_excess_without_spread_is_infinitely_many_errors_above_zero():
     same = [[0.01] * len(v) for v in versions]
     ve = build(_scored(same, versions=versions, trainer_attrs={"scored_by": "policy_version"})).version_excess
     assert np.isnan(ve["z_by_version"]["1"]) and ve["flagged"] == []
+
+
+# ------------------------------------------------------------------------------ issue 41: the version test at the logits
+def _peaked_versions(v1_abs, *, p0=0.5, p1=0.95, v0_abs=0.01, n=8, width=10, seed=11):
+    """Half the sequences at version 0, half at version 1 (none span: a wait-mode update). The trainer gives
+    version 0's tokens probability ``p0`` and version 1's ``p1`` (more peaked); |d| ~ ``v0_abs`` / ``v1_abs``
+    per version, alternating in sign; the rollout reads trainer - d."""
+    rng = np.random.default_rng(seed)
+    versions = [[0] * width if i < n // 2 else [1] * width for i in range(n)]
+    d = np.array([[(v0_abs if x == 0 else v1_abs) * (1 + 0.3 * rng.standard_normal()) * (-1) ** j
+                   for j, x in enumerate(row)] for row in versions])
+    lp_trainer = np.array([[np.log(p0 if x == 0 else p1) for x in row] for row in versions])
+    tr = from_rollouts(prompt_token_ids=[[1, 2, 3]] * n, token_ids=[[5] * width] * n,
+                       rollout_logprobs=(lp_trainer - d).tolist(), policy_versions=versions, attrs={"arm": "a"})
+    for var in ("trainer_logprob", "trainer_processed_logprob"):
+        tr[var] = (("sequence", "position"), lp_trainer)
+    tr.attrs["trainer"] = {"model": "m", "scored_by": "policy_version"}
+    return tr, d, lp_trainer, np.array(versions)
+
+
+def _logit_reference(d, lp_trainer, versions):
+    """The logit statistic by hand: |r| / (1 - p), p the smaller of the two sides' probabilities; version 1's
+    median over version 0's, and its delete-a-group jackknife (sequence i in group i mod 20) in z."""
+    mu = lp_trainer - d
+    q = 1.0 - np.exp(np.minimum(mu, lp_trainer))
+    s = np.abs(d) / q
+
+    def log_ratio(rows):
+        return np.log(np.median(s[rows][versions[rows] == 1]) / np.median(s[rows][versions[rows] == 0]))
+
+    n = d.shape[0]
+    est = np.array([log_ratio(np.array([i for i in range(n) if i != g])) for g in range(n)])
+    se = np.sqrt((n - 1) / n * np.sum((est - est.mean()) ** 2))
+    lr = log_ratio(np.arange(n))
+    return float(np.exp(lr)), float(lr / se)
+
+
+def test_logit_scale_by_hand():
+    """|r| / (1 - p) with p the smaller side's probability, 1 - p at least LOGIT_Q_MIN."""
+    absr = np.array([0.01, 0.02, 0.5, 1e-9, np.nan])
+    mu = np.log([0.5, 0.9, 0.3, 1.0, 0.5])
+    matched = np.log([0.6, 0.8, 1.0, 1.0, 0.5])
+    out = mv.logit_scale(absr, mu, matched)
+    assert out[:4] == pytest.approx([0.01 / 0.5, 0.02 / 0.2, 0.5 / 0.7, 1e-9 / mv.LOGIT_Q_MIN], rel=1e-9)
+    assert np.isnan(out[4])
+
+
+def test_a_version_of_more_peaked_tokens_is_read_at_the_logits():
+    """Version 1's tokens are peaked (p 0.95 against 0.5): the same logit disagreement moves their logprobs 10x
+    less. A weight mismatch that quadruples the logit disagreement reads 0.4x in median |r| (not seen) and 4x at
+    the logits (flagged by the logit statistic alone, its ratio and z the hand reference's); one that leaves the
+    logit disagreement as it is reads 1x at the logits and 0.1x in |r|: not flagged."""
+    tr, d, lp, versions = _peaked_versions(0.004)  # e = 0.004 / 0.05 = 0.08 at version 1, 0.01 / 0.5 = 0.02 at 0
+    ratio, z = _logit_reference(d, lp, versions)
+    ve = build(tr).version_excess
+    assert ve["version_1_over_reference"] < 0.5 and ve["mean_over_reference_by_version"]["1"] < 0.5
+    assert ve["logit_median_over_reference_by_version"]["1"] == pytest.approx(ratio, rel=1e-9)
+    assert ve["logit_median_z_by_version"]["1"] == pytest.approx(z, rel=1e-9)
+    assert ratio > 3 and z > 2.5 and ve["flagged"] == [1] and ve["flagged_by"] == {"1": ["logit_median"]}
+    (f,) = sync.weight_sync(tr)
+    assert f.name == "weights_differ_at_version" and "at the logits" in f.summary and f"{ratio:.3g}x" in f.summary
+    # the same logit disagreement on both versions: nothing
+    tr, d, lp, versions = _peaked_versions(0.001)
+    ratio, _ = _logit_reference(d, lp, versions)
+    ve = build(tr).version_excess
+    assert ve["logit_median_over_reference_by_version"]["1"] == pytest.approx(ratio, rel=1e-9)
+    assert 0.7 < ratio < 1.4 and ve["flagged"] == []
+
+
+def test_the_logit_statistic_has_its_own_ratio():
+    """defaults().version_logit_ratio, not version_ratio, gates the logit statistic: just above and below the
+    measured ratio."""
+    tr, d, lp, versions = _peaked_versions(0.004)
+    ratio, _ = _logit_reference(d, lp, versions)
+    for logit_ratio, flagged in ((ratio * 1.01, []), (ratio * 0.99, [1])):
+        ev = build(tr)
+        ev.claims.pop("weights_differ", None)
+        assert evm.version_claims(ev, logit_ratio=logit_ratio)["flagged"] == flagged
+        ev = build(tr)
+        ev.claims.pop("weights_differ", None)  # version_ratio far below: the median still reads 0.4x, not flagged
+        assert evm.version_claims(ev, ratio=1.01, logit_ratio=logit_ratio)["flagged"] == flagged
+
+
+def test_the_logit_statistic_keeps_the_floor_model():
+    """With per-version floors, the logit statistic's ratio is the median's floor-model ratio times the change
+    the normalisation makes: (s1 / s0) / (m1 / m0) * floor_excess_ratio(m1, m0, f1, f0)."""
+    tr, d, lp, versions = _peaked_versions(0.004)
+    tr.attrs["trainer"]["self_check_per_version"] = {"0": _self_check(0.002), "1": _self_check(0.003)}
+    mu = lp - d
+    s = np.abs(d) / (1.0 - np.exp(np.minimum(mu, lp)))
+    m = {v: np.median(np.abs(d)[versions == v]) for v in (0, 1)}
+    sv = {v: np.median(s[versions == v]) for v in (0, 1)}
+    expected = (sv[1] / sv[0]) / (m[1] / m[0]) * mv.floor_excess_ratio(m[1], m[0], 0.003, 0.002)
+    ve = build(tr).version_excess
+    assert ve["measured_against"] == "each version's own floor"
+    assert ve["logit_median_over_reference_by_version"]["1"] == pytest.approx(expected, rel=1e-9)
+    assert ve["version_1_over_reference"] == pytest.approx(mv.floor_excess_ratio(m[1], m[0], 0.003, 0.002), rel=1e-9)

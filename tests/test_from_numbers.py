@@ -594,3 +594,108 @@ def test_no_effect_at_its_bars_exactly():
     under = _flat_arm(("trainer_top_k",), trainer=-0.75 - bar + 2.0 ** -10, rollout=-32.0)
     out = no_effect({"clean": clean, "at": at, "under": under})
     assert set(out) == {"under"} and "of the clean arm's mean |d| (31)" in out["under"]["trainer_top_k"]
+
+
+# ------------------------------------------------------------------------------ the trainer's top-k cut from the numbers
+def _cut_arm(*, engine_k=5, trainer_k=5, temperature=0.7, n_seq=12, length=10, vocab=64, flat_every=7, seed=4):
+    """The float64 simulator with a top-k cut: the engine samples from the top ``engine_k`` at ``temperature``
+    (renormalised) and reports that logprob; the trainer's processed reading and its entropy cut at ``trainer_k``
+    (0: no cut). Every ``flat_every``-th position has near-flat logits (a tail that carries mass)."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(0.0, 1.0, size=(n_seq, length, vocab))
+    z[..., 0] += rng.uniform(2.0, 6.0, size=(n_seq, length))
+    flat = (np.arange(n_seq * length).reshape(n_seq, length) % flat_every) == 0
+    z[flat] = rng.normal(0.0, 0.05, size=(int(flat.sum()), vocab))
+
+    def processed(k):
+        zt = z / temperature
+        if k:
+            kth = np.sort(zt, axis=-1)[..., -k][..., None]
+            zt = np.where(zt >= kth, zt, -np.inf)
+        return _log_softmax(zt)
+
+    eng = processed(engine_k)
+    p = np.exp(eng)
+    tok = np.minimum((p.cumsum(axis=-1) < rng.random((n_seq, length, 1))).sum(axis=-1), vocab - 1)
+    trn = processed(trainer_k)
+    pt = np.exp(trn)
+    entropy = -np.sum(pt * np.where(pt > 0, trn, 0.0), axis=-1)
+    at = lambda lp: np.take_along_axis(lp, tok[..., None], axis=-1)[..., 0]  # noqa: E731
+    tr = from_rollouts(prompt_token_ids=[[1, 2, 3]] * n_seq, token_ids=tok.tolist(), rollout_logprobs=at(eng).tolist(),
+                       temperature=temperature, top_k=engine_k, attrs={"arm": "sim"})
+    tr["trainer_logprob"] = (("sequence", "position"), at(_log_softmax(z)))
+    tr["trainer_processed_logprob"] = (("sequence", "position"), at(trn))
+    tr["trainer_processed_entropy"] = (("sequence", "position"), entropy)
+    tr["trainer_max_logit"] = (("sequence", "position"), z.max(axis=-1) + 1e-3)  # float32-like: off the bf16 grid
+    tr.attrs["trainer"] = {"model": "m"}
+    return tr, entropy
+
+
+def test_a_trainer_that_skips_the_engines_cut_is_read_from_its_entropy():
+    """No distribution over k tokens has entropy above log k. The trainer that skips the engine's top-5 gives
+    the flat positions an entropy near log 64 (4.16 nats), 2.5 nats over log 5: named trainer_top_k, with the
+    positions over log 5 + log 2 counted by hand. A trainer that cuts the engine's 5 stays at or under log 5."""
+    from rlparity.diagnose.processing import cut_spread, trainer_cut_from_numbers
+
+    tr, h = _cut_arm(trainer_k=0)
+    s = cut_spread(tr)
+    over = h - np.log(5)
+    assert s["testable"] and s["n_tested"] == h.size and s["top_k"] == [5]
+    assert s["max_excess"] == pytest.approx(over.max(), rel=1e-12) and over.max() > 2.0
+    assert s["n_tokens"] == int((over > np.log(2)).sum()) > 0 and np.array_equal(s["tokens"], over > np.log(2))
+    f = trainer_cut_from_numbers(tr)
+    assert (f.name, f.severity, f.cause) == ("trainer_cut_wider", Severity.WARNING, "trainer_top_k")
+    assert f.tokens["n_tokens"] == s["n_tokens"] and "although" not in f.summary
+    # the engine's cut applied: every position at most log 5 (up to float rounding), nothing named
+    tr, h = _cut_arm(trainer_k=5)
+    assert (h - np.log(5)).max() <= 1e-12
+    s = cut_spread(tr)
+    assert s["testable"] and s["n_tokens"] == 0 and trainer_cut_from_numbers(tr) is None
+
+
+def test_the_cut_margin_and_where_the_entropy_cannot_tell():
+    """A trainer cutting 8 where the engine cuts 5 widens the set by less than 2x: under log 5 + log 2, not
+    named (the margin leaves room for a tie pile at the k-th logit). At a margin just under the measured excess
+    it is. Untestable: no engine top-k, no entropy, or bf16 trainer logits (ties at the k-th logit)."""
+    from rlparity.config import defaults_context
+    from rlparity.diagnose.processing import cut_spread, trainer_cut_from_numbers
+
+    tr, h = _cut_arm(trainer_k=8)
+    over = (h - np.log(5)).max()
+    assert 0.0 < over <= np.log(8 / 5) + 1e-12 < np.log(2)
+    assert cut_spread(tr)["n_tokens"] == 0 and trainer_cut_from_numbers(tr) is None
+    with defaults_context(cut_entropy_margin=over * 0.99):
+        assert cut_spread(tr)["n_tokens"] >= 1 and trainer_cut_from_numbers(tr).cause == "trainer_top_k"
+    assert cut_spread(tr, margin=over * 1.01)["n_tokens"] == 0
+    assert cut_spread(tr, margin=over)["n_tokens"] == 0  # strictly above the bound plus the margin
+    greedy, h = _cut_arm(engine_k=1, trainer_k=0)  # top-k 1: any entropy above log 2 is more than one token
+    s = cut_spread(greedy)
+    assert s["top_k"] == [1] and s["n_tokens"] == int((h > np.log(2)).sum()) > 0
+    skip, _ = _cut_arm(trainer_k=0)
+    no_k = skip.copy()
+    no_k["top_k"] = ("sequence", np.zeros(skip.sizes["sequence"], dtype=np.int64))
+    assert not cut_spread(no_k)["testable"] and "top-k" in cut_spread(no_k)["why"]
+    assert not cut_spread(skip.drop_vars("trainer_processed_entropy"))["testable"]
+    grid = skip.copy()
+    grid["trainer_max_logit"] = (skip["trainer_max_logit"].dims, np.round(skip["trainer_max_logit"].values * 8) / 8)
+    s = cut_spread(grid)
+    assert not s["testable"] and "bfloat16" in s["why"] and trainer_cut_from_numbers(grid) is None
+
+
+def test_a_recorded_cut_decides_first_and_a_contradicted_one_is_said():
+    """A recorded trainer cut that differs is trainer_cut_differs (semantic topic): the numbers add nothing.
+    A recorded cut equal to the engine's that the entropy contradicts is said."""
+    from rlparity.diagnose import diagnose
+    from rlparity.diagnose.processing import trainer_cut_from_numbers
+
+    tr, _ = _cut_arm(trainer_k=0)
+    blind = {f.name: f.cause for f in diagnose({"sim": tr}) if f.severity.rank >= 1}
+    assert blind.get("trainer_cut_wider") == "trainer_top_k"
+    told = tr.copy()
+    told["trainer_top_k"] = ("sequence", np.zeros(tr.sizes["sequence"], dtype=np.int64))
+    names = {f.name for f in diagnose({"sim": told}) if f.severity.rank >= 1}
+    assert "trainer_cut_differs" in names and "trainer_cut_wider" not in names
+    lied = tr.copy()
+    lied["trainer_top_k"] = ("sequence", np.full(tr.sizes["sequence"], 5, dtype=np.int64))
+    f = trainer_cut_from_numbers(lied)
+    assert f.cause == "trainer_top_k" and "although its recorded cut is the engine's" in f.summary

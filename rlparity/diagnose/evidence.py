@@ -515,20 +515,23 @@ def routing_claims(ev: ArmEvidence) -> bool:
     return True
 
 
-def version_claims(ev: ArmEvidence, *, ratio: float | None = None, z: float | None = None) -> dict[str, Any]:
+def version_claims(ev: ArmEvidence, *, ratio: float | None = None, z: float | None = None,
+                   logit_ratio: float | None = None) -> dict[str, Any]:
     """Claim the policy versions whose tokens stand far above the first version's as ``weights_differ``.
 
     The per-version floor model (:func:`rlparity.metrics.versions.version_excess`) on the arm's
     ``|r|`` and its tokens no other cause explains, with the trainer's floor per version
     (``self_check_per_version``), its run-to-run noise and the versions whose engine and trainer
-    fingerprints were both recorded and agree. Needs two versions, each scored at its own version,
-    and no fingerprint claim already.
+    fingerprints were both recorded and agree, and ``|r| / (1 - p)`` (the residual read at the logits,
+    :func:`rlparity.metrics.versions.logit_scale`, ``p`` the smaller of the rollout's and the matched
+    reading's probability). Needs two versions, each scored at its own version, and no fingerprint
+    claim already.
 
     Parameters
     ----------
     ev : ArmEvidence
         The evidence (with its residual); claims are added in place.
-    ratio, z : float, optional
+    ratio, z, logit_ratio : float, optional
         The thresholds of :func:`rlparity.metrics.versions.version_excess` (None: the defaults).
 
     Returns
@@ -546,9 +549,12 @@ def version_claims(ev: ArmEvidence, *, ratio: float | None = None, z: float | No
     pv = trace["policy_version"].values
     engine, trainer = engine_effective(trace.attrs), trainer_checksums(trace.attrs, versions)
     equal = [v for v in versions if v in engine and v in trainer and compare_checksums(engine[v], trainer[v])["equal"]]
-    out = mv.version_excess(np.abs(ev.residual), ev.unclaimed(), pv, floors=version_floors(trace, ev.side),
+    absr = np.abs(ev.residual)
+    mu = trace["rollout_logprob"].values
+    out = mv.version_excess(absr, ev.unclaimed(), pv, floors=version_floors(trace, ev.side),
                             noise=trainer_floor(trace, ev.side).get("run_to_run_mean_abs", float("nan")),
-                            fingerprints_equal=equal, ratio=ratio, z=z)
+                            fingerprints_equal=equal, ratio=ratio, z=z,
+                            scaled=mv.logit_scale(absr, mu, mu - ev.residual), logit_ratio=logit_ratio)
     for v in out.get("flagged", []):
         ev.claim("weights_differ", (pv == v) & ev.mask, f"tokens of policy version {v}")
     return out

@@ -22,7 +22,7 @@ from rlparity.config.defaults import defaults
 from rlparity.diagnose.evidence import ArmEvidence, build, sequence_se
 from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.diagnose.options import DiagnoseOptions
-from rlparity.diagnose.semantic import FIX_PROCESSED, PAIR, SEMANTIC_READINGS
+from rlparity.diagnose.semantic import FIX_PROCESSED, FIX_TRAINER_SAMPLING, PAIR, SEMANTIC_READINGS
 from rlparity.diagnose.topic import E, FIX_NONE, FindingCode, I, SEM, Topic, W, code
 from rlparity.metrics import TRAINER_VARIABLE, core, log_ratio, zero_prob_tokens
 from rlparity.trace import arm_record, has_trainer
@@ -159,6 +159,97 @@ def renormalization(trace: xr.Dataset, *, semantic_tol: float | None = None) -> 
                    f"top-k/top-p keep on average exp({evidence['mean_log_kept_mass']:.3g}) of the "
                    "tempered mass; a trainer that skips the renormalization would be off by "
                    f"{-evidence['mean_log_kept_mass']:.3g} nats per token", evidence, "", arm)
+
+
+def cut_spread(trace: xr.Dataset, *, margin: float | None = None) -> dict:
+    """Where the trainer's processed distribution spreads over more tokens than the engine's top-k keeps.
+
+    A distribution over ``k`` tokens has entropy at most ``log k``; a trainer that applies the
+    engine's top-k (ties at the k-th logit kept, as vLLM does) gives every position a processed
+    entropy of ``log k`` or less, plus what a tie pile adds. A position whose
+    ``trainer_processed_entropy`` exceeds ``log k + margin`` was not cut at ``k``. Untestable
+    without the entropy or an engine top-k, and where the trainer's largest logits are bfloat16
+    numbers (:func:`rlparity.diagnose.head_precision.trainer_head_from_numbers`): logits on a coarse
+    grid tie at the k-th value and a kept tie pile widens the set legitimately.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+    margin : float, optional
+        Nats above ``log k`` (``defaults().cut_entropy_margin``, log 2: more than twice ``k`` tokens).
+
+    Returns
+    -------
+    dict
+        ``testable`` (with ``why`` when not), ``tokens`` (bool ``(sequence, position)``, the positions
+        over the bound), ``n_tokens``, ``n_tested``, ``max_excess`` (the largest entropy over ``log k``,
+        nats), ``top_k`` (the engine's values) and ``margin``.
+    """
+    from rlparity.diagnose.head_precision import trainer_head_from_numbers
+
+    margin = defaults().cut_entropy_margin if margin is None else margin
+    out: dict = {"testable": False, "margin": margin, "n_tokens": 0}
+    if "trainer_processed_entropy" not in trace or "top_k" not in trace:
+        return {**out, "why": "the trace records no trainer processed entropy or no engine top-k"}
+    k = np.asarray(trace["top_k"].values, dtype=float)
+    h = trace["trainer_processed_entropy"].values
+    use = trace["response_mask"].values.astype(bool) & (k > 0)[:, None] & np.isfinite(h)
+    if not use.any():
+        return {**out, "why": "no token was sampled with a top-k cut"}
+    grid = trainer_head_from_numbers(trace)
+    if grid.get("bf16"):
+        return {**out, "why": "the trainer's logits are bfloat16 numbers: ties at the k-th logit may widen its set"}
+    excess = np.where(use, h - np.log(np.maximum(k, 1.0))[:, None], -np.inf)  # rows without a cut are not used
+    tokens = excess > margin
+    return {**out, "testable": True, "why": "", "tokens": tokens, "n_tokens": int(tokens.sum()),
+            "n_tested": int(use.sum()), "max_excess": float(excess[use].max()),
+            "top_k": sorted({int(x) for x in k[k > 0]})[:8]}
+
+
+def trainer_cut_from_numbers(trace: xr.Dataset, prior=(), *, margin: float | None = None) -> Finding | None:
+    """The trainer did not cut the engine's top-k, read from its processed entropy (issue 41).
+
+    :func:`cut_spread`: a position whose processed distribution has more entropy than any
+    distribution over the engine's ``k`` tokens (by ``margin``) proves the trainer renormalised
+    over more than ``k`` tokens there. Nothing when a recorded trainer cut already differs
+    (``trainer_cut_differs`` among ``prior``); a recorded cut equal to the engine's and contradicted
+    by the numbers says so.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+    prior : sequence of Finding, default ()
+        The earlier topics' findings for the arm.
+    margin : float, optional
+        See :func:`cut_spread`.
+
+    Returns
+    -------
+    Finding or None
+        ``trainer_cut_wider`` (warning, cause ``trainer_top_k``) or ``None``.
+    """
+    if any(f.name == "trainer_cut_differs" for f in prior):
+        return None
+    s = cut_spread(trace, margin=margin)
+    if not s["n_tokens"]:
+        return None
+    tokens = s.pop("tokens")
+    recorded = "trainer_top_k" in trace or "trainer_top_p" in trace
+    seqs = np.flatnonzero(tokens.any(axis=1))
+    ev = {**s, "sequences": seqs[:20].tolist(), "positions": np.argwhere(tokens)[:10].tolist(),
+          "processed_entropy_of_those": [round(float(v), 4) for v in trace["trainer_processed_entropy"].values[tokens][:10]],
+          "reading": "entropy of the trainer's processed distribution over log k: at most 0 for any distribution over "
+                     "k tokens", "units": "nats", "pair": PAIR}
+    said = " although its recorded cut is the engine's" if recorded else ""
+    return Finding(Layer.SEMANTIC, "trainer_cut_wider", Severity.WARNING,
+                   f"the trainer's processed distribution spreads over more tokens than the engine's top-k {s['top_k']}"
+                   f"{said}: at {s['n_tokens']} position(s) its entropy exceeds log k by up to {s['max_excess']:.3g} "
+                   "nats (any distribution over k tokens has at most log k): it does not cut what the sampler cut, and "
+                   "renormalises over another set", ev, FIX_TRAINER_SAMPLING, arm_record(trace).arm,
+                   cause="trainer_top_k", tokens={"scope": "positions whose trainer distribution is wider than the cut",
+                                                  "n_tokens": int(tokens.sum()), "n_sequences": int(seqs.size)})
 
 
 def zero_probability_tokens(trace: xr.Dataset, *, noise_rms: float | None = None) -> list[Finding]:
@@ -314,7 +405,8 @@ def trace_findings(trace: xr.Dataset, options: DiagnoseOptions | None = None, pr
     reading = next((f for f in prior if f.name in SEMANTIC_READINGS), None)
     noise = reading.evidence.get("noise_floor_rms") if reading is not None else None
     found = [sampling_penalty(trace, evidence=ev), renormalization(trace, semantic_tol=opts.semantic_tol),
-             *zero_probability_tokens(trace, noise_rms=noise), prompt_token_parity(trace)]
+             trainer_cut_from_numbers(trace, prior), *zero_probability_tokens(trace, noise_rms=noise),
+             prompt_token_parity(trace)]
     return [f for f in found if f is not None]
 
 
@@ -356,6 +448,21 @@ CODES: tuple[FindingCode, ...] = (
                 "that cuts another set acts on every token); alone it is evidence about those tokens",
            thresholds=("boundary_flip_ulps",), calibrated_on="bfloat16 rounding (2^-7 relative)",
            causes=("trainer_top_k",)),
+    code("trainer_cut_wider", SEM, (W,),
+           "The trainer's processed distribution spreads over more tokens than the engine's top-k keeps: at some "
+           "position its entropy exceeds log k, which no distribution over k tokens can. The trainer did not apply "
+           "the engine's cut (or applied a wider one) and renormalises over another set; read from the numbers when "
+           "the trainer's cut is not recorded, or against a recorded cut that equals the engine's.",
+           FIX_TRAINER_SAMPLING, "processing",
+           rule="trainer_processed_entropy above log(top_k) + `cut_entropy_margin` at one position or more; untestable "
+                "where the trainer's largest logits are bfloat16 numbers (ties at the k-th logit)",
+           thresholds=("cut_entropy_margin",),
+           calibrated_on="a bound (entropy of k tokens at most log k) with a margin of log 2 chosen on CPU tiny-bf16 "
+                         "seeds 0-4: the trainer_top_k arm whose cut takes effect reads 1.17 nats over log k, every "
+                         "other arm at most 0.0. Held out: CPU seeds 5-9 (the cut arm 5.63; bf16 trainer heads up to "
+                         "0.65 from ties, under the margin: the bf16 exclusion was added after seeing them and changes "
+                         "no score), H100 seeds 1-3 (every arm at most -0.47; the cut arms' cut removes no mass there)",
+           causes=("trainer_top_k",)),
     code("prompt_token_mismatch", SEM, (E,),
            "The engine's prompt ids differ from the trainer's own tokenization of the same prompt (a chat template, "
            "BOS or special-token setting): the trainer scores the response after another prompt.",
@@ -372,5 +479,5 @@ CODES: tuple[FindingCode, ...] = (
 
 TOPIC = Topic("processing", 16, CODES, trace_findings)
 
-__all__ = ["prompt_token_parity", "renormalization", "repeated_tokens", "sampling_penalty",
-           "trace_findings", "zero_probability_tokens"]
+__all__ = ["cut_spread", "prompt_token_parity", "renormalization", "repeated_tokens", "sampling_penalty",
+           "trace_findings", "trainer_cut_from_numbers", "zero_probability_tokens"]

@@ -24,7 +24,41 @@ from rlparity.metrics import core
 # most of the mean) and the mean (a partial sync moves a few tokens a lot: on the held-out H100 matrices the median
 # found 3 of 24 partial-sync arms, the mean 11, with no false flag on their 75 other arms at ratio 1.6 and z 3;
 # the H200 example's partial syncs show in the median only). Either one at the ratio and z flags a version.
-VERSION_STATISTICS = {"median": np.median, "mean": np.mean}
+VERSION_STATISTICS = {"median": np.median, "mean": np.mean, "logit_median": np.median}
+# the statistics read on |r| / (1 - p) (p: the token's probability, the smaller side's) rather than on |r|: a logit
+# moved by e moves a token's log-probability by about e (1 - p), so a version whose tokens are more peaked reads a
+# smaller |r| from the same logit disagreement (the CPU tiny-bf16 clean arms: version 1's median |r| 0.57-1.83x version
+# 0's, the same seed's partial sync 1.26-3.8x; issue 41)
+LOGIT_STATISTICS = ("logit_median",)
+# the smallest 1 - p the logit statistics divide by: a token the trainer gives p = 1 within float32 (|r| is its noise)
+LOGIT_Q_MIN = 1e-6
+
+
+def logit_scale(absr: np.ndarray, mu: np.ndarray, matched: np.ndarray) -> np.ndarray:
+    """``|r| / (1 - p)`` per token: the residual read at the logits.
+
+    A logit disagreement ``e`` on the sampled token (the rest of the distribution fixed) moves its
+    log-probability by about ``e (1 - p)``, ``p`` its probability; dividing by ``1 - p`` reads ``e``
+    whatever the token's confidence. ``p`` is the smaller of the two sides' probabilities (a token one
+    side gives ``p = 1`` and the other does not is a disagreement, not a confident token), and
+    ``1 - p`` at least :data:`LOGIT_Q_MIN`.
+
+    Parameters
+    ----------
+    absr : numpy.ndarray
+        ``|r|`` per token (nats).
+    mu : numpy.ndarray
+        The rollout's log-probability of the token (nats).
+    matched : numpy.ndarray
+        The matched trainer reading's log-probability of the token (``mu - r``, nats).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``|r| / max(1 - exp(min(mu, matched)), LOGIT_Q_MIN)``; NaN where an input is not finite.
+    """
+    q = -np.expm1(np.minimum(np.asarray(mu, dtype=float), np.asarray(matched, dtype=float)))
+    return np.asarray(absr, dtype=float) / np.maximum(q, LOGIT_Q_MIN)
 
 
 def floor_excess_ratio(level: float, ref_level: float, floor: float, ref_floor: float) -> float:
@@ -58,17 +92,20 @@ def floor_excess_ratio(level: float, ref_level: float, floor: float, ref_floor: 
 def version_excess(abs_residual: np.ndarray, free: np.ndarray, policy_version: np.ndarray, *,
                    floors: Mapping[int, float] | None = None, noise: float = float("nan"),
                    fingerprints_equal: Collection[int] = (), ratio: float | None = None,
-                   z: float | None = None) -> dict[str, Any]:
+                   z: float | None = None, scaled: np.ndarray | None = None,
+                   logit_ratio: float | None = None) -> dict[str, Any]:
     """The policy versions whose tokens stand far above the first version's.
 
     Per policy version with at least 4 free tokens, the median and the mean ``|r|`` of them
     (:data:`VERSION_STATISTICS`: the median is robust, as a few tokens of a near-flat distribution
     carry most of the mean, 27x the median on the H200 ``small`` model; the mean sees a partial sync
-    that moves few tokens far), each measured against that version's own floor where ``floors`` holds
+    that moves few tokens far) and, given ``scaled``, the median of ``|r| / (1 - p)``
+    (:func:`logit_scale`: the disagreement read at the logits, whatever the confidence of the
+    version's tokens; ratio ``logit_ratio``), each measured against that version's own floor where ``floors`` holds
     one for every such version (:func:`floor_excess_ratio`: the first version's level above its floor
     plus the later version's floor), so a version whose weights merely have a higher numeric floor is
     not flagged. A later version whose ratio to the first version's is at least ``ratio`` and whose
-    log-ratio is ``z`` standard errors above 0, in either statistic, is flagged; the error is a
+    log-ratio is ``z`` standard errors above 0, in any statistic, is flagged; the error is a
     delete-a-group jackknife over sequences (tokens of one sequence are not independent draws), and
     with fewer than ``defaults().min_fit_sequences`` sequences holding the two versions' tokens
     nothing is flagged. A version in ``fingerprints_equal`` is never flagged. A trainer whose
@@ -95,13 +132,22 @@ def version_excess(abs_residual: np.ndarray, free: np.ndarray, policy_version: n
         The ratio to the first version's a version must reach; None: ``defaults().version_ratio``.
     z : float, optional
         Jackknife standard errors of the log-ratio it must also reach; None: ``defaults().version_z``.
+    scaled : numpy.ndarray, optional
+        ``|r| / (1 - p)`` per token (:func:`logit_scale`), the shape of ``abs_residual``; None: the
+        logit statistic is not tested.
+    logit_ratio : float, optional
+        The ratio the median of ``scaled`` must reach (with ``z``); None:
+        ``defaults().version_logit_ratio``.
 
     Returns
     -------
     dict
         Mean and median ``|r|`` and token count per version, the ``reference_version``, each later
         version's ratio to it (``version_<v>_over_reference``, over the floors when measured against
-        them: ``floor_by_version``) and its ``z_by_version``, the versions whose fingerprints agree
+        them: ``floor_by_version``) and its ``z_by_version``, the same for the mean
+        (``mean_over_reference_by_version``, ``mean_z_by_version``) and the logit statistic
+        (``logit_median_over_reference_by_version``, ``logit_median_z_by_version``), the versions whose
+        fingerprints agree
         (``fingerprints_equal``), the thresholds, the ``flagged`` versions and which statistics flagged
         them (``flagged_by``); ``untestable`` and no flag when the trainer's noise is too large; empty
         with fewer than two versions of 4 free tokens.
@@ -109,6 +155,8 @@ def version_excess(abs_residual: np.ndarray, free: np.ndarray, policy_version: n
     o = defaults()
     ratio = o.version_ratio if ratio is None else ratio
     z = o.version_z if z is None else z
+    logit_ratio = o.version_logit_ratio if logit_ratio is None else logit_ratio
+    statistics = {k: f for k, f in VERSION_STATISTICS.items() if scaled is not None or k not in LOGIT_STATISTICS}
     floors = dict(floors or {})
     pv = np.asarray(policy_version)
     absr = np.asarray(abs_residual)
@@ -133,9 +181,10 @@ def version_excess(abs_residual: np.ndarray, free: np.ndarray, policy_version: n
                            "abs_residual_median_by_version": {str(v): s[1] for v, s in stats.items()},
                            "n_tokens_by_version": {str(v): s[2] for v, s in stats.items()},
                            "reference_version": ref, "ratio_threshold": ratio, "z_threshold": z,
-                           "statistic": "median and mean |r| per version against the first version's, each over what "
-                                        "its own floor predicts (floor_excess_ratio); z from a jackknife over "
-                                        "sequences; either one flags",
+                           "logit_ratio_threshold": logit_ratio,
+                           "statistic": "median and mean |r| and median |r| / (1 - p) per version against the first "
+                                        "version's, each over what its own floor predicts (floor_excess_ratio); z from "
+                                        "a jackknife over sequences; any one flags",
                            "z_by_version": {}, "flagged": []}
     if floors:
         out["floor_by_version"] = {str(v): f for v, f in floors.items()}
@@ -149,14 +198,19 @@ def version_excess(abs_residual: np.ndarray, free: np.ndarray, policy_version: n
         both = free & ((pv == v) | (pv == ref))
         n_seq = int(both.reshape(both.shape[0], -1).any(axis=1).sum())
         tests = {}
-        for name, reduce in VERSION_STATISTICS.items():
+        for name, reduce in statistics.items():
 
-            def log_ratio_of(m, v=v, reduce=reduce):
+            def log_ratio_of(m, v=v, reduce=reduce, logit=name in LOGIT_STATISTICS):
                 a, b = absr[m & (pv == v)], absr[m & (pv == ref)]
                 if a.size == 0 or b.size == 0:
                     return float("nan")
-                return float(np.log(floor_excess_ratio(reduce(a), reduce(b), floors[v], floors[ref])
-                                    if own_floor else max(reduce(a), 1e-300) / max(reduce(b), 1e-300)))
+                lr = float(np.log(floor_excess_ratio(reduce(a), reduce(b), floors[v], floors[ref])
+                                  if own_floor else max(reduce(a), 1e-300) / max(reduce(b), 1e-300)))
+                if logit:  # the same floor model, on the statistic read at the logits: swap the plain levels' ratio
+                    sa, sb = scaled[m & (pv == v)], scaled[m & (pv == ref)]
+                    lr += float(np.log(max(reduce(sa), 1e-300) / max(reduce(sb), 1e-300))
+                                - np.log(max(reduce(a), 1e-300) / max(reduce(b), 1e-300)))
+                return lr
 
             lr = log_ratio_of(free)
             se = core.jackknife_slope_se(log_ratio_of, both, groups=o.jackknife_groups)["se"]
@@ -170,11 +224,16 @@ def version_excess(abs_residual: np.ndarray, free: np.ndarray, policy_version: n
         out["z_by_version"][str(v)] = zz
         out.setdefault("mean_over_reference_by_version", {})[str(v)] = float(np.exp(tests["mean"][0]))
         out.setdefault("mean_z_by_version", {})[str(v)] = tests["mean"][1]
-        passed = [n for n, (lr_, z_) in tests.items() if np.exp(lr_) >= ratio and not np.isnan(z_) and z_ >= z]
+        if "logit_median" in tests:
+            out.setdefault("logit_median_over_reference_by_version", {})[str(v)] = float(np.exp(tests["logit_median"][0]))
+            out.setdefault("logit_median_z_by_version", {})[str(v)] = tests["logit_median"][1]
+        passed = [n for n, (lr_, z_) in tests.items()
+                  if np.exp(lr_) >= (logit_ratio if n in LOGIT_STATISTICS else ratio) and not np.isnan(z_) and z_ >= z]
         if passed and v not in same:
             out["flagged"].append(v)
             out.setdefault("flagged_by", {})[str(v)] = passed
     return out
 
 
-__all__ = ["VERSION_STATISTICS", "floor_excess_ratio", "version_excess"]
+__all__ = ["LOGIT_Q_MIN", "LOGIT_STATISTICS", "VERSION_STATISTICS", "floor_excess_ratio", "logit_scale",
+           "version_excess"]
