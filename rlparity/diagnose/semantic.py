@@ -34,11 +34,13 @@ from rlparity.metrics import (
 )
 from rlparity.diagnose.topic import E, FIX_NONE, FindingCode, H200_BF16, I, SEM, Topic, W, code
 from rlparity.metrics.semantic import identity_sampling
-from rlparity.trace import arm_record
+from rlparity.trace import ArmRecord, arm_record
 
 FIX_PROCESSED = ("start vLLM with --logprobs-mode processed_logprobs "
                  "(LLM(..., logprobs_mode='processed_logprobs'))")
 PAIR = BACKEND_PAIR_D
+_RAW_SIGNATURE = ("rollout logprobs are raw (before temperature/top-k/top-p) while the trainer recomputes the "
+                  "processed distribution the sampler drew from")
 
 # what logprob_semantics can emit: the reading the topics after this one read from their prior findings
 SEMANTIC_READINGS = ("raw_logprobs_used_as_processed", "logprobs_processed", "logprobs_raw", "logprobs_not_processed",
@@ -99,9 +101,24 @@ def logprob_semantics(trace: xr.Dataset, *, semantic_tol: float | None = None,
     semantic_tol = o.semantic_tol if semantic_tol is None else semantic_tol
     offset_z = o.offset_z if offset_z is None else offset_z
     ev_ = evidence if evidence is not None else build(trace, semantic_tol=semantic_tol)
-    mask = trace["response_mask"].values.astype(bool)
     readings = trainer_readings(trace)
     rec = arm_record(trace)
+    evidence_ = _semantic_evidence(trace, ev_, readings, rec)
+    arm = rec.arm
+    if identity_sampling(trace):
+        return Finding(Layer.SEMANTIC, "logprob_semantics_untestable", Severity.INFO,
+                       "sampling is the identity (T=1, no top-k/top-p): raw and processed coincide",
+                       evidence_, "capture at the temperature/top-k/top-p your RL run uses", arm)
+    if len(readings) == 2:
+        return _two_readings_finding(ev_, evidence_, semantic_tol, arm)
+    return _one_reading_finding(trace, ev_, evidence_, readings[0], offset_z, arm)
+
+
+def _semantic_evidence(trace: xr.Dataset, ev_: ArmEvidence, readings: list[str], rec: ArmRecord) -> dict:
+    """The evidence every reading of :func:`logprob_semantics` starts from: the pair, the trainer's
+    readings, the engine's logprobs mode, the RMS of d per reading, the offsets per temperature and
+    the tokens left out of the fit (explained by another cause)."""
+    mask = trace["response_mask"].values.astype(bool)
     evidence_: dict = {"pair": PAIR, "trainer_readings": readings, "engine_logprobs_mode": rec.effective.logprobs_mode}
     for side in readings:
         evidence_[f"rms_d_vs_trainer_{side}"] = float(core.masked_rms(log_ratio(trace, side).values, mask))
@@ -111,68 +128,82 @@ def logprob_semantics(trace: xr.Dataset, *, semantic_tol: float | None = None,
         evidence_["tokens_left_out"] = {c: int((t & mask).sum()) for c, t in ev_.claims.items()}
         evidence_["left_out_why"] = ("explained by another identified cause: the fit is made on the tokens no "
                                      "other cause explains")
-    arm = rec.arm
-    if identity_sampling(trace):
+    return evidence_
+
+
+def _fit_evidence(fit: dict, semantic_tol: float) -> dict:
+    """The semantic fit's numbers as evidence (alpha, its error and band, the noise floor)."""
+    alpha, se = fit.get("alpha", float("nan")), fit.get("alpha_se", float("nan"))
+    band = fit.get("alpha_band", semantic_tol)
+    return {"alpha_processed": alpha, "alpha_se": se, "alpha_band": band,
+            "noise_floor_rms": fit.get("noise_rms"), "noise_scale_robust": fit.get("noise_scale"),
+            "separation_rms": fit.get("separation_rms"), "n_tokens_fitted": fit.get("n_tokens"),
+            "n_sequences_fitted": fit.get("n_sequences_fitted"),
+            "alpha_se_jackknife": fit.get("alpha_se_jackknife"),
+            "trainer_noise_rms": fit.get("trainer_noise_rms"),
+            "trainer_noise_ratio": fit.get("trainer_noise_ratio"),
+            "downweighted_share": fit.get("downweighted_share"),
+            "reading": "mu - log pi_raw = alpha (log pi_processed - log pi_raw) + noise; "
+                       "alpha 1 = processed, 0 = raw (robust fit)"}
+
+
+def _untestable_why(fit: dict, alpha: float, se: float) -> str:
+    """Why the semantic fit cannot tell the readings apart: a noisy trainer, too few sequences, or
+    the fit's own error."""
+    n_seq = fit.get("n_sequences_fitted") or 0
+    noisy = fit.get("trainer_noise_ratio", float("nan"))
+    return (f"the trainer's own run-to-run noise, {fit['trainer_noise_rms']:.3g} nats RMS, is {noisy:.2g} times "
+            "the gap between its processed and raw readings (its self-check): a trainer that does not repeat "
+            "itself cannot tell them apart" if np.isfinite(noisy) and noisy > defaults().semantic_max_trainer_noise
+            else f"only {n_seq} sequences to fit on (a reading needs {defaults().min_fit_sequences})"
+            if n_seq < defaults().min_fit_sequences else
+            f"alpha {alpha:.3g} +- {se:.2g} over {n_seq} sequences, with the readings "
+            f"{fit.get('separation_rms', float('nan')):.2g} nats apart: at this noise the fit cannot tell them "
+            "apart (the error is the larger of the per-token one and a jackknife over sequences)")
+
+
+def _two_readings_finding(ev_: ArmEvidence, evidence_: dict, semantic_tol: float, arm: str | None) -> Finding:
+    """:func:`logprob_semantics` with both trainer readings: the reading of the semantic fit (alpha)."""
+    fit = ev_.fit
+    evidence_.update(_fit_evidence(fit, semantic_tol))
+    alpha, se = evidence_["alpha_processed"], evidence_["alpha_se"]
+    mode = evidence_["engine_logprobs_mode"]
+    if mode == "raw_logprobs" and ev_.reading != "raw":
+        # the engine says it returns raw logprobs while the numbers cannot show it (here the
+        # trainer's readings coincide, or another cause moves every token): believe the engine
+        return Finding(Layer.SEMANTIC, "raw_logprobs_used_as_processed", Severity.WARNING,
+                       _RAW_SIGNATURE + f": the running engine reports logprobs_mode=raw_logprobs; the logprobs "
+                       f"alone cannot confirm it here (the fit reads {ev_.reading!r}: alpha {alpha:.3g} +- "
+                       f"{se:.2g}, the trainer's readings {fit.get('separation_rms', float('nan')):.2g} nats apart)",
+                       evidence_, FIX_PROCESSED, arm, cause="raw_logprobs")
+    if ev_.reading == "untestable":
+        why = _untestable_why(fit, alpha, se)
         return Finding(Layer.SEMANTIC, "logprob_semantics_untestable", Severity.INFO,
-                       "sampling is the identity (T=1, no top-k/top-p): raw and processed coincide",
-                       evidence_, "capture at the temperature/top-k/top-p your RL run uses", arm)
-    raw_signature = ("rollout logprobs are raw (before temperature/top-k/top-p) while the trainer recomputes the "
-                     "processed distribution the sampler drew from")
-    if len(readings) == 2:
-        fit = ev_.fit
-        alpha, se = fit.get("alpha", float("nan")), fit.get("alpha_se", float("nan"))
-        band = fit.get("alpha_band", semantic_tol)
-        evidence_.update({"alpha_processed": alpha, "alpha_se": se, "alpha_band": band,
-                          "noise_floor_rms": fit.get("noise_rms"), "noise_scale_robust": fit.get("noise_scale"),
-                          "separation_rms": fit.get("separation_rms"), "n_tokens_fitted": fit.get("n_tokens"),
-                          "n_sequences_fitted": fit.get("n_sequences_fitted"),
-                          "alpha_se_jackknife": fit.get("alpha_se_jackknife"),
-                          "trainer_noise_rms": fit.get("trainer_noise_rms"),
-                          "trainer_noise_ratio": fit.get("trainer_noise_ratio"),
-                          "downweighted_share": fit.get("downweighted_share"),
-                          "reading": "mu - log pi_raw = alpha (log pi_processed - log pi_raw) + noise; "
-                                     "alpha 1 = processed, 0 = raw (robust fit)"})
-        mode = evidence_["engine_logprobs_mode"]
-        if mode == "raw_logprobs" and ev_.reading != "raw":
-            # the engine says it returns raw logprobs while the numbers cannot show it (here the
-            # trainer's readings coincide, or another cause moves every token): believe the engine
-            return Finding(Layer.SEMANTIC, "raw_logprobs_used_as_processed", Severity.WARNING,
-                           raw_signature + f": the running engine reports logprobs_mode=raw_logprobs; the logprobs "
-                           f"alone cannot confirm it here (the fit reads {ev_.reading!r}: alpha {alpha:.3g} +- "
-                           f"{se:.2g}, the trainer's readings {fit.get('separation_rms', float('nan')):.2g} nats apart)",
-                           evidence_, FIX_PROCESSED, arm, cause="raw_logprobs")
-        if ev_.reading == "untestable":
-            n_seq = fit.get("n_sequences_fitted") or 0
-            noisy = fit.get("trainer_noise_ratio", float("nan"))
-            why = (f"the trainer's own run-to-run noise, {fit['trainer_noise_rms']:.3g} nats RMS, is {noisy:.2g} times "
-                   "the gap between its processed and raw readings (its self-check): a trainer that does not repeat "
-                   "itself cannot tell them apart" if np.isfinite(noisy) and noisy > defaults().semantic_max_trainer_noise
-                   else f"only {n_seq} sequences to fit on (a reading needs {defaults().min_fit_sequences})"
-                   if n_seq < defaults().min_fit_sequences else
-                   f"alpha {alpha:.3g} +- {se:.2g} over {n_seq} sequences, with the readings "
-                   f"{fit.get('separation_rms', float('nan')):.2g} nats apart: at this noise the fit cannot tell them "
-                   "apart (the error is the larger of the per-token one and a jackknife over sequences)")
-            return Finding(Layer.SEMANTIC, "logprob_semantics_untestable", Severity.INFO,
-                           f"inconclusive: which reading the rollout reports cannot be told here ({why})", evidence_,
-                           "capture more sequences, at the temperature/top-k your RL run uses, with the trainer in "
-                           "eval mode (a noisy trainer hides the semantic reading)", arm)
-        if ev_.reading == "processed":
-            return Finding(Layer.SEMANTIC, "logprobs_processed", Severity.INFO,
-                           f"rollout logprobs are the processed distribution (alpha {alpha:.3f} +- {se:.2g}; "
-                           f"numeric noise floor {fit['noise_rms']:.3g} nats RMS)", evidence_, "", arm)
-        if ev_.reading == "raw":
-            summary = raw_signature + f" (alpha {alpha:.3f} +- {se:.2g})"
-            if evidence_.get("mean_d_range_over_temperatures", 0) > 0:
-                summary += "; the mean offset moves with temperature (the raw-mode signature)"
-            return Finding(Layer.SEMANTIC, "raw_logprobs_used_as_processed", Severity.ERROR, summary,
-                           evidence_, FIX_PROCESSED, arm, cause="raw_logprobs")
-        return Finding(Layer.SEMANTIC, "logprobs_match_neither", Severity.WARNING,
-                       f"rollout logprobs lie between or beyond the trainer's processed and raw readings "
-                       f"(alpha {alpha:.3f} +- {se:.2g}; 1 = processed, 0 = raw): another temperature, "
-                       "other sampling parameters or a different distribution", evidence_,
-                       "compare the engine's sampling parameters with the trainer's (temperature, top-k, "
-                       "top-p, penalties, the model's generation_config)", arm)
-    side = readings[0]
+                       f"inconclusive: which reading the rollout reports cannot be told here ({why})", evidence_,
+                       "capture more sequences, at the temperature/top-k your RL run uses, with the trainer in "
+                       "eval mode (a noisy trainer hides the semantic reading)", arm)
+    if ev_.reading == "processed":
+        return Finding(Layer.SEMANTIC, "logprobs_processed", Severity.INFO,
+                       f"rollout logprobs are the processed distribution (alpha {alpha:.3f} +- {se:.2g}; "
+                       f"numeric noise floor {fit['noise_rms']:.3g} nats RMS)", evidence_, "", arm)
+    if ev_.reading == "raw":
+        summary = _RAW_SIGNATURE + f" (alpha {alpha:.3f} +- {se:.2g})"
+        if evidence_.get("mean_d_range_over_temperatures", 0) > 0:
+            summary += "; the mean offset moves with temperature (the raw-mode signature)"
+        return Finding(Layer.SEMANTIC, "raw_logprobs_used_as_processed", Severity.ERROR, summary,
+                       evidence_, FIX_PROCESSED, arm, cause="raw_logprobs")
+    return Finding(Layer.SEMANTIC, "logprobs_match_neither", Severity.WARNING,
+                   f"rollout logprobs lie between or beyond the trainer's processed and raw readings "
+                   f"(alpha {alpha:.3f} +- {se:.2g}; 1 = processed, 0 = raw): another temperature, "
+                   "other sampling parameters or a different distribution", evidence_,
+                   "compare the engine's sampling parameters with the trainer's (temperature, top-k, "
+                   "top-p, penalties, the model's generation_config)", arm)
+
+
+def _one_reading_finding(trace: xr.Dataset, ev_: ArmEvidence, evidence_: dict, side: str, offset_z: float,
+                         arm: str | None) -> Finding:
+    """:func:`logprob_semantics` with one trainer reading: the mean offset of d against a faithful
+    rollout's (``E[d] = -Var(d)/2``)."""
     free = ev_.unclaimed()
     t = core.offset_test(log_ratio(trace, side).values, free)
     evidence_.update({"offset_nats": t["offset"], "offset_se": t["offset_se"], "offset_z": t["z"],
