@@ -152,31 +152,62 @@ def version_excess(abs_residual: np.ndarray, free: np.ndarray, policy_version: n
         them (``flagged_by``); ``untestable`` and no flag when the trainer's noise is too large; empty
         with fewer than two versions of 4 free tokens.
     """
+    ratio, z, logit_ratio = _thresholds(ratio, z, logit_ratio)
+    floors = dict(floors or {})
+    pv, absr = np.asarray(policy_version), np.asarray(abs_residual)
+    free = np.asarray(free, dtype=bool) & np.isfinite(absr)
+    stats = _version_stats(absr, free, pv)
+    early = _untestable(stats, noise)
+    if early is not None:
+        return early
+    ref = min(stats)
+    same = [v for v in stats if v in fingerprints_equal]
+    # each version against its own floor, where one was measured for every version (else no floor)
+    own_floor = all(v in floors for v in stats)
+    out = _version_table(stats, ref, floors, own_floor, same, ratio, z, logit_ratio)
+    for v in [v for v in stats if v != ref]:
+        tests = _version_tests(absr, free, pv, scaled, v, ref, floors, own_floor)
+        _record_version(out, v, tests, ratio, logit_ratio, z, same)
+    return out
+
+
+def _thresholds(ratio: float | None, z: float | None, logit_ratio: float | None) -> tuple[float, float, float]:
+    """The thresholds of :func:`version_excess`, each from :func:`~rlparity.config.defaults.defaults` where None."""
     o = defaults()
     ratio = o.version_ratio if ratio is None else ratio
     z = o.version_z if z is None else z
     logit_ratio = o.version_logit_ratio if logit_ratio is None else logit_ratio
-    statistics = {k: f for k, f in VERSION_STATISTICS.items() if scaled is not None or k not in LOGIT_STATISTICS}
-    floors = dict(floors or {})
-    pv = np.asarray(policy_version)
-    absr = np.asarray(abs_residual)
-    free = np.asarray(free, dtype=bool) & np.isfinite(absr)
+    return ratio, z, logit_ratio
+
+
+def _version_stats(absr: np.ndarray, free: np.ndarray, pv: np.ndarray) -> dict[int, tuple[float, float, int]]:
+    """Per version with at least 4 free tokens, in order: the mean and median ``|r|`` and the count."""
     stats = {}
     for v in sorted({int(x) for x in np.unique(pv[free])}):
         a = absr[free & (pv == v)]
         if a.size >= 4:
             stats[v] = (float(a.mean()), float(np.median(a)), int(a.size))
+    return stats
+
+
+def _untestable(stats: dict[int, tuple[float, float, int]], noise: float) -> dict[str, Any] | None:
+    """The result of :func:`version_excess` when nothing can be tested: empty with fewer than two
+    versions, ``untestable`` with a trainer too noisy; None when the versions can be tested."""
     if len(stats) < 2:
         return {}
-    # each version against its own floor, where one was measured for every version (else no floor)
-    own_floor = all(v in floors for v in stats)
     ref = min(stats)
     # a trainer that does not repeat itself (dropout) moves every version's residual by its own noise: the medians
     # then compare noise, not weights (CPU stability runs: 7 of 10 false claims were dropout arms)
     if np.isfinite(noise) and noise >= 0.25 * stats[ref][1]:
         return {"untestable": f"the trainer's run-to-run noise ({noise:.3g} nats) is a quarter of version {ref}'s "
                               f"median |r| ({stats[ref][1]:.3g}) or more", "flagged": []}
-    same = [v for v in stats if v in fingerprints_equal]
+    return None
+
+
+def _version_table(stats: dict[int, tuple[float, float, int]], ref: int, floors: dict[int, float], own_floor: bool,
+                   same: list[int], ratio: float, z: float, logit_ratio: float) -> dict[str, Any]:
+    """The result of :func:`version_excess` before its per-version tests: the levels per version, the
+    reference, the thresholds, the floors and the versions whose fingerprints agree."""
     out: dict[str, Any] = {"abs_residual_mean_by_version": {str(v): s[0] for v, s in stats.items()},
                            "abs_residual_median_by_version": {str(v): s[1] for v, s in stats.items()},
                            "n_tokens_by_version": {str(v): s[2] for v, s in stats.items()},
@@ -192,47 +223,60 @@ def version_excess(abs_residual: np.ndarray, free: np.ndarray, policy_version: n
             "the first version's level (a floor is missing for some version)"
     if same:
         out["fingerprints_equal"] = same
-    for v in stats:
-        if v == ref:
-            continue
-        both = free & ((pv == v) | (pv == ref))
-        n_seq = int(both.reshape(both.shape[0], -1).any(axis=1).sum())
-        tests = {}
-        for name, reduce in statistics.items():
-
-            def log_ratio_of(m, v=v, reduce=reduce, logit=name in LOGIT_STATISTICS):
-                a, b = absr[m & (pv == v)], absr[m & (pv == ref)]
-                if a.size == 0 or b.size == 0:
-                    return float("nan")
-                lr = float(np.log(floor_excess_ratio(reduce(a), reduce(b), floors[v], floors[ref])
-                                  if own_floor else max(reduce(a), 1e-300) / max(reduce(b), 1e-300)))
-                if logit:  # the same floor model, on the statistic read at the logits: swap the plain levels' ratio
-                    sa, sb = scaled[m & (pv == v)], scaled[m & (pv == ref)]
-                    lr += float(np.log(max(reduce(sa), 1e-300) / max(reduce(sb), 1e-300))
-                                - np.log(max(reduce(a), 1e-300) / max(reduce(b), 1e-300)))
-                return lr
-
-            lr = log_ratio_of(free)
-            se = core.jackknife_slope_se(log_ratio_of, both, groups=o.jackknife_groups)["se"]
-            if n_seq < o.min_fit_sequences:
-                se = float("nan")
-            # an excess without spread (every left-out group gives the same ratio) is as sure as it gets: z = +inf
-            tests[name] = (lr, lr / se if np.isfinite(se) and se > 0
-                           else float(np.copysign(np.inf, lr)) if se == 0 and lr != 0 else float("nan"))
-        lr, zz = tests["median"]
-        out[f"version_{v}_over_reference"] = float(np.exp(lr))
-        out["z_by_version"][str(v)] = zz
-        out.setdefault("mean_over_reference_by_version", {})[str(v)] = float(np.exp(tests["mean"][0]))
-        out.setdefault("mean_z_by_version", {})[str(v)] = tests["mean"][1]
-        if "logit_median" in tests:
-            out.setdefault("logit_median_over_reference_by_version", {})[str(v)] = float(np.exp(tests["logit_median"][0]))
-            out.setdefault("logit_median_z_by_version", {})[str(v)] = tests["logit_median"][1]
-        passed = [n for n, (lr_, z_) in tests.items()
-                  if np.exp(lr_) >= (logit_ratio if n in LOGIT_STATISTICS else ratio) and not np.isnan(z_) and z_ >= z]
-        if passed and v not in same:
-            out["flagged"].append(v)
-            out.setdefault("flagged_by", {})[str(v)] = passed
     return out
+
+
+def _version_tests(absr: np.ndarray, free: np.ndarray, pv: np.ndarray, scaled: np.ndarray | None, v: int, ref: int,
+                   floors: dict[int, float], own_floor: bool) -> dict[str, tuple[float, float]]:
+    """Per statistic of :data:`VERSION_STATISTICS` (the logit ones given ``scaled``), version ``v``'s
+    log-ratio to ``ref`` and its z (a jackknife over sequences; NaN with too few sequences holding
+    the two versions' tokens)."""
+    o = defaults()
+    statistics = {k: f for k, f in VERSION_STATISTICS.items() if scaled is not None or k not in LOGIT_STATISTICS}
+    both = free & ((pv == v) | (pv == ref))
+    n_seq = int(both.reshape(both.shape[0], -1).any(axis=1).sum())
+    tests = {}
+    for name, reduce in statistics.items():
+
+        def log_ratio_of(m, v=v, reduce=reduce, logit=name in LOGIT_STATISTICS):
+            a, b = absr[m & (pv == v)], absr[m & (pv == ref)]
+            if a.size == 0 or b.size == 0:
+                return float("nan")
+            lr = float(np.log(floor_excess_ratio(reduce(a), reduce(b), floors[v], floors[ref])
+                              if own_floor else max(reduce(a), 1e-300) / max(reduce(b), 1e-300)))
+            if logit:  # the same floor model, on the statistic read at the logits: swap the plain levels' ratio
+                sa, sb = scaled[m & (pv == v)], scaled[m & (pv == ref)]
+                lr += float(np.log(max(reduce(sa), 1e-300) / max(reduce(sb), 1e-300))
+                            - np.log(max(reduce(a), 1e-300) / max(reduce(b), 1e-300)))
+            return lr
+
+        lr = log_ratio_of(free)
+        se = core.jackknife_slope_se(log_ratio_of, both, groups=o.jackknife_groups)["se"]
+        if n_seq < o.min_fit_sequences:
+            se = float("nan")
+        # an excess without spread (every left-out group gives the same ratio) is as sure as it gets: z = +inf
+        tests[name] = (lr, lr / se if np.isfinite(se) and se > 0
+                       else float(np.copysign(np.inf, lr)) if se == 0 and lr != 0 else float("nan"))
+    return tests
+
+
+def _record_version(out: dict[str, Any], v: int, tests: dict[str, tuple[float, float]], ratio: float,
+                    logit_ratio: float, z: float, same: list[int]) -> None:
+    """Write version ``v``'s ratios and z into ``out`` and flag it where any statistic reaches its
+    ratio (``logit_ratio`` for the logit ones) and ``z`` (never a version in ``same``)."""
+    lr, zz = tests["median"]
+    out[f"version_{v}_over_reference"] = float(np.exp(lr))
+    out["z_by_version"][str(v)] = zz
+    out.setdefault("mean_over_reference_by_version", {})[str(v)] = float(np.exp(tests["mean"][0]))
+    out.setdefault("mean_z_by_version", {})[str(v)] = tests["mean"][1]
+    if "logit_median" in tests:
+        out.setdefault("logit_median_over_reference_by_version", {})[str(v)] = float(np.exp(tests["logit_median"][0]))
+        out.setdefault("logit_median_z_by_version", {})[str(v)] = tests["logit_median"][1]
+    passed = [n for n, (lr_, z_) in tests.items()
+              if np.exp(lr_) >= (logit_ratio if n in LOGIT_STATISTICS else ratio) and not np.isnan(z_) and z_ >= z]
+    if passed and v not in same:
+        out["flagged"].append(v)
+        out.setdefault("flagged_by", {})[str(v)] = passed
 
 
 __all__ = ["LOGIT_Q_MIN", "LOGIT_STATISTICS", "VERSION_STATISTICS", "floor_excess_ratio", "logit_scale",
