@@ -305,6 +305,23 @@ def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
     ValueError
         If no arm carries a ground truth.
     """
+    rows, every = _score_rows(arms, report)
+    if not rows:
+        raise ValueError("no arm carries a ground truth (attrs['faults']['causes']): score a fault matrix "
+                         "(rlparity experiment faults)")
+    causes = [c for c in CAUSES if any(c in r["true"] or (c in r["named"] and c not in FLOOR_CAUSES) for r in rows)]
+    true_axis, named_axis, conf = _confusion(rows, causes)
+    counts = _cause_counts(rows, causes)
+    n_true = np.array([len(r["true"]) for r in rows])
+    right = np.array([r["headline_right"] for r in rows])
+    ds = _score_dataset(rows, causes, true_axis, named_axis, conf, counts, n_true, right)
+    ds.attrs = make_attrs(**_score_attrs(arms, rows, every, counts, n_true, right))
+    return ds
+
+
+def _score_rows(arms: Mapping[str, xr.Dataset], report: Report) -> tuple[list[dict], list[dict]]:
+    """The :func:`arm_score` of every arm with a ground truth: with the causes not injected or without
+    effect left out (and the dominant cause of a pair), and against every injected cause."""
     rows, every = [], []
     idle = no_effect(arms)
     dom = dominance(arms)
@@ -320,10 +337,12 @@ def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
                                         ) if d else None
             rows.append(row)
             every.append(arm_score(report, name, tuple(t)))
-    if not rows:
-        raise ValueError("no arm carries a ground truth (attrs['faults']['causes']): score a fault matrix "
-                         "(rlparity experiment faults)")
-    causes = [c for c in CAUSES if any(c in r["true"] or (c in r["named"] and c not in FLOOR_CAUSES) for r in rows)]
+    return rows, every
+
+
+def _confusion(rows: list[dict], causes: list[str]) -> tuple[list[str], list[str], np.ndarray]:
+    """The confusion matrix's axes (true causes with ``clean``; named causes with ``(unattributed)``
+    and ``(nothing)``) and its counts of arms."""
     named_all = sorted({c for r in rows for c in r["named"]} | ({UNATTRIBUTED} if any(r["unattributed"] for r in rows)
                                                                 else set()))
     true_axis = [CLEAN, *[c for c in causes if any(c in r["true"] for r in rows)]]
@@ -334,16 +353,27 @@ def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
         for t in (r["true"] or [CLEAN]):
             for n in (named or [NOTHING]):
                 conf[true_axis.index(t), named_axis.index(n)] += 1
-    present = np.array([sum(c in r["true"] for r in rows) for c in causes])
-    hit = np.array([sum(c in r["true"] and c in r["named"] for r in rows) for c in causes])
-    false = np.array([sum(c not in r["true"] and c in r["false"] for r in rows) for c in causes])
-    head_of = np.array([sum(r["headline_cause"] == c for r in rows) for c in causes])
-    n_true = np.array([len(r["true"]) for r in rows])
-    right = np.array([r["headline_right"] for r in rows])
+    return true_axis, named_axis, conf
+
+
+def _cause_counts(rows: list[dict], causes: list[str]) -> dict[str, np.ndarray]:
+    """Per cause, the arms it is present in, named when present, named falsely, and headlined."""
+    return {"present": np.array([sum(c in r["true"] for r in rows) for c in causes]),
+            "hit": np.array([sum(c in r["true"] and c in r["named"] for r in rows) for c in causes]),
+            "false": np.array([sum(c not in r["true"] and c in r["false"] for r in rows) for c in causes]),
+            "head_of": np.array([sum(r["headline_cause"] == c for r in rows) for c in causes])}
+
+
+def _score_dataset(rows: list[dict], causes: list[str], true_axis: list[str], named_axis: list[str],
+                   conf: np.ndarray, counts: dict[str, np.ndarray], n_true: np.ndarray,
+                   right: np.ndarray) -> xr.Dataset:
+    """The variables of :func:`score_matrix` (per cause, per arm, the confusion matrix), attrs of
+    the variables included."""
+    present, hit = counts["present"], counts["hit"]
     ds = xr.Dataset(
         {"n_present": ("cause", present), "n_named_when_present": ("cause", hit),
          "recall": ("cause", np.where(present > 0, hit / np.maximum(present, 1), np.nan)),
-         "false_alarms": ("cause", false), "n_headline": ("cause", head_of),
+         "false_alarms": ("cause", counts["false"]), "n_headline": ("cause", counts["head_of"]),
          "confusion": (("true_cause", "named_cause"), conf),
          "n_true_causes": ("arm", n_true), "headline_right": ("arm", right),
          "headline": ("arm", np.array([r["headline"] or "" for r in rows], dtype=str)),
@@ -360,10 +390,18 @@ def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
     ds["confusion"].attrs = {"long_name": "arms x true cause x cause named at WARNING or above (clean = no cause "
                                           "injected; (nothing) = none named)"}
     ds["headline_right"].attrs = {"long_name": "the headline's cause is a true cause (clean arm: no problem at all)"}
+    return ds
+
+
+def _score_attrs(arms: Mapping[str, xr.Dataset], rows: list[dict], every: list[dict], counts: dict[str, np.ndarray],
+                 n_true: np.ndarray, right: np.ndarray) -> dict:
+    """The summary of :func:`score_matrix` (its attrs): headline rates on single causes and pairs,
+    overall recall, false alarms, the clean arms' problems, and the same against every cause."""
 
     def rate(sel, right=right):
         return float(right[sel].mean()) if sel.any() else float("nan")
 
+    hit, present, false = counts["hit"], counts["present"], counts["false"]
     # the same report scored against every injected cause, nothing left out (issue 41: every score with and
     # without exclusions)
     n_all = np.array([len(r["true"]) for r in every])
@@ -372,7 +410,7 @@ def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
     hit_all = sum(len(set(r["true"]) & set(r["named"])) for r in every)
     decided = [r for r in rows if r["headline_dominant"] is not None]
     clean = n_true == 0
-    ds.attrs = make_attrs(
+    return dict(
         headline_right_single=rate(n_true == 1), headline_right_pairs=rate(n_true == 2),
         headline_right_all=rate(n_true > 0),
         recall_overall=float(hit.sum() / max(present.sum(), 1)), false_alarms_total=int(false.sum()),
@@ -389,7 +427,6 @@ def score_matrix(arms: Mapping[str, xr.Dataset], report: Report) -> xr.Dataset:
         pairs_with_dominance=len(decided), dominance_ties=int(sum(r["dominant"] == "(tie)" for r in decided)),
         dominance_agreement=(float(np.mean([r["headline_dominant"] for r in decided])) if decided else float("nan")),
         platforms=sorted({str((arm_record(arms[r["arm"]]).faults or {}).get("platform")) for r in rows}))
-    return ds
 
 
 # what rlparity's own capture and scorer record about their settings, and a user's own run or a peer's dump
