@@ -85,14 +85,7 @@ def temperature_from_numbers(trace: xr.Dataset, *, recorded: tuple[Finding, ...]
     if fit.sizes.get("temperature", 0) == 0:
         return []
     arm = arm_record(trace).arm
-    rows, states = {}, {"rollout": [], "trainer": []}
-    for t in fit["temperature"].values:
-        row = fit.sel(temperature=t)
-        rows[f"T={float(t):g}"] = {k: float(row[k]) for k in fit.data_vars}
-        for side in states:
-            st = _temperature_state(float(row[f"beta_{side}"]), float(row[f"beta_{side}_se"]), float(t))
-            rows[f"T={float(t):g}"][f"{side}_state"] = st
-            states[side].append(st)
+    rows, states = _states_by_temperature(fit)
     if all(st == "identity" for st in states["rollout"]):
         return []
     rollout, trainer = _side_state(states["rollout"]), _side_state(states["trainer"])
@@ -103,35 +96,11 @@ def temperature_from_numbers(trace: xr.Dataset, *, recorded: tuple[Finding, ...]
     requested = sorted({k for k, st in zip(rows, states["rollout"]) if st != "identity"})
     est = {side: ", ".join(f"{k}: {rows[k][f'temperature_{side}']:.2f}" for k in requested) for side in states}
     out = []
-    trainer_named = any(f.cause == "trainer_temperature" for f in recorded)
     if trainer == "untempered":
-        note = ""
-        if "trainer_temperature" in trace:
-            tt = np.unique(trace["trainer_temperature"].values[np.isfinite(trace["trainer_temperature"].values)])
-            if tt.size and not np.allclose(tt, 1.0):
-                note = f"; the trace records the trainer's temperature as {tt.tolist()}: the numbers contradict it"
-                ev["record_contradicted"] = "trainer_temperature"
-        if trainer_named and not note:
-            for f in recorded:
-                if f.cause == "trainer_temperature":
-                    f.evidence["confirmed_by_numbers"] = ev
-        else:
-            out.append(Finding(Layer.SEMANTIC, "trainer_logprobs_untempered", Severity.ERROR,
-                               f"the trainer's processed logprobs are at temperature ~1 by their own numbers "
-                               f"({est['trainer']}, against the requests' temperatures) while the tokens were drawn "
-                               f"at the requests' temperature: the trainer does not divide its logits by it{note}",
-                               ev, FIX_TRAINER_SAMPLING, arm, cause="trainer_temperature"))
+        out += _trainer_untempered(trace, recorded, ev, est, arm)
     semantic_raw = semantics is not None and semantics.cause == "raw_logprobs"
     if rollout == "untempered" and trainer in ("tempered", "untempered") and not semantic_raw:
-        note = ""
-        if mode == "processed_logprobs":
-            note = "; the engine reports logprobs_mode=processed_logprobs: the numbers contradict it"
-            ev["record_contradicted"] = "logprobs_mode"
-        both = " (the trainer's are too: both sides score the temperature-1 distribution)" if trainer == "untempered" else ""
-        out.append(Finding(Layer.SEMANTIC, "rollout_logprobs_untempered", Severity.ERROR,
-                           f"the rollout's logprobs are at temperature ~1 by their own numbers ({est['rollout']}) "
-                           f"while the sampler drew at the requests' temperature{both}: they are vLLM's raw logprobs"
-                           f"{note}", ev, FIX_PROCESSED, arm, cause="raw_logprobs"))
+        out.append(_rollout_untempered(trainer, mode, ev, est, arm))
     if not out:
         contradicted = None
         if rollout == "tempered" and mode == "raw_logprobs":
@@ -144,6 +113,53 @@ def temperature_from_numbers(trace: xr.Dataset, *, recorded: tuple[Finding, ...]
     return out
 
 
+def _states_by_temperature(fit: xr.Dataset) -> tuple[dict, dict[str, list[str]]]:
+    """Per request temperature, the fit's numbers and each side's state (:func:`_temperature_state`)."""
+    rows, states = {}, {"rollout": [], "trainer": []}
+    for t in fit["temperature"].values:
+        row = fit.sel(temperature=t)
+        rows[f"T={float(t):g}"] = {k: float(row[k]) for k in fit.data_vars}
+        for side in states:
+            st = _temperature_state(float(row[f"beta_{side}"]), float(row[f"beta_{side}_se"]), float(t))
+            rows[f"T={float(t):g}"][f"{side}_state"] = st
+            states[side].append(st)
+    return rows, states
+
+
+def _trainer_untempered(trace: xr.Dataset, recorded: tuple[Finding, ...], ev: dict, est: dict[str, str],
+                        arm: str | None) -> list[Finding]:
+    """An untempered trainer: ``trainer_logprobs_untempered``, or the recorded finding that already
+    names it confirmed (its evidence gains ``confirmed_by_numbers``) and nothing new."""
+    trainer_named = any(f.cause == "trainer_temperature" for f in recorded)
+    note = ""
+    if "trainer_temperature" in trace:
+        tt = np.unique(trace["trainer_temperature"].values[np.isfinite(trace["trainer_temperature"].values)])
+        if tt.size and not np.allclose(tt, 1.0):
+            note = f"; the trace records the trainer's temperature as {tt.tolist()}: the numbers contradict it"
+            ev["record_contradicted"] = "trainer_temperature"
+    if trainer_named and not note:
+        for f in recorded:
+            if f.cause == "trainer_temperature":
+                f.evidence["confirmed_by_numbers"] = ev
+        return []
+    return [Finding(Layer.SEMANTIC, "trainer_logprobs_untempered", Severity.ERROR,
+                    f"the trainer's processed logprobs are at temperature ~1 by their own numbers "
+                    f"({est['trainer']}, against the requests' temperatures) while the tokens were drawn "
+                    f"at the requests' temperature: the trainer does not divide its logits by it{note}",
+                    ev, FIX_TRAINER_SAMPLING, arm, cause="trainer_temperature")]
+
+
+def _rollout_untempered(trainer: str, mode: str | None, ev: dict, est: dict[str, str], arm: str | None) -> Finding:
+    """An untempered rollout: ``rollout_logprobs_untempered`` (vLLM's raw logprobs)."""
+    note = ""
+    if mode == "processed_logprobs":
+        note = "; the engine reports logprobs_mode=processed_logprobs: the numbers contradict it"
+        ev["record_contradicted"] = "logprobs_mode"
+    both = " (the trainer's are too: both sides score the temperature-1 distribution)" if trainer == "untempered" else ""
+    return Finding(Layer.SEMANTIC, "rollout_logprobs_untempered", Severity.ERROR,
+                   f"the rollout's logprobs are at temperature ~1 by their own numbers ({est['rollout']}) "
+                   f"while the sampler drew at the requests' temperature{both}: they are vLLM's raw logprobs"
+                   f"{note}", ev, FIX_PROCESSED, arm, cause="raw_logprobs")
 
 
 # what semantic.trainer_sampling can emit: the recorded settings this topic confirms or contradicts
