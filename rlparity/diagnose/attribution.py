@@ -283,46 +283,68 @@ def attribute(findings: list[Finding], ev: ArmEvidence | None) -> tuple[list[Fin
     for i, f in enumerate(out):
         if f.severity.rank < 1:
             continue
-        if f.name == "logprobs_match_neither":
-            makers = neither_makers(named)
-            if makers:
-                why = ("the trainer's readings move from run to run" if makers[0] in NOISY_TRAINER
-                       else "the trainer's processed reading is another distribution")
-                out[i] = _explain(f, makers[0], why)
-        elif f.name == "zero_probability_tokens" and (by := _covering_claim(ev)) is not None:
-            # the tokens lie where a localized cause already made the two sides compute different
-            # distributions (another prompt, other weights, stale KV)
-            out[i] = _explain(f, by, "they lie in the tokens it explains")
-        elif f.name == "zero_probability_tokens" and not any(g.name == "trainer_cut_differs" for g in out):
-            # tokens outside the trainer's set without a cut that differs: the engine cut penalised
-            # logits, or the trainer's logits move from run to run
-            by = next((c for c in ("sampling_penalty", *NOISY_TRAINER) if c in named), None)
-            if by:
-                out[i] = _explain(f, by, "the engine's kept set came from penalised logits" if by == "sampling_penalty"
-                                  else "the trainer's logits move from run to run")
-        elif f.name == "zero_probability_tokens" and "trainer_top_k" in named:
-            out[i] = _explain(f, "trainer_top_k", "the trainer cuts another top-k/top-p set")
-        elif f.name == "topk_boundary_flips":
-            by = next((c for c in (*HEAD_CAUSES, *NOISY_TRAINER) if c in named), None)
-            if by:
-                out[i] = _explain(f, by, "a lower-precision head moves logits across the cut" if by in HEAD_CAUSES
-                                  else "the trainer's logits move from run to run")
-        elif f.layer == Layer.OBJECTIVE and f.name in BACKEND_OBJECTIVE and backend and \
-                str(f.evidence.get("pair", "")).startswith("backend"):
-            configured = f.evidence.get("correction")
-            if f.name == "correction_hides_backend_mismatch" and isinstance(configured, str) \
-                    and configured.startswith("none"):
-                out[i] = _explain(f, backend[0].cause, "no correction is configured; fix the backend first")
-            elif f.name == "correction_hides_backend_mismatch":
-                out[i] = f.with_(evidence={**f.evidence, "comes_from": [g.cause for g in backend]})
-            else:
-                out[i] = _explain(f, backend[0].cause, "the backend pair is broken by it")
+        out[i] = _demoted(f, out, named, ev, backend)
     named = {f.cause for f in out if f.cause and f.severity.rank >= 1}
     energy = energies(out, ev, dec)
     total = dec.excess
     shares = {c: (e / total if total > 0 else 0.0) for c, e in energy.items()}
     # a floor cause: say how much of mean |d| the floor is, so its line does not read "explains 0%"
     floor_share = dec.floor_share
+    _set_shares(out, ev, shares, floor_share)
+    head = _headline(out)
+    record = {"headline": head.name if head else None, "cause": head.cause if head else None,
+              "share": head.share if head else None,
+              "also": [f.name for f in out if f.severity.rank >= 1 and f is not head],
+              "shares": {c: float(s) for c, s in sorted(shares.items(), key=lambda kv: -kv[1])},
+              "floor_share_of_mean_abs_d": floor_share,
+              "decomposition": dec.to_dict(), "semantic_reading": ev.reading,
+              "tokens_explained": {c: int((t & ev.finite_tokens).sum()) for c, t in ev.claims.items()}}
+    return out, record
+
+
+def _demoted(f: Finding, out: list[Finding], named: set[str], ev: ArmEvidence, backend: list[Finding]) -> Finding:
+    """Finding ``f`` (a verdict) demoted to INFO where another identified cause explains it
+    (:func:`_explain`), else ``f`` itself; ``out`` is the arm's findings as demoted so far."""
+    if f.name == "logprobs_match_neither":
+        makers = neither_makers(named)
+        if makers:
+            why = ("the trainer's readings move from run to run" if makers[0] in NOISY_TRAINER
+                   else "the trainer's processed reading is another distribution")
+            return _explain(f, makers[0], why)
+    elif f.name == "zero_probability_tokens" and (by := _covering_claim(ev)) is not None:
+        # the tokens lie where a localized cause already made the two sides compute different
+        # distributions (another prompt, other weights, stale KV)
+        return _explain(f, by, "they lie in the tokens it explains")
+    elif f.name == "zero_probability_tokens" and not any(g.name == "trainer_cut_differs" for g in out):
+        # tokens outside the trainer's set without a cut that differs: the engine cut penalised
+        # logits, or the trainer's logits move from run to run
+        by = next((c for c in ("sampling_penalty", *NOISY_TRAINER) if c in named), None)
+        if by:
+            return _explain(f, by, "the engine's kept set came from penalised logits" if by == "sampling_penalty"
+                            else "the trainer's logits move from run to run")
+    elif f.name == "zero_probability_tokens" and "trainer_top_k" in named:
+        return _explain(f, "trainer_top_k", "the trainer cuts another top-k/top-p set")
+    elif f.name == "topk_boundary_flips":
+        by = next((c for c in (*HEAD_CAUSES, *NOISY_TRAINER) if c in named), None)
+        if by:
+            return _explain(f, by, "a lower-precision head moves logits across the cut" if by in HEAD_CAUSES
+                            else "the trainer's logits move from run to run")
+    elif f.layer == Layer.OBJECTIVE and f.name in BACKEND_OBJECTIVE and backend and \
+            str(f.evidence.get("pair", "")).startswith("backend"):
+        configured = f.evidence.get("correction")
+        if f.name == "correction_hides_backend_mismatch" and isinstance(configured, str) \
+                and configured.startswith("none"):
+            return _explain(f, backend[0].cause, "no correction is configured; fix the backend first")
+        elif f.name == "correction_hides_backend_mismatch":
+            return f.with_(evidence={**f.evidence, "comes_from": [g.cause for g in backend]})
+        else:
+            return _explain(f, backend[0].cause, "the backend pair is broken by it")
+    return f
+
+
+def _set_shares(out: list[Finding], ev: ArmEvidence, shares: dict[str, float], floor_share: float | None) -> None:
+    """Set each verdict's ``share`` and ``tokens`` in ``out`` (a floor cause's evidence gains its share of
+    mean ``|d|``; a local cause without a share is marked outside the sum of ``|d|``)."""
     for i, f in enumerate(out):
         if f.severity.rank < 1 or not f.cause:
             continue
@@ -333,6 +355,11 @@ def attribute(findings: list[Finding], ev: ArmEvidence | None) -> tuple[list[Fin
             # its tokens have pi_old = 0: |d| is infinite there, outside the sum the shares divide
             extra = {"evidence": {**f.evidence, "outside_abs_d_sum": True}}
         out[i] = f.with_(share=float(shares.get(f.cause, 0.0)), tokens=tokens, **extra)
+
+
+def _headline(out: list[Finding]) -> Finding | None:
+    """The arm's headline: the verdict with the largest share (then severity, then layer order); a
+    floor cause only when nothing else is wrong; without any share measured, the first in layer order."""
     problems = [f for f in out if f.severity.rank >= 1]
     order = {Layer.SEMANTIC: 0, Layer.INFERENCE_PATH: 1, Layer.OBJECTIVE: 2}
     head = None
@@ -342,14 +369,7 @@ def attribute(findings: list[Finding], ev: ArmEvidence | None) -> tuple[list[Fin
         head = max(problems, key=lambda f: ((f.share or 0.0), f.severity.rank, -order[f.layer]))
         if not (head.share or 0) > 0:  # nothing measured: the first problem in layer order
             head = sorted(problems, key=lambda f: (order[f.layer], -f.severity.rank))[0]
-    record = {"headline": head.name if head else None, "cause": head.cause if head else None,
-              "share": head.share if head else None,
-              "also": [f.name for f in out if f.severity.rank >= 1 and f is not head],
-              "shares": {c: float(s) for c, s in sorted(shares.items(), key=lambda kv: -kv[1])},
-              "floor_share_of_mean_abs_d": floor_share,
-              "decomposition": dec.to_dict(), "semantic_reading": ev.reading,
-              "tokens_explained": {c: int((t & ev.finite_tokens).sum()) for c, t in ev.claims.items()}}
-    return out, record
+    return head
 
 
 __all__ = ["BACKEND_OBJECTIVE", "CLAIM_OF", "Decomposition", "attribute", "decompose", "energies"]
