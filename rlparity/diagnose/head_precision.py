@@ -201,6 +201,15 @@ def head_precision(trace: xr.Dataset, *, tol: float | None = None, trainer: str 
     ev["from_the_numbers"] = numbers
     grid = trainer_head_from_numbers(trace)
     ev["trainer_logits_on_bf16_grid"] = grid
+    found = _from_numbers(r, t, numbers, grid, ev, arm)
+    if found is not None:
+        return found
+    return _from_record(r, t, ev, tol, arm)
+
+
+def _from_numbers(r: str | None, t: str | None, numbers: dict, grid: dict, ev: dict, arm: str | None) -> Finding | None:
+    """:func:`head_precision` from the numbers: the trainer's logits on the bf16 grid, or differences of
+    the size of bf16 rounding, where the record is missing or says float32; None otherwise."""
     on_grid = (f"{grid.get('n_bf16', 0)} of the trainer's {grid.get('n_tokens', 0)} largest logits are exactly "
                f"bfloat16 numbers (share {grid.get('share', float('nan')):.3f}; a float32 head leaves about 2**-16)")
     if t is None and grid["bf16"]:
@@ -226,6 +235,12 @@ def head_precision(trace: xr.Dataset, *, tol: float | None = None, trainer: str 
                        f"both sides are recorded as projecting to logits in float32, yet the differences have the "
                        f"size of bfloat16 rounding of the logits ({said}): a logits cast, a bf16 lm_head weight or "
                        "a kernel that rounds its output", ev, FIX_EITHER_FP32, arm, cause="bf16_head_rounding")
+    return None
+
+
+def _from_record(r: str | None, t: str | None, ev: dict, tol: float, arm: str | None) -> Finding:
+    """:func:`head_precision` from the recorded head dtypes: unrecorded, mismatched, matched in float32,
+    or matched in a 16-bit dtype (a warning above ``tol``)."""
     if r is None or t is None:
         missing = "rollout (engine_effective.head_dtype)" if r is None else "trainer (trainer.head_dtype)"
         return Finding(Layer.INFERENCE_PATH, "head_precision_unrecorded", Severity.INFO,
