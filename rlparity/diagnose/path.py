@@ -254,20 +254,9 @@ def ablation_findings(arms: Mapping[str, xr.Dataset], options: DiagnoseOptions |
         status = str(row["status"].item())
         field, value, refv = (str(row[k].item()) for k in ("field", "value", "reference_value"))
         if status != "ran":
-            out.append(Finding(
-                Layer.INFERENCE_PATH, "setting_not_applicable", Severity.INFO,
-                f"{s}: not run on this platform: {row['reason'].item()}",
-                {"setting": s, "field": field, "value": value, "reason": str(row["reason"].item())},
-                "run the ablation on a platform that supports it (e.g. the GPU) to measure this setting", s))
+            out.append(_not_applicable(row, s, field, value))
             continue
-        ev = {k: float(row[k]) for k in ("trainer_abs_log_ratio_mean", "trainer_mean_ratio",
-                                          "reference_abs_log_ratio_mean", "reference_abs_log_ratio_max",
-                                          "reference_mean_ratio", "reference_identical_sequences",
-                                          "batch_distinct_outputs", "batch_logprob_spread",
-                                          "cached_prompt_token_share")}
-        ev.update({"setting": s, "field": field, "value": value, "reference_value": refv,
-                   "reference_trainer_abs_log_ratio_mean": ref_gap, "pair_trainer": PAIR_TRAINER,
-                   "pair_reference": PAIR_REFERENCE})
+        ev = _setting_evidence(row, s, field, value, refv, ref_gap)
         if s == reference:
             if ev["batch_distinct_outputs"] > 1 or ev["batch_logprob_spread"] > tol_reference:
                 out.append(Finding(
@@ -277,40 +266,70 @@ def ablation_findings(arms: Mapping[str, xr.Dataset], options: DiagnoseOptions |
                     f"{ev['batch_logprob_spread']:.2g} nats depending on the batch it runs in", ev,
                     _batch_fix(table, reference, ev), s))
             continue
-        what = moved.get(s, [])
         fix = (f"keep {field}={refv} as in the reference profile: " + setting_fix(field, plan[s]["reference_value"])
                if field else f"use the settings of the reference arm {reference!r}")
-        if "trainer gap" in what:
-            delta = ev["trainer_abs_log_ratio_mean"] - ref_gap
-            sev = Severity.WARNING if delta > 0 else Severity.INFO
-            out.append(Finding(
-                Layer.INFERENCE_PATH, "setting_moves_trainer_gap", sev,
-                f"{s} ({field}={value}) moves mean |d| against the trainer from {ref_gap:.3g} to "
-                f"{ev['trainer_abs_log_ratio_mean']:.3g} nats ({'+' if delta > 0 else ''}{delta:.2g})",
-                ev, fix if delta > 0 else "", s))
-        elif what and what != ["batch determinism"]:
-            out.append(Finding(
-                Layer.INFERENCE_PATH, "setting_changes_numerics", Severity.INFO,
-                f"{s} ({field}={value}) changes the rollout logprobs against the reference arm (max |d_ref| "
-                f"{ev['reference_abs_log_ratio_max']:.2g} nats, {ev['reference_identical_sequences']:.0%} "
-                "of sequences identical) but not the gap to the trainer", ev, "", s))
-        if "batch determinism" in what:
-            r_out, r_spread = float(ref["batch_distinct_outputs"]), float(ref["batch_logprob_spread"])
-            worse = (ev["batch_distinct_outputs"], ev["batch_logprob_spread"]) > (r_out, r_spread)
-            out.append(Finding(
-                Layer.INFERENCE_PATH, "batch_determinism_worse" if worse else "batch_determinism_better",
-                Severity.WARNING if worse else Severity.INFO,
-                f"with {field}={value} one prompt's greedy output depends on its batch "
-                f"{'more' if worse else 'less'} than in the reference: {int(ev['batch_distinct_outputs'])} "
-                f"distinct output(s) (reference {int(r_out)}), logprob spread {ev['batch_logprob_spread']:.2g} "
-                f"nats (reference {r_spread:.2g})", {**ev, "reference_batch_distinct_outputs": r_out,
-                                                     "reference_batch_logprob_spread": r_spread},
-                fix if worse else f"to make batch composition matter less: {setting_fix(field, plan[s]['value'])}", s))
-        if not what:
-            out.append(Finding(
-                Layer.INFERENCE_PATH, "setting_no_effect", Severity.INFO,
-                f"{s} ({field}={value}) leaves every rollout logprob bitwise equal to the reference "
-                f"arm's on this platform{_cache_note(ev)}", ev, "", s))
+        out += _setting_findings(s, field, value, ev, moved.get(s, []), fix, ref, ref_gap, plan)
+    return out
+
+
+def _not_applicable(row: xr.Dataset, s: str, field: str, value: str) -> Finding:
+    """``setting_not_applicable``: a setting the platform could not run, with the reason."""
+    return Finding(
+        Layer.INFERENCE_PATH, "setting_not_applicable", Severity.INFO,
+        f"{s}: not run on this platform: {row['reason'].item()}",
+        {"setting": s, "field": field, "value": value, "reason": str(row["reason"].item())},
+        "run the ablation on a platform that supports it (e.g. the GPU) to measure this setting", s)
+
+
+def _setting_evidence(row: xr.Dataset, s: str, field: str, value: str, refv: str, ref_gap: float) -> dict:
+    """The evidence of one setting that ran: its row of the ablation table and the reference's gap."""
+    ev = {k: float(row[k]) for k in ("trainer_abs_log_ratio_mean", "trainer_mean_ratio",
+                                      "reference_abs_log_ratio_mean", "reference_abs_log_ratio_max",
+                                      "reference_mean_ratio", "reference_identical_sequences",
+                                      "batch_distinct_outputs", "batch_logprob_spread",
+                                      "cached_prompt_token_share")}
+    ev.update({"setting": s, "field": field, "value": value, "reference_value": refv,
+               "reference_trainer_abs_log_ratio_mean": ref_gap, "pair_trainer": PAIR_TRAINER,
+               "pair_reference": PAIR_REFERENCE})
+    return ev
+
+
+def _setting_findings(s: str, field: str, value: str, ev: dict, what: list[str], fix: str, ref: xr.Dataset,
+                      ref_gap: float, plan: Mapping[str, Mapping]) -> list[Finding]:
+    """The findings of one setting other than the reference, from what it moved (``what``: the trainer
+    gap, the numerics, batch determinism, or nothing)."""
+    out: list[Finding] = []
+    if "trainer gap" in what:
+        delta = ev["trainer_abs_log_ratio_mean"] - ref_gap
+        sev = Severity.WARNING if delta > 0 else Severity.INFO
+        out.append(Finding(
+            Layer.INFERENCE_PATH, "setting_moves_trainer_gap", sev,
+            f"{s} ({field}={value}) moves mean |d| against the trainer from {ref_gap:.3g} to "
+            f"{ev['trainer_abs_log_ratio_mean']:.3g} nats ({'+' if delta > 0 else ''}{delta:.2g})",
+            ev, fix if delta > 0 else "", s))
+    elif what and what != ["batch determinism"]:
+        out.append(Finding(
+            Layer.INFERENCE_PATH, "setting_changes_numerics", Severity.INFO,
+            f"{s} ({field}={value}) changes the rollout logprobs against the reference arm (max |d_ref| "
+            f"{ev['reference_abs_log_ratio_max']:.2g} nats, {ev['reference_identical_sequences']:.0%} "
+            "of sequences identical) but not the gap to the trainer", ev, "", s))
+    if "batch determinism" in what:
+        r_out, r_spread = float(ref["batch_distinct_outputs"]), float(ref["batch_logprob_spread"])
+        worse = (ev["batch_distinct_outputs"], ev["batch_logprob_spread"]) > (r_out, r_spread)
+        out.append(Finding(
+            Layer.INFERENCE_PATH, "batch_determinism_worse" if worse else "batch_determinism_better",
+            Severity.WARNING if worse else Severity.INFO,
+            f"with {field}={value} one prompt's greedy output depends on its batch "
+            f"{'more' if worse else 'less'} than in the reference: {int(ev['batch_distinct_outputs'])} "
+            f"distinct output(s) (reference {int(r_out)}), logprob spread {ev['batch_logprob_spread']:.2g} "
+            f"nats (reference {r_spread:.2g})", {**ev, "reference_batch_distinct_outputs": r_out,
+                                                 "reference_batch_logprob_spread": r_spread},
+            fix if worse else f"to make batch composition matter less: {setting_fix(field, plan[s]['value'])}", s))
+    if not what:
+        out.append(Finding(
+            Layer.INFERENCE_PATH, "setting_no_effect", Severity.INFO,
+            f"{s} ({field}={value}) leaves every rollout logprob bitwise equal to the reference "
+            f"arm's on this platform{_cache_note(ev)}", ev, "", s))
     return out
 
 
