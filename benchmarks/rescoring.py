@@ -125,8 +125,27 @@ def build(a):
         model = LlamaForCausalLM(cfg).to(dtype).eval()
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, cfg.vocab_size, (shape["sequences"], shape["length"]), generator=g)
-    batches = [ids[s: s + shape["batch"]] for s in range(0, len(ids), shape["batch"])]
+    if a.ragged is None:
+        batches = [ids[s: s + shape["batch"]] for s in range(0, len(ids), shape["batch"])]
+        return model, batches, shape
+    shape["lengths"] = ragged_lengths(shape, a.ragged)
+    lengths = shape["lengths"]  # a padding trainer's micro-batches: each padded to its own longest sequence
+    batches = [ids[s: s + shape["batch"], :max(lengths[s: s + shape["batch"]])]
+               for s in range(0, len(ids), shape["batch"])]
     return model, batches, shape
+
+
+def ragged_lengths(shape: dict, low: float) -> list[int]:
+    """Seeded sequence lengths (prompt included) for ``--ragged LOW``: the prompt plus a response length drawn
+    uniformly from ``ceil(LOW * R) .. R`` (``R``: the shape's response tokens), in arrival order (not sorted)."""
+    import math
+    import random
+
+    if not 0 < low <= 1:
+        raise SystemExit(f"--ragged {low}: give the shortest response as a fraction of the longest, in (0, 1]")
+    prompt, longest = shape["prompt"], shape["length"] - shape["prompt"]
+    rng = random.Random(2)
+    return [prompt + rng.randint(max(1, math.ceil(low * longest)), longest) for _ in range(shape["sequences"])]
 
 
 def sync(device):
@@ -188,8 +207,11 @@ def flops(cfg, shape, tokens: int, head_rows: int) -> float:
     h, n_layers, inter = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size
     kv = cfg.num_key_value_heads * (h // cfg.num_attention_heads)
     per_token = 2 * n_layers * (2 * h * h + 2 * h * kv + 3 * h * inter)
-    length = shape["length"]
-    attention = 2 * n_layers * h * length * (length + 1) * (tokens // length)  # 4 h per (query, key) pair, causal
+    if "lengths" in shape:  # --ragged: causal attention within each sequence of its own length
+        attention = sum(2 * n_layers * h * n * (n + 1) for n in shape["lengths"])
+    else:
+        length = shape["length"]
+        attention = 2 * n_layers * h * length * (length + 1) * (tokens // length)  # 4 h per (query, key) pair
     return float(per_token * tokens + attention + 2 * h * cfg.vocab_size * head_rows)
 
 
@@ -217,7 +239,7 @@ def end_to_end(model, a, shape, ids, rows):
     import numpy as np
 
     prompt, n = shape["prompt"], len(ids)
-    arr = ids.numpy()
+    arr = [r[:m] for r, m in zip(ids.numpy(), shape.get("lengths", [shape["length"]] * len(ids)))]
     trace = from_rollouts(prompt_token_ids=[r[:prompt].tolist() for r in arr], token_ids=[r[prompt:].tolist() for r in arr],
                           rollout_logprobs=[np.full(len(r) - prompt, -1.0) for r in arr],
                           temperature=[a.temperature] * n, top_k=[a.top_k] * n, top_p=[a.top_p] * n)
@@ -236,7 +258,7 @@ def end_to_end(model, a, shape, ids, rows):
         scored = scorer("score_end_to_end").score(trace)
         sync(a.device)
         first = time.perf_counter() - t0
-        assert int(np.isfinite(scored["trainer_logprob"].values).sum()) == n * (shape["length"] - prompt)
+        assert int(np.isfinite(scored["trainer_logprob"].values).sum()) == sum(len(r) - prompt for r in arr)
     steady = {row: scorer(row) for row in rows}
     return ({name: (lambda s=s: s.score(trace)) for name, s in steady.items()}, first, None)
 
@@ -257,6 +279,12 @@ def row_setup(name: str, body_dtype: str) -> dict:
                 "fingerprint": fingerprint}
     head = {"bare": body_dtype, "naive_fp32": "float32"}.get(name, "bfloat16" if "bf16" in name else "float32")
     return {"layout": "padded", "head_dtype": head}
+
+
+def _rows(batches):
+    """Every sequence's row of ``batches`` (each a 2-D tensor, perhaps of another width)."""
+    for b in batches:
+        yield from b
 
 
 def one_pass(fn, batches, device):
@@ -288,7 +316,7 @@ def peak_cpu_subprocess(a, method):
     cmd = [sys.executable, __file__, "--memory-of", method, "--shape", a.shape, "--device", "cpu",
            *(["--chunk-tokens", str(a.chunk_tokens)] if a.chunk_tokens else []), "--top-k", str(a.top_k), "--top-p", str(a.top_p),
            "--temperature", str(a.temperature)]
-    for key in ("vocab", "sequences", "length", "prompt", "batch", "dtype"):
+    for key in ("vocab", "sequences", "length", "prompt", "batch", "dtype", "ragged"):
         if getattr(a, key) is not None:
             cmd += [f"--{key}", str(getattr(a, key))]
     if a.compile is not None:
@@ -410,6 +438,10 @@ def main() -> None:
                          "the reference's 512)")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                     help="torch.compile the new head's reduction (default: head_stats' own choice)")
+    ap.add_argument("--ragged", type=float, default=None, metavar="LOW",
+                    help="sequences of varied lengths: responses drawn uniformly between LOW x and 1 x the shape's "
+                         "response length (seeded); the per-batch methods pad each micro-batch to its longest, as a "
+                         "padding trainer does; tokens/s and FLOP/s count the useful tokens only")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     ap.add_argument("--budget-s", type=float, default=None,
@@ -437,7 +469,8 @@ def main() -> None:
     names = [m for m in METHODS if m in a.methods]
     if "bare" not in names:
         names.insert(0, "bare")
-    tokens = sum(b.numel() for b in batches)
+    tokens = sum(shape["lengths"]) if "lengths" in shape else sum(b.numel() for b in batches)  # useful tokens
+    computed = sum(b.numel() for b in batches)  # what a padding trainer's forward computes
     print(f"# {a.shape}: {shape['sequences']} sequences x {shape['length']} tokens (prompt {shape['prompt']}), "
           f"batch {shape['batch']}, vocab {shape['vocab_size']}, body {shape['dtype']}, device {a.device}",
           file=sys.stderr)
@@ -449,7 +482,9 @@ def main() -> None:
         import torch
 
         names = [n for n in names if n not in END_TO_END]
-        e2e, first_s, e2e_skipped = end_to_end(model, a, shape, torch.cat(batches), e2e_rows)
+        e2e, first_s, e2e_skipped = end_to_end(model, a, shape, torch.cat(batches) if "lengths" not in shape
+                                               else torch.nn.utils.rnn.pad_sequence(list(_rows(batches)), True),
+                                               e2e_rows)
         if e2e:
             methods.update({k: (lambda _batch, f=f: f()) for k, f in e2e.items()})
             names += list(e2e)
@@ -472,7 +507,8 @@ def main() -> None:
                 continue
             mem[name] = peak_cuda(methods[name], batches[:2]) if a.device == "cuda" else peak_cpu_subprocess(a, name)
     cfg, card, peak = model.config, *card_peak(a.device)
-    responses = sum(b.shape[0] for b in batches) * (shape["length"] - shape["prompt"])
+    responses = tokens - len(shape.get("lengths", ())) * shape["prompt"] if "lengths" in shape else \
+        sum(b.shape[0] for b in batches) * (shape["length"] - shape["prompt"])
     base_t = statistics.median(times["bare"])
     rows = []
     if first_s is not None:
@@ -494,8 +530,8 @@ def main() -> None:
     result = {"date": time.strftime("%Y-%m-%d"), "device": a.device, "shape": a.shape,
               "config": {**shape, "top_k": a.top_k, "top_p": a.top_p, "temperature": a.temperature,
                          "chunk_tokens": a.chunk_tokens, "compile": a.compile, "repeats": a.repeats,
-                         "repeats_done": len(times["bare"]), "budget_s": a.budget_s},
-              "tokens": tokens, "versions": versions(a.device), "card": card, "peak_bf16_flops": peak,
+                         "repeats_done": len(times["bare"]), "budget_s": a.budget_s, "ragged": a.ragged},
+              "tokens": tokens, "padded_tokens": computed, "padding_share": 1 - tokens / computed, "versions": versions(a.device), "card": card, "peak_bf16_flops": peak,
               "score_end_to_end": {"rows": [r["method"] for r in rows if r["method"].startswith("score_")],
                                    "skipped": e2e_skipped, "model": "passed in (loaded)",
                                    "first_call": "fresh Scorer, first thing in the process"},

@@ -159,6 +159,31 @@ def test_rescoring_flops_of_the_scorers_layouts_match_torchs_flop_counter():
         assert fc.get_total_flops() == useful - causal + 3 * rows * 4 * row_len ** 2 * 64, layout
 
 
+def test_rescoring_flops_of_ragged_sequences_match_torchs_flop_counter():
+    """``--ragged``: ``rescoring.flops`` with per-sequence ``lengths`` is the sum of what FlopCounterMode counts
+    for each sequence run alone (eager attention: its full L x L less the causal half), and
+    ``ragged_lengths`` stays within LOW x .. 1 x the response length, the prompt added, seeded."""
+    torch, flops, model, FlopCounterMode = _flop_setup()
+    sys.path.insert(0, str(BENCH))
+    try:
+        from rescoring import ragged_lengths
+    finally:
+        sys.path.remove(str(BENCH))
+    cfg, lengths = model.config, [7, 20, 13]
+    counted = 0
+    for n in lengths:
+        with torch.inference_mode(), FlopCounterMode(display=False) as fc:
+            model(input_ids=torch.randint(0, 300, (1, n)))
+        counted += fc.get_total_flops() - 3 * 4 * n * n * 64 + 3 * 2 * 64 * n * (n + 1)  # full -> causal
+    assert flops(cfg, {"length": 20, "lengths": lengths}, sum(lengths), sum(lengths)) == counted
+    shape = {"prompt": 16, "length": 116, "sequences": 400}
+    got = ragged_lengths(shape, 0.25)
+    assert got == ragged_lengths(shape, 0.25) and len(got) == 400
+    assert min(got) == 16 + 25 and max(got) == 116 and len(set(got)) > 50  # 25 = ceil(0.25 x 100)
+    with pytest.raises(SystemExit, match="--ragged 0"):
+        ragged_lengths(shape, 0.0)
+
+
 def _run(script, args, tmp_path):
     out = tmp_path / "result.json"
     argv = [a.replace("{out}", str(out)) for a in args]
