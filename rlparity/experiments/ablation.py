@@ -41,14 +41,14 @@ from rlparity.trace import arm_record
 
 @dataclass(frozen=True)
 class Knob:
-    """One engine setting to change: ``field`` of :class:`EngineSettings` set to ``value``.
+    """One engine setting to change: ``field`` of :class:`~rlparity.config.settings.EngineSettings` set to ``value``.
 
     Parameters
     ----------
     name : str
         The knob's name, also the arm's.
     field : str
-        The :class:`EngineSettings` field it changes.
+        The :class:`~rlparity.config.settings.EngineSettings` field it changes.
     value : object, optional
         The value to set; ``None`` flips a boolean against the reference engine's effective value.
     description : str, default ""
