@@ -40,7 +40,6 @@ from rlparity.config.defaults import TrainerSide, defaults
 from rlparity.config.provenance import make_attrs
 from rlparity.metrics import objective as mo
 from rlparity.metrics.dashboard.peers import pipelinerl_metrics
-from rlparity.metrics.dims import refuse_dim
 from rlparity.metrics.inflight import lag_summary
 from rlparity.metrics.summary import trainer_side
 from rlparity.trace import arm_factors, arm_record, as_arms
@@ -215,8 +214,7 @@ def _clip_level(loss: str) -> str:
     return "gspo" if loss == "gspo" else "ppo"
 
 
-def step_metrics(trace: xr.Dataset, *, loss: str | None = None, trainer: TrainerSide | None = None,
-                 dim: Any = None) -> dict[str, float]:
+def step_metrics(trace: xr.Dataset, *, loss: str | None = None, trainer: TrainerSide | None = None) -> dict[str, float]:
     """One step's numbers (the keys of :data:`CURVE_VARIABLES`) from its kept trace.
 
     ``loss`` picks the clip of ``clamp_log_ratio_new_old_indicator`` (default the run's,
@@ -224,7 +222,7 @@ def step_metrics(trace: xr.Dataset, *, loss: str | None = None, trainer: Trainer
     thresholds from :func:`rlparity.config.defaults`); ``trainer`` the reading pi_old is (default
     :func:`rlparity.metrics.trainer_side`). A metric the trace cannot give (no pi_theta, no
     ``reward``, no timings) is NaN. A step's numbers are what a trainer logs once per step, a
-    function of the whole arm: ``dim=`` is refused (per token: :func:`rlparity.metrics.summary`
+    function of the whole arm, so there is no ``dim=`` (per token: :func:`rlparity.metrics.summary`
     or the objective metrics with ``dim=``).
 
     Parameters
@@ -235,15 +233,11 @@ def step_metrics(trace: xr.Dataset, *, loss: str | None = None, trainer: Trainer
         The loss (default the run's, ``attrs["rl"]["loss"]``).
     trainer : {"processed", "raw"}, optional
         The trainer side (default ``defaults().trainer``).
-    dim : None
-        Refused unless None (a step's numbers are one per step).
 
     Returns
     -------
     dict[str, float]
     """
-    refuse_dim(dim, "a step's numbers (logged once per step)",
-               "per sequence or position: summary(trace, dim=...) or the objective metrics' dim=")
     rec = arm_record(trace).rl or {}
     loss = loss or rec.get("loss") or defaults().rl.loss
     side = trainer_side(trace, trainer)
