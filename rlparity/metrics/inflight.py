@@ -76,7 +76,7 @@ def arm_cell(trace: xr.Dataset, name: str | None = None) -> dict[str, Any]:
     -------
     dict[str, Any]
     """
-    f = arm_factors(trace, name)
+    f = arm_factors(trace)
     if not set(CELL_FACTORS) <= set(f):
         raise ValueError(f"arm {name or arm_record(trace).arm!r} records no inflight cell (factors mode, "
                          "clear_cache, prefix_caching): capture it with rlparity.experiments.inflight.inflight_matrix")
@@ -96,7 +96,7 @@ def is_inflight(arms) -> bool:
     bool
     """
     arms = as_arms(arms)
-    return bool(arms) and all(set(CELL_FACTORS) <= set(arm_factors(ds, name)) for name, ds in arms.items())
+    return bool(arms) and all(set(CELL_FACTORS) <= set(arm_factors(ds)) for ds in arms.values())
 
 
 def updates(trace: xr.Dataset) -> list[dict[str, Any]]:
