@@ -20,16 +20,8 @@ class Head(NamedTuple):
 
     Parameters
     ----------
-    hidden : torch.Tensor
-        ``(N, H)`` last hidden states, one row per token.
-    weight : torch.Tensor
-        ``(V, H)`` LM-head weight.
-    bias : torch.Tensor or None
-        ``(V,)`` LM-head bias, or None.
-    head_dtype : str or torch.dtype
-        Precision of the head projection.
-    fp32_gemm : str
-        How a float32 head multiplies 16-bit inputs (:func:`~rlparity.score.lm_head_stats.projection.project`).
+    hidden, weight, bias, head_dtype, fp32_gemm : object
+        As :func:`head_stats` takes them.
     """
 
     hidden: Any
