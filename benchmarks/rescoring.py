@@ -92,15 +92,18 @@ PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
 
 
 def load_head():
-    """``rlparity.score.lm_head_stats``, from the package or, without rlparity's other dependencies, from the file."""
+    """``rlparity.score.lm_head_stats``, from the package or, without rlparity's other dependencies, from its folder."""
     sys.path.insert(0, str(ROOT))
     try:
         from rlparity.score import lm_head_stats as head
         return head
     except ImportError as err:
-        print(f"# importing rlparity failed ({err}); loading rlparity/score/lm_head_stats.py on its own", file=sys.stderr)
-        spec = importlib.util.spec_from_file_location("rlparity_score_head", ROOT / "rlparity/score/lm_head_stats.py")
+        print(f"# importing rlparity failed ({err}); loading rlparity/score/lm_head_stats/ on its own", file=sys.stderr)
+        folder = ROOT / "rlparity/score/lm_head_stats"  # a package whose modules import each other relatively
+        spec = importlib.util.spec_from_file_location("rlparity_score_head", folder / "__init__.py",
+                                                      submodule_search_locations=[str(folder)])
         mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
         spec.loader.exec_module(mod)
         return mod
 

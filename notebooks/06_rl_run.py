@@ -144,7 +144,8 @@ arms = ex.rl_run(model, profiles, steps, loss=loss, old_policy=old_policy, n_pro
                  max_tokens=max_tokens, lr=lr, async_rollouts=async_rollouts, device=device, seed=seed,
                  engine=engine, log=lambda line: None)
 elapsed = time.perf_counter() - t0
-runs = list(dict.fromkeys(mrl.parse_step_arm(a)[0] for a in arms))
+run_step = mrl.run_steps(arms)  # {arm: (run, step)}, from what the runner recorded
+runs = list(dict.fromkeys(run for run, _ in run_step.values()))
 engine_starts = {ds.attrs["rl"]["profile"]: ds.attrs["rl"]["engine_startup_s"] for ds in arms.values()}
 print(f"{len(arms)} steps in {elapsed:.0f} s; engine start: "
       + ", ".join(f"{p} {s:.1f} s" for p, s in engine_starts.items()))
@@ -217,7 +218,7 @@ plot_rl_curves(curves, ["reward", "entropy", "clamp_log_ratio_new_old_indicator"
 # learning rate, a large step for a model this small, and it says so.
 
 # %%
-first = {a: ds for a, ds in arms.items() if mrl.parse_step_arm(a)[1] == 0}
+first = {a: ds for a, ds in arms.items() if run_step[a][1] == 0}
 report = diagnose(first, title="RL run: step 0 of every run")
 report
 
@@ -253,7 +254,7 @@ if "mu" in old_policy and steps > reward_from_step:
     assert gap > min_parity_lead, gap  # and the parity run of the same trainer is ahead
     print(f"mu: vllm-v1-defaults' reward falls by {fall:.3f} from step 0; parity's mean reward from step "
           f"{reward_from_step} exceeds it by {gap:.3f}")
-updates = [a for a, ds in arms.items() if ds.attrs["rl"]["update"]["version"] == mrl.parse_step_arm(a)[1] + 1]
+updates = [a for a, ds in arms.items() if ds.attrs["rl"]["update"]["version"] == run_step[a][1] + 1]
 assert len(updates) == len(arms) == len(profiles) * len(old_policy) * steps  # every step pushed its weights
 assert len(engine_starts) == len(profiles)  # one engine per profile, its runs reusing it
 assert float(curves["kl_update"].min()) > 0  # every step moved the policy

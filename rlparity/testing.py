@@ -7,6 +7,8 @@ chosen temperature), without starting vLLM.
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import numpy as np
 import xarray as xr
 
@@ -82,58 +84,11 @@ def synthetic_trace(
     """
     rng = np.random.default_rng(seed)
     lengths = rng.integers(max(1, max_len // 2), max_len + 1, size=n_sequences)
-    prompts, toks, mus, pis, ppis, ents, pents, maxl, ranks, kept, margins = ([] for _ in range(11))
-    for L in lengths:
-        logits = rng.normal(0, 2.5, size=(L, vocab))
-        scaled = logits / temperature
-        if top_k and top_k < vocab:
-            kth = np.sort(scaled, axis=1)[:, -top_k][:, None]
-            scaled = np.where(scaled < kth, -np.inf, scaled)
-        if top_p < 1.0:
-            order = np.argsort(scaled, axis=1)
-            srt = np.take_along_axis(scaled, order, axis=1)
-            cum = np.cumsum(np.exp(_log_softmax(srt)), axis=1)
-            mask = cum <= 1 - top_p
-            mask[:, -1] = False
-            srt = np.where(mask, -np.inf, srt)
-            scaled = np.empty_like(srt)
-            np.put_along_axis(scaled, order, srt, axis=1)
-        plog = _log_softmax(scaled)
-        full = logits / temperature
-        fm = full.max(axis=1, keepdims=True)
-        with np.errstate(divide="ignore"):
-            kept.append(np.log(np.exp(scaled - fm).sum(axis=1)) - np.log(np.exp(full - fm).sum(axis=1)))
-        rlog = _log_softmax(logits)
-        # the engine samples from its own (noisy-head) processed distribution, as a low-precision head does
-        roll_logits = logits + rng.normal(0, head_noise, size=logits.shape) if head_noise else logits
-        roll_scaled = np.where(np.isfinite(scaled), roll_logits / temperature, -np.inf)
-        sampler = _log_softmax(roll_scaled) if head_noise else plog
-        t = np.array([rng.choice(vocab, p=np.exp(row)) for row in sampler])
-        idx = np.arange(L)
-        cut = ~np.isfinite(scaled).all(axis=1)
-        edge = np.where(np.isfinite(scaled), logits, np.inf).min(axis=1)
-        margins.append(np.where(cut, edge - logits[idx, t], np.nan))
-        roll = (_log_softmax(roll_scaled) if logprobs_mode == "processed_logprobs"
-                else _log_softmax(roll_logits))[idx, t]
-        roll = np.minimum(roll + rng.normal(0, noise, size=L), 0.0) if noise else roll
-        prompts.append(rng.integers(4, vocab, size=rng.integers(3, 8)).tolist())
-        toks.append(t.tolist())
-        mus.append(roll.tolist())
-        if trainer_noise:
-            noisy = logits + rng.normal(0, trainer_noise * rng.lognormal(0, 1), size=logits.shape)
-            pis.append(_log_softmax(noisy)[idx, t])
-            ppis.append(_log_softmax(np.where(np.isfinite(scaled), noisy / temperature, -np.inf))[idx, t])
-        else:
-            pis.append(rlog[idx, t])
-            ppis.append(plog[idx, t])
-        p = np.exp(rlog)
-        ents.append(-(p * rlog).sum(axis=1))
-        pp = np.exp(plog)
-        pents.append(-(pp * np.where(pp > 0, plog, 0.0)).sum(axis=1))
-        maxl.append(logits.max(axis=1))
-        ranks.append((logits > logits[idx, t][:, None]).sum(axis=1))
+    model = _LogitModel(vocab, temperature, top_k, top_p, logprobs_mode, noise, head_noise, trainer_noise)
+    rows = [_sequence(rng, int(L), model) for L in lengths]
     ds = from_rollouts(
-        prompt_token_ids=prompts, token_ids=toks, rollout_logprobs=mus,
+        prompt_token_ids=[r["prompt"] for r in rows], token_ids=[r["token"] for r in rows],
+        rollout_logprobs=[r["mu"] for r in rows],
         finish_reasons=["length"] * n_sequences, temperature=temperature, top_k=top_k,
         top_p=top_p, request_seed=np.arange(n_sequences) + seed,
         attrs={"arm": arm, "capture_backend": "synthetic", "model": "synthetic",
@@ -143,18 +98,93 @@ def synthetic_trace(
                "synthetic": {"seed": seed, "noise": noise, "head_noise": head_noise,
                              "trainer_noise": trainer_noise}},
     )
-    if not scored:
-        return ds
+    return _with_exact_trainer(ds, rows) if scored else ds
+
+
+class _LogitModel(NamedTuple):
+    """The sampling settings and noises of :func:`synthetic_trace`."""
+
+    vocab: int
+    temperature: float
+    top_k: int
+    top_p: float
+    logprobs_mode: str
+    noise: float
+    head_noise: float
+    trainer_noise: float
+
+
+def _processed_logits(logits: np.ndarray, m: _LogitModel) -> np.ndarray:
+    """vLLM's sampler transform of ``logits`` ``(L, vocab)``: temperature, top-k, top-p (``-inf`` where cut)."""
+    scaled = logits / m.temperature
+    if m.top_k and m.top_k < m.vocab:
+        kth = np.sort(scaled, axis=1)[:, -m.top_k][:, None]
+        scaled = np.where(scaled < kth, -np.inf, scaled)
+    if m.top_p < 1.0:
+        order = np.argsort(scaled, axis=1)
+        srt = np.take_along_axis(scaled, order, axis=1)
+        cum = np.cumsum(np.exp(_log_softmax(srt)), axis=1)
+        mask = cum <= 1 - m.top_p
+        mask[:, -1] = False
+        srt = np.where(mask, -np.inf, srt)
+        scaled = np.empty_like(srt)
+        np.put_along_axis(scaled, order, srt, axis=1)
+    return scaled
+
+
+def _sequence(rng: np.random.Generator, L: int, m: _LogitModel) -> dict[str, Any]:
+    """One sequence of ``L`` tokens drawn from the logit model: the prompt, the tokens, the rollout
+    logprobs (``mu``) and the trainer's exact statistics (the random draws in one fixed order)."""
+    vocab, temperature = m.vocab, m.temperature
+    logits = rng.normal(0, 2.5, size=(L, vocab))
+    scaled = _processed_logits(logits, m)
+    plog = _log_softmax(scaled)
+    full = logits / temperature
+    fm = full.max(axis=1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        kept = np.log(np.exp(scaled - fm).sum(axis=1)) - np.log(np.exp(full - fm).sum(axis=1))
+    rlog = _log_softmax(logits)
+    # the engine samples from its own (noisy-head) processed distribution, as a low-precision head does
+    roll_logits = logits + rng.normal(0, m.head_noise, size=logits.shape) if m.head_noise else logits
+    roll_scaled = np.where(np.isfinite(scaled), roll_logits / temperature, -np.inf)
+    sampler = _log_softmax(roll_scaled) if m.head_noise else plog
+    t = np.array([rng.choice(vocab, p=np.exp(row)) for row in sampler])
+    idx = np.arange(L)
+    cut = ~np.isfinite(scaled).all(axis=1)
+    edge = np.where(np.isfinite(scaled), logits, np.inf).min(axis=1)
+    margin = np.where(cut, edge - logits[idx, t], np.nan)
+    roll = (_log_softmax(roll_scaled) if m.logprobs_mode == "processed_logprobs"
+            else _log_softmax(roll_logits))[idx, t]
+    roll = np.minimum(roll + rng.normal(0, m.noise, size=L), 0.0) if m.noise else roll
+    out = {"prompt": rng.integers(4, vocab, size=rng.integers(3, 8)).tolist(), "token": t.tolist(),
+           "mu": roll.tolist()}
+    if m.trainer_noise:
+        noisy = logits + rng.normal(0, m.trainer_noise * rng.lognormal(0, 1), size=logits.shape)
+        out["pi"] = _log_softmax(noisy)[idx, t]
+        out["ppi"] = _log_softmax(np.where(np.isfinite(scaled), noisy / temperature, -np.inf))[idx, t]
+    else:
+        out["pi"] = rlog[idx, t]
+        out["ppi"] = plog[idx, t]
+    p = np.exp(rlog)
+    pp = np.exp(plog)
+    out.update(ent=-(p * rlog).sum(axis=1), pent=-(pp * np.where(pp > 0, plog, 0.0)).sum(axis=1),
+               maxl=logits.max(axis=1), rank=(logits > logits[idx, t][:, None]).sum(axis=1), kept=kept,
+               margin=margin)
+    return out
+
+
+def _with_exact_trainer(ds: xr.Dataset, rows: list[dict[str, Any]]) -> xr.Dataset:
+    """``ds`` with the trainer variables of every sequence, exactly (no noise but the trainer's own)."""
     width = ds.sizes["position"]
 
-    def pad(rows, fill=np.nan, dtype=float):
-        return pad_rows(rows, fill, dtype, width=width)
+    def pad(key, fill=np.nan, dtype=float):
+        return pad_rows([r[key] for r in rows], fill, dtype, width=width)
 
     ds = with_trainer(ds, {
-        "trainer_logprob": pad(pis), "trainer_processed_logprob": pad(ppis),
-        "trainer_entropy": pad(ents), "trainer_processed_entropy": pad(pents),
-        "trainer_max_logit": pad(maxl), "trainer_token_rank": pad(ranks, -1, np.int64),
-        "trainer_log_kept_mass": np.minimum(pad(kept), 0.0), "trainer_cut_margin": pad(margins),
+        "trainer_logprob": pad("pi"), "trainer_processed_logprob": pad("ppi"),
+        "trainer_entropy": pad("ent"), "trainer_processed_entropy": pad("pent"),
+        "trainer_max_logit": pad("maxl"), "trainer_token_rank": pad("rank", -1, np.int64),
+        "trainer_log_kept_mass": np.minimum(pad("kept"), 0.0), "trainer_cut_margin": pad("margin"),
     }, {"trainer": {"model": "synthetic", "dtype": "float32", "head_dtype": "float32"}})
     ds.attrs["scored_token_checksum"] = token_checksum(ds)
     return ds

@@ -12,12 +12,19 @@ import numpy as np
 import torch
 
 def load(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); return m
+    """The module file ``path``, or the package folder ``path`` as a package of its own (its modules
+    import each other relatively)."""
+    path = Path(path)
+    if path.is_dir():
+        spec = importlib.util.spec_from_file_location(name, path / "__init__.py", submodule_search_locations=[str(path)])
+    else:
+        spec = importlib.util.spec_from_file_location(name, path)
+    m = importlib.util.module_from_spec(spec); sys.modules[name] = m; spec.loader.exec_module(m); return m
 
-def module_file(root):  # rlparity/score/head.py before issue 23 renamed it lm_head_stats.py
-    new = Path(root) / "rlparity/score/lm_head_stats.py"
-    return new if new.exists() else Path(root) / "rlparity/score/head.py"
+def module_file(root):  # rlparity/score/head.py before issue 23 renamed it lm_head_stats.py, a package since issue 35
+    for rel in ("rlparity/score/lm_head_stats", "rlparity/score/lm_head_stats.py", "rlparity/score/head.py"):
+        if (Path(root) / rel).exists():
+            return Path(root) / rel
 
 
 a = load(module_file(sys.argv[1]), "head_a")

@@ -11,14 +11,15 @@ from rlparity.metrics import inflight as mi
 from rlparity.metrics import rl as mrl
 from rlparity.testing import synthetic_trace
 from rlparity.trace import arm_factors, by_factors, factors, open_arms, save, stack_cells, with_factors
-from rlparity.trace.legacy import legacy_factors
 
 
 def test_shipped_inflight_store_selects_by_coordinate():
     arms = load_example("h200-inflight")
-    assert all("factors" not in ds.attrs for ds in arms.values())  # a store from before factors: the fallback
+    assert all("factors" in ds.attrs for ds in arms.values())  # re-saved with its factors (issue 35)
     lp = by_factors(arms, "rollout_logprob")
-    assert lp.dims[:3] == ("mode", "clear_cache", "prefix_caching")
+    # the factors in the order a store reads them back (its consolidated metadata sorts keys), as for
+    # any store saved since factors are recorded
+    assert lp.dims[:3] == ("clear_cache", "mode", "prefix_caching")
     assert lp["mode"].values.tolist() == ["abort", "keep", "wait"]
     cell = lp.sel(mode="keep", clear_cache=False, prefix_caching=True)
     assert cell["arm"].item() == "keep-noclear-prefix_on"
@@ -34,7 +35,7 @@ def test_shipped_head_and_rl_stores_give_their_factors():
     assert set(head.coords) == {"arm", "rollout_head", "trainer_head"}
     assert head.sel(arm="rollout-float32_trainer-bfloat16")["rollout_head"].item() == "float32"
     rl = by_factors(load_example("h200-rl"), lambda ds: ds["reward"].mean())
-    assert rl["reward"].dims == ("profile", "old_policy", "step")
+    assert rl["reward"].dims == ("old_policy", "profile", "step")
     assert rl["step"].values.tolist() == [0, 99] and rl["old_policy"].values.tolist() == ["mu", "pi_old"]
     got = float(rl["reward"].sel(profile="vllm-v1-defaults", old_policy="mu", step=99))
     want = float(load_example("h200-rl", "vllm-v1-defaults+mu@step_099")["reward"].mean())
@@ -75,32 +76,44 @@ def test_a_missing_cell_is_nan_and_its_arm_empty():
     assert np.isnan(float(grid["rollout_logprob"].sel(rollout_head="float32", trainer_head="float32")))
 
 
-def test_legacy_fallback_reads_the_old_names_in_one_place():
-    assert legacy_factors("rollout-fp32_trainer-bf16", {}) == {"rollout_head": "float32", "trainer_head": "bfloat16"}
-    assert legacy_factors("keep-noclear-prefix_on", {}) == {"mode": "keep", "clear_cache": False,
-                                                           "prefix_caching": True}
-    assert legacy_factors("vllm-v1-defaults+mu@step_007", {}) == {"profile": "vllm-v1-defaults", "old_policy": "mu",
-                                                                 "step": 7}
-    assert legacy_factors("pipelinerl-parity@step_003", {"rl": {"old_policy": "pi_old"}})["old_policy"] == "pi_old"
-    # the old per-experiment records come first, the name only where none says
-    assert legacy_factors("x", {"head_experiment": {"rollout_head": "bf16", "trainer_head": "float32"}}) == {
-        "rollout_head": "bfloat16", "trainer_head": "float32"}
-    assert legacy_factors("x", {"inflight": {"mode": "abort", "clear_cache": 1, "prefix_caching": 0}})["mode"] == "abort"
-    assert legacy_factors("rollout-float64_trainer-bf16", {}) == {}  # not a head dtype: no cell
-    assert legacy_factors("clean", {}) == {} and legacy_factors("keep-fresh", {}) == {}
-
-
-def test_no_module_but_the_legacy_one_parses_arm_names():
-    """The old name patterns live in rlparity/trace/legacy.py alone."""
+def test_the_arm_name_is_never_read_for_factors():
+    """Factors come from ``attrs["factors"]`` only (issue 35 dropped the reading of the old names and
+    records, ``trace/legacy.py``): an arm named like an old cell, or carrying an old record, has no
+    factors; no module of the package parses a cell out of a name."""
     from pathlib import Path
 
     import rlparity
 
+    old_names = {"rollout-float32_trainer-bfloat16": {"head_experiment": {"rollout_head": "float32",
+                                                                         "trainer_head": "bfloat16"}},
+                 "keep-noclear-prefix_on": {"inflight": {"mode": "keep", "clear_cache": False, "prefix_caching": True}},
+                 "vllm-v1-defaults+mu@step_007": {"rl": {"profile": "vllm-v1-defaults", "old_policy": "mu"}}}
+    for name, record in old_names.items():
+        tr = synthetic_trace(4, 4, arm=name)
+        tr.attrs.update(record)
+        assert arm_factors(tr) == {}, name
+        assert arm_factors(with_factors(tr, step=7)) == {"step": 7}
     root = Path(rlparity.__file__).parent
     hits = [str(p.relative_to(root)) for p in root.rglob("*.py")
             if any(pat in p.read_text() for pat in ("@step_(", "prefix_(?P", "_trainer-(?P", 'split("+")'))]
-    assert hits == ["trace/legacy.py"]
-    assert mrl.parse_step_arm("vllm-v1-defaults+mu@step_007") == ("vllm-v1-defaults+mu", 7)  # kept for old callers
+    assert hits == []
+
+
+def test_every_shipped_example_of_an_experiment_records_its_factors():
+    """The shipped stores of the factor experiments were re-saved with their factors (issue 35): every
+    arm of the head matrices, the inflight matrix and the RL run records its cell."""
+    from rlparity.datasets import example_path
+    from rlparity.trace import as_arms
+
+    want = {"cpu-head": set(H.CELL_DIMS), "h200-head": set(H.CELL_DIMS), "h200-inflight": set(mi.CELL_FACTORS),
+            "h200-rl": set(mrl.STEP_FACTORS)}
+    for name, dims in want.items():
+        arms = as_arms(example_path(name))
+        assert arms and all(set(arm_factors(ds)) == dims for ds in arms.values()), name
+    cells = factors(as_arms(example_path("h200-inflight")))
+    assert {(m, bool(c), bool(p)) for m, c, p in zip(cells["mode"].values, cells["clear_cache"].values,
+                                                     cells["prefix_caching"].values)} == {
+        (m, c, p) for m in ("keep", "wait", "abort") for c in (False, True) for p in (False, True)}
 
 
 def test_head_matrix_records_each_cells_factors():

@@ -209,6 +209,6 @@ def test_lazy_objective_summary_has_bounded_memory(tmp_path):
 
 
 def test_a_dashboard_refuses_dim():
-    """A peer's dashboard is a function of the whole arm: ``dim=`` is refused in one line."""
-    with pytest.raises(ValueError, match="function of the whole arm"):
+    """A peer's dashboard is a function of the whole arm: ``dim=`` is not one of its options."""
+    with pytest.raises(ValueError, match=r"verl has no option \['dim'\]"):
         as_dashboard(synthetic_trace(n_sequences=4, max_len=6), "verl", dim="sequence")

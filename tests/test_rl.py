@@ -16,8 +16,9 @@ from rlparity.trace import arm_record, check_arm_name, open_arms, save, with_fac
 PROFILES = {"parity": "processed_logprobs", "raw": "raw_logprobs"}
 
 
-def _step(profile, step, *, index=0, loss="gspo", versions_behind=0, seconds=None, reward=None, head_noise=0.0):
-    """One kept step: a synthetic trace with pi_old, pi_theta, reward and the runner's attrs."""
+def _step(profile, step, *, index=0, loss="gspo", versions_behind=0, seconds=None, reward=None, head_noise=0.0,
+          old_policy=""):
+    """One kept step: a synthetic trace with pi_old, pi_theta, reward, the runner's attrs and its factors."""
     ds = synthetic_trace(n_sequences=12, max_len=16, top_k=8, logprobs_mode=PROFILES[profile], seed=step,
                          head_noise=head_noise, arm=mrl.step_arm(profile, step))
     mask = ds["response_mask"].values.astype(bool)
@@ -35,6 +36,12 @@ def _step(profile, step, *, index=0, loss="gspo", versions_behind=0, seconds=Non
     ds.attrs["latest_policy_version"] = step
     ds.attrs["rl"] = {"profile": profile, "profile_index": index, "step": step, "loss": loss,
                       "seconds": seconds or {"rollout": 0.5, "train": 0.25, "update": 0.125, "wall": 0.875}}
+    return with_factors(ds, profile=profile, old_policy=old_policy, step=step)
+
+
+def _unstamped(ds):
+    """A step without its factors: the label alone makes no RL step."""
+    ds.attrs.pop("factors")
     return ds
 
 
@@ -43,16 +50,13 @@ def _run(steps=3, loss="gspo", **kw):
             for i, p in enumerate(PROFILES) for s in range(steps)}
 
 
-def test_step_arm_names_are_store_names_and_parse_back():
+def test_step_arm_names_are_store_names():
     name = mrl.step_arm("parity-bf16-head", 7)
     assert name == "parity-bf16-head@step_007" and check_arm_name(name) == name
-    assert mrl.parse_step_arm(name) == ("parity-bf16-head", 7)
-    assert mrl.parse_step_arm("p@step_1234") == ("p", 1234)
+    assert mrl.step_arm("p", 1234) == "p@step_1234"
     with pytest.raises(ValueError, match="no '/' or '@'"):
         mrl.step_arm("a/b", 0)
-    with pytest.raises(ValueError, match="not an RL step"):
-        mrl.parse_step_arm("keep-noclear-prefix_on")
-    assert mrl.is_rl_run(_run(1)) and not mrl.is_rl_run({"parity": _step("parity", 0)})
+    assert mrl.is_rl_run(_run(1)) and not mrl.is_rl_run({"parity@step_000": _unstamped(_step("parity", 0))})
     # what the runner records, not the label, says which run and step an arm is
     relabelled = {f"arm{i}": with_factors(ds.copy(), profile=ds.attrs["rl"]["profile"], old_policy="pi_old",
                                           step=ds.attrs["rl"]["step"])
@@ -140,7 +144,7 @@ def test_curves_order_profiles_fill_missing_steps_and_refuse_other_arms():
     with pytest.raises(ValueError, match=r"profile\(s\) \['nope'\] are not in the run"):
         mrl.rl_curves(run, profiles=["nope"])
     with pytest.raises(ValueError, match="not an RL step"):
-        mrl.rl_curves({"parity": _step("parity", 0)})
+        mrl.rl_curves({"parity@step_000": _unstamped(_step("parity", 0))})
     with pytest.raises(ValueError, match="no traces"):
         mrl.rl_curves({})
 
@@ -174,7 +178,7 @@ def test_runs_of_several_ratio_denominators_are_compared_within_their_own_denomi
     for i, (prof, old) in enumerate([(p, o) for p in PROFILES for o in ("pi_old", "mu")]):
         name = f"{prof}+{old}"
         for s in range(2):
-            ds = _step(prof, s, index=i, reward=np.full(12, 0.5 if old == "pi_old" else 0.1 * (i + 1)))
+            ds = _step(prof, s, index=i, reward=np.full(12, 0.5 if old == "pi_old" else 0.1 * (i + 1)), old_policy=old)
             ds.attrs["rl"].update({"profile": prof, "old_policy": old})
             run[mrl.step_arm(name, s)] = ds
     curves = mrl.rl_curves(run)

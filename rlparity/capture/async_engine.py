@@ -66,7 +66,7 @@ def with_extension(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 class AsyncEngine(InflightUpdates, EngineLifecycle):
-    """A real ``vllm.v1.engine.async_llm.AsyncLLM`` built from :class:`EngineSettings`.
+    """A real ``vllm.v1.engine.async_llm.AsyncLLM`` built from :class:`~rlparity.config.settings.EngineSettings`.
 
     >>> with AsyncEngine(model_path, EngineSettings(logprobs_mode="processed_logprobs")) as eng:
     ...     fut = eng.capture_async(prompts, SamplingSettings(temperature=0.7, max_tokens=64))

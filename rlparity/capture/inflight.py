@@ -167,7 +167,7 @@ class InflightUpdates:
 
     def update_weights(self, source: Any, version: int, *, mode: str = "keep",
                        clear_cache: bool = False) -> dict[str, Any]:
-        """The sync form of :meth:`aupdate_weights` (callable while :meth:`capture_async` runs).
+        """The sync form of :meth:`aupdate_weights` (callable while :meth:`~rlparity.capture.async_engine.AsyncEngine.capture_async` runs).
 
         Parameters
         ----------

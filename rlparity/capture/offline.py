@@ -24,7 +24,7 @@ from rlparity.config.settings import EngineSettings, SamplingSettings
 
 
 class Engine(EngineLifecycle):
-    """A real ``vllm.LLM`` built from :class:`EngineSettings`; a context manager.
+    """A real ``vllm.LLM`` built from :class:`~rlparity.config.settings.EngineSettings`; a context manager.
 
     >>> with Engine(model_path, EngineSettings(logprobs_mode="processed_logprobs")) as eng:
     ...     trace = eng.capture(prompts, SamplingSettings(temperature=0.7, top_k=20))

@@ -1,7 +1,7 @@
 """Capture through an OpenAI-compatible vLLM server, as PipelineRL runs it.
 
 :class:`Server` starts a real ``python -m vllm.entrypoints.openai.api_server`` on loopback with
-``--return-tokens-as-token-ids`` and the flags of an :class:`EngineSettings`, and captures through
+``--return-tokens-as-token-ids`` and the flags of an :class:`~rlparity.config.settings.EngineSettings`, and captures through
 a :class:`~rlparity.capture.server_client.ServerClient`, the client that also talks to any running
 ``vllm serve`` (a URL). Both return traces with the same schema as
 :meth:`rlparity.capture.Engine.capture`; what each request asks for is described in
@@ -286,7 +286,7 @@ class Server:
     # capture ------------------------------------------------------------------------
     @property
     def client(self) -> ServerClient:
-        """A :class:`ServerClient` for this running server (a ``ServerError`` when it is not running)."""
+        """A :class:`~rlparity.capture.server_client.ServerClient` for this running server (a ``ServerError`` when it is not running)."""
         if not self.running:
             raise ServerError("the server is not running: use `with Server(...)` or call start()")
         if self._client is None:

@@ -7,7 +7,7 @@ Every request is one ``POST /v1/completions`` with ``logprobs: 0`` (the sampled 
 only: ``logprobs.token_logprobs``, never a top alternative) and ``return_token_ids: true`` (the
 prompt ids the server tokenised and the sampled ids, cross-checked against the ``token_id:N``
 strings that ``--return-tokens-as-token-ids`` makes of ``logprobs.tokens``). Sampling parameters
-left "off" in :class:`SamplingSettings` (top-k, min-p, repetition penalty) are sent explicitly
+left "off" in :class:`~rlparity.config.settings.SamplingSettings` (top-k, min-p, repetition penalty) are sent explicitly
 with their neutral values, so a server running ``--generation-config auto`` samples what the
 offline engine samples: the same ``SamplingParams`` as :meth:`SamplingSettings.to_vllm`.
 """
@@ -117,10 +117,10 @@ class ServerClient:
     timeout : float, default 600.0
         Seconds to wait for each HTTP answer.
     requested : dict, optional
-        The engine settings asked for, recorded in the trace attrs (a :class:`Server` fills them
+        The engine settings asked for, recorded in the trace attrs (a :class:`~rlparity.capture.server.Server` fills them
         from its settings).
     effective : dict, optional
-        The engine's effective settings, recorded in the trace attrs (a :class:`Server` fills them
+        The engine's effective settings, recorded in the trace attrs (a :class:`~rlparity.capture.server.Server` fills them
         from its command line); ``None``: only what ``/v1/models`` says is known.
     return_tokens_as_token_ids : bool, optional
         Whether the server was started with ``--return-tokens-as-token-ids``, when known (recorded
@@ -202,7 +202,7 @@ class ServerClient:
         Returns
         -------
         dict
-            The :class:`Server`'s resolved command line (the ``effective`` given), or for a foreign
+            The :class:`~rlparity.capture.server.Server`'s resolved command line (the ``effective`` given), or for a foreign
             server the model, its ``max_model_len`` and root as ``/v1/models`` reports them.
         """
         if self._effective is not None:

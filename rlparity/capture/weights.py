@@ -320,7 +320,7 @@ class WeightState:
         version : int
             The policy version; a version already recorded is left as is.
         source : str or os.PathLike
-            The checkpoint (:func:`checkpoint_checksums`; ``None`` is recorded for a hub id or a
+            The checkpoint (:func:`~rlparity.capture.checkpoints.checkpoint_checksums`; ``None`` is recorded for a hub id or a
             large checkpoint).
         """
         if version not in self.checksums:

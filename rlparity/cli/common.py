@@ -21,7 +21,7 @@ class TrainerSide(str, Enum):
 
 
 def json_object(text: str, flag: str, what: str, example: str) -> dict[str, Any]:
-    """A JSON object given on the command line; anything else is a :class:`BadInput` with an example."""
+    """A JSON object given on the command line; anything else is a :class:`~rlparity.cli.contract.BadInput` with an example."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
@@ -34,7 +34,7 @@ def json_object(text: str, flag: str, what: str, example: str) -> dict[str, Any]
 
 def trainer_settings(trainer_json: str | None):
     """:class:`~rlparity.config.settings.TrainerSettings` from ``--trainer JSON`` (how the trainer computes:
-    e.g. routing replay, its MoE routers' dtype); a bad value is a :class:`BadInput` naming the field."""
+    e.g. routing replay, its MoE routers' dtype); a bad value is a :class:`~rlparity.cli.contract.BadInput` naming the field."""
     from pydantic import ValidationError
 
     from rlparity.config.settings import TrainerSettings
@@ -51,7 +51,7 @@ def trainer_settings(trainer_json: str | None):
 
 def engine_settings(engine_json: str | None, profile: str | None):
     """:class:`~rlparity.config.EngineSettings` from ``--profile`` and ``--engine JSON`` (the JSON
-    overrides the profile); a bad value is a :class:`BadInput` naming the field."""
+    overrides the profile); a bad value is a :class:`~rlparity.cli.contract.BadInput` naming the field."""
     from pydantic import ValidationError
 
     from rlparity.config import EngineSettings, load_profile
@@ -115,7 +115,7 @@ def read_prompts(path: Path | None, num: int, seed: int) -> list:
 
 
 def select_arms(arms: Mapping[str, Any], wanted: Sequence[str] | None, store: Path) -> dict[str, Any]:
-    """The arms named in ``--arm`` (all without it); an unknown name is a :class:`BadInput`."""
+    """The arms named in ``--arm`` (all without it); an unknown name is a :class:`~rlparity.cli.contract.BadInput`."""
     if not wanted:
         return dict(arms)
     unknown = sorted(set(wanted) - set(arms))
@@ -127,7 +127,7 @@ def select_arms(arms: Mapping[str, Any], wanted: Sequence[str] | None, store: Pa
 def output_store(out: Path, flag: str = "--out") -> Path:
     """``out`` if a store may be written there, checked before any model loads or engine starts:
     missing, an empty folder or an rlparity store; '.', '..', '/', the working directory, a file or
-    a folder of other files is a :class:`BadInput` naming the flag."""
+    a folder of other files is a :class:`~rlparity.cli.contract.BadInput` naming the flag."""
     from rlparity.trace.storage import StoreError, check_target
 
     try:
@@ -144,7 +144,7 @@ def output_store(out: Path, flag: str = "--out") -> Path:
 
 def check_device(value: str | None) -> str | None:
     """The typer callback of every ``--device``: ``cpu``, ``cuda`` or ``cuda:N``
-    (:func:`rlparity.config.settings.device_name`); anything else is a :class:`BadInput`."""
+    (:func:`rlparity.config.settings.device_name`); anything else is a :class:`~rlparity.cli.contract.BadInput`."""
     from rlparity.config.settings import device_name
 
     if value is None:
@@ -186,7 +186,7 @@ def effective_settings(arm: Any) -> dict[str, Any] | None:
 def check_model(value: str | None) -> str | None:
     """The typer callback of every model argument: a built-in name, a local path that exists, or a
     hub id (``org/name``). Something written as a local path (``/``, ``.``, ``~``, two or more
-    ``/``) that does not exist is a :class:`BadInput`, before anything is built or started."""
+    ``/``) that does not exist is a :class:`~rlparity.cli.contract.BadInput`, before anything is built or started."""
     if value is None or value == "":
         return value
     from rlparity.models import SIZES
@@ -204,7 +204,7 @@ def comma_list(text: str | None, flag: str, choices: Sequence[str] | None = None
     """The items of a comma list given on the command line (``None`` stays ``None``).
 
     An empty item (``a,,b``, ``,``, a trailing comma), a repeated one or one outside ``choices``
-    is a :class:`BadInput` naming the flag: an empty item never means a default.
+    is a :class:`~rlparity.cli.contract.BadInput` naming the flag: an empty item never means a default.
     """
     if text is None:
         return None
@@ -222,7 +222,7 @@ def comma_list(text: str | None, flag: str, choices: Sequence[str] | None = None
 
 
 def positive_ints(text: str, flag: str) -> list[int]:
-    """A comma list of positive integers (``1,2,4,8``); anything else is a :class:`BadInput`."""
+    """A comma list of positive integers (``1,2,4,8``); anything else is a :class:`~rlparity.cli.contract.BadInput`."""
     try:
         values = [int(x) for x in comma_list(text, flag) or []]
     except ValueError:
@@ -236,7 +236,7 @@ def output_folder(out: Path, *stores: str, flag: str = "--out") -> Path:
     """``out`` if a command may write its folder there (the stores ``stores`` inside it and its
     JSON), checked before any model loads: missing, empty, or one an earlier run of the command
     wrote (one of those stores is an rlparity store there). A file, or a folder of other files, is a
-    :class:`BadInput` naming the flag; nothing is made here."""
+    :class:`~rlparity.cli.contract.BadInput` naming the flag; nothing is made here."""
     if out.exists() and not out.is_dir():
         raise BadInput(f"{flag} {out}: a file; give a folder ({', '.join(stores) or 'the results'} go there)")
     for name in stores:  # the stores first: their own refusal names what is in the way

@@ -1,6 +1,6 @@
-"""Named engine profiles: :class:`EngineSettings` stored as YAML.
+"""Named engine profiles: :class:`~rlparity.config.settings.EngineSettings` stored as YAML.
 
-A profile file holds ``settings:`` (fields of :class:`EngineSettings`) and optionally
+A profile file holds ``settings:`` (fields of :class:`~rlparity.config.settings.EngineSettings`) and optionally
 ``description:``; a bare mapping of settings is accepted too. Built-in profiles live in
 ``rlparity/data/profiles/*.yaml``: ``vllm-v1-defaults`` (nothing set) and ``pipelinerl-parity``
 (processed logprobs, prefix caching off, async scheduling off, fp32 LM head,
@@ -47,7 +47,7 @@ def _path(name_or_path: str | os.PathLike) -> Path:
 
 
 def settings_from_mapping(data: dict[str, Any], *, where: str = "profile") -> EngineSettings:
-    """:class:`EngineSettings` from a mapping; an unknown key is an error naming the valid ones.
+    """:class:`~rlparity.config.settings.EngineSettings` from a mapping; an unknown key is an error naming the valid ones.
 
     Parameters
     ----------
@@ -88,7 +88,7 @@ def read_profile(name_or_path: str | os.PathLike) -> dict[str, Any]:
     -------
     dict[str, Any]
         ``name`` (the file's stem), ``description``, ``path`` and ``settings`` (an
-        :class:`EngineSettings`).
+        :class:`~rlparity.config.settings.EngineSettings`).
 
     Raises
     ------
@@ -114,7 +114,7 @@ def read_profile(name_or_path: str | os.PathLike) -> dict[str, Any]:
 
 
 def load_profile(name_or_path: str | os.PathLike | EngineSettings | None = None) -> EngineSettings:
-    """The :class:`EngineSettings` of a built-in profile name or a YAML file.
+    """The :class:`~rlparity.config.settings.EngineSettings` of a built-in profile name or a YAML file.
 
     Parameters
     ----------
@@ -149,7 +149,7 @@ def reference_engine(**changes: Any) -> EngineSettings:
     Parameters
     ----------
     **changes
-        Fields of :class:`EngineSettings`; they win over the profile's.
+        Fields of :class:`~rlparity.config.settings.EngineSettings`; they win over the profile's.
 
     Returns
     -------

@@ -276,7 +276,7 @@ def sequence_se(fit: Callable[..., dict[str, float]], y: np.ndarray, x: np.ndarr
     """A slope's standard error that holds when tokens of a sequence are not independent.
 
     The larger of the per-token (sandwich) standard error and a delete-a-group jackknife over
-    whole sequences (:func:`rlparity.metrics.core.jackknife_slope_se`, at most
+    whole sequences (:func:`rlparity.metrics.core.fits.jackknife_slope_se`, at most
     ``defaults().jackknife_groups`` groups). Past ``defaults().jackknife_max_tokens`` tokens the
     jackknife runs on whole sequences taken at an even stride and its error is scaled by
     ``sqrt(tokens used / tokens)`` (a slope's error shrinks as one over the root of the data). With
@@ -287,8 +287,8 @@ def sequence_se(fit: Callable[..., dict[str, float]], y: np.ndarray, x: np.ndarr
     ----------
     fit : callable
         ``fit(y, x, mask)`` returning a dict with the slope under ``"alpha"``
-        (:func:`rlparity.metrics.core.reading_fit` or a partial of
-        :func:`~rlparity.metrics.core.robust_reading_fit`).
+        (:func:`rlparity.metrics.core.fits.reading_fit` or a partial of
+        :func:`~rlparity.metrics.core.fits.robust_reading_fit`).
     y, x : numpy.ndarray
         ``(sequence, position)``: the reading placed and the difference of the two candidates (nats).
     tokens : numpy.ndarray
@@ -323,7 +323,7 @@ def semantic_fit(trace: xr.Dataset, tokens: np.ndarray, *, semantic_tol: float |
     """Where the rollout logprob ``mu`` lies between the trainer's raw and processed readings.
 
     ``mu - raw = alpha (processed - raw) + noise``, a robust fit
-    (:func:`rlparity.metrics.core.robust_reading_fit`) on ``tokens``.
+    (:func:`rlparity.metrics.core.fits.robust_reading_fit`) on ``tokens``.
 
     Parameters
     ----------

@@ -299,7 +299,7 @@ def _matrix_arms(arms: Mapping[str, xr.Dataset]) -> dict[str, xr.Dataset]:
     ``head_matrix`` records them), one per cell."""
     out, seen = {}, set()
     for name, ds in arms.items():
-        if not set(CELL_DIMS) <= set(arm_factors(ds, name)) or not has_trainer(ds):
+        if not set(CELL_DIMS) <= set(arm_factors(ds)) or not has_trainer(ds):
             continue
         dt = cell_dtypes(ds)
         key = (dt["rollout_head"], dt["trainer_head"])

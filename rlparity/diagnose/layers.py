@@ -3,8 +3,8 @@ engine's states leave their floor, from an arm's layer profile (:mod:`rlparity.t
 measured by :func:`rlparity.experiments.layers.profile_arm` / ``rlparity layers``).
 
 :func:`divergence_start` reads the profile (per site, the relative error pooled over the probe's
-tokens, against the floor a clean parity capture reaches there: :func:`rlparity.metrics.layers.
-first_divergence`) and names the cause of the catalogue the place identifies:
+tokens, against the floor a clean parity capture reaches there:
+:func:`rlparity.metrics.layers.first_divergence`) and names the cause of the catalogue the place identifies:
 
 * the start is ``lm_head`` (every state before it within its floor): the head's precision, on the
   side whose head dtype has fewer bits (``rollout_bf16_head`` / ``trainer_bf16_head``);

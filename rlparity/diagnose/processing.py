@@ -111,7 +111,7 @@ def renormalization(trace: xr.Dataset, *, semantic_tol: float | None = None) -> 
     ``log kept mass`` (<= 0) is the log of the temperature-scaled probability that top-k/top-p keep.
     A rollout that applies temperature but not the renormalization reports ``processed + log kept``:
     ``mu - log pi_processed = beta * log kept`` with ``beta ~ 1`` (``beta ~ 0`` when it
-    renormalises), fitted as in :func:`logprob_semantics`.
+    renormalises), fitted as in :func:`~rlparity.diagnose.semantic.logprob_semantics`.
 
     Parameters
     ----------

@@ -69,10 +69,10 @@ def temperature_from_numbers(trace: xr.Dataset, *, recorded: tuple[Finding, ...]
     trace : xarray.Dataset
         A scored arm with the trainer's raw reading.
     recorded : tuple of Finding, default ()
-        The findings from recorded settings (:func:`trainer_sampling`): a recorded trainer
+        The findings from recorded settings (:func:`~rlparity.diagnose.semantic.trainer_sampling`): a recorded trainer
         temperature that already names the cause is not repeated, only confirmed.
     semantics : Finding, optional
-        The semantic fit's finding (:func:`logprob_semantics`).
+        The semantic fit's finding (:func:`~rlparity.diagnose.semantic.logprob_semantics`).
 
     Returns
     -------

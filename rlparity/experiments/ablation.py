@@ -41,14 +41,14 @@ from rlparity.trace import arm_record
 
 @dataclass(frozen=True)
 class Knob:
-    """One engine setting to change: ``field`` of :class:`EngineSettings` set to ``value``.
+    """One engine setting to change: ``field`` of :class:`~rlparity.config.settings.EngineSettings` set to ``value``.
 
     Parameters
     ----------
     name : str
         The knob's name, also the arm's.
     field : str
-        The :class:`EngineSettings` field it changes.
+        The :class:`~rlparity.config.settings.EngineSettings` field it changes.
     value : object, optional
         The value to set; ``None`` flips a boolean against the reference engine's effective value.
     description : str, default ""
@@ -306,6 +306,38 @@ def ablation(model: str | os.PathLike, prompts: Sequence, sampling: SamplingSett
 
     if not len(prompts):
         raise ValueError("ablation needs at least one prompt")
+    knob_list = _knob_list(knobs)
+    reference = defaults().profile if reference is None else reference
+    ref_settings = load_profile(reference)
+    if engine:
+        ref_settings = ref_settings.replace(**dict(engine))
+    sampling = sampling or default_sampling()
+    pool = pool or shared_pool()
+    scorer = scorer or Scorer(model, dtype="float32", head_dtype="float32", progress=progress)
+    ref_name = reference if isinstance(reference, str) else getattr(reference, "name", "settings")
+    runner = _ArmRunner(model, prompts, sampling, pool, scorer, warmup, batch, progress)
+
+    arms: dict[str, xr.Dataset] = {}
+    t0 = time.perf_counter()
+    ref_trace, ref_eff = runner.run(REFERENCE, ref_settings)
+    arms[REFERENCE] = ref_trace
+    plan: list[dict[str, Any]] = [{"arm": REFERENCE, "knob": REFERENCE, "field": "", "value": "", "reference_value": "",
+                                   "status": "ran", "reason": f"profile {ref_name} with {dict(engine or {})}"}]
+    for knob in knob_list:
+        entry, trace = _knob_arm(runner, knob, ref_settings, ref_eff, budget_s, t0)
+        plan.append(entry)
+        if trace is not None:
+            arms[knob.name] = trace
+    record = {"reference": str(ref_name), "overrides": dict(engine or {}), "warmup": warmup,
+              "knobs": [asdict(k) for k in knob_list], "plan": plan}
+    for name, tr in arms.items():
+        tr.attrs["arm"] = name
+        tr.attrs["ablation"] = {**record, "knob": name}
+    return arms
+
+
+def _knob_list(knobs: Sequence[str | Knob]) -> list[Knob]:
+    """The knobs, built-in ones by name; an unknown name is an error."""
     knob_list = []
     for k in knobs:
         if isinstance(k, Knob):
@@ -315,69 +347,66 @@ def ablation(model: str | os.PathLike, prompts: Sequence, sampling: SamplingSett
         else:
             raise ValueError(f"unknown knob {k!r}; built-in knobs: {', '.join(KNOBS)} "
                              "(or pass rlparity.experiments.ablation.Knob(...))")
-    reference = defaults().profile if reference is None else reference
-    ref_settings = load_profile(reference)
-    if engine:
-        ref_settings = ref_settings.replace(**dict(engine))
-    sampling = sampling or default_sampling()
-    pool = pool or shared_pool()
-    scorer = scorer or Scorer(model, dtype="float32", head_dtype="float32", progress=progress)
-    ref_name = reference if isinstance(reference, str) else getattr(reference, "name", "settings")
-    plan: list[dict[str, Any]] = []
+    return knob_list
 
-    def run(arm: str, settings: EngineSettings) -> tuple[xr.Dataset, dict]:
-        eng = pool.get(model, settings)
-        if warmup:
+
+@dataclass(frozen=True)
+class _ArmRunner:
+    """How every arm of an ablation is captured: its engine from ``pool``, the warm-up, the capture,
+    the batch probe, then the trainer's scoring."""
+
+    model: Any
+    prompts: Sequence
+    sampling: SamplingSettings
+    pool: Any
+    scorer: Any
+    warmup: bool
+    batch: BatchProbe | None
+    progress: bool
+
+    def run(self, arm: str, settings: EngineSettings) -> tuple[xr.Dataset, dict]:
+        """The scored trace of ``arm`` under ``settings`` and the engine's effective settings."""
+        prompts, sampling, batch = self.prompts, self.sampling, self.batch
+        eng = self.pool.get(self.model, settings)
+        if self.warmup:
             _warm(eng, prompts, sampling)
-        tr = eng.capture(list(prompts), sampling, arm=arm, progress=progress)
+        tr = eng.capture(list(prompts), sampling, arm=arm, progress=self.progress)
         if batch is not None and batch.sizes:
             bc = batch_composition(eng, batch.prompt or prompts[0], batch_sizes=batch.sizes,
                                    fillers=prompts[1:], max_tokens=batch.max_tokens)
             tr = tr.assign({f"batch_{k}": v for k, v in bc.data_vars.items()})
             tr = tr.assign_coords(bc.coords)
-        return scorer.score(tr), arm_record(tr).effective.to_attrs()
+        return self.scorer.score(tr), arm_record(tr).effective.to_attrs()
 
-    arms: dict[str, xr.Dataset] = {}
-    t0 = time.perf_counter()
-    ref_trace, ref_eff = run(REFERENCE, ref_settings)
-    arms[REFERENCE] = ref_trace
-    plan.append({"arm": REFERENCE, "knob": REFERENCE, "field": "", "value": "", "reference_value": "",
-                 "status": "ran", "reason": f"profile {ref_name} with {dict(engine or {})}"})
-    for knob in knob_list:
-        entry = {"arm": knob.name, "knob": knob.name, "field": knob.field, "description": knob.description,
-                 "reference_value": _effective_value(ref_eff, knob)}
-        try:
-            settings, value = knob_settings(knob, ref_settings, ref_eff)
-        except ValueError as err:
-            plan.append({**entry, "value": knob.value, "status": "not_applicable", "reason": str(err)})
-            continue
-        entry["value"] = value
-        pre = resolved_reason(str(model), knob, settings, value)
-        if pre is None and budget_s is not None and time.perf_counter() - t0 > budget_s:
-            pre = f"not run: the run's time budget of {budget_s:g} s ran out before this knob's engine started"
-        if pre is not None:
-            plan.append({**entry, "status": "not_applicable", "reason": pre})
-            continue
-        try:
-            trace, eff = run(knob.name, settings)
-        except Exception as err:  # the engine refused the setting: recorded, not dropped
-            pool.close()
-            plan.append({**entry, "status": "not_applicable",
-                         "reason": f"the engine did not start with {knob.field}={value!r}: {_error_chain(err)} "
-                                   "(the engine log above has the worker's traceback)"})
-            continue
-        reason = _honoured(knob, value, eff, ref_eff)
-        if reason is not None:
-            plan.append({**entry, "status": "not_applicable", "reason": reason})
-            continue
-        plan.append({**entry, "status": "ran", "reason": ""})
-        arms[knob.name] = trace
-    record = {"reference": str(ref_name), "overrides": dict(engine or {}), "warmup": warmup,
-              "knobs": [asdict(k) for k in knob_list], "plan": plan}
-    for name, tr in arms.items():
-        tr.attrs["arm"] = name
-        tr.attrs["ablation"] = {**record, "knob": name}
-    return arms
+
+def _knob_arm(runner: _ArmRunner, knob: Knob, ref_settings: EngineSettings, ref_eff: Mapping[str, Any],
+              budget_s: float | None, t0: float) -> tuple[dict[str, Any], xr.Dataset | None]:
+    """One knob's row of the plan and its scored trace (``None`` where it did not run: not
+    applicable, dropped by vLLM's configuration, out of the time budget, refused by the engine, or
+    not honoured)."""
+    entry = {"arm": knob.name, "knob": knob.name, "field": knob.field, "description": knob.description,
+             "reference_value": _effective_value(ref_eff, knob)}
+    try:
+        settings, value = knob_settings(knob, ref_settings, ref_eff)
+    except ValueError as err:
+        return {**entry, "value": knob.value, "status": "not_applicable", "reason": str(err)}, None
+    entry["value"] = value
+    pre = resolved_reason(str(runner.model), knob, settings, value)
+    if pre is None and budget_s is not None and time.perf_counter() - t0 > budget_s:
+        pre = f"not run: the run's time budget of {budget_s:g} s ran out before this knob's engine started"
+    if pre is not None:
+        return {**entry, "status": "not_applicable", "reason": pre}, None
+    try:
+        trace, eff = runner.run(knob.name, settings)
+    except Exception as err:  # the engine refused the setting: recorded, not dropped
+        runner.pool.close()
+        return {**entry, "status": "not_applicable",
+                "reason": f"the engine did not start with {knob.field}={value!r}: {_error_chain(err)} "
+                          "(the engine log above has the worker's traceback)"}, None
+    reason = _honoured(knob, value, eff, ref_eff)
+    if reason is not None:
+        return {**entry, "status": "not_applicable", "reason": reason}, None
+    return {**entry, "status": "ran", "reason": ""}, trace
 
 
 # ------------------------------------------------------------------------------ batch composition

@@ -52,7 +52,7 @@ def scorer_for(model: str, shape: Mapping[str, Any], *, dtype: str, device: str,
     model : str
         The model.
     shape : Mapping
-        An entry of :data:`SHAPES`: ``batch_size`` (default 16) and :class:`TrainerSettings` fields.
+        An entry of :data:`SHAPES`: ``batch_size`` (default 16) and :class:`~rlparity.config.settings.TrainerSettings` fields.
     dtype : str
         The trainer's body dtype.
     device : str

@@ -61,7 +61,7 @@ def base_settings(dtype: str = "float32", **changes: Any) -> EngineSettings:
     dtype : str, default "float32"
         The body dtype.
     \*\*changes
-        Further :class:`EngineSettings` fields.
+        Further :class:`~rlparity.config.settings.EngineSettings` fields.
 
     Returns
     -------
@@ -146,7 +146,7 @@ def inflight_matrix(model: str | os.PathLike, prompts: Sequence | None = None, a
     checkpoint_dir : str or os.PathLike, optional
         Where the perturbed version 1 is written; ``None`` means ``<model>-inflight-v1`` beside the model.
     engine : Mapping, optional
-        Other :class:`EngineSettings` fields.
+        Other :class:`~rlparity.config.settings.EngineSettings` fields.
     scorers : Mapping of int to Scorer, optional
         Ready :class:`rlparity.score.Scorer` per version; the missing ones are made here (fp32 head).
     settings : InflightSettings, optional

@@ -304,7 +304,7 @@ class LayerSettings(BaseModel):
     other_attention_backend : str, default "TRITON_ATTN"
         The backend of ``batch_variant_attention``.
     engine : dict, optional
-        Other :class:`EngineSettings` fields for every engine.
+        Other :class:`~rlparity.config.settings.EngineSettings` fields for every engine.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

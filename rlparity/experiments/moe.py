@@ -62,7 +62,7 @@ class MoESettings(BaseModel):
     replay : bool, default True
         Rescore with the engine's routes forced (``trainer_replay_*`` readings).
     engine : dict, optional
-        Other :class:`EngineSettings` fields for every engine.
+        Other :class:`~rlparity.config.settings.EngineSettings` fields for every engine.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -91,7 +91,7 @@ def engine_settings(s: MoESettings, **changes: Any) -> EngineSettings:
     s : MoESettings
         The experiment's settings (``dtype`` and ``engine`` are applied).
     \*\*changes
-        Further :class:`EngineSettings` fields (a fault's engine recipe), applied last.
+        Further :class:`~rlparity.config.settings.EngineSettings` fields (a fault's engine recipe), applied last.
 
     Returns
     -------

@@ -17,7 +17,7 @@ RL_PROFILES = tuple(RLDefaults().profiles)  # the built-in ones (RLPARITY_DEFAUL
 
 
 def rl_profile(name: str | EngineSettings) -> EngineSettings:
-    """The :class:`EngineSettings` of a profile of the RL run.
+    """The :class:`~rlparity.config.settings.EngineSettings` of a profile of the RL run.
 
     Parameters
     ----------

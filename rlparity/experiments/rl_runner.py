@@ -251,7 +251,7 @@ def rl_run(model: str | os.PathLike, profiles: Sequence[str | EngineSettings] | 
 
     Each ratio denominator is a run of its own on the profile's engine, from the initial weights
     (loaded back into the running engine, cache reset) with a fresh trainer and optimizer; with
-    several, runs are named ``<profile>+<old_policy>`` (:func:`run_name`). Starts one engine per
+    several, runs are named ``<profile>+<old_policy>`` (:func:`~rlparity.experiments.rl_profiles.run_name`). Starts one engine per
     profile, each closed before the next (closing the shared pool first). The run's settings are
     the fields of :class:`RLRunSettings`: give them one by one as keywords, or as
     ``settings=RLRunSettings(...)`` (keywords given beside it replace its fields).
@@ -261,7 +261,7 @@ def rl_run(model: str | os.PathLike, profiles: Sequence[str | EngineSettings] | 
     model : str or os.PathLike
         A local checkpoint: the initial weights of every run.
     profiles : sequence of str or EngineSettings, optional
-        Names (:func:`rl_profile`) or settings; ``None`` means ``defaults().rl.profiles``.
+        Names (:func:`~rlparity.experiments.rl_profiles.rl_profile`) or settings; ``None`` means ``defaults().rl.profiles``.
     steps : int, optional
         Steps per run; replaces ``settings.steps`` when given.
     settings : RLRunSettings, optional
@@ -269,7 +269,7 @@ def rl_run(model: str | os.PathLike, profiles: Sequence[str | EngineSettings] | 
     sampling : SamplingSettings, optional
         Temperature / top-k / top-p; ``None`` means :func:`rlparity.config.default_sampling`.
     engine : Mapping, optional
-        Other :class:`EngineSettings` fields for every profile (e.g. ``gpu_memory_utilization``).
+        Other :class:`~rlparity.config.settings.EngineSettings` fields for every profile (e.g. ``gpu_memory_utilization``).
     checkpoint_dir : str or os.PathLike, optional
         Where each step's weights are written before the engine reads them; ``None`` means a
         temporary folder, removed at the end.

@@ -44,7 +44,7 @@ class ArmBuilder:
     trainer_spec : TrainerSpec or None
         How the framework's trainer computes its logprobs; ``None``: the dump has none.
     reading : str
-        Where the trainer logprobs go (:func:`decide_reading`).
+        Where the trainer logprobs go (:func:`~rlparity.importers.reading.decide_reading`).
     sampling : SamplingResolver
         Resolves each record's sampling parameters.
     chunk_size : int
@@ -179,7 +179,7 @@ class ArmBuilder:
         Raises
         ------
         ImportFormatError
-            If the record's values are refused (:func:`check_values`), its sampling contradicts an
+            If the record's values are refused (:func:`~rlparity.importers.records.check_values`), its sampling contradicts an
             option, or it carries trainer logprobs (or entropies) where the arm's first record did
             not, or the other way round.
         """

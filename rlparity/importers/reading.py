@@ -44,14 +44,14 @@ def decide_reading(spec: TrainerSpec, uniform: Mapping[str, Any], override: str 
 
     A trainer that applies the sampling temperature computes the processed reading whenever the
     sampler cut nothing it does not cut itself; sequences where it does not are counted and noted
-    (see :meth:`ArmBuilder.trainer_attrs`).
+    (see :meth:`ArmBuilder.trainer_attrs <rlparity.importers.builder.ArmBuilder.trainer_attrs>`).
 
     Parameters
     ----------
     spec : TrainerSpec
         How the framework's trainer computes them.
     uniform : Mapping
-        The sampling values every sequence of the file shares (:meth:`SamplingResolver.uniform`).
+        The sampling values every sequence of the file shares (:meth:`SamplingResolver.uniform <rlparity.importers.sampling.SamplingResolver.uniform>`).
     override : str or None
         The user's ``trainer_reading``; ``None``: decided here.
 

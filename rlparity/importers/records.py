@@ -52,7 +52,7 @@ class ArmKey:
         Returns
         -------
         str
-            A name usable as a zarr group (:func:`safe_arm`).
+            A name usable as a zarr group (:func:`~rlparity.importers.values.safe_arm`).
         """
         launch = "" if self.launch == "." else self.launch
         # prime-rl's multi-run layout puts a run in a folder named after it: say it once

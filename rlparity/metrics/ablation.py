@@ -21,7 +21,6 @@ import xarray as xr
 from rlparity.config.provenance import make_attrs
 from rlparity.config.defaults import TrainerSide, defaults
 from rlparity.metrics import core
-from rlparity.metrics.dims import refuse_dim
 from rlparity.metrics.summary import BACKEND_PAIR_D, REFERENCE_PAIR_D, summary
 from rlparity.trace import arm_record, as_arms, has_trainer
 
@@ -206,14 +205,13 @@ def reference_arm(arms: Mapping[str, xr.Dataset], reference: str | None = None) 
     return reference
 
 
-def ablation_table(data, *, trainer: TrainerSide | None = None, reference: str | None = None,
-                   dim: Any = None) -> xr.Dataset:
+def ablation_table(data, *, trainer: TrainerSide | None = None, reference: str | None = None) -> xr.Dataset:
     """Per setting: how the arm moves the logprobs vs the trainer and vs the reference arm.
 
     Per setting (dim ``setting``, the reference first): status, field, value, and how the arm
     moves the logprobs vs the trainer and vs the ``reference`` arm (default: the store's
     ``reference`` arm); not-applicable knobs keep their row with NaN metrics and the reason. A row
-    is a function of a whole arm (matched against the reference's sequences): ``dim=`` is refused;
+    is a function of a whole arm (matched against the reference's sequences), so there is no ``dim=``;
     per position see :func:`reference_gap_by_position`, per token of one arm
     :func:`rlparity.metrics.summary` with ``dim=``.
 
@@ -225,16 +223,12 @@ def ablation_table(data, *, trainer: TrainerSide | None = None, reference: str |
         The trainer side (default ``defaults().trainer``).
     reference : str, optional
         The reference arm (default ``"reference"``).
-    dim : None
-        Refused unless None.
 
     Returns
     -------
     xarray.Dataset
         Dim ``setting``: the plan's text columns and :data:`TABLE_VARIABLES`.
     """
-    refuse_dim(dim, "an ablation row (one knob's effect on an arm, against the reference arm's matched sequences)",
-               "per position: reference_gap_by_position(); per sequence or position of one arm: summary(arm, dim=...)")
     arms = as_arms(data)
     plan = ablation_plan(arms)
     reference = reference_arm(arms, reference)
@@ -313,24 +307,21 @@ def reference_gap_by_position(data, *, reference: str | None = None) -> xr.Datas
     return ds
 
 
-def batch_summary(trace: xr.Dataset, *, dim: Any = None) -> dict[str, Any]:
+def batch_summary(trace: xr.Dataset) -> dict[str, Any]:
     """Distinct greedy outputs over batch sizes and the logprob spread on the common prefix.
 
-    A probe of one prompt over batch sizes is a property of the whole arm: ``dim=`` is refused.
+    A probe of one prompt over batch sizes is a property of the whole arm (no ``dim=``).
 
     Parameters
     ----------
     trace : xarray.Dataset
         An arm with ``batch_token_id`` and ``batch_logprob`` (``ablation(..., batch=BatchProbe(...))``).
-    dim : None
-        Refused unless None.
 
     Returns
     -------
     dict
         ``distinct_outputs``, ``common_prefix``, ``logprob_spread`` (nats), ``batch_sizes``.
     """
-    refuse_dim(dim, "a batch-composition probe (one prompt over batch sizes)", "it has no per-token view")
     tok = trace["batch_token_id"].values
     lp = trace["batch_logprob"].values
     distinct = len({tuple(r.tolist()) for r in tok})
@@ -343,24 +334,21 @@ def batch_summary(trace: xr.Dataset, *, dim: Any = None) -> dict[str, Any]:
             "batch_sizes": trace["batch_size"].values.tolist()}
 
 
-def batch_table(data, *, dim: Any = None) -> xr.Dataset:
+def batch_table(data) -> xr.Dataset:
     """Per setting that ran: distinct greedy outputs, common prefix length, logprob spread.
 
-    A table of whole-arm probes: ``dim=`` is refused.
+    A table of whole-arm probes (no ``dim=``).
 
     Parameters
     ----------
     data : mapping, DataTree or path
         ``{arm: trace}``, a DataTree or a store path of an ablation.
-    dim : None
-        Refused unless None.
 
     Returns
     -------
     xarray.Dataset
         Dim ``setting``: ``distinct_outputs``, ``common_prefix``, ``logprob_spread``.
     """
-    refuse_dim(dim, "a batch-composition table (one prompt over batch sizes per arm)", "it has no per-token view")
     arms = as_arms(data)
     rows = {k: batch_summary(v) for k, v in arms.items() if "batch_token_id" in v}
     if not rows:

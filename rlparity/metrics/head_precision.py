@@ -223,7 +223,7 @@ def head_cells(data) -> dict[tuple[str, str], tuple[str, xr.Dataset]]:
     for name, ds in as_arms(data).items():
         dt = cell_dtypes(ds)
         if dt["rollout_head"] is None or dt["trainer_head"] is None:
-            f = arm_factors(ds, name)
+            f = arm_factors(ds)
             if not set(CELL_DIMS) <= set(f):
                 raise ValueError(f"arm {name!r}: the trace records no rollout/trainer head dtype "
                                  "(engine_effective.head_dtype, trainer.head_dtype, factors)")

@@ -30,7 +30,6 @@ import xarray as xr
 
 from rlparity.config.defaults import TrainerSide
 from rlparity.metrics import core
-from rlparity.metrics.dims import refuse_dim
 from rlparity.metrics.summary import log_ratio, pair_attrs, reduce, trainer_variable
 from rlparity.trace import arm_factors, arm_record, as_arms, latest_version
 
@@ -77,7 +76,7 @@ def arm_cell(trace: xr.Dataset, name: str | None = None) -> dict[str, Any]:
     -------
     dict[str, Any]
     """
-    f = arm_factors(trace, name)
+    f = arm_factors(trace)
     if not set(CELL_FACTORS) <= set(f):
         raise ValueError(f"arm {name or arm_record(trace).arm!r} records no inflight cell (factors mode, "
                          "clear_cache, prefix_caching): capture it with rlparity.experiments.inflight.inflight_matrix")
@@ -97,7 +96,7 @@ def is_inflight(arms) -> bool:
     bool
     """
     arms = as_arms(arms)
-    return bool(arms) and all(set(CELL_FACTORS) <= set(arm_factors(ds, name)) for name, ds in arms.items())
+    return bool(arms) and all(set(CELL_FACTORS) <= set(arm_factors(ds)) for ds in arms.values())
 
 
 def updates(trace: xr.Dataset) -> list[dict[str, Any]]:
@@ -392,14 +391,14 @@ def _side(trainer: TrainerSide | None) -> str:
     return "processed" if trainer_variable(trainer) == "trainer_processed_logprob" else "raw"
 
 
-def inflight_table(data, *, trainer: TrainerSide | None = None, dim: Any = None) -> xr.Dataset:
+def inflight_table(data, *, trainer: TrainerSide | None = None) -> xr.Dataset:
     """One row per arm of an inflight matrix (dim ``arm``): the cell (``mode``, ``clear_cache``,
     ``prefix_caching``), mean ``|d|`` of requests after the update, of in-flight ones, of stale
     sequences against the noise floor, of tokens sampled on carried-over KV, against the latest
     weights; lag (token and sequence); counts (stale, mixed-version, aborted, resubmitted); the
     pause length. See :data:`TABLE_VARIABLES` for each variable's meaning and units. A row is a
     function of a whole arm (an update splits its requests into before / after, stale / clean):
-    ``dim=`` is refused; per token see :func:`lag_summary` with ``dim=`` and
+    there is no ``dim=``; per token see :func:`lag_summary` with ``dim=`` and
     :func:`gap_by_update_time`.
 
     Parameters
@@ -408,15 +407,11 @@ def inflight_table(data, *, trainer: TrainerSide | None = None, dim: Any = None)
         ``{arm: trace}``, a DataTree or a store path.
     trainer : {"processed", "raw"}, optional
         The trainer side (default ``defaults().trainer``).
-    dim : None
-        Refused unless None (a row is a function of the whole arm).
 
     Returns
     -------
     xarray.Dataset
     """
-    refuse_dim(dim, "an inflight row (an update's groups of requests and tokens in one arm)",
-               "per sequence or position: lag_summary(trace, dim=...), gap_by_update_time()")
     arms = as_arms(data)
     if not arms:
         raise ValueError("no arms given")

@@ -40,11 +40,9 @@ from rlparity.config.defaults import TrainerSide, defaults
 from rlparity.config.provenance import make_attrs
 from rlparity.metrics import objective as mo
 from rlparity.metrics.dashboard.peers import pipelinerl_metrics
-from rlparity.metrics.dims import refuse_dim
 from rlparity.metrics.inflight import lag_summary
 from rlparity.metrics.summary import trainer_side
 from rlparity.trace import arm_factors, arm_record, as_arms
-from rlparity.trace.legacy import legacy_run_profile, legacy_run_step
 
 STEP_WIDTH = 3
 _PROFILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=,-]*$")  # checks a profile name; parses nothing
@@ -103,27 +101,6 @@ def step_arm(profile: str, step: int) -> str:
     return f"{profile}@step_{int(step):0{STEP_WIDTH}d}"
 
 
-def parse_step_arm(name: str) -> tuple[str, int]:
-    """LEGACY: ``(run, step)`` read from a label made by :func:`step_arm`, for stores without factors.
-
-    read :func:`run_steps` (or :func:`rlparity.trace.arm_factors`) instead.
-
-    Parameters
-    ----------
-    name : str
-        A label made by :func:`step_arm`.
-
-    Returns
-    -------
-    tuple[str, int]
-    """
-    step = legacy_run_step(name)
-    if step is None:
-        raise ValueError(f"arm {name!r} is not an RL step: expected <profile>@step_<NNN>, e.g. "
-                         "pipelinerl-parity@step_003")
-    return step
-
-
 def is_rl_run(arms) -> bool:
     """Whether every arm of ``arms`` is a step of an RL run (records the factors ``profile``,
     ``old_policy``, ``step``).
@@ -138,7 +115,7 @@ def is_rl_run(arms) -> bool:
     bool
     """
     arms = as_arms(arms)
-    return bool(arms) and all(set(STEP_FACTORS) <= set(arm_factors(ds, a)) for a, ds in arms.items())
+    return bool(arms) and all(set(STEP_FACTORS) <= set(arm_factors(ds)) for ds in arms.values())
 
 
 def run_steps(arms) -> dict[str, tuple[str, int]]:
@@ -158,7 +135,7 @@ def run_steps(arms) -> dict[str, tuple[str, int]]:
     arms = as_arms(arms)
     f = {}
     for a, ds in arms.items():
-        f[a] = arm_factors(ds, a)
+        f[a] = arm_factors(ds)
         if not set(STEP_FACTORS) <= set(f[a]):
             raise ValueError(f"arm {a!r} is not an RL step: it records no factors profile, old_policy, step "
                              "(capture it with rlparity.experiments.rl.rl_run)")
@@ -215,8 +192,7 @@ def _clip_level(loss: str) -> str:
     return "gspo" if loss == "gspo" else "ppo"
 
 
-def step_metrics(trace: xr.Dataset, *, loss: str | None = None, trainer: TrainerSide | None = None,
-                 dim: Any = None) -> dict[str, float]:
+def step_metrics(trace: xr.Dataset, *, loss: str | None = None, trainer: TrainerSide | None = None) -> dict[str, float]:
     """One step's numbers (the keys of :data:`CURVE_VARIABLES`) from its kept trace.
 
     ``loss`` picks the clip of ``clamp_log_ratio_new_old_indicator`` (default the run's,
@@ -224,7 +200,7 @@ def step_metrics(trace: xr.Dataset, *, loss: str | None = None, trainer: Trainer
     thresholds from :func:`rlparity.config.defaults`); ``trainer`` the reading pi_old is (default
     :func:`rlparity.metrics.trainer_side`). A metric the trace cannot give (no pi_theta, no
     ``reward``, no timings) is NaN. A step's numbers are what a trainer logs once per step, a
-    function of the whole arm: ``dim=`` is refused (per token: :func:`rlparity.metrics.summary`
+    function of the whole arm, so there is no ``dim=`` (per token: :func:`rlparity.metrics.summary`
     or the objective metrics with ``dim=``).
 
     Parameters
@@ -235,15 +211,11 @@ def step_metrics(trace: xr.Dataset, *, loss: str | None = None, trainer: Trainer
         The loss (default the run's, ``attrs["rl"]["loss"]``).
     trainer : {"processed", "raw"}, optional
         The trainer side (default ``defaults().trainer``).
-    dim : None
-        Refused unless None (a step's numbers are one per step).
 
     Returns
     -------
     dict[str, float]
     """
-    refuse_dim(dim, "a step's numbers (logged once per step)",
-               "per sequence or position: summary(trace, dim=...) or the objective metrics' dim=")
     rec = arm_record(trace).rl or {}
     loss = loss or rec.get("loss") or defaults().rl.loss
     side = trainer_side(trace, trainer)
@@ -317,7 +289,7 @@ def rl_curves(arms, *, loss: str | None = None, trainer: TrainerSide | None = No
         cells[(prof, step)] = ds
         idx = (arm_record(ds).rl or {}).get("profile_index")
         order.setdefault(prof, float(idx) if idx is not None else len(order) + 1e6)
-        f = arm_factors(ds, name)
+        f = arm_factors(ds)
         info.setdefault(prof, (str(f["profile"]), str(f["old_policy"])))
     names = sorted(order, key=lambda p: order[p])
     if profiles is not None:
@@ -441,7 +413,8 @@ def curves_records(curves: xr.Dataset) -> dict[str, Any]:
 def curves_from_records(records: Mapping[str, Any]) -> xr.Dataset:
     """The curves Dataset back from :func:`curves_records` (as stored in JSON or in a store's attrs,
     e.g. the shipped ``h200-rl`` example: ``example_attrs("h200-rl")["rl_curves"]``); ``None``
-    values read as NaN.
+    values read as NaN. A run without its ``runs`` entry (a record older than them) is its own
+    engine profile.
 
     Parameters
     ----------
@@ -460,7 +433,7 @@ def curves_from_records(records: Mapping[str, Any]) -> xr.Dataset:
         raise ValueError(f"not a curves record ({err}): pass what rlparity.metrics.rl.curves_records returned") from err
     meta = records.get("runs") or {}
     ds = xr.Dataset(coords={"profile": runs, "step": steps,
-                            "engine_profile": ("profile", [meta.get(r, {}).get("engine_profile", legacy_run_profile(r)[0])
+                            "engine_profile": ("profile", [meta.get(r, {}).get("engine_profile", r)
                                                            for r in runs]),
                             "old_policy": ("profile", [meta.get(r, {}).get("old_policy", "") for r in runs])})
     names = list(dict.fromkeys(k for r in runs for k in records["profiles"][r]))
@@ -473,4 +446,4 @@ def curves_from_records(records: Mapping[str, Any]) -> xr.Dataset:
 
 
 __all__ = ["CURVE_VARIABLES", "PAIR_NAMES", "STEP_FACTORS", "curves_from_records", "curves_records", "is_rl_run",
-           "parse_step_arm", "profile_contrast", "rl_curves", "run_steps", "step_arm", "step_metrics", "steps_as_arms"]
+           "profile_contrast", "rl_curves", "run_steps", "step_arm", "step_metrics", "steps_as_arms"]

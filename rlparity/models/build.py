@@ -45,11 +45,11 @@ def make_model(
         A key of :data:`SIZES` (``tiny``, ``tiny-bf16``, ``small``, ``small-bf16``, ``tiny-moe``,
         ``small-moe``).
     out : str or os.PathLike, optional
-        Where to save; ``None`` means :func:`default_model_path`.
+        Where to save; ``None`` means :func:`~rlparity.models.checkpoint.default_model_path`.
     seed : int, default 0
         Seeds the weights and the training data.
     vocab_pad_to : int, optional
-        Pad the vocabulary (:func:`build_tokenizer`); ``None``: the base vocabulary.
+        Pad the vocabulary (:func:`~rlparity.models.task.build_tokenizer`); ``None``: the base vocabulary.
     device : str, default "cpu"
         Where it trains.
     dtype : str, default "float32"
@@ -202,7 +202,7 @@ def _training_batch(rng: random.Random, tokenizer, batch_size: int, seq_len: int
 
 
 def _finish(model, tokenizer, finish: Finish, rng: random.Random, device: str):
-    """Apply :class:`Finish` to a trained model: scale the head, grow the vocabulary with tokens
+    """Apply :class:`~rlparity.models.specs.Finish` to a trained model: scale the head, grow the vocabulary with tokens
     the model never predicts (logits well below the typical ones)."""
     import torch
 

@@ -26,7 +26,7 @@ def cache_root() -> Path:
 
 
 def default_model_path(size: str = "tiny") -> Path:
-    """Where :func:`make_model` caches a built-in size.
+    """Where :func:`~rlparity.models.build.make_model` caches a built-in size.
 
     Parameters
     ----------

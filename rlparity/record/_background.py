@@ -57,7 +57,7 @@ class BackgroundWriter:
 
 
 def finish_writer(background: BackgroundWriter | None, writer: RunWriter) -> None:
-    """Commit what is queued and release the store: at :meth:`Recorder.close`, or at the
+    """Commit what is queued and release the store: at :meth:`Recorder.close <rlparity.record.recorder.Recorder.close>`, or at the
     interpreter's exit for a recorder never closed."""
     try:
         if background is not None:

@@ -15,7 +15,7 @@ from rlparity.trace.weights import NOT_FINITE, tensor_checksum
 
 class WeightDigest(dict):
     """``{tensor name: CRC-32}`` as :func:`weight_digest` returns it, with the ``stride`` its values
-    were sampled at (1: every value), which :meth:`Recorder.step` records beside it.
+    were sampled at (1: every value), which :meth:`Recorder.step <rlparity.record.recorder.Recorder.step>` records beside it.
 
     Parameters
     ----------

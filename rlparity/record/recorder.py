@@ -235,7 +235,7 @@ class Recorder:
         record : StepRecord, optional
             The step; or give its fields as keywords.
         **fields : Any
-            Fields of :class:`StepRecord` (they replace those of ``record``).
+            Fields of :class:`~rlparity.record.step_record.StepRecord` (they replace those of ``record``).
 
         Returns
         -------
@@ -250,7 +250,7 @@ class Recorder:
         ValueError
             The arrays do not fit together (the message says which).
         TypeError
-            A keyword is no field of :class:`StepRecord`.
+            A keyword is no field of :class:`~rlparity.record.step_record.StepRecord`.
         """
         t0 = time.perf_counter()
         if record is None:

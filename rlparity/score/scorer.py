@@ -64,7 +64,7 @@ class Scorer:
         Whether the trainer's tokenization of prompt text adds special tokens (an imported dump's
         own rule takes precedence, :meth:`special_tokens`).
     compile_head : bool or None, default None
-        ``torch.compile`` the LM-head reductions; None: as :func:`head_stats` decides.
+        ``torch.compile`` the LM-head reductions; None: as :func:`~rlparity.score.lm_head_stats.head_stats` decides.
     fp32_gemm : str, default "auto"
         How a float32 head multiplies 16-bit inputs (one of :data:`FP32_GEMMS`; see
         :func:`rlparity.score.lm_head_stats.project`).
@@ -127,7 +127,7 @@ class Scorer:
         return str(getattr(self.model, "name_or_path", self.model))
 
     def weights_changed(self) -> None:
-        """Say that the module's weights changed in place (an optimizer step on :attr:`module`): the
+        """Say that the module's weights changed in place (an optimizer step on ``self.module``): the
         next :meth:`weight_checksums` fingerprints them again. A model loaded here is otherwise
         fingerprinted once."""
         self._checksums = None

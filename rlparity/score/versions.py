@@ -33,13 +33,13 @@ def score_versions(trace: xr.Dataset, checkpoints: Any, *, latest: bool | int = 
     """Rescore ``trace`` so that every token is scored by the weights that produced it.
 
     ``checkpoints`` maps a policy version to its weights: a checkpoint path or hub id, a loaded
-    transformers model, or a ready :class:`Scorer` (reused as is; the others are made with
+    transformers model, or a ready :class:`~rlparity.score.scorer.Scorer` (reused as is; the others are made with
     ``scorer_kwargs``, e.g. ``dtype``, ``head_dtype``, ``device``). For each version one forward runs
     over the sequences that contain it, and each token takes its values (``trainer_logprob``,
     ``trainer_processed_logprob``, entropies, ...) from its own version's forward, so
     ``d = log pi_old - log mu`` compares like with like even for sequences that straddle an update.
 
-    ``latest`` (True: :func:`latest_version`; or a version) also scores every token with the latest
+    ``latest`` (True: :func:`~rlparity.trace.schema.latest_version`; or a version) also scores every token with the latest
     weights into ``trainer_latest_logprob`` / ``trainer_latest_processed_logprob``: what an
     on-policy trainer that ignores versions computes; the gap between the two readings is the
     off-policy share of the mismatch. ``False`` skips it.
@@ -49,11 +49,11 @@ def score_versions(trace: xr.Dataset, checkpoints: Any, *, latest: bool | int = 
     trace : xarray.Dataset
         A trace with ``policy_version``.
     checkpoints : Mapping
-        Policy version to a checkpoint path or hub id, a loaded model, or a :class:`Scorer`.
+        Policy version to a checkpoint path or hub id, a loaded model, or a :class:`~rlparity.score.scorer.Scorer`.
     latest : bool or int, default True
         Also score every token with the latest weights (True), with this version's, or not (False).
     **scorer_kwargs
-        Arguments of the :class:`Scorer` made for each version that is not one already.
+        Arguments of the :class:`~rlparity.score.scorer.Scorer` made for each version that is not one already.
 
     Returns
     -------

@@ -8,8 +8,8 @@ Each arm of an experiment records its factors in ``attrs["factors"]`` when it is
 name stays a label; code that needs a factor reads it here, never from the name.
 
 * :func:`with_factors`: stamp an arm's factors (the runners call it);
-* :func:`arm_factors`: one arm's factors (stores written before factors were recorded: from
-  :mod:`rlparity.trace.legacy`, the one place that still reads the old names);
+* :func:`arm_factors`: one arm's factors (``{}`` for an arm that records none: the arm name is
+  never read; the shipped examples were re-saved with their factors);
 * :func:`factors`: the factors of every arm, one coordinate each along ``arm``;
 * :func:`by_factors`: one variable (or anything computed per arm) with the factors as dims, so a
   cell is ``.sel(mode="keep", clear_cache=False)``;
@@ -30,8 +30,6 @@ import numpy as np
 import xarray as xr
 
 from rlparity.trace.storage.zarr_io import as_arms
-from rlparity.trace.legacy import legacy_factors
-from rlparity.trace.record import arm_name
 
 FACTORS_ATTR = "factors"
 
@@ -64,28 +62,21 @@ def with_factors(trace: xr.Dataset, **factors: Any) -> xr.Dataset:
     return trace
 
 
-def arm_factors(trace: xr.Dataset, name: str | None = None) -> dict[str, Any]:
-    """The factors of one arm.
-
-    ``attrs["factors"]``; for a store written before factors were recorded, what
-    :func:`rlparity.trace.legacy.legacy_factors` reads from its old records and name.
+def arm_factors(trace: xr.Dataset) -> dict[str, Any]:
+    """The factors of one arm: its ``attrs["factors"]`` (the arm name is never read).
 
     Parameters
     ----------
     trace : xarray.Dataset
         The arm's trace.
-    name : str, optional
-        The arm's name, read by the legacy fallback; ``None`` is ``attrs["arm"]``.
 
     Returns
     -------
     dict[str, Any]
-        The factors; ``{}`` for an arm of no experiment.
+        The factors; ``{}`` for an arm that records none (an arm of no experiment).
     """
     rec = trace.attrs.get(FACTORS_ATTR)
-    if isinstance(rec, Mapping):
-        return dict(rec)
-    return legacy_factors(str(name if name is not None else arm_name(trace, "")), trace.attrs)
+    return dict(rec) if isinstance(rec, Mapping) else {}
 
 
 def _common_keys(per_arm: Mapping[str, Mapping[str, Any]], dims: Sequence[str] | None) -> list[str]:
@@ -118,7 +109,7 @@ def factors(data, dims: Sequence[str] | None = None) -> xr.Dataset:
         An arm lacks one of ``dims``.
     """
     arms = as_arms(data)
-    per_arm = {name: arm_factors(ds, name) for name, ds in arms.items()}
+    per_arm = {name: arm_factors(ds) for name, ds in arms.items()}
     keys = _common_keys(per_arm, dims)
     for name, f in per_arm.items():
         missing = [k for k in keys if k not in f]

@@ -161,7 +161,7 @@ def _token_float_problems(name: str, v: np.ndarray, mask: np.ndarray, n_real: in
 
 
 def validate(ds: xr.Dataset, *, require_trainer: bool = False, where: str = "trace") -> xr.Dataset:
-    """Check a trace against the schema; return it unchanged or raise :class:`TraceValidationError`.
+    """Check a trace against the schema; return it unchanged or raise :class:`~rlparity.trace.schema.TraceValidationError`.
 
     Checked: ``schema_version`` (this release reads :data:`SCHEMA_VERSION`); the rollout variables
     are present; every known variable has its dims and a dtype of its schema kind (float32/float64

@@ -193,33 +193,19 @@ def train_step(model: Any, trace: xr.Dataset, *, rewards: Sequence[float] | Call
     import torch
 
     st = with_overrides(settings or StepSettings(), overrides, "train_step")
-    loss, lr, group_by, trainer, eps_low, eps_high = st.loss, st.lr, st.group_by, st.trainer, st.eps_low, st.eps_high
-    advantage_scale, max_grad_norm = st.advantage_scale, st.max_grad_norm
-    return_gradient, step = st.return_gradient, st.step
-    dtype, head_dtype, device, batch_size = st.dtype, st.head_dtype, st.device, st.batch_size
-    if loss not in LOSSES:
-        raise ValueError(f"loss={loss!r}; use one of {LOSSES}")
-    trainer = trainer or defaults().trainer
-    if trainer not in PI_OLD:
-        raise ValueError(f"trainer={trainer!r}; use 'processed' or 'raw'")
-    if optimizer is not None and lr is not None:
-        raise ValueError("pass lr (for the default AdamW) or optimizer, not both")
-    if group_by not in trace:
-        raise ValueError(f"group_by={group_by!r} is not a trace variable; use prompt_index (samples of one prompt)")
-    validate(trace)
+    loss, group_by = st.loss, st.group_by
+    trainer = _check_step(st, trace, optimizer, (("token_weights", token_weights), ("keep", keep),
+                                                 ("old_logprob", old_logprob)))
     n, width = trace.sizes["sequence"], trace.sizes["position"]
     mask = trace["response_mask"].values.astype(bool)
-    for name, arr in (("token_weights", token_weights), ("keep", keep), ("old_logprob", old_logprob)):
-        if arr is not None and np.shape(arr) != (n, width):
-            raise ValueError(f"{name} has shape {np.shape(arr)}; give one value per (sequence, position): {(n, width)}")
     r = _rewards(trace, rewards)
-    adv = group_advantages(r, trace[group_by].values, scale=advantage_scale)
+    adv = group_advantages(r, trace[group_by].values, scale=st.advantage_scale)
     el, eh = clip_range(loss)
-    el = el if eps_low is None else eps_low
-    eh = eh if eps_high is None else eps_high
+    el = el if st.eps_low is None else st.eps_low
+    eh = eh if st.eps_high is None else st.eps_high
     t0 = time.perf_counter()
 
-    scorer = Scorer(model, dtype=dtype, head_dtype=head_dtype, device=device, batch_size=batch_size,
+    scorer = Scorer(model, dtype=st.dtype, head_dtype=st.head_dtype, device=st.device, batch_size=st.batch_size,
                     progress=False, tokenize_prompts=False)
     module = scorer.module
     if PI_OLD[trainer] not in trace or "trainer_logprob" not in trace:
@@ -228,81 +214,30 @@ def train_step(model: Any, trace: xr.Dataset, *, rewards: Sequence[float] | Call
     stored_old = trace[PI_OLD[trainer]].values
     params = [p for p in module.parameters() if p.requires_grad]
     if optimizer is None:
-        optimizer = torch.optim.AdamW(params, lr=1e-5 if lr is None else lr, weight_decay=0.0)
+        optimizer = torch.optim.AdamW(params, lr=1e-5 if st.lr is None else st.lr, weight_decay=0.0)
     seqs = sequences(trace)
-    temp, topk, topp = (trace[k].values for k in ("temperature", "top_k", "top_p"))
     kept = mask & (np.ones_like(mask) if keep is None else np.asarray(keep, bool))
 
     # first pass without gradients: pi_old at the current weights, which tokens are usable
     module.eval()
-    batches = list(scorer.batches(seqs))
-    old = np.full((n, width), np.nan)
-    with torch.no_grad():
-        for batch in batches:
-            for i, lp in zip(batch, _batch_logprobs(scorer, seqs, batch, temp, topk, topp, trainer, device)):
-                old[i, : lp.numel()] = lp.double().cpu().numpy()
-    if old_logprob is not None:  # the caller's denominator (e.g. mu: no recompute)
-        old = np.where(mask, np.asarray(old_logprob, dtype=float), np.nan)
+    sampling = (trace[k].values for k in ("temperature", "top_k", "top_p"))
+    passes = _Passes(scorer, seqs, list(scorer.batches(seqs)), *sampling, trainer, st.device)
+    old = _denominator(passes, mask, old_logprob)
     usable = mask & np.isfinite(old)
-    use = kept & usable
-    if token_weights is not None and not np.isfinite(np.asarray(token_weights, float)[use]).all():
-        raise ValueError("token_weights is not finite at some tokens that take part in the loss: drop those "
-                         "tokens with keep=... (e.g. tokens the rollout gives probability 0)")
-    n_tok = int(use.sum())
-    seq_has = use.any(axis=1)
-    n_seq = int(seq_has.sum())
-    if n_tok == 0:
-        raise ValueError("no token takes part in the loss: every token is masked or has trainer probability 0")
+    terms = _loss_inputs(loss, adv, el, eh, kept & usable, old, token_weights, old_logprob is None)
 
     optimizer.zero_grad(set_to_none=True)
-    total_loss, n_clipped, n_clip_units = 0.0, 0, 0
-    step0 = 0.0  # the gradient pass's pi_theta (before the step) against the no-grad pi_old, same weights
-    for batch in batches:
-        lps = _batch_logprobs(scorer, seqs, batch, temp, topk, topp, trainer, device)
-        batch_loss = None
-        for i, lp in zip(batch, lps):
-            L = lp.numel()
-            u = use[i, :L]
-            if not u.any():
-                continue
-            lp_k = lp[torch.as_tensor(u, device=lp.device)]
-            old_k = torch.as_tensor(old[i, :L][u], dtype=lp.dtype, device=lp.device)
-            if old_logprob is None:
-                step0 = max(step0, float((lp_k.detach() - old_k).abs().max()))
-            w = (None if token_weights is None else
-                 torch.as_tensor(np.asarray(token_weights, float)[i, :L][u], dtype=lp.dtype, device=lp.device))
-            term, count, clipped = sequence_terms(loss, lp_k, old_k, float(adv[i]), el, eh, w)
-            if loss == "ppo":
-                term = term / n_tok
-            elif loss == "grpo":
-                term = term / count / n_seq
-            else:
-                term = term / n_seq
-            n_clipped += clipped
-            n_clip_units += count if loss != "gspo" else 1
-            batch_loss = term if batch_loss is None else batch_loss + term
-        if batch_loss is not None:
-            batch_loss.backward()
-            total_loss += float(batch_loss.detach())
-    grads = [p.grad for p in params]
-    grad_norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads if g is not None)))
-    gradient = None
-    if return_gradient:
-        gradient = np.concatenate([(g if g is not None else torch.zeros_like(p)).detach().double().cpu().numpy().ravel()
-                                   for g, p in zip(grads, params)])
-    if max_grad_norm is not None:
-        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    if step:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    total_loss, n_clipped, n_clip_units, step0 = _backward(passes, terms)
+    grad_norm, gradient = _apply_gradient(params, optimizer, st)
 
     after = scorer.score(trace)
     out = _with_readings(trace, after, {"trainer_updated_logprob": "trainer_logprob",
                                         "trainer_updated_processed_logprob": "trainer_processed_logprob"})
+    use, n_tok, n_seq = terms.use, terms.n_tok, terms.n_seq
     w_used = (np.ones(n_tok) if token_weights is None else np.asarray(token_weights, float)[use])
     info = {"loss": loss, "lr": float(optimizer.param_groups[0]["lr"]), "eps_low": el, "eps_high": eh,
-            "trainer_side": trainer, "group_by": group_by, "advantage_scale": advantage_scale,
-            "stepped": bool(step), "ratio_denominator": "given (old_logprob)" if old_logprob is not None else
+            "trainer_side": trainer, "group_by": group_by, "advantage_scale": st.advantage_scale,
+            "stepped": bool(st.step), "ratio_denominator": "given (old_logprob)" if old_logprob is not None else
             f"{PI_OLD[trainer]} recomputed at the step's start",
             "corrections": {"token_weights": token_weights is not None, "keep": keep is not None}}
     out = with_trainer(out, {"reward": r, "advantage": adv},
@@ -329,6 +264,149 @@ def train_step(model: Any, trace: xr.Dataset, *, rewards: Sequence[float] | Call
         "seconds": round(time.perf_counter() - t0, 3),
     }
     return StepResult(out, metrics, gradient, module)
+
+
+def _check_step(st: StepSettings, trace: xr.Dataset, optimizer: Any, arrays: Sequence[tuple[str, Any]]) -> str:
+    """Refuse a step that cannot run, before anything is scored; the trainer reading it uses."""
+    if st.loss not in LOSSES:
+        raise ValueError(f"loss={st.loss!r}; use one of {LOSSES}")
+    trainer = st.trainer or defaults().trainer
+    if trainer not in PI_OLD:
+        raise ValueError(f"trainer={trainer!r}; use 'processed' or 'raw'")
+    if optimizer is not None and st.lr is not None:
+        raise ValueError("pass lr (for the default AdamW) or optimizer, not both")
+    if st.group_by not in trace:
+        raise ValueError(f"group_by={st.group_by!r} is not a trace variable; use prompt_index (samples of one prompt)")
+    validate(trace)
+    n, width = trace.sizes["sequence"], trace.sizes["position"]
+    for name, arr in arrays:
+        if arr is not None and np.shape(arr) != (n, width):
+            raise ValueError(f"{name} has shape {np.shape(arr)}; give one value per (sequence, position): {(n, width)}")
+    return trainer
+
+
+@dataclass(frozen=True)
+class _Passes:
+    """What a pass over the trace's sequences reads them with: the scorer, its batches, the sampling
+    settings per (sequence, position) and the trainer reading."""
+
+    scorer: Scorer
+    seqs: Any
+    batches: list
+    temp: np.ndarray
+    topk: np.ndarray
+    topp: np.ndarray
+    trainer: str
+    device: str
+
+    def logprobs(self, batch):
+        return _batch_logprobs(self.scorer, self.seqs, batch, self.temp, self.topk, self.topp, self.trainer,
+                               self.device)
+
+
+def _denominator(passes: _Passes, mask: np.ndarray, old_logprob: np.ndarray | None) -> np.ndarray:
+    """The ratio's denominator per (sequence, position): the trainer reading at the current weights
+    (no gradients), or the caller's ``old_logprob`` (e.g. mu: no recompute)."""
+    import torch
+
+    n, width = mask.shape
+    old = np.full((n, width), np.nan)
+    with torch.no_grad():
+        for batch in passes.batches:
+            for i, lp in zip(batch, passes.logprobs(batch)):
+                old[i, : lp.numel()] = lp.double().cpu().numpy()
+    if old_logprob is not None:  # the caller's denominator (e.g. mu: no recompute)
+        old = np.where(mask, np.asarray(old_logprob, dtype=float), np.nan)
+    return old
+
+
+@dataclass(frozen=True)
+class _LossInputs:
+    """What the loss reads besides pi_theta: the loss and its clip, the advantages, the tokens that
+    take part (``use``), their denominator and weights, and the counts the terms are divided by."""
+
+    loss: str
+    adv: np.ndarray
+    eps_low: float
+    eps_high: float
+    use: np.ndarray
+    old: np.ndarray
+    token_weights: np.ndarray | None
+    recomputed: bool
+    n_tok: int
+    n_seq: int
+
+
+def _loss_inputs(loss: str, adv: np.ndarray, el: float, eh: float, use: np.ndarray, old: np.ndarray,
+                 token_weights: np.ndarray | None, recomputed: bool) -> _LossInputs:
+    """:class:`_LossInputs`, refusing weights that are not finite where they are used and a loss
+    no token takes part in."""
+    if token_weights is not None and not np.isfinite(np.asarray(token_weights, float)[use]).all():
+        raise ValueError("token_weights is not finite at some tokens that take part in the loss: drop those "
+                         "tokens with keep=... (e.g. tokens the rollout gives probability 0)")
+    n_tok = int(use.sum())
+    seq_has = use.any(axis=1)
+    n_seq = int(seq_has.sum())
+    if n_tok == 0:
+        raise ValueError("no token takes part in the loss: every token is masked or has trainer probability 0")
+    return _LossInputs(loss, adv, el, eh, use, old, token_weights, recomputed, n_tok, n_seq)
+
+
+def _backward(passes: _Passes, t: _LossInputs) -> tuple[float, int, int, float]:
+    """The gradient pass: each batch's loss terms, backward. Returns the loss, the clipped count
+    and the units it is a fraction of, and the largest ``|pi_theta - pi_old|`` at the same weights
+    (0 where the denominator is the caller's)."""
+    import torch
+
+    total_loss, n_clipped, n_clip_units = 0.0, 0, 0
+    step0 = 0.0  # the gradient pass's pi_theta (before the step) against the no-grad pi_old, same weights
+    for batch in passes.batches:
+        lps = passes.logprobs(batch)
+        batch_loss = None
+        for i, lp in zip(batch, lps):
+            L = lp.numel()
+            u = t.use[i, :L]
+            if not u.any():
+                continue
+            lp_k = lp[torch.as_tensor(u, device=lp.device)]
+            old_k = torch.as_tensor(t.old[i, :L][u], dtype=lp.dtype, device=lp.device)
+            if t.recomputed:
+                step0 = max(step0, float((lp_k.detach() - old_k).abs().max()))
+            w = (None if t.token_weights is None else
+                 torch.as_tensor(np.asarray(t.token_weights, float)[i, :L][u], dtype=lp.dtype, device=lp.device))
+            term, count, clipped = sequence_terms(t.loss, lp_k, old_k, float(t.adv[i]), t.eps_low, t.eps_high, w)
+            if t.loss == "ppo":
+                term = term / t.n_tok
+            elif t.loss == "grpo":
+                term = term / count / t.n_seq
+            else:
+                term = term / t.n_seq
+            n_clipped += clipped
+            n_clip_units += count if t.loss != "gspo" else 1
+            batch_loss = term if batch_loss is None else batch_loss + term
+        if batch_loss is not None:
+            batch_loss.backward()
+            total_loss += float(batch_loss.detach())
+    return total_loss, n_clipped, n_clip_units, step0
+
+
+def _apply_gradient(params: list, optimizer: Any, st: StepSettings) -> tuple[float, np.ndarray | None]:
+    """The gradient's norm (and the gradient itself when asked), then the clip and the optimizer
+    step as ``st`` says; the gradients are cleared."""
+    import torch
+
+    grads = [p.grad for p in params]
+    grad_norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads if g is not None)))
+    gradient = None
+    if st.return_gradient:
+        gradient = np.concatenate([(g if g is not None else torch.zeros_like(p)).detach().double().cpu().numpy().ravel()
+                                   for g, p in zip(grads, params)])
+    if st.max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(params, st.max_grad_norm)
+    if st.step:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm, gradient
 
 
 def step0_check(max_abs: float, module) -> dict[str, Any]:

@@ -99,7 +99,7 @@ def report(arms: Mapping[str, xr.Dataset], source: xr.Dataset, record: Mapping[s
         ``not_run`` (the plan's other entries),
         ``engine_starts``, ``engine_start_attempts``, ``budget``, ``wall_s``, ``trainer_gap`` (of the
         capture and of the baseline replay, the share the replay closes and the verdict), ``winner``
-        (:func:`winner`), ``pairs`` (the decision) and
+        (:func:`~rlparity.experiments.bisect.pairs.winner`), ``pairs`` (the decision) and
         ``layers`` (the hand-off). A pair's row (``kind`` ``pair``) also has ``interaction`` (nats) and
         ``interaction_floor_units`` (:func:`rlparity.metrics.replay.interaction`).
     """

@@ -180,7 +180,7 @@ class Bisection:
             self._run_arm(f"knob_{k.name}", [(k, value)], s, {**entry, "value": value})
 
     def _pairs(self) -> None:
-        """The pairs :func:`pair_plan` picks from the singles' rows, within what is left of the budget."""
+        """The pairs :func:`~rlparity.experiments.bisect.pairs.pair_plan` picks from the singles' rows, within what is left of the budget."""
         from rlparity.metrics.replay import knob_table
 
         o = self.options
@@ -218,7 +218,7 @@ class Bisection:
             self.attempts += self.layer_rec.get("engine_start_attempts", 0)
 
     def _hand_off(self) -> dict[str, Any]:
-        """The winner's worst tokens to :func:`localise`, within the budget (``engine_start_attempts`` counted)."""
+        """The winner's worst tokens to :func:`~rlparity.experiments.bisect.layers.localise`, within the budget (``engine_start_attempts`` counted)."""
         best = winner(self.arms)
         if best is None:
             return {"status": "not_run", "reason": "no knob or pair moved any token beyond the replay floor",

@@ -62,7 +62,7 @@ class MatrixSettings(BaseModel):
     batch_size : int, default 16
         The trainer's batch size.
     engine : dict, optional
-        Other :class:`EngineSettings` fields for every engine.
+        Other :class:`~rlparity.config.settings.EngineSettings` fields for every engine.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -187,7 +187,7 @@ def run_matrix(model: str | os.PathLike, arms: Sequence[Iterable[str]] | None = 
     model : str or os.PathLike
         A local checkpoint directory (version 0).
     arms : sequence of iterable of str, optional
-        The arms, a set of causes each; ``None`` means :func:`default_arms` for the platform and
+        The arms, a set of causes each; ``None`` means :func:`~rlparity.experiments.faults.recipes.default_arms` for the platform and
         model. Arms with a cause the platform (or a dense model) cannot run are skipped and logged.
     settings : MatrixSettings, optional
         Sizes and knobs; ``None`` means ``MatrixSettings()``.

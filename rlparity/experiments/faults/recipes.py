@@ -35,14 +35,14 @@ class Fault:
     what : str
         What the recipe does, in words.
     engine : Mapping, optional
-        :class:`EngineSettings` fields of the engine.
+        :class:`~rlparity.config.settings.EngineSettings` fields of the engine.
     sampling : Mapping, optional
-        :class:`SamplingSettings` fields of every request.
+        :class:`~rlparity.config.settings.SamplingSettings` fields of every request.
     update : Mapping, optional
         The update protocol: ``mode``, ``clear_cache``, ``reset_after_inflight``, ``partial``
         (leave the decoder layer of that index out of the update).
     trainer : Mapping, optional
-        :class:`TrainerSettings` fields.
+        :class:`~rlparity.config.settings.TrainerSettings` fields.
     scorer : Mapping, optional
         Other scorer fields: ``head_dtype``, ``add_special_tokens``, ``stale_weights`` (score
         version 1 with version 0's weights).
@@ -139,13 +139,13 @@ class Plan(BaseModel):
     causes : tuple of str
         The causes, in the order of :data:`FAULTS`.
     engine : dict
-        The merged :class:`EngineSettings` fields.
+        The merged :class:`~rlparity.config.settings.EngineSettings` fields.
     sampling : dict
-        The merged :class:`SamplingSettings` fields.
+        The merged :class:`~rlparity.config.settings.SamplingSettings` fields.
     update : dict
         The merged update protocol.
     trainer : dict
-        The merged :class:`TrainerSettings` fields.
+        The merged :class:`~rlparity.config.settings.TrainerSettings` fields.
     scorer : dict
         The merged scorer fields.
     """

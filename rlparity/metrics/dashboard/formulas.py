@@ -51,7 +51,7 @@ def _masked_std(x, mf, n):
 
 def _computed(func):
     """A peer function returning its metrics as (possibly lazy) 0-d arrays -> plain floats, all
-    evaluated at once. ``_lazy=True`` returns the arrays unevaluated (for :func:`as_dashboard`,
+    evaluated at once. ``_lazy=True`` returns the arrays unevaluated (for :func:`~rlparity.metrics.dashboard.traces.as_dashboard`,
     which adds its counts to the same computation)."""
     @functools.wraps(func)
     def wrapper(*args, _lazy: bool = False, **kwargs):

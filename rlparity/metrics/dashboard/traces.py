@@ -12,7 +12,6 @@ import xarray as xr
 
 from rlparity.config.defaults import TrainerSide, defaults
 from rlparity.config.provenance import make_attrs
-from rlparity.metrics.dims import refuse_dim
 from rlparity.metrics.floors import floors_beside_gap
 from rlparity.trace import arm_record
 from rlparity.trace.storage.lazy.reading import ensure_validated, load_variable
@@ -133,14 +132,14 @@ def peer_metrics(names: str, log_train, log_rollout, mask, **options: Any) -> di
 
 
 def as_dashboard(trace: xr.Dataset, names: str = "verl", *, trainer: TrainerSide | None = None, policy: str = "old",
-                 as_dataset: bool = False, dim: Any = None, **options: Any) -> DashboardMetrics | xr.Dataset:
+                 as_dataset: bool = False, **options: Any) -> DashboardMetrics | xr.Dataset:
     """The trace's mismatch under one peer's dashboard names, with that peer's formulas.
 
     ``policy="old"`` compares pi_old with mu (the backend pair: what every peer logs on the first
     micro-batch at lag 0); ``policy="theta"`` uses pi_theta (after :func:`rlparity.train.train_step`;
     for prime-rl and PipelineRL, whose "trainer"/"new" side is the current weights, that is what
     they log after an update). A peer logs one number per batch, so a dashboard is a function of
-    the whole arm: ``dim=`` makes no sense here and is refused. A lazy trace is streamed in one
+    the whole arm (no ``dim=``; select sequences first, or see :func:`rlparity.metrics.summary`). A lazy trace is streamed in one
     dask computation, its chunks CRC-checked against the store's record in the same pass.
 
     Parameters
@@ -155,8 +154,6 @@ def as_dashboard(trace: xr.Dataset, names: str = "verl", *, trainer: TrainerSide
         The trainer reading that stands in for the peer's.
     as_dataset : bool
         Return an ``xarray.Dataset`` instead of the flat dict.
-    dim : None
-        Refused unless None (a dashboard reduces the whole arm).
     **options : Any
         Keyword arguments, the peer's own knobs (e.g. verl ``rollout_is="sequence"``, ``rollout_rs={"token_k3": 0.3}``;
         TRL ``vllm_importance_sampling_mode``; prime-rl ``advantages``, default the trace's
@@ -168,8 +165,6 @@ def as_dashboard(trace: xr.Dataset, names: str = "verl", *, trainer: TrainerSide
         A flat dict of the peer's names with ``pair``, ``direction``, ``n_tokens``,
         ``n_excluded`` and ``source`` on ``.info`` (``as_dataset=True``: an ``xarray.Dataset``).
     """
-    refuse_dim(dim, "a peer's dashboard (one number per batch)",
-               "select sequences first (trace.isel(sequence=...)) or use summary(dim=...)")
     _check_peer(names, options)
     if policy not in ("old", "theta"):
         raise ValueError(f"policy={policy!r}; use 'old' (pi_old, the backend pair) or 'theta' (pi_theta)")

@@ -233,7 +233,7 @@ def pair_blocks(trace: xr.Dataset, pair: PairName = "backend", trainer: TrainerS
 
 
 def concat_sequences(parts) -> ValueWithCounts:
-    """Per-sequence :class:`ValueWithCounts` of consecutive blocks as one, in block order.
+    """Per-sequence :class:`~rlparity.metrics.objective.arrays.tokens.ValueWithCounts` of consecutive blocks as one, in block order.
 
     Parameters
     ----------

@@ -140,7 +140,7 @@ def objective_summary(trace: xr.Dataset, *, trainer: TrainerSide | None = None, 
     trainer : {"processed", "raw"}, optional
         The trainer side (default ``defaults().trainer``).
     pairs : list of str, optional
-        The pairs (default: every pair the trace holds, :func:`available_pairs`).
+        The pairs (default: every pair the trace holds, :func:`~rlparity.metrics.objective.pairs.available_pairs`).
     progress : callable, optional
         Wraps the block iterator of a lazy trace (e.g. ``tqdm.tqdm``).
 

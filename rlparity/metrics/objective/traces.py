@@ -277,7 +277,7 @@ def masked_fraction(trace: xr.Dataset, rule: str = "token_band", pair: PairName 
     trace : xarray.Dataset
         One arm, in memory or lazy.
     rule : str
-        One of :data:`RULES` (see :func:`~rlparity.metrics.objective.arrays.rejection_keep`).
+        One of :data:`~rlparity.metrics.objective.settings.RULES` (see :func:`~rlparity.metrics.objective.arrays.rejection_keep`).
     pair : {"backend", "update", "bypass"}
         The pair of policies.
     level : {"token", "sequence"}
@@ -364,7 +364,7 @@ def effective_sample_size(trace: xr.Dataset, pair: PairName = "backend", *, leve
 
 
 def decoupled(trace: xr.Dataset, *, cap: float | None = None, trainer: TrainerSide | None = None) -> xr.Dataset:
-    """The decoupled three-policy weights per token (see :func:`decoupled_weights`).
+    """The decoupled three-policy weights per token (see :func:`~rlparity.metrics.objective.arrays.weights.decoupled_weights`).
 
     A lazy trace gives lazy (dask) variables, computed chunk by chunk (chunks of whole sequences).
 

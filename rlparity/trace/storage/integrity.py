@@ -198,7 +198,7 @@ def integrity_record(arms: Mapping[str, xr.Dataset]) -> dict[str, Any]:
 
 def verify_integrity(path: Path, arms: Mapping[str, xr.Dataset | None], record: Mapping[str, Any], *,
                      digests: Mapping[str, Mapping[str, str]] | None = None) -> None:
-    """Raise :class:`StoreDamagedError` unless the loaded arms match the record made at save.
+    """Raise :class:`~rlparity.trace.storage.paths.StoreDamagedError` unless the loaded arms match the record made at save.
 
     Parameters
     ----------
@@ -331,7 +331,7 @@ def missing_chunks(p: Path, meta: Mapping[str, Any]) -> list[tuple[str, int, int
 
 
 def check_chunks(p: Path, meta: Mapping[str, Any]) -> None:
-    """Raise :class:`StoreDamagedError` if any chunk file of the store is missing.
+    """Raise :class:`~rlparity.trace.storage.paths.StoreDamagedError` if any chunk file of the store is missing.
 
     Parameters
     ----------

@@ -104,7 +104,7 @@ def store_lock(path: str | os.PathLike, *, shared: bool = False,
     """Hold the lock of the store at ``path`` (``flock`` on ``DIR/.NAME.lock``).
 
     Exclusive (the default) for a writer: :func:`rlparity.trace.save`, :func:`rlparity.trace.add_arm`
-    and :func:`install_store` take it, so concurrent writers never lose each other's arms. Shared for
+    and :func:`~rlparity.trace.storage.recovery.install_store` take it, so concurrent writers never lose each other's arms. Shared for
     a reader: loading takes it, so a reader never sees a store half-swapped. Re-entrant within a
     thread (an exclusive holder may read and write again). In a read-only location a shared lock is
     taken if the lock file exists and skipped otherwise (nobody can write there; the integrity record

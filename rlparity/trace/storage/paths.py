@@ -130,7 +130,7 @@ def store_path(path: str | os.PathLike) -> Path:
 
 
 def lock_file(path: str | os.PathLike) -> Path:
-    """``DIR/.NAME.lock``: the file :func:`store_lock` locks for the store ``DIR/NAME``.
+    """``DIR/.NAME.lock``: the file :func:`~rlparity.trace.storage.locking.store_lock` locks for the store ``DIR/NAME``.
 
     Parameters
     ----------

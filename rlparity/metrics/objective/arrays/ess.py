@@ -74,7 +74,7 @@ def merge_ess_parts(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 
 def ess_of(parts: dict[str, Any]):
-    """The normalised ESS ``s1^2 / (n s2)`` of :func:`ess_parts` (:func:`rlparity.metrics.core.ess`).
+    """The normalised ESS ``s1^2 / (n s2)`` of :func:`ess_parts` (:func:`rlparity.metrics.core.mismatch.ess`).
 
     Parameters
     ----------
@@ -90,7 +90,7 @@ def ess_of(parts: dict[str, Any]):
 
 
 def weights_ess(weights: np.ndarray, valid: np.ndarray | None = None, axis=None) -> ValueWithCounts:
-    """:func:`rlparity.metrics.core.ess` (``(sum w)^2 / (n sum w^2)`` in (0, 1] over the finite,
+    """:func:`rlparity.metrics.core.mismatch.ess` (``(sum w)^2 / (n sum w^2)`` in (0, 1] over the finite,
     ``valid`` weights) with its counts: weights used, and valid weights left out as not finite. Give
     it raw weights: truncation hides a collapse.
 
@@ -165,7 +165,7 @@ def sequences_ess(s: ValueWithCounts) -> ValueWithCounts:
     Parameters
     ----------
     s : ValueWithCounts
-        :func:`sequence_log_ratio` of every sequence (NaN: an excluded sequence).
+        :func:`~rlparity.metrics.objective.arrays.tokens.sequence_log_ratio` of every sequence (NaN: an excluded sequence).
 
     Returns
     -------

@@ -81,7 +81,7 @@ def sequences_clip_fraction(s: ValueWithCounts, low: float, high: float) -> Valu
     Parameters
     ----------
     s : ValueWithCounts
-        :func:`sequence_log_ratio` of every sequence (NaN: an excluded sequence).
+        :func:`~rlparity.metrics.objective.arrays.tokens.sequence_log_ratio` of every sequence (NaN: an excluded sequence).
     low, high : float
         The band on the ratio (``1 - eps_low``, ``1 + eps_high``).
 

@@ -91,7 +91,7 @@ def validate_structure(tree: xr.DataTree, path: Any) -> None:
 
 
 def _unchained(block: xr.Dataset) -> xr.Dataset:
-    """A block without the whole trace's token checksum (checked over all blocks, :func:`blocks`)."""
+    """A block without the whole trace's token checksum (checked over all blocks, :func:`~rlparity.trace.storage.lazy.reading.blocks`)."""
     if "scored_token_checksum" in block.attrs:
         block = block.copy(deep=False)
         block.attrs = {k: v for k, v in block.attrs.items() if k != "scored_token_checksum"}
@@ -102,7 +102,7 @@ class ArmCheck:
     """What is known of one lazily opened arm, shared by every view of it (a selection, a copy).
 
     ``whole`` is the arm as opened, ``sizes`` its dims, ``valid`` whether it was read whole once and
-    found valid (schema, CRC-32 record, scored token checksum: :func:`ensure_validated`). Copies of
+    found valid (schema, CRC-32 record, scored token checksum: :func:`~rlparity.trace.storage.lazy.reading.ensure_validated`). Copies of
     a trace share the one object, so an arm is validated once, whatever view reads it first.
 
     Parameters

@@ -23,7 +23,7 @@ from rlparity.trace.storage.lazy.arm import arm_record, is_whole
 
 
 class StreamDigests:
-    """The CRC-32 of :func:`dataset_digests` for a trace read block by block along ``dim``.
+    """The CRC-32 of :func:`~rlparity.trace.storage.integrity.dataset_digests` for a trace read block by block along ``dim``.
 
     A C-ordered array split along its first axis is the concatenation of its blocks' bytes, so one
     running CRC per variable equals the digest of the whole. Variables without ``dim`` first are
@@ -70,13 +70,13 @@ class StreamDigests:
         Returns
         -------
         dict[str, str]
-            ``{variable: CRC-32 as 8 hex digits}``; equal to :func:`dataset_digests` of the whole once
+            ``{variable: CRC-32 as 8 hex digits}``; equal to :func:`~rlparity.trace.storage.integrity.dataset_digests` of the whole once
             every block was added.
         """
         return {**self.done, **{k: f"{v[0]:08x}" for k, v in self.running.items()}}
 
     def verify(self, path: Any, arm: str, want: Mapping[str, str] | None, *, partial: bool = False) -> None:
-        """Raise :class:`StoreDamagedError` unless every block read matches the record of ``arm``.
+        """Raise :class:`~rlparity.trace.storage.paths.StoreDamagedError` unless every block read matches the record of ``arm``.
 
         Parameters
         ----------
@@ -105,7 +105,7 @@ class StreamDigests:
 
 
 def _verify_some(path: Any, arm: str, want: Mapping[str, str], got: Mapping[str, str | None]) -> None:
-    """:func:`verify_integrity` of the variables read (``got``), against their part of the record."""
+    """:func:`~rlparity.trace.storage.integrity.verify_integrity` of the variables read (``got``), against their part of the record."""
     got = {k: v for k, v in got.items() if k in want and v is not None}
     if got:
         verify_integrity(Path(str(path)), {arm: None}, {"algorithm": DIGEST_ALGORITHM,

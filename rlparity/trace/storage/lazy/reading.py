@@ -38,7 +38,7 @@ def _damaged(trace: xr.Dataset, what: str, err: Exception) -> StoreDamagedError:
 def _read_block(trace: xr.Dataset, names: list[str], start: int, stop: int) -> xr.Dataset:
     """Sequences ``start:stop`` of the variables ``names`` (and the index coordinates of their
     dims), in memory: a variable unchanged from the arm as opened straight from zarr
-    (:meth:`ArmCheck.direct`), any other lazy one sliced and computed in one synchronous
+    (:meth:`ArmCheck.direct <rlparity.trace.storage.lazy.arm.ArmCheck.direct>`), any other lazy one sliced and computed in one synchronous
     ``dask.compute`` (no per-block ``isel`` of the Dataset, no dask graph per variable)."""
     import dask
 
@@ -131,7 +131,7 @@ def ensure_validated(trace: xr.Dataset, *, size: int | None = None, progress: Ca
     trace : xarray.Dataset
         A trace, lazily opened (``open_arms(store, chunks=N)``) or in memory.
     size : int, optional
-        Sequences per block; ``None`` takes the trace's chunk (:func:`block_size`).
+        Sequences per block; ``None`` takes the trace's chunk (:func:`~rlparity.trace.storage.lazy.arm.block_size`).
     progress : callable, optional
         Wraps the block iterator (e.g. ``tqdm.tqdm``).
 
@@ -167,7 +167,7 @@ def blocks(trace: xr.Dataset, *, size: int | None = None, progress: Callable | N
     trace : xarray.Dataset
         A trace, lazily opened (``open_arms(store, chunks=N)``) or in memory.
     size : int, optional
-        Sequences per block; ``None`` takes the trace's chunk (:func:`block_size`).
+        Sequences per block; ``None`` takes the trace's chunk (:func:`~rlparity.trace.storage.lazy.arm.block_size`).
     progress : callable, optional
         Wraps the block iterator (e.g. ``tqdm.tqdm``).
     verify : bool, default True
