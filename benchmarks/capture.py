@@ -21,7 +21,23 @@ processing, logprobs containers and detokenizing, plus what rlparity adds), the 
 CPU. ``logprobs_containers_us_per_token`` (timed before the engine starts): vLLM's own code filling a
 request's logprobs the list way and the flat way, and rlparity reading them back, microseconds per token.
 ``--profile`` adds a cProfile of one capture (the functions outside vLLM's own generate, by cumulative
-time) to the result.
+time) to the result. Odd repeats run the methods in reverse order (no method always follows the same one).
+
+Where the capture's extra time goes: every method's ``LLM.generate`` call is timed (wall and CPU) by one
+wrapper; ``capture_inner_generate_s`` / ``_cpu_s`` is the capture's own call of vLLM, ``inner_generate_paired`` /
+``inner_generate_cpu_paired`` its ratio to ``generate`` (above 1: vLLM itself ran slower inside the capture),
+``capture_own_s`` / ``capture_own_cpu_s`` the rest of each capture (rlparity's work), and
+``capture_conversion_us_per_token`` what the capture adds after vLLM returns (``Engine._trace``), timed again on
+the last ``generate``'s own outputs without the engine. ``gc_s`` / ``gc_full_collections``: seconds in Python's
+garbage collector and its full collections during each call. A full collection walks the whole heap of this
+process (about 0.3 s at the 0.7M objects of a CPU engine's client, 2026-12-07) and falls on whichever call pushes
+the objects promoted since the last one past a quarter of the heap: with the same calls in every repeat, on the
+same method each time. Each timed call therefore starts after an untimed ``gc.collect()``, so none pays for
+the garbage of the calls before it. ``same_params_as_generate``: the capture's call of
+``LLM.generate`` (watched in the warm-up) got the same inputs and ``SamplingParams`` (every field) as
+``generate``; ``token_agreement`` compares the capture's tokens with generate's, and generate's with its own
+warm-up (``generate_reproducible``): where vLLM's numerics depend on the batch (bf16 on a GPU, requests reaching
+the engine core while it already steps), the same seeds need not give the same tokens, the capture aside.
 
 Models: ``tiny`` is the project's built tiny model (``rlparity.models.make_model``, the CPU default);
 ``small`` (hidden 512, 8 layers, vocabulary 32000) and ``1.5b`` (Qwen2-1.5B's shape as a Llama, vocabulary
@@ -36,7 +52,9 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
+import json
 import platform
 import pstats
 import shutil
@@ -155,6 +173,70 @@ def paired(num: list[float], den: list[float]) -> dict:
     return {"min": min(ratios), "median": statistics.median(ratios), "ratios": ratios}
 
 
+class GcClock:
+    """Seconds and collections of Python's garbage collector (``gc.callbacks``) since the last :meth:`reset`."""
+
+    def __init__(self):
+        self.seconds, self.collections, self._t0 = 0.0, [0, 0, 0], 0.0
+
+    def __call__(self, phase, info):
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._t0
+            self.collections[info["generation"]] += 1
+
+    def reset(self):
+        self.seconds, self.collections = 0.0, [0, 0, 0]
+
+
+def token_agreement(a, b) -> dict:
+    """How far two token arrays ``(sequences, positions)`` agree: equal or not, the share of equal positions, and
+    per sequence the first position where they differ (the median and the smallest; None where all agree)."""
+    import numpy as np
+
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        return {"equal": False, "shapes": [list(a.shape), list(b.shape)]}
+    diff = a != b
+    first = [int(np.argmax(row)) for row in diff if row.any()]
+    return {"equal": not diff.any(), "share_equal": float(1 - diff.mean()), "sequences_differing": len(first),
+            "first_difference_median": statistics.median(first) if first else None,
+            "first_difference_min": min(first) if first else None}
+
+
+def conversion_cost(eng, requests, outputs, tokens: int, repeats: int = 5) -> dict:
+    """Microseconds per token of what the capture adds after vLLM returns (``Engine._trace``: completions, attrs,
+    the trace), timed on ``outputs`` of a plain ``generate`` (no engine work), min and median of ``repeats``."""
+    ts = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        eng._trace(requests, outputs, 0.0, "default", eng.policy_version, 0, False)
+        ts.append((time.perf_counter() - t) / tokens * 1e6)
+    return {"min_us": min(ts), "median_us": statistics.median(ts), "seconds_median": statistics.median(ts) * tokens / 1e6}
+
+
+class WatchedGenerate:
+    """``LLM.generate`` with what its last call was sent and took (wall and this process's CPU seconds)."""
+
+    def __init__(self, generate):
+        self.generate, self.inputs, self.params, self.wall, self.cpu = generate, None, None, 0.0, 0.0
+
+    def __call__(self, inputs, params, **kw):
+        self.inputs, self.params = inputs, params
+        t, c = time.perf_counter(), time.process_time()
+        try:
+            return self.generate(inputs, params, **kw)
+        finally:
+            self.wall, self.cpu = time.perf_counter() - t, time.process_time() - c
+
+
+def same_params(sent, params) -> bool:
+    """Whether two lists of ``SamplingParams`` hold the same values in every field."""
+    fields = lambda q: {f: getattr(q, f) for f in getattr(q, "__struct_fields__", ())} or repr(q)  # noqa: E731
+    return len(sent) == len(params) and all(fields(x) == fields(y) for x, y in zip(sent, params))
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shape", choices=["tiny", *SHAPES], default="tiny")
@@ -173,6 +255,8 @@ def main(argv=None) -> dict:
     p.add_argument("--budget-s", type=float, default=None,
                    help="stop repeating (at least one repeat) and skip the profile once another repeat would end "
                         "past this many seconds from the start, so a caller's time limit still gets the JSON")
+    p.add_argument("--save-outputs", default=None,
+                   help="write the last generate's outputs here as JSON (capture_client.py --outputs replays them)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--out-dir", default=None, help="write capture_<card>.json into this folder")
     a = p.parse_args(argv)
@@ -224,31 +308,66 @@ def main(argv=None) -> dict:
             methods["generate_list_logprobs"] = lambda: llm.generate(inputs, listed, use_tqdm=False)
         if not a.no_baseline_without_logprobs:
             methods["generate_no_logprobs"] = lambda: llm.generate(inputs, bare, use_tqdm=False)
-        for fn in methods.values():  # warm-up
-            fn()
+        # every method's LLM.generate call goes through one watcher (the same small cost for all): what the
+        # capture sends, and the wall and CPU time of its own call of vLLM
+        watch = WatchedGenerate(llm.generate)
+        llm.generate = watch
+        for name, fn in methods.items():  # warm-up
+            out = fn()
+            if name == "generate":
+                first_tokens = np.array([list(o.outputs[0].token_ids) for o in out])
+            elif name == "capture":
+                res["same_params_as_generate"] = bool(same_params(watch.params, params) and watch.inputs == inputs)
+            del out
         times: dict[str, list[float]] = {k: [] for k in methods}
         cpu: dict[str, list[float]] = {k: [] for k in methods}  # this process's CPU seconds: the engine core runs apart
+        gc_s: dict[str, list[float]] = {k: [] for k in methods}
+        gc_full: dict[str, list[int]] = {k: [] for k in methods}
+        inner: dict[str, list[float]] = {"wall": [], "cpu": []}  # the capture's own LLM.generate call
+        clock = GcClock()
+        gc.callbacks.append(clock)
         last: dict = {}
         late = False
+        names = list(methods)
         for r in range(a.repeats):
             t_repeat = time.perf_counter()
-            for name, fn in methods.items():
+            for name in (names if r % 2 == 0 else names[::-1]):  # alternate the order: no method always follows another
                 last.pop(name, None)
+                gc.collect()  # untimed: no call inherits the garbage collector's debt of the one before (see gc_s)
+                clock.reset()
                 t, c = time.perf_counter(), time.process_time()
-                last[name] = fn()
+                last[name] = methods[name]()
                 times[name].append(time.perf_counter() - t)
                 cpu[name].append(time.process_time() - c)
+                gc_s[name].append(clock.seconds)
+                gc_full[name].append(clock.collections[2])
+                if name == "capture":
+                    inner["wall"].append(watch.wall)
+                    inner["cpu"].append(watch.cpu)
             print(f"# repeat {r + 1}: " + ", ".join(f"{k} {v[-1]:.3f}s" for k, v in times.items()), file=sys.stderr)
             took = time.perf_counter() - t_repeat
             late = a.budget_s is not None and time.perf_counter() - t_start + took > a.budget_s
             if late:
                 print(f"# --budget-s {a.budget_s}: stopping after {r + 1} repeats", file=sys.stderr)
                 break
+        gc.callbacks.remove(clock)
         res["repeats_done"] = len(times["capture"])
-        # the same seeds give the same tokens: the capture's trace holds what generate returned
-        same = bool(np.array_equal(last["capture"]["token_id"].values[:, :a.max_tokens],
-                                   np.array([list(o.outputs[0].token_ids) for o in last["generate"]])))
+        # the same seeds give the same tokens where the engine's numerics do not depend on the batch: the capture's
+        # trace against generate's, and generate against its own warm-up (a difference there is vLLM's, not the capture's)
+        gen_tokens = np.array([list(o.outputs[0].token_ids) for o in last["generate"]])
+        cap_tokens = last["capture"]["token_id"].values[:, :a.max_tokens]
+        same = bool(np.array_equal(cap_tokens, gen_tokens))
+        res["token_agreement"] = {"capture_vs_generate": token_agreement(cap_tokens, gen_tokens),
+                                  "generate_vs_its_warm_up": token_agreement(gen_tokens, first_tokens)}
+        res["generate_reproducible"] = res["token_agreement"]["generate_vs_its_warm_up"]["equal"]
+        res["capture_conversion_us_per_token"] = conversion_cost(eng, requests, last["generate"], res["tokens"])
+        if a.save_outputs:
+            from capture_client import outputs_json  # benchmarks/ is the script's folder
+
+            Path(a.save_outputs).write_text(json.dumps(outputs_json(last["generate"], path, sampling.model_dump(),
+                                                                    eng.effective_config())))
         del last
+        llm.generate = watch.generate
         if a.profile and not late:
             res["profile"] = profile_capture(eng, prompts, sampling)
     shutil.rmtree(work, ignore_errors=True)  # the random checkpoint (3 GB at 1.5b)
@@ -257,6 +376,13 @@ def main(argv=None) -> dict:
                 "paired": {f"vs_{base}": paired(times["capture"], times[base]) for base in times if base != "capture"},
                 "client_cpu_s": cpu,
                 "client_cpu_paired": {f"vs_{base}": paired(cpu["capture"], cpu[base]) for base in cpu if base != "capture"},
+                "gc_s": gc_s, "gc_full_collections": gc_full,
+                # the capture split: its own LLM.generate call, and the rest (rlparity's own work)
+                "capture_inner_generate_s": inner["wall"], "capture_inner_generate_cpu_s": inner["cpu"],
+                "capture_own_s": [c - g for c, g in zip(times["capture"], inner["wall"])],
+                "capture_own_cpu_s": [c - g for c, g in zip(cpu["capture"], inner["cpu"])],
+                "inner_generate_paired": paired(inner["wall"], times["generate"]),
+                "inner_generate_cpu_paired": paired(inner["cpu"], cpu["generate"]),
                 "same_tokens_as_generate": same, "goal_vs_generate": 1.05,
                 "tokens_per_s": {k: res["tokens"] / v for k, v in med.items()},
                 "wall_s": round(time.perf_counter() - t_start, 1)})
@@ -266,7 +392,11 @@ def main(argv=None) -> dict:
     print(f"{a.shape} on {card}: {a.prompts} prompts x {a.max_tokens} tokens, median of {a.repeats}: generate "
           f"{med['generate']:.3f} s, capture {med['capture']:.3f} s -> vs_generate {res['vs_generate']:.3f} "
           f"(paired: min {pair['min']:.3f}, median {pair['median']:.3f}; goal <= 1.05; this process's CPU time: "
-          f"{res['client_cpu_paired']['vs_generate']['median']:.3f}); same tokens: {same}"
+          f"{res['client_cpu_paired']['vs_generate']['median']:.3f}); the capture's own LLM.generate / generate "
+          f"{res['inner_generate_paired']['median']:.3f}, its own work {statistics.median(res['capture_own_s']):.3f} s "
+          f"({res['capture_conversion_us_per_token']['median_us']:.2f} us a token on generate's outputs); same "
+          f"tokens: {same} (same params: {res['same_params_as_generate']}; generate reproduces its own: "
+          f"{res['generate_reproducible']})"
           + (f"; logprobs cost vLLM {res['logprobs_cost']:.2f}x" if "logprobs_cost" in res else "")
           + (f"; vLLM's list logprobs {med['generate_list_logprobs'] / med['generate']:.3f}x the flat ones"
              if "generate_list_logprobs" in med else ""))

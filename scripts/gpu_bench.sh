@@ -11,9 +11,11 @@
 #   usage (from the project root, after the bundle's part1, part2 and part3; ../shared/gpu/README.md):
 #     bash scripts/gpu_bench.sh "$OUT"
 #
-# Writes into OUT six files (a GPU call brings back at most 8): rescoring_<card>_1p5b.json, capture_<card>.json,
-# recorder_<card>_host.json, rescoring_<card>_7b.json, gpu_bench.txt (one line per step: exit code and seconds;
-# 124 = ran past its limit) and gpu_bench.log (every step's output, one after the other).
+# Writes into OUT seven files (a GPU call brings back at most 8): rescoring_<card>_1p5b.json, capture_<card>.json,
+# capture_outputs_<card>.json (the last generate's outputs, about 7 MB: benchmarks/capture_client.py --outputs
+# replays them on any CPU), recorder_<card>_host.json, rescoring_<card>_7b.json, gpu_bench.txt (one line per
+# step: exit code and seconds; 124 = ran past its limit) and gpu_bench.log (every step's output, one after the
+# other).
 set -u
 out=${1:-${OUT:-}}
 if [[ -z "$out" ]]; then
@@ -77,7 +79,8 @@ step rescoring 160 60 $py benchmarks/rescoring.py "${r15[@]}" --budget-s {budget
 # 2. capture vs vLLM's generate, same engine, same SamplingParams (logprobs=0, flat), and vLLM's default
 #    list logprobs, 256 prompts x 512 tokens on a random 1.5B-shape Llama written in the run; engine start
 #    30-70 s, ~6 s a pass; ~150-200 s
-step capture 220 90 $py benchmarks/capture.py "${cap[@]}" --repeats 3 --profile --budget-s {budget} --out-dir "$out"
+step capture 220 90 $py benchmarks/capture.py "${cap[@]}" --repeats 3 --profile --budget-s {budget} --out-dir "$out" \
+  --save-outputs "$out/capture_outputs_$card.json"
 # 3. the run recorder's share of a 1.08 s step (the host's CPU; random weights to digest: no model to train);
 #    3 loops of 15 steps, ~55 s
 step recorder 80 70 $py benchmarks/recorder.py "${rec[@]}" --weights random --repeats 3 \

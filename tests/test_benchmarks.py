@@ -44,10 +44,19 @@ SMOKE = {
     # start one vLLM engine each (the engine tests' lane)
     "layer_capture.py": (["--sequences", "1", "--length", "32", "--repeats", "1", "--out", "{out}"],
                          lambda r: r["sequences"] == 1 and r["length"] == 32),
-    "capture.py": (["--prompts", "4", "--max-tokens", "8", "--repeats", "1", "--profile", "--out", "{out}"],
+    "capture_client.py": (["--prompts", "3", "--prompt-length", "4", "--max-tokens", "8", "--repeats", "2", "--profile",
+                           "--out", "{out}"],
+                          lambda r: r["trace_matches_outputs"] and r["tokens"] == 24 and r["us_per_token"]["median"] > 0
+                          and "capture" in r["profile"]),
+    "capture.py": (["--prompts", "4", "--max-tokens", "8", "--repeats", "2", "--profile", "--save-outputs",
+                    "{out}.outputs.json", "--out", "{out}"],
                    lambda r: r["same_tokens_as_generate"] and r["vs_generate"] > 0 and r["tokens"] == 32
+                   and r["same_params_as_generate"] and r["generate_reproducible"]
+                   and r["token_agreement"]["capture_vs_generate"]["share_equal"] == 1.0
+                   and r["capture_conversion_us_per_token"]["median_us"] > 0 and len(r["capture_own_s"]) == 2
+                   and 0 < r["inner_generate_paired"]["min"] and len(r["gc_s"]["capture"]) == 2
                    and r["profile"]["generate_s"] <= r["profile"]["total_s"]
-                   and r["paired"]["vs_generate"]["min"] > 0 and len(r["client_cpu_s"]["capture"]) == 1
+                   and r["paired"]["vs_generate"]["min"] > 0 and len(r["client_cpu_s"]["capture"]) == 2
                    and (not r["flat_logprobs"] or "generate_list_logprobs" in r["median_s"])
                    and set(r["logprobs_containers_us_per_token"]) >= {"vllm_fill_list", "vllm_fill_flat", "read_flat"}),
 }
@@ -71,6 +80,25 @@ def test_benchmark_runs_at_a_small_size(script, tmp_path, request):
         assert len(rows) == 2 and all(r["same_result"] for r in rows)  # chunked = unchunked
     if holds is not None:
         assert holds(json.loads(out.read_text())), out.read_text()[:2000]
+
+
+def test_capture_client_benchmark_replays_saved_outputs(tmp_path):
+    """``capture_client.py --outputs``: vLLM's own output objects rebuilt from the JSON that ``capture.py
+    --save-outputs`` writes give that JSON back, and the capture's trace holds their tokens and logprobs."""
+    pytest.importorskip("vllm")
+    sys.path.insert(0, str(BENCH))
+    try:
+        from capture_client import outputs_json, synthetic, vllm_outputs
+    finally:
+        sys.path.remove(str(BENCH))
+    saved = synthetic(prompts=3, prompt_length=5, tokens=7, seed=1)
+    back = outputs_json(vllm_outputs(saved), saved["model"], saved["sampling"], saved["effective_config"])
+    assert back == json.loads(json.dumps(saved))  # every field through vLLM's classes and back
+    (tmp_path / "outputs.json").write_text(json.dumps(saved))
+    _, out = _run("capture_client.py", ["--outputs", str(tmp_path / "outputs.json"), "--repeats", "1", "--out", "{out}"],
+                  tmp_path)
+    r = json.loads(out.read_text())
+    assert r["trace_matches_outputs"] and r["tokens"] == 21 and r["source"].endswith("outputs.json"), r
 
 
 def test_lazy_benchmark_of_summary_dashboard_and_diagnose_runs_at_a_small_size(tmp_path):

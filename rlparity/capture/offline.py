@@ -14,7 +14,7 @@ import xarray as xr
 from rlparity.capture.build import CaptureInfo, Completion, build_trace, capture_attrs
 from rlparity.capture.engine_config import cpu_engine_kwargs, effective_config
 from rlparity.capture.lifecycle import EngineLifecycle
-from rlparity.capture.requests import Prompt, make_requests, render_chat
+from rlparity.capture.requests import Prompt, Request, make_requests, render_chat
 from rlparity.capture.checkpoints import checkpoint_checksums, resolve_source
 from rlparity.capture.routing import (
     START_METHOD, TAKE_METHOD, RouteStore, engine_routes, routing_engine_kwargs, routing_mode, start_info,
@@ -221,9 +221,15 @@ class Engine(EngineLifecycle):
         t0 = time.perf_counter()
         outputs = llm.generate(inputs, params, use_tqdm=progress)
         elapsed = time.perf_counter() - t0
+        return self._trace(requests, outputs, elapsed, arm, policy_version, generation, maybe_stale)
+
+    def _trace(self, requests: Sequence[Request], outputs: Sequence[Any], elapsed: float, arm: str,
+               policy_version: int, generation: int, maybe_stale: bool) -> xr.Dataset:
+        """The trace of ``LLM.generate``'s ``outputs`` for ``requests``: what :meth:`capture` adds after vLLM
+        returns (``benchmarks/capture.py`` times it on generate's own outputs)."""
         routing = self.routes.info.get("mode")
         if routing == "hooks":
-            self.routes.absorb(llm.collective_rpc(TAKE_METHOD)[0])
+            self.routes.absorb(self.llm.collective_rpc(TAKE_METHOD)[0])
         completions = []
         for req, out in zip(requests, outputs):
             for j, c in enumerate(out.outputs):
@@ -317,7 +323,11 @@ def sampled_logprobs(logprobs, token_ids: list[int]) -> list[float]:
         ids, out = flat_ids, flat_lp
     else:
         ids, out = [flat_ids[i] for i in starts[:n]], [flat_lp[i] for i in starts[:n]]
-    if list(ids[:n]) != list(token_ids[:n]):  # vLLM may hand either as a list, a tuple or its own sequence
+    if isinstance(ids, list) and isinstance(token_ids, list) and len(ids) == len(token_ids) == n:
+        same = ids == token_ids  # one comparison, no copies (the common case)
+    else:  # vLLM may hand either as a list, a tuple or its own sequence
+        same = list(ids[:n]) == list(token_ids[:n])
+    if not same:
         raise RuntimeError("vLLM's flat logprobs do not start each position with the sampled token: read them "
                            "per position (SamplingParams(flat_logprobs=False))")
     return out[:n]  # a copy: vLLM's floats (from numpy's tolist)

@@ -78,10 +78,10 @@ def normalize_prompts(prompts: Sequence[Prompt] | Prompt) -> list[Normalized]:
                 msgs = p["messages"]
                 if not isinstance(msgs, Sequence) or not all(isinstance(m, Mapping) and "content" in m for m in msgs):
                     raise ValueError(f"prompt {i}: 'messages' must be a list of {{'role', 'content'}} dicts")
-                ids = [int(t) for t in p["prompt_token_ids"]] if "prompt_token_ids" in p else None
+                ids = list(map(int, p["prompt_token_ids"])) if "prompt_token_ids" in p else None
                 out.append((str(p.get("prompt", "")), ids, [dict(m) for m in msgs]))
             elif "prompt_token_ids" in p:
-                out.append((str(p.get("prompt", "")), [int(t) for t in p["prompt_token_ids"]], None))
+                out.append((str(p.get("prompt", "")), list(map(int, p["prompt_token_ids"])), None))
             elif "prompt" in p:
                 out.append((str(p["prompt"]), None, None))
             else:
@@ -89,7 +89,7 @@ def normalize_prompts(prompts: Sequence[Prompt] | Prompt) -> list[Normalized]:
                                  f"'messages': {dict(p)!r}")
         else:
             try:
-                ids = [int(t) for t in p]
+                ids = list(map(int, p))
             except (TypeError, ValueError) as err:
                 raise ValueError(
                     f"prompt {i} is {type(p).__name__}; pass text, a list of token ids or a dict "
@@ -176,7 +176,11 @@ def sampling_attrs(requests: Sequence[Request]) -> list[dict[str, Any]]:
         Each distinct ``SamplingSettings.model_dump()``, in order of first use.
     """
     seen: list[dict[str, Any]] = []
+    dumped: set[int] = set()  # settings objects already dumped (one object is often shared by every request)
     for r in requests:
+        if id(r.sampling) in dumped:
+            continue
+        dumped.add(id(r.sampling))
         d = r.sampling.model_dump()
         if d not in seen:
             seen.append(d)

@@ -8,6 +8,7 @@ what a user's engine really did, not what was asked.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 import re
 from typing import Annotated, Any, Literal, TypeVar
@@ -134,6 +135,15 @@ def dtype_name(value: Any) -> str | None:
     return None if value is None else str(value).removeprefix("torch.")
 
 
+@functools.cache
+def _vllm_sampling_params() -> tuple[type, bool]:
+    """vLLM's ``SamplingParams`` and whether it has ``flat_logprobs``, looked up once a process (not through
+    ``vllm``'s lazy attributes at every request)."""
+    from vllm import SamplingParams
+
+    return SamplingParams, "flat_logprobs" in getattr(SamplingParams, "__struct_fields__", ())
+
+
 @document_fields
 class SamplingSettings(BaseModel):
     """Per-request sampling parameters (vLLM ``SamplingParams``)."""
@@ -175,10 +185,7 @@ class SamplingSettings(BaseModel):
             flat (``flat_logprobs=True``: one list for the request instead of an object per token) where the
             installed vLLM has that field.
         """
-        from vllm import SamplingParams
-
-        flat = {"flat_logprobs": True} if "flat_logprobs" in getattr(SamplingParams, "__struct_fields__", ()) else {}
-
+        SamplingParams, flat = _vllm_sampling_params()
         return SamplingParams(
             temperature=self.temperature,
             top_k=self.top_k if self.top_k > 0 else 0,
@@ -191,7 +198,7 @@ class SamplingSettings(BaseModel):
             repetition_penalty=self.repetition_penalty,
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
-            **flat,
+            **({"flat_logprobs": True} if flat else {}),
         )
 
     @property

@@ -145,6 +145,11 @@ def pad_rows(rows: Sequence[Sequence[Any]], fill: Any, dtype: Any, width: int | 
     width = longest if width is None else int(width)
     if longest > width:
         raise ValueError(f"a row has {longest} entries, more than width={width}")
+    if (rows and longest == width and np.dtype(dtype).kind in "biuf"
+            and all(isinstance(r, (list, tuple, np.ndarray)) and len(r) == width for r in rows)):
+        out = np.array(rows, dtype=dtype)  # no padding (equal rows, as with ignore_eos): one conversion
+        if out.shape == (len(rows), width):
+            return out
     out = np.full((len(rows), width), fill, dtype=dtype)
     for i, r in enumerate(rows):
         if len(r):
