@@ -446,6 +446,14 @@ def test_rounding_reading_at_its_gates():
         assert not rounding_from_numbers(tr)["rounding"]
     with defaults_context(head_rounding_share=r["share"] - 4 * r["share_se"]):
         assert rounding_from_numbers(tr)["rounding"]
+    # the fewest tokens a reading rests on: exactly the count reads, one more is untestable (and says why)
+    n = r["n_tokens"]
+    assert n >= 18  # the default bar does not stop this arm
+    with defaults_context(head_rounding_min_tokens=n):
+        assert rounding_from_numbers(tr)["testable"] and rounding_from_numbers(tr)["rounding"]
+    with defaults_context(head_rounding_min_tokens=n + 1):
+        g = rounding_from_numbers(tr)
+        assert not g["testable"] and not g["rounding"] and f"{n} tokens" in g["why"] and f"needs {n + 1}" in g["why"]
 
 
 def test_bf16_grid_by_hand():
