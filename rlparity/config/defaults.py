@@ -284,15 +284,6 @@ class Defaults(BaseModel):
                                        "0.001-0.33 (h200-inflight 0.29-0.33, h100-ablation 0.14-0.17, h200-rl, "
                                        "h200-moe, h200/cpu-semantic fp32), one bf16 side 0.42-1.22 (h200-head, "
                                        "h200-semantic, cpu-head, cpu-semantic, h200-rl bf16-head) (issue 41)")
-    head_rounding_min_tokens: int = Field(18, ge=3, description="fewest non-argmax tokens (no other cause claiming "
-                                          "them) on which the bf16 rounding reading (head_rounding_share) is made: a "
-                                          "median of fewer moves by a factor of two with the tokens left (issue 41). Chosen "
-                                          "on the blind views of the CPU tiny-bf16 calibration seeds 0-4 (re-captured in "
-                                          "session 50): the one reading there of an arm without a bf16 head that passed "
-                                          "(kv_carried_over with partial_weight_sync, and stale_prefix_cache with "
-                                          "kv_carried_over, seed 1: share 1.17 +- 0.23 where the clean arm reads 0.52) "
-                                          "rests on 13 tokens of 6 sequences; every passing reading of a bf16 arm on 23 or "
-                                          "more; 18 is their midpoint. Held out: CPU seeds 5-9, the H200 example")
     head_quantised_share: float = Field(0.9, gt=0, le=1, description="share of the trainer's largest logits "
                                         "(trainer_max_logit) that are exactly bfloat16 numbers at or above which the "
                                         "trainer's LM head is read as bf16 from the numbers (a float32 head leaves "
