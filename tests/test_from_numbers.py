@@ -438,6 +438,8 @@ def test_rounding_reading_at_its_gates():
     few = _rounded_arm(rollout_bf16=True, trainer_bf16=False, n_seq=3)
     r = rounding_from_numbers(few)
     assert not r["testable"] and "sequences" in r["why"]
+    at_min = rounding_from_numbers(_rounded_arm(rollout_bf16=True, trainer_bf16=False, n_seq=4))  # min_fit_sequences
+    assert at_min["testable"] and at_min["n_sequences"] == at_min["n_groups"] == 4
     # the bar is cleared by the share less 3 errors: a share above it whose error reaches below is not enough
     from rlparity.config import defaults_context
 
