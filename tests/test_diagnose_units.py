@@ -474,7 +474,8 @@ def test_version_excess_needs_z_standard_errors_over_sequences_too():
     for zz, flagged in ((z + 0.1, []), (z - 0.1, [1])):
         ev = build(tr)
         ev.claims.pop("weights_differ", None)  # the defaults flagged it already: test again at another z
-        assert evm.version_claims(ev, z=zz)["flagged"] == flagged
+        # the median's z alone: the logit statistic and the upper quartile (three sequences of four at 100x) barred
+        assert evm.version_claims(ev, z=zz, logit_ratio=np.inf, quartile_ratio=np.inf)["flagged"] == flagged
     # fewer sequences than defaults().min_fit_sequences (4): no claim, whatever the ratio
     few = _scored([[0.01] * 8, [0.011] * 8, [1.0] * 8], versions=[[0] * 8, [0] * 8, [1] * 8],
                   trainer_attrs={"scored_by": "policy_version"})

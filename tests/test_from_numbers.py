@@ -438,6 +438,8 @@ def test_rounding_reading_at_its_gates():
     few = _rounded_arm(rollout_bf16=True, trainer_bf16=False, n_seq=3)
     r = rounding_from_numbers(few)
     assert not r["testable"] and "sequences" in r["why"]
+    at_min = rounding_from_numbers(_rounded_arm(rollout_bf16=True, trainer_bf16=False, n_seq=4))  # min_fit_sequences
+    assert at_min["testable"] and at_min["n_sequences"] == at_min["n_groups"] == 4
     # the bar is cleared by the share less 3 errors: a share above it whose error reaches below is not enough
     from rlparity.config import defaults_context
 
@@ -446,6 +448,51 @@ def test_rounding_reading_at_its_gates():
         assert not rounding_from_numbers(tr)["rounding"]
     with defaults_context(head_rounding_share=r["share"] - 4 * r["share_se"]):
         assert rounding_from_numbers(tr)["rounding"]
+    # with the full jackknife (24 sequences: 20 groups) the bar is temperature_z itself; with 6 sequences (6 groups)
+    # it is 3 t(5) / t(19), the t law's quantiles at 3 normal errors (5.5071 / 3.4472 from tables)
+    from rlparity.config.defaults import defaults
+    from rlparity.metrics.head_precision import student_t_level
+
+    assert r["n_groups"] == 20 and r["errors_level"] == defaults().temperature_z == 3.0
+    six = rounding_from_numbers(_rounded_arm(rollout_bf16=True, trainer_bf16=False, n_seq=6))
+    assert six["n_groups"] == 6 and six["testable"]
+    assert six["errors_level"] == pytest.approx(3.0 * 5.5071 / 3.4472, rel=2e-4)
+    assert six["errors_level"] == 3.0 * student_t_level(3.0, 5) / student_t_level(3.0, 19)
+    sbar = six["share"] - six["errors_level"] * six["share_se"]
+    with defaults_context(head_rounding_share=sbar):
+        assert rounding_from_numbers(_rounded_arm(rollout_bf16=True, trainer_bf16=False, n_seq=6))["rounding"]
+    with defaults_context(head_rounding_share=sbar * (1 + 1e-12) + 1e-15):
+        assert not rounding_from_numbers(_rounded_arm(rollout_bf16=True, trainer_bf16=False, n_seq=6))["rounding"]
+    with defaults_context(jackknife_groups=6):  # 6 groups is then the full jackknife: the plain bar
+        assert rounding_from_numbers(_rounded_arm(rollout_bf16=True, trainer_bf16=False, n_seq=6))["errors_level"] == 3.0
+    bar = r["share"] - r["errors_level"] * r["share_se"]
+    with defaults_context(head_rounding_share=bar):
+        assert rounding_from_numbers(tr)["rounding"]
+    with defaults_context(head_rounding_share=bar * (1 + 1e-12) + 1e-15):
+        assert not rounding_from_numbers(tr)["rounding"]
+
+
+def test_student_t_level_against_closed_forms():
+    """The t quantile at the normal level's upper tail p: for 1 degree of freedom (Cauchy) tan(pi (1/2 - p)), for 2
+    sqrt(8 a^2 / (1 - 4 a^2)) with a = 1/2 - p (F(x) = 1/2 + x / (2 sqrt(2 + x^2))); the normal z for many; the
+    sign follows z; no level below 1 degree of freedom."""
+    import math
+
+    from rlparity.metrics.head_precision import student_t_level
+
+    for z in (1.0, 2.5, 3.0):
+        p = 0.5 * math.erfc(z / math.sqrt(2.0))
+        a = 0.5 - p
+        assert student_t_level(z, 1) == pytest.approx(math.tan(math.pi * a), rel=1e-9)
+        assert student_t_level(z, 2) == pytest.approx(math.sqrt(8 * a * a / (1 - 4 * a * a)), rel=1e-9)
+        assert student_t_level(z, 10 ** 7) == pytest.approx(z, rel=1e-5)
+        assert student_t_level(-z, 2) == pytest.approx(-student_t_level(z, 2), rel=1e-12)
+        # more degrees of freedom, a smaller level, always above z
+        levels = [student_t_level(z, k) for k in (1, 3, 5, 10, 19, 100)]
+        assert all(x > y for x, y in zip(levels, levels[1:])) and levels[-1] > z
+    # 3 normal errors at 5 degrees of freedom (6 jackknife groups): 5.507 (tables: t_{0.99865, 5})
+    assert student_t_level(3.0, 5) == pytest.approx(5.5071, abs=5e-4)
+    assert math.isnan(student_t_level(3.0, 0)) and student_t_level(float("inf"), 3) == float("inf")
 
 
 def test_bf16_grid_by_hand():

@@ -37,8 +37,9 @@ def test_a_later_version_flagged_at_exactly_the_ratio_bar():
     assert np.exp(np.log(1.0 / 0.5)) == 2.0  # the premise: the ratio survives its log and exp exactly
     ve = mv.version_excess(absr, free, pv, ratio=2.0, z=2.5)
     assert ve["version_1_over_reference"] == 2.0 and ve["z_by_version"]["1"] == np.inf
-    assert ve["flagged"] == [1] and ve["flagged_by"]["1"] == ["median", "mean"]
-    assert mv.version_excess(absr, free, pv, ratio=2.0 + 2.0 ** -40, z=2.5)["flagged"] == []
+    assert ve["flagged"] == [1] and ve["flagged_by"]["1"] == ["median", "mean", "upper_quartile"]
+    assert mv.version_excess(absr, free, pv, ratio=2.0 + 2.0 ** -40, z=2.5, quartile_ratio=2.0 + 2.0 ** -40)[
+        "flagged"] == []
 
 
 def test_an_excess_without_spread_passes_any_z_bar():
@@ -120,3 +121,34 @@ def test_fingerprints_that_agree_and_floors_per_version():
     # a version with fewer than 4 free tokens is not tested; with one version left there is no test
     absr, free, pv = _tokens([[(0, 0.5)] * 3] * 4 + [[(1, 1.0)] * 3])
     assert mv.version_excess(absr, free, pv) == {}
+
+
+def test_upper_quartile_by_hand():
+    """numpy's linear interpolation at 0.75, written out: (n - 1) * 0.75 between the sorted values."""
+    assert mv.upper_quartile(np.array([5.0, 1.0, 3.0, 2.0, 4.0])) == 4.0  # index 3 exactly
+    assert mv.upper_quartile(np.array([0.0, 1.0])) == 0.75  # index 0.75: a quarter of the way from 0 to 1
+    assert mv.upper_quartile(np.array([0.25] * 7 + [8.0])) == 0.25  # index 5.25 lies among the seven small ones
+
+
+def test_a_version_seen_by_its_upper_quartile_alone_at_exactly_its_bar():
+    """A partial sync that moves a minority of tokens far: version 0 holds seven tokens at 0.25 and one at 8
+    per sequence (median and upper quartile 0.25, mean 9.75 / 8), version 1 four at 0.25 and four at 0.5
+    (median 0.375, upper quartile 0.5, mean 0.375). By hand: median ratio 1.5 and mean ratio 0.375 / 1.21875
+    stay below 1.6; the upper quartile's ratio is exactly 2, without spread (z = +inf). A quartile bar of 2
+    flags version 1 by that statistic alone; one just above 2 does not, nor does the median's bar at 1.5 + 2^-40."""
+    absr, free, pv = _tokens([[(0, 0.25)] * 7 + [(0, 8.0)]] * 5 + [[(1, 0.25)] * 4 + [(1, 0.5)] * 4] * 5)
+    ve = mv.version_excess(absr, free, pv, ratio=1.6, z=2.5, quartile_ratio=2.0)
+    assert ve["version_1_over_reference"] == 1.5
+    assert ve["mean_over_reference_by_version"]["1"] == pytest.approx(0.375 / 1.21875, rel=1e-12)
+    assert ve["upper_quartile_over_reference_by_version"]["1"] == 2.0
+    assert ve["upper_quartile_z_by_version"]["1"] == np.inf
+    assert ve["quartile_ratio_threshold"] == 2.0
+    assert ve["flagged"] == [1] and ve["flagged_by"]["1"] == ["upper_quartile"]
+    assert mv.version_excess(absr, free, pv, ratio=1.6, z=2.5, quartile_ratio=2.0 + 2.0 ** -40)["flagged"] == []
+    # the median's own bar does not reach it, and the quartile's bar is not the median's
+    assert mv.version_excess(absr, free, pv, ratio=1.5 + 2.0 ** -40, z=2.5, quartile_ratio=3.0)["flagged"] == []
+    assert mv.version_excess(absr, free, pv, ratio=1.5, z=2.5, quartile_ratio=3.0)["flagged_by"]["1"] == ["median"]
+    # the default bar (1.6) flags it; a z bar of +inf too (no spread); fingerprints that agree never
+    assert mv.version_excess(absr, free, pv)["flagged_by"]["1"] == ["upper_quartile"]
+    assert mv.version_excess(absr, free, pv, z=np.inf)["flagged"] == [1]
+    assert mv.version_excess(absr, free, pv, fingerprints_equal=[1])["flagged"] == []
