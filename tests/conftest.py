@@ -32,7 +32,28 @@ def has_gpu() -> bool:
         return False
 
 
+# test files that reuse another file's captures (capture_trace's cache): run right after it, so the capture is
+# served from the cache instead of starting its engines again (test_check's two arms are test_engine's)
+RUN_AFTER = {"test_check.py": "test_engine.py"}
+
+
+def order_for_shared_captures(items: list) -> list:
+    """``items`` with each file of :data:`RUN_AFTER` moved to right after the file whose captures it reuses
+    (the rest keep their order; a file whose partner is not collected stays where it was)."""
+    def name(item):
+        return Path(str(item.fspath)).name
+
+    moved = {f: [i for i in items if name(i) == f] for f in RUN_AFTER}
+    out = [i for i in items if name(i) not in RUN_AFTER or not any(name(j) == RUN_AFTER[name(i)] for j in items)]
+    for f, group in moved.items():
+        if group and group[0] not in out:
+            last = max(k for k, i in enumerate(out) if name(i) == RUN_AFTER[f])
+            out[last + 1:last + 1] = group
+    return out
+
+
 def pytest_collection_modifyitems(config, items):
+    items[:] = order_for_shared_captures(items)
     if has_gpu():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
