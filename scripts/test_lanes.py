@@ -14,6 +14,12 @@ meet at a barrier wait for the one that was preempted). For the same reason the 
 a few minutes on a fresh clone) before the lanes start when the project's ``tests`` are run: built in the low
 priority lane it would hold up the engine lane waiting on the same build.
 
+What needs no engine moves to the other lane: the notebooks that start none with ``ci=True`` and the book
+(``tests/test_book.py``: sphinx on the executed notebooks). The engine lane executes the other notebooks into
+``artifacts/notebooks/`` as before and names each one done in a folder both lanes share
+(``RLPARITY_LANE_NOTEBOOKS``; ``RLPARITY_LANE`` says which lane a process is); the book's tests run last in the
+other lane and wait for them (``tests/conftest.py``).
+
     python scripts/test_lanes.py [PYTEST ARGS...]     # e.g. --durations=40 tests
 
 The engine lane prints as it runs; the other lane's output follows when both are done. Exit status: the
@@ -71,13 +77,19 @@ def main(argv: list[str]) -> int:
         os.chmod(tmp, 0o700)
         lock = Path(tmp) / "light-lane-engine.lock"
         log = Path(tmp) / "light.log"
-        light_env = {**os.environ, "RLPARITY_ENGINE_LOCK_PATH": str(lock)}
+        notebooks = Path(tmp) / "notebooks"  # the engine lane says here which notebooks it executed (the book)
+        notebooks.mkdir()
+        lane_env = {**os.environ, "RLPARITY_LANE_NOTEBOOKS": str(notebooks)}
+        light_env = {**lane_env, "RLPARITY_LANE": "light", "RLPARITY_ENGINE_LOCK_PATH": str(lock)}
+        engine_env = {**lane_env, "RLPARITY_LANE": "engine"}
         with open(log, "w") as fh:
             light = subprocess.Popen([py, "-m", "pytest", "-q", "-m", "not engine", "-p", "no:cacheprovider", *args],
                                      stdout=fh, stderr=subprocess.STDOUT, env=light_env, preexec_fn=_lower_priority)
             try:
-                heavy_rc = subprocess.call([py, "-m", "pytest", "-q", "-m", "engine", "-p", "no:cacheprovider", *args])
+                heavy_rc = subprocess.call([py, "-m", "pytest", "-q", "-m", "engine", "-p", "no:cacheprovider", *args],
+                                           env=engine_env)
             finally:
+                (notebooks / "engine-lane.done").touch()  # the book stops waiting for a notebook not executed
                 light_rc = light.wait()
         print("\n==================== tests without an engine (run alongside) ====================", flush=True)
         print(log.read_text(), flush=True)

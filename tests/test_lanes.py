@@ -108,3 +108,54 @@ def test_test_check_runs_right_after_test_engine_whose_captures_it_reuses():
                    "test_check.py", "test_faults.py"]
     alone = [Item("/x/tests/test_check.py"), Item("/x/tests/test_a.py")]  # no test_engine collected: as given
     assert order_for_shared_captures(alone) == alone
+
+
+def test_the_book_waits_for_the_notebooks_the_engine_lane_executed(tmp_path, monkeypatch):
+    """The lane without engines builds the book from the engine lane's notebooks: it takes a notebook's out_dir
+    once the engine lane named it done (even when the engine lane ended right after), fails with the engine
+    lane's error for a notebook that failed there, and does not wait for one the engine lane never executed."""
+    import threading
+    import time
+
+    import conftest
+
+    monkeypatch.setattr(conftest, "LANE_NOTEBOOKS", str(tmp_path))
+    monkeypatch.setattr(conftest, "LANE", "engine")
+    conftest._publish("01_x", tmp_path / "out01")
+    assert conftest._published("01_x") == tmp_path / "out01"
+    late = threading.Timer(3.0, lambda: (conftest._publish("02_x", tmp_path / "out02"),
+                                         (tmp_path / "engine-lane.done").touch()))
+    t0 = time.monotonic()
+    late.start()
+    assert conftest._published("02_x") == tmp_path / "out02" and time.monotonic() - t0 >= 2.5
+    conftest._publish("03_x", None, RuntimeError("cell 4 raised"))
+    with pytest.raises(pytest.fail.Exception, match="03_x failed in the engine lane: RuntimeError: cell 4 raised"):
+        conftest._published("03_x")
+    with pytest.raises(pytest.fail.Exception, match="without executing notebook 04_x"):
+        conftest._published("04_x")
+    monkeypatch.setattr(conftest, "LANE", "light")  # only the engine lane publishes
+    conftest._publish("05_x", tmp_path / "out05")
+    assert not (tmp_path / "05_x.json").exists()
+
+
+def test_under_the_lanes_the_book_and_the_engine_free_notebooks_leave_the_engine_lane(tmp_path):
+    """Collected as each lane collects them: the engine lane keeps the notebooks that start engines, the other
+    lane gets the engine-free ones and the book, last."""
+    import os
+    import subprocess
+    import sys
+
+    def collect(lane, marker):
+        env = {**os.environ, "RLPARITY_LANE": lane, "RLPARITY_LANE_NOTEBOOKS": str(tmp_path)}
+        res = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", "-m",
+                              marker, "tests/test_book.py", "tests/test_notebooks.py", "tests/test_trace.py"],
+                             cwd=ROOT, env=env, capture_output=True, text=True)
+        return [line for line in res.stdout.splitlines() if "::" in line]
+
+    engine = collect("engine", "engine")
+    assert not [t for t in engine if "test_book.py" in t or "11_doctor" in t]
+    assert sum("test_notebook_runs_and_writes_its_dataset" in t for t in engine) == 10
+    light = collect("light", "not engine")
+    assert "tests/test_notebooks.py::test_notebook_runs_and_writes_its_dataset[11_doctor]" in light
+    book = [i for i, t in enumerate(light) if "test_book.py" in t]
+    assert book and book == list(range(len(light) - len(book), len(light)))  # the book last
