@@ -57,6 +57,9 @@ def pytest_collection_modifyitems(config, items):
     if LANE == "light" and LANE_NOTEBOOKS:
         # the book waits for the engine lane's notebooks: last, after this lane's own tests
         items[:] = sorted(items, key=lambda i: Path(str(i.fspath)).name == "test_book.py")
+    if LANE == "engine" and LANE_NOTEBOOKS:
+        # the notebooks first, so the other lane builds the book while this one runs the rest
+        items[:] = sorted(items, key=lambda i: Path(str(i.fspath)).name != "test_notebooks.py")
     if has_gpu():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

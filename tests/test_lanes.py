@@ -139,7 +139,7 @@ def test_the_book_waits_for_the_notebooks_the_engine_lane_executed(tmp_path, mon
 
 
 def test_under_the_lanes_the_book_and_the_engine_free_notebooks_leave_the_engine_lane(tmp_path):
-    """Collected as each lane collects them: the engine lane keeps the notebooks that start engines, the other
+    """Collected as each lane collects them: the engine lane keeps the notebooks that start engines (first), the other
     lane gets the engine-free ones and the book, last."""
     import os
     import subprocess
@@ -148,13 +148,13 @@ def test_under_the_lanes_the_book_and_the_engine_free_notebooks_leave_the_engine
     def collect(lane, marker):
         env = {**os.environ, "RLPARITY_LANE": lane, "RLPARITY_LANE_NOTEBOOKS": str(tmp_path)}
         res = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", "-m",
-                              marker, "tests/test_book.py", "tests/test_notebooks.py", "tests/test_trace.py"],
+                              marker, "tests/test_book.py", "tests/test_engine.py", "tests/test_notebooks.py"],
                              cwd=ROOT, env=env, capture_output=True, text=True)
         return [line for line in res.stdout.splitlines() if "::" in line]
 
     engine = collect("engine", "engine")
     assert not [t for t in engine if "test_book.py" in t or "11_doctor" in t]
-    assert sum("test_notebook_runs_and_writes_its_dataset" in t for t in engine) == 10
+    assert [t for t in engine if "test_notebook_runs_and_writes_its_dataset" in t] == engine[:10]  # first
     light = collect("light", "not engine")
     assert "tests/test_notebooks.py::test_notebook_runs_and_writes_its_dataset[11_doctor]" in light
     book = [i for i, t in enumerate(light) if "test_book.py" in t]
