@@ -7,10 +7,11 @@ gets a lock file of its own, and a lane that was supposed to start no engine but
 (a test starts an engine, perhaps through a subprocess, without ``@pytest.mark.engine``).
 
 The engine lane is the longer one (on a fresh clone about 40 minutes against 12), so it gets the CPU first:
-the other lane runs at the lowest scheduling priority (``nice`` 19, for its children too) and takes the cycles
-the engine lane leaves, e.g. while an engine starts. On a 2-core machine a light-lane test that runs beside
-the engine lane's rescoring or an engine's own threads slows them far more than its own share (threads that
-meet at a barrier wait for the one that was preempted). For the same reason the tiny model is built (trained,
+the other lane runs at a lower scheduling priority (``nice`` 10, for its children too: about a tenth of a core
+where both want it, not so little that a test of its own that waits on a child's timing starves) and takes the
+cycles the engine lane leaves, e.g. while an engine starts. On a 2-core machine a light-lane test that runs beside
+the engine lane's rescoring or an engine's own threads can slow them by more than its own share (threads that
+meet at a barrier wait for the one that was preempted; issue 42). For the same reason the tiny model is built (trained,
 a few minutes on a fresh clone) before the lanes start when the project's ``tests`` are run: built in the low
 priority lane it would hold up the engine lane waiting on the same build.
 
@@ -35,7 +36,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LIGHT_NICE = 19  # the lane without engines: the lowest priority (see the module docstring)
+LIGHT_NICE = 10  # the lane without engines: a lower priority (see the module docstring)
 
 
 def _runs_project_tests(args: list[str]) -> bool:

@@ -65,7 +65,7 @@ def test_lanes_combine_their_status_and_catch_an_unmarked_engine(tmp_path, monke
 
 def test_the_lane_without_engines_runs_at_the_lowest_priority_and_the_engine_lane_at_ours(tmp_path, monkeypatch):
     """The engine lane is the long one: it keeps this process's priority, the other lane (and what it starts)
-    runs at nice 19, so on a small machine it takes only the cycles the engine lane leaves."""
+    runs at nice 10, so on a small machine it takes mostly the cycles the engine lane leaves."""
     import os
 
     monkeypatch.chdir(tmp_path)
@@ -76,9 +76,9 @@ def test_the_lane_without_engines_runs_at_the_lowest_priority_and_the_engine_lan
      @pytest.mark.engine
      def test_engine(): assert os.nice(0) == {ours}
      def test_plain():
-         assert os.nice(0) == {min(ours + 19, 19)}
+         assert os.nice(0) == {min(ours + 10, 19)}
          child = subprocess.run([sys.executable, "-c", "import os; print(os.nice(0))"], capture_output=True, text=True)
-         assert int(child.stdout) == {min(ours + 19, 19)}
+         assert int(child.stdout) == {min(ours + 10, 19)}
      """
     assert _lanes().main([_suite(tmp_path, body)]) == 0
 
