@@ -11,9 +11,8 @@ the other lane runs at a lower scheduling priority (``nice`` 10, for its childre
 where both want it, not so little that a test of its own that waits on a child's timing starves) and takes the
 cycles the engine lane leaves, e.g. while an engine starts. On a 2-core machine a light-lane test that runs beside
 the engine lane's rescoring or an engine's own threads can slow them by more than its own share (threads that
-meet at a barrier wait for the one that was preempted; issue 42). For the same reason the tiny model is built (trained,
-a few minutes on a fresh clone) before the lanes start when the project's ``tests`` are run: built in the low
-priority lane it would hold up the engine lane waiting on the same build.
+meet at a barrier wait for the one that was preempted; issue 42). A lane that waits for the other (a model built once
+under a lock, ``rlparity.models.make_model``) leaves it the whole machine, whatever its priority.
 
 What needs no engine moves to the other lane: the notebooks that start none with ``ci=True`` and the book
 (``tests/test_book.py``: sphinx on the executed notebooks). The engine lane executes the other notebooks into
@@ -35,34 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 LIGHT_NICE = 10  # the lane without engines: a lower priority (see the module docstring)
-
-
-def _runs_project_tests(args: list[str]) -> bool:
-    """Whether ``args`` name the project's tests (its ``tests`` folder or a file in it)."""
-    tests = ROOT / "tests"
-    for a in args:
-        if a.startswith("-"):
-            continue
-        path = Path(a.split("::")[0]).resolve()
-        if path == tests or tests in path.parents:
-            return True
-    return False
-
-
-def prebuild_tiny_model(py: str) -> int:
-    """Build the tiny model into the cache the tests use (``tests/conftest.py``: ``$RLPARITY_CACHE``, else the
-    repository's ``.cache``) at normal priority; a no-op where it is built. Returns the exit status; a failure
-    is reported and the lanes go on (their own fixtures then build it or fail with the reason)."""
-    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-    env.setdefault("RLPARITY_CACHE", str(ROOT / ".cache"))
-    rc = subprocess.call([py, "-c", "from rlparity.models import make_model; make_model('tiny', progress=False)"],
-                         env=env, cwd=str(ROOT))
-    if rc:
-        print(f"test_lanes: building the tiny model before the lanes failed (exit {rc}); the lanes build it",
-              file=sys.stderr, flush=True)
-    return rc
 
 
 def _lower_priority() -> None:
@@ -72,8 +44,6 @@ def _lower_priority() -> None:
 def main(argv: list[str]) -> int:
     args = argv or ["tests"]
     py = sys.executable
-    if _runs_project_tests(args):
-        prebuild_tiny_model(py)
     with tempfile.TemporaryDirectory(prefix="rlparity-lanes-") as tmp:
         os.chmod(tmp, 0o700)
         lock = Path(tmp) / "light-lane-engine.lock"

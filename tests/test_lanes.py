@@ -83,14 +83,6 @@ def test_the_lane_without_engines_runs_at_the_lowest_priority_and_the_engine_lan
     assert _lanes().main([_suite(tmp_path, body)]) == 0
 
 
-def test_the_tiny_model_is_built_first_only_for_the_projects_tests(tmp_path):
-    lanes = _lanes()
-    assert lanes._runs_project_tests(["--durations=30", str(ROOT / "tests")])
-    assert lanes._runs_project_tests([str(ROOT / "tests" / "test_trace.py") + "::test_x", "-q"])
-    assert not lanes._runs_project_tests([str(tmp_path / "test_x.py")])
-    assert not lanes._runs_project_tests(["-m", "not engine", str(ROOT / "scripts")])
-
-
 def test_test_check_runs_right_after_test_engine_whose_captures_it_reuses():
     """conftest's ordering: test_check's arms are test_engine's captures (capture_trace's cache), so it runs
     right after test_engine instead of starting both engines again before it; the rest keep their order."""
