@@ -6,6 +6,20 @@ that core, in a second pytest process. The engine lane keeps the machine-wide en
 gets a lock file of its own, and a lane that was supposed to start no engine but created it fails the run
 (a test starts an engine, perhaps through a subprocess, without ``@pytest.mark.engine``).
 
+The engine lane is the longer one (on a fresh clone about 40 minutes against 12), so it gets the CPU first:
+the other lane runs at a lower scheduling priority (``nice`` 10, for its children too: about a tenth of a core
+where both want it, not so little that a test of its own that waits on a child's timing starves) and takes the
+cycles the engine lane leaves, e.g. while an engine starts. On a 2-core machine a light-lane test that runs beside
+the engine lane's rescoring or an engine's own threads can slow them by more than its own share (threads that
+meet at a barrier wait for the one that was preempted; issue 42). A lane that waits for the other (a model built once
+under a lock, ``rlparity.models.make_model``) leaves it the whole machine, whatever its priority.
+
+What needs no engine moves to the other lane: the notebooks that start none with ``ci=True`` and the book
+(``tests/test_book.py``: sphinx on the executed notebooks). The engine lane executes the other notebooks into
+``artifacts/notebooks/`` as before and names each one done in a folder both lanes share
+(``RLPARITY_LANE_NOTEBOOKS``; ``RLPARITY_LANE`` says which lane a process is); the book's tests run last in the
+other lane and wait for them (``tests/conftest.py``).
+
     python scripts/test_lanes.py [PYTEST ARGS...]     # e.g. --durations=40 tests
 
 The engine lane prints as it runs; the other lane's output follows when both are done. Exit status: the
@@ -20,6 +34,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+LIGHT_NICE = 10  # the lane without engines: a lower priority (see the module docstring)
+
+
+def _lower_priority() -> None:
+    os.nice(LIGHT_NICE)
+
 
 def main(argv: list[str]) -> int:
     args = argv or ["tests"]
@@ -28,13 +48,19 @@ def main(argv: list[str]) -> int:
         os.chmod(tmp, 0o700)
         lock = Path(tmp) / "light-lane-engine.lock"
         log = Path(tmp) / "light.log"
-        light_env = {**os.environ, "RLPARITY_ENGINE_LOCK_PATH": str(lock)}
+        notebooks = Path(tmp) / "notebooks"  # the engine lane says here which notebooks it executed (the book)
+        notebooks.mkdir()
+        lane_env = {**os.environ, "RLPARITY_LANE_NOTEBOOKS": str(notebooks)}
+        light_env = {**lane_env, "RLPARITY_LANE": "light", "RLPARITY_ENGINE_LOCK_PATH": str(lock)}
+        engine_env = {**lane_env, "RLPARITY_LANE": "engine"}
         with open(log, "w") as fh:
             light = subprocess.Popen([py, "-m", "pytest", "-q", "-m", "not engine", "-p", "no:cacheprovider", *args],
-                                     stdout=fh, stderr=subprocess.STDOUT, env=light_env)
+                                     stdout=fh, stderr=subprocess.STDOUT, env=light_env, preexec_fn=_lower_priority)
             try:
-                heavy_rc = subprocess.call([py, "-m", "pytest", "-q", "-m", "engine", "-p", "no:cacheprovider", *args])
+                heavy_rc = subprocess.call([py, "-m", "pytest", "-q", "-m", "engine", "-p", "no:cacheprovider", *args],
+                                           env=engine_env)
             finally:
+                (notebooks / "engine-lane.done").touch()  # the book stops waiting for a notebook not executed
                 light_rc = light.wait()
         print("\n==================== tests without an engine (run alongside) ====================", flush=True)
         print(log.read_text(), flush=True)

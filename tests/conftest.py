@@ -32,7 +32,34 @@ def has_gpu() -> bool:
         return False
 
 
+# test files that reuse another file's captures (capture_trace's cache): run right after it, so the capture is
+# served from the cache instead of starting its engines again (test_check's two arms are test_engine's)
+RUN_AFTER = {"test_check.py": "test_engine.py"}
+
+
+def order_for_shared_captures(items: list) -> list:
+    """``items`` with each file of :data:`RUN_AFTER` moved to right after the file whose captures it reuses
+    (the rest keep their order; a file whose partner is not collected stays where it was)."""
+    def name(item):
+        return Path(str(item.fspath)).name
+
+    moved = {f: [i for i in items if name(i) == f] for f in RUN_AFTER}
+    out = [i for i in items if name(i) not in RUN_AFTER or not any(name(j) == RUN_AFTER[name(i)] for j in items)]
+    for f, group in moved.items():
+        if group and group[0] not in out:
+            last = max(k for k, i in enumerate(out) if name(i) == RUN_AFTER[f])
+            out[last + 1:last + 1] = group
+    return out
+
+
 def pytest_collection_modifyitems(config, items):
+    items[:] = order_for_shared_captures(items)
+    if LANE == "light" and LANE_NOTEBOOKS:
+        # the book waits for the engine lane's notebooks: last, after this lane's own tests
+        items[:] = sorted(items, key=lambda i: Path(str(i.fspath)).name == "test_book.py")
+    if LANE == "engine" and LANE_NOTEBOOKS:
+        # the notebooks first, so the other lane builds the book while this one runs the rest
+        items[:] = sorted(items, key=lambda i: Path(str(i.fspath)).name != "test_notebooks.py")
     if has_gpu():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
@@ -209,6 +236,53 @@ def capture_trace(tiny_model, pool, prompts):
 ARTIFACTS = os.path.join(os.path.dirname(__file__), "..", "artifacts", "notebooks")
 
 
+# notebooks that start no vLLM engine with ci=True (they read shipped example data): run in the lane without
+# engines (test_lanes.py fails the run if one takes an engine lock there)
+ENGINE_FREE_NOTEBOOKS = ("11_doctor",)
+# scripts/test_lanes.py: the lane this process is ("engine" or "light") and the folder where the engine lane
+# says which notebooks it executed (NAME.json: its out_dir; NAME.failed; engine-lane.done once it ended)
+LANE = os.environ.get("RLPARITY_LANE")
+LANE_NOTEBOOKS = os.environ.get("RLPARITY_LANE_NOTEBOOKS")
+LANE_WAIT_S = float(os.environ.get("RLPARITY_LANE_WAIT_S", 4 * 3600))
+
+
+def book_in_light_lane() -> bool:
+    """Under ``scripts/test_lanes.py`` the book (tests/test_book.py: sphinx on the executed notebooks, no engine)
+    is built in the lane without engines from the notebooks the engine lane executed."""
+    return bool(LANE and LANE_NOTEBOOKS)
+
+
+def _published(name: str) -> Path:
+    """Wait for the engine lane to execute notebook ``name``; its ``out_dir``."""
+    import json
+    import time
+
+    folder, deadline = Path(LANE_NOTEBOOKS), time.monotonic() + LANE_WAIT_S
+    while True:
+        ended = (folder / "engine-lane.done").exists()  # first: all the engine lane published came before it
+        if (folder / f"{name}.json").exists():
+            return Path(json.loads((folder / f"{name}.json").read_text())["out_dir"])
+        if (folder / f"{name}.failed").exists():
+            pytest.fail(f"notebook {name} failed in the engine lane: {(folder / f'{name}.failed').read_text()[-2000:]}")
+        if ended or time.monotonic() > deadline:
+            pytest.fail(f"the engine lane ended (or {LANE_WAIT_S:g} s passed) without executing notebook {name}")
+        time.sleep(2)
+
+
+def _publish(name: str, out_dir: Path | None, error: BaseException | None = None) -> None:
+    import json
+
+    if not (LANE == "engine" and LANE_NOTEBOOKS):
+        return
+    folder = Path(LANE_NOTEBOOKS)
+    if error is not None:
+        (folder / f"{name}.failed").write_text(f"{type(error).__name__}: {error}")
+        return
+    tmp = folder / f".{name}.json"
+    tmp.write_text(json.dumps({"out_dir": str(out_dir)}))
+    tmp.rename(folder / f"{name}.json")  # whole or absent for the lane that waits
+
+
 @pytest.fixture(scope="session")
 def executed_notebook(release_engines, tmp_path_factory):
     """executed_notebook("01_semantic") -> out_dir of that notebook run once with ci=True.
@@ -218,6 +292,8 @@ def executed_notebook(release_engines, tmp_path_factory):
     ``RLPARITY_EXECUTED_NOTEBOOKS=DIR`` reuses notebooks already executed from the same sources
     (``DIR/NAME.ipynb``, its ``out_dir`` ``DIR/out/NAME``) instead of running them again: the book's
     checks on a machine where a run of all ten takes 20 minutes.
+    Under ``scripts/test_lanes.py`` the lane without engines (the book) waits for a notebook that starts
+    engines to be executed by the engine lane (same ``artifacts/notebooks/``) instead of running it.
     """
     import shutil
 
@@ -231,10 +307,17 @@ def executed_notebook(release_engines, tmp_path_factory):
             os.makedirs(ARTIFACTS, exist_ok=True)
             shutil.copyfile(os.path.join(reuse, f"{name}.ipynb"), os.path.join(ARTIFACTS, f"{name}.ipynb"))
             done[name] = Path(reuse) / "out" / name
+        if name not in done and LANE == "light" and LANE_NOTEBOOKS and name not in ENGINE_FREE_NOTEBOOKS:
+            done[name] = _published(name)
         if name not in done:
             release_engines()  # the kernel is another process and needs the engine lock
             out_dir = tmp_path_factory.mktemp(name)
-            run_notebook(NOTEBOOKS / f"{name}.py", os.path.join(ARTIFACTS, f"{name}.ipynb"), out_dir)
+            try:
+                run_notebook(NOTEBOOKS / f"{name}.py", os.path.join(ARTIFACTS, f"{name}.ipynb"), out_dir)
+            except BaseException as err:
+                _publish(name, None, err)
+                raise
+            _publish(name, out_dir)
             done[name] = out_dir
         return done[name]
 

@@ -6,9 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import book_in_light_lane
 from rlparity.cli.notebooks import notebook_paths
 
-pytestmark = pytest.mark.engine
+# the notebooks it builds from start engines; under scripts/test_lanes.py the engine lane executes them and the
+# book is built in the lane without engines (conftest.book_in_light_lane)
+pytestmark = [] if book_in_light_lane() else pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
