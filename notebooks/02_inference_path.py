@@ -76,6 +76,11 @@
 # bf16 head is named first (5.3e4 floor units, closes 0.81 of the trainer gap; 4 engine starts, 117 s); a planted
 # stale prefix cache is no knob's: the cold replay closes 0.997 of the gap above what any replay reached (0.44 of it
 # counted against zero: the bf16 body keeps 0.013 nats), so the report names the engine's state at capture time.
+# On an NVIDIA H100 80GB HBM3 (vLLM 0.26, bf16 `small`, eager, 16 x 48 tokens) a capture planted with `TRITON_ATTN`
+# instead of FlashAttention names `attention_backend` the winner: it is the only knob that closes any of the
+# trainer gap (0.037 of it; 4.1e3 floor units), while the bf16 head moves more (5.2e4) but widens the gap 4.7x;
+# its 40 worst tokens all part at an attention site (27 at layer 0, 11 at layer 1, 2 at layer 3; 4 engine
+# starts, 133 s; `benchmarks/results/replay_h100_plant_attention_backend.json`).
 # ```
 
 # %% tags=["parameters"]
