@@ -78,7 +78,7 @@
 # counted against zero: the bf16 body keeps 0.013 nats), so the report names the engine's state at capture time.
 # On an NVIDIA H100 80GB HBM3 (vLLM 0.26, bf16 `small`, eager, 16 x 48 tokens) a capture planted with `TRITON_ATTN`
 # instead of FlashAttention names `attention_backend` the winner: it is the only knob that closes any of the
-# trainer gap (0.037 of it; 4.1e3 floor units), while the bf16 head moves more (5.2e4) but widens the gap 4.7x;
+# trainer gap (0.037 of it; 4.1e3 floor units), while the bf16 head moves more (5.2e4) but widens the gap 5.7x;
 # its 40 worst tokens all part at an attention site (27 at layer 0, 11 at layer 1, 2 at layer 3; 4 engine
 # starts, 133 s; `benchmarks/results/replay_h100_plant_attention_backend.json`).
 # ```
