@@ -77,22 +77,28 @@ def test_a_missing_cell_is_nan_and_its_arm_empty():
 
 
 def test_the_arm_name_is_never_read_for_factors():
-    """Factors come from ``attrs["factors"]`` only (issue 35 dropped the reading of the old names and
-    records, ``trace/legacy.py``): an arm named like an old cell, or carrying an old record, has no
-    factors; no module of the package parses a cell out of a name."""
+    """Factors come from ``attrs["factors"]``, or from an old store's own head-matrix / inflight record
+    (converted on read), never from the arm name (issue 35 dropped ``trace/legacy.py``): an arm named
+    like an old cell has no factors; recorded factors win over an old record; no module of the package
+    parses a cell out of a name."""
     from pathlib import Path
 
     import rlparity
 
-    old_names = {"rollout-float32_trainer-bfloat16": {"head_experiment": {"rollout_head": "float32",
-                                                                         "trainer_head": "bfloat16"}},
-                 "keep-noclear-prefix_on": {"inflight": {"mode": "keep", "clear_cache": False, "prefix_caching": True}},
-                 "vllm-v1-defaults+mu@step_007": {"rl": {"profile": "vllm-v1-defaults", "old_policy": "mu"}}}
-    for name, record in old_names.items():
+    old_names = {"rollout-float32_trainer-bfloat16": ({"head_experiment": {"rollout_head": "fp32", "trainer_head": "bf16"}},
+                                                      {"rollout_head": "float32", "trainer_head": "bfloat16"}),
+                 "keep-noclear-prefix_on": ({"inflight": {"mode": "keep", "clear_cache": 0, "prefix_caching": 1}},
+                                            {"mode": "keep", "clear_cache": False, "prefix_caching": True}),
+                 "vllm-v1-defaults+mu@step_007": ({"rl": {"profile": "vllm-v1-defaults", "old_policy": "mu"}}, {})}
+    for name, (record, converted) in old_names.items():
         tr = synthetic_trace(4, 4, arm=name)
+        assert arm_factors(tr) == {}, name  # the name alone says nothing
         tr.attrs.update(record)
-        assert arm_factors(tr) == {}, name
+        assert arm_factors(tr) == converted, name
         assert arm_factors(with_factors(tr, step=7)) == {"step": 7}
+    tr = synthetic_trace(4, 4, arm="x")
+    tr.attrs["head_experiment"] = {"rollout_head": "float64", "trainer_head": "bf16"}  # not a head dtype: no cell
+    assert arm_factors(tr) == {}
     root = Path(rlparity.__file__).parent
     hits = [str(p.relative_to(root)) for p in root.rglob("*.py")
             if any(pat in p.read_text() for pat in ("@step_(", "prefix_(?P", "_trainer-(?P", 'split("+")'))]

@@ -9,7 +9,8 @@ name stays a label; code that needs a factor reads it here, never from the name.
 
 * :func:`with_factors`: stamp an arm's factors (the runners call it);
 * :func:`arm_factors`: one arm's factors (``{}`` for an arm that records none: the arm name is
-  never read; the shipped examples were re-saved with their factors);
+  never read; a store from before factors converts its old head-matrix or inflight record on read;
+  the shipped examples were re-saved with their factors);
 * :func:`factors`: the factors of every arm, one coordinate each along ``arm``;
 * :func:`by_factors`: one variable (or anything computed per arm) with the factors as dims, so a
   cell is ``.sel(mode="keep", clear_cache=False)``;
@@ -63,7 +64,8 @@ def with_factors(trace: xr.Dataset, **factors: Any) -> xr.Dataset:
 
 
 def arm_factors(trace: xr.Dataset) -> dict[str, Any]:
-    """The factors of one arm: its ``attrs["factors"]`` (the arm name is never read).
+    """The factors of one arm: its ``attrs["factors"]``, or an old store's head-matrix or inflight record
+    converted (the arm name is never read).
 
     Parameters
     ----------
@@ -76,7 +78,25 @@ def arm_factors(trace: xr.Dataset) -> dict[str, Any]:
         The factors; ``{}`` for an arm that records none (an arm of no experiment).
     """
     rec = trace.attrs.get(FACTORS_ATTR)
-    return dict(rec) if isinstance(rec, Mapping) else {}
+    return dict(rec) if isinstance(rec, Mapping) else _old_record_factors(trace.attrs)
+
+
+def _old_record_factors(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """An old store converted on read (issue 35): before ``attrs["factors"]``, the LM-head matrix kept its
+    cell in ``attrs["head_experiment"]`` and the inflight matrix in ``attrs["inflight"]``. Records only;
+    the arm name is never read, and an RL step's old record (no step in it) gives none."""
+    from rlparity.config.settings import normalize_dtype
+
+    head, inflight = attrs.get("head_experiment"), attrs.get("inflight")
+    if isinstance(head, Mapping) and {"rollout_head", "trainer_head"} <= set(head):
+        try:
+            return {k: normalize_dtype(str(head[k]), what="head dtype") for k in ("rollout_head", "trainer_head")}
+        except ValueError:
+            return {}
+    if isinstance(inflight, Mapping) and {"mode", "clear_cache", "prefix_caching"} <= set(inflight):
+        return {"mode": str(inflight["mode"]), "clear_cache": bool(inflight["clear_cache"]),
+                "prefix_caching": bool(inflight["prefix_caching"])}
+    return {}
 
 
 def _common_keys(per_arm: Mapping[str, Mapping[str, Any]], dims: Sequence[str] | None) -> list[str]:
