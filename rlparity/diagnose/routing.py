@@ -24,7 +24,8 @@ from __future__ import annotations
 import xarray as xr
 
 from rlparity.config.defaults import defaults
-from rlparity.diagnose.evidence import ArmEvidence, build, router_dtypes, routing_cause
+from rlparity.diagnose.evidence import ArmEvidence, build
+from rlparity.diagnose.routing_evidence import router_dtypes, routing_cause
 from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import BACKEND_PAIR_D
