@@ -399,7 +399,7 @@ def test_version_excess_flags_the_later_version_that_stands_out():
     assert f.tokens["n_tokens"] == n1
     # 1.3x: below the ratio (defaults().version_ratio = 1.6); one version only, or scored with one weight set: no test
     assert build(_two_versions(0.01, 0.013)).version_excess["flagged"] == []
-    assert evm.version_claims(build(_scored([[0.1] * 6] * 2)), ratio=3.0) == {}
+    assert evm.version_claims(build(_scored([[0.1] * 6] * 2)), thresholds=mv.VersionThresholds(ratio=3.0)) == {}
     one_set = _two_versions(0.01, 0.1)
     one_set.attrs["trainer"]["scored_by"] = None
     assert "weights_differ" not in build(one_set).claims
@@ -475,7 +475,8 @@ def test_version_excess_needs_z_standard_errors_over_sequences_too():
         ev = build(tr)
         ev.claims.pop("weights_differ", None)  # the defaults flagged it already: test again at another z
         # the median's z alone: the logit statistic and the upper quartile (three sequences of four at 100x) barred
-        assert evm.version_claims(ev, z=zz, logit_ratio=np.inf, quartile_ratio=np.inf)["flagged"] == flagged
+        median_only = mv.VersionThresholds(z=zz, logit_ratio=np.inf, quartile_ratio=np.inf)
+        assert evm.version_claims(ev, thresholds=median_only)["flagged"] == flagged
     # fewer sequences than defaults().min_fit_sequences (4): no claim, whatever the ratio
     few = _scored([[0.01] * 8, [0.011] * 8, [1.0] * 8], versions=[[0] * 8, [0] * 8, [1] * 8],
                   trainer_attrs={"scored_by": "policy_version"})
@@ -808,10 +809,11 @@ def test_the_logit_statistic_has_its_own_ratio():
     for logit_ratio, flagged in ((ratio * 1.01, []), (ratio * 0.99, [1])):
         ev = build(tr)
         ev.claims.pop("weights_differ", None)
-        assert evm.version_claims(ev, logit_ratio=logit_ratio)["flagged"] == flagged
+        assert evm.version_claims(ev, thresholds=mv.VersionThresholds(logit_ratio=logit_ratio))["flagged"] == flagged
         ev = build(tr)
         ev.claims.pop("weights_differ", None)  # version_ratio far below: the median still reads 0.4x, not flagged
-        assert evm.version_claims(ev, ratio=1.01, logit_ratio=logit_ratio)["flagged"] == flagged
+        low = mv.VersionThresholds(ratio=1.01, logit_ratio=logit_ratio)
+        assert evm.version_claims(ev, thresholds=low)["flagged"] == flagged
 
 
 def test_the_logit_statistic_keeps_the_floor_model():

@@ -16,6 +16,8 @@ import pytest
 from rlparity.config.defaults import defaults
 from rlparity.metrics import versions as mv
 
+VT = mv.VersionThresholds  # the bars of version_excess (None fields: the defaults)
+
 
 def _tokens(rows):
     """``rows``: per sequence a list of ``(version, |r|)`` tokens (None: no free token there), padded.
@@ -35,17 +37,17 @@ def test_a_later_version_flagged_at_exactly_the_ratio_bar():
     without spread (z = +inf). A bar of 2 flags it (at least the ratio), a bar just above 2 does not."""
     absr, free, pv = _tokens([[(0, 0.5)] * 3] * 4 + [[(1, 1.0)] * 3] * 4)
     assert np.exp(np.log(1.0 / 0.5)) == 2.0  # the premise: the ratio survives its log and exp exactly
-    ve = mv.version_excess(absr, free, pv, ratio=2.0, z=2.5)
+    ve = mv.version_excess(absr, free, pv, thresholds=VT(ratio=2.0, z=2.5))
     assert ve["version_1_over_reference"] == 2.0 and ve["z_by_version"]["1"] == np.inf
     assert ve["flagged"] == [1] and ve["flagged_by"]["1"] == ["median", "mean", "upper_quartile"]
-    assert mv.version_excess(absr, free, pv, ratio=2.0 + 2.0 ** -40, z=2.5, quartile_ratio=2.0 + 2.0 ** -40)[
-        "flagged"] == []
+    above = VT(ratio=2.0 + 2.0 ** -40, z=2.5, quartile_ratio=2.0 + 2.0 ** -40)
+    assert mv.version_excess(absr, free, pv, thresholds=above)["flagged"] == []
 
 
 def test_an_excess_without_spread_passes_any_z_bar():
     """z = +inf (every jackknife estimate the same) is at least any bar, +inf included."""
     absr, free, pv = _tokens([[(0, 0.5)] * 3] * 4 + [[(1, 1.0)] * 3] * 4)
-    assert mv.version_excess(absr, free, pv, ratio=1.5, z=np.inf)["flagged"] == [1]
+    assert mv.version_excess(absr, free, pv, thresholds=VT(ratio=1.5, z=np.inf))["flagged"] == [1]
 
 
 def test_the_trainer_noise_bar_at_a_quarter_of_the_first_versions_median():
@@ -71,7 +73,7 @@ def test_the_sequences_are_counted_along_axis_0(shape):
     else:
         rows = [[(0, 0.5), (1, 1.0)]] * n_min
     absr, free, pv = _tokens(rows)
-    ve = mv.version_excess(absr, free, pv, ratio=1.6, z=2.5)
+    ve = mv.version_excess(absr, free, pv, thresholds=VT(ratio=1.6, z=2.5))
     assert ve["version_1_over_reference"] == 2.0
     if shape == "long":
         assert np.isnan(ve["z_by_version"]["1"]) and ve["flagged"] == []
@@ -84,7 +86,7 @@ def test_a_jackknife_estimate_on_a_single_token_of_a_version_counts():
     token of that version, a valid estimate (the same |r|), so the jackknife has no spread and version 1
     (4x version 0) is flagged."""
     absr, free, pv = _tokens([[(0, 0.25)] * 3, [(0, 0.25), None, None], [(1, 1.0)] * 3, [(1, 1.0), None, None]])
-    ve = mv.version_excess(absr, free, pv, ratio=1.6, z=2.5)
+    ve = mv.version_excess(absr, free, pv, thresholds=VT(ratio=1.6, z=2.5))
     assert ve["n_tokens_by_version"] == {"0": 4, "1": 4}
     assert ve["version_1_over_reference"] == 4.0 and ve["z_by_version"]["1"] == np.inf and ve["flagged"] == [1]
 
@@ -96,14 +98,14 @@ def test_a_version_confined_to_one_sequence_is_untested_without_a_warning():
     absr, free, pv = _tokens([[(0, 0.25)]] * 4 + [[(1, 1.0)] * 4])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        ve = mv.version_excess(absr, free, pv, ratio=1.6, z=2.5)
+        ve = mv.version_excess(absr, free, pv, thresholds=VT(ratio=1.6, z=2.5))
     assert ve["version_1_over_reference"] == 4.0
     assert np.isnan(ve["z_by_version"]["1"]) and np.isnan(ve["mean_z_by_version"]["1"]) and ve["flagged"] == []
     # the same with the reference version in one sequence
     absr, free, pv = _tokens([[(0, 0.25)] * 4] + [[(1, 1.0)]] * 4)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        ve = mv.version_excess(absr, free, pv, ratio=1.6, z=2.5)
+        ve = mv.version_excess(absr, free, pv, thresholds=VT(ratio=1.6, z=2.5))
     assert np.isnan(ve["z_by_version"]["1"]) and ve["flagged"] == []
 
 
@@ -112,11 +114,12 @@ def test_fingerprints_that_agree_and_floors_per_version():
     the ratio is :func:`floor_excess_ratio` of the medians (by hand: c = 0.5 - 0.25 = 0.25, version 1
     expected at 0.25 + 0.25 = 0.5, so 1.0 / 0.5 = 2, version 0 at 0.5 / 0.5 = 1)."""
     absr, free, pv = _tokens([[(0, 0.5)] * 3] * 4 + [[(1, 1.0)] * 3] * 4)
-    ve = mv.version_excess(absr, free, pv, fingerprints_equal=[1], ratio=1.6, z=2.5)
+    ve = mv.version_excess(absr, free, pv, fingerprints_equal=[1], thresholds=VT(ratio=1.6, z=2.5))
     assert ve["fingerprints_equal"] == [1] and ve["flagged"] == [] and ve["z_by_version"]["1"] == np.inf
-    ve = mv.version_excess(absr, free, pv, floors={0: 0.25, 1: 0.25}, ratio=1.6, z=2.5)
+    ve = mv.version_excess(absr, free, pv, floors={0: 0.25, 1: 0.25}, thresholds=VT(ratio=1.6, z=2.5))
     assert ve["measured_against"] == "each version's own floor" and ve["version_1_over_reference"] == 2.0
-    ve = mv.version_excess(absr, free, pv, floors={0: 0.25}, ratio=1.6, z=2.5)  # a floor missing: plain ratio
+    # a floor missing: plain ratio
+    ve = mv.version_excess(absr, free, pv, floors={0: 0.25}, thresholds=VT(ratio=1.6, z=2.5))
     assert ve["measured_against"].startswith("the first version's level") and ve["version_1_over_reference"] == 2.0
     # a version with fewer than 4 free tokens is not tested; with one version left there is no test
     absr, free, pv = _tokens([[(0, 0.5)] * 3] * 4 + [[(1, 1.0)] * 3])
@@ -137,18 +140,21 @@ def test_a_version_seen_by_its_upper_quartile_alone_at_exactly_its_bar():
     stay below 1.6; the upper quartile's ratio is exactly 2, without spread (z = +inf). A quartile bar of 2
     flags version 1 by that statistic alone; one just above 2 does not, nor does the median's bar at 1.5 + 2^-40."""
     absr, free, pv = _tokens([[(0, 0.25)] * 7 + [(0, 8.0)]] * 5 + [[(1, 0.25)] * 4 + [(1, 0.5)] * 4] * 5)
-    ve = mv.version_excess(absr, free, pv, ratio=1.6, z=2.5, quartile_ratio=2.0)
+    ve = mv.version_excess(absr, free, pv, thresholds=VT(ratio=1.6, z=2.5, quartile_ratio=2.0))
     assert ve["version_1_over_reference"] == 1.5
     assert ve["mean_over_reference_by_version"]["1"] == pytest.approx(0.375 / 1.21875, rel=1e-12)
     assert ve["upper_quartile_over_reference_by_version"]["1"] == 2.0
     assert ve["upper_quartile_z_by_version"]["1"] == np.inf
     assert ve["quartile_ratio_threshold"] == 2.0
     assert ve["flagged"] == [1] and ve["flagged_by"]["1"] == ["upper_quartile"]
-    assert mv.version_excess(absr, free, pv, ratio=1.6, z=2.5, quartile_ratio=2.0 + 2.0 ** -40)["flagged"] == []
+    above = VT(ratio=1.6, z=2.5, quartile_ratio=2.0 + 2.0 ** -40)
+    assert mv.version_excess(absr, free, pv, thresholds=above)["flagged"] == []
     # the median's own bar does not reach it, and the quartile's bar is not the median's
-    assert mv.version_excess(absr, free, pv, ratio=1.5 + 2.0 ** -40, z=2.5, quartile_ratio=3.0)["flagged"] == []
-    assert mv.version_excess(absr, free, pv, ratio=1.5, z=2.5, quartile_ratio=3.0)["flagged_by"]["1"] == ["median"]
+    above = VT(ratio=1.5 + 2.0 ** -40, z=2.5, quartile_ratio=3.0)
+    assert mv.version_excess(absr, free, pv, thresholds=above)["flagged"] == []
+    at_bar = VT(ratio=1.5, z=2.5, quartile_ratio=3.0)
+    assert mv.version_excess(absr, free, pv, thresholds=at_bar)["flagged_by"]["1"] == ["median"]
     # the default bar (1.6) flags it; a z bar of +inf too (no spread); fingerprints that agree never
     assert mv.version_excess(absr, free, pv)["flagged_by"]["1"] == ["upper_quartile"]
-    assert mv.version_excess(absr, free, pv, z=np.inf)["flagged"] == [1]
+    assert mv.version_excess(absr, free, pv, thresholds=VT(z=np.inf))["flagged"] == [1]
     assert mv.version_excess(absr, free, pv, fingerprints_equal=[1])["flagged"] == []

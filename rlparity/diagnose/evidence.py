@@ -440,8 +440,7 @@ def observed_claims(ev: ArmEvidence) -> None:
                      "responses the trainer scored after other prompt ids than the engine's")
 
 
-def version_claims(ev: ArmEvidence, *, ratio: float | None = None, z: float | None = None,
-                   logit_ratio: float | None = None, quartile_ratio: float | None = None) -> dict[str, Any]:
+def version_claims(ev: ArmEvidence, *, thresholds: mv.VersionThresholds | None = None) -> dict[str, Any]:
     """Claim the policy versions whose tokens stand far above the first version's as ``weights_differ``.
 
     The per-version floor model (:func:`rlparity.metrics.versions.version_excess`) on the arm's
@@ -456,7 +455,7 @@ def version_claims(ev: ArmEvidence, *, ratio: float | None = None, z: float | No
     ----------
     ev : ArmEvidence
         The evidence (with its residual); claims are added in place.
-    ratio, z, logit_ratio, quartile_ratio : float, optional
+    thresholds : rlparity.metrics.versions.VersionThresholds, optional
         The thresholds of :func:`rlparity.metrics.versions.version_excess` (None: the defaults).
 
     Returns
@@ -478,9 +477,8 @@ def version_claims(ev: ArmEvidence, *, ratio: float | None = None, z: float | No
     mu = trace["rollout_logprob"].values
     out = mv.version_excess(absr, ev.unclaimed(), pv, floors=version_floors(trace, ev.side),
                             noise=trainer_floor(trace, ev.side).get("run_to_run_mean_abs", float("nan")),
-                            fingerprints_equal=equal, ratio=ratio, z=z,
-                            scaled=mv.logit_scale(absr, mu, mu - ev.residual), logit_ratio=logit_ratio,
-                            quartile_ratio=quartile_ratio)
+                            fingerprints_equal=equal, scaled=mv.logit_scale(absr, mu, mu - ev.residual),
+                            thresholds=thresholds)
     for v in out.get("flagged", []):
         ev.claim("weights_differ", (pv == v) & ev.mask, f"tokens of policy version {v}")
     return out

@@ -13,6 +13,7 @@ a trace and claims the versions flagged here.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -109,26 +110,81 @@ def floor_excess_ratio(level: float, ref_level: float, floor: float, ref_floor: 
     return (max(level, 1e-300) / max(c + floor, 1e-300)) / (max(ref_level, 1e-300) / max(c + ref_floor, 1e-300))
 
 
+@dataclass(frozen=True)
+class VersionThresholds:
+    """The bars of :func:`version_excess`, each None for its default in :func:`~rlparity.config.defaults.defaults`
+    (read at the call, so :func:`~rlparity.config.defaults.defaults_context` applies).
+
+    Each default's field records what it was calibrated on.
+
+    Parameters
+    ----------
+    ratio : float, optional
+        The ratio to the first version's a version must reach in the median or the mean of ``|r|``;
+        None: ``defaults().version_ratio``.
+    z : float, optional
+        Jackknife standard errors of the log-ratio it must also reach, in that statistic; None:
+        ``defaults().version_z``.
+    logit_ratio : float, optional
+        The ratio the median of ``|r| / (1 - p)`` (:func:`logit_scale`) must reach (with ``z``); None:
+        ``defaults().version_logit_ratio``.
+    quartile_ratio : float, optional
+        The ratio the upper quartile of ``|r|`` (:func:`upper_quartile`) must reach (with ``z``); None:
+        ``defaults().version_quartile_ratio``.
+    """
+
+    ratio: float | None = None
+    z: float | None = None
+    logit_ratio: float | None = None
+    quartile_ratio: float | None = None
+
+    def resolved(self) -> VersionThresholds:
+        """These thresholds with each None replaced by its value in :func:`~rlparity.config.defaults.defaults`.
+
+        Returns
+        -------
+        VersionThresholds
+            Every field a float.
+        """
+        o = defaults()
+        return VersionThresholds(
+            ratio=o.version_ratio if self.ratio is None else self.ratio,
+            z=o.version_z if self.z is None else self.z,
+            logit_ratio=o.version_logit_ratio if self.logit_ratio is None else self.logit_ratio,
+            quartile_ratio=o.version_quartile_ratio if self.quartile_ratio is None else self.quartile_ratio)
+
+    def bars(self) -> dict[str, float]:
+        """The ratio each statistic of :data:`VERSION_STATISTICS` must reach.
+
+        Returns
+        -------
+        dict of str to float
+            ``ratio`` for the median and the mean, ``logit_ratio`` for the logit median,
+            ``quartile_ratio`` for the upper quartile (None where not :meth:`resolved`).
+        """
+        return {"median": self.ratio, "mean": self.ratio, "logit_median": self.logit_ratio,
+                "upper_quartile": self.quartile_ratio}
+
+
 def version_excess(abs_residual: np.ndarray, free: np.ndarray, policy_version: np.ndarray, *,
                    floors: Mapping[int, float] | None = None, noise: float = float("nan"),
-                   fingerprints_equal: Collection[int] = (), ratio: float | None = None,
-                   z: float | None = None, scaled: np.ndarray | None = None,
-                   logit_ratio: float | None = None, quartile_ratio: float | None = None) -> dict[str, Any]:
+                   fingerprints_equal: Collection[int] = (), scaled: np.ndarray | None = None,
+                   thresholds: VersionThresholds | None = None) -> dict[str, Any]:
     """The policy versions whose tokens stand far above the first version's.
 
     Per policy version with at least 4 free tokens, the median, the mean and the upper quartile
-    (:func:`upper_quartile`, ratio ``quartile_ratio``) of ``|r|`` of them
+    (:func:`upper_quartile`) of ``|r|`` of them
     (:data:`VERSION_STATISTICS`: the median is robust, as a few tokens of a near-flat distribution
     carry most of the mean, 27x the median on the H200 ``small`` model; the mean sees a partial sync
     that moves few tokens far) and, given ``scaled``, the median of ``|r| / (1 - p)``
     (:func:`logit_scale`: the disagreement read at the logits, whatever the confidence of the
-    version's tokens; ratio ``logit_ratio``), each measured against that version's own floor where ``floors`` holds
+    version's tokens), each measured against that version's own floor where ``floors`` holds
     one for every such version (:func:`floor_excess_ratio`: the first version's level above its floor
     plus the later version's floor), so a version whose weights merely have a higher numeric floor is
-    not flagged. A later version whose ratio to the first version's is at least ``ratio`` and whose
-    log-ratio is ``z`` standard errors above 0, in any statistic, is flagged; the error is a
-    delete-a-group jackknife over sequences (tokens of one sequence are not independent draws), and
-    with fewer than ``defaults().min_fit_sequences`` sequences holding the two versions' tokens
+    not flagged. A later version whose ratio to the first version's reaches its statistic's bar and whose
+    log-ratio is ``z`` standard errors above 0 (:class:`VersionThresholds`), in any statistic, is flagged;
+    the error is a delete-a-group jackknife over sequences (tokens of one sequence are not independent
+    draws), and with fewer than ``defaults().min_fit_sequences`` sequences holding the two versions' tokens
     nothing is flagged. A version in ``fingerprints_equal`` is never flagged. A trainer whose
     run-to-run ``noise`` is a quarter of the first version's median ``|r|`` or more leaves the test
     untestable.
@@ -149,19 +205,11 @@ def version_excess(abs_residual: np.ndarray, free: np.ndarray, policy_version: n
         The trainer's run-to-run mean ``|d|`` (nats); NaN when not measured.
     fingerprints_equal : collection of int, default ()
         The versions whose engine and trainer fingerprints were both recorded and agree.
-    ratio : float, optional
-        The ratio to the first version's a version must reach; None: ``defaults().version_ratio``.
-    z : float, optional
-        Jackknife standard errors of the log-ratio it must also reach; None: ``defaults().version_z``.
     scaled : numpy.ndarray, optional
         ``|r| / (1 - p)`` per token (:func:`logit_scale`), the shape of ``abs_residual``; None: the
         logit statistic is not tested.
-    logit_ratio : float, optional
-        The ratio the median of ``scaled`` must reach (with ``z``); None:
-        ``defaults().version_logit_ratio``.
-    quartile_ratio : float, optional
-        The ratio the upper quartile of ``|r|`` (:func:`upper_quartile`) must reach (with ``z``); None:
-        ``defaults().version_quartile_ratio``.
+    thresholds : VersionThresholds, optional
+        The ratios and the z to reach; None (or a None field): the defaults.
 
     Returns
     -------
@@ -172,12 +220,11 @@ def version_excess(abs_residual: np.ndarray, free: np.ndarray, policy_version: n
         (``mean_over_reference_by_version``, ``mean_z_by_version``) and the logit statistic
         (``logit_median_over_reference_by_version``, ``logit_median_z_by_version``) and the upper quartile
         (``upper_quartile_over_reference_by_version``, ``upper_quartile_z_by_version``), the versions whose
-        fingerprints agree
-        (``fingerprints_equal``), the thresholds, the ``flagged`` versions and which statistics flagged
-        them (``flagged_by``); ``untestable`` and no flag when the trainer's noise is too large; empty
-        with fewer than two versions of 4 free tokens.
+        fingerprints agree (``fingerprints_equal``), the thresholds, the ``flagged`` versions and which
+        statistics flagged them (``flagged_by``); ``untestable`` and no flag when the trainer's noise is too
+        large; empty with fewer than two versions of 4 free tokens.
     """
-    ratio, z, logit_ratio, quartile_ratio = _thresholds(ratio, z, logit_ratio, quartile_ratio)
+    th = (thresholds or VersionThresholds()).resolved()
     floors = dict(floors or {})
     pv, absr = np.asarray(policy_version), np.asarray(abs_residual)
     free = np.asarray(free, dtype=bool) & np.isfinite(absr)
@@ -189,24 +236,11 @@ def version_excess(abs_residual: np.ndarray, free: np.ndarray, policy_version: n
     same = [v for v in stats if v in fingerprints_equal]
     # each version against its own floor, where one was measured for every version (else no floor)
     own_floor = all(v in floors for v in stats)
-    out = _version_table(stats, ref, floors, own_floor, same, ratio, z, logit_ratio)
-    out["quartile_ratio_threshold"] = quartile_ratio
-    bars = {"median": ratio, "mean": ratio, "logit_median": logit_ratio, "upper_quartile": quartile_ratio}
+    out = _version_table(stats, ref, floors, own_floor, same, th)
     for v in [v for v in stats if v != ref]:
         tests = _version_tests(absr, free, pv, scaled, v, ref, floors, own_floor)
-        _record_version(out, v, tests, bars, z, same)
+        _record_version(out, v, tests, th, same)
     return out
-
-
-def _thresholds(ratio: float | None, z: float | None, logit_ratio: float | None,
-                quartile_ratio: float | None) -> tuple[float, float, float, float]:
-    """The thresholds of :func:`version_excess`, each from :func:`~rlparity.config.defaults.defaults` where None."""
-    o = defaults()
-    ratio = o.version_ratio if ratio is None else ratio
-    z = o.version_z if z is None else z
-    logit_ratio = o.version_logit_ratio if logit_ratio is None else logit_ratio
-    quartile_ratio = o.version_quartile_ratio if quartile_ratio is None else quartile_ratio
-    return ratio, z, logit_ratio, quartile_ratio
 
 
 def _version_stats(absr: np.ndarray, free: np.ndarray, pv: np.ndarray) -> dict[int, tuple[float, float, int]]:
@@ -234,14 +268,14 @@ def _untestable(stats: dict[int, tuple[float, float, int]], noise: float) -> dic
 
 
 def _version_table(stats: dict[int, tuple[float, float, int]], ref: int, floors: dict[int, float], own_floor: bool,
-                   same: list[int], ratio: float, z: float, logit_ratio: float) -> dict[str, Any]:
+                   same: list[int], th: VersionThresholds) -> dict[str, Any]:
     """The result of :func:`version_excess` before its per-version tests: the levels per version, the
     reference, the thresholds, the floors and the versions whose fingerprints agree."""
     out: dict[str, Any] = {"abs_residual_mean_by_version": {str(v): s[0] for v, s in stats.items()},
                            "abs_residual_median_by_version": {str(v): s[1] for v, s in stats.items()},
                            "n_tokens_by_version": {str(v): s[2] for v, s in stats.items()},
-                           "reference_version": ref, "ratio_threshold": ratio, "z_threshold": z,
-                           "logit_ratio_threshold": logit_ratio,
+                           "reference_version": ref, "ratio_threshold": th.ratio, "z_threshold": th.z,
+                           "logit_ratio_threshold": th.logit_ratio,
                            "statistic": "median, mean and upper quartile of |r| and median |r| / (1 - p) per version against the first "
                                         "version's, each over what its own floor predicts (floor_excess_ratio); z from "
                                         "a jackknife over sequences; any one flags",
@@ -252,6 +286,7 @@ def _version_table(stats: dict[int, tuple[float, float, int]], ref: int, floors:
             "the first version's level (a floor is missing for some version)"
     if same:
         out["fingerprints_equal"] = same
+    out["quartile_ratio_threshold"] = th.quartile_ratio
     return out
 
 
@@ -289,10 +324,10 @@ def _version_tests(absr: np.ndarray, free: np.ndarray, pv: np.ndarray, scaled: n
     return tests
 
 
-def _record_version(out: dict[str, Any], v: int, tests: dict[str, tuple[float, float]], bars: dict[str, float],
-                    z: float, same: list[int]) -> None:
+def _record_version(out: dict[str, Any], v: int, tests: dict[str, tuple[float, float]], th: VersionThresholds,
+                    same: list[int]) -> None:
     """Write version ``v``'s ratios and z into ``out`` and flag it where any statistic reaches its
-    ratio (``bars``, per statistic) and ``z`` (never a version in ``same``)."""
+    ratio (:meth:`VersionThresholds.bars`) and ``th.z`` (never a version in ``same``)."""
     lr, zz = tests["median"]
     out[f"version_{v}_over_reference"] = float(np.exp(lr))
     out["z_by_version"][str(v)] = zz
@@ -300,11 +335,12 @@ def _record_version(out: dict[str, Any], v: int, tests: dict[str, tuple[float, f
         if name in tests:
             out.setdefault(f"{key}_over_reference_by_version", {})[str(v)] = float(np.exp(tests[name][0]))
             out.setdefault(f"{key}_z_by_version", {})[str(v)] = tests[name][1]
-    passed = [n for n, (lr_, z_) in tests.items() if np.exp(lr_) >= bars[n] and not np.isnan(z_) and z_ >= z]
+    bars = th.bars()
+    passed = [n for n, (lr_, z_) in tests.items() if np.exp(lr_) >= bars[n] and not np.isnan(z_) and z_ >= th.z]
     if passed and v not in same:
         out["flagged"].append(v)
         out.setdefault("flagged_by", {})[str(v)] = passed
 
 
-__all__ = ["LOGIT_Q_MIN", "LOGIT_STATISTICS", "VERSION_STATISTICS", "floor_excess_ratio", "logit_scale",
-           "upper_quartile", "version_excess"]
+__all__ = ["LOGIT_Q_MIN", "LOGIT_STATISTICS", "VERSION_STATISTICS", "VersionThresholds", "floor_excess_ratio",
+           "logit_scale", "upper_quartile", "version_excess"]
