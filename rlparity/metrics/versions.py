@@ -331,10 +331,10 @@ def _record_version(out: dict[str, Any], v: int, tests: dict[str, tuple[float, f
     lr, zz = tests["median"]
     out[f"version_{v}_over_reference"] = float(np.exp(lr))
     out["z_by_version"][str(v)] = zz
-    for name, key in (("mean", "mean"), ("logit_median", "logit_median"), ("upper_quartile", "upper_quartile")):
+    for name in ("mean", "logit_median", "upper_quartile"):
         if name in tests:
-            out.setdefault(f"{key}_over_reference_by_version", {})[str(v)] = float(np.exp(tests[name][0]))
-            out.setdefault(f"{key}_z_by_version", {})[str(v)] = tests[name][1]
+            out.setdefault(f"{name}_over_reference_by_version", {})[str(v)] = float(np.exp(tests[name][0]))
+            out.setdefault(f"{name}_z_by_version", {})[str(v)] = tests[name][1]
     bars = th.bars()
     passed = [n for n, (lr_, z_) in tests.items() if np.exp(lr_) >= bars[n] and not np.isnan(z_) and z_ >= th.z]
     if passed and v not in same:
