@@ -510,7 +510,7 @@ def main() -> None:
                 continue
             mem[name] = peak_cuda(methods[name], batches[:2]) if a.device == "cuda" else peak_cpu_subprocess(a, name)
     cfg, card, peak = model.config, *card_peak(a.device)
-    responses = tokens - len(shape.get("lengths", ())) * shape["prompt"] if "lengths" in shape else \
+    responses = tokens - len(shape["lengths"]) * shape["prompt"] if "lengths" in shape else \
         sum(b.shape[0] for b in batches) * (shape["length"] - shape["prompt"])
     base_t = statistics.median(times["bare"])
     rows = []
