@@ -54,10 +54,10 @@ def order_for_shared_captures(items: list) -> list:
 
 def pytest_collection_modifyitems(config, items):
     items[:] = order_for_shared_captures(items)
-    if LANE == "light" and LANE_NOTEBOOKS:
+    if in_lane("light"):
         # the book waits for the engine lane's notebooks: last, after this lane's own tests
         items[:] = sorted(items, key=lambda i: Path(str(i.fspath)).name == "test_book.py")
-    if LANE == "engine" and LANE_NOTEBOOKS:
+    if in_lane("engine"):
         # the notebooks first, so the other lane builds the book while this one runs the rest
         items[:] = sorted(items, key=lambda i: Path(str(i.fspath)).name != "test_notebooks.py")
     if has_gpu():
@@ -246,9 +246,17 @@ LANE_NOTEBOOKS = os.environ.get("RLPARITY_LANE_NOTEBOOKS")
 LANE_WAIT_S = float(os.environ.get("RLPARITY_LANE_WAIT_S", 4 * 3600))
 
 
+def in_lane(lane: str) -> bool:
+    """Whether this process is lane ``lane`` (``"engine"`` or ``"light"``) of ``scripts/test_lanes.py``."""
+    return LANE == lane and bool(LANE_NOTEBOOKS)
+
+
 def book_in_light_lane() -> bool:
     """Under ``scripts/test_lanes.py`` the book (tests/test_book.py: sphinx on the executed notebooks, no engine)
-    is built in the lane without engines from the notebooks the engine lane executed."""
+    is built in the lane without engines from the notebooks the engine lane executed.
+
+    True in either lane (not :func:`in_lane` ``("light")``): the book then carries no ``engine`` marker, so the
+    engine lane (``-m engine``) leaves it out and the light lane (``-m "not engine"``) runs it."""
     return bool(LANE and LANE_NOTEBOOKS)
 
 
@@ -272,7 +280,7 @@ def _published(name: str) -> Path:
 def _publish(name: str, out_dir: Path | None, error: BaseException | None = None) -> None:
     import json
 
-    if not (LANE == "engine" and LANE_NOTEBOOKS):
+    if not in_lane("engine"):
         return
     folder = Path(LANE_NOTEBOOKS)
     if error is not None:
@@ -307,7 +315,7 @@ def executed_notebook(release_engines, tmp_path_factory):
             os.makedirs(ARTIFACTS, exist_ok=True)
             shutil.copyfile(os.path.join(reuse, f"{name}.ipynb"), os.path.join(ARTIFACTS, f"{name}.ipynb"))
             done[name] = Path(reuse) / "out" / name
-        if name not in done and LANE == "light" and LANE_NOTEBOOKS and name not in ENGINE_FREE_NOTEBOOKS:
+        if name not in done and in_lane("light") and name not in ENGINE_FREE_NOTEBOOKS:
             done[name] = _published(name)
         if name not in done:
             release_engines()  # the kernel is another process and needs the engine lock
