@@ -19,22 +19,9 @@ def head_stats_reference(hidden, weight, bias, token_ids, temperature, top_k, to
 
     Parameters
     ----------
-    hidden : torch.Tensor
-        ``(N, H)`` last hidden states, one row per token.
-    weight : torch.Tensor
-        ``(V, H)`` LM-head weight.
-    bias : torch.Tensor or None
-        ``(V,)`` LM-head bias, or None.
-    token_ids : torch.Tensor
-        ``(N,)`` the sampled token of each row.
-    temperature : torch.Tensor
-        ``(N,)`` per-row temperature.
-    top_k : torch.Tensor
-        ``(N,)`` per-row top-k; 0 = off.
-    top_p : torch.Tensor
-        ``(N,)`` per-row top-p; 1 = off.
-    head_dtype : str or torch.dtype
-        Precision of the head projection.
+    hidden, weight, bias, token_ids, temperature, top_k, top_p, head_dtype
+        The hidden states, the head, the sampled tokens and the per-row sampling settings, as
+        :func:`~rlparity.score.lm_head_stats.head_stats` documents them.
     chunk_tokens : int, default 512
         Rows per chunk.
     fp32_gemm : str, default "cast"
