@@ -84,7 +84,11 @@ SHAPES = {
 END_TO_END = {"score_end_to_end": ("padded", "float32", None, True),
               "score_end_to_end_no_self_check": ("padded", "float32", 0, True),
               **{f"score_{layout}_{short}_head": (layout, head, 0, False)
-                 for layout in ("padded", "packed") for short, head in (("fp32", "float32"), ("bf16", "bfloat16"))}}
+                 for layout in ("padded", "packed", "packed_flex") for short, head in (("fp32", "float32"),
+                                                                                   ("bf16", "bfloat16"))}}
+# rows whose trainer runs another attention implementation than the model's own (sdpa): the packed row
+# through FlexAttention, which reads the sequences from the position ids and skips the masked blocks
+ATTENTION = {f"score_packed_flex_{short}_head": "flex_attention" for short in ("fp32", "bf16")}
 METHODS = ("bare", "naive_fp32", "scorer_fp32_new", "scorer_fp32_new_cast", "scorer_fp32_ref", "scorer_bf16_new",
            "scorer_bf16_ref", "score_end_to_end", *list(END_TO_END)[2:])
 # dense bf16 peak FLOP/s by card (SXM; the H200 has the H100's tensor cores)
@@ -249,7 +253,8 @@ def end_to_end(model, a, shape, ids, rows):
 
     def scorer(row: str):
         layout, head_dtype, self_check, fingerprint = END_TO_END[row]
-        settings = TrainerSettings(layout=layout, fingerprint=fingerprint,
+        settings = TrainerSettings(layout=layout.removesuffix("_flex"), fingerprint=fingerprint,
+                                   attn_implementation=ATTENTION.get(row),
                                    **({} if self_check is None else {"self_check": self_check}))
         return Scorer(model, device=a.device, batch_size=shape["batch"], chunk_tokens=a.chunk_tokens,
                       compile_head=a.compile, progress=False, tokenize_prompts=False, head_dtype=head_dtype,
@@ -262,8 +267,17 @@ def end_to_end(model, a, shape, ids, rows):
         sync(a.device)
         first = time.perf_counter() - t0
         assert int(np.isfinite(scored["trainer_logprob"].values).sum()) == sum(len(r) - prompt for r in arr)
+    own = model.config._attn_implementation
     steady = {row: scorer(row) for row in rows}
-    return ({name: (lambda s=s: s.score(trace)) for name, s in steady.items()}, first, None)
+    model.set_attn_implementation(own)  # a Scorer sets its attention on the model passed in
+
+    def call(row: str, s):
+        impl = ATTENTION.get(row, own)
+        if model.config._attn_implementation != impl:  # one model, rows run round-robin
+            model.set_attn_implementation(impl)
+        return s.score(trace)
+
+    return ({name: (lambda name=name, s=s: call(name, s)) for name, s in steady.items()}, first, None)
 
 
 def over_budget(a, t_start: float, next_s: float) -> bool:
@@ -277,7 +291,7 @@ def row_setup(name: str, body_dtype: str) -> dict:
         from rlparity.config.settings import TrainerSettings  # present: the row ran
 
         layout, head, check, fingerprint = END_TO_END["score_end_to_end" if name.endswith("_first") else name]
-        return {"layout": layout, "head_dtype": head,
+        return {"layout": layout.removesuffix("_flex"), "head_dtype": head, "attention": ATTENTION.get(name, "sdpa"),
                 "self_check": TrainerSettings().self_check if check is None else check,
                 "fingerprint": fingerprint}
     head = {"bare": body_dtype, "naive_fp32": "float32"}.get(name, "bfloat16" if "bf16" in name else "float32")

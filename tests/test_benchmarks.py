@@ -26,9 +26,11 @@ SMOKE = {
                      lambda r: r["tokens"] == 4 * 48 and {row["method"] for row in r["rows"]} >= {
                          "bare", "scorer_fp32_new", "score_end_to_end_first", "score_end_to_end",
                          "score_end_to_end_no_self_check", "score_padded_fp32_head", "score_padded_bf16_head",
-                         "score_packed_fp32_head", "score_packed_bf16_head"}
+                         "score_packed_fp32_head", "score_packed_bf16_head", "score_packed_flex_fp32_head"}
                      and {(row["layout"], row["head_dtype"]) for row in r["rows"] if row["method"].startswith("score_")}
                      == {(lay, head) for lay in ("padded", "packed") for head in ("float32", "bfloat16")}
+                     and {row["method"] for row in r["rows"] if row.get("attention") == "flex_attention"}
+                     == {"score_packed_flex_fp32_head", "score_packed_flex_bf16_head"}
                      and all(row["flops_per_s"] > 0 for row in r["rows"])),
     "lazy_summary.py": (["--tokens", "100000", "--block", "32", "--repeats", "1", "--out", "{out}"],
                         lambda r: r["same_count"] and r["same_mean_abs"] < 1e-9 and r["q99_diff"] < 1e-9

@@ -58,6 +58,17 @@ def test_every_layout_reads_the_same_logprobs_as_each_sequence_alone(tiny_model,
     # check above would fail by nats, not 1e-5 (the reference is the sequences alone)
 
 
+def test_a_packed_row_through_flex_attention_reads_each_sequence_alone(tiny_model, rollout):
+    """FlexAttention reads a packed row's sequences from its restarting position ids (no dense mask is
+    passed: ``batching.VARLEN_ATTENTION``); one packed forward of six sequences against each alone in
+    float64. Without the document mask the sequences would attend to each other: nats, not 1e-5."""
+    few = rollout.isel(sequence=slice(0, 6))
+    s = _score(tiny_model, few, layout="packed", attn_implementation="flex_attention", self_check=0)
+    err = np.abs(s["trainer_logprob"].values - _alone_float64(tiny_model, few))[few["response_mask"].values]
+    assert np.nanmax(err) < 5e-5, np.nanmax(err)
+    assert s.attrs["trainer"]["shape"]["layout"] == "packed"
+
+
 def test_batch_invariant_mode_does_not_depend_on_the_batch(tiny_model, rollout):
     """The same sequence scored with other companions, in another order: bit-for-bit the same in
     batch-invariant mode (each sequence alone at a fixed bucket)."""

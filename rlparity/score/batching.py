@@ -12,9 +12,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BUCKET", "HeadRows", "head_rows", "micro_batches", "response_hidden", "scatter"]
+__all__ = ["BUCKET", "HeadRows", "VARLEN_ATTENTION", "head_rows", "micro_batches", "response_hidden", "scatter"]
 
 BUCKET = 64  # batch-invariant mode pads every sequence to a multiple of this many tokens
+# transformers' attention implementations that read a packed row's sequences from its position ids alone:
+# FlexAttention builds a block-sparse document mask (the blocks between sequences are skipped), the
+# FlashAttention kernels run variable-length attention; a packed row costs no masked FLOPs there
+VARLEN_ATTENTION = ("flex_attention", "flash_attention_2", "flash_attention_3")
 
 
 def micro_batches(seqs: list[tuple[list[int], list[int]]], order: str, size: int) -> Iterator[list[int]]:
@@ -107,15 +111,20 @@ def token_starts(lengths: list[int], layout: str, batch_invariant: bool) -> tupl
 
 
 def _packed(decoder: Any, full: list[list[int]], starts: list[int], rlens: list[int], dev: str) -> list:
-    """One row of the sequences back to back: position ids reset at each, a block-diagonal causal mask."""
+    """One row of the sequences back to back: position ids reset at each, a block-diagonal causal mask (a
+    dense one, or the attention implementation's own from the position ids: :data:`VARLEN_ATTENTION`)."""
     import torch
 
     ids = torch.tensor([t for f in full for t in f], dtype=torch.long)[None]
     pos = torch.cat([torch.arange(len(f)) for f in full])[None]
-    doc = torch.cat([torch.full((len(f),), k) for k, f in enumerate(full)]).to(dev)
-    at = torch.arange(ids.shape[1], device=dev)  # the L x L mask is made where it is used
-    mask = ((doc[:, None] == doc[None, :]) & (at[:, None] >= at[None, :]))[None, None]
-    hidden = decoder(input_ids=ids.to(dev), position_ids=pos.to(dev), attention_mask=mask).last_hidden_state[0]
+    if getattr(getattr(decoder, "config", None), "_attn_implementation", None) in VARLEN_ATTENTION:
+        # no mask and no cache: transformers finds the sequences where the position ids restart
+        hidden = decoder(input_ids=ids.to(dev), position_ids=pos.to(dev), use_cache=False).last_hidden_state[0]
+    else:
+        doc = torch.cat([torch.full((len(f),), k) for k, f in enumerate(full)]).to(dev)
+        at = torch.arange(ids.shape[1], device=dev)  # the L x L mask is made where it is used
+        mask = ((doc[:, None] == doc[None, :]) & (at[:, None] >= at[None, :]))[None, None]
+        hidden = decoder(input_ids=ids.to(dev), position_ids=pos.to(dev), attention_mask=mask).last_hidden_state[0]
     offsets = np.cumsum([0] + [len(f) for f in full[:-1]])
     return [hidden[o + s: o + s + r] for o, s, r in zip(offsets, starts, rlens)]
 
