@@ -183,6 +183,156 @@ def test_attribute_gives_shares_of_the_excess_and_the_headline():
     assert at.attribute(findings, None) == (findings, {})
 
 
+
+def _sev(out):
+    return {f.name: (f.severity, f.explained_by) for f in out}
+
+
+def test_attribute_demotes_warnings_only_by_causes_named_at_warning():
+    """A verdict at WARNING (not only an ERROR) is demoted when a cause named at WARNING or above explains it;
+    a cause seen at INFO explains nothing, nor does a finding without a cause."""
+    ev = _evidence(D, R, trainer_attrs={"self_check": _self_check(0.004)})
+    neither = _f(None, name="logprobs_match_neither", layer=Layer.SEMANTIC)
+    out, _ = at.attribute([neither, _f("trainer_temperature", layer=Layer.SEMANTIC)], ev)
+    assert _sev(out)["logprobs_match_neither"] == (Severity.INFO, "trainer_temperature")
+    out, _ = at.attribute([neither, _f("trainer_temperature", Severity.INFO, layer=Layer.SEMANTIC),
+                           _f(None, name="no_cause_here")], ev)
+    assert _sev(out)["logprobs_match_neither"] == (Severity.WARNING, None)
+
+
+def test_attribute_demotes_a_backend_objective_finding_only_beside_a_backend_cause():
+    """An objective finding about the backend pair is explained by the first inference-path cause named at
+    WARNING or above; an objective finding never explains itself, and a path finding at INFO or without a
+    cause explains nothing."""
+    ev = _evidence(D, R, trainer_attrs={"self_check": _self_check(0.004)})
+    ess = Finding(Layer.OBJECTIVE, "ess_collapse", Severity.WARNING, "s", {"pair": "backend (log pi_old - log mu)"},
+                  arm="a")
+    out, _ = at.attribute([ess, _f("rollout_bf16_head")], ev)
+    assert _sev(out)["ess_collapse"] == (Severity.INFO, "rollout_bf16_head")
+    for others in ([], [_f("rollout_bf16_head", Severity.INFO)], [_f(None, name="no_cause_here")]):
+        out, _ = at.attribute([ess, *others], ev)
+        assert _sev(out)["ess_collapse"] == (Severity.WARNING, None), others
+
+
+def test_attribute_of_an_arm_without_excess_gives_every_cause_no_share():
+    """Trainer and rollout agree on every token (d = r = 0): the excess is 0, every share 0.0 (no division by
+    it) and the headline is the first problem in layer order."""
+    z = np.zeros((3, 4))
+    ev = _evidence(z, z)
+    out, rec = at.attribute([_f("rollout_bf16_head", Severity.ERROR), _f("trainer_temperature", layer=Layer.SEMANTIC)],
+                            ev)
+    assert rec["decomposition"]["excess_mean_abs_d"] == 0.0
+    assert rec["shares"] == {"rollout_bf16_head": 0.0, "trainer_temperature": 0.0}
+    assert [f.share for f in out] == [0.0, 0.0] and rec["headline"] == "found_trainer_temperature"
+
+
+
+def test_zero_probability_and_boundary_flips_are_explained_by_the_cause_the_rules_name():
+    """Probability-0 tokens outside every claim: without a trainer_cut_differs finding, a sampling penalty (first)
+    or a noisy trainer explains them; beside one, only a trainer top-k named does. Boundary flips: a head cause
+    (whether or not a cut differs). Nothing else is demoted by a covering claim."""
+    ev = _evidence(D, R, trainer_attrs={"self_check": _self_check(0.004)})
+    zp = _f("trainer_top_k", name="zero_probability_tokens", layer=Layer.SEMANTIC)
+    cut = _f("trainer_top_k", name="trainer_cut_differs", layer=Layer.SEMANTIC)
+    flips = _f("rollout_bf16_head", name="topk_boundary_flips")
+    cases = [([zp, _f("trainer_dropout")], (Severity.INFO, "trainer_dropout")),
+             ([zp, _f("trainer_dropout"), _f("sampling_penalty", layer=Layer.SEMANTIC)],
+              (Severity.INFO, "sampling_penalty")),
+             ([zp, cut, _f("trainer_dropout")], (Severity.INFO, "trainer_top_k")),  # top-k named by the cut
+             ([zp.with_(cause="trainer_bf16_head"), cut.with_(cause="trainer_temperature"), _f("trainer_dropout")],
+              (Severity.WARNING, None))]
+    for findings, want in cases:
+        out, _ = at.attribute(findings, ev)
+        assert _sev(out)["zero_probability_tokens"] == want, [f.name for f in findings]
+        why = {"trainer_dropout": "logits move from run to run", "sampling_penalty": "came from penalised logits",
+               "trainer_top_k": "cuts another top-k/top-p set", None: "[explained"}[want[1]]
+        assert (why in out[0].summary) == (want[1] is not None)
+    for findings in ([flips], [flips, cut]):
+        out, _ = at.attribute(findings, ev)
+        assert _sev(out)["topk_boundary_flips"] == (Severity.INFO, "rollout_bf16_head")
+    # probability-0 tokens covered by a stale cache: they (and only they) are explained by it
+    d = D.copy()
+    d[0, :3] = -np.inf
+    ev = _evidence(d, np.where(np.isfinite(d), R, np.nan), claims={"stale_prefix_cache": STALE})
+    out, _ = at.attribute([zp, flips.with_(cause="trainer_dropout"), _f("stale_prefix_cache", Severity.ERROR)], ev)
+    assert _sev(out)["zero_probability_tokens"] == (Severity.INFO, "stale_prefix_cache")
+    assert _sev(out)["topk_boundary_flips"] == (Severity.INFO, "trainer_dropout")
+
+
+def test_a_correction_that_hides_the_backend_mismatch():
+    """With no correction configured it is explained by the backend cause; with one configured it stays an
+    error and names where the mismatch comes from."""
+    ev = _evidence(D, R, trainer_attrs={"self_check": _self_check(0.004)})
+    pair = "backend (log pi_old - log mu)"
+    for correction, want in (("none", (Severity.INFO, "rollout_bf16_head")), ("tis (cap 2)", (Severity.ERROR, None))):
+        hides = Finding(Layer.OBJECTIVE, "correction_hides_backend_mismatch", Severity.ERROR, "s",
+                        {"pair": pair, "correction": correction}, arm="a")
+        out, _ = at.attribute([hides, _f("rollout_bf16_head")], ev)
+        got = {f.name: f for f in out}["correction_hides_backend_mismatch"]
+        assert (got.severity, got.explained_by) == want
+        assert got.evidence.get("comes_from") == (None if correction == "none" else ["rollout_bf16_head"])
+    # a finding about another pair, or a path finding of the same name: never demoted by the backend
+    other = Finding(Layer.OBJECTIVE, "ess_collapse", Severity.WARNING, "s", {"pair": "update (log pi - log pi_old)"},
+                    arm="a")
+    path = Finding(Layer.INFERENCE_PATH, "ess_collapse", Severity.WARNING, "s", {"pair": pair}, arm="a")
+    for f in (other, path):
+        out, _ = at.attribute([f, _f("rollout_bf16_head")], ev)
+        assert (out[0].severity, out[0].explained_by) == (Severity.WARNING, None)
+
+
+def test_set_shares_marks_what_each_finding_is():
+    """Shares and token scopes go to verdicts with a cause only; a finding's own tokens are kept; a floor cause
+    carries the floor's share of mean |d|, nothing else does; probability-0 tokens without a share are marked
+    outside the sum of |d|."""
+    ev = _evidence(D, R, {"stale_prefix_cache": STALE}, {"self_check": _self_check(0.004)})
+    own = {"scope": "mine", "n_tokens": 3, "n_sequences": 1}
+    findings = [_f("stale_prefix_cache", Severity.ERROR), _f("rollout_bf16_head").with_(tokens=own),
+                _f("trainer_batch_variance"), _f("trainer_dropout", Severity.INFO), _f(None, name="no_cause_here"),
+                _f("trainer_bf16_head", name="zero_probability_tokens", layer=Layer.SEMANTIC)]
+    out, rec = at.attribute(findings, ev)
+    got = {f.name: f for f in out}
+    assert got["found_stale_prefix_cache"].tokens == {"scope": "stale_prefix_cache", "n_tokens": 20, "n_sequences": 2}
+    assert got["found_rollout_bf16_head"].tokens == own and got["found_rollout_bf16_head"].share > 0
+    assert got["found_trainer_dropout"].share is None and got["found_trainer_dropout"].tokens is None
+    assert got["no_cause_here"].share is None and got["no_cause_here"].tokens is None
+    floor = got["found_trainer_batch_variance"]
+    assert floor.share == 0.0 and floor.evidence["floor_share_of_mean_abs_d"] == rec["floor_share_of_mean_abs_d"]
+    assert rec["floor_share_of_mean_abs_d"] == pytest.approx(0.004 / np.abs(D).mean(), rel=1e-12)
+    assert all("floor_share_of_mean_abs_d" not in f.evidence for n, f in got.items() if n != floor.name)
+    zp = got["zero_probability_tokens"]
+    assert zp.share == 0.0 and zp.evidence["outside_abs_d_sum"] is True
+    assert all("outside_abs_d_sum" not in f.evidence for n, f in got.items() if n != zp.name)
+    assert rec["also"] == ["found_rollout_bf16_head", "found_trainer_batch_variance", "no_cause_here",
+                           "zero_probability_tokens"] and rec["headline"] == "found_stale_prefix_cache"
+
+
+def test_headline_by_share_then_severity_then_layer_order():
+    """The largest share heads (a WARNING over an ERROR); at equal share and severity the earlier layer
+    (semantic, inference path, objective); a floor cause only alone; without any share, the first problem in
+    layer order (not the most severe); a finding without a share counts as 0."""
+    def f(cause, share, sev=Severity.WARNING, layer=Layer.INFERENCE_PATH, name=None):
+        return _f(cause, sev, name=name, layer=layer).with_(share=share)
+
+    assert at._headline([f("a", 0.2, Severity.ERROR), f("b", 0.5)]).cause == "b"
+    assert at._headline([f("a", 0.5), f("b", 0.5, layer=Layer.SEMANTIC)]).cause == "b"
+    assert at._headline([f("a", 0.5, layer=Layer.OBJECTIVE), f("b", 0.5)]).cause == "b"
+    assert at._headline([f("a", 0.5), f("b", 0.5, Severity.ERROR)]).cause == "b"
+    assert at._headline([f("trainer_batch_variance", 0.0), f("a", 0.0, Severity.INFO)]).cause == "trainer_batch_variance"
+    assert at._headline([f("trainer_batch_variance", 0.9), f("a", 0.1)]).cause == "a"
+    assert at._headline([f("a", 0.0, Severity.ERROR, Layer.OBJECTIVE), f("b", 0.0, layer=Layer.SEMANTIC)]).cause == "b"
+    assert at._headline([f(None, None, name="x"), f("b", 0.6)]).cause == "b"
+    assert at._headline([f("a", 0.9, Severity.INFO)]) is None
+
+
+def test_attribute_of_a_small_arm_still_gives_shares():
+    """An arm whose whole excess is 0.12 nats (twelve tokens at 0.01, floor 0): the global cause explains all."""
+    d = np.full((3, 4), 0.01)
+    out, rec = at.attribute([_f("rollout_bf16_head")], _evidence(d, d))
+    assert rec["decomposition"]["excess_mean_abs_d"] == pytest.approx(0.01, rel=1e-12)
+    assert rec["shares"] == {"rollout_bf16_head": pytest.approx(1.0, rel=1e-12)} and out[0].share == rec["shares"][
+        "rollout_bf16_head"]
+
+
 # ------------------------------------------------------------------------------ trainer floors
 def _gap_trace(gap, bs_floor=None, engine_floor=None, run=None, **trainer_attrs):
     check = _self_check(bs_floor, run_to_run_rms=run) if bs_floor is not None or run is not None else None
@@ -272,6 +422,60 @@ def test_run_to_run_counts_from_a_tenth_of_the_background(run_share, expected):
     assert trainer.trainer_determinism(bare) is None and trainer.floor_findings(bare) == []
 
 
+
+def test_trainer_determinism_at_its_edges():
+    """Train mode is an error only with a dropout above 0 (recorded); a run-to-run RMS of exactly a tenth of
+    the background counts ("at least"); a second forward that moved nothing never counts, even against a
+    background of 0; the summary gives the share of the background when there is one. Powers of two: the
+    background RMS of d = +-0.5 is exactly 0.5 and a tenth of it exactly 0.05."""
+    gap = 0.5
+    for attrs in ({"training_mode": True, "dropout": 0.0}, {"training_mode": True},  # train mode, no dropout
+                  {"training_mode": False, "dropout": 0.1}):  # dropout configured, eval mode
+        assert trainer.trainer_determinism(_gap_trace(gap, run=0.0, **attrs)) is None
+    f = trainer.trainer_determinism(_gap_trace(gap, run=0.1, training_mode=True))  # moving: a warning
+    assert f.severity == Severity.WARNING and f.evidence["dropout"] == 0.0 and f.evidence["training_mode"] is True
+    f = trainer.trainer_determinism(_gap_trace(gap, run=0.05))
+    assert f.severity == Severity.WARNING and f.evidence["background_rms"] == 0.5
+    assert "10% of the mismatch" in f.summary
+    assert trainer.trainer_determinism(_gap_trace(gap, run=0.05 - 2 ** -20)) is None
+    # a background of 0 (trainer and engine agree on every token): a second forward that moved nothing is
+    # no finding, one that moved is, with no share to give
+    assert trainer.trainer_determinism(_gap_trace(0.0, run=0.0)) is None
+    f = trainer.trainer_determinism(_gap_trace(0.0, run=1e-3))
+    assert f.severity == Severity.WARNING and f.evidence["background_rms"] == 0.0 and "%" not in f.summary
+
+
+def test_parity_at_exactly_the_share_and_floors_not_finite():
+    """Floors of exactly PARITY_FLOOR_SHARE (0.8) of the gap read at parity (0.4 of 0.5: exact in float64);
+    a floor that is not finite is not measured (it neither counts toward parity nor warns)."""
+    found = {f.name for f in trainer.floor_findings(_gap_trace(0.5, bs_floor=0.4))}
+    assert "gap_within_floor" in found
+    found = {f.name for f in trainer.floor_findings(_gap_trace(0.5, bs_floor=0.4 - 2 ** -20))}
+    assert "gap_within_floor" not in found
+    tr = _gap_trace(0.5, bs_floor=np.inf, engine_floor=0.25)
+    found = {f.name: f for f in trainer.floor_findings(tr)}
+    assert set(found) == {"engine_not_batch_invariant"} and found["engine_not_batch_invariant"].severity == \
+        Severity.WARNING and found["engine_not_batch_invariant"].evidence["share_of_gap"] == 0.5
+
+
+
+def test_a_floor_warns_at_exactly_a_quarter_of_a_gap_above_tol():
+    """FLOOR_SHARE (0.25) is "at least": 0.125 of a gap of 0.5 warns; the gap must be above tol, not at it.
+    Each finding's evidence names what its side's floor was measured with (the engine's attention backend, the
+    trainer's batch shape)."""
+    tr = _gap_trace(0.5, bs_floor=0.125, engine_floor=0.125, shape="padded")
+    tr.attrs["engine_effective"] = {"attention_backend": "FLASH_ATTN"}
+    found = {f.name: f for f in trainer.floor_findings(tr, tol=0.5 - 2 ** -20)}
+    assert {n: f.severity for n, f in found.items()} == {"trainer_not_batch_invariant": Severity.WARNING,
+                                                        "engine_not_batch_invariant": Severity.WARNING}
+    assert found["trainer_not_batch_invariant"].evidence["share_of_gap"] == 0.25
+    assert found["engine_not_batch_invariant"].evidence["attention_backend"] == "FLASH_ATTN"
+    assert found["trainer_not_batch_invariant"].evidence["attention_backend"] == "padded"
+    assert {f.severity for f in trainer.floor_findings(tr, tol=0.5)} == {Severity.INFO}  # a gap at tol: no warning
+    below = _gap_trace(0.5, bs_floor=0.125 - 2 ** -20)
+    assert [f.severity for f in trainer.floor_findings(below, tol=0.001)] == [Severity.INFO]
+
+
 # ------------------------------------------------------------------------------ localized test
 def _loc(claimed_vals, free_vals):
     c, f = np.asarray(claimed_vals, float), np.asarray(free_vals, float)
@@ -317,6 +521,70 @@ def test_localized_test_measures_by_excess_and_z():
         "small"
     assert ev.localized_test("stale_prefix_cache", ratio=1.5, tol=0.005) == {
         "n_tokens": 0, "n_background_tokens": 200, "verdict": "small"}
+
+
+
+def test_localized_test_at_its_edges():
+    """The default z (4: what every caller uses), the ratio reached exactly ("at least"), an excess plus two
+    errors exactly at tol (not below it: inconclusive), a background of no tokens, an error of exactly 0.
+    Values are powers of two, so every ratio and sum below is exact in float64."""
+    # z = 4.5 by construction (the excess set to 4.5 hand-computed errors): measured at the default z, not at 5
+    rng = np.random.default_rng(5)
+    c0, f = 0.01 * rng.standard_normal(30), 0.10 + 0.01 * rng.standard_normal(120)
+    se = _hand_se(c0, f)
+    ev, c, f = _loc(f.mean() + 4.5 * se + (c0 - c0.mean()), f)
+    t = ev.localized_test("kv_carried_over", ratio=10.0, tol=1e-6)
+    assert t["z"] == pytest.approx(4.5, rel=1e-9) and t["verdict"] == "measured"
+    assert ev.localized_test("kv_carried_over", ratio=10.0, tol=1e-6, z=5.0)["verdict"] == "inconclusive"
+    # constant values: the error is 0; 0.5 over 0.25 is a ratio of exactly 2
+    ev, _, _ = _loc([0.5] * 4, [0.25] * 4)
+    t = ev.localized_test("kv_carried_over", ratio=2.0, tol=10.0)
+    assert (t["ratio"], t["excess"], t["excess_se"], t["z"], t["verdict"]) == (2.0, 0.25, 0.0, np.inf, "measured")
+    assert ev.localized_test("kv_carried_over", ratio=2.5, tol=10.0)["verdict"] == "small"
+    # the excess (0.25, no error) exactly at tol is not below it with confidence, nor above it: inconclusive
+    assert ev.localized_test("kv_carried_over", ratio=2.5, tol=0.25)["verdict"] == "inconclusive"
+    assert ev.localized_test("kv_carried_over", ratio=2.5, tol=0.25 + 2 ** -10)["verdict"] == "small"
+    assert ev.localized_test("kv_carried_over", ratio=2.5, tol=0.25 - 2 ** -10)["verdict"] == "measured"
+    # equal constant values: no excess, no error: z is 0, the ratio 1
+    ev, _, _ = _loc([0.25] * 4, [0.25] * 4)
+    t = ev.localized_test("kv_carried_over", ratio=2.0, tol=0.125)
+    assert (t["ratio"], t["excess"], t["z"], t["verdict"]) == (1.0, 0.0, 0.0, "small")
+    # both sides exactly 0: no ratio (NaN), nothing measured
+    ev, _, _ = _loc([0.0] * 3, [0.0] * 3)
+    t = ev.localized_test("kv_carried_over", ratio=2.0, tol=0.125)
+    assert np.isnan(t["ratio"]) and t["z"] == 0.0 and t["verdict"] == "small"
+    # every token claimed: no background tokens, a background of 0 and an infinite ratio
+    r = np.array([[0.0625, 0.125, 0.0625]])
+    ev = _evidence(r, r, {"kv_carried_over": np.ones(r.shape, dtype=bool)})
+    t = ev.localized_test("kv_carried_over", ratio=1000.0, tol=10.0)
+    assert t["n_background_tokens"] == 0 and t["background_abs_residual_mean"] == 0.0
+    assert t["ratio"] == np.inf and t["verdict"] == "measured"
+
+
+
+@pytest.mark.parametrize("claimed, free, se", [
+    ([0.5, 0.75], [0.25, 0.25], 0.125),  # var 1/32 over 2 tokens; a constant background adds nothing
+    ([0.5, 0.75], [0.25], 0.125),  # one background token: no variance to add
+    ([0.5], [0.25, 0.25], 0.5),  # one claimed token: its mean squared stands for its variance
+    ([0.5, 0.75], [0.125, 0.375], np.sqrt(1 / 64 + 1 / 64))])  # two background tokens: var 1/32 over 2
+def test_localized_test_error_by_hand(claimed, free, se):
+    """The excess's standard error written out: var(claimed, ddof 1) / n + var(background, ddof 1) / n, a
+    single claimed token counting its own mean squared, a single background token nothing."""
+    ev, c, f = _loc(claimed, free)
+    t = ev.localized_test("kv_carried_over", ratio=10.0, tol=10.0)
+    excess = c.mean() - f.mean()
+    assert t["excess_se"] == pytest.approx(se, rel=1e-12) and t["z"] == pytest.approx(excess / se, rel=1e-12)
+
+
+def test_localized_test_z_and_confidence_bounds_exactly():
+    """0.625 against 0.25: an excess of 0.375 with an error of exactly 0.125, z exactly 3."""
+    ev, _, _ = _loc([0.5, 0.75], [0.25, 0.25])
+    t = ev.localized_test("kv_carried_over", ratio=10.0, tol=0.25, z=3.0)
+    assert (t["excess"], t["excess_se"], t["z"], t["verdict"]) == (0.375, 0.125, 3.0, "measured")  # z at least 3
+    assert ev.localized_test("kv_carried_over", ratio=10.0, tol=0.25, z=3.0 + 2 ** -20)["verdict"] == "inconclusive"
+    # below tol: small only when the excess plus two errors (0.625) is below it
+    assert ev.localized_test("kv_carried_over", ratio=10.0, tol=0.5)["verdict"] == "inconclusive"
+    assert ev.localized_test("kv_carried_over", ratio=10.0, tol=0.625 + 2 ** -10)["verdict"] == "small"
 
 
 # ------------------------------------------------------------------------------ version excess
@@ -494,6 +762,25 @@ def test_compare_checksums_by_hand():
                    "not_finite": [], "equal": False}
     assert compare_checksums({"a": "1", "x": "0"}, {"a": "1"})["equal"]  # extra engine tensors: still equal
     assert not compare_checksums({"a": "1"}, {"a": "1", "lm_head.weight": "9"})["equal"]  # untied: missing
+
+
+def test_a_tensor_with_nan_or_inf_is_never_equal_even_to_itself():
+    """Checksums of tensors holding NaN or infinities carry NOT_FINITE: the same string on both sides is
+    not comparable (a NaN is equal to nothing), so the tensor is listed under not_finite and never equal."""
+    from rlparity.trace.weights import NOT_FINITE, tensors_not_equal
+
+    bad = NOT_FINITE + "0000abcd"
+    for eng, trn in (({"a": "1", "w": bad}, {"a": "1", "w": bad}), ({"a": "1", "w": bad}, {"a": "1", "w": "ab"}),
+                     ({"a": "1", "w": "ab"}, {"a": "1", "w": bad})):
+        cmp = compare_checksums(eng, trn)
+        assert cmp == {"n_compared": 2, "differ": [], "missing_in_engine": [], "only_in_engine": [],
+                       "not_finite": ["w"], "equal": False}
+        assert tensors_not_equal(cmp) == ["w"]
+    # an engine holding NaN in a tensor at a version: that version differs, and no other version equals it
+    attrs = {"engine_weight_checksums": {"0": {"w": "00"}, "1": {"w": bad}},
+             "trainer": {"weight_checksums_per_version": {"0": {"w": "00"}, "1": {"w": bad}}}}
+    out = versions_that_differ(attrs, [0, 1])
+    assert list(out) == [1] and out[1]["not_finite"] == ["w"] and out[1]["same_as"] == []
 
 
 V0 = {"model.layers.0.w": "00", "model.layers.1.w": "01", "lm_head.weight": "0h"}
@@ -681,6 +968,22 @@ def test_zero_probability_tokens_split_between_two_localized_causes_are_explaine
     ev = _evidence(d, np.where(np.isfinite(d), d, np.nan), claims={"stale_prefix_cache": stale,
                                                                    "kv_carried_over": carried})
     assert at._covering_claim(ev) is None
+
+
+def test_covering_claim_names_the_cause_holding_most_and_needs_nine_in_ten():
+    """Ten probability-0 tokens: a stale cache holding 7 and carried KV 2 cover 9 of 10 (0.9: "at least") and the
+    stale cache is named, whatever the claims' order; with 8 of 10 covered nothing is."""
+    d = np.full((2, 10), 0.01)
+    d[0] = -np.inf
+    r = np.where(np.isfinite(d), d, np.nan)
+    big, small = np.zeros(d.shape, bool), np.zeros(d.shape, bool)
+    big[0, :7] = True
+    small[0, 7:9] = True
+    for claims in ({"kv_carried_over": small, "stale_prefix_cache": big},
+                   {"stale_prefix_cache": big, "kv_carried_over": small}):
+        assert at._covering_claim(_evidence(d, r, claims=claims)) == "stale_prefix_cache"
+    small[0, 8] = False
+    assert at._covering_claim(_evidence(d, r, claims={"kv_carried_over": small, "stale_prefix_cache": big})) is None
 
 
 def test_floor_excess_ratio_by_hand():

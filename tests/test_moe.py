@@ -358,3 +358,65 @@ def test_flips_on_tokens_another_cause_explains_are_not_claimed_by_routing():
     assert routing_claims(ev)
     got = ev.claims["moe_routing_disagreement"]
     np.testing.assert_array_equal(got, flips & mask & ~other)
+
+
+@pytest.mark.parametrize("engine, trainer, cause", [
+    ("float32", "bfloat16", "trainer_bf16_router"), ("bfloat16", "float32", "rollout_bf16_router"),
+    ("float16", "bfloat16", "trainer_bf16_router"),  # 11 mantissa bits against 8
+    ("float32", "float16", "trainer_bf16_router"), ("float16", "float32", "rollout_bf16_router"),
+    ("bfloat16", "bfloat16", "moe_routing_disagreement"), ("float32", "float32", "moe_routing_disagreement"),
+    (None, "bfloat16", "moe_routing_disagreement"), ("float32", None, "moe_routing_disagreement"),
+    ("bfloat16", None, "moe_routing_disagreement"), (None, None, "moe_routing_disagreement"),
+    ("int8", "bfloat16", "moe_routing_disagreement"),  # a precision with no mantissa count: no side named
+    ("float32", "int8", "moe_routing_disagreement")])
+def test_routing_cause_names_the_lower_precision_side(engine, trainer, cause):
+    """The side whose router keeps fewer mantissa bits (float32 24, float16 11, bfloat16 8, written out here)
+    is named; equal precisions or a side that recorded none name neither."""
+    from rlparity.diagnose.routing_evidence import router_dtypes, routing_cause
+    from rlparity.testing import synthetic_trace
+
+    tr = synthetic_trace(seed=1, arm="moe")
+    if engine is not None:
+        tr.attrs["engine_effective"] = {**tr.attrs.get("engine_effective", {}), "dtype": engine}
+    else:
+        tr.attrs.pop("engine_effective", None)
+        tr.attrs.pop("engine_requested", None)
+    if trainer is not None:
+        tr.attrs["trainer_router"] = {"router_dtype": trainer}
+    assert router_dtypes(tr) == {"engine": engine, "trainer": trainer}
+    assert routing_cause(tr) == cause
+
+
+def test_router_dtypes_reads_the_engines_reported_dtype_before_the_requested_one():
+    from rlparity.diagnose.routing_evidence import router_dtypes, routing_cause
+    from rlparity.testing import synthetic_trace
+
+    tr = synthetic_trace(seed=1, arm="moe")
+    tr.attrs.pop("engine_effective", None)
+    tr.attrs["engine_requested"] = {"dtype": "bfloat16"}
+    tr.attrs["trainer_router"] = {"router_dtype": "float32"}
+    assert router_dtypes(tr) == {"engine": "bfloat16", "trainer": "float32"}  # only requested: read it
+    assert routing_cause(tr) == "rollout_bf16_router"
+    tr.attrs["engine_effective"] = {"dtype": "float32"}  # reported after start-up: it wins
+    assert router_dtypes(tr)["engine"] == "float32" and routing_cause(tr) == "moe_routing_disagreement"
+
+
+def test_routing_claims_nothing_without_routes_or_flips():
+    """A dense trace (no routes) and a MoE trace whose two sides route alike: routing_claims says False and
+    claims no token; with flips it says True and claims exactly the flipped ones."""
+    from rlparity.diagnose.evidence import ArmEvidence
+    from rlparity.diagnose.routing_evidence import routing_claims
+    from rlparity.metrics import log_ratio
+    from rlparity.testing import synthetic_trace
+
+    base = synthetic_trace(noise=0.002, seed=4, arm="moe")
+    mask = base["response_mask"].values
+    for tr in (base, _routed(base, np.zeros(mask.shape, bool), 0.0)):
+        ev = ArmEvidence(tr, "processed", mask, log_ratio(tr, "processed").values)
+        assert routing_claims(ev) is False and ev.claims == {}
+    flips = np.zeros(mask.shape, bool)
+    flips[1, :3] = True
+    tr = _routed(base, flips & mask, 0.3)
+    ev = ArmEvidence(tr, "processed", mask, log_ratio(tr, "processed").values)
+    assert routing_claims(ev) is True
+    np.testing.assert_array_equal(ev.claims["moe_routing_disagreement"], flips & mask)

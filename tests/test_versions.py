@@ -158,3 +158,31 @@ def test_a_version_seen_by_its_upper_quartile_alone_at_exactly_its_bar():
     assert mv.version_excess(absr, free, pv)["flagged_by"]["1"] == ["upper_quartile"]
     assert mv.version_excess(absr, free, pv, thresholds=VT(z=np.inf))["flagged"] == [1]
     assert mv.version_excess(absr, free, pv, fingerprints_equal=[1])["flagged"] == []
+
+
+@pytest.mark.parametrize("floors", [None, {0: 0.25, 1: 0.25}, {0: 0.0, 1: 0.0}])
+def test_two_versions_that_match_exactly_are_never_flagged(floors):
+    """Both sides agree exactly on every token of both versions (|r| = 0: CPU float32, identical weights): every
+    statistic is 0 on both sides, its ratio exactly 1 (0 over 0 read as equal, also over equal floors, the 0 ones
+    of a batch-invariant trainer included), no z, no flag, in the plain, the floor and the logit readings."""
+    absr, free, pv = _tokens([[(0, 0.0)] * 3] * 4 + [[(1, 0.0)] * 3] * 4)
+    scaled = np.zeros_like(absr)
+    ve = mv.version_excess(absr, free, pv, floors=floors, scaled=scaled, ratio=1.5, z=2.5, logit_ratio=1.5,
+                           quartile_ratio=1.5)
+    assert ve["version_1_over_reference"] == 1.0 and np.isnan(ve["z_by_version"]["1"])
+    for key in ("mean", "logit_median", "upper_quartile"):
+        assert ve[f"{key}_over_reference_by_version"]["1"] == 1.0
+    assert ve["flagged"] == []
+    # version 1 exactly matched, version 0 not: far below 1, never flagged; the reverse: far above, flagged
+    absr, free, pv = _tokens([[(0, 0.5)] * 3] * 4 + [[(1, 0.0)] * 3] * 4)
+    assert mv.version_excess(absr, free, pv, floors=floors, ratio=1.5, z=2.5)["flagged"] == []
+    absr, free, pv = _tokens([[(0, 0.0)] * 3] * 4 + [[(1, 0.5)] * 3] * 4)
+    assert mv.version_excess(absr, free, pv, floors=floors, ratio=1.5, z=2.5)["flagged"] == [1]
+
+
+def test_logit_scale_floors_one_minus_p():
+    """|r| / (1 - p), p the smaller side's probability, 1 - p at least 1e-6 (a token the trainer gives p = 1)."""
+    mu, matched = np.log(np.array([0.5, 0.75, 1.0, 0.5])), np.log(np.array([0.75, 0.5, 1.0, 1.0]))
+    got = mv.logit_scale(np.array([0.25, 0.25, 2e-6, 0.25]), mu, matched)
+    np.testing.assert_allclose(got, [0.5, 0.5, 2.0, 0.5], rtol=1e-12)
+    assert mv.logit_scale(np.array([2e-6]), np.array([0.0]), np.array([-1e-9]))[0] == pytest.approx(2.0, rel=1e-12)
