@@ -167,17 +167,17 @@ def test_two_versions_that_match_exactly_are_never_flagged(floors):
     of a batch-invariant trainer included), no z, no flag, in the plain, the floor and the logit readings."""
     absr, free, pv = _tokens([[(0, 0.0)] * 3] * 4 + [[(1, 0.0)] * 3] * 4)
     scaled = np.zeros_like(absr)
-    ve = mv.version_excess(absr, free, pv, floors=floors, scaled=scaled, ratio=1.5, z=2.5, logit_ratio=1.5,
-                           quartile_ratio=1.5)
+    ve = mv.version_excess(absr, free, pv, floors=floors, scaled=scaled,
+                           thresholds=VT(ratio=1.5, z=2.5, logit_ratio=1.5, quartile_ratio=1.5))
     assert ve["version_1_over_reference"] == 1.0 and np.isnan(ve["z_by_version"]["1"])
     for key in ("mean", "logit_median", "upper_quartile"):
         assert ve[f"{key}_over_reference_by_version"]["1"] == 1.0
     assert ve["flagged"] == []
     # version 1 exactly matched, version 0 not: far below 1, never flagged; the reverse: far above, flagged
     absr, free, pv = _tokens([[(0, 0.5)] * 3] * 4 + [[(1, 0.0)] * 3] * 4)
-    assert mv.version_excess(absr, free, pv, floors=floors, ratio=1.5, z=2.5)["flagged"] == []
+    assert mv.version_excess(absr, free, pv, floors=floors, thresholds=VT(ratio=1.5, z=2.5))["flagged"] == []
     absr, free, pv = _tokens([[(0, 0.0)] * 3] * 4 + [[(1, 0.5)] * 3] * 4)
-    assert mv.version_excess(absr, free, pv, floors=floors, ratio=1.5, z=2.5)["flagged"] == [1]
+    assert mv.version_excess(absr, free, pv, floors=floors, thresholds=VT(ratio=1.5, z=2.5))["flagged"] == [1]
 
 
 def test_logit_scale_floors_one_minus_p():
