@@ -284,7 +284,6 @@ def attribute(findings: list[Finding], ev: ArmEvidence | None) -> tuple[list[Fin
         if f.severity.rank < 1:
             continue
         out[i] = _demoted(f, out, named, ev, backend)
-    named = {f.cause for f in out if f.cause and f.severity.rank >= 1}
     energy = energies(out, ev, dec)
     total = dec.excess
     shares = {c: (e / total if total > 0 else 0.0) for c, e in energy.items()}
