@@ -391,7 +391,9 @@ class TrainerSettings(BaseModel):
                                   "(multiples of 64 tokens): its logprobs never depend on the batch it came in "
                                   "(slower; the floor this mode leaves is what the kernels add at a fixed shape)")
     attn_implementation: str | None = Field(None, description="transformers' attention implementation ('sdpa', "
-                                            "'eager', 'flash_attention_2'; None: the library's default)")
+                                            "'eager', 'flash_attention_2', 'flex_attention': with these two a "
+                                            "packed layout skips the blocks between sequences; None: the library's "
+                                            "default; a model passed in is switched in place)")
     gradient_checkpointing: bool = Field(False, description="score with gradient checkpointing enabled, as a "
                                          "trainer that computes pi_old in its training forward")
     self_check: int = Field(8, ge=0, description="sequences rescored alone (batch 1), twice, after each "
