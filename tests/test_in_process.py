@@ -1,0 +1,32 @@
+"""rlparity.capture.in_process: the switch that puts the offline engine's core in the calling process (the
+engine-side check, a capture bit for bit equal to vLLM's core process, is in test_engine)."""
+
+import pytest
+
+from rlparity.capture.in_process import IN_PROCESS_ENV, in_process_core, in_process_requested
+
+
+@pytest.mark.parametrize("raw, on", [(None, False), ("", False), ("off", False), ("0", False), ("No", False),
+                                     ("on", True), ("1", True), (" TRUE ", True), ("yes", True)])
+def test_the_switch_reads_on_and_off_and_defaults_to_vllms_own_process(raw, on, monkeypatch):
+    if raw is None:
+        monkeypatch.delenv(IN_PROCESS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(IN_PROCESS_ENV, raw)
+    assert in_process_requested() is on
+
+
+def test_anything_else_is_an_error_and_off_changes_nothing(monkeypatch):
+    import os
+
+    monkeypatch.setenv(IN_PROCESS_ENV, "/tmp/x")
+    with pytest.raises(ValueError, match="on or off"):
+        in_process_requested()
+    monkeypatch.setenv(IN_PROCESS_ENV, "off")
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    with in_process_core() as restore:
+        assert restore is None and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+    monkeypatch.setenv(IN_PROCESS_ENV, "on")
+    with in_process_core() as restore:  # vLLM's switch only while the engine is built
+        assert callable(restore) and os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
