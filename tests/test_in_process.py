@@ -30,3 +30,25 @@ def test_anything_else_is_an_error_and_off_changes_nothing(monkeypatch):
     with in_process_core() as restore:  # vLLM's switch only while the engine is built
         assert callable(restore) and os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+
+
+def test_a_batch_invariant_engine_keeps_its_core_in_a_process_of_its_own(monkeypatch):
+    """vLLM's batch-invariant mode overrides torch kernels in the worker's process for good: with it (the
+    setting or vLLM's variable) the switch leaves the engine's core where vLLM puts it."""
+    import os
+
+    from rlparity.config.settings import EngineSettings
+
+    monkeypatch.setenv(IN_PROCESS_ENV, "on")
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    for settings, env, inside in ((EngineSettings(batch_invariant=True), None, False),
+                                  (EngineSettings(), "1", False), (EngineSettings(batch_invariant=False), "1", True),
+                                  (EngineSettings(), None, True), (None, None, True)):
+        if env is None:
+            monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+        else:
+            monkeypatch.setenv("VLLM_BATCH_INVARIANT", env)
+        with in_process_core(settings) as restore:
+            assert (restore is not None) is inside, (settings, env)
+            assert (os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0") is inside

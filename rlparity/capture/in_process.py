@@ -17,7 +17,9 @@ state of each comes back on close, and torch.compile's caches are reset (the nex
 fresh process). vLLM's log lines go where a core process would send them (this start's logging,
 :func:`rlparity.config.logs.engine_logging`) and the ``vllm`` logger is put back on close. While the engine lives its sampling draws from the seeded generators as a core process
 would. ``AsyncLLM`` (:class:`~rlparity.capture.AsyncEngine`) and ``vllm serve`` always run their core in
-another process: the setting does not apply to them.
+another process: the setting does not apply to them, nor to a batch-invariant engine (vLLM's batch-invariant
+mode overrides torch kernels in the process that runs the worker, for good: a failed start left every later
+engine of a notebook unable to start).
 """
 
 from __future__ import annotations
@@ -104,18 +106,34 @@ class _CallerState:
         torch.set_rng_state(self.rng[2])
 
 
+def _batch_invariant(settings: Any) -> bool:
+    """vLLM's batch-invariant mode: it overrides aten kernels and environment variables in the process that
+    runs the worker, for good (a failed start too), so such an engine keeps its core in a process of its own."""
+    value = getattr(settings, "batch_invariant", None)
+    if value is None:
+        value = os.environ.get("VLLM_BATCH_INVARIANT", "0").strip().lower() not in ("", "0", "false", "no", "off")
+    return bool(value)
+
+
 @contextlib.contextmanager
-def in_process_core() -> Iterator[Any]:
+def in_process_core(settings: Any = None) -> Iterator[Any]:
     """Around an offline engine's construction: its core in this process when
     ``RLPARITY_ENGINE_IN_PROCESS`` is on (see the module docstring).
+
+    Parameters
+    ----------
+    settings : EngineSettings, optional
+        The engine's settings: one with ``batch_invariant`` (or ``VLLM_BATCH_INVARIANT`` set) keeps its core in a
+        process of its own (vLLM's batch-invariant mode overrides torch kernels in its process for good).
 
     Yields
     ------
     callable or None
         With the setting on, the function that restores what the engine changed in this process (call
-        it once the engine is shut down); ``None`` with the setting off (nothing is changed).
+        it once the engine is shut down); ``None`` with the setting off or a batch-invariant engine (nothing
+        is changed).
     """
-    if not in_process_requested():
+    if not in_process_requested() or _batch_invariant(settings):
         yield None
         return
     from rlparity.config.env import scoped_env

@@ -66,7 +66,7 @@ class Engine(EngineLifecycle):
                   **routing_engine_kwargs(mode, self.settings.enforce_eager)}
         if not kwargs.get("worker_extension_cls"):
             kwargs["worker_extension_cls"] = EXTENSION
-        with in_process_core() as restore:  # RLPARITY_ENGINE_IN_PROCESS: the core in this process (opt-in)
+        with in_process_core(self.settings) as restore:  # RLPARITY_ENGINE_IN_PROCESS: the core in this process (opt-in)
             llm = LLM(model=self.model, **kwargs)
         self._restore_caller = restore
         if mode is not None:
