@@ -3,7 +3,7 @@ engine-side check, a capture bit for bit equal to vLLM's core process, is in tes
 
 import pytest
 
-from rlparity.capture.in_process import IN_PROCESS_ENV, in_process_core, in_process_requested
+from rlparity.capture.in_process import IN_PROCESS_ENV, async_core_env, in_process_core, in_process_requested
 
 
 @pytest.mark.parametrize("raw, on", [(None, False), ("", False), ("off", False), ("0", False), ("No", False),
@@ -26,9 +26,14 @@ def test_anything_else_is_an_error_and_off_changes_nothing(monkeypatch):
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     with in_process_core() as restore:
         assert restore is None and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+    with async_core_env():
+        assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
     monkeypatch.setenv(IN_PROCESS_ENV, "on")
     with in_process_core() as restore:  # vLLM's switch only while the engine is built
         assert callable(restore) and os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+    with async_core_env():  # AsyncLLM's core process inherits it while it is started
+        assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
 
 
