@@ -9,7 +9,9 @@ gets a lock file of its own, and a lane that was supposed to start no engine but
 The engine lane is the longer one (on a fresh clone about 40 minutes against 12), so it gets the CPU first:
 the other lane runs at a lower scheduling priority (``nice`` 10, for its children too: about a tenth of a core
 where both want it, not so little that a test of its own that waits on a child's timing starves) and takes the
-cycles the engine lane leaves, e.g. while an engine starts. On a 2-core machine a light-lane test that runs beside
+cycles the engine lane leaves, e.g. while an engine starts. The engine lane runs the offline engines' core in
+its own processes (``RLPARITY_ENGINE_IN_PROCESS=on``, :mod:`rlparity.capture.in_process`): no core and worker
+processes to spawn and import vLLM in at each start. On a 2-core machine a light-lane test that runs beside
 the engine lane's rescoring or an engine's own threads can slow them by more than its own share (threads that
 meet at a barrier wait for the one that was preempted; issue 42). A lane that waits for the other (a model built once
 under a lock, ``rlparity.models.make_model``) leaves it the whole machine, whatever its priority.
@@ -52,7 +54,10 @@ def main(argv: list[str]) -> int:
         notebooks.mkdir()
         lane_env = {**os.environ, "RLPARITY_LANE_NOTEBOOKS": str(notebooks)}
         light_env = {**lane_env, "RLPARITY_LANE": "light", "RLPARITY_ENGINE_LOCK_PATH": str(lock)}
-        engine_env = {**lane_env, "RLPARITY_LANE": "engine"}
+        # the offline engines' core in the test process and the notebooks' kernels (rlparity.capture.in_process:
+        # the same logprobs, an engine start about 18 s shorter on 2 cores); a value the caller set wins
+        engine_env = {**lane_env, "RLPARITY_LANE": "engine",
+                      "RLPARITY_ENGINE_IN_PROCESS": os.environ.get("RLPARITY_ENGINE_IN_PROCESS", "on")}
         with open(log, "w") as fh:
             light = subprocess.Popen([py, "-m", "pytest", "-q", "-m", "not engine", "-p", "no:cacheprovider", *args],
                                      stdout=fh, stderr=subprocess.STDOUT, env=light_env, preexec_fn=_lower_priority)

@@ -210,3 +210,49 @@ def test_a_short_model_starts_and_each_start_gets_its_own_logging(tiny_model, tm
     assert trace.attrs["engine_requested"]["max_model_len"] == 256
     assert trace.attrs["engine_effective"]["max_model_len"] == 256
     assert log_file.exists() and log_file.stat().st_size > 0
+
+
+def test_an_in_process_core_captures_the_same_and_leaves_its_caller_as_it_was(tiny_model, release_engines, monkeypatch):
+    """``RLPARITY_ENGINE_IN_PROCESS=on`` (the test lanes' setting): the offline engine's core runs in this process
+    and captures the very tokens and logprobs of vLLM's default core process (same seed, per-request seeds), and
+    what vLLM changes in its caller comes back on close: the global random state, ``torch.set_num_threads`` and the
+    thread count, vLLM's environment-variable cache (a later engine reads its own ``VLLM_BATCH_INVARIANT``), the
+    process group, the ``vllm`` logger."""
+    import logging
+    import random
+
+    import torch
+    import vllm.envs as envs
+
+    from rlparity.capture import Engine
+    from rlparity.capture.in_process import IN_PROCESS_ENV
+
+    release_engines()
+    settings = EngineSettings(logprobs_mode="processed_logprobs", dtype="float32", head_dtype="float32",
+                              enable_prefix_caching=False)
+    sampling = SamplingSettings(temperature=0.7, top_k=20, max_tokens=12, seed=3)
+    prompts = ["1+2=", "7*6=", "the sky is"]
+    traces = {}
+    for mode in ("off", "on"):
+        monkeypatch.setenv(IN_PROCESS_ENV, mode)
+        random.seed(11)
+        np.random.seed(11)
+        torch.manual_seed(11)
+        before = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state().clone(),
+                  torch.set_num_threads, torch.get_num_threads(), list(logging.getLogger("vllm").handlers))
+        with Engine(tiny_model, settings) as eng:
+            traces[mode] = eng.capture(prompts, sampling, arm=mode, progress=False)
+            if mode == "on":  # vLLM's offline core is here: no process of its own
+                assert type(eng.llm.llm_engine.engine_core).__name__ == "InprocClient"
+        after = (random.getstate(), np.random.get_state()[1], torch.get_rng_state(), torch.set_num_threads,
+                 torch.get_num_threads(), list(logging.getLogger("vllm").handlers))
+        assert after[0] == before[0] and np.array_equal(after[1], before[1]) and torch.equal(after[2], before[2]), mode
+        assert after[3] is before[3] and after[4] == before[4], mode
+        assert mode == "off" or after[5] == before[5]  # (vLLM's own LLM() configures the logger of its caller)
+        assert not hasattr(envs.__getattr__, "cache_clear"), mode  # vLLM's env cache is off again
+        assert not torch.distributed.is_initialized(), mode
+    off, on = traces["off"], traces["on"]
+    assert off.attrs["engine_effective"] == on.attrs["engine_effective"]
+    np.testing.assert_array_equal(on["token_id"].values, off["token_id"].values)
+    np.testing.assert_array_equal(on["rollout_logprob"].values, off["rollout_logprob"].values)
+    assert on["response_mask"].values.sum() == off["response_mask"].values.sum() > len(prompts)

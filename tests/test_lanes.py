@@ -65,18 +65,23 @@ def test_lanes_combine_their_status_and_catch_an_unmarked_engine(tmp_path, monke
 
 def test_the_lane_without_engines_runs_at_the_lowest_priority_and_the_engine_lane_at_ours(tmp_path, monkeypatch):
     """The engine lane is the long one: it keeps this process's priority, the other lane (and what it starts)
-    runs at nice 10, so on a small machine it takes mostly the cycles the engine lane leaves."""
+    runs at nice 10, so on a small machine it takes mostly the cycles the engine lane leaves. The engine lane's
+    offline engines run their core in its processes (``RLPARITY_ENGINE_IN_PROCESS=on``)."""
     import os
 
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RLPARITY_ENGINE_IN_PROCESS", raising=False)
     ours = os.nice(0)
     body = f"""
      import os, subprocess, sys
      import pytest
      @pytest.mark.engine
-     def test_engine(): assert os.nice(0) == {ours}
+     def test_engine():
+         assert os.nice(0) == {ours}
+         assert os.environ["RLPARITY_ENGINE_IN_PROCESS"] == "on"  # the offline engines' core in the lane's processes
      def test_plain():
          assert os.nice(0) == {min(ours + 10, 19)}
+         assert "RLPARITY_ENGINE_IN_PROCESS" not in os.environ
          child = subprocess.run([sys.executable, "-c", "import os; print(os.nice(0))"], capture_output=True, text=True)
          assert int(child.stdout) == {min(ours + 10, 19)}
      """

@@ -37,6 +37,7 @@ import xarray as xr
 
 from rlparity.capture.build import CaptureInfo, Completion, build_trace, capture_attrs
 from rlparity.capture.engine_config import cpu_engine_kwargs, effective_config
+from rlparity.capture.in_process import async_core_env
 from rlparity.capture.inflight import InflightUpdates, _Stream
 from rlparity.capture.lifecycle import EngineLifecycle
 from rlparity.capture.offline import completion_from_vllm
@@ -131,7 +132,8 @@ class AsyncEngine(InflightUpdates, EngineLifecycle):
         mode = routing_mode(self.settings.capture_routing, self.model)
         kwargs = with_extension({**cpu_engine_kwargs(self.settings), **self.settings.to_engine_kwargs(),
                                  **routing_engine_kwargs(mode, self.settings.enforce_eager)})
-        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=self.model, **kwargs))
+        with async_core_env():  # RLPARITY_ENGINE_IN_PROCESS: the worker in the core's process (opt-in)
+            llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=self.model, **kwargs))
         if mode is not None:
             worker = (await llm.collective_rpc(START_METHOD))[0] if mode == "hooks" else None
             self.routes = RouteStore(start_info(self.model, mode, worker))

@@ -13,6 +13,7 @@ import xarray as xr
 
 from rlparity.capture.build import CaptureInfo, Completion, build_trace, capture_attrs
 from rlparity.capture.engine_config import cpu_engine_kwargs, effective_config
+from rlparity.capture.in_process import in_process_core
 from rlparity.capture.lifecycle import EngineLifecycle
 from rlparity.capture.requests import Prompt, Request, make_requests, render_chat
 from rlparity.capture.checkpoints import checkpoint_checksums, resolve_source
@@ -55,6 +56,7 @@ class Engine(EngineLifecycle):
         self.weights = WeightState()
         self.routes = RouteStore()
         self._t0 = time.monotonic()
+        self._restore_caller = None
 
     def _start_llm(self):
         from vllm import LLM
@@ -64,7 +66,9 @@ class Engine(EngineLifecycle):
                   **routing_engine_kwargs(mode, self.settings.enforce_eager)}
         if not kwargs.get("worker_extension_cls"):
             kwargs["worker_extension_cls"] = EXTENSION
-        llm = LLM(model=self.model, **kwargs)
+        with in_process_core(self.settings) as restore:  # RLPARITY_ENGINE_IN_PROCESS: the core in this process (opt-in)
+            llm = LLM(model=self.model, **kwargs)
+        self._restore_caller = restore
         if mode is not None:
             worker = llm.collective_rpc(START_METHOD)[0] if mode == "hooks" else None
             self.routes = RouteStore(start_info(self.model, mode, worker))
@@ -159,6 +163,9 @@ class Engine(EngineLifecycle):
                 self._llm.llm_engine.engine_core.shutdown()
             self._llm = None
             gc.collect()
+            restore, self._restore_caller = self._restore_caller, None
+            if restore is not None:  # an in-process core: what it changed in this process comes back
+                restore()
 
     # introspection ---------------------------------------------------------------------
     def effective_config(self) -> dict[str, Any]:
