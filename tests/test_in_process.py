@@ -57,3 +57,38 @@ def test_a_batch_invariant_engine_keeps_its_core_in_a_process_of_its_own(monkeyp
         with in_process_core(settings) as restore:
             assert (restore is not None) is inside, (settings, env)
             assert (os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0") is inside
+
+
+def test_restore_puts_back_what_an_in_process_core_changes_in_its_caller(monkeypatch):
+    """What vLLM's in-process core does to its caller (the thread count lowered and ``torch.set_num_threads``
+    made a no-op, the global generators seeded, a handler and a level on the ``vllm`` logger), undone by the
+    restore ``in_process_core`` yields: the same thread count and function, the next random draws those the
+    caller would have made, the logger as it was."""
+    import logging
+    import random
+
+    import numpy as np
+    import torch
+
+    monkeypatch.setenv(IN_PROCESS_ENV, "on")
+    threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+    log = logging.getLogger("vllm")
+    handlers, level = list(log.handlers), log.level
+    state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    expected = (random.random(), np.random.random(), torch.rand(1).item())  # the caller's next draws
+    random.setstate(state[0]), np.random.set_state(state[1]), torch.set_rng_state(state[2])
+    try:
+        with in_process_core() as restore:
+            torch.set_num_threads(max(1, threads // 2) if threads > 1 else 2)  # what vLLM's CPU worker does
+            monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+            random.seed(0), np.random.seed(0), torch.manual_seed(0)  # the engine's seed
+            extra = logging.StreamHandler()
+            log.addHandler(extra)
+            log.setLevel(logging.CRITICAL if level != logging.CRITICAL else logging.DEBUG)
+        restore()
+        assert torch.set_num_threads is set_threads and torch.get_num_threads() == threads
+        assert (random.random(), np.random.random(), torch.rand(1).item()) == expected
+        assert log.handlers == handlers and extra not in log.handlers and log.level == level
+    finally:
+        torch.set_num_threads = set_threads
+        torch.set_num_threads(threads)
