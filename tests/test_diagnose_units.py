@@ -40,8 +40,11 @@ def _scored(d, *, versions=None, trainer_attrs=None, attrs=None):
     return tr
 
 
-def _self_check(batch_shape_mean_abs=None, run_to_run_rms=None, batch_shape_rms=None):
+def _self_check(batch_shape_mean_abs=None, run_to_run_rms=None, batch_shape_rms=None, kernel_mean_abs=None):
     out = {}
+    if kernel_mean_abs is not None:
+        out["kernel_processed"] = {"mean_abs": kernel_mean_abs, "rms": kernel_mean_abs}
+        out["kernel_raw"] = {"mean_abs": 10.0, "rms": 10.0}  # the raw side is never read for a processed arm
     if batch_shape_mean_abs is not None:
         out["batch_shape_processed"] = {"mean_abs": batch_shape_mean_abs,
                                         "rms": batch_shape_rms if batch_shape_rms is not None else batch_shape_mean_abs}
@@ -334,8 +337,9 @@ def test_attribute_of_a_small_arm_still_gives_shares():
 
 
 # ------------------------------------------------------------------------------ trainer floors
-def _gap_trace(gap, bs_floor=None, engine_floor=None, run=None, **trainer_attrs):
-    check = _self_check(bs_floor, run_to_run_rms=run) if bs_floor is not None or run is not None else None
+def _gap_trace(gap, bs_floor=None, engine_floor=None, run=None, kernel=None, **trainer_attrs):
+    check = (_self_check(bs_floor, run_to_run_rms=run, kernel_mean_abs=kernel)
+             if bs_floor is not None or run is not None or kernel is not None else None)
     attrs = {"engine_floor": {"batch_shape": {"mean_abs": engine_floor, "rms": engine_floor}}} if engine_floor else {}
     d = [[gap, -gap] * 4] * 4
     return _scored(d, trainer_attrs={"self_check": check, **trainer_attrs}, attrs=attrs)
@@ -1133,3 +1137,30 @@ def test_the_logit_statistic_keeps_the_floor_model():
     assert ve["measured_against"] == "each version's own floor"
     assert ve["logit_median_over_reference_by_version"]["1"] == pytest.approx(expected, rel=1e-9)
     assert ve["version_1_over_reference"] == pytest.approx(mv.floor_excess_ratio(m[1], m[0], 0.003, 0.002), rel=1e-9)
+
+
+@pytest.mark.parametrize("trainer_share, engine_share, kernel_share, at_parity", [
+    (0.5, 0.12, 0.2, True), (0.5, 0.12, 0.17, False), (0.3, 0.0, 0.51, True), (0.3, 0.0, 0.49, False),
+    (0.0, 0.0, 0.85, True)])
+def test_the_kernel_floor_counts_toward_parity(trainer_share, engine_share, kernel_share, at_parity):
+    """Issue 41 (clean H100 arms read 33-63% floors): the self-check's kernel floor (the same sequences under a
+    second attention implementation) is part of what the two sides' floors cover; the sum is checked by hand."""
+    gap = 0.02
+    tr = _gap_trace(gap, bs_floor=trainer_share * gap or None, engine_floor=engine_share * gap or None,
+                    kernel=kernel_share * gap, run=0.0)
+    found = {f.name: f for f in trainer.floor_findings(tr)}
+    assert ("gap_within_floor" in found) == at_parity
+    if at_parity:
+        f = found["gap_within_floor"]
+        assert f.evidence["floors_share_of_gap"] == pytest.approx(trainer_share + engine_share + kernel_share, rel=1e-12)
+        assert f.evidence["kernel_floor_mean_abs"] == pytest.approx(kernel_share * gap, rel=1e-12)
+        assert "two attention kernels in the trainer" in f.summary
+        assert all(x.severity == Severity.INFO for x in found.values())
+    elif trainer_share >= trainer.FLOOR_SHARE:
+        assert found["trainer_not_batch_invariant"].severity == Severity.WARNING
+    # the kernel floor alone is no finding of its own, and a trace without it reads as before
+    assert not any("kernel" in name for name in found)
+    before = {f.name for f in trainer.floor_findings(_gap_trace(gap, bs_floor=trainer_share * gap or None,
+                                                                engine_floor=engine_share * gap or None, run=0.0))}
+    assert ("gap_within_floor" in before) == (trainer_share + engine_share >= trainer.PARITY_FLOOR_SHARE
+                                              and trainer_share + engine_share > 0)

@@ -122,3 +122,80 @@ def test_summary_and_dashboards_report_the_floor_beside_the_gap(tiny_model, roll
     assert summary(s, dim="position")["trainer_floor"].ndim == 0  # one number per rescoring
     dash = as_dashboard(s, "verl")
     assert dash.info["trainer_floor"] == f["batch_shape_mean_abs"]
+
+
+
+def _float64_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    """Causal attention of one unpadded sequence in float64, written out (the kernel check's reference)."""
+    import torch
+
+    rep = query.shape[1] // key.shape[1]
+    k, v = key.double().repeat_interleave(rep, 1), value.double().repeat_interleave(rep, 1)
+    scores = (query.double() @ k.transpose(-1, -2)) * (scaling if scaling is not None else query.shape[-1] ** -0.5)
+    n = query.shape[2]
+    scores = scores.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+    return (scores.softmax(-1) @ v).to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+def _alone_bf16(model, trace, pick, attn):
+    """An independent reference for the kernel check: each picked sequence alone through a separately loaded
+    bf16 model with attention ``attn`` ("float64": :func:`_float64_attention`), the head in float32."""
+    import torch
+    from transformers import AttentionInterface, AutoModelForCausalLM
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    from rlparity.trace import sequences
+
+    if attn == "float64":
+        AttentionInterface.register("test_float64", _float64_attention)
+        AttentionMaskInterface.register("test_float64", sdpa_mask)
+        attn = "test_float64"
+    m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16, attn_implementation=attn).eval()
+    seqs = sequences(trace)
+    out = []
+    with torch.no_grad():
+        for i in pick:
+            p, r = seqs[i]
+            h = m.model(input_ids=torch.tensor([p + r])).last_hidden_state[0, len(p) - 1: len(p) - 1 + len(r)]
+            logits = h.float() @ m.lm_head.weight.float().T
+            out.append(torch.log_softmax(logits.double(), -1).gather(1, torch.tensor(r)[:, None])[:, 0].numpy())
+    return np.concatenate(out)
+
+
+def test_the_kernel_check_measures_the_attention_kernels_rounding(tiny_model, rollout):
+    """Issue 41: the self-check scores its sequences once more with the attention in float32 and records how far
+    the trainer's bf16 kernel is from it; the reference computes that attention in float64 by hand. The model
+    gets its own implementation back; a float32 model's check reads exactly 0."""
+    from rlparity.score.loading import FLOAT32_ATTENTION
+
+    scorer = Scorer(tiny_model, dtype="bfloat16", batch_size=16, progress=False)
+    assert scorer.module.config._attn_implementation == "sdpa"
+    s = scorer.score(rollout)
+    check = s.attrs["trainer"]["self_check"]
+    assert check["kernel_check"] == f"sdpa vs {FLOAT32_ATTENTION}"
+    assert scorer.module.config._attn_implementation == "sdpa"  # switched back after the check
+    pick = check["sequences"]
+    ref = np.abs(_alone_bf16(tiny_model, rollout, pick, "sdpa") - _alone_bf16(tiny_model, rollout, pick, "float64"))
+    got = check["kernel_raw"]
+    assert got["n_tokens"] == ref.size
+    assert ref.mean() > 1e-4  # bf16 kernels do round: a check that read 0 would not measure them
+    assert got["mean_abs"] == pytest.approx(ref.mean(), rel=0.1)
+    assert recorded_floors(s)["kernel_mean_abs"] == check["kernel_processed"]["mean_abs"] > 0
+    # eager attention (scores and probabilities rounded to bf16) is farther from float64 than the check's reference
+    eager = np.abs(_alone_bf16(tiny_model, rollout, pick, "eager") - _alone_bf16(tiny_model, rollout, pick, "float64"))
+    assert eager.mean() > 2 * got["mean_abs"]
+    f32 = Scorer(tiny_model, dtype="float32", batch_size=16, progress=False).score(rollout)
+    assert f32.attrs["trainer"]["self_check"]["kernel_raw"]["max_abs"] == 0.0
+    # off, or a second implementation equal to the model's own: no kernel pass
+    off = Scorer(tiny_model, dtype="bfloat16", batch_size=16, progress=False,
+                 settings=TrainerSettings(kernel_check="off")).score(rollout)
+    assert "kernel_raw" not in off.attrs["trainer"]["self_check"]
+    assert np.isnan(recorded_floors(off)["kernel_mean_abs"])
+    same = Scorer(tiny_model, dtype="bfloat16", batch_size=16, progress=False,
+                  settings=TrainerSettings(kernel_check="sdpa")).score(rollout)
+    assert "kernel_check" not in same.attrs["trainer"]["self_check"]
+    # an implementation the model cannot run: recorded as not run, the scoring goes on
+    bad = Scorer(tiny_model, dtype="bfloat16", batch_size=16, progress=False,
+                 settings=TrainerSettings(kernel_check="no_such_kernel")).score(rollout)
+    assert bad.attrs["trainer"]["self_check"]["kernel_check"].startswith("sdpa vs no_such_kernel: not run (")
+    assert "kernel_raw" not in bad.attrs["trainer"]["self_check"]

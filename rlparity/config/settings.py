@@ -398,6 +398,12 @@ class TrainerSettings(BaseModel):
                                          "trainer that computes pi_old in its training forward")
     self_check: int = Field(8, ge=0, description="sequences rescored alone (batch 1), twice, after each "
                             "scoring: the trainer's own floor (batch-shape and run-to-run differences); 0 = off")
+    kernel_check: str = Field("auto", description="the self-check's sequences scored alone once more with a "
+                              "second attention implementation: how far two correct kernels in the trainer's dtype "
+                              "disagree (the kernel floor, part of what separates any engine from any trainer). "
+                              "'auto': the trainer's attention in float32 (SDPA on float32 q, k, v), what a correct "
+                              "kernel computes before rounding; an implementation's name (e.g. 'flex_attention'); "
+                              "'off'")
     fingerprint: bool = Field(True, description="record per-tensor checksums of the weights scored with")
     router_dtype: Literal["float32", "bfloat16"] | None = Field(
         None, description="precision of the MoE routers' projection (None: the model's; 'bfloat16' imitates a trainer "

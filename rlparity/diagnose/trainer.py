@@ -130,7 +130,9 @@ def floor_findings(trace: xr.Dataset, *, evidence: ArmEvidence | None = None, to
       own finding).
     * ``engine_not_batch_invariant``: the same for the engine's batch spread (the same requests
       sampled again alone, ``attrs["engine_floor"]``).
-    * ``gap_within_floor`` (information): the two floors together are at least
+    * ``gap_within_floor`` (information): the two floors together, with the kernel floor where the
+      self-check measured it (the same sequences alone under a second attention implementation: what
+      separates two correct kernels, as the engine's and the trainer's are), are at least
       :data:`PARITY_FLOOR_SHARE` of the gap, the trainer is deterministic and no earlier topic named
       another cause at WARNING or above: the arm is at parity on this hardware, and the two floor
       findings are information (what they measure is the floor, not a fault).
@@ -165,7 +167,7 @@ def floor_findings(trace: xr.Dataset, *, evidence: ArmEvidence | None = None, to
     rec = arm_record(trace)
     arm = rec.arm
     out = []
-    floors = [f[f"{k}_mean_abs"] for k in ("batch_shape", "engine_batch")
+    floors = [f[f"{k}_mean_abs"] for k in ("batch_shape", "engine_batch", "kernel")
               if np.isfinite(f[f"{k}_mean_abs"]) and f[f"{k}_mean_abs"] > 0]
     deterministic = not (np.isfinite(f["run_to_run_rms"]) and f["run_to_run_rms"] > 0)
     named = [x for x in prior if x.severity.rank >= 1 and x.cause and x.cause not in FLOOR_CAUSES]
@@ -192,12 +194,15 @@ def floor_findings(trace: xr.Dataset, *, evidence: ArmEvidence | None = None, to
                                arm))
     if within:
         share = sum(floors) / gap
+        kernel = (f", two attention kernels in the trainer {f['kernel_mean_abs']:.3g}"
+                  if np.isfinite(f["kernel_mean_abs"]) else "")
         out.append(Finding(Layer.INFERENCE_PATH, "gap_within_floor", Severity.INFO,
                            f"at parity on this hardware: the measured gap ({gap:.3g} nats mean |d|) is within the two "
                            f"sides' own floors (trainer batch shape {f['batch_shape_mean_abs']:.3g}, engine batch "
-                           f"{f['engine_batch_mean_abs']:.3g}: {share:.0%} of it) and no other cause is named",
+                           f"{f['engine_batch_mean_abs']:.3g}{kernel}: {share:.0%} of it) and no other cause is named",
                            {"gap_mean_abs_d": gap, "trainer_floor_mean_abs": f["batch_shape_mean_abs"],
-                            "engine_floor_mean_abs": f["engine_batch_mean_abs"], "floors_share_of_gap": share,
+                            "engine_floor_mean_abs": f["engine_batch_mean_abs"],
+                            "kernel_floor_mean_abs": f["kernel_mean_abs"], "floors_share_of_gap": share,
                             "threshold_share": PARITY_FLOOR_SHARE, "pair": PAIR}, FIX_NONE, arm))
     return out
 
@@ -257,10 +262,11 @@ CODES: tuple[FindingCode, ...] = (
            causes=("batch_variant_attention",)),
     code("gap_within_floor", PATH, (I,),
          "At parity on this hardware: the measured gap is within the two sides' own floors (the trainer's batch-shape "
-         "floor and the engine's batch spread), the trainer repeats itself and no other cause is named; the floor "
-         "findings are information then.", FIX_NONE, "trainer",
-         rule="trainer floor + engine floor (mean |x|, where measured) at least PARITY_FLOOR_SHARE of the gap (mean "
-              "|d|), run-to-run 0, no WARNING+ finding of a non-floor cause before this topic",
+         "floor, the engine's batch spread and, where the self-check measured it, the kernel floor: how far two "
+         "attention implementations in the trainer's dtype disagree), the trainer repeats itself and no other cause is "
+         "named; the floor findings are information then.", FIX_NONE, "trainer",
+         rule="trainer floor + engine floor + kernel floor (mean |x|, where measured) at least PARITY_FLOOR_SHARE of "
+              "the gap (mean |d|), run-to-run 0, no WARNING+ finding of a non-floor cause before this topic",
          thresholds=("rlparity.diagnose.trainer:PARITY_FLOOR_SHARE",),
          calibrated_on=PARITY_CALIBRATION),
 )

@@ -16,11 +16,17 @@ import xarray as xr
 from rlparity.trace import arm_record
 
 
+# the self-check's readings (rlparity.score.selfcheck): the trainer's batch vs alone, alone twice, alone with a
+# second attention implementation (the kernel floor; traces scored before it was measured have none)
+SELF_CHECK_FLOORS = ("batch_shape", "run_to_run", "kernel")
+
+
 def recorded_floors(trace: xr.Dataset, side: str = "processed") -> dict[str, float]:
     """The floors a trace recorded (mean ``|x|`` and RMS, nats; NaN where not measured): the
-    trainer's self-check (``batch_shape``: its batch vs alone; ``run_to_run``: alone twice; the
-    latest version's for a trace scored per version) on the ``side`` reading, and the engine's batch
-    spread (``engine_batch``, ``attrs["engine_floor"]``).
+    trainer's self-check (``batch_shape``: its batch vs alone; ``run_to_run``: alone twice;
+    ``kernel``: alone with a second attention implementation; the latest version's for a trace
+    scored per version) on the ``side`` reading, and the engine's batch spread (``engine_batch``,
+    ``attrs["engine_floor"]``).
 
     Parameters
     ----------
@@ -47,10 +53,10 @@ def recorded_floors(trace: xr.Dataset, side: str = "processed") -> dict[str, flo
 
 
 def _self_check_floors(check, side: str) -> dict[str, float]:
-    """``batch_shape`` and ``run_to_run`` mean ``|x|`` and RMS of one self-check record (NaN where absent)."""
-    out = {f"{k}_{s}": float("nan") for k in ("batch_shape", "run_to_run") for s in ("rms", "mean_abs")}
+    """:data:`SELF_CHECK_FLOORS`' mean ``|x|`` and RMS of one self-check record (NaN where absent)."""
+    out = {f"{k}_{s}": float("nan") for k in SELF_CHECK_FLOORS for s in ("rms", "mean_abs")}
     if isinstance(check, Mapping):
-        for key in ("batch_shape", "run_to_run"):
+        for key in SELF_CHECK_FLOORS:
             v = check.get(f"{key}_{side}") or {}
             for stat in ("rms", "mean_abs"):
                 if isinstance(v, Mapping) and v.get(stat) is not None:
@@ -135,4 +141,4 @@ def floor_mean_abs(trace: xr.Dataset, side: str = "processed") -> float:
     return float(max(vals)) if vals else 0.0
 
 
-__all__ = ["floor_mean_abs", "floors_beside_gap", "recorded_floors", "version_floors"]
+__all__ = ["SELF_CHECK_FLOORS", "floor_mean_abs", "floors_beside_gap", "recorded_floors", "version_floors"]

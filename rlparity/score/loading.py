@@ -4,11 +4,13 @@ implementation, gradient checkpointing, dropout), and its dropout read back for 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any
 
 from rlparity.config.settings import TrainerSettings
 
-__all__ = ["dropout_of", "load_trainer_model", "set_dropout"]
+__all__ = ["FLOAT32_ATTENTION", "attention_switched", "dropout_of", "load_trainer_model", "register_float32_attention",
+           "second_attention", "set_dropout"]
 
 
 def load_trainer_model(model: Any, dtype: str, device: str, settings: TrainerSettings, *,
@@ -54,6 +56,88 @@ def load_trainer_model(model: Any, dtype: str, device: str, settings: TrainerSet
     if settings.dropout is not None:
         set_dropout(module, settings.dropout)
     return module, loaded_here, dtype
+
+
+# the kernel check's default second implementation: the trainer's attention computed in float32 (SDPA on
+# float32 copies of q, k, v; the output rounded back to the model's dtype), registered with transformers'
+# attention and mask interfaces by register_float32_attention
+FLOAT32_ATTENTION = "rlparity_float32_sdpa"
+
+
+def register_float32_attention() -> str:
+    """Register :data:`FLOAT32_ATTENTION` with transformers (idempotent) and return its name.
+
+    The attention of the layer in float32: what a correct kernel computes before its output is rounded
+    to the model's dtype. Beside a bf16 kernel it measures that kernel's own rounding (the part of the
+    floor any two implementations of the same model differ by); beside a float32 model it is the same
+    computation (a floor of 0). EAGER attention is no such reference: it rounds the scores and the
+    probabilities to bf16 (measured on the tiny model: 4.8x the float32 reference's floor).
+
+    Returns
+    -------
+    str
+        :data:`FLOAT32_ATTENTION`.
+    """
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    def float32_sdpa(module, query, key, value, attention_mask, **kwargs):
+        mask = (attention_mask.float() if attention_mask is not None and attention_mask.is_floating_point()
+                else attention_mask)
+        out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), mask, **kwargs)
+        return out.to(query.dtype), weights
+
+    AttentionInterface.register(FLOAT32_ATTENTION, float32_sdpa)
+    AttentionMaskInterface.register(FLOAT32_ATTENTION, sdpa_mask)
+    return FLOAT32_ATTENTION
+
+
+def second_attention(current: str | None, asked: str = "auto") -> str | None:
+    """The attention implementation the trainer's kernel check scores with, beside ``current``.
+
+    Parameters
+    ----------
+    current : str or None
+        The model's attention implementation (``config._attn_implementation``).
+    asked : str, default "auto"
+        ``TrainerSettings.kernel_check``: ``"off"``, ``"auto"``
+        (:data:`FLOAT32_ATTENTION`, registered here) or an implementation's name.
+
+    Returns
+    -------
+    str or None
+        The second implementation; None when the check is off or would score with ``current`` again.
+    """
+    if asked == "off":
+        return None
+    second = register_float32_attention() if asked == "auto" else asked
+    return None if second == current else second
+
+
+@contextmanager
+def attention_switched(module, name: str):
+    """Run a transformers model with another attention implementation, and put its own back after.
+
+    Parameters
+    ----------
+    module : transformers model
+        The model (switched in place: ``set_attn_implementation``).
+    name : str
+        The implementation to run with.
+
+    Yields
+    ------
+    str or None
+        The implementation the model had.
+    """
+    before = getattr(module.config, "_attn_implementation", None)
+    module.set_attn_implementation(name)
+    try:
+        yield before
+    finally:
+        if before is not None:
+            module.set_attn_implementation(before)
 
 
 def set_dropout(module, p: float) -> None:

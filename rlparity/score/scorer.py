@@ -15,7 +15,7 @@ import xarray as xr
 from rlparity.config.settings import TrainerSettings
 from rlparity.score import assembly, batching, routes, selfcheck
 from rlparity.score.fingerprint import checkpoint_checksums
-from rlparity.score.loading import load_trainer_model
+from rlparity.score.loading import attention_switched, load_trainer_model, second_attention
 from rlparity.score.lm_head_stats import FP32_GEMMS, STATS, head_stats
 from rlparity.score.prompts import trainer_prompt_ids
 from rlparity.score.routing import RouterControl
@@ -355,10 +355,21 @@ class Scorer:
                 torch.cuda.synchronize()
             elapsed = time.perf_counter() - t0  # the scoring itself, not the self-check
             check = (selfcheck.self_check(self._stats, seqs, sampling, result, k=self.settings.self_check,
-                                          batch_size=self.batch_size, replay=replay if mode == "on" else None)
+                                          batch_size=self.batch_size, replay=replay if mode == "on" else None,
+                                          kernel=self._kernel_switch())
                      if self.settings.self_check and self_check else None)
         self.module.train(training)
         return {"result": result, "sampling": sampling, "skipped": skipped, "elapsed": elapsed, "check": check}
+
+    def _kernel_switch(self):
+        """``(what, switch)`` for the self-check's kernel pass (:func:`rlparity.score.loading.second_attention`),
+        or None when it is off, would repeat the model's own implementation, or a batch-invariant trainer
+        (whose kernels are pinned) scores."""
+        current = getattr(self.module.config, "_attn_implementation", None)
+        second = None if self.settings.batch_invariant else second_attention(current, self.settings.kernel_check)
+        if second is None:
+            return None
+        return f"{current} vs {second}", lambda: attention_switched(self.module, second)
 
     def assemble(self, trace: xr.Dataset, parts: dict[str, Any]) -> xr.Dataset:
         """The scored trace from :meth:`compute`'s parts.

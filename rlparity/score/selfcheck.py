@@ -1,10 +1,12 @@
-"""The trainer's own floor: a few sequences of a scoring rescored alone (batch 1), twice, so a
-diagnosis can tell what the batch shape and a second run move the trainer's logprobs by from what
-separates the trainer from the engine (``attrs["trainer"]["self_check"]``)."""
+"""The trainer's own floor: a few sequences of a scoring rescored alone (batch 1), twice, and once
+more with a second attention implementation, so a diagnosis can tell what the batch shape, a second
+run and the choice of kernel move the trainer's logprobs by from what separates the trainer from the
+engine (``attrs["trainer"]["self_check"]``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -16,8 +18,10 @@ __all__ = ["self_check"]
 
 def self_check(stats: Callable[..., dict[str, np.ndarray]], seqs: list[tuple[list[int], list[int]]],
                sampling: dict[str, np.ndarray], result: dict[str, np.ndarray], *, k: int, batch_size: int,
-               replay: tuple[np.ndarray | None, np.ndarray] | None = None) -> dict[str, Any] | None:
-    """The trainer's floor on the first ``k`` sequences with a response, each rescored alone, twice.
+               replay: tuple[np.ndarray | None, np.ndarray] | None = None,
+               kernel: tuple[str, Callable[[], AbstractContextManager]] | None = None) -> dict[str, Any] | None:
+    """The trainer's floor on the first ``k`` sequences with a response, each rescored alone, twice
+    (and once more with a second attention implementation).
 
     Parameters
     ----------
@@ -36,6 +40,9 @@ def self_check(stats: Callable[..., dict[str, np.ndarray]], seqs: list[tuple[lis
         The batched scoring's micro-batch size (recorded).
     replay : tuple, optional
         The engine's ``(prompt routes, routes)`` forced in the routers, as in the batched scoring.
+    kernel : tuple of (str, callable), optional
+        ``(what, switch)``: ``switch()`` is a context manager under which the trainer runs a second
+        attention implementation (``what`` names the two, recorded); None: no kernel check.
 
     Returns
     -------
@@ -43,7 +50,9 @@ def self_check(stats: Callable[..., dict[str, np.ndarray]], seqs: list[tuple[lis
         ``batch_shape_raw`` / ``batch_shape_processed`` (``|batch scoring - alone|``: what the batch
         shape moves) and ``run_to_run_raw`` / ``run_to_run_processed`` (``|alone - alone again|``:
         nondeterminism such as dropout or atomics), each :func:`rlparity.trace.floor.spread` in nats,
-        with the sequences and shapes; None when no sequence has a response.
+        with the sequences and shapes; with ``kernel``, ``kernel_raw`` / ``kernel_processed``
+        (``|alone - alone with the second implementation|``: how far two correct kernels disagree) and
+        ``kernel_check`` (``what``); None when no sequence has a response.
     """
     pick = [i for i in range(len(seqs)) if seqs[i][1]][:k]
     if not pick:
@@ -52,7 +61,15 @@ def self_check(stats: Callable[..., dict[str, np.ndarray]], seqs: list[tuple[lis
     again = stats(seqs, [[i] for i in pick], sampling, replay=replay)
     out: dict[str, Any] = {"sequences": pick, "shape_main": f"batches of up to {batch_size}, "
                            "right-padded, similar lengths together", "shape_check": "batch 1, twice"}
-    for name, a, b in (("batch_shape", result, first), ("run_to_run", first, again)):
+    pairs = [("batch_shape", result, first), ("run_to_run", first, again)]
+    if kernel is not None:
+        try:
+            with kernel[1]():
+                pairs.append(("kernel", first, stats(seqs, [[i] for i in pick], sampling, replay=replay)))
+            out["kernel_check"] = kernel[0]
+        except (ValueError, ImportError) as err:  # the model does not support the second implementation
+            out["kernel_check"] = f"{kernel[0]}: not run ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+    for name, a, b in pairs:
         for var, key in (("trainer_logprob", "raw"), ("trainer_processed_logprob", "processed")):
             out[f"{name}_{key}"] = spread(a[var][pick], b[var][pick])
     return out
