@@ -217,6 +217,29 @@ def test_attribute_demotes_a_backend_objective_finding_only_beside_a_backend_cau
         assert _sev(out)["ess_collapse"] == (Severity.WARNING, None), others
 
 
+def test_a_backend_objective_finding_at_parity_gets_the_objective_fix():
+    """Issue 41: on an arm at parity (gap_within_floor) a backend-pair objective finding keeps its severity but
+    its fix is the objective's (the backend has nothing left to fix); the update pair's, a correction hiding a
+    mismatch, and every finding of an arm not at parity keep their own fix."""
+    from rlparity.diagnose.objective import FIX_BACKEND_FIRST, FIX_UPDATE
+
+    ev = _evidence(D, R, trainer_attrs={"self_check": _self_check(0.004)})
+    parity = Finding(Layer.INFERENCE_PATH, "gap_within_floor", Severity.INFO, "s", {}, arm="a")
+    backend = "backend (log pi_old - log mu)"
+    ess = Finding(Layer.OBJECTIVE, "ess_collapse", Severity.WARNING, "s", {"pair": backend}, FIX_BACKEND_FIRST,
+                  arm="a")
+    update = Finding(Layer.OBJECTIVE, "ess_collapse", Severity.ERROR, "s", {"pair": "update (log pi - log pi_old)"},
+                     FIX_UPDATE, arm="a")
+    hides = Finding(Layer.OBJECTIVE, "correction_hides_backend_mismatch", Severity.ERROR, "s",
+                    {"pair": backend, "correction": "tis (cap 2)"}, FIX_BACKEND_FIRST, arm="a")
+    out, rec = at.attribute([parity, ess, update, hides], ev)
+    assert [(f.severity, f.fix) for f in out[1:]] == [(Severity.WARNING, at.FIX_AT_PARITY), (Severity.ERROR, FIX_UPDATE),
+                                                     (Severity.ERROR, FIX_BACKEND_FIRST)]
+    assert "gap_within_floor" in at.FIX_AT_PARITY and "truncated importance sampling" in at.FIX_AT_PARITY
+    out, _ = at.attribute([ess, update], ev)
+    assert [f.fix for f in out] == [FIX_BACKEND_FIRST, FIX_UPDATE]
+
+
 def test_attribute_of_an_arm_without_excess_gives_every_cause_no_share():
     """Trainer and rollout agree on every token (d = r = 0): the excess is 0, every share 0.0 (no division by
     it) and the headline is the first problem in layer order."""

@@ -45,6 +45,13 @@ NOISY_TRAINER = ("trainer_dropout",)
 LOCAL_EVIDENCE = ("zero_probability_tokens",)
 BACKEND_OBJECTIVE = ("backend_ratio_not_centred", "ess_collapse", "masked_fraction_high",
                      "correction_hides_backend_mismatch")
+# the fix of a backend-pair objective finding on an arm at parity (gap_within_floor): the backend has nothing
+# left to fix, so the method's third layer applies (issue 41: a clean H100 arm at parity read "fix the backend
+# first" beside a sequence-product ESS of 0.22)
+FIX_AT_PARITY = ("the backend pair is at parity on this hardware (gap_within_floor): what is left is the platform's "
+                 "floor, which is the objective's to correct: token-level or length-normalised (geometric) sequence "
+                 "weights instead of a product over the sequence, or truncated importance sampling; keep the "
+                 "backend ratio (pi_old/mu) apart from the update ratio and watch the ESS after the change")
 
 
 @dataclass
@@ -280,10 +287,14 @@ def attribute(findings: list[Finding], ev: ArmEvidence | None) -> tuple[list[Fin
     out = list(findings)
     # demotions: verdicts another identified cause explains
     backend = [f for f in out if f.severity.rank >= 1 and f.layer != Layer.OBJECTIVE and f.cause]
+    at_parity = any(f.name == "gap_within_floor" for f in out)
     for i, f in enumerate(out):
         if f.severity.rank < 1:
             continue
         out[i] = _demoted(f, out, named, ev, backend)
+        if at_parity and out[i].severity.rank >= 1 and _on_backend_pair(out[i]) \
+                and out[i].name != "correction_hides_backend_mismatch":
+            out[i] = out[i].with_(fix=FIX_AT_PARITY)
     energy = energies(out, ev, dec)
     total = dec.excess
     shares = {c: (e / total if total > 0 else 0.0) for c, e in energy.items()}
@@ -328,8 +339,7 @@ def _demoted(f: Finding, out: list[Finding], named: set[str], ev: ArmEvidence, b
         if by:
             return _explain(f, by, "a lower-precision head moves logits across the cut" if by in HEAD_CAUSES
                             else "the trainer's logits move from run to run")
-    elif f.layer == Layer.OBJECTIVE and f.name in BACKEND_OBJECTIVE and backend and \
-            str(f.evidence.get("pair", "")).startswith("backend"):
+    elif _on_backend_pair(f) and backend:
         configured = f.evidence.get("correction")
         if f.name == "correction_hides_backend_mismatch" and isinstance(configured, str) \
                 and configured.startswith("none"):
@@ -339,6 +349,12 @@ def _demoted(f: Finding, out: list[Finding], named: set[str], ev: ArmEvidence, b
         else:
             return _explain(f, backend[0].cause, "the backend pair is broken by it")
     return f
+
+
+def _on_backend_pair(f: Finding) -> bool:
+    """Whether ``f`` is an objective finding about the backend pair (:data:`BACKEND_OBJECTIVE`)."""
+    return f.layer == Layer.OBJECTIVE and f.name in BACKEND_OBJECTIVE and \
+        str(f.evidence.get("pair", "")).startswith("backend")
 
 
 def _set_shares(out: list[Finding], ev: ArmEvidence, shares: dict[str, float], floor_share: float | None) -> None:
@@ -371,4 +387,4 @@ def _headline(out: list[Finding]) -> Finding | None:
     return head
 
 
-__all__ = ["BACKEND_OBJECTIVE", "CLAIM_OF", "Decomposition", "attribute", "decompose", "energies"]
+__all__ = ["BACKEND_OBJECTIVE", "CLAIM_OF", "FIX_AT_PARITY", "Decomposition", "attribute", "decompose", "energies"]
