@@ -37,8 +37,9 @@ class Scorer:
     Every scoring records what was applied (``trainer_temperature`` / ``trainer_top_k`` /
     ``trainer_top_p`` per sequence, the settings and the batch shape in ``attrs["trainer"]``),
     per-tensor checksums of the weights, and the trainer's own floor: ``settings.self_check``
-    sequences rescored alone, twice (``attrs["trainer"]["self_check"]``: how much the batch shape
-    and a second run move the logprobs).
+    sequences rescored alone, twice, and once more with the attention in float32
+    (``attrs["trainer"]["self_check"]``: how much the batch shape, a second run and the attention
+    kernel's rounding move the logprobs).
 
     Parameters
     ----------
