@@ -119,6 +119,15 @@ def _gap(ev: ArmEvidence) -> float:
     return float(core.masked_mean(np.abs(ev.d), ev.finite_tokens))
 
 
+def _kernel_counts(f: dict[str, float]) -> tuple[str, ...]:
+    """``("kernel",)`` when the kernel floor counts toward parity: measured, and at least the trainer's batch
+    floor. A trainer whose batch shape moves its logprobs by more than its own attention kernel's rounding is
+    not at the platform's floor (e.g. left padding without position ids: 1.5x the kernel floor on the CPU
+    tiny-bf16 model, where right padding moves nothing); its batch floor is judged alone, as before."""
+    k, b = f["kernel_mean_abs"], f["batch_shape_mean_abs"]
+    return ("kernel",) if np.isfinite(k) and k > 0 and not (np.isfinite(b) and b > k) else ()
+
+
 def floor_findings(trace: xr.Dataset, *, evidence: ArmEvidence | None = None, tol: float | None = None,
                    prior=()) -> list[Finding]:
     """The two sides' own floors against the measured gap (mean ``|x|`` vs mean ``|d|``, nats).
@@ -131,8 +140,9 @@ def floor_findings(trace: xr.Dataset, *, evidence: ArmEvidence | None = None, to
     * ``engine_not_batch_invariant``: the same for the engine's batch spread (the same requests
       sampled again alone, ``attrs["engine_floor"]``).
     * ``gap_within_floor`` (information): the two floors together, with the kernel floor where the
-      self-check measured it (the same sequences alone under a second attention implementation: what
-      separates two correct kernels, as the engine's and the trainer's are), are at least
+      self-check measured it (the same sequences alone with the attention in float32: the rounding of
+      the trainer's own kernel, which any two implementations of the model differ by) and the trainer's
+      batch floor does not exceed it (:func:`_kernel_counts`), are at least
       :data:`PARITY_FLOOR_SHARE` of the gap, the trainer is deterministic and no earlier topic named
       another cause at WARNING or above: the arm is at parity on this hardware, and the two floor
       findings are information (what they measure is the floor, not a fault).
@@ -167,7 +177,7 @@ def floor_findings(trace: xr.Dataset, *, evidence: ArmEvidence | None = None, to
     rec = arm_record(trace)
     arm = rec.arm
     out = []
-    floors = [f[f"{k}_mean_abs"] for k in ("batch_shape", "engine_batch", "kernel")
+    floors = [f[f"{k}_mean_abs"] for k in ("batch_shape", "engine_batch", *_kernel_counts(f))
               if np.isfinite(f[f"{k}_mean_abs"]) and f[f"{k}_mean_abs"] > 0]
     deterministic = not (np.isfinite(f["run_to_run_rms"]) and f["run_to_run_rms"] > 0)
     named = [x for x in prior if x.severity.rank >= 1 and x.cause and x.cause not in FLOOR_CAUSES]
@@ -194,15 +204,16 @@ def floor_findings(trace: xr.Dataset, *, evidence: ArmEvidence | None = None, to
                                arm))
     if within:
         share = sum(floors) / gap
-        kernel = (f", two attention kernels in the trainer {f['kernel_mean_abs']:.3g}"
-                  if np.isfinite(f["kernel_mean_abs"]) else "")
+        kernel = (f", the trainer's attention kernel against float32 {f['kernel_mean_abs']:.3g}"
+                  if _kernel_counts(f) else "")
         out.append(Finding(Layer.INFERENCE_PATH, "gap_within_floor", Severity.INFO,
                            f"at parity on this hardware: the measured gap ({gap:.3g} nats mean |d|) is within the two "
                            f"sides' own floors (trainer batch shape {f['batch_shape_mean_abs']:.3g}, engine batch "
                            f"{f['engine_batch_mean_abs']:.3g}{kernel}: {share:.0%} of it) and no other cause is named",
                            {"gap_mean_abs_d": gap, "trainer_floor_mean_abs": f["batch_shape_mean_abs"],
                             "engine_floor_mean_abs": f["engine_batch_mean_abs"],
-                            "kernel_floor_mean_abs": f["kernel_mean_abs"], "floors_share_of_gap": share,
+                            "kernel_floor_mean_abs": f["kernel_mean_abs"] if _kernel_counts(f) else float("nan"),
+                            "floors_share_of_gap": share,
                             "threshold_share": PARITY_FLOOR_SHARE, "pair": PAIR}, FIX_NONE, arm))
     return out
 
@@ -265,8 +276,9 @@ CODES: tuple[FindingCode, ...] = (
          "floor, the engine's batch spread and, where the self-check measured it, the kernel floor: how far two "
          "attention implementations in the trainer's dtype disagree), the trainer repeats itself and no other cause is "
          "named; the floor findings are information then.", FIX_NONE, "trainer",
-         rule="trainer floor + engine floor + kernel floor (mean |x|, where measured) at least PARITY_FLOOR_SHARE of "
-              "the gap (mean |d|), run-to-run 0, no WARNING+ finding of a non-floor cause before this topic",
+         rule="trainer floor + engine floor + kernel floor (mean |x|, where measured; the kernel floor only where the "
+              "trainer floor does not exceed it) at least PARITY_FLOOR_SHARE of the gap (mean |d|), run-to-run 0, no "
+              "WARNING+ finding of a non-floor cause before this topic",
          thresholds=("rlparity.diagnose.trainer:PARITY_FLOOR_SHARE",),
          calibrated_on=PARITY_CALIBRATION),
 )
