@@ -199,3 +199,27 @@ def test_the_kernel_check_measures_the_attention_kernels_rounding(tiny_model, ro
                  settings=TrainerSettings(kernel_check="no_such_kernel")).score(rollout)
     assert bad.attrs["trainer"]["self_check"]["kernel_check"].startswith("sdpa vs no_such_kernel: not run (")
     assert "kernel_raw" not in bad.attrs["trainer"]["self_check"]
+
+
+def test_the_floor_command_reads_every_floor_a_store_recorded(tiny_model, rollout, tmp_path):
+    """``rlparity floor STORE --json``: per arm the gap and each recorded floor, the kernel floor included, equal
+    to the self-check's record (a bf16 trainer: every kernel floor above 0; kernel_check off: none)."""
+    import json
+
+    from rlparity.trace import save
+    from tests.conftest import run_cli
+
+    on = Scorer(tiny_model, dtype="bfloat16", progress=False).score(rollout)
+    off = Scorer(tiny_model, dtype="bfloat16", progress=False, settings=TrainerSettings(kernel_check="off")).score(rollout)
+    save({"on": on, "off": off}, tmp_path / "s.zarr")
+    res = run_cli("floor", tmp_path / "s.zarr", "--json")
+    assert res.exit_code == 0, res.stderr
+    rows = json.loads(res.stdout)
+    check = on.attrs["trainer"]["self_check"]
+    assert rows["on"]["trainer_kernel_mean_abs"] == pytest.approx(check["kernel_processed"]["mean_abs"], rel=1e-12)
+    assert rows["on"]["trainer_kernel_mean_abs"] > 0
+    assert rows["on"]["trainer_batch_mean_abs"] == pytest.approx(check["batch_shape_processed"]["mean_abs"], rel=1e-12)
+    assert rows["off"]["trainer_kernel_mean_abs"] is None or np.isnan(rows["off"]["trainer_kernel_mean_abs"])
+    mask = rollout["response_mask"].values
+    d = on["trainer_processed_logprob"].values - on["rollout_logprob"].values
+    assert rows["on"]["gap_mean_abs_d"] == pytest.approx(np.abs(d[mask & np.isfinite(d)]).mean(), rel=1e-9)

@@ -16,8 +16,8 @@ def floor_cmd(
                                             "model: rlparity experiment floors --model MODEL --out DIR)"),
     as_json: bool = typer.Option(False, "--json", help="print strict JSON"),
 ):
-    """The floors every arm of a store recorded (the trainer's batch-shape and run-to-run floors,
-    the engine's batch spread) beside the arm's backend gap (mean |d|). Measuring floors on a model
+    """The floors every arm of a store recorded (the trainer's batch-shape, run-to-run and kernel
+    floors, the engine's batch spread) beside the arm's backend gap (mean |d|). Measuring floors on a model
     under every trainer shape is ``rlparity experiment floors``."""
     path = Path(source)
     if not (path.is_dir() and ((path / ".zattrs").exists() or (path / "zarr.json").exists())):
@@ -36,14 +36,17 @@ def floor_cmd(
         rows[arm] = {"gap_mean_abs_d": gap, "trainer_batch_mean_abs": f["batch_shape_mean_abs"],
                      "trainer_run_to_run_mean_abs": f["run_to_run_mean_abs"],
                      "engine_batch_mean_abs": f["engine_batch_mean_abs"],
+                     "trainer_kernel_mean_abs": f["kernel_mean_abs"],
                      "findings": [f"{x.name} ({x.severity.value})" for x in report
-                                  if x.arm == arm and x.name.endswith(("batch_invariant", "not_deterministic"))]}
+                                  if x.arm == arm and x.name.endswith(("batch_invariant", "not_deterministic",
+                                                                       "within_floor"))]}
     if as_json:
         echo_json(rows)
     else:
         for arm, r in rows.items():
             typer.echo(f"{arm}: gap {_g(r['gap_mean_abs_d'])}; trainer batch {_g(r['trainer_batch_mean_abs'])}, "
-                       f"run to run {_g(r['trainer_run_to_run_mean_abs'])}; engine batch "
+                       f"run to run {_g(r['trainer_run_to_run_mean_abs'])}, kernel "
+                       f"{_g(r['trainer_kernel_mean_abs'])}; engine batch "
                        f"{_g(r['engine_batch_mean_abs'])} (nats, mean |x|) {'; '.join(r['findings'])}")
     raise typer.Exit(EXIT_OK)
 
