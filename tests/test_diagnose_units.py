@@ -646,13 +646,14 @@ def _by_version(tr):
     return {v: a[(pv == v) & m & ~spans] for v in (0, 1)}, spans
 
 
-def _log_over_floors(m1, m0, fl):
-    """log of version 1's median over what its floor predicts: version 0's median above its floor
-    (c) plus version 1's floor; without floors the plain log-ratio of the medians."""
+def _log_over_floors(m1, m0, fl, mean0=None):
+    """log of version 1's median over what its floor predicts: the plain log-ratio of the medians less
+    the log of the ratio the floors predict, (c + floor 1) / (c + floor 0), with c version 0's mean |r|
+    (the floors' own statistic) above its floor; without floors the plain log-ratio of the medians."""
     if fl is None:
         return np.log(m1 / m0)
-    c = max(m0 - fl[0], 0.0)
-    return np.log(m1 / (c + fl[1])) - np.log(m0 / (c + fl[0]))
+    c = max(mean0 - fl[0], 0.0)
+    return np.log(m1 / m0) - np.log((c + fl[1]) / (c + fl[0]))
 
 
 def _version_reference(tr, floors=None):
@@ -662,7 +663,7 @@ def _version_reference(tr, floors=None):
     group i mod 20, Quenouille-Tukey), on the tokens no update record explains."""
     a, spans = _by_version(tr)
     fl = floors
-    lr = _log_over_floors(np.median(a[1]), np.median(a[0]), fl)
+    lr = _log_over_floors(np.median(a[1]), np.median(a[0]), fl, np.mean(a[0]))
     absd = np.abs(tr["trainer_processed_logprob"].values - tr["rollout_logprob"].values)
     pv, m = tr["policy_version"].values, tr["response_mask"].values & ~spans
     seqs = [i for i in range(m.shape[0]) if m[i].any()]
@@ -670,7 +671,8 @@ def _version_reference(tr, floors=None):
     est = []
     for g in range(k):
         keep = np.array([i in seqs and seqs.index(i) % k != g for i in range(m.shape[0])])[:, None] & m
-        est.append(_log_over_floors(np.median(absd[keep & (pv == 1)]), np.median(absd[keep & (pv == 0)]), fl))
+        est.append(_log_over_floors(np.median(absd[keep & (pv == 1)]), np.median(absd[keep & (pv == 0)]), fl,
+                                    np.mean(absd[keep & (pv == 0)])))
     est = np.array(est)
     se = np.sqrt((k - 1) / k * np.sum((est - est.mean()) ** 2))
     return a, float(np.exp(lr)), float(lr / se)
@@ -890,8 +892,8 @@ def test_a_real_partial_sync_is_still_named(fresh_only):
     ve = build(tr).version_excess
     assert ve["flagged"] == [1]
     assert ve["version_1_over_reference"] == pytest.approx(ratio, rel=1e-12)
-    c = np.median(a[0]) - 0.008  # version 0's level above its floor, kept at version 1
-    assert ratio == pytest.approx(np.median(a[1]) / (c + 0.009), rel=1e-12)
+    c = np.mean(a[0]) - 0.008  # version 0's mean above its floor, kept at version 1
+    assert ratio == pytest.approx(np.median(a[1]) / np.median(a[0]) * (c + 0.008) / (c + 0.009), rel=1e-12)
     assert ve["z_by_version"]["1"] == pytest.approx(z, rel=1e-9)
     (f,) = sync.weight_sync(tr)
     assert f.name == "weights_differ_at_version" and "over its own floor" in f.summary
@@ -1022,20 +1024,26 @@ def test_floor_excess_ratio_by_hand():
     # level exactly as predicted: 1; equal floors: the plain ratio of the levels
     assert mv.floor_excess_ratio(0.028, 0.02, 0.012, 0.004) == pytest.approx(1.0, rel=1e-12)
     assert mv.floor_excess_ratio(0.03, 0.02, 0.005, 0.005) == pytest.approx(1.5, rel=1e-12)
+    # c from the first version's mean (0.02 - 0.004 = 0.016) while the levels are medians (0.003 below the
+    # floor): predicted (0.016 + 0.012) / (0.016 + 0.004) = 1.4, (0.009 / 0.003) / 1.4 = 15 / 7
+    assert mv.floor_excess_ratio(0.009, 0.003, 0.012, 0.004, ref_mean=0.02) == pytest.approx(15 / 7, rel=1e-12)
+    # a mean under its floor: c = 0, the plain ratio over the floors, (0.009 / 0.003) / 3 = 1
+    assert mv.floor_excess_ratio(0.009, 0.003, 0.012, 0.004, ref_mean=0.0035) == pytest.approx(1.0, rel=1e-12)
 
 
 @pytest.mark.parametrize("fresh_only", [False, True], ids=["keep", "wait"])
 def test_a_higher_floor_far_below_the_residual_does_not_hide_a_partial_sync(fresh_only):
     """Issue 41, the H100 matrices: version 1's self-check floor 3x version 0's, both far below the
     residual (0.004 and 0.012 against 0.02), and version 1's residual 2.5x version 0's. Dividing by the
-    floors reads 0.83x and misses it; against version 0's excess over its floor plus version 1's floor it
-    reads 1.79x and is flagged (the hand reference)."""
+    floors reads 0.83x and misses it; against version 0's excess over its floor (read from its mean, the
+    floors' statistic) plus version 1's floor it reads about 1.8x and is flagged (the hand reference)."""
     floors = {0: 0.004, 1: 0.012}
     tr = _two_versions(0.02, 0.05, self_checks=floors, fresh_only=fresh_only)
     a, ratio, z = _version_reference(tr, floors)
     m1, m0 = np.median(a[1]), np.median(a[0])
     assert (m1 / floors[1]) / (m0 / floors[0]) < 1.0  # over the floors alone: not seen
-    assert ratio == pytest.approx(m1 / (m0 - floors[0] + floors[1]), rel=1e-12) and ratio > 1.6
+    c = np.mean(a[0]) - floors[0]
+    assert ratio == pytest.approx(m1 / m0 * (c + floors[0]) / (c + floors[1]), rel=1e-12) and ratio > 1.6
     ve = build(tr).version_excess
     assert ve["version_1_over_reference"] == pytest.approx(ratio, rel=1e-12)
     assert ve["z_by_version"]["1"] == pytest.approx(z, rel=1e-9)
@@ -1147,19 +1155,21 @@ def test_the_logit_statistic_has_its_own_ratio():
 
 
 def test_the_logit_statistic_keeps_the_floor_model():
-    """With per-version floors, the logit statistic's ratio is the median's floor-model ratio times the change
-    the normalisation makes: (s1 / s0) / (m1 / m0) * floor_excess_ratio(m1, m0, f1, f0)."""
+    """With per-version floors, the logit statistic's ratio is its plain ratio over the ratio the floors
+    predict, (c + f1) / (c + f0) with c version 0's mean |r| above its floor: the same division as the
+    median's (written out here in float64, not through floor_excess_ratio)."""
     tr, d, lp, versions = _peaked_versions(0.004)
     tr.attrs["trainer"]["self_check_per_version"] = {"0": _self_check(0.002), "1": _self_check(0.003)}
     mu = lp - d
     s = np.abs(d) / (1.0 - np.exp(np.minimum(mu, lp)))
     m = {v: np.median(np.abs(d)[versions == v]) for v in (0, 1)}
     sv = {v: np.median(s[versions == v]) for v in (0, 1)}
-    expected = (sv[1] / sv[0]) / (m[1] / m[0]) * mv.floor_excess_ratio(m[1], m[0], 0.003, 0.002)
+    c = max(float(np.mean(np.abs(d)[versions == 0])) - 0.002, 0.0)
+    predicted = (c + 0.003) / (c + 0.002)
     ve = build(tr).version_excess
     assert ve["measured_against"] == "each version's own floor"
-    assert ve["logit_median_over_reference_by_version"]["1"] == pytest.approx(expected, rel=1e-9)
-    assert ve["version_1_over_reference"] == pytest.approx(mv.floor_excess_ratio(m[1], m[0], 0.003, 0.002), rel=1e-9)
+    assert ve["logit_median_over_reference_by_version"]["1"] == pytest.approx(sv[1] / sv[0] / predicted, rel=1e-9)
+    assert ve["version_1_over_reference"] == pytest.approx(m[1] / m[0] / predicted, rel=1e-9)
 
 
 @pytest.mark.parametrize("trainer_share, engine_share, kernel_share, at_parity", [

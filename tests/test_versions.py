@@ -186,3 +186,24 @@ def test_logit_scale_floors_one_minus_p():
     got = mv.logit_scale(np.array([0.25, 0.25, 2e-6, 0.25]), mu, matched)
     np.testing.assert_allclose(got, [0.5, 0.5, 2.0, 0.5], rtol=1e-12)
     assert mv.logit_scale(np.array([2e-6]), np.array([0.0]), np.array([-1e-9]))[0] == pytest.approx(2.0, rel=1e-12)
+
+
+def test_the_floor_share_is_read_from_the_means():
+    """The H100 shape (issue 41): version 0's |r| is mostly small with one large token a sequence, so its
+    median (0.125) lies below its floor (0.25, a mean) while its mean (0.375) lies above it; version 1's
+    floor is 3x. The floor model takes c from the mean, 0.375 - 0.25 = 0.125, and predicts version 1 at
+    (0.125 + 0.75) / (0.125 + 0.25) = 7/3 of version 0 in every statistic (c from the median would be 0 and
+    predict 3x). Version 1 at 4x every token reads 4 / (7/3) = 12/7 in the median, the mean and the upper
+    quartile (v0's: index 11.25 of 16 sorted values, 0.125 + 0.25 * 1.0 = 0.375), no spread: flagged at
+    1.6; at 2x it reads 6/7 and is not."""
+    v0 = [(0, 0.125)] * 3 + [(0, 1.125)]
+    floors = {0: 0.25, 1: 0.75}
+    for scale, flagged in ((4.0, [1]), (2.0, [])):
+        absr, free, pv = _tokens([v0] * 4 + [[(1, scale * r) for _, r in v0]] * 4)
+        ve = mv.version_excess(absr, free, pv, floors=floors, thresholds=VT(ratio=1.6, z=2.5, quartile_ratio=1.6))
+        want = scale / ((0.125 + 0.75) / (0.125 + 0.25))
+        assert ve["version_1_over_reference"] == pytest.approx(want, rel=1e-12)
+        assert ve["mean_over_reference_by_version"]["1"] == pytest.approx(want, rel=1e-12)
+        assert ve["upper_quartile_over_reference_by_version"]["1"] == pytest.approx(want, rel=1e-12)
+        assert ve["flagged"] == flagged
+    assert 4.0 / 3.0 < 1.6  # c from the median (0) would have predicted 3x: 4x reads 4/3, not flagged

@@ -311,7 +311,17 @@ class Defaults(BaseModel):
                                  "what its own floor predicts: metrics.versions.floor_excess_ratio) as a multiple of the first version's at which the two sides held different "
                                  "weights for it. Held out: the H200 inflight arms (no weight fault) measure 0.83-0.89; "
                                  "the H200 fault matrix's arms without a weight fault 0.46-1.30, a one-layer partial "
-                                 "sync 2.06 and a skipped trainer sync 5.26 (issue 41)")
+                                 "sync 2.06 and a skipped trainer sync 5.26 (issue 41). The floor model's c (the "
+                                 "first version's excess over its floor) read from the mean |r|, the floors' own "
+                                 "statistic, for every statistic (session 52; before: from each statistic, so the "
+                                 "median, below the mean floor, was divided by the full floor ratio). Chosen on the "
+                                 "blind views of H100 seeds 11-14 (bars unchanged): the arms without a weight fault "
+                                 "read at most 1.14 in the median, the logit median and the upper quartile, and reach "
+                                 "z 1.31 at most where the mean reaches 1.6 (0 of 76 testable arms flagged); partial "
+                                 "syncs flagged 16 of 20 testable (10 before; the single arms 2.05-2.62 in the median "
+                                 "at z 4.0-11.2 on seeds 11-13, seed 14 by the mean, 4.70 at z 4.75). Checked, not "
+                                 "chosen on: CPU tiny-bf16 seeds 0-9 (no flag changes: 46 of 90 weight faults, 0 of "
+                                 "320 other arms) and the shipped examples (reports unchanged)")
     version_z: float = Field(2.5, gt=0, description="jackknife (over sequences) standard errors by which the log of "
                              "that ratio must exceed 0 (issue 41). Chosen on the blind views of H100 seed 1 and CPU "
                              "seeds 0-4: the arms without a weight fault whose ratio passes reach at most 2.36 (109 "

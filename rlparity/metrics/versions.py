@@ -3,7 +3,8 @@
 Both sides of an RL run load the first version of a trace from one checkpoint; a partial sync, or a
 trainer that skipped one, shows on the tokens of a version after an update. :func:`version_excess`
 compares each later version's ``|r|`` (``r = mu - matched reading``, nats) with the first version's,
-each over what its own floor predicts (:func:`floor_excess_ratio`), with a jackknife over sequences.
+each over what its own floor predicts (:func:`floor_excess_ratio`, the floor's share read from the
+means), with a jackknife over sequences.
 
 A numpy core over token arrays whose first axis is the sequence (``(sequence, position)``): the
 diagnosis (:func:`rlparity.diagnose.evidence.version_claims`) reads the arrays and the floors from
@@ -82,17 +83,23 @@ def logit_scale(absr: np.ndarray, mu: np.ndarray, matched: np.ndarray) -> np.nda
     return np.asarray(absr, dtype=float) / np.maximum(q, LOGIT_Q_MIN)
 
 
-def floor_excess_ratio(level: float, ref_level: float, floor: float, ref_floor: float) -> float:
+def floor_excess_ratio(level: float, ref_level: float, floor: float, ref_floor: float,
+                       ref_mean: float | None = None) -> float:
     """A later version's level of ``|r|`` over what its own floor predicts from the first version's.
 
-    The first version's level is its floor plus a part the floor does not explain (the two
-    implementations' own difference, ``c = max(ref_level - ref_floor, 0)``), which the weights of a
-    later version do not change; a later version is expected at ``c + floor``. The ratio is
-    ``(level / (c + floor)) / (ref_level / (c + ref_floor))``: a version whose residual is all floor
-    (``c = 0``) is measured against its floor alone, as a plain ratio of ``|r|`` over the floors; one far
-    above its floor is measured against the first version's level moved by the difference of the floors
-    (issue 41: on the H100 matrices version 1's self-check floor is 1.5-2.9x version 0's while its clean
-    residual is not higher, and dividing by the floors hid every partial sync there).
+    The first version's ``|r|`` is its floor plus a part the floor does not explain (the two
+    implementations' own difference), which the weights of a later version do not change. The floors are
+    mean ``|d|`` of the trainer's self-check, so that part is measured in the same statistic: ``c =
+    max(ref_mean - ref_floor, 0)``, ``ref_mean`` the first version's mean ``|r|``. A later version is
+    expected at ``k = (c + floor) / (c + ref_floor)`` times the first version's level in every statistic
+    (the floor takes the same share of each statistic as of the mean), and the ratio is ``(level /
+    ref_level) / k``: a version whose residual is all floor (``c = 0``) is measured against its floor
+    alone, one far above its floor against the first version's level. Issue 41: on the H100 matrices
+    version 1's self-check floor is 1.5-2.9x version 0's while its clean residual is not higher; with
+    ``c`` taken from the median (below the mean floor, so ``c = 0``) the median and the upper quartile
+    were divided by the full floor ratio, which hid the partial syncs of H100 seeds 11 and 13 (version
+    1 median 2.7-3.6x version 0's, floors 2.5-2.8x). Without ``ref_mean``, ``c`` is read from
+    ``ref_level`` (the two are the same statistic when the level is the mean).
 
     Parameters
     ----------
@@ -100,14 +107,16 @@ def floor_excess_ratio(level: float, ref_level: float, floor: float, ref_floor: 
         The statistic of ``|r|`` (nats) of the later version and of the first.
     floor, ref_floor : float
         Their floors (mean ``|d|`` of the trainer's self-check at each version, nats).
+    ref_mean : float, optional
+        The first version's mean ``|r|`` (nats), the floors' own statistic; None: ``ref_level``.
 
     Returns
     -------
     float
         The ratio (dimensionless; 1 where the later version sits where its floor predicts).
     """
-    c = max(ref_level - ref_floor, 0.0)
-    return (max(level, 1e-300) / max(c + floor, 1e-300)) / (max(ref_level, 1e-300) / max(c + ref_floor, 1e-300))
+    c = max((ref_level if ref_mean is None else ref_mean) - ref_floor, 0.0)
+    return (max(level, 1e-300) / max(ref_level, 1e-300)) / (max(c + floor, 1e-300) / max(c + ref_floor, 1e-300))
 
 
 @dataclass(frozen=True)
@@ -179,10 +188,11 @@ def version_excess(abs_residual: np.ndarray, free: np.ndarray, policy_version: n
     that moves few tokens far) and, given ``scaled``, the median of ``|r| / (1 - p)``
     (:func:`logit_scale`: the disagreement read at the logits, whatever the confidence of the
     version's tokens), each measured against that version's own floor where ``floors`` holds
-    one for every such version (:func:`floor_excess_ratio`: the first version's level above its floor
-    plus the later version's floor), so a version whose weights merely have a higher numeric floor is
-    not flagged. A later version whose ratio to the first version's reaches its statistic's bar and whose
-    log-ratio is ``z`` standard errors above 0 (:class:`VersionThresholds`), in any statistic, is flagged;
+    one for every such version (:func:`floor_excess_ratio`: the first version's mean above its floor
+    plus the later version's floor, over the first version's mean, scales every statistic), so a
+    version whose weights merely have a higher numeric floor is not flagged. A later version whose
+    ratio to the first version's reaches its statistic's bar and whose log-ratio is ``z`` standard
+    errors above 0 (:class:`VersionThresholds`), in any statistic, is flagged;
     the error is a delete-a-group jackknife over sequences (tokens of one sequence are not independent
     draws), and with fewer than ``defaults().min_fit_sequences`` sequences holding the two versions' tokens
     nothing is flagged. A version in ``fingerprints_equal`` is never flagged. A trainer whose
@@ -277,8 +287,8 @@ def _version_table(stats: dict[int, tuple[float, float, int]], ref: int, floors:
                            "reference_version": ref, "ratio_threshold": th.ratio, "z_threshold": th.z,
                            "logit_ratio_threshold": th.logit_ratio,
                            "statistic": "median, mean and upper quartile of |r| and median |r| / (1 - p) per version against the first "
-                                        "version's, each over what its own floor predicts (floor_excess_ratio); z from "
-                                        "a jackknife over sequences; any one flags",
+                                        "version's, each over what its own floor predicts (floor_excess_ratio, the "
+                                        "floor's share from the means); z from a jackknife over sequences; any one flags",
                            "z_by_version": {}, "flagged": []}
     if floors:
         out["floor_by_version"] = {str(v): f for v, f in floors.items()}
@@ -306,7 +316,9 @@ def _version_tests(absr: np.ndarray, free: np.ndarray, pv: np.ndarray, scaled: n
             a, b = absr[m & (pv == v)], absr[m & (pv == ref)]
             if a.size == 0 or b.size == 0:
                 return float("nan")
-            lr = float(np.log(floor_excess_ratio(reduce(a), reduce(b), floors[v], floors[ref])
+            # the floor model's c from the mean of the first version's |r| (the floors' statistic), in every statistic
+            lr = float(np.log(floor_excess_ratio(reduce(a), reduce(b), floors[v], floors[ref],
+                                                 ref_mean=float(np.mean(b)))
                               if own_floor else max(reduce(a), 1e-300) / max(reduce(b), 1e-300)))
             if logit:  # the same floor model, on the statistic read at the logits: swap the plain levels' ratio
                 sa, sb = scaled[m & (pv == v)], scaled[m & (pv == ref)]
