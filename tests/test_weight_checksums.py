@@ -91,6 +91,7 @@ def test_strided_samples_with_offsets_across_chunk_boundaries(stride, offset, sm
     assert tensor_checksum(torch.from_numpy(x.copy()).reshape(n, 1), stride=stride, offset=offset) == want
     raw = bf16_bits(x)
     assert tensor_checksum(bf16_tensor(raw), stride=stride, offset=offset) == reference(raw[offset % stride::stride])
+    assert tensor_checksum(bf16_tensor(raw), stride=stride) == reference(raw[::stride])  # offset 0 by default
     # an infinity outside the sample is not seen, one inside it is
     x[offset % stride + 1] = np.inf  # right after the first sampled value
     if stride > 1:
