@@ -23,6 +23,10 @@ Measures throughput (tokens per second over the whole set) and peak extra memory
   in the trainer layout ``TrainerSettings.layout`` (``padded``: one row per sequence; ``packed``: a micro-batch's
   sequences in one row with a block-diagonal causal mask) and with a float32 or bf16 LM head. Each row
   records its ``layout``, ``head_dtype``, ``self_check`` and ``fingerprint``.
+* ``fingerprint`` (issue 39): the weight checksums alone, ``rlparity.score.fingerprint.checkpoint_checksums(model)``
+  on the benchmark's model (what ``Scorer.score`` adds per call on a model passed in): seconds and GB/s of the
+  bf16 values read (2 bytes a floating-point value of the state dict, tied tensors counted as often as they are
+  checksummed); no tokens or FLOPs. Needs rlparity importable; skipped with a note when it is not.
 
 Every row also reports its achieved FLOP/s (the useful matmul FLOPs: the body over every token, causal
 attention within each sequence, the LM head over the rows that method projects: every token for ``bare``
@@ -90,7 +94,7 @@ END_TO_END = {"score_end_to_end": ("padded", "float32", None, True),
 # through FlexAttention, which reads the sequences from the position ids and skips the masked blocks
 ATTENTION = {f"score_packed_flex_{short}_head": "flex_attention" for short in ("fp32", "bf16")}
 METHODS = ("bare", "naive_fp32", "scorer_fp32_new", "scorer_fp32_new_cast", "scorer_fp32_ref", "scorer_bf16_new",
-           "scorer_bf16_ref", "score_end_to_end", *list(END_TO_END)[2:])
+           "scorer_bf16_ref", "score_end_to_end", *list(END_TO_END)[2:], "fingerprint")
 # dense bf16 peak FLOP/s by card (SXM; the H200 has the H100's tensor cores)
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
 
@@ -278,6 +282,18 @@ def end_to_end(model, a, shape, ids, rows):
         return s.score(trace)
 
     return ({name: (lambda name=name, s=s: call(name, s)) for name, s in steady.items()}, first, None)
+
+
+def fingerprint(model):
+    """(a function computing ``checkpoint_checksums(model)``, the bytes of bf16 values it reads, the tensors);
+    (None, None, why) when rlparity's own dependencies are missing."""
+    try:
+        from rlparity.score.fingerprint import checkpoint_checksums
+    except ImportError as err:
+        print(f"# fingerprint skipped: importing rlparity failed ({err})", file=sys.stderr)
+        return None, None, str(err)
+    floating = [t for t in model.state_dict().values() if t.is_floating_point()]
+    return (lambda _batch: checkpoint_checksums(model)), 2 * sum(t.numel() for t in floating), len(floating)
 
 
 def over_budget(a, t_start: float, next_s: float) -> bool:
@@ -505,6 +521,15 @@ def main() -> None:
         if e2e:
             methods.update({k: (lambda _batch, f=f: f()) for k, f in e2e.items()})
             names += list(e2e)
+    fp_bytes = fp_tensors = fp_skipped = None
+    if "fingerprint" in names:
+        fp, fp_bytes, fp_tensors = fingerprint(model)
+        if fp is None:
+            names.remove("fingerprint")
+            fp_skipped = fp_tensors
+        else:
+            methods["fingerprint"] = fp
+    one_call = {*END_TO_END, "fingerprint"}  # a whole pass is one call, not one per batch
     eq = {} if a.no_equality else equality(model, head, a, shape, batches[0])
     for name in names:  # warm-up: compile, allocator, kernels' autotuning
         one_pass(methods[name], batches[:1], a.device)
@@ -512,7 +537,7 @@ def main() -> None:
     for r in range(a.repeats):
         t_repeat = time.perf_counter()
         for name in names:  # an end-to-end row is one call over the whole trace
-            times[name].append(one_pass(methods[name], batches[:1] if name in END_TO_END else batches, a.device))
+            times[name].append(one_pass(methods[name], batches[:1] if name in one_call else batches, a.device))
         print(f"# repeat {r + 1}: " + ", ".join(f"{n} {times[n][-1]:.3f}s" for n in names), file=sys.stderr)
         if over_budget(a, t_start, time.perf_counter() - t_repeat):
             print(f"# --budget-s {a.budget_s}: stopping after {r + 1} repeats", file=sys.stderr)
@@ -520,7 +545,7 @@ def main() -> None:
     mem: dict[str, float] = {}
     if not a.no_memory and not over_budget(a, t_start, 0.0):
         for name in names:
-            if name in END_TO_END:
+            if name in one_call:
                 continue
             mem[name] = peak_cuda(methods[name], batches[:2]) if a.device == "cuda" else peak_cpu_subprocess(a, name)
     cfg, card, peak = model.config, *card_peak(a.device)
@@ -533,6 +558,10 @@ def main() -> None:
     for name in [n for n in names if n not in END_TO_END] + [n for n in ("score_end_to_end_first", *END_TO_END)
                                                                 if n in times]:
         t = statistics.median(times[name])
+        if name == "fingerprint":  # no tokens or FLOPs: the bytes of bf16 weights it reads
+            rows.append({"method": name, "median_s": t, "times_s": times[name], "tensors": fp_tensors,
+                         "bf16_bytes": fp_bytes, "gb_per_s": fp_bytes / t / 1e9, "throughput_vs_bare": base_t / t})
+            continue
         work = flops(cfg, shape, tokens, tokens if name in ("bare", "naive_fp32") else responses)
         row = {"method": name, **row_setup(name, shape["dtype"]), "median_s": t, "times_s": times[name],
                "tokens_per_s": tokens / t,
@@ -552,6 +581,7 @@ def main() -> None:
               "score_end_to_end": {"rows": [r["method"] for r in rows if r["method"].startswith("score_")],
                                    "skipped": e2e_skipped, "model": "passed in (loaded)",
                                    "first_call": "fresh Scorer, first thing in the process"},
+              "fingerprint_skipped": fp_skipped,
               "rows": rows, "equality": eq,
               "wall_s": time.perf_counter() - t_start}
     print(f"\n{a.shape} on {result['versions'].get('gpu', a.device)}, {tokens} tokens, "
@@ -559,10 +589,16 @@ def main() -> None:
     print("| method | s / pass | tokens/s | throughput vs bare | vs naive | TFLOP/s | of peak | peak extra MiB | peak vs bare |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        if r["method"] == "fingerprint":
+            continue
         share = f"{100 * r['peak_share']:.0f}%" if r["peak_share"] is not None else "-"
         print(f"| {r['method']} | {r['median_s']:.3f} | {r['tokens_per_s']:.0f} | {r['throughput_vs_bare']:.2f} | "
               f"{r.get('throughput_vs_naive', float('nan')):.2f} | {r['flops_per_s'] / 1e12:.3g} | {share} | "
               f"{r.get('peak_extra_mib', float('nan')):.0f} | {r.get('peak_vs_bare', float('nan')):.2f} |")
+    for r in rows:
+        if r["method"] == "fingerprint":
+            print(f"\nfingerprint (checkpoint_checksums, {r['tensors']} tensors, {r['bf16_bytes'] / 1e9:.3g} GB of bf16): "
+                  f"{r['median_s']:.3f} s, {r['gb_per_s']:.2f} GB/s, {1 / r['throughput_vs_bare']:.2f}x the bare forward")
     for what, d in eq.items():
         if what.endswith("float64, same logits"):
             print("\nmax |x - float64| on the same logits, first batch: "

@@ -72,10 +72,11 @@ step() {  # step NAME LIMIT_S MIN_S COMMAND... ("{budget}" in COMMAND: the limit
 
 # 1. rescoring, 1.5B shape (256 x 577 tokens, batch 16): bare forward, Scorer's per-batch path (fp32 and bf16
 #    heads), Scorer(...).score(trace) end to end (first call, steady with / without the self-check), and the
-#    scoring path alone (no self-check, no checksums) padded and packed, fp32 and bf16 heads; ~100-140 s
+#    scoring path alone (no self-check, no checksums) padded and packed, fp32 and bf16 heads, and the weight
+#    checksums alone (fingerprint; zlib's CRC where the bundle lacks isal: the same values); ~100-140 s
 step rescoring 160 60 $py benchmarks/rescoring.py "${r15[@]}" --budget-s {budget} \
   --methods bare scorer_fp32_new scorer_bf16_new score_end_to_end score_padded_fp32_head score_padded_bf16_head \
-  score_packed_fp32_head score_packed_bf16_head --out-dir "$out"
+  score_packed_fp32_head score_packed_bf16_head fingerprint --out-dir "$out"
 # 2. capture vs vLLM's generate, same engine, same SamplingParams (logprobs=0, flat), and vLLM's default
 #    list logprobs, 256 prompts x 512 tokens on a random 1.5B-shape Llama written in the run; engine start
 #    30-70 s, ~6 s a pass; ~150-200 s
