@@ -216,31 +216,30 @@ class GcClock:
         self.seconds, self.collections = 0.0, [0, 0, 0]
 
 
-def young_collection_after_pause(generate_paused, repeats: int = 3) -> dict:
-    """What a generate with the collector paused leaves behind (``rlparity.capture.gc_pause``), ``repeats`` times
-    after an untimed ``gc.collect()``: the seconds and collections (per generation) that start once the block has
-    closed, at the first allocation (the young collection the block owed: an explicit ``gc.collect(0)`` after the
-    block would do the same work), then a full ``gc.collect()``: its seconds and the unreachable objects it finds
-    (the cyclic garbage of the call, which waited for a collection). Medians, and the collections of each repeat."""
-    clock = GcClock()
-    gc.callbacks.append(clock)
-    owed, owed_gens, full, unreachable = [], [], [], []
-    try:
-        for _ in range(repeats):
-            gc.collect()
-            clock.reset()
-            out = generate_paused()
-            [].append([])  # a tracked allocation: the collection owed has started by now
-            owed.append(clock.seconds)
-            owed_gens.append(list(clock.collections))
+def young_collection_after_pause(generate, repeats: int = 3) -> dict:
+    """What vLLM's generate leaves behind when the collector is paused around it (``rlparity.capture.gc_pause``),
+    ``repeats`` times after an untimed ``gc.collect()``: the young generation's count at the end of the call
+    (``young_count``: what the young collection owed will walk), the seconds of that collection run explicitly
+    still inside the pause (``gc.collect(0)``; without it the first allocation after the pause starts the same
+    collection), then a full ``gc.collect()``: its seconds and the unreachable objects it finds (the cyclic garbage
+    of the call, which waited for a collection). Medians, and the counts of each repeat."""
+    from rlparity.capture.gc_pause import gc_paused
+
+    young, counts, full, unreachable = [], [], [], []
+    for _ in range(repeats):
+        gc.collect()
+        with gc_paused():
+            out = generate()
+            counts.append(gc.get_count()[0])
             t = time.perf_counter()
-            unreachable.append(gc.collect())
-            full.append(time.perf_counter() - t)
-            del out
-    finally:
-        gc.callbacks.remove(clock)
-    return {"owed_s": statistics.median(owed), "owed_collections": owed_gens, "full_collect_s": statistics.median(full),
-            "full_collect_unreachable": statistics.median(unreachable)}
+            gc.collect(0)
+            young.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        unreachable.append(gc.collect())
+        full.append(time.perf_counter() - t)
+        del out
+    return {"young_count": counts, "young_collect_s": statistics.median(young),
+            "full_collect_s": statistics.median(full), "full_collect_unreachable": statistics.median(unreachable)}
 
 
 def token_agreement(a, b) -> dict:
@@ -432,7 +431,7 @@ def main(argv=None) -> dict:
         res["repeats_done"] = len(times["capture"])
         res["gc_enabled_in_llm_generate"] = gc_on  # the baseline's True, the capture's (not capture_gc_pause)
         assert gc_on["generate"] is True or not gc.isenabled(), "the baseline generate must run unpaused"
-        res["young_collection_after_pause"] = young_collection_after_pause(generate_paused)
+        res["young_collection_after_pause"] = young_collection_after_pause(methods["generate"])
         # the same seeds give the same tokens where the engine's numerics do not depend on the batch: the capture's
         # trace against generate's, and generate against its own warm-up (a difference there is vLLM's, not the capture's)
         gen_tokens = np.array([list(o.outputs[0].token_ids) for o in last["generate"]])
@@ -488,7 +487,8 @@ def main(argv=None) -> dict:
     print(f"garbage collector: capture_gc_pause {pause}; median seconds in it: "
           + ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in gc_s.items())
           + "; paired median vs generate: " + ", ".join(f"{k} {v['median']:.3f}" for k, v in res["paired_vs_generate"].items())
-          + f"; after a paused generate: the young collection owed {young['owed_s'] * 1e3:.1f} ms, a full collection "
+          + f"; after a paused generate: the young collection owed {young['young_collect_s'] * 1e3:.1f} ms "
+          f"({statistics.median(young['young_count'])} young objects), a full collection "
           f"{young['full_collect_s'] * 1e3:.1f} ms finding {young['full_collect_unreachable']} unreachable objects")
     if "profile" in res:
         print(res["profile"]["text"])

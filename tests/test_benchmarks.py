@@ -61,7 +61,7 @@ SMOKE = {
                        "generate": True, "capture": False, "generate_gc_paused": False, "capture_unpaused": True,
                        **({"generate_list_logprobs": True} if r["flat_logprobs"] else {}), "generate_no_logprobs": True}
                    and set(r["paired_vs_generate"]) == set(r["median_s"]) - {"generate"}
-                   and r["young_collection_after_pause"]["owed_collections"][0][2] == 0
+                   and len(r["young_collection_after_pause"]["young_count"]) == 3
                    and set(r["profile"]["gc"]) == {"capture", "generate"}
                    and 0 < r["inner_generate_paired"]["min"] and len(r["gc_s"]["capture"]) == 2
                    and r["profile"]["generate_s"] <= r["profile"]["total_s"]
