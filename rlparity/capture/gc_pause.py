@@ -17,8 +17,11 @@ Cyclic garbage made inside the block waits for the next collection. The collecto
 other threads' garbage waits too while a block runs.
 
 ``defaults().capture_gc_pause`` (default on) turns it on or off for the captures of
-:class:`~rlparity.capture.Engine` (``defaults_context(capture_gc_pause=False)``, or
-``capture_gc_pause: false`` in ``RLPARITY_DEFAULTS``).
+:class:`~rlparity.capture.Engine` and the sync :meth:`~rlparity.capture.AsyncEngine.capture` (the caller waits
+there too; on the CPU, tiny model, 128 x 256 tokens: the client's CPU 0.94x, 0.06-0.15 s of young and middle
+collections a capture gone); ``AsyncEngine.acapture`` / ``capture_async`` run beside the caller's own work and
+leave the collector alone. ``defaults_context(capture_gc_pause=False)``, or ``capture_gc_pause: false`` in
+``RLPARITY_DEFAULTS``, turns it off.
 """
 
 from __future__ import annotations

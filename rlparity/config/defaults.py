@@ -231,8 +231,9 @@ class Defaults(BaseModel):
 
     # engines
     profile: str = Field("pipelinerl-parity", description="reference engine profile (name or YAML path)")
-    capture_gc_pause: bool = Field(True, description="pause Python's cyclic garbage collector during the offline "
-                                   "engine's generate in a capture (rlparity.capture.gc_pause): same tokens and "
+    capture_gc_pause: bool = Field(True, description="pause Python's cyclic garbage collector while a capture "
+                                   "waits for vLLM (Engine.capture's generate, AsyncEngine.capture; "
+                                   "rlparity.capture.gc_pause): same tokens and "
                                    "logprobs, without the full collections vLLM's client sets off (0.58-1.04 s of a "
                                    "3.8-4.0 s generate on an H100, issue 39); False leaves the collector as it is")
     # sampling used by the built-in experiments, the quick start and `rlparity check --model`
