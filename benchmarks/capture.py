@@ -21,7 +21,7 @@ processing, logprobs containers and detokenizing, plus what rlparity adds), the 
 CPU. ``logprobs_containers_us_per_token`` (timed before the engine starts): vLLM's own code filling a
 request's logprobs the list way and the flat way, and rlparity reading them back, microseconds per token.
 ``--profile`` adds a cProfile of one capture (the functions outside vLLM's own generate, by cumulative
-time) to the result. Odd repeats run the methods in reverse order (no method always follows the same one).
+time) to the result, with the collector's seconds and collections in that capture and in one ``generate``. Odd repeats run the methods in reverse order (no method always follows the same one).
 
 Where the capture's extra time goes: every method's ``LLM.generate`` call is timed (wall and CPU) by one
 wrapper; ``capture_inner_generate_s`` / ``_cpu_s`` is the capture's own call of vLLM, ``inner_generate_paired`` /
@@ -33,7 +33,14 @@ garbage collector and its full collections during each call. A full collection w
 process (about 0.3 s at the 0.7M objects of a CPU engine's client, 2026-12-07) and falls on whichever call pushes
 the objects promoted since the last one past a quarter of the heap: with the same calls in every repeat, on the
 same method each time. Each timed call therefore starts after an untimed ``gc.collect()``, so none pays for
-the garbage of the calls before it. ``same_params_as_generate``: the capture's call of
+the garbage of the calls before it. The capture pauses the collector in its
+call of vLLM (``rlparity.capture.gc_pause``, ``defaults().capture_gc_pause``; ``--gc-pause on|off``, recorded as
+``capture_gc_pause``); ``generate`` never does (``gc_enabled_in_llm_generate``: the collector's state in each row's
+call), so ``vs_generate`` stays the capture against vLLM's own generate. Two more rows show what the pause alone
+does (``--no-gc-rows`` drops them): ``generate_gc_paused`` (vLLM's generate in the same pause) and the capture with
+the other setting (``capture_unpaused`` or ``capture_gc_paused``); ``paired_vs_generate`` holds every row's paired
+ratio to ``generate``. ``young_collection_after_pause``: the collection a paused generate owes once the collector is
+on again, and what a full collection then finds. ``same_params_as_generate``: the capture's call of
 ``LLM.generate`` (watched in the warm-up) got the same inputs and ``SamplingParams`` (every field) as
 ``generate``; ``token_agreement`` compares the capture's tokens with generate's, and generate's with its own
 warm-up (``generate_reproducible``): where vLLM's numerics depend on the batch (bf16 on a GPU, requests reaching
@@ -99,12 +106,31 @@ def build_model(shape: str, device: str, work: Path) -> tuple[str, int]:
     return str(out), base
 
 
-def profile_capture(eng, prompts, sampling, top: int = 25) -> dict:
-    """cProfile of one capture: the functions by cumulative seconds, vLLM's generate apart."""
-    prof = cProfile.Profile()
-    prof.enable()
-    eng.capture(prompts, sampling, progress=False)
-    prof.disable()
+def profile_capture(eng, prompts, sampling, generate, top: int = 25) -> dict:
+    """cProfile of one capture: the functions by cumulative seconds, vLLM's generate apart; and the garbage
+    collector's seconds and collections per generation (``gc``) in that capture and in one plain ``generate()``
+    (vLLM's own call, the collector as found) profiled the same way (cProfile does not see the collector: its time
+    falls in whichever function allocated)."""
+    clock = GcClock()
+    gc.callbacks.append(clock)
+    try:
+        gc.collect()
+        clock.reset()
+        prof = cProfile.Profile()
+        prof.enable()
+        t = time.perf_counter()
+        generate()
+        base = {"total_s": time.perf_counter() - t, "gc_s": clock.seconds, "gc_collections": list(clock.collections)}
+        prof.disable()
+        gc.collect()
+        clock.reset()
+        prof = cProfile.Profile()
+        prof.enable()
+        eng.capture(prompts, sampling, progress=False)
+        prof.disable()
+        own_gc = {"capture": {"gc_s": clock.seconds, "gc_collections": list(clock.collections)}, "generate": base}
+    finally:
+        gc.callbacks.remove(clock)
     stats = pstats.Stats(prof)
     total = stats.total_tt
     rows = []
@@ -119,7 +145,7 @@ def profile_capture(eng, prompts, sampling, top: int = 25) -> dict:
                             total))
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(top)
-    return {"total_s": total, "generate_s": generate,
+    return {"total_s": total, "generate_s": generate, "gc": own_gc,
             "outside_generate_s": None if generate is None else total - generate,
             "rlparity_top": [r for r in rows if r["in_rlparity"]][:top], "text": text.getvalue()[-6000:]}
 
@@ -190,6 +216,32 @@ class GcClock:
         self.seconds, self.collections = 0.0, [0, 0, 0]
 
 
+def young_collection_after_pause(generate, repeats: int = 3) -> dict:
+    """What vLLM's generate leaves behind when the collector is paused around it (``rlparity.capture.gc_pause``),
+    ``repeats`` times after an untimed ``gc.collect()``: the young generation's count at the end of the call
+    (``young_count``: what the young collection owed will walk), the seconds of that collection run explicitly
+    still inside the pause (``gc.collect(0)``; without it the first allocation after the pause starts the same
+    collection), then a full ``gc.collect()``: its seconds and the unreachable objects it finds (the cyclic garbage
+    of the call, which waited for a collection). Medians, and the counts of each repeat."""
+    from rlparity.capture.gc_pause import gc_paused
+
+    young, counts, full, unreachable = [], [], [], []
+    for _ in range(repeats):
+        gc.collect()
+        with gc_paused():
+            out = generate()
+            counts.append(gc.get_count()[0])
+            t = time.perf_counter()
+            gc.collect(0)
+            young.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        unreachable.append(gc.collect())
+        full.append(time.perf_counter() - t)
+        del out
+    return {"young_count": counts, "young_collect_s": statistics.median(young),
+            "full_collect_s": statistics.median(full), "full_collect_unreachable": statistics.median(unreachable)}
+
+
 def token_agreement(a, b) -> dict:
     """How far two token arrays ``(sequences, positions)`` agree: equal or not, the share of equal positions, and
     per sequence the first position where they differ (the median and the smallest; None where all agree)."""
@@ -221,9 +273,10 @@ class WatchedGenerate:
 
     def __init__(self, generate):
         self.generate, self.inputs, self.params, self.wall, self.cpu = generate, None, None, 0.0, 0.0
+        self.gc_enabled: bool | None = None  # whether the collector ran during the last call
 
     def __call__(self, inputs, params, **kw):
-        self.inputs, self.params = inputs, params
+        self.inputs, self.params, self.gc_enabled = inputs, params, gc.isenabled()
         t, c = time.perf_counter(), time.process_time()
         try:
             return self.generate(inputs, params, **kw)
@@ -252,6 +305,10 @@ def main(argv=None) -> dict:
     p.add_argument("--no-baseline-without-logprobs", action="store_true",
                    help="skip the generate_no_logprobs row")
     p.add_argument("--profile", action="store_true", help="add a cProfile of one capture to the result")
+    p.add_argument("--gc-pause", choices=["on", "off"], default=None,
+                   help="the capture's setting defaults().capture_gc_pause (default: the defaults' value, on)")
+    p.add_argument("--no-gc-rows", action="store_true",
+                   help="skip the generate_gc_paused row and the capture row with the other gc-pause setting")
     p.add_argument("--budget-s", type=float, default=None,
                    help="stop repeating (at least one repeat) and skip the profile once another repeat would end "
                         "past this many seconds from the start, so a caller's time limit still gets the JSON")
@@ -266,7 +323,9 @@ def main(argv=None) -> dict:
     import vllm
 
     from rlparity.capture import Engine, EngineSettings
+    from rlparity.capture.gc_pause import gc_paused
     from rlparity.capture.requests import make_requests
+    from rlparity.config import defaults, defaults_context
     from rlparity.config.settings import SamplingSettings
 
     t_start = time.perf_counter()
@@ -285,6 +344,9 @@ def main(argv=None) -> dict:
                  "max_tokens": a.max_tokens, "tokens": a.prompts * a.max_tokens, "repeats": a.repeats,
                  "sampling": sampling.model_dump(), "card": card, "vllm": vllm.__version__, "torch": torch.__version__,
                  "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
+    pause = defaults().capture_gc_pause if a.gc_pause is None else a.gc_pause == "on"
+    other = "capture_unpaused" if pause else "capture_gc_paused"  # the capture row with the other setting
+    res["capture_gc_pause"] = pause  # the setting the capture row ran with (defaults().capture_gc_pause)
     res["logprobs_containers_us_per_token"] = containers_cost()
     t0 = time.perf_counter()
     with Engine(path, settings) as eng:
@@ -302,8 +364,21 @@ def main(argv=None) -> dict:
         for q in listed:
             q.flat_logprobs = False
         res["flat_logprobs"] = flat
-        methods = {"generate": lambda: llm.generate(inputs, params, use_tqdm=False),
-                   "capture": lambda: eng.capture(prompts, sampling, progress=False)}
+        def capture_with(setting: bool):
+            def run():
+                with defaults_context(capture_gc_pause=setting):
+                    return eng.capture(prompts, sampling, progress=False)
+            return run
+
+        def generate_paused():
+            with gc_paused():
+                return llm.generate(inputs, params, use_tqdm=False)
+
+        # generate is vLLM's own call with the collector as found (never paused): the baseline of vs_generate
+        methods = {"generate": lambda: llm.generate(inputs, params, use_tqdm=False), "capture": capture_with(pause)}
+        if not a.no_gc_rows:  # what the pause alone does: to vLLM's own generate, and to the capture
+            methods["generate_gc_paused"] = generate_paused
+            methods[other] = capture_with(not pause)
         if flat:
             methods["generate_list_logprobs"] = lambda: llm.generate(inputs, listed, use_tqdm=False)
         if not a.no_baseline_without_logprobs:
@@ -312,8 +387,10 @@ def main(argv=None) -> dict:
         # capture sends, and the wall and CPU time of its own call of vLLM
         watch = WatchedGenerate(llm.generate)
         llm.generate = watch
+        gc_on: dict[str, bool | None] = {}  # whether the collector ran in each method's LLM.generate call
         for name, fn in methods.items():  # warm-up
             out = fn()
+            gc_on[name] = watch.gc_enabled
             if name == "generate":
                 first_tokens = np.array([list(o.outputs[0].token_ids) for o in out])
             elif name == "capture":
@@ -352,6 +429,9 @@ def main(argv=None) -> dict:
                 break
         gc.callbacks.remove(clock)
         res["repeats_done"] = len(times["capture"])
+        res["gc_enabled_in_llm_generate"] = gc_on  # the baseline's True, the capture's (not capture_gc_pause)
+        assert gc_on["generate"] is True or not gc.isenabled(), "the baseline generate must run unpaused"
+        res["young_collection_after_pause"] = young_collection_after_pause(methods["generate"])
         # the same seeds give the same tokens where the engine's numerics do not depend on the batch: the capture's
         # trace against generate's, and generate against its own warm-up (a difference there is vLLM's, not the capture's)
         gen_tokens = np.array([list(o.outputs[0].token_ids) for o in last["generate"]])
@@ -369,11 +449,14 @@ def main(argv=None) -> dict:
         del last
         llm.generate = watch.generate
         if a.profile and not late:
-            res["profile"] = profile_capture(eng, prompts, sampling)
+            with defaults_context(capture_gc_pause=pause):
+                res["profile"] = profile_capture(eng, prompts, sampling, methods["generate"])
     shutil.rmtree(work, ignore_errors=True)  # the random checkpoint (3 GB at 1.5b)
     med = {k: statistics.median(v) for k, v in times.items()}
     res.update({"times_s": times, "median_s": med, "vs_generate": med["capture"] / med["generate"],
                 "paired": {f"vs_{base}": paired(times["capture"], times[base]) for base in times if base != "capture"},
+                # every row against the baseline, repeat by repeat (capture_unpaused: the capture without the pause)
+                "paired_vs_generate": {k: paired(v, times["generate"]) for k, v in times.items() if k != "generate"},
                 "client_cpu_s": cpu,
                 "client_cpu_paired": {f"vs_{base}": paired(cpu["capture"], cpu[base]) for base in cpu if base != "capture"},
                 "gc_s": gc_s, "gc_full_collections": gc_full,
@@ -400,8 +483,16 @@ def main(argv=None) -> dict:
           + (f"; logprobs cost vLLM {res['logprobs_cost']:.2f}x" if "logprobs_cost" in res else "")
           + (f"; vLLM's list logprobs {med['generate_list_logprobs'] / med['generate']:.3f}x the flat ones"
              if "generate_list_logprobs" in med else ""))
+    young = res["young_collection_after_pause"]
+    print(f"garbage collector: capture_gc_pause {pause}; median seconds in it: "
+          + ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in gc_s.items())
+          + "; paired median vs generate: " + ", ".join(f"{k} {v['median']:.3f}" for k, v in res["paired_vs_generate"].items())
+          + f"; after a paused generate: the young collection owed {young['young_collect_s'] * 1e3:.1f} ms "
+          f"({statistics.median(young['young_count'])} young objects), a full collection "
+          f"{young['full_collect_s'] * 1e3:.1f} ms finding {young['full_collect_unreachable']} unreachable objects")
     if "profile" in res:
         print(res["profile"]["text"])
+        print("profile's garbage collector:", json.dumps(res["profile"]["gc"]))
     from rescoring import card_tag, write  # benchmarks/ is the script's folder
 
     write(res, a.out, a.out_dir and Path(a.out_dir) / f"capture_{card_tag(card, 'cuda' if cuda else 'cpu')}.json")

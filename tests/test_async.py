@@ -31,7 +31,22 @@ def engine(tiny_model, offline_trace, release_engines):
 def test_async_capture_equals_offline(engine, offline_trace, prompts8):
     from rlparity import trace as T
 
-    tr = engine.capture(prompts8, SAMPLING, arm="async")
+    import gc
+
+    llm, generate, seen = engine.llm, engine.llm.generate, []
+
+    def watched(*args, **kw):  # AsyncLLM.generate, on the engine's event loop
+        seen.append(gc.isenabled())
+        return generate(*args, **kw)
+
+    llm.generate = watched
+    try:
+        assert gc.isenabled()
+        tr = engine.capture(prompts8, SAMPLING, arm="async")
+        assert gc.isenabled()  # the sync capture paused the collector (defaults().capture_gc_pause) and put it back
+    finally:
+        llm.generate = generate
+    assert seen == [False] * len(prompts8)
     T.validate(tr)
     # the same variables, plus what only the async engine records (timing, attempts, prefix-cache state)
     assert set(tr.data_vars) - set(offline_trace.data_vars) == {

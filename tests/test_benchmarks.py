@@ -61,6 +61,13 @@ SMOKE = {
                    and r["same_params_as_generate"] and r["generate_reproducible"]
                    and r["token_agreement"]["capture_vs_generate"]["share_equal"] == 1.0
                    and r["capture_conversion_us_per_token"]["median_us"] > 0 and len(r["capture_own_s"]) == 2
+                   # the capture pauses the collector in its call of vLLM, the baseline never (issue 39)
+                   and r["capture_gc_pause"] is True and r["gc_enabled_in_llm_generate"] == {
+                       "generate": True, "capture": False, "generate_gc_paused": False, "capture_unpaused": True,
+                       **({"generate_list_logprobs": True} if r["flat_logprobs"] else {}), "generate_no_logprobs": True}
+                   and set(r["paired_vs_generate"]) == set(r["median_s"]) - {"generate"}
+                   and len(r["young_collection_after_pause"]["young_count"]) == 3
+                   and set(r["profile"]["gc"]) == {"capture", "generate"}
                    and 0 < r["inner_generate_paired"]["min"] and len(r["gc_s"]["capture"]) == 2
                    and r["profile"]["generate_s"] <= r["profile"]["total_s"]
                    and r["paired"]["vs_generate"]["min"] > 0 and len(r["client_cpu_s"]["capture"]) == 2

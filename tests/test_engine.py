@@ -96,6 +96,44 @@ def test_token_id_prompts_and_per_request_sampling(capture_trace, tiny_model):
     assert (tr["response_length"].values == 8).all()
 
 
+def test_the_collector_is_paused_in_generate_and_the_capture_is_the_same_without_the_pause(pool, tiny_model, prompts):
+    """defaults().capture_gc_pause (issue 39): vLLM's generate runs with the collector off, the state found
+    comes back (enabled or not), and the trace equals, bit for bit, one captured with the setting off."""
+    import gc
+
+    import xarray as xr
+
+    from rlparity.config import defaults_context
+
+    eng = pool.get(tiny_model, PROCESSED)  # the module's engine: no new start
+    llm, generate, seen = eng.llm, eng.llm.generate, []
+
+    def watched(*args, **kw):
+        seen.append(gc.isenabled())
+        return generate(*args, **kw)
+
+    sampling = SamplingSettings(temperature=0.7, top_k=20, max_tokens=8, seed=3)
+    llm.generate = watched
+    try:
+        assert gc.isenabled()
+        paused = eng.capture(prompts[:4], sampling, progress=False)
+        assert gc.isenabled()
+        with defaults_context(capture_gc_pause=False):
+            plain = eng.capture(prompts[:4], sampling, progress=False)
+        gc.disable()
+        try:
+            eng.capture(prompts[:4], sampling, progress=False)
+            assert not gc.isenabled()  # disabled stays disabled
+        finally:
+            gc.enable()
+    finally:
+        llm.generate = generate
+    assert seen == [False, True, False]
+    xr.testing.assert_identical(paused.drop_attrs(), plain.drop_attrs())
+    assert ({k: v for k, v in paused.attrs.items() if k != "generate_s"}
+            == {k: v for k, v in plain.attrs.items() if k != "generate_s"})
+
+
 
 # --- tests on the raw engine ------------------------------------------------------------
 def test_raw_logprobs_are_off_and_match_the_raw_trainer_side(raw):

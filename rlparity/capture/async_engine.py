@@ -37,6 +37,7 @@ import xarray as xr
 
 from rlparity.capture.build import CaptureInfo, Completion, build_trace, capture_attrs
 from rlparity.capture.engine_config import cpu_engine_kwargs, effective_config
+from rlparity.capture.gc_pause import gc_paused
 from rlparity.capture.in_process import async_core_env
 from rlparity.capture.inflight import InflightUpdates, _Stream
 from rlparity.capture.lifecycle import EngineLifecycle
@@ -46,6 +47,7 @@ from rlparity.capture.routing import (
     START_METHOD, TAKE_METHOD, RouteStore, engine_routes, routing_engine_kwargs, routing_mode, start_info,
 )
 from rlparity.capture.weights import EXTENSION, WeightState, versions_for
+from rlparity.config.defaults import defaults
 from rlparity.config.settings import EngineSettings, SamplingSettings
 
 
@@ -302,6 +304,10 @@ class AsyncEngine(InflightUpdates, EngineLifecycle):
                 *, arm: str = "default", progress: bool = False, resubmit_aborted: bool = False) -> xr.Dataset:
         """The sync form of :meth:`acapture`.
 
+        While it waits, Python's cyclic garbage collector is paused (``defaults().capture_gc_pause``, default on;
+        :func:`rlparity.capture.gc_pause.gc_paused`), as in :meth:`rlparity.capture.Engine.capture`;
+        :meth:`acapture` and :meth:`capture_async`, which run beside the caller's own work, leave it as it is.
+
         Parameters
         ----------
         prompts : Prompt or sequence of Prompt
@@ -322,7 +328,9 @@ class AsyncEngine(InflightUpdates, EngineLifecycle):
         """
         self._first_token.clear()
         self._tokens_seen = 0
-        return self._run(self.acapture(prompts, sampling, arm=arm, resubmit_aborted=resubmit_aborted))
+        # the caller waits here as for the offline engine's generate: the collector paused meanwhile (issue 39)
+        with gc_paused(defaults().capture_gc_pause):
+            return self._run(self.acapture(prompts, sampling, arm=arm, resubmit_aborted=resubmit_aborted))
 
     def capture_async(self, prompts, sampling=None, *, arm: str = "default", resubmit_aborted: bool = False):
         """Start :meth:`acapture` and return a future of the trace.

@@ -13,6 +13,7 @@ import xarray as xr
 
 from rlparity.capture.build import CaptureInfo, Completion, build_trace, capture_attrs
 from rlparity.capture.engine_config import cpu_engine_kwargs, effective_config
+from rlparity.capture.gc_pause import gc_paused
 from rlparity.capture.in_process import in_process_core
 from rlparity.capture.lifecycle import EngineLifecycle
 from rlparity.capture.requests import Prompt, Request, make_requests, render_chat
@@ -21,6 +22,7 @@ from rlparity.capture.routing import (
     START_METHOD, TAKE_METHOD, RouteStore, engine_routes, routing_engine_kwargs, routing_mode, start_info,
 )
 from rlparity.capture.weights import EXTENSION, LOAD_METHOD, UpdateRecord, WeightState
+from rlparity.config.defaults import defaults
 from rlparity.config.settings import EngineSettings, SamplingSettings
 
 
@@ -195,6 +197,10 @@ class Engine(EngineLifecycle):
                 policy_version: int | None = None) -> xr.Dataset:
         """Sample every prompt and return a rollout trace (no trainer side yet).
 
+        vLLM's ``generate`` runs with Python's cyclic garbage collector paused
+        (:func:`rlparity.capture.gc_pause.gc_paused`; ``defaults().capture_gc_pause``, default on), and the
+        collector's state is put back after it.
+
         Parameters
         ----------
         prompts : Prompt or sequence of Prompt
@@ -226,7 +232,8 @@ class Engine(EngineLifecycle):
         ]
         params = [r.sampling.to_vllm(r.seed) for r in requests]
         t0 = time.perf_counter()
-        outputs = llm.generate(inputs, params, use_tqdm=progress)
+        with gc_paused(defaults().capture_gc_pause):  # no full collections inside vLLM's client loop (issue 39)
+            outputs = llm.generate(inputs, params, use_tqdm=progress)
         elapsed = time.perf_counter() - t0
         return self._trace(requests, outputs, elapsed, arm, policy_version, generation, maybe_stale)
 
