@@ -522,7 +522,7 @@ ROWS = [
         ctx, f'tol: !!python/object/apply:os.system ["touch {ctx.data / EXECUTED}"]\n'), ValueError,
         (r"uses a YAML tag rlparity does not execute", r"unset RLPARITY_DEFAULTS")),
     Row("RLPARITY_DEFAULTS: a YAML list", lambda ctx: broken_defaults(ctx, "- tol\n"), ValueError,
-        (r"holds a YAML list, not a mapping", r"fields: profile, temperature")),
+        (r"holds a YAML list, not a mapping", r"fields: profile, capture_gc_pause, temperature")),
     Row("RLPARITY_DEFAULTS: an unknown key", lambda ctx: broken_defaults(ctx, "tolerance: 0.1\n"), ValueError,
         (r"unknown default\(s\) \['tolerance'\]", r"valid: \[.*'tol'")),
     # the engine lock
