@@ -177,7 +177,8 @@ def floor_findings(trace: xr.Dataset, *, evidence: ArmEvidence | None = None, to
     rec = arm_record(trace)
     arm = rec.arm
     out = []
-    floors = [f[f"{k}_mean_abs"] for k in ("batch_shape", "engine_batch", *_kernel_counts(f))
+    counted = _kernel_counts(f)
+    floors = [f[f"{k}_mean_abs"] for k in ("batch_shape", "engine_batch", *counted)
               if np.isfinite(f[f"{k}_mean_abs"]) and f[f"{k}_mean_abs"] > 0]
     deterministic = not (np.isfinite(f["run_to_run_rms"]) and f["run_to_run_rms"] > 0)
     named = [x for x in prior if x.severity.rank >= 1 and x.cause and x.cause not in FLOOR_CAUSES]
@@ -205,14 +206,14 @@ def floor_findings(trace: xr.Dataset, *, evidence: ArmEvidence | None = None, to
     if within:
         share = sum(floors) / gap
         kernel = (f", the trainer's attention kernel against float32 {f['kernel_mean_abs']:.3g}"
-                  if _kernel_counts(f) else "")
+                  if counted else "")
         out.append(Finding(Layer.INFERENCE_PATH, "gap_within_floor", Severity.INFO,
                            f"at parity on this hardware: the measured gap ({gap:.3g} nats mean |d|) is within the two "
                            f"sides' own floors (trainer batch shape {f['batch_shape_mean_abs']:.3g}, engine batch "
                            f"{f['engine_batch_mean_abs']:.3g}{kernel}: {share:.0%} of it) and no other cause is named",
                            {"gap_mean_abs_d": gap, "trainer_floor_mean_abs": f["batch_shape_mean_abs"],
                             "engine_floor_mean_abs": f["engine_batch_mean_abs"],
-                            "kernel_floor_mean_abs": f["kernel_mean_abs"] if _kernel_counts(f) else float("nan"),
+                            "kernel_floor_mean_abs": f["kernel_mean_abs"] if counted else float("nan"),
                             "floors_share_of_gap": share,
                             "threshold_share": PARITY_FLOOR_SHARE, "pair": PAIR}, FIX_NONE, arm))
     return out

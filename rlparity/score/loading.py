@@ -4,6 +4,7 @@ implementation, gradient checkpointing, dropout), and its dropout read back for 
 
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 from typing import Any
 
@@ -64,8 +65,20 @@ def load_trainer_model(model: Any, dtype: str, device: str, settings: TrainerSet
 FLOAT32_ATTENTION = "rlparity_float32_sdpa"
 
 
+def _float32_sdpa(module, query, key, value, attention_mask, **kwargs):
+    """transformers' SDPA attention on float32 copies of ``query``, ``key``, ``value`` (and a float mask), the
+    output rounded back to the query's dtype: :data:`FLOAT32_ATTENTION`."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    mask = (attention_mask.float() if attention_mask is not None and attention_mask.is_floating_point()
+            else attention_mask)
+    out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), mask, **kwargs)
+    return out.to(query.dtype), weights
+
+
+@functools.cache
 def register_float32_attention() -> str:
-    """Register :data:`FLOAT32_ATTENTION` with transformers (idempotent) and return its name.
+    """Register :data:`FLOAT32_ATTENTION` with transformers (once per process) and return its name.
 
     The attention of the layer in float32: what a correct kernel computes before its output is rounded
     to the model's dtype. Beside a bf16 kernel it measures that kernel's own rounding (the part of the
@@ -79,16 +92,9 @@ def register_float32_attention() -> str:
         :data:`FLOAT32_ATTENTION`.
     """
     from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    def float32_sdpa(module, query, key, value, attention_mask, **kwargs):
-        mask = (attention_mask.float() if attention_mask is not None and attention_mask.is_floating_point()
-                else attention_mask)
-        out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), mask, **kwargs)
-        return out.to(query.dtype), weights
-
-    AttentionInterface.register(FLOAT32_ATTENTION, float32_sdpa)
+    AttentionInterface.register(FLOAT32_ATTENTION, _float32_sdpa)
     AttentionMaskInterface.register(FLOAT32_ATTENTION, sdpa_mask)
     return FLOAT32_ATTENTION
 

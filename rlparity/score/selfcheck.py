@@ -57,15 +57,16 @@ def self_check(stats: Callable[..., dict[str, np.ndarray]], seqs: list[tuple[lis
     pick = [i for i in range(len(seqs)) if seqs[i][1]][:k]
     if not pick:
         return None
-    first = stats(seqs, [[i] for i in pick], sampling, replay=replay)
-    again = stats(seqs, [[i] for i in pick], sampling, replay=replay)
+    alone = [[i] for i in pick]
+    first = stats(seqs, alone, sampling, replay=replay)
+    again = stats(seqs, alone, sampling, replay=replay)
     out: dict[str, Any] = {"sequences": pick, "shape_main": f"batches of up to {batch_size}, "
                            "right-padded, similar lengths together", "shape_check": "batch 1, twice"}
     pairs = [("batch_shape", result, first), ("run_to_run", first, again)]
     if kernel is not None:
         try:
             with kernel[1]():
-                pairs.append(("kernel", first, stats(seqs, [[i] for i in pick], sampling, replay=replay)))
+                pairs.append(("kernel", first, stats(seqs, alone, sampling, replay=replay)))
             out["kernel_check"] = kernel[0]
         except (ValueError, ImportError) as err:  # the model does not support the second implementation
             out["kernel_check"] = f"{kernel[0]}: not run ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
