@@ -16,7 +16,8 @@ Measures throughput (tokens per second over the whole set) and peak extra memory
   the trainer's self-check of ``TrainerSettings.self_check`` sequences, weight checksums, assembling the
   scored trace): ``score_end_to_end_first`` is the first call of a fresh Scorer, timed before anything
   else ran in the process (compilation, allocator, kernels' first use included); the steady rows are
-  later calls of one Scorer with the self-check on (the default) and off (``self_check=0``).
+  later calls of one Scorer with the self-check on (the default), without its kernel pass
+  (``kernel_check="off"``: the self-check's batch-1 passes only) and off (``self_check=0``).
   Needs rlparity importable (xarray, numpy); skipped with a note when it is not.
 * ``score_{padded,packed}_{fp32,bf16}_head`` (issue 39): the same call with ``self_check=0`` and
   ``fingerprint=False`` (the scoring path alone: a model passed in is otherwise checksummed at every call),
@@ -87,14 +88,17 @@ SHAPES = {
 # "score_end_to_end" is its first call and the two default rows, the others are methods of their own
 END_TO_END = {"score_end_to_end": ("padded", "float32", None, True),
               "score_end_to_end_no_self_check": ("padded", "float32", 0, True),
+              "score_end_to_end_no_kernel_check": ("padded", "float32", None, True),
               **{f"score_{layout}_{short}_head": (layout, head, 0, False)
                  for layout in ("padded", "packed", "packed_flex") for short, head in (("fp32", "float32"),
                                                                                    ("bf16", "bfloat16"))}}
+# rows whose self-check skips its kernel pass (TrainerSettings.kernel_check; the others: "auto")
+KERNEL_CHECK = {"score_end_to_end_no_kernel_check": "off"}
 # rows whose trainer runs another attention implementation than the model's own (sdpa): the packed row
 # through FlexAttention, which reads the sequences from the position ids and skips the masked blocks
 ATTENTION = {f"score_packed_flex_{short}_head": "flex_attention" for short in ("fp32", "bf16")}
 METHODS = ("bare", "naive_fp32", "scorer_fp32_new", "scorer_fp32_new_cast", "scorer_fp32_ref", "scorer_bf16_new",
-           "scorer_bf16_ref", "score_end_to_end", *list(END_TO_END)[2:], "fingerprint")
+           "scorer_bf16_ref", "score_end_to_end", *list(END_TO_END)[3:], "fingerprint")
 # dense bf16 peak FLOP/s by card (SXM; the H200 has the H100's tensor cores)
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
 
@@ -258,7 +262,7 @@ def end_to_end(model, a, shape, ids, rows):
     def scorer(row: str):
         layout, head_dtype, self_check, fingerprint = END_TO_END[row]
         settings = TrainerSettings(layout=layout.removesuffix("_flex"), fingerprint=fingerprint,
-                                   attn_implementation=ATTENTION.get(row),
+                                   attn_implementation=ATTENTION.get(row), kernel_check=KERNEL_CHECK.get(row, "auto"),
                                    **({} if self_check is None else {"self_check": self_check}))
         return Scorer(model, device=a.device, batch_size=shape["batch"], chunk_tokens=a.chunk_tokens,
                       compile_head=a.compile, progress=False, tokenize_prompts=False, head_dtype=head_dtype,
@@ -309,6 +313,7 @@ def row_setup(name: str, body_dtype: str) -> dict:
         layout, head, check, fingerprint = END_TO_END["score_end_to_end" if name.endswith("_first") else name]
         return {"layout": layout.removesuffix("_flex"), "head_dtype": head, "attention": ATTENTION.get(name, "sdpa"),
                 "self_check": TrainerSettings().self_check if check is None else check,
+                "kernel_check": KERNEL_CHECK.get(name, "auto") if (check is None or check > 0) else "off",
                 "fingerprint": fingerprint}
     head = {"bare": body_dtype, "naive_fp32": "float32"}.get(name, "bfloat16" if "bf16" in name else "float32")
     return {"layout": "padded", "head_dtype": head}
@@ -510,7 +515,8 @@ def main() -> None:
     e2e, first_s, e2e_skipped = None, None, None
     e2e_rows = [n for n in names if n in END_TO_END]
     if "score_end_to_end" in e2e_rows:  # the default rows with it
-        e2e_rows.insert(e2e_rows.index("score_end_to_end") + 1, "score_end_to_end_no_self_check")
+        at = e2e_rows.index("score_end_to_end") + 1
+        e2e_rows[at:at] = ["score_end_to_end_no_self_check", "score_end_to_end_no_kernel_check"]
     if e2e_rows:  # first: the first call of a fresh Scorer, before anything else ran
         import torch
 

@@ -25,13 +25,21 @@ SMOKE = {
                       "--repeats", "1", "--no-memory", "--out", "{out}"],
                      lambda r: r["tokens"] == 4 * 48 and {row["method"] for row in r["rows"]} >= {
                          "bare", "scorer_fp32_new", "score_end_to_end_first", "score_end_to_end",
-                         "score_end_to_end_no_self_check", "score_padded_fp32_head", "score_padded_bf16_head",
+                         "score_end_to_end_no_self_check", "score_end_to_end_no_kernel_check",
+                         "score_padded_fp32_head", "score_padded_bf16_head",
                          "score_packed_fp32_head", "score_packed_bf16_head", "score_packed_flex_fp32_head"}
                      and {(row["layout"], row["head_dtype"]) for row in r["rows"] if row["method"].startswith("score_")}
                      == {(lay, head) for lay in ("padded", "packed") for head in ("float32", "bfloat16")}
                      and {row["method"] for row in r["rows"] if row.get("attention") == "flex_attention"}
                      == {"score_packed_flex_fp32_head", "score_packed_flex_bf16_head"}
                      and all(row["flops_per_s"] > 0 for row in r["rows"] if row["method"] != "fingerprint")
+                     # the self-check's kernel pass: on in the default row, off in its own row and wherever the
+                     # self-check is
+                     and {row["method"]: row["kernel_check"] for row in r["rows"] if "kernel_check" in row} == {
+                         "score_end_to_end_first": "auto", "score_end_to_end": "auto",
+                         "score_end_to_end_no_kernel_check": "off", "score_end_to_end_no_self_check": "off",
+                         **{f"score_{lay}_{h}_head": "off" for lay in ("padded", "packed", "packed_flex")
+                            for h in ("fp32", "bf16")}}
                      # the weight checksums alone: every value of the Llama (vocab 1024, hidden 64, 2 layers, MLP 256,
                      # untied head) once, 2 bytes each
                      and [(row["tensors"], row["bf16_bytes"]) for row in r["rows"] if row["method"] == "fingerprint"]
