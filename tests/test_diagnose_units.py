@@ -405,10 +405,12 @@ def test_an_arm_whose_gap_is_its_own_floor_is_at_parity_not_warned(trainer_share
     else:
         assert "gap_within_floor" not in found
         assert found["trainer_not_batch_invariant"].severity == Severity.WARNING
-    # another cause named before this topic: never at parity, the floor warns as before
+    # another cause named before this topic: never at parity; the floor still warns only where the floors do not
+    # cover the gap (covered, it is the platform's floor beside that cause: held-out H100 seeds 15 and 16)
     named = trainer.floor_findings(tr, prior=[_f("stale_prefix_cache", Severity.WARNING)])
     assert "gap_within_floor" not in {f.name for f in named}
-    assert {f.name: f.severity for f in named}["trainer_not_batch_invariant"] == Severity.WARNING
+    assert {f.name: f.severity for f in named}["trainer_not_batch_invariant"] == (
+        Severity.INFO if at_parity else Severity.WARNING)
     # a floor cause named before (information or warning) does not count as another cause
     assert ("gap_within_floor" in {f.name for f in trainer.floor_findings(
         tr, prior=[_f("batch_variant_attention", Severity.WARNING)])}) == at_parity
