@@ -17,7 +17,9 @@ Measures throughput (tokens per second over the whole set) and peak extra memory
   scored trace): ``score_end_to_end_first`` is the first call of a fresh Scorer, timed before anything
   else ran in the process (compilation, allocator, kernels' first use included); the steady rows are
   later calls of one Scorer with the self-check on (the default), without its kernel pass
-  (``kernel_check="off"``: the self-check's batch-1 passes only) and off (``self_check=0``).
+  (``kernel_check="off"``: the self-check's batch-1 passes only) and off (``self_check=0``); a row with the
+  self-check on also reports ``self_check_pass_s``, the median seconds of each of its passes (``alone``,
+  ``again``, ``kernel``) as the scored trace records them.
   Needs rlparity importable (xarray, numpy); skipped with a note when it is not.
 * ``score_{padded,packed}_{fp32,bf16}_head`` (issue 39): the same call with ``self_check=0`` and
   ``fingerprint=False`` (the scoring path alone: a model passed in is otherwise checksummed at every call),
@@ -283,9 +285,25 @@ def end_to_end(model, a, shape, ids, rows):
         impl = ATTENTION.get(row, own)
         if model.config._attn_implementation != impl:  # one model, rows run round-robin
             model.set_attn_implementation(impl)
-        return s.score(trace)
+        scored = s.score(trace)
+        check = scored.attrs["trainer"].get("self_check") or {}
+        if check.get("pass_s"):  # what each self-check pass cost this call (the warm-up's first)
+            SELF_CHECK_PASSES.setdefault(row, []).append(check["pass_s"])
+        return scored
 
     return ({name: (lambda name=name, s=s: call(name, s)) for name, s in steady.items()}, first, None)
+
+
+# row -> the self-check's seconds per pass (alone, again, kernel) of every call, the warm-up's first
+SELF_CHECK_PASSES: dict[str, list[dict[str, float]]] = {}
+
+
+def self_check_split(row: str) -> dict[str, float] | None:
+    """The median seconds of each self-check pass over a row's timed calls (the warm-up left out), or None."""
+    calls = SELF_CHECK_PASSES.get(row, [])[1:]
+    if not calls:
+        return None
+    return {k: statistics.median(c[k] for c in calls if k in c) for k in calls[0]}
 
 
 def fingerprint(model):
@@ -575,6 +593,9 @@ def main() -> None:
                "peak_share": work / t / peak if peak else None}
         if "naive_fp32" in times:
             row["throughput_vs_naive"] = statistics.median(times["naive_fp32"]) / t
+        split = self_check_split(name)
+        if split:
+            row["self_check_pass_s"] = split
         if mem and name in mem:
             row["peak_extra_mib"] = mem[name]
             row["peak_vs_bare"] = mem[name] / mem["bare"] if mem["bare"] > 0 else float("nan")
@@ -605,6 +626,10 @@ def main() -> None:
         if r["method"] == "fingerprint":
             print(f"\nfingerprint (checkpoint_checksums, {r['tensors']} tensors, {r['bf16_bytes'] / 1e9:.3g} GB of bf16): "
                   f"{r['median_s']:.3f} s, {r['gb_per_s']:.2f} GB/s, {1 / r['throughput_vs_bare']:.2f}x the bare forward")
+        elif r.get("self_check_pass_s"):
+            print(f"\n{r['method']}: the self-check's passes (median s) "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in r["self_check_pass_s"].items())
+                  + f" of {r['median_s']:.3f} s a call")
     for what, d in eq.items():
         if what.endswith("float64, same logits"):
             print("\nmax |x - float64| on the same logits, first batch: "

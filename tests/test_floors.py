@@ -4,6 +4,8 @@ is a trace of real prompts with responses the tiny model wrote (transformers gen
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -170,9 +172,14 @@ def test_the_kernel_check_measures_the_attention_kernels_rounding(tiny_model, ro
 
     scorer = Scorer(tiny_model, dtype="bfloat16", batch_size=16, progress=False)
     assert scorer.module.config._attn_implementation == "sdpa"
+    t0 = time.perf_counter()
     s = scorer.score(rollout)
+    wall = time.perf_counter() - t0
     check = s.attrs["trainer"]["self_check"]
     assert check["kernel_check"] == f"sdpa vs {FLOAT32_ATTENTION}"
+    # what each pass cost (issue 39): three passes, each inside the call's own wall time
+    assert set(check["pass_s"]) == {"alone", "again", "kernel"} and min(check["pass_s"].values()) > 0
+    assert sum(check["pass_s"].values()) < wall
     assert scorer.module.config._attn_implementation == "sdpa"  # switched back after the check
     pick = check["sequences"]
     ref = np.abs(_alone_bf16(tiny_model, rollout, pick, "sdpa") - _alone_bf16(tiny_model, rollout, pick, "float64"))
@@ -190,6 +197,7 @@ def test_the_kernel_check_measures_the_attention_kernels_rounding(tiny_model, ro
     off = Scorer(tiny_model, dtype="bfloat16", batch_size=16, progress=False,
                  settings=TrainerSettings(kernel_check="off")).score(rollout)
     assert "kernel_raw" not in off.attrs["trainer"]["self_check"]
+    assert set(off.attrs["trainer"]["self_check"]["pass_s"]) == {"alone", "again"}
     assert np.isnan(recorded_floors(off)["kernel_mean_abs"])
     same = Scorer(tiny_model, dtype="bfloat16", batch_size=16, progress=False,
                   settings=TrainerSettings(kernel_check="sdpa")).score(rollout)
@@ -199,6 +207,7 @@ def test_the_kernel_check_measures_the_attention_kernels_rounding(tiny_model, ro
                  settings=TrainerSettings(kernel_check="no_such_kernel")).score(rollout)
     assert bad.attrs["trainer"]["self_check"]["kernel_check"].startswith("sdpa vs no_such_kernel: not run (")
     assert "kernel_raw" not in bad.attrs["trainer"]["self_check"]
+    assert set(bad.attrs["trainer"]["self_check"]["pass_s"]) == {"alone", "again"}  # the failed pass is not timed
 
 
 def test_the_floor_command_reads_every_floor_a_store_recorded(tiny_model, rollout, tmp_path):

@@ -398,7 +398,8 @@ class TrainerSettings(BaseModel):
                                          "trainer that computes pi_old in its training forward")
     self_check: int = Field(8, ge=0, description="sequences rescored alone (batch 1), twice, after each "
                             "scoring, and once more under `kernel_check`: the trainer's own floor (batch-shape, "
-                            "run-to-run and kernel differences); 0 = off")
+                            "run-to-run and kernel differences; what each pass cost is recorded as "
+                            "self_check.pass_s); 0 = off")
     kernel_check: str = Field("auto", description="the self-check's sequences scored alone once more with a "
                               "second attention implementation: how far two correct kernels in the trainer's dtype "
                               "disagree (the kernel floor, part of what separates any engine from any trainer). "

@@ -5,6 +5,7 @@ engine (``attrs["trainer"]["self_check"]``)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -52,24 +53,34 @@ def self_check(stats: Callable[..., dict[str, np.ndarray]], seqs: list[tuple[lis
         nondeterminism such as dropout or atomics), each :func:`rlparity.trace.floor.spread` in nats,
         with the sequences and shapes; with ``kernel``, ``kernel_raw`` / ``kernel_processed``
         (``|alone - alone with the second implementation|``: how far two correct kernels disagree) and
-        ``kernel_check`` (``what``); None when no sequence has a response.
+        ``kernel_check`` (``what``); ``pass_s``: the wall seconds of each pass (``alone``, ``again``,
+        ``kernel``), what the check cost the call; None when no sequence has a response.
     """
     pick = [i for i in range(len(seqs)) if seqs[i][1]][:k]
     if not pick:
         return None
     alone = [[i] for i in pick]
-    first = stats(seqs, alone, sampling, replay=replay)
-    again = stats(seqs, alone, sampling, replay=replay)
+    seconds: dict[str, float] = {}  # each pass ends on the host (stats returns numpy arrays): wall times are whole
+
+    def timed(name: str):
+        t0 = time.perf_counter()
+        res = stats(seqs, alone, sampling, replay=replay)
+        seconds[name] = time.perf_counter() - t0
+        return res
+
+    first = timed("alone")
+    again = timed("again")
     out: dict[str, Any] = {"sequences": pick, "shape_main": f"batches of up to {batch_size}, "
                            "right-padded, similar lengths together", "shape_check": "batch 1, twice"}
     pairs = [("batch_shape", result, first), ("run_to_run", first, again)]
     if kernel is not None:
         try:
             with kernel[1]():
-                pairs.append(("kernel", first, stats(seqs, alone, sampling, replay=replay)))
+                pairs.append(("kernel", first, timed("kernel")))
             out["kernel_check"] = kernel[0]
         except (ValueError, ImportError) as err:  # the model does not support the second implementation
             out["kernel_check"] = f"{kernel[0]}: not run ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+    out["pass_s"] = seconds
     for name, a, b in pairs:
         for var, key in (("trainer_logprob", "raw"), ("trainer_processed_logprob", "processed")):
             out[f"{name}_{key}"] = spread(a[var][pick], b[var][pick])
