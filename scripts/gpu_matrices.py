@@ -36,8 +36,8 @@ def main() -> None:
     from rlparity.config.provenance import write_json
     from rlparity.datasets import save_example
     from rlparity.diagnose import diagnose
-    from rlparity.diagnose.scoring import score_matrix
-    from rlparity.experiments.faults.matrix import MatrixSettings, run_matrix_repeats
+    from rlparity.diagnose.scoring import ARM_RESULT_COLUMNS, score_matrix
+    from rlparity.experiments.faults.matrix import MATRIX_DESCRIPTION, MatrixSettings, run_matrix_repeats
     from rlparity.experiments.faults.recipes import parse_arms
     from rlparity.experiments.gallery import provenance
     from rlparity.metrics import table_records
@@ -59,12 +59,10 @@ def main() -> None:
         log(f"seed {seed}: diagnosed and scored")
         write_json(out / f"faults-s{seed}.json", {
             "summary": scores.attrs, "settings": settings.model_copy(update={"seed": seed}).model_dump(),
-            "per_arm": table_records(scores[["headline", "headline_cause", "headline_right", "missed", "false_named",
-                                             "unattributed"]], "arm"),
+            "per_arm": table_records(scores[list(ARM_RESULT_COLUMNS)], "arm"),
             "headlines": report.summary_lines()})
         prov = provenance(a.device, Path(model).name, f"scripts/gpu_matrices.py --seeds {' '.join(map(str, a.seeds))}",
-                          f"the fault matrix, seed {seed}: every cause of the fault library alone and in pairs, on "
-                          "real engines, with the ground truth in each arm's attrs")
+                          f"the fault matrix, seed {seed}: {MATRIX_DESCRIPTION}")
         save_example(traces, out / f"{a.card}-faults-s{seed}.zarr", prov)
         log(f"seed {seed}: saved")
 

@@ -71,8 +71,8 @@ def faults_cmd(
     engine_logs()
     from rlparity.config.provenance import write_json
     from rlparity.diagnose import diagnose
-    from rlparity.diagnose.scoring import format_scores, score_matrix
-    from rlparity.experiments.faults.matrix import MatrixSettings, run_matrix
+    from rlparity.diagnose.scoring import ARM_RESULT_COLUMNS, format_scores, score_matrix
+    from rlparity.experiments.faults.matrix import MATRIX_DESCRIPTION, MatrixSettings, run_matrix
     from rlparity.experiments.faults.recipes import parse_arms
     from rlparity.experiments.gallery import provenance
     from rlparity.metrics import table_records
@@ -93,15 +93,12 @@ def faults_cmd(
     write_json(out / "faults.json", {
         "summary": scores.attrs, "elapsed_s": round(elapsed, 1), "settings": settings.model_dump(), "model": model,
         "per_cause": table_records(scores[["n_present", "recall", "false_alarms", "n_headline"]], "cause"),
-        "per_arm": table_records(scores[["headline", "headline_cause", "headline_right", "missed", "false_named",
-                                         "unattributed"]], "arm"),
+        "per_arm": table_records(scores[list(ARM_RESULT_COLUMNS)], "arm"),
         "headlines": report.summary_lines(), "attribution": report.attribution})
     if example:
         from rlparity.datasets import save_example
 
-        prov = provenance(device, Path(model).name, invocation_command(), "the fault matrix: every cause of the "
-                          "fault library alone and in pairs, on real engines, with the ground truth in each arm's "
-                          "attrs")
+        prov = provenance(device, Path(model).name, invocation_command(), f"the fault matrix: {MATRIX_DESCRIPTION}")
         store = save_example(traces, out / f"{example}.zarr", prov)
     else:
         store = save(traces, out / "faults.zarr")

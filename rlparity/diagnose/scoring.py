@@ -34,6 +34,8 @@ from rlparity.trace import arm_record
 CLEAN = "clean"
 NOTHING = "(nothing)"
 UNATTRIBUTED = "(unattributed)"
+# the per-arm columns of a fault-matrix result file (faults.json: the CLI, scripts/gpu_matrices.py)
+ARM_RESULT_COLUMNS = ("headline", "headline_cause", "headline_right", "missed", "false_named", "unattributed")
 # a finding whose cause names a class of true causes (the side unknown): right for either
 EQUIVALENT = {"weights_differ": ("partial_weight_sync", "trainer_stale_weights"),
               "bf16_head_rounding": ("rollout_bf16_head", "trainer_bf16_head"),
@@ -539,5 +541,5 @@ def format_scores(scores: xr.Dataset) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["CLEAN", "NO_EFFECT_GAP_SHARE", "READING_OF", "TIE_SHARE", "dominance", "no_effect", "reading_effect", "ECHO_ATTRS", "ECHO_ENGINE_ATTRS", "ECHO_TRAINER_ATTRS", "ECHO_VARIABLES", "EQUIVALENT", "NOTHING", "UNATTRIBUTED", "arm_score", "format_scores", "not_injected", "blind_view", "score_matrix", "score_views",
+__all__ = ["ARM_RESULT_COLUMNS", "CLEAN", "NO_EFFECT_GAP_SHARE", "READING_OF", "TIE_SHARE", "dominance", "no_effect", "reading_effect", "ECHO_ATTRS", "ECHO_ENGINE_ATTRS", "ECHO_TRAINER_ATTRS", "ECHO_VARIABLES", "EQUIVALENT", "NOTHING", "UNATTRIBUTED", "arm_score", "format_scores", "not_injected", "blind_view", "score_matrix", "score_views",
            "truth"]

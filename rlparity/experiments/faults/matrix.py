@@ -177,6 +177,10 @@ def _capture(eng, plan: Plan, phases: Mapping[str, list], sampling: SamplingSett
     return trace
 
 
+# what a fault-matrix example store holds (its provenance description)
+MATRIX_DESCRIPTION = ("every cause of the fault library alone and in pairs, on real engines, with the ground "
+                      "truth in each arm's attrs")
+
 def run_matrix(model: str | os.PathLike, arms: Sequence[Iterable[str]] | None = None,
                settings: MatrixSettings | None = None, *, workdir: str | os.PathLike | None = None,
                log: Callable[[str], None] = progress_log) -> dict[str, xr.Dataset]:
