@@ -505,6 +505,27 @@ def test_a_floor_warns_at_exactly_a_quarter_of_a_gap_above_tol():
     assert [f.severity for f in trainer.floor_findings(below, tol=0.001)] == [Severity.INFO]
 
 
+def test_the_callers_tol_trainer_reaches_the_floor_findings():
+    """The trainer topic reads ``tol_trainer`` from the caller's options (``trace_findings(options=)`` and
+    ``diagnose(data, options)``), not the defaults: a gap of 0.02 nats with a trainer floor at 30% of it warns
+    under the default tolerance (1e-3 nats) and is information once the caller's tolerance is above the gap."""
+    from rlparity.diagnose import diagnose
+    from rlparity.diagnose.options import DiagnoseOptions
+
+    gap = 0.02
+    tr = _gap_trace(gap, bs_floor=0.3 * gap)
+    wide = DiagnoseOptions(tol_trainer=0.05)
+
+    def severity(findings):
+        return {f.severity for f in findings if f.name == "trainer_not_batch_invariant"}
+
+    assert severity(trainer.trace_findings(tr)) == {Severity.WARNING}
+    assert severity(trainer.trace_findings(tr, options=wide)) == {Severity.INFO}
+    assert severity(diagnose({"a": tr})) == {Severity.WARNING}
+    assert severity(diagnose({"a": tr}, wide)) == {Severity.INFO}
+    assert severity(diagnose({"a": tr}, tol_trainer=0.05)) == {Severity.INFO}
+
+
 # ------------------------------------------------------------------------------ localized test
 def _loc(claimed_vals, free_vals):
     c, f = np.asarray(claimed_vals, float), np.asarray(free_vals, float)
