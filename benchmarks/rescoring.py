@@ -17,9 +17,9 @@ Measures throughput (tokens per second over the whole set) and peak extra memory
   scored trace): ``score_end_to_end_first`` is the first call of a fresh Scorer, timed before anything
   else ran in the process (compilation, allocator, kernels' first use included); the steady rows are
   later calls of one Scorer with the self-check on (the default), without its kernel pass
-  (``kernel_check="off"``: the self-check's batch-1 passes only) and off (``self_check=0``); a row with the
+  (``kernel_check="off"``: the self-check without its kernel pass) and off (``self_check=0``); a row with the
   self-check on also reports ``self_check_pass_s``, the median seconds of each of its passes (``alone``,
-  ``again``, ``kernel``) as the scored trace records them.
+  ``grouped``, ``again``, ``kernel``) as the scored trace records them.
   Needs rlparity importable (xarray, numpy); skipped with a note when it is not.
 * ``score_{padded,packed}_{fp32,bf16}_head`` (issue 39): the same call with ``self_check=0`` and
   ``fingerprint=False`` (the scoring path alone: a model passed in is otherwise checksummed at every call),

@@ -42,8 +42,8 @@ SMOKE = {
                             for h in ("fp32", "bf16")}}
                      # each self-check pass timed from the scored trace's record, inside the row's own call
                      and {row["method"]: set(row["self_check_pass_s"]) for row in r["rows"]
-                          if "self_check_pass_s" in row} == {"score_end_to_end": {"alone", "again", "kernel"},
-                                                            "score_end_to_end_no_kernel_check": {"alone", "again"}}
+                          if "self_check_pass_s" in row} == {"score_end_to_end": {"alone", "grouped", "again", "kernel"},
+                                                            "score_end_to_end_no_kernel_check": {"alone", "grouped", "again"}}
                      and all(0 < sum(row["self_check_pass_s"].values()) < row["median_s"] * 1.5
                              for row in r["rows"] if "self_check_pass_s" in row)
                      # the weight checksums alone: every value of the Llama (vocab 1024, hidden 64, 2 layers, MLP 256,

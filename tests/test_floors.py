@@ -139,9 +139,12 @@ def _float64_attention(module, query, key, value, attention_mask, scaling=None, 
     return (scores.softmax(-1) @ v).to(query.dtype).transpose(1, 2).contiguous(), None
 
 
-def _alone_bf16(model, trace, pick, attn):
-    """An independent reference for the kernel check: each picked sequence alone through a separately loaded
-    bf16 model with attention ``attn`` ("float64": :func:`_float64_attention`), the head in float32."""
+def _alone_bf16(model, trace, pick, attn, together=False):
+    """An independent reference for the kernel check: the picked sequences through a separately loaded bf16
+    model with attention ``attn`` ("float64": :func:`_float64_attention`), the head in float32; each alone, or
+    ``together`` in one right-padded batch with an attention mask (the self-check's grouped shape; with right
+    padding the causal mask alone already keeps every real query off the padding, so the float64 reference
+    needs no mask)."""
     import torch
     from transformers import AttentionInterface, AutoModelForCausalLM
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -154,20 +157,28 @@ def _alone_bf16(model, trace, pick, attn):
         attn = "test_float64"
     m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16, attn_implementation=attn).eval()
     seqs = sequences(trace)
-    out = []
+    rows = [seqs[i][0] + seqs[i][1] for i in pick]
+    groups = [list(range(len(pick)))] if together else [[j] for j in range(len(pick))]
+    out = {}
     with torch.no_grad():
-        for i in pick:
-            p, r = seqs[i]
-            h = m.model(input_ids=torch.tensor([p + r])).last_hidden_state[0, len(p) - 1: len(p) - 1 + len(r)]
-            logits = h.float() @ m.lm_head.weight.float().T
-            out.append(torch.log_softmax(logits.double(), -1).gather(1, torch.tensor(r)[:, None])[:, 0].numpy())
-    return np.concatenate(out)
+        for g in groups:
+            width = max(len(rows[j]) for j in g)
+            ids = torch.tensor([rows[j] + [0] * (width - len(rows[j])) for j in g])
+            mask = torch.tensor([[1] * len(rows[j]) + [0] * (width - len(rows[j])) for j in g])
+            hidden = m.model(input_ids=ids, attention_mask=mask).last_hidden_state
+            for row, j in enumerate(g):
+                p, r = seqs[pick[j]]
+                h = hidden[row, len(p) - 1: len(p) - 1 + len(r)]
+                logits = h.float() @ m.lm_head.weight.float().T
+                out[j] = torch.log_softmax(logits.double(), -1).gather(1, torch.tensor(r)[:, None])[:, 0].numpy()
+    return np.concatenate([out[j] for j in range(len(pick))])
 
 
 def test_the_kernel_check_measures_the_attention_kernels_rounding(tiny_model, rollout):
-    """Issue 41: the self-check scores its sequences once more with the attention in float32 and records how far
-    the trainer's bf16 kernel is from it; the reference computes that attention in float64 by hand. The model
-    gets its own implementation back; a float32 model's check reads exactly 0."""
+    """Issue 41: the self-check scores its sequences (together, in the trainer's micro-batch) once more with the
+    attention in float32 and records how far the trainer's bf16 kernel is from it; the reference computes that
+    attention in float64 by hand on the same right-padded batch. The model gets its own implementation back; a
+    float32 model's check reads exactly 0."""
     from rlparity.score.loading import FLOAT32_ATTENTION
 
     scorer = Scorer(tiny_model, dtype="bfloat16", batch_size=16, progress=False)
@@ -177,19 +188,21 @@ def test_the_kernel_check_measures_the_attention_kernels_rounding(tiny_model, ro
     wall = time.perf_counter() - t0
     check = s.attrs["trainer"]["self_check"]
     assert check["kernel_check"] == f"sdpa vs {FLOAT32_ATTENTION}"
-    # what each pass cost (issue 39): three passes, each inside the call's own wall time
-    assert set(check["pass_s"]) == {"alone", "again", "kernel"} and min(check["pass_s"].values()) > 0
+    # what each pass cost (issue 39): four passes, each inside the call's own wall time
+    assert set(check["pass_s"]) == {"alone", "grouped", "again", "kernel"} and min(check["pass_s"].values()) > 0
     assert sum(check["pass_s"].values()) < wall
     assert scorer.module.config._attn_implementation == "sdpa"  # switched back after the check
     pick = check["sequences"]
-    ref = np.abs(_alone_bf16(tiny_model, rollout, pick, "sdpa") - _alone_bf16(tiny_model, rollout, pick, "float64"))
+    ref = np.abs(_alone_bf16(tiny_model, rollout, pick, "sdpa", together=True)
+                 - _alone_bf16(tiny_model, rollout, pick, "float64", together=True))
     got = check["kernel_raw"]
     assert got["n_tokens"] == ref.size
     assert ref.mean() > 1e-4  # bf16 kernels do round: a check that read 0 would not measure them
     assert got["mean_abs"] == pytest.approx(ref.mean(), rel=0.1)
     assert recorded_floors(s)["kernel_mean_abs"] == check["kernel_processed"]["mean_abs"] > 0
     # eager attention (scores and probabilities rounded to bf16) is farther from float64 than the check's reference
-    eager = np.abs(_alone_bf16(tiny_model, rollout, pick, "eager") - _alone_bf16(tiny_model, rollout, pick, "float64"))
+    eager = np.abs(_alone_bf16(tiny_model, rollout, pick, "eager", together=True)
+                   - _alone_bf16(tiny_model, rollout, pick, "float64", together=True))
     assert eager.mean() > 2 * got["mean_abs"]
     f32 = Scorer(tiny_model, dtype="float32", batch_size=16, progress=False).score(rollout)
     assert f32.attrs["trainer"]["self_check"]["kernel_raw"]["max_abs"] == 0.0
@@ -197,7 +210,7 @@ def test_the_kernel_check_measures_the_attention_kernels_rounding(tiny_model, ro
     off = Scorer(tiny_model, dtype="bfloat16", batch_size=16, progress=False,
                  settings=TrainerSettings(kernel_check="off")).score(rollout)
     assert "kernel_raw" not in off.attrs["trainer"]["self_check"]
-    assert set(off.attrs["trainer"]["self_check"]["pass_s"]) == {"alone", "again"}
+    assert set(off.attrs["trainer"]["self_check"]["pass_s"]) == {"alone", "grouped", "again"}
     assert np.isnan(recorded_floors(off)["kernel_mean_abs"])
     same = Scorer(tiny_model, dtype="bfloat16", batch_size=16, progress=False,
                   settings=TrainerSettings(kernel_check="sdpa")).score(rollout)
@@ -207,7 +220,7 @@ def test_the_kernel_check_measures_the_attention_kernels_rounding(tiny_model, ro
                  settings=TrainerSettings(kernel_check="no_such_kernel")).score(rollout)
     assert bad.attrs["trainer"]["self_check"]["kernel_check"].startswith("sdpa vs no_such_kernel: not run (")
     assert "kernel_raw" not in bad.attrs["trainer"]["self_check"]
-    assert set(bad.attrs["trainer"]["self_check"]["pass_s"]) == {"alone", "again"}  # the failed pass is not timed
+    assert set(bad.attrs["trainer"]["self_check"]["pass_s"]) == {"alone", "grouped", "again"}  # the failed pass: not timed
 
 
 def test_the_floor_command_reads_every_floor_a_store_recorded(tiny_model, rollout, tmp_path):

@@ -396,11 +396,11 @@ class TrainerSettings(BaseModel):
                                             "default; a model passed in is switched in place)")
     gradient_checkpointing: bool = Field(False, description="score with gradient checkpointing enabled, as a "
                                          "trainer that computes pi_old in its training forward")
-    self_check: int = Field(8, ge=0, description="sequences rescored alone (batch 1), twice, after each "
-                            "scoring, and once more under `kernel_check`: the trainer's own floor (batch-shape, "
-                            "run-to-run and kernel differences; what each pass cost is recorded as "
-                            "self_check.pass_s); 0 = off")
-    kernel_check: str = Field("auto", description="the self-check's sequences scored alone once more with a "
+    self_check: int = Field(8, ge=0, description="sequences rescored after each scoring alone (batch 1), then "
+                            "together in the trainer's micro-batches twice and once more under `kernel_check`: "
+                            "the trainer's own floor (batch-shape, run-to-run and kernel differences; what each "
+                            "pass cost is recorded as self_check.pass_s); 0 = off")
+    kernel_check: str = Field("auto", description="the self-check's sequences scored together once more with a "
                               "second attention implementation: how far two correct kernels in the trainer's dtype "
                               "disagree (the kernel floor, part of what separates any engine from any trainer). "
                               "'auto': the trainer's attention in float32 (SDPA on float32 q, k, v), what a correct "

@@ -1,7 +1,7 @@
 """The trainer's own determinism (inference-path layer): does the trainer give the same tokens the
 same logprobs twice?
 
-Every :class:`~rlparity.score.Scorer` run rescores a few sequences alone, twice
+Every :class:`~rlparity.score.Scorer` run rescores a few sequences alone, then together twice
 (``attrs["trainer"]["self_check"]``): ``run_to_run`` is how much a second identical forward moves
 the logprobs (dropout left on, nondeterministic kernels), ``batch_shape`` how much the batch shape
 moves them (issue "floors"). A trainer whose logprobs change from run to run compares a different
@@ -68,7 +68,7 @@ def trainer_determinism(trace: xr.Dataset, *, evidence: ArmEvidence | None = Non
     background = float(core.masked_rms(ev.residual, ev.unclaimed())) if ev.residual is not None else float("nan")
     evid = {"run_to_run_rms": run, "batch_shape_rms": floor["batch_shape_rms"], "background_rms": background,
             "training_mode": training, "dropout": dropout, "pair": PAIR,
-            "measured_on": "the trainer's self-check: sequences rescored alone, twice"}
+            "measured_on": "the trainer's self-check: the same sequences rescored together, twice"}
     arm = rec.arm
     moving = np.isfinite(run) and run > 0 and (not np.isfinite(background) or run >= RUN_TO_RUN_SHARE * background)
     if training and dropout > 0:
@@ -144,7 +144,7 @@ def floor_findings(trace: xr.Dataset, *, evidence: ArmEvidence | None = None, to
     * ``engine_not_batch_invariant``: the same for the engine's batch spread (the same requests
       sampled again alone, ``attrs["engine_floor"]``).
     * ``gap_within_floor`` (information): the two floors together, with the kernel floor where the
-      self-check measured it (the same sequences alone with the attention in float32: the rounding of
+      self-check measured it (the same sequences with the attention in float32: the rounding of
       the trainer's own kernel, which any two implementations of the model differ by) and the trainer's
       batch floor does not exceed it (:func:`_kernel_counts`), are at least
       :data:`PARITY_FLOOR_SHARE` of the gap, the trainer is deterministic and no earlier topic named

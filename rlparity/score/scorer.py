@@ -37,7 +37,7 @@ class Scorer:
     Every scoring records what was applied (``trainer_temperature`` / ``trainer_top_k`` /
     ``trainer_top_p`` per sequence, the settings and the batch shape in ``attrs["trainer"]``),
     per-tensor checksums of the weights, and the trainer's own floor: ``settings.self_check``
-    sequences rescored alone, twice, and once more with the attention in float32
+    sequences rescored alone, then together twice and once more with the attention in float32
     (``attrs["trainer"]["self_check"]``: how much the batch shape, a second run and the attention
     kernel's rounding move the logprobs).
 
@@ -312,7 +312,7 @@ class Scorer:
         shard : tuple of (int, int), optional
             ``(rank, world)``: score only this rank's micro-batches; None scores all.
         self_check : bool, default True
-            Run the trainer's floor check (``settings.self_check`` sequences alone, twice) when the
+            Run the trainer's floor check (``settings.self_check`` sequences alone, then together twice) when the
             settings ask for it.
 
         Returns
@@ -356,7 +356,8 @@ class Scorer:
                 torch.cuda.synchronize()
             elapsed = time.perf_counter() - t0  # the scoring itself, not the self-check
             check = (selfcheck.self_check(self._stats, seqs, sampling, result, k=self.settings.self_check,
-                                          batch_size=self.batch_size, replay=replay if mode == "on" else None,
+                                          batch_size=1 if self.settings.batch_invariant else self.batch_size,
+                                          replay=replay if mode == "on" else None,
                                           kernel=self._kernel_switch())
                      if self.settings.self_check and self_check else None)
         self.module.train(training)

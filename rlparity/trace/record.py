@@ -261,7 +261,7 @@ class TrainerRecord(MetadataRecord):
     dropout: Number | None = Field(None, description="the largest dropout probability of the trainer's model")
     score_s: Number | None = Field(None, description="seconds the scoring took")
     shape: dict[str, Any] | str | None = Field(None, description="the batch shape the trainer scored in (a label or its layout)")
-    self_check: Dict = Field(None, description="the trainer's floors: sequences rescored alone, twice, and under a second attention kernel")
+    self_check: Dict = Field(None, description="the trainer's floors: sequences rescored alone, then together twice and under a second attention kernel")
     self_check_per_version: Dict = Field(None, description="the self-check per policy version")
     weight_checksums: Dict = Field(None, description="the checksums of the weights the trainer scored with")
     weight_checksums_per_version: Dict = Field(None, description="those checksums per policy version")
