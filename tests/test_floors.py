@@ -245,3 +245,51 @@ def test_the_floor_command_reads_every_floor_a_store_recorded(tiny_model, rollou
     mask = rollout["response_mask"].values
     d = on["trainer_processed_logprob"].values - on["rollout_logprob"].values
     assert rows["on"]["gap_mean_abs_d"] == pytest.approx(np.abs(d[mask & np.isfinite(d)]).mean(), rel=1e-9)
+
+
+@pytest.mark.parametrize("k, batch_size, groups", [(8, 16, [[0, 2, 3, 4, 5, 6, 7, 8]]),
+                                                   (8, 3, [[0, 2, 3], [4, 5, 6], [7, 8]]),
+                                                   (3, 1, [[0], [2], [3]])])
+def test_the_self_check_runs_one_pass_alone_and_three_in_micro_batches(k, batch_size, groups):
+    """Issue 39: the self-check's passes and shapes, read from the forwards it asks for (``stats`` is the scorer's
+    forward, given as a callable): ``alone`` one batch-1 forward per picked sequence (sequences without a response
+    skipped), then ``grouped``, ``again`` and ``kernel`` the same sequences in micro-batches of ``batch_size``;
+    each floor compares the passes it names, by hand on made-up logprobs (the batched scoring 0, alone 0.1, grouped
+    0.3, again 0.3 + 0.01 on odd calls, kernel 0.5)."""
+    from contextlib import nullcontext
+
+    from rlparity.score.selfcheck import self_check
+
+    seqs = [([1], [5, 6])] + [([1], [])] + [([1, 2], [7])] * 8  # sequence 1 has no response
+    n, width = len(seqs), 2
+    calls, kernel_on = [], []
+
+    def stats(seqs_, batches, sampling, replay=None):
+        calls.append(("kernel" if kernel_on else "plain", [list(b) for b in batches]))
+        alone = all(len(b) == 1 for b in batches) and len(calls) == 1
+        value = 0.5 if kernel_on else (0.1 if alone else 0.3 + 0.01 * (len(calls) % 2))
+        arr = np.full((n, width), np.nan)
+        for b in batches:
+            for i in b:
+                arr[i, : len(seqs_[i][1])] = value
+        return {"trainer_logprob": arr, "trainer_processed_logprob": arr}
+
+    def switch():
+        kernel_on.append(1)
+        return nullcontext()
+
+    scored = np.full((n, width), np.nan)
+    for i, (_, r) in enumerate(seqs):
+        scored[i, : len(r)] = 0.0
+    result = {"trainer_logprob": scored, "trainer_processed_logprob": scored}
+    out = self_check(stats, seqs, {}, result, k=k, batch_size=batch_size, kernel=("a vs b", switch))
+    pick = [i for g in groups for i in g]
+    assert out["sequences"] == pick
+    assert calls == [("plain", [[i] for i in pick]), ("plain", groups), ("plain", groups), ("kernel", groups)]
+    assert list(out["pass_s"]) == ["alone", "grouped", "again", "kernel"]
+    tokens = sum(len(seqs[i][1]) for i in pick)
+    for key in ("raw", "processed"):
+        assert out[f"batch_shape_{key}"]["mean_abs"] == pytest.approx(0.1, rel=1e-12)
+        assert out[f"run_to_run_{key}"]["mean_abs"] == pytest.approx(0.01, rel=1e-9)
+        assert out[f"kernel_{key}"]["mean_abs"] == pytest.approx(0.2, rel=1e-9)  # against grouped, not again
+        assert out[f"batch_shape_{key}"]["n_tokens"] == tokens
