@@ -171,3 +171,46 @@ def test_a_trainer_loaded_by_path_fingerprints_its_weights_again_after_an_in_pla
     changed = {k for k in after if after[k] != before[k]}
     assert changed and all(after[k] == reference[k] for k in changed)
     assert len(changed) <= 2, changed  # the stepped tensor (and a weight tied to it), nothing else
+
+
+def test_a_model_passed_in_is_fingerprinted_beside_each_scoring_after_its_last_step(tiny_model, monkeypatch):
+    """Issue 39: the checksums of a model passed in are computed beside the scoring (a thread of their own,
+    started at each call) and are those of the weights the call scored: equal to the plain fingerprint
+    (``rlparity.trace.weights.checksums`` of the state dict, computed after the call) before and after an
+    in-place step between two calls; nothing is left pending after a call."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlparity.score import Scorer
+    from rlparity.trace import from_rollouts
+    from rlparity.trace.weights import checksums
+
+    module = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    trace = from_rollouts(prompt_token_ids=[[3, 4, 5 + i] for i in range(4)], token_ids=[[5, 6, 7, 8]] * 4,
+                          rollout_logprobs=[[-1.0] * 4] * 4, temperature=[1.0] * 4)
+    import threading
+
+    import rlparity.score.scorer as scorer_module
+
+    threads = []
+
+    def recorded(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return checksums_of(*args, **kwargs)
+
+    checksums_of = scorer_module.checkpoint_checksums
+    monkeypatch.setattr(scorer_module, "checkpoint_checksums", recorded)
+    scorer = Scorer(module, progress=False)
+
+    def plain():
+        return checksums(module.state_dict().items())
+
+    first = scorer.score(trace).attrs["trainer"]["weight_checksums"]
+    assert scorer._fingerprint_job is None and first == plain()
+    name, param = next(iter(module.named_parameters()))
+    with torch.no_grad():
+        param.mul_(1.5)
+    second = scorer.score(trace).attrs["trainer"]["weight_checksums"]
+    assert second == plain() and second != first
+    assert {k for k in second if second[k] != first[k]} <= {name, "lm_head.weight", "model.embed_tokens.weight"}
+    assert len(threads) == 2 and all(t.startswith("rlparity-fingerprint") for t in threads)  # beside, once a call

@@ -172,3 +172,23 @@ def test_cuda_tensors_through_pinned_chunks_give_the_reference(chunk, monkeypatc
     assert tensor_checksum(torch.from_numpy(y).cuda()) == reference(bf16_bits(y))
     named = [(f"w{i}", torch.from_numpy(random_float32(n - i, np.random.default_rng(i))).cuda()) for i in range(6)]
     assert checksums(named) == {name: reference(bf16_bits(t.cpu().numpy())) for name, t in named}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_checksums_on_a_side_stream_see_the_writes_queued_before_it():
+    """Issue 39: the Scorer checksums a model on a CUDA stream of its own, beside the scoring, ordered after what
+    the current stream had queued (an optimizer step): the values it reads are the written ones, although the
+    write was still queued behind a long kernel when the checksums started."""
+    n = 1 << 20
+    t = torch.zeros(n, device="cuda")
+    big = torch.randn(4096, 4096, device="cuda")
+    for _ in range(20):  # keep the current stream busy for a while
+        big = big @ big / 64.0
+    t.add_(1.5)  # queued behind them
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    got = checksums([("t", t), ("u", t[: n // 2])], stream=side)
+    torch.cuda.synchronize()
+    want = reference(bf16_bits(np.full(n, 1.5, dtype=np.float32)))
+    assert got == {"t": want, "u": reference(bf16_bits(np.full(n // 2, 1.5, dtype=np.float32)))}

@@ -8,7 +8,7 @@ from typing import Any
 __all__ = ["checkpoint_checksums"]
 
 
-def checkpoint_checksums(module: Any) -> dict[str, str]:
+def checkpoint_checksums(module: Any, *, stream: Any = None) -> dict[str, str]:
     """Per-tensor checksums of a transformers model's weights, keyed by checkpoint names.
 
     transformers' load-time conversions (e.g. a MoE model's per-expert tensors fused into one) are
@@ -19,6 +19,8 @@ def checkpoint_checksums(module: Any) -> dict[str, str]:
     ----------
     module : transformers model
         The loaded model.
+    stream : torch.cuda.Stream, optional
+        The CUDA stream the copies run on (:func:`rlparity.trace.weights.checksums`).
 
     Returns
     -------
@@ -34,4 +36,4 @@ def checkpoint_checksums(module: Any) -> dict[str, str]:
         state = revert_weight_conversion(module, state)
     except ImportError:  # transformers without load-time conversions: names are the checkpoint's
         pass
-    return checksums(state.items())
+    return checksums(state.items(), stream=stream)

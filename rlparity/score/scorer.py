@@ -111,6 +111,8 @@ class Scorer:
         self.router = RouterControl.attach(self.module, self.settings.router_dtype)
         self._tokenizer = None
         self._checksums: dict[str, str] | None = None
+        self._fingerprint_job: Any = None  # the checksums being computed beside a scoring (a Future)
+        self._fingerprint_pool: Any = None
 
     @property
     def tokenizer(self):
@@ -132,6 +134,26 @@ class Scorer:
         next :meth:`weight_checksums` fingerprints them again. A model loaded here is otherwise
         fingerprinted once."""
         self._checksums = None
+        self._fingerprint_job = None
+
+    def _start_fingerprint(self) -> None:
+        """Start the weight checksums beside the scoring (:meth:`compute` calls it first): a thread of its
+        own and, on a GPU, a CUDA stream of its own ordered after everything already queued on the current
+        one (e.g. the optimizer step that changed the weights), so the copies to the host and the CRC
+        overlap the forwards instead of following them. :meth:`weight_checksums` waits for it."""
+        if not self.settings.fingerprint or (self._checksums is not None and self._loaded_here):
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        stream = None
+        if self.device.startswith("cuda"):
+            import torch
+
+            stream = torch.cuda.Stream(device=self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+        if self._fingerprint_pool is None:
+            self._fingerprint_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlparity-fingerprint")
+        self._fingerprint_job = self._fingerprint_pool.submit(checkpoint_checksums, self.module, stream=stream)
 
     def weight_checksums(self) -> dict[str, str]:
         """Per-tensor checksums of the weights it scores with (:mod:`rlparity.trace.weights`).
@@ -145,7 +167,10 @@ class Scorer:
         dict of str to str
             ``{tensor name: checksum}``.
         """
-        if self._checksums is None or not self._loaded_here:
+        job, self._fingerprint_job = self._fingerprint_job, None
+        if job is not None:  # started beside this call's scoring, after any change to the weights
+            self._checksums = job.result()
+        elif self._checksums is None or not self._loaded_here:
             self._checksums = checkpoint_checksums(self.module)
         return self._checksums
 
@@ -329,13 +354,24 @@ class Scorer:
         ValueError
             If routing replay is asked for without a MoE model or the engine's routes.
         """
-        import torch
-
         validate(trace)
         rows = self.module.get_input_embeddings().num_embeddings
         check_vocabulary(trace, min(rows, int(self.head_weight.shape[0])), self.model_name)
         seqs = self.scored_sequences(trace)
         sampling = self.applied_sampling(trace)
+        if shard is None or shard[0] == 0:  # the process that assembles (rank 0 of a distributed run)
+            self._start_fingerprint()
+        try:
+            return self._scored_parts(trace, seqs, sampling, shard, self_check)
+        except BaseException:
+            self._fingerprint_job = None  # a failed call leaves no checksums for a later one to take
+            raise
+
+    def _scored_parts(self, trace: xr.Dataset, seqs, sampling: dict[str, np.ndarray],
+                      shard: tuple[int, int] | None, self_check: bool) -> dict[str, Any]:
+        """:meth:`compute` after its checks: the batched scoring, then the self-check."""
+        import torch
+
         t0 = time.perf_counter()
         batches = list(self.batches(seqs))
         if shard is not None:

@@ -106,13 +106,17 @@ def _chunk_checksum(chunk: Any, crc: int) -> tuple[int, bool]:
     return crc32(host.view(torch.int16).numpy(), crc), finite
 
 
-def checksums(named_tensors: Iterable[tuple[str, Any]]) -> dict[str, str]:
+def checksums(named_tensors: Iterable[tuple[str, Any]], *, stream: Any = None) -> dict[str, str]:
     """``{name: checksum}`` of named tensors.
 
     Parameters
     ----------
     named_tensors : iterable of tuple[str, torch.Tensor]
         A state dict's ``items()``, a checkpoint iterator.
+    stream : torch.cuda.Stream, optional
+        The CUDA stream every copy and reduction of a GPU tensor runs on (in every worker thread; the
+        caller orders it after the writes it must see, e.g. ``stream.wait_stream(current_stream)``);
+        None: each thread's current stream.
 
     Returns
     -------
@@ -121,12 +125,20 @@ def checksums(named_tensors: Iterable[tuple[str, Any]]) -> dict[str, str]:
     """
     from concurrent.futures import ThreadPoolExecutor
 
+    def one(t: Any) -> str:
+        if stream is None:
+            return tensor_checksum(t)
+        import torch
+
+        with torch.cuda.stream(stream):  # a stream context is per thread: set in each worker
+            return tensor_checksum(t)
+
     items = [(str(name), t) for name, t in named_tensors]
     if len(items) < 2:
-        return {name: tensor_checksum(t) for name, t in items}
+        return {name: one(t) for name, t in items}
     # the copy to the CPU and zlib's CRC release the GIL: a few tensors at a time (each holds one bf16 copy)
     with ThreadPoolExecutor(max_workers=min(FINGERPRINT_THREADS, len(items))) as pool:
-        sums = list(pool.map(tensor_checksum, (t for _, t in items)))
+        sums = list(pool.map(one, (t for _, t in items)))
     return dict(zip((name for name, _ in items), sums))
 
 
