@@ -145,15 +145,21 @@ class Scorer:
             return
         from concurrent.futures import ThreadPoolExecutor
 
-        stream = None
-        if self.device.startswith("cuda"):
-            import torch
-
-            stream = torch.cuda.Stream(device=self.device)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
         if self._fingerprint_pool is None:
             self._fingerprint_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlparity-fingerprint")
-        self._fingerprint_job = self._fingerprint_pool.submit(checkpoint_checksums, self.module, stream=stream)
+        if not self.device.startswith("cuda"):
+            self._fingerprint_job = self._fingerprint_pool.submit(checkpoint_checksums, self.module)
+            return
+        import torch
+
+        stream = torch.cuda.Stream(device=self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+
+        def on_stream() -> dict[str, str]:  # every kernel of the job on it, the load-time conversions' too
+            with torch.cuda.stream(stream):
+                return checkpoint_checksums(self.module, stream=stream)
+
+        self._fingerprint_job = self._fingerprint_pool.submit(on_stream)
 
     def weight_checksums(self) -> dict[str, str]:
         """Per-tensor checksums of the weights it scores with (:mod:`rlparity.trace.weights`).
