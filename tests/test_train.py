@@ -214,3 +214,13 @@ def test_a_model_passed_in_is_fingerprinted_beside_each_scoring_after_its_last_s
     assert second == plain() and second != first
     assert {k for k in second if second[k] != first[k]} <= {name, "lm_head.weight", "model.embed_tokens.weight"}
     assert len(threads) == 2 and all(t.startswith("rlparity-fingerprint") for t in threads)  # beside, once a call
+    # a distributed run: only rank 0 assembles, so only rank 0 fingerprints
+    scorer.compute(trace, shard=(1, 2), self_check=False)
+    assert scorer._fingerprint_job is None and len(threads) == 2
+    scorer.compute(trace, shard=(0, 2), self_check=False)
+    assert scorer.weight_checksums() == plain() and len(threads) == 3 and threads[-1].startswith("rlparity-fingerprint")
+    # a model loaded by path is fingerprinted once: no job at later calls
+    by_path = Scorer(tiny_model, dtype="float32", progress=False)
+    by_path.score(trace)
+    by_path.compute(trace, self_check=False)
+    assert by_path._fingerprint_job is None and len(threads) == 4
