@@ -287,6 +287,8 @@ def test_the_self_check_runs_one_pass_alone_and_three_in_micro_batches(k, batch_
     assert out["sequences"] == pick
     assert calls == [("plain", [[i] for i in pick]), ("plain", groups), ("plain", groups), ("kernel", groups)]
     assert list(out["pass_s"]) == ["alone", "grouped", "again", "kernel"]
+    assert out["shape_main"].startswith(f"micro-batches of up to {batch_size} ") and out["shape_check"] == "batch 1"
+    assert out["shape_run_to_run"] == f"the {len(pick)} sequences in batches of up to {batch_size}, twice"
     tokens = sum(len(seqs[i][1]) for i in pick)
     for key in ("raw", "processed"):
         assert out[f"batch_shape_{key}"]["mean_abs"] == pytest.approx(0.1, rel=1e-12)

@@ -82,8 +82,8 @@ def self_check(stats: Callable[..., dict[str, np.ndarray]], seqs: list[tuple[lis
     first = timed("alone", alone)
     group = timed("grouped", grouped)
     again = timed("again", grouped)
-    out: dict[str, Any] = {"sequences": pick, "shape_main": f"batches of up to {batch_size}, "
-                           "right-padded, similar lengths together", "shape_check": "batch 1",
+    out: dict[str, Any] = {"sequences": pick, "shape_main": f"micro-batches of up to {batch_size} in the "
+                           "scoring's layout and order (attrs trainer.shape)", "shape_check": "batch 1",
                            "shape_run_to_run": f"the {len(pick)} sequences in batches of up to {step}, twice"}
     pairs = [("batch_shape", result, first), ("run_to_run", group, again)]
     if kernel is not None:
