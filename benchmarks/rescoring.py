@@ -294,7 +294,7 @@ def end_to_end(model, a, shape, ids, rows):
     return ({name: (lambda name=name, s=s: call(name, s)) for name, s in steady.items()}, first, None)
 
 
-# row -> the self-check's seconds per pass (alone, again, kernel) of every call, the warm-up's first
+# row -> the self-check's seconds per pass (alone, grouped, again, kernel) of every call, the warm-up's first
 SELF_CHECK_PASSES: dict[str, list[dict[str, float]]] = {}
 
 

@@ -20,20 +20,29 @@ def checkpoint_checksums(module: Any, *, stream: Any = None) -> dict[str, str]:
     module : transformers model
         The loaded model.
     stream : torch.cuda.Stream, optional
-        The CUDA stream the copies run on (:func:`rlparity.trace.weights.checksums`).
+        The CUDA stream every kernel runs on, the conversions' and the copies'
+        (:func:`rlparity.trace.weights.checksums`); None: the current one.
 
     Returns
     -------
     dict of str to str
         ``{tensor name: checksum}``.
     """
+    from contextlib import nullcontext
+
     from rlparity.trace.weights import checksums
 
-    state = dict(module.state_dict())
-    try:
-        from transformers.core_model_loading import revert_weight_conversion
+    on_stream: Any = nullcontext()
+    if stream is not None:
+        import torch
 
-        state = revert_weight_conversion(module, state)
-    except ImportError:  # transformers without load-time conversions: names are the checkpoint's
-        pass
+        on_stream = torch.cuda.stream(stream)
+    with on_stream:
+        state = dict(module.state_dict())
+        try:
+            from transformers.core_model_loading import revert_weight_conversion
+
+            state = revert_weight_conversion(module, state)
+        except ImportError:  # transformers without load-time conversions: names are the checkpoint's
+            pass
     return checksums(state.items(), stream=stream)

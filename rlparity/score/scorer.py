@@ -129,6 +129,16 @@ class Scorer:
         """The model's path or hub id (a loaded model's ``name_or_path``)."""
         return str(getattr(self.model, "name_or_path", self.model))
 
+    @property
+    def micro_batch_size(self) -> int:
+        """The sequences a micro-batch holds: ``batch_size``, or 1 in batch-invariant mode."""
+        return 1 if self.settings.batch_invariant else self.batch_size
+
+    @property
+    def _fingerprint_stale(self) -> bool:
+        """Whether the next call needs new checksums: none yet, or a model passed in (it may have trained)."""
+        return self._checksums is None or not self._loaded_here
+
     def weights_changed(self) -> None:
         """Say that the module's weights changed in place (an optimizer step on ``self.module``): the
         next :meth:`weight_checksums` fingerprints them again. A model loaded here is otherwise
@@ -141,25 +151,19 @@ class Scorer:
         own and, on a GPU, a CUDA stream of its own ordered after everything already queued on the current
         one (e.g. the optimizer step that changed the weights), so the copies to the host and the CRC
         overlap the forwards instead of following them. :meth:`weight_checksums` waits for it."""
-        if not self.settings.fingerprint or (self._checksums is not None and self._loaded_here):
+        if not self.settings.fingerprint or not self._fingerprint_stale:
             return
         from concurrent.futures import ThreadPoolExecutor
 
+        stream = None
+        if self.device.startswith("cuda"):
+            import torch
+
+            stream = torch.cuda.Stream(device=self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
         if self._fingerprint_pool is None:
             self._fingerprint_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlparity-fingerprint")
-        if not self.device.startswith("cuda"):
-            self._fingerprint_job = self._fingerprint_pool.submit(checkpoint_checksums, self.module)
-            return
-        import torch
-
-        stream = torch.cuda.Stream(device=self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-
-        def on_stream() -> dict[str, str]:  # every kernel of the job on it, the load-time conversions' too
-            with torch.cuda.stream(stream):
-                return checkpoint_checksums(self.module, stream=stream)
-
-        self._fingerprint_job = self._fingerprint_pool.submit(on_stream)
+        self._fingerprint_job = self._fingerprint_pool.submit(checkpoint_checksums, self.module, stream=stream)
 
     def weight_checksums(self) -> dict[str, str]:
         """Per-tensor checksums of the weights it scores with (:mod:`rlparity.trace.weights`).
@@ -176,7 +180,7 @@ class Scorer:
         job, self._fingerprint_job = self._fingerprint_job, None
         if job is not None:  # started beside this call's scoring, after any change to the weights
             self._checksums = job.result()
-        elif self._checksums is None or not self._loaded_here:
+        elif self._fingerprint_stale:
             self._checksums = checkpoint_checksums(self.module)
         return self._checksums
 
@@ -197,8 +201,7 @@ class Scorer:
         list of int
             The indices into ``seqs`` of one micro-batch.
         """
-        yield from batching.micro_batches(seqs, self.settings.order,
-                                          1 if self.settings.batch_invariant else self.batch_size)
+        yield from batching.micro_batches(seqs, self.settings.order, self.micro_batch_size)
 
     def response_hidden(self, seqs: list[tuple[list[int], list[int]]], batch: list[int]) -> list:
         """One forward of the body over ``batch``: the last hidden states that predict each response.
@@ -398,7 +401,7 @@ class Scorer:
                 torch.cuda.synchronize()
             elapsed = time.perf_counter() - t0  # the scoring itself, not the self-check
             check = (selfcheck.self_check(self._stats, seqs, sampling, result, k=self.settings.self_check,
-                                          batch_size=1 if self.settings.batch_invariant else self.batch_size,
+                                          batch_size=self.micro_batch_size,
                                           replay=replay if mode == "on" else None,
                                           kernel=self._kernel_switch())
                      if self.settings.self_check and self_check else None)
@@ -462,7 +465,7 @@ class Scorer:
             checkpointing, mode (train or eval), dtypes, chunk size and device.
         """
         s = self.settings
-        return {"batch_size": 1 if s.batch_invariant else self.batch_size, "layout": s.layout, "order": s.order,
+        return {"batch_size": self.micro_batch_size, "layout": s.layout, "order": s.order,
                 "batch_invariant": s.batch_invariant,
                 "attn_implementation": getattr(self.module.config, "_attn_implementation", None),
                 "gradient_checkpointing": bool(getattr(self.module, "is_gradient_checkpointing", False)),
