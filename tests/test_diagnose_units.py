@@ -931,6 +931,70 @@ def test_a_real_partial_sync_is_still_named(fresh_only):
     assert (f.name, f.evidence["layers"]) == ("engine_weights_differ", [1])
 
 
+# ------------------------------------------------------------------------------ issue 41: a sync the numbers cannot check
+def _versions_trace(rows, *, scale=0.01, seed=5, trainer_attrs=None, attrs=None):
+    """Rows of policy versions (one list a sequence), |d| ~ scale on every token, scored per version."""
+    rng = np.random.default_rng(seed)
+    d = [[scale * (1 + 0.3 * rng.standard_normal()) for _ in row] for row in rows]
+    return _scored(d, versions=rows, trainer_attrs={"scored_by": "policy_version", **(trainer_attrs or {})}, attrs=attrs)
+
+
+def _unchecked(tr):
+    return [f for f in sync.weight_sync(tr) if f.name == "weights_unchecked_at_version"]
+
+
+def test_a_version_every_token_of_which_another_cause_explains_is_said_unchecked():
+    """Every sequence spans the update, so every version-1 token sat on version 0's KV (kv_carried_over
+    claims them): no token is left to read version 1's weights by. Said, with the cause, as information."""
+    span = [[0] * 6 + [1] * 6] * 8
+    (f,) = _unchecked(_versions_trace(span))
+    assert (f.severity, f.cause, f.evidence["versions"]) == (Severity.INFO, None, [1])
+    assert "version 1 has 0 token(s) no other cause explains (kv_carried_over" in f.summary
+    # two fresh sequences of version-1 tokens: 3 tokens are too few to read (MIN_VERSION_TOKENS = 4) ...
+    (f,) = _unchecked(_versions_trace(span[:6] + [[1] * 2, [1] * 1]))
+    assert "version 1 has 3 token(s)" in f.evidence["why"]
+    # ... 4 are read (8 sequences hold the two versions' tokens): checked, nothing said
+    assert mv.MIN_VERSION_TOKENS == 4 and _unchecked(_versions_trace(span[:6] + [[1] * 2, [1] * 2])) == []
+    # 4 tokens in one sequence: leaving it out leaves none, so no standard error over sequences
+    (f,) = _unchecked(_versions_trace(span[:7] + [[1] * 4]))
+    assert "the tokens of version 1 no other cause explains sit in 1 sequence(s)" in f.evidence["why"]
+    # the first version without free tokens leaves every later one unchecked
+    tr = _versions_trace([[0] * 3 + [1] * 9] + [[1] * 12] * 7)
+    (f,) = _unchecked(tr)
+    assert f.evidence["versions"] == [1] and "version 0 has 3 token(s)" in f.evidence["why"]
+    assert "standard error" not in f.evidence["why"]
+
+
+def test_a_sync_unchecked_for_noise_or_too_few_sequences_is_said_and_a_checked_one_is_not():
+    """The trainer's run-to-run noise above a quarter of version 0's median |r| leaves the test
+    untestable; three sequences give no z (min_fit_sequences 4); fingerprints that agree, a trainer
+    that scored with one weight set, or a version the numbers did test say nothing."""
+    from rlparity.config.defaults import defaults
+
+    rows = [[0] * 12] * 4 + [[1] * 12] * 4
+    a, _ = _by_version(_versions_trace(rows))
+    quarter = 0.25 * np.median(a[0])  # version 0's median |r| (the residual is -d here), a quarter of it
+    (f,) = _unchecked(_versions_trace(rows, trainer_attrs={"self_check": _self_check(run_to_run_rms=1.01 * quarter)}))
+    assert f"run-to-run noise ({1.01 * quarter:.3g} nats)" in f.summary
+    # under a quarter: the test runs, nothing is said
+    assert _unchecked(_versions_trace(rows, trainer_attrs={"self_check": _self_check(run_to_run_rms=0.99 * quarter)})) == []
+    few = _versions_trace([[0] * 12, [0] * 12, [1] * 12])
+    assert defaults().min_fit_sequences == 4
+    (f,) = _unchecked(few)
+    assert f.evidence["versions"] == [1] and "3 sequence(s) hold the tokens of version 1 and of version 0" in f.summary
+    assert "(a standard error needs 4)" in f.summary
+    assert _unchecked(_versions_trace([[0] * 12] * 2 + [[1] * 12] * 2)) == []  # 4 sequences: a z
+    span = [[0] * 6 + [1] * 6] * 8
+    same = _versions_trace(span, trainer_attrs={"weight_checksums_per_version": {"0": V0, "1": V1}},
+                           attrs={"engine_weight_checksums": {"0": V0, "1": V1}})
+    assert _unchecked(same) == []
+    one_set = _versions_trace(span)
+    one_set.attrs["trainer"]["scored_by"] = None
+    assert _unchecked(one_set) == []
+    assert _unchecked(_versions_trace([[0] * 12] * 8)) == []  # one version: nothing to check
+
+
+
 def test_a_partial_sync_that_moves_few_tokens_far_is_flagged_by_the_mean():
     """A partial sync seen on the held-out H100 matrices: version 1's median |r| is version 0's, but two tokens of
     every version-1 sequence sit 40x higher. The median test cannot see it; the mean test (its ratio written out

@@ -440,6 +440,25 @@ def observed_claims(ev: ArmEvidence) -> None:
                      "responses the trainer scored after other prompt ids than the engine's")
 
 
+def fingerprints_equal(trace: xr.Dataset, versions: list[int]) -> list[int]:
+    """The versions whose engine and trainer weight fingerprints were both recorded and agree.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm (``attrs["engine_weight_checksums"]`` and the trainer's checksums per version).
+    versions : list of int
+        The versions to look at.
+
+    Returns
+    -------
+    list of int
+        Those of ``versions`` whose checksums agree (:func:`rlparity.trace.weights.compare_checksums`).
+    """
+    engine, trainer = engine_effective(trace.attrs), trainer_checksums(trace.attrs, versions)
+    return [v for v in versions if v in engine and v in trainer and compare_checksums(engine[v], trainer[v])["equal"]]
+
+
 def version_claims(ev: ArmEvidence, *, thresholds: mv.VersionThresholds | None = None) -> dict[str, Any]:
     """Claim the policy versions whose tokens stand far above the first version's as ``weights_differ``.
 
@@ -471,8 +490,7 @@ def version_claims(ev: ArmEvidence, *, thresholds: mv.VersionThresholds | None =
     if "weights_differ" in ev.claims:  # the fingerprints already name the versions
         return {}
     pv = trace["policy_version"].values
-    engine, trainer = engine_effective(trace.attrs), trainer_checksums(trace.attrs, versions)
-    equal = [v for v in versions if v in engine and v in trainer and compare_checksums(engine[v], trainer[v])["equal"]]
+    equal = fingerprints_equal(trace, versions)
     absr = np.abs(ev.residual)
     mu = trace["rollout_logprob"].values
     out = mv.version_excess(absr, ev.unclaimed(), pv, floors=version_floors(trace, ev.side),
@@ -522,5 +540,5 @@ def build(trace: xr.Dataset, *, trainer: str | None = None, semantic_tol: float 
     return ev
 
 
-__all__ = ["ArmEvidence", "build", "observed_claims", "residual_for", "router_dtypes", "routing_cause", "routing_claims", "semantic_fit", "trainer_floor",
+__all__ = ["ArmEvidence", "build", "fingerprints_equal", "observed_claims", "residual_for", "router_dtypes", "routing_cause", "routing_claims", "semantic_fit", "trainer_floor",
            "version_claims"]

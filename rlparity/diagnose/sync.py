@@ -23,15 +23,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import xarray as xr
 
-from rlparity.diagnose.evidence import ArmEvidence, build
+from rlparity.config.defaults import defaults
+from rlparity.diagnose.evidence import ArmEvidence, build, fingerprints_equal
 from rlparity.diagnose.findings import Finding, Layer, Severity
 from rlparity.diagnose.options import DiagnoseOptions
 from rlparity.metrics import BACKEND_PAIR_D
 from rlparity.trace import arm_record, has_trainer, trace_versions
 from rlparity.trace.weights import layers_of, tensors_not_equal, versions_that_differ
-from rlparity.diagnose.topic import E, FindingCode, PATH, Topic, W, code
+from rlparity.diagnose.topic import E, FindingCode, I, PATH, Topic, W, code
+from rlparity.metrics.versions import MIN_VERSION_TOKENS
 
 PAIR = BACKEND_PAIR_D
 FIX_ENGINE = ("send every tensor of the new weights to the engine at each update (check the sync with "
@@ -39,6 +42,8 @@ FIX_ENGINE = ("send every tensor of the new weights to the engine at each update
 FIX_TRAINER = ("score each token with the weights that sampled it: load the trainer's weights of that version "
                "(rlparity.score.score_versions(trace, {version: checkpoint})), or make sure the trainer's sync to the "
                "new version happened before it computes pi_old")
+FIX_CHECK = ("record per-tensor checksums on both sides (the engine's loads and the trainer's weights: "
+             "rlparity.trace.weights, `rlparity verify-weights`), or fix the causes named here and capture again")
 
 
 def _tokens(trace: xr.Dataset, ev: ArmEvidence | None, version: int) -> dict[str, Any]:
@@ -120,6 +125,74 @@ def flagged_statistic(numbers: dict[str, Any], version: int) -> tuple[float, flo
     return float(ratio), float(numbers[z_key][str(version)]), what
 
 
+def _untested(numbers: dict[str, Any], version: int) -> bool:
+    """Whether every statistic of :func:`rlparity.metrics.versions.version_excess` left ``version`` without a z."""
+    zs = [numbers.get(z_key, {}).get(str(version), float("nan")) for _, _, z_key in _STATISTIC.values()]
+    return not any(np.isfinite(z) for z in zs)
+
+
+def sync_unchecked(trace: xr.Dataset, ev: ArmEvidence) -> tuple[list[int], str] | None:
+    """The later versions whose weights neither the fingerprints nor the numbers could check, and why.
+
+    Only where the check applies: two versions or more, each scored with its own weights
+    (``scored_by="policy_version"``). A version whose fingerprints were recorded on both sides and agree is
+    checked. The numbers (:func:`rlparity.metrics.versions.version_excess`) leave a version unchecked
+    when the trainer's run-to-run noise makes the test untestable, when it or the first version has
+    fewer than :data:`~rlparity.metrics.versions.MIN_VERSION_TOKENS` tokens no other cause explains
+    (the causes that explain them are named), or when too few sequences hold its tokens for a z.
+
+    Parameters
+    ----------
+    trace : xarray.Dataset
+        A scored arm.
+    ev : ArmEvidence
+        Its evidence (claims, residual, version excess).
+
+    Returns
+    -------
+    tuple of (list of int, str) or None
+        The unchecked versions and the reason in words; None when every later version was checked
+        (or the check does not apply).
+    """
+    versions = trace_versions(trace)
+    if len(versions) < 2 or arm_record(trace).scorer.scored_by != "policy_version":
+        return None
+    proven = set(fingerprints_equal(trace, versions))
+    later = [v for v in versions[1:] if v not in proven]
+    numbers = ev.version_excess or {}
+    if not later or set(numbers.get("flagged", [])) & set(later):
+        return None
+    if ev.residual is None:
+        return later, "the trainer gives no residual to compare"
+    if numbers.get("untestable"):
+        return later, str(numbers["untestable"])
+    pv = trace["policy_version"].values
+    free = ev.unclaimed() & np.isfinite(ev.residual)
+    n_free = {v: int((free & (pv == v)).sum()) for v in versions}
+    short = [v for v in versions if n_free[v] < MIN_VERSION_TOKENS]
+    unchecked = later if versions[0] in short else \
+        [v for v in later if v in short or (numbers and _untested(numbers, v))]
+    if not unchecked:
+        return None
+    why = []
+    for v in short:
+        by = sorted(c for c, m in ev.claims.items() if (m & (pv == v)).any())
+        why.append(f"version {v} has {n_free[v]} token(s) no other cause explains"
+                   + (f" ({', '.join(by)} explain(s) the rest)" if by else ""))
+    if short:
+        why[-1] += f": the check reads {MIN_VERSION_TOKENS} or more a version"
+    for v in [] if versions[0] in short else [v for v in unchecked if v not in short]:
+        both = int((free & ((pv == v) | (pv == versions[0]))).any(axis=1).sum())
+        if both < defaults().min_fit_sequences:
+            why.append(f"{both} sequence(s) hold the tokens of version {v} and of version {versions[0]} no other cause "
+                       f"explains (a standard error needs {defaults().min_fit_sequences})")
+        else:
+            why.append(f"the tokens of version {v} no other cause explains sit in "
+                       f"{int((free & (pv == v)).any(axis=1).sum())} sequence(s), too few for a standard error over "
+                       "sequences")
+    return unchecked, "; ".join(why)
+
+
 def weight_sync(trace: xr.Dataset, *, evidence: ArmEvidence | None = None) -> list[Finding]:
     """The weight-sync findings of one arm (see the module docstring).
 
@@ -168,6 +241,15 @@ def weight_sync(trace: xr.Dataset, *, evidence: ArmEvidence | None = None) -> li
             "standard errors over sequences; residual, semantic cause corrected): the engine and the trainer held "
             "different weights for it", {"version": v, **numbers, "pair": PAIR},
             FIX_ENGINE + "; or " + FIX_TRAINER, arm, cause="weights_differ", tokens=_tokens(trace, ev, v)))
+    unchecked = None if out else sync_unchecked(trace, ev)
+    if unchecked:
+        vs, why = unchecked
+        out.append(Finding(
+            Layer.INFERENCE_PATH, "weights_unchecked_at_version", Severity.INFO,
+            f"the weights of policy version(s) {', '.join(map(str, vs))} could not be checked against the trainer's: "
+            f"no fingerprints agree for them and the numbers cannot tell ({why}); a partial sync there would not "
+            "show until the causes named here are fixed", {"versions": vs, "why": why, "version_excess": numbers,
+                                                            "pair": PAIR}, FIX_CHECK, arm))
     return out
 
 
@@ -210,6 +292,14 @@ CODES: tuple[FindingCode, ...] = (
            "the new version did not happen before it computed pi_old.", FIX_TRAINER, "sync",
            rule="the trainer's checksums for version v equal the engine's for another version",
            calibrated_on="exact (checksums)", causes=("trainer_stale_weights",)),
+    code("weights_unchecked_at_version", PATH, (I,),
+           "Each version was scored with its own weights, but for a later version neither fingerprints nor the numbers "
+           "could check that both sides held the same weights (other causes explain its tokens, the trainer is too "
+           "noisy, or too few sequences): a partial sync there would not show.", FIX_CHECK, "sync",
+           rule="two versions or more scored by policy_version, a later one without agreeing fingerprints, and the "
+                "per-version test untestable, short of `MIN_VERSION_TOKENS` unclaimed tokens at it or at the first "
+                "version, or without a z (fewer than `min_fit_sequences` sequences)",
+           calibrated_on="no threshold of its own (says when weights_differ_at_version cannot be read)"),
     code("weights_differ_at_version", PATH, (W,),
            "Without fingerprints: the tokens of a later policy version disagree with the trainer far more than the "
            "first version's (semantic cause corrected), so the two sides held different weights for it (side unknown).",
@@ -248,4 +338,5 @@ CODES: tuple[FindingCode, ...] = (
 
 TOPIC = Topic('sync', 60, CODES, trace_findings)
 
-__all__ = ["FIX_ENGINE", "FIX_TRAINER", "engine_weights_differ", "trace_findings", "weight_sync"]
+__all__ = ["FIX_CHECK", "FIX_ENGINE", "FIX_TRAINER", "engine_weights_differ", "sync_unchecked", "trace_findings",
+           "weight_sync"]

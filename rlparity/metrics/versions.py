@@ -42,6 +42,9 @@ def upper_quartile(a: np.ndarray) -> float:
     return float(np.quantile(a, 0.75))
 
 
+# fewest tokens no other cause explains a version needs before :func:`version_excess` reads it
+MIN_VERSION_TOKENS = 4
+
 VERSION_STATISTICS = {"median": np.median, "mean": np.mean, "logit_median": np.median, "upper_quartile": upper_quartile}
 # the upper quartile (issue 41): a partial sync moves a minority of a version's tokens far, which the median misses and
 # the mean shares with the few tokens of near-flat distributions that carry most of it; on the CPU tiny-bf16
@@ -258,7 +261,7 @@ def _version_stats(absr: np.ndarray, free: np.ndarray, pv: np.ndarray) -> dict[i
     stats = {}
     for v in sorted({int(x) for x in np.unique(pv[free])}):
         a = absr[free & (pv == v)]
-        if a.size >= 4:
+        if a.size >= MIN_VERSION_TOKENS:
             stats[v] = (float(a.mean()), float(np.median(a)), int(a.size))
     return stats
 
@@ -354,5 +357,5 @@ def _record_version(out: dict[str, Any], v: int, tests: dict[str, tuple[float, f
         out.setdefault("flagged_by", {})[str(v)] = passed
 
 
-__all__ = ["LOGIT_Q_MIN", "LOGIT_STATISTICS", "VERSION_STATISTICS", "VersionThresholds", "floor_excess_ratio",
+__all__ = ["LOGIT_Q_MIN", "LOGIT_STATISTICS", "MIN_VERSION_TOKENS", "VERSION_STATISTICS", "VersionThresholds", "floor_excess_ratio",
            "logit_scale", "upper_quartile", "version_excess"]
