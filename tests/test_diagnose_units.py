@@ -984,6 +984,12 @@ def test_a_sync_unchecked_for_noise_or_too_few_sequences_is_said_and_a_checked_o
     assert f.evidence["versions"] == [1] and "3 sequence(s) hold the tokens of version 1 and of version 0" in f.summary
     assert "(a standard error needs 4)" in f.summary
     assert _unchecked(_versions_trace([[0] * 12] * 2 + [[1] * 12] * 2)) == []  # 4 sequences: a z
+    # 4 sequences, but version 1's tokens in one of them: leaving it out leaves none
+    (f,) = _unchecked(_versions_trace([[0] * 12] * 3 + [[1] * 12]))
+    assert "the tokens of version 1 no other cause explains sit in 1 sequence(s)" in f.evidence["why"]
+    # a flagged version is checked: nothing unchecked beside it
+    flagged = _two_versions(0.01, 0.1)
+    assert build(flagged).version_excess["flagged"] == [1] and sync.sync_unchecked(flagged, build(flagged)) is None
     span = [[0] * 6 + [1] * 6] * 8
     same = _versions_trace(span, trainer_attrs={"weight_checksums_per_version": {"0": V0, "1": V1}},
                            attrs={"engine_weight_checksums": {"0": V0, "1": V1}})

@@ -157,10 +157,11 @@ def sync_unchecked(trace: xr.Dataset, ev: ArmEvidence) -> tuple[list[int], str] 
     versions = trace_versions(trace)
     if len(versions) < 2 or arm_record(trace).scorer.scored_by != "policy_version":
         return None
-    proven = set(fingerprints_equal(trace, versions))
-    later = [v for v in versions[1:] if v not in proven]
     numbers = ev.version_excess or {}
-    if not later or set(numbers.get("flagged", [])) & set(later):
+    # checked: fingerprints that agree, or the numbers flagged it (its tokens are then claimed, not free)
+    checked = set(fingerprints_equal(trace, versions)) | set(numbers.get("flagged", []))
+    later = [v for v in versions[1:] if v not in checked]
+    if not later:
         return None
     if ev.residual is None:
         return later, "the trainer gives no residual to compare"
