@@ -333,7 +333,10 @@ CODES: tuple[FindingCode, ...] = (
                          "tiny-bf16 seeds 0-4 re-captured in session 50 alone: no testable arm without a weight fault "
                          "reaches 1.6x (90 arms), it adds a partial sync beside a bf16 trainer head (2.43x, z 2.84); "
                          "held out: CPU seeds 5-9 and the H200 example; the H100 matrices were not rescored with it "
-                         "(benchmarks/results/blind_matrices.json)",
+                         "(benchmarks/results/blind_matrices.json). Held out with the self-check in micro-batches "
+                         "(session 55, H100 seeds 17 and 18, blind): seed 18's partial sync flagged in every arm that "
+                         "leaves version 1 testable (single 21.8x at z 14.2); seed 17's in none (single: mean 2.96x at "
+                         "z 1.76, its version-1 floor 3.9x version 0's); no arm without a weight fault flagged",
            causes=("weights_differ",)),
 )
 
